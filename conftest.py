@@ -1,0 +1,3 @@
+"""Loads the kata harness for every pytest run inside the repository."""
+
+pytest_plugins = ["katas._kit.pytest_plugin"]

@@ -1,0 +1,1 @@
+"""The learner's working copy: one package per kata, plus the shared harness in ``_kit``."""

@@ -1,0 +1,1 @@
+"""The harness shared by every kata: clocks, implementation selection, Redis, CLI."""

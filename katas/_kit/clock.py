@@ -1,0 +1,159 @@
+"""Injected time: every duration in every kata is an integer number of nanoseconds.
+
+Components read time only through a :class:`Clock`, and wait only through a
+:class:`WaitingClock`, so tests drive them with :class:`ManualClock` and never sleep.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol, runtime_checkable
+
+import anyio
+
+NS_PER_S = 1_000_000_000
+NS_PER_MS = 1_000_000
+NS_PER_US = 1_000
+
+#: How long (real seconds) a ManualClock waiter may wait for a test to move time
+#: before the test is failed instead of hanging.
+HARD_DEADLINE_S = 20.0
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """A source of integer-nanosecond time that never goes backwards on its own."""
+
+    def now_ns(self) -> int: ...
+
+
+@runtime_checkable
+class WaitingClock(Clock, Protocol):
+    """A clock that blocking and async components also wait on."""
+
+    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        """With ``cond`` held: wait until notified or until ``deadline_ns`` (None: no deadline).
+
+        May return early (like ``Condition.wait``); callers re-check their predicate.
+        """
+        ...
+
+    async def sleep_until_ns_async(self, deadline_ns: int) -> None:
+        """Sleep the current task until ``deadline_ns``; a cancellation point."""
+        ...
+
+
+class MonotonicClock:
+    """The default clock: the OS monotonic clock."""
+
+    def now_ns(self) -> int:
+        return time.monotonic_ns()
+
+    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        if deadline_ns is None:
+            cond.wait()
+        else:
+            cond.wait(max(0, deadline_ns - time.monotonic_ns()) / NS_PER_S)
+
+    async def sleep_until_ns_async(self, deadline_ns: int) -> None:
+        await anyio.sleep(max(0, deadline_ns - time.monotonic_ns()) / NS_PER_S)
+
+
+class ManualClock:
+    """A clock that moves only when a test says so.
+
+    ``advance(ns)`` and ``set(ns)`` wake every thread or task whose deadline has been
+    reached. ``set`` may move time backwards, to simulate an NTP step.
+    """
+
+    def __init__(self, start_ns: int = 1_000 * NS_PER_S) -> None:
+        if not isinstance(start_ns, int):
+            raise TypeError(f"start_ns must be an int of nanoseconds, got {start_ns!r}")
+        self._now = start_ns
+        self._lock = threading.Lock()
+        self._thread_sleepers: dict[int, tuple[threading.Condition, int | None]] = {}
+        self._task_sleepers: dict[int, tuple[anyio.Event, int]] = {}
+        self._next_id = 0
+
+    def now_ns(self) -> int:
+        with self._lock:
+            return self._now
+
+    def advance(self, ns: int) -> None:
+        if not isinstance(ns, int) or ns < 0:
+            raise ValueError(f"ns must be a non-negative int, got {ns!r}")
+        with self._lock:
+            self._now += ns
+        self._wake_due()
+
+    def set(self, now_ns: int) -> None:
+        with self._lock:
+            self._now = now_ns
+        self._wake_due()
+
+    def sleepers(self) -> int:
+        """Threads and tasks currently waiting on this clock."""
+        with self._lock:
+            return len(self._thread_sleepers) + len(self._task_sleepers)
+
+    def _wake_due(self) -> None:
+        with self._lock:
+            now = self._now
+            conds = [c for c, d in self._thread_sleepers.values() if d is not None and d <= now]
+            events = [e for e, d in self._task_sleepers.values() if d <= now]
+        # Taken outside our lock: a waiter holds its condition while it registers here.
+        for cond in conds:
+            with cond:
+                cond.notify_all()
+        for event in events:
+            event.set()
+
+    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        with self._lock:
+            if deadline_ns is not None and deadline_ns <= self._now:
+                return
+            key = self._next_id
+            self._next_id += 1
+            self._thread_sleepers[key] = (cond, deadline_ns)
+        try:
+            if not cond.wait(HARD_DEADLINE_S):
+                raise TimeoutError(
+                    f"ManualClock: a thread waited {HARD_DEADLINE_S:.0f} real seconds for "
+                    f"deadline {deadline_ns} (now {self.now_ns()}) and nobody advanced the "
+                    "clock or notified it: likely a lost wake-up or a deadlock"
+                )
+        finally:
+            with self._lock:
+                del self._thread_sleepers[key]
+
+    async def sleep_until_ns_async(self, deadline_ns: int) -> None:
+        event = anyio.Event()
+        with self._lock:
+            if deadline_ns <= self._now:
+                key = -1
+            else:
+                key = self._next_id
+                self._next_id += 1
+                self._task_sleepers[key] = (event, deadline_ns)
+        if key == -1:
+            await anyio.lowlevel.checkpoint()
+            return
+        try:
+            with anyio.fail_after(HARD_DEADLINE_S):
+                await event.wait()
+        finally:
+            with self._lock:
+                del self._task_sleepers[key]
+
+
+__all__ = [
+    "HARD_DEADLINE_S",
+    "NS_PER_MS",
+    "NS_PER_S",
+    "NS_PER_US",
+    "Clock",
+    "ManualClock",
+    "MonotonicClock",
+    "WaitingClock",
+]

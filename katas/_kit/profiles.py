@@ -1,0 +1,35 @@
+"""Hypothesis profiles, in one place: ``dev`` (default), ``ci`` and ``thorough``."""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+ENV_PROFILE = "KATA_PROFILE"
+
+settings.register_profile(
+    "dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile(
+    "ci",
+    max_examples=100,
+    derandomize=True,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile(
+    "thorough", max_examples=1_000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def load() -> str:
+    """Load the profile named by ``KATA_PROFILE`` (default ``dev``); return its name."""
+    name = os.environ.get(ENV_PROFILE, "dev")
+    settings.load_profile(name)
+    return name
+
+
+#: For tests that start processes or servers: at most this many examples.
+HEAVY_EXAMPLES = 10

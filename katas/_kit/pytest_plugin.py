@@ -1,0 +1,152 @@
+"""The pytest side of the harness, loaded by the repository's root ``conftest.py``.
+
+- ``--impl katas|solutions|PATH`` (or ``KATA_IMPL``) and ``--base own|reference`` choose
+  what is tested; tests receive stage modules only through the ``kata`` fixture.
+- A stub's ``NotImplementedError`` becomes one line: ``not implemented yet: ...``.
+- ``--kata-report FILE`` writes each test's outcome and failure kind as JSON, which the
+  repository's own checks and the ``kata`` command read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from katas._kit import impl as _impl
+from katas._kit import profiles
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+NOT_IMPLEMENTED = "not implemented yet: "
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("kata")
+    group.addoption(
+        "--impl",
+        default=None,
+        help="implementation to test: katas (default), solutions, or a directory laid out "
+        "like solutions/ (env KATA_IMPL)",
+    )
+    group.addoption(
+        "--base",
+        default=None,
+        choices=["own", "reference"],
+        help="earlier stages: the tested implementation's own (default) or the reference's",
+    )
+    group.addoption("--kata-report", default=None, help="write per-test outcomes as JSON here")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    profiles.load()
+    config.stash[_selection_key] = _impl.resolve(
+        config.getoption("--impl"), config.getoption("--base")
+    )
+    config.stash[_report_key] = {}
+
+
+_selection_key = pytest.StashKey[_impl.Selection]()
+_report_key = pytest.StashKey[dict[str, dict[str, Any]]]()
+
+
+@dataclass(frozen=True)
+class Kata:
+    """The stage modules of one kata, from the selected implementation."""
+
+    name: str
+    selection: _impl.Selection
+
+    def stage(self, n: int) -> ModuleType:
+        return self.selection.stage(self.name, n)
+
+
+@pytest.fixture(scope="session")
+def impl_selection(pytestconfig: pytest.Config) -> _impl.Selection:
+    """The resolved ``--impl`` / ``--base`` choice."""
+    return pytestconfig.stash[_selection_key]
+
+
+@pytest.fixture(scope="module")
+def kata(request: pytest.FixtureRequest, impl_selection: _impl.Selection) -> Kata:
+    """The kata whose folder holds the requesting test file."""
+    return Kata(Path(request.path).parent.name, impl_selection)
+
+
+@pytest.fixture(scope="module")
+def stage_module(request: pytest.FixtureRequest, kata: Kata) -> ModuleType:
+    """The stage module named by the test file's ``stage(N)`` marker."""
+    marker = next(
+        (m for m in request.node.iter_markers("stage")), None
+    )
+    if marker is None:
+        raise pytest.UsageError(f"{request.path}: set pytestmark = [pytest.mark.stage(N)]")
+    return kata.stage(int(marker.args[0]))
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Every anyio test runs on asyncio and on trio."""
+    return str(request.param)
+
+
+def _walk(exc: BaseException) -> Iterator[BaseException]:
+    """The exception, its causes/contexts and the members of exception groups."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(e.exceptions)
+        for linked in (e.__cause__, e.__context__):
+            if linked is not None:
+                stack.append(linked)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """``(kind, message)``: kind is ``not_implemented``, ``assertion`` or ``error``."""
+    for e in _walk(exc):
+        if isinstance(e, NotImplementedError):
+            return "not_implemented", NOT_IMPLEMENTED + (str(e) or type(e).__name__)
+    top = exc
+    if isinstance(top, BaseExceptionGroup):
+        leaves = [e for e in _walk(top) if not isinstance(e, BaseExceptionGroup)]
+        if leaves and all(isinstance(e, AssertionError | pytest.fail.Exception) for e in leaves):
+            return "assertion", str(leaves[0]).splitlines()[0] if str(leaves[0]) else "assert"
+    if isinstance(top, AssertionError | pytest.fail.Exception):
+        text = str(top)
+        return "assertion", text.splitlines()[0] if text else "assertion failed"
+    return "error", f"{type(top).__name__}: {top}".splitlines()[0]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    record = item.config.stash[_report_key]
+    if call.excinfo is not None and report.failed:
+        kind, message = classify(call.excinfo.value)
+        if kind == "not_implemented":
+            report.longrepr = message  # one clear line instead of a traceback wall
+        record[item.nodeid] = {"outcome": "failed", "kind": kind, "message": message}
+    elif call.when == "call" or (report.skipped and item.nodeid not in record):
+        record.setdefault(item.nodeid, {"outcome": report.outcome, "kind": None, "message": ""})
+    return report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = session.config.getoption("--kata-report")
+    if path:
+        Path(path).write_text(json.dumps(session.config.stash[_report_key], indent=1))

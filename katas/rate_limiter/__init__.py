@@ -1,0 +1,1 @@
+"""The rate-limiter kata: token bucket and friends, then threads, then Redis."""

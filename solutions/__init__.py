@@ -1,0 +1,1 @@
+"""Reference solutions: the same layout and public surface as ``katas/``."""
