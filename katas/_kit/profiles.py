@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 ENV_PROFILE = "KATA_PROFILE"
 
@@ -17,6 +17,16 @@ settings.register_profile(
     derandomize=True,
     deadline=None,
     print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+# For the classic-bug catalogue: enough examples to meet a bug, no time spent shrinking.
+settings.register_profile(
+    "mutant",
+    max_examples=15,
+    derandomize=True,
+    deadline=None,
+    database=None,
+    phases=[Phase.explicit, Phase.generate, Phase.target],
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.register_profile(

@@ -83,9 +83,7 @@ def kata(request: pytest.FixtureRequest, impl_selection: _impl.Selection) -> Kat
 @pytest.fixture(scope="module")
 def stage_module(request: pytest.FixtureRequest, kata: Kata) -> ModuleType:
     """The stage module named by the test file's ``stage(N)`` marker."""
-    marker = next(
-        (m for m in request.node.iter_markers("stage")), None
-    )
+    marker = next((m for m in request.node.iter_markers("stage")), None)
     if marker is None:
         raise pytest.UsageError(f"{request.path}: set pytestmark = [pytest.mark.stage(N)]")
     return kata.stage(int(marker.args[0]))
@@ -128,6 +126,22 @@ def classify(exc: BaseException) -> tuple[str, str]:
         text = str(top)
         return "assertion", text.splitlines()[0] if text else "assertion failed"
     return "error", f"{type(top).__name__}: {top}".splitlines()[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every kata test says which part of its stage it belongs to: core or extended."""
+    unmarked = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("stage") is not None
+        and item.get_closest_marker("core") is None
+        and item.get_closest_marker("extended") is None
+    ]
+    if unmarked:
+        raise pytest.UsageError(
+            "kata tests must be marked @pytest.mark.core or @pytest.mark.extended: "
+            + ", ".join(unmarked)
+        )
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,0 +1,92 @@
+"""The classic-bug catalogue: small diffs against the reference, each a realistic mistake.
+
+A catalogue entry is ``tests/mutants/<kata>/stageN_<bug>.diff``: header lines, then a
+unified diff whose paths are relative to ``solutions/`` (``a/<kata>/stageN.py``)::
+
+    # bug: the one-line "common mistake" a learner reads
+    # why: what goes wrong, and when
+    # catches: test_stage1_name test_stage1_other
+
+The repository's checks apply each entry to a copy of ``solutions/`` and require every
+named test to fail by assertion while the mutant still passes most other tests.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from katas._kit.impl import REPO_ROOT
+
+CATALOGUE = REPO_ROOT / "tests" / "mutants"
+_NAME = re.compile(r"stage(?P<stage>\d+)_(?P<slug>[a-z0-9_]+)\.diff")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One catalogue entry."""
+
+    path: Path
+    kata: str
+    stage: int
+    slug: str
+    bug: str
+    why: str
+    catches: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.kata}/{self.path.stem}"
+
+
+def parse(path: Path) -> Mutant:
+    """Read one ``.diff`` file; ValueError names the file and what is missing."""
+    match = _NAME.fullmatch(path.name)
+    if match is None:
+        raise ValueError(f"{path}: catalogue files are named stageN_<bug>.diff")
+    header: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if not line.startswith("# "):
+            break
+        field, _, value = line[2:].partition(":")
+        header[field.strip()] = (header.get(field.strip(), "") + " " + value.strip()).strip()
+    for field in ("bug", "why", "catches"):
+        if not header.get(field):
+            raise ValueError(f"{path}: header line '# {field}: ...' is missing")
+    return Mutant(
+        path=path,
+        kata=path.parent.name,
+        stage=int(match["stage"]),
+        slug=match["slug"],
+        bug=header["bug"],
+        why=header["why"],
+        catches=tuple(header["catches"].split()),
+    )
+
+
+def load(kata: str | None = None) -> list[Mutant]:
+    """Every catalogue entry (of one kata, if named), sorted by kata, stage and name."""
+    pattern = f"{kata}/*.diff" if kata else "*/*.diff"
+    return sorted(
+        (parse(p) for p in CATALOGUE.glob(pattern)), key=lambda m: (m.kata, m.stage, m.slug)
+    )
+
+
+def materialise(mutant: Mutant, dest: Path, solutions: Path = REPO_ROOT / "solutions") -> Path:
+    """Copy ``solutions/`` to ``dest`` and apply the mutant there; return ``dest``."""
+    shutil.copytree(solutions, dest, ignore=shutil.ignore_patterns("__pycache__", "*.so", "csrc"))
+    result = subprocess.run(
+        ["patch", "-p1", "--batch", "--forward", "--silent", "-i", str(mutant.path)],
+        cwd=dest,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ValueError(
+            f"{mutant.path}: does not apply to solutions/: {result.stdout}{result.stderr}"
+        )
+    return dest

@@ -1,0 +1,62 @@
+"""Shared helpers for the repository's own checks (imported as ``_support``)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from katas._kit.impl import REPO_ROOT
+
+REDIS_ENV = ("KATA_REDIS_SERVER", "KATA_REDIS_URL")
+
+
+def stage_suites() -> list[tuple[str, int]]:
+    """Every (kata, stage) that has a suite, in order."""
+    found = []
+    for path in sorted(REPO_ROOT.glob("katas/*/test_stage*.py")):
+        match = re.fullmatch(r"test_stage(\d+)\.py", path.name)
+        if match:
+            found.append((path.parent.name, int(match[1])))
+    return found
+
+
+def uses_redis(kata: str, stage: int) -> bool:
+    return "redis_env" in (REPO_ROOT / "katas" / kata / f"test_stage{stage}.py").read_text()
+
+
+def embedded_env() -> dict[str, str]:
+    """The environment for a run on the embedded fakeredis (real-server variables off)."""
+    return {k: v for k, v in os.environ.items() if k not in REDIS_ENV}
+
+
+def real_redis_configured() -> bool:
+    return any(os.environ.get(k) for k in REDIS_ENV)
+
+
+def committed_stubs(dest: Path) -> Path:
+    """Lay out the committed stubs of every kata under ``dest`` like ``solutions/``.
+
+    Files come from git's HEAD, so the check holds even in a learner's working copy
+    where ``katas/`` has been edited; files git does not know yet come from the tree.
+    """
+    for kata_dir in sorted(REPO_ROOT.glob("katas/*/")):
+        if kata_dir.name.startswith("_"):
+            continue
+        out = dest / kata_dir.name
+        out.mkdir(parents=True)
+        (out / "__init__.py").write_text("")
+        for stub in sorted(kata_dir.glob("stage*.py")):
+            rel = stub.relative_to(REPO_ROOT).as_posix()
+            shown = subprocess.run(
+                ["git", "show", f"HEAD:{rel}"],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            (out / stub.name).write_text(
+                shown.stdout if shown.returncode == 0 else stub.read_text()
+            )
+    return dest

@@ -1,0 +1,46 @@
+"""Check 3: every entry of the classic-bug catalogue is caught by the tests it names.
+
+An entry counts only if each named test fails *by assertion* on the mutant and the
+mutant still passes at least 80% of the stage's other tests (a realistic bug, not a
+crash). Runs use the ``mutant`` hypothesis profile: derandomized, no shrinking.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _support import embedded_env
+
+from katas._kit import mutants
+from katas._kit.suites import run_suite
+
+CATALOGUE = mutants.load()
+OTHERS_MUST_PASS = 0.8
+
+
+def test_catalogue_is_not_empty() -> None:
+    assert len(CATALOGUE) >= 10, f"only {len(CATALOGUE)} catalogue entries"
+
+
+@pytest.mark.parametrize("mutant", CATALOGUE, ids=[m.name for m in CATALOGUE])
+def test_catalogue_entry_is_caught(mutant: mutants.Mutant, tmp_path: Path) -> None:
+    impl = mutants.materialise(mutant, tmp_path / "impl")
+    env = {**embedded_env(), "KATA_PROFILE": "mutant"}
+    named = " or ".join(mutant.catches)
+    run = run_suite(mutant.kata, mutant.stage, impl=str(impl), keyword=named, env=env)
+    for name in mutant.catches:
+        results = run.named(name)
+        assert results, f"{mutant.path.name}: names {name}, which is not a test of the suite"
+        uncaught = [r for r in results if r.outcome != "failed" or r.kind != "assertion"]
+        assert not uncaught, (
+            f"{mutant.path.name} ({mutant.bug}): {name} must fail by assertion, got:\n"
+            + "\n".join(f"  {r.nodeid}: {r.outcome} ({r.kind}) {r.message}" for r in uncaught)
+        )
+    others = run_suite(mutant.kata, mutant.stage, impl=str(impl), keyword=f"not ({named})", env=env)
+    passed = len(others.by_outcome("passed"))
+    total = len(others.results)
+    assert total == 0 or passed >= OTHERS_MUST_PASS * total, (
+        f"{mutant.path.name}: the mutant passes only {passed}/{total} of the other tests — "
+        "a catalogue entry must be a realistic bug, not a crash"
+    )
