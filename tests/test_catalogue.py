@@ -13,7 +13,7 @@ import pytest
 from _support import embedded_env
 
 from katas._kit import mutants
-from katas._kit.suites import run_suite
+from katas._kit.suites import run_suite, suite_file
 
 CATALOGUE = mutants.load()
 OTHERS_MUST_PASS = 0.8
@@ -27,8 +27,9 @@ def test_catalogue_is_not_empty() -> None:
 def test_catalogue_entry_is_caught(mutant: mutants.Mutant, tmp_path: Path) -> None:
     impl = mutants.materialise(mutant, tmp_path / "impl")
     env = {**embedded_env(), "KATA_PROFILE": "mutant"}
+    suite = suite_file(mutant.kata, mutant.stage)
     named = " or ".join(mutant.catches)
-    run = run_suite(mutant.kata, mutant.stage, impl=str(impl), keyword=named, env=env)
+    run = run_suite(suite, impl=str(impl), keyword=named, env=env)
     for name in mutant.catches:
         results = run.named(name)
         assert results, f"{mutant.path.name}: names {name}, which is not a test of the suite"
@@ -37,7 +38,7 @@ def test_catalogue_entry_is_caught(mutant: mutants.Mutant, tmp_path: Path) -> No
             f"{mutant.path.name} ({mutant.bug}): {name} must fail by assertion, got:\n"
             + "\n".join(f"  {r.nodeid}: {r.outcome} ({r.kind}) {r.message}" for r in uncaught)
         )
-    others = run_suite(mutant.kata, mutant.stage, impl=str(impl), keyword=f"not ({named})", env=env)
+    others = run_suite(suite, impl=str(impl), keyword=f"not ({named})", env=env)
     passed = len(others.by_outcome("passed"))
     total = len(others.results)
     assert total == 0 or passed >= OTHERS_MUST_PASS * total, (

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from _support import committed_stubs, embedded_env, real_redis_configured, stage_suites, uses_redis
 
-from katas._kit.suites import SuiteRun, run_suite
+from katas._kit.suites import SuiteRun, run_suite, suite_file
 
 SUITES = stage_suites()
 
@@ -36,7 +36,7 @@ def _summary(run: SuiteRun, limit: int = 15) -> str:
 @pytest.mark.parametrize(("kata", "stage", "mode"), CASES)
 def test_reference_passes_every_stage_suite(kata: str, stage: int, mode: str) -> None:
     env = None if mode == "real-redis" else embedded_env()
-    run = run_suite(kata, stage, impl="solutions", env=env)
+    run = run_suite(suite_file(kata, stage), impl="solutions", env=env)
     assert run.results, f"{kata} stage {stage}: no test ran\n{run.output[-3000:]}"
     assert run.returncode == 0 and not run.by_outcome("failed"), (
         f"{kata} stage {stage} ({mode}): the reference fails its own suite:\n{_summary(run)}"
@@ -53,7 +53,7 @@ def test_reference_passes_every_stage_suite(kata: str, stage: int, mode: str) ->
 )
 def test_every_test_fails_on_the_committed_stubs(kata: str, stage: int, tmp_path: Path) -> None:
     stubs = committed_stubs(tmp_path / "stubs")
-    run = run_suite(kata, stage, impl=str(stubs), env=embedded_env())
+    run = run_suite(suite_file(kata, stage), impl=str(stubs), env=embedded_env())
     assert run.results, f"{kata} stage {stage}: no test ran on the stubs\n{run.output[-3000:]}"
     wrong = [r for r in run.results if r.outcome != "failed" or r.kind != "not_implemented"]
     assert not wrong, (

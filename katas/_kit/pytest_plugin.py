@@ -45,7 +45,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--kata-report", default=None, help="write per-test outcomes as JSON here")
 
 
+MARKERS = (
+    "stage(n): the kata stage a test belongs to (select with -k stageN)",
+    "core: the part of a stage a strong candidate finishes within the timebox",
+    "extended: the part of a stage that deepens the kata beyond the timebox",
+    "realtime: waits for real Redis expiry (short, bounded)",
+)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
     profiles.load()
     config.stash[_selection_key] = _impl.resolve(
         config.getoption("--impl"), config.getoption("--base")

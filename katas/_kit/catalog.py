@@ -1,0 +1,348 @@
+"""The kata catalogue: every ``<root>/<kata>/kata.toml``, read into typed, validated records.
+
+A new kata needs only its folder and a ``kata.toml``; nothing here or in the CLI names a
+kata. The file (every field is checked, unknown fields are errors so typos surface)::
+
+    title = "Rate limiter"                 # required
+    summary = "one line"                   # required
+    order = 1                              # optional: position in `kata list` (then by name)
+    tags = ["token-bucket", "redis"]       # optional
+    anchors = ["limits", "redis-cell"]     # optional: real systems the kata imitates
+
+    [[stages]]                             # one table per stage, numbered 1, 2, 3 …
+    number = 1
+    title = "Single-threaded: token bucket and sliding log"
+    timebox_minutes = 45
+    core = "what a strong candidate finishes in the timebox (tests marked core)"
+    extended = "what deepens the kata afterwards (tests marked extended)"   # optional
+    stub = "stage1.py"                     # optional, default stage<N>.py
+    suite = "test_stage1.py"               # optional, default test_stage<N>.py
+    section = "Stage 1"                    # optional, default "Stage <N>": the `## Stage 1`
+                                           # heading in README.md, HINTS.md, INTERVIEWER.md
+
+The root is the directory holding the kata folders: ``KATA_ROOT`` if set, else the
+checkout around the working directory (a directory with ``katas/_kit/``), else the
+directory of the installed ``katas`` package.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+ENV_ROOT = "KATA_ROOT"
+MANIFEST = "kata.toml"
+PROMPT = "README.md"
+HINTS = "HINTS.md"
+INTERVIEWER = "INTERVIEWER.md"
+
+#: The ``katas`` package directory this module belongs to.
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+_T = TypeVar("_T")
+
+
+class CatalogError(Exception):
+    """Bad input the user can fix: an unknown kata, a broken kata.toml, a missing file.
+
+    ``str()`` is one line meant for the user.
+    """
+
+
+def display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a kata: what to build, in how long, and where its files are."""
+
+    number: int
+    title: str
+    timebox_minutes: int
+    core: str
+    extended: str
+    stub: str
+    suite: str
+    section: str
+
+
+@dataclass(frozen=True)
+class Kata:
+    """A kata folder and its metadata; ``name`` is the folder (and Python package) name."""
+
+    name: str
+    path: Path
+    title: str
+    summary: str
+    order: int | None
+    tags: tuple[str, ...]
+    anchors: tuple[str, ...]
+    stages: tuple[Stage, ...]
+
+    @property
+    def manifest(self) -> Path:
+        return self.path / MANIFEST
+
+    @property
+    def prompt(self) -> Path:
+        return self.path / PROMPT
+
+    @property
+    def hints(self) -> Path:
+        return self.path / HINTS
+
+    @property
+    def interviewer(self) -> Path:
+        return self.path / INTERVIEWER
+
+    def stage(self, number: int) -> Stage:
+        """The stage numbered ``number``; a :class:`CatalogError` if there is none."""
+        for stage in self.stages:
+            if stage.number == number:
+                return stage
+        raise CatalogError(
+            f"{self.name} has stages 1–{len(self.stages)}, got stage {number}"
+            if self.stages
+            else f"{self.name} has no stages"
+        )
+
+    def stub_path(self, stage: Stage) -> Path:
+        return self.path / stage.stub
+
+    def suite_path(self, stage: Stage) -> Path:
+        return self.path / stage.suite
+
+
+# --- reading and validating one kata.toml -------------------------------------------------
+
+_KATA_FIELDS = {"title", "summary", "order", "tags", "anchors", "stages"}
+_STAGE_FIELDS = {
+    "number",
+    "title",
+    "timebox_minutes",
+    "core",
+    "extended",
+    "stub",
+    "suite",
+    "section",
+}
+
+
+class _Fields:
+    """Typed access to one TOML table; every error names the file and the field."""
+
+    def __init__(self, file: Path, table: Mapping[str, Any], where: str, known: set[str]):
+        self.file = file
+        self.table = table
+        self.where = where
+        unknown = sorted(set(table) - known)
+        if unknown:
+            hint = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+            also = f" (did you mean {hint[0]!r}?)" if hint else ""
+            self.fail(unknown[0], f"is not a known field{also}; known: {', '.join(sorted(known))}")
+
+    def fail(self, name: str, problem: str) -> NoReturn:
+        raise CatalogError(f"{display_path(self.file)}: {self.where}{name} {problem}")
+
+    def _get(self, name: str, default: _T | None, check: Callable[[Any], bool], what: str) -> Any:
+        if name not in self.table:
+            if default is None:
+                self.fail(name, "is missing")
+            return default
+        value = self.table[name]
+        if not check(value):
+            self.fail(name, f"must be {what}, got {value!r}")
+        return value
+
+    def text(self, name: str, default: str | None = None) -> str:
+        value: str = self._get(
+            name, default, lambda v: isinstance(v, str) and "\n" not in v, "a one-line string"
+        )
+        if not value.strip() and default is None:
+            self.fail(name, "must not be empty")
+        return value.strip()
+
+    def positive_int(self, name: str) -> int:
+        value: int = self._get(
+            name,
+            None,
+            lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+            "a positive integer",
+        )
+        return value
+
+    def optional_int(self, name: str) -> int | None:
+        if name not in self.table:
+            return None
+        return self.positive_int(name)
+
+    def words(self, name: str) -> tuple[str, ...]:
+        value: list[str] = self._get(
+            name,
+            [],
+            lambda v: isinstance(v, list) and all(isinstance(s, str) and s.strip() for s in v),
+            "a list of non-empty strings",
+        )
+        return tuple(s.strip() for s in value)
+
+    def file_name(self, name: str, default: str) -> str:
+        value = self.text(name, default)
+        if not value.endswith(".py") or Path(value).name != value or value.startswith("."):
+            self.fail(name, f"must be a .py file name inside the kata folder, got {value!r}")
+        return value
+
+
+def load_kata(path: Path) -> Kata:
+    """Read and validate ``path/kata.toml``; raise :class:`CatalogError` on any problem."""
+    file = path / MANIFEST
+    name = path.name
+    if not name.isidentifier():
+        raise CatalogError(
+            f"{display_path(path)}: a kata folder name must be a Python identifier "
+            f"(it is imported as a package), got {name!r}"
+        )
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CatalogError(f"{display_path(file)} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CatalogError(f"{display_path(file)}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise CatalogError(f"{display_path(file)}: invalid TOML: {exc}") from None
+
+    top = _Fields(file, data, "", _KATA_FIELDS)
+    raw_stages = data.get("stages")
+    if not isinstance(raw_stages, list) or not raw_stages:
+        top.fail("stages", "must be one or more [[stages]] tables")
+    stages: list[Stage] = []
+    for index, raw in enumerate(raw_stages):
+        if not isinstance(raw, dict):
+            top.fail("stages", "must be [[stages]] tables")
+        fields = _Fields(file, raw, f"stages[{index}].", _STAGE_FIELDS)
+        number = fields.positive_int("number")
+        if number != index + 1:
+            fields.fail("number", f"must be {index + 1} (stages are numbered 1, 2, … in order)")
+        stages.append(
+            Stage(
+                number=number,
+                title=fields.text("title"),
+                timebox_minutes=fields.positive_int("timebox_minutes"),
+                core=fields.text("core"),
+                extended=fields.text("extended", ""),
+                stub=fields.file_name("stub", f"stage{number}.py"),
+                suite=fields.file_name("suite", f"test_stage{number}.py"),
+                section=fields.text("section", f"Stage {number}"),
+            )
+        )
+    return Kata(
+        name=name,
+        path=path,
+        title=top.text("title"),
+        summary=top.text("summary"),
+        order=top.optional_int("order"),
+        tags=top.words("tags"),
+        anchors=top.words("anchors"),
+        stages=tuple(stages),
+    )
+
+
+# --- the catalogue ------------------------------------------------------------------------
+
+
+def _checkout_around(start: Path) -> Path | None:
+    """The ``katas`` directory of a checkout containing ``start``, if any."""
+    for directory in (start, *start.parents):
+        candidate = directory / "katas"
+        if (candidate / "_kit").is_dir() and (candidate / "__init__.py").is_file():
+            return candidate
+    return None
+
+
+def default_root() -> Path:
+    """``KATA_ROOT``, else the checkout around the working directory, else the package."""
+    env = os.environ.get(ENV_ROOT)
+    if env:
+        root = Path(env).expanduser().resolve()
+        if not root.is_dir():
+            raise CatalogError(f"{ENV_ROOT}={env} is not a directory")
+        return root
+    # In a checkout (installed editable or not) the learner's files are the checkout's.
+    return _checkout_around(Path.cwd().resolve()) or PACKAGE_ROOT
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """The katas under ``root`` (a directory of kata folders, like ``katas/``)."""
+
+    root: Path
+
+    @classmethod
+    def discover(cls, root: Path | None = None) -> Catalog:
+        return cls((root or default_root()).resolve())
+
+    @property
+    def is_package(self) -> bool:
+        """Whether the root is the ``katas`` package (so ``--impl katas`` imports from it)."""
+        return self.root.name == "katas" and (self.root / "__init__.py").is_file()
+
+    @property
+    def project_root(self) -> Path:
+        """Where suites run from: the directory holding the root (the repository root)."""
+        return self.root.parent
+
+    def names(self) -> list[str]:
+        """Folder names with a kata.toml, sorted (no file is parsed)."""
+        return sorted(p.parent.name for p in self.root.glob(f"*/{MANIFEST}"))
+
+    def katas(self) -> list[Kata]:
+        """Every kata, validated, in ``order`` then name order."""
+        katas = [load_kata(self.root / name) for name in self.names()]
+        return sorted(katas, key=lambda k: (k.order is None, k.order or 0, k.name))
+
+    def get(self, name: str) -> Kata:
+        """The kata called ``name`` (``-`` is read as ``_``), or a :class:`CatalogError`."""
+        # Accept what tab completion gives too: ``katas/rate_limiter/``.
+        wanted = Path(name.strip()).name.replace("-", "_")
+        if wanted.isidentifier() and (self.root / wanted / MANIFEST).is_file():
+            return load_kata(self.root / wanted)
+        names = self.names()
+        close = difflib.get_close_matches(wanted, names, n=3, cutoff=0.5)
+        hint = (
+            f"did you mean {' or '.join(close)}?"
+            if close
+            else f"known: {', '.join(names)}"
+            if names
+            else f"no kata.toml under {display_path(self.root)}"
+        )
+        raise CatalogError(f"unknown kata {name!r}; {hint}")
+
+
+__all__ = [
+    "ENV_ROOT",
+    "HINTS",
+    "INTERVIEWER",
+    "MANIFEST",
+    "PACKAGE_ROOT",
+    "PROMPT",
+    "Catalog",
+    "CatalogError",
+    "Kata",
+    "Stage",
+    "display_path",
+    "load_kata",
+]

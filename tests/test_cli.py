@@ -1,0 +1,401 @@
+"""The ``kata`` command end to end: list, show, test, and one-line errors.
+
+``show`` and ``test`` run against a tiny kata made in a temporary folder (``KATA_ROOT``),
+so these checks do not depend on the rate limiter's prompt or suites being written.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from katas._kit import catalog as cat
+from katas._kit.cli import main, markdown_sections
+
+REPO = Path(__file__).resolve().parents[1]
+
+CALC_TOML = """\
+title = "Calculator"
+summary = "A kata that exists only for the CLI's own tests."
+tags = ["toy"]
+
+[[stages]]
+number = 1
+title = "Add and multiply"
+timebox_minutes = 15
+core = "Calc.add, Calc.mul"
+extended = "Calc.sub, Calc.div"
+
+[[stages]]
+number = 2
+title = "Everything at once"
+timebox_minutes = 30
+core = "Calc.pow"
+"""
+
+CALC_README = """\
+# Calculator
+
+INTRO_MARK: build a calculator.
+
+## Interface
+
+SHARED_MARK: integers only.
+
+## Stage 1 — add and multiply
+
+STAGE1_MARK
+
+```
+## a heading inside a code block stays in stage 1
+```
+
+## Stage 2
+
+STAGE2_MARK
+"""
+
+# The learner's working copy: add works, mul is a stub, sub is wrong, div crashes.
+CALC_STAGE1 = """\
+class Calc:
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def mul(self, a: int, b: int) -> int:
+        raise NotImplementedError("Calc.mul — stage 1, see calc/README.md")
+
+    def sub(self, a: int, b: int) -> int:
+        return b - a
+
+    def div(self, a: int, b: int) -> int:
+        return {}[a]
+"""
+
+CALC_SOLUTION = """\
+class Calc:
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def mul(self, a: int, b: int) -> int:
+        return a * b
+
+    def sub(self, a: int, b: int) -> int:
+        return a - b
+
+    def div(self, a: int, b: int) -> int:
+        return a // b
+"""
+
+CALC_SUITE = """\
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.stage(1)]
+
+
+@pytest.mark.core
+def test_stage1_add(stage_module):
+    assert stage_module.Calc().add(2, 3) == 5
+
+
+@pytest.mark.core
+def test_stage1_mul(stage_module):
+    assert stage_module.Calc().mul(2, 3) == 6
+
+
+@pytest.mark.extended
+def test_stage1_mul_by_zero(stage_module):
+    assert stage_module.Calc().mul(7, 0) == 0
+
+
+@pytest.mark.extended
+def test_stage1_sub(stage_module):
+    got = stage_module.Calc().sub(5, 3)
+    assert got == 2, f"sub(5, 3) must be 2, got {got}"
+
+
+@pytest.mark.extended
+def test_stage1_div(stage_module):
+    assert stage_module.Calc().div(7, 2) == 3
+
+
+@pytest.mark.extended
+def test_stage1_profile():
+    assert os.environ.get("KATA_PROFILE", "dev") == os.environ.get("EXPECT_PROFILE", "dev")
+"""
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+@pytest.fixture
+def kata_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A catalogue with one kata, ``calc``, that the CLI is pointed at through KATA_ROOT."""
+    root = tmp_path / "mykatas"
+    _write(root / "calc" / "kata.toml", CALC_TOML)
+    _write(root / "calc" / "README.md", CALC_README)
+    _write(root / "calc" / "__init__.py", "")
+    _write(root / "calc" / "stage1.py", CALC_STAGE1)
+    _write(root / "calc" / "test_stage1.py", CALC_SUITE)
+    _write(tmp_path / "reference" / "calc" / "__init__.py", "")
+    _write(tmp_path / "reference" / "calc" / "stage1.py", CALC_SOLUTION)
+    monkeypatch.setenv(cat.ENV_ROOT, str(root))
+    for name in ("KATA_IMPL", "KATA_BASE", "KATA_PROFILE", "EXPECT_PROFILE", "PYTEST_ADDOPTS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    return root
+
+
+def _one_error_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{err}"
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# --- the real catalogue ------------------------------------------------------------------
+
+
+def test_cli_real_rate_limiter_metadata_is_valid() -> None:
+    kata = cat.Catalog(cat.PACKAGE_ROOT).get("rate_limiter")
+    assert [(s.number, s.timebox_minutes) for s in kata.stages] == [(1, 45), (2, 45), (3, 60)]
+    assert "TokenBucket" in kata.stages[0].core and "SlidingLog" in kata.stages[0].core
+    assert "GCRA" in kata.stages[0].extended
+    assert [s.suite for s in kata.stages] == ["test_stage1.py", "test_stage2.py", "test_stage3.py"]
+    assert [s.stub for s in kata.stages] == ["stage1.py", "stage2.py", "stage3.py"]
+    assert [s.section for s in kata.stages] == ["Stage 1", "Stage 2", "Stage 3"]
+
+
+def test_cli_every_kata_toml_in_the_repository_is_valid() -> None:
+    katas = cat.Catalog(cat.PACKAGE_ROOT).katas()
+    assert "rate_limiter" in [k.name for k in katas]
+
+
+def test_cli_every_kata_toml_names_stub_and_suite_files_that_exist() -> None:
+    katas = cat.Catalog(REPO / "katas").katas()
+    assert katas, "no katas/*/kata.toml in the repository"
+    missing = [
+        f"{kata.name}/{cat.MANIFEST} stage {stage.number}: {what} {path.name} does not exist"
+        for kata in katas
+        for stage in kata.stages
+        for what, path in (("stub", kata.stub_path(stage)), ("suite", kata.suite_path(stage)))
+        if not path.is_file()
+    ]
+    assert not missing, "kata.toml names files that are not there:\n" + "\n".join(missing)
+
+
+def test_cli_list_shows_rate_limiter_stages_and_timeboxes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(cat.ENV_ROOT, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.chdir(REPO)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if " min " in f"{line} "]
+    first = next(i for i, row in enumerate(rows) if row.split()[0] == "rate_limiter")
+    mine = rows[first : first + 3]
+    assert [row.split("rate_limiter")[-1].split()[0] for row in mine] == ["1", "2", "3"], out
+    assert "Single-threaded" in mine[0] and "Concurrent" in mine[1], out
+    assert "Distributed" in mine[2], out
+    assert [row.split(" min")[0].split()[-1] for row in mine] == ["45", "45", "60"], out
+    assert "TokenBucket, SlidingLog" in out
+
+
+def test_cli_default_root_is_the_checkout_around_the_working_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(cat.ENV_ROOT, raising=False)
+    monkeypatch.chdir(REPO / "katas" / "rate_limiter")
+    assert cat.default_root() == REPO / "katas"
+    monkeypatch.chdir("/")
+    assert cat.default_root() == cat.PACKAGE_ROOT
+
+
+# --- show --------------------------------------------------------------------------------
+
+
+def test_cli_show_prints_the_whole_prompt(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["show", "calc"]) == 0
+    out = capsys.readouterr().out
+    for mark in ("INTRO_MARK", "SHARED_MARK", "STAGE1_MARK", "STAGE2_MARK"):
+        assert mark in out, out
+
+
+def test_cli_show_stage_prints_the_intro_and_that_stage_only(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["show", "calc", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "INTRO_MARK" in out and "SHARED_MARK" in out and "STAGE1_MARK" in out, out
+    assert "a heading inside a code block" in out, out
+    assert "STAGE2_MARK" not in out, out
+    assert "15 min" in out and "Calc.add, Calc.mul" in out, out
+
+    assert main(["show", "calc", "stage2"]) == 0
+    out = capsys.readouterr().out
+    assert "INTRO_MARK" in out and "STAGE2_MARK" in out, out
+    assert "STAGE1_MARK" not in out, out
+
+
+def test_cli_show_without_a_prompt_is_one_line(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (kata_root / "calc" / "README.md").unlink()
+    assert main(["show", "calc"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "README.md does not exist" in line, line
+
+
+def test_cli_show_stage_without_its_section_is_one_line(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write(kata_root / "calc" / "README.md", "# Calculator\n\n## Stage 1\n\nonly one\n")
+    assert main(["show", "calc", "2"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "'## Stage 2'" in line, line
+
+
+# --- test --------------------------------------------------------------------------------
+
+
+def test_cli_test_summarises_failures_by_kind(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["test", "calc", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "2/6 passed" in out, out  # add and profile pass
+    assert "2 tests not implemented yet: Calc.mul" in out, out
+    assert "test_stage1_sub — sub(5, 3) must be 2, got -2" in out, out
+    assert "test_stage1_div — KeyError" in out, out
+    assert "Traceback" not in out
+
+
+def test_cli_test_passes_against_another_impl_and_selects_core(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    reference = kata_root.parent / "reference"
+    assert main(["test", "calc", "1", "--impl", str(reference)]) == 0
+    assert "6/6 passed" in capsys.readouterr().out
+    assert main(["test", "calc", "1", "--impl", str(reference), "--core"]) == 0
+    assert "2/2 passed" in capsys.readouterr().out
+
+
+def test_cli_test_thorough_profile_and_pytest_arguments(
+    kata_root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EXPECT_PROFILE", "thorough")
+    assert main(["test", "calc", "1", "--thorough", "--", "-k", "profile"]) == 0
+    assert "1/1 passed" in capsys.readouterr().out
+
+
+def test_cli_runs_as_a_module(kata_root: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "katas._kit.cli", "test", "calc", "1", "--", "-k", "add"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "1/1 passed" in proc.stdout, proc.stdout
+
+
+# --- bad input: one line on stderr, exit code 2 ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["show", "calk"], "did you mean calc?"),
+        (["test", "calc", "3"], "calc has stages 1–2, got stage 3"),
+        (["test", "calc", "2"], "test_stage2.py does not exist"),
+        (["test", "calc", "one"], "STAGE must be a stage number"),
+        (["test", "calc"], "required: STAGE"),
+        (["test", "calc", "1", "--impl", "/nonexistent/dir"], "--impl must be"),
+        (["list", "--", "-x"], "takes no arguments after --"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_cli_bad_input_is_one_line_and_exit_2(
+    kata_root: Path, capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = _one_error_line(captured.err)
+    assert expected in line, line
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize(
+    ("toml", "expected"),
+    [
+        ("title = [", "invalid TOML"),
+        (CALC_TOML.replace('title = "Calculator"\n', ""), "title is missing"),
+        (
+            CALC_TOML.replace("timebox_minutes = 30", 'timebox_minutes = "30"'),
+            "stages[1].timebox_minutes must be a positive integer",
+        ),
+        (
+            CALC_TOML.replace("timebox_minutes = 15", "timebox_minute = 15"),
+            "stages[0].timebox_minute is not a known field (did you mean 'timebox_minutes'?)",
+        ),
+        (CALC_TOML.replace("number = 2", "number = 3"), "stages[1].number must be 2"),
+        (
+            CALC_TOML.replace('core = "Calc.pow"', 'core = "Calc.pow"\nsuite = "../x.py"'),
+            "stages[1].suite must be a .py file name",
+        ),
+        (CALC_TOML.split("[[stages]]")[0], "stages must be one or more"),
+    ],
+)
+def test_cli_broken_kata_toml_names_the_file_and_field(
+    kata_root: Path, capsys: pytest.CaptureFixture[str], toml: str, expected: str
+) -> None:
+    _write(kata_root / "calc" / "kata.toml", toml)
+    for argv in (["list"], ["show", "calc"]):
+        assert main(argv) == 2
+        line = _one_error_line(capsys.readouterr().err)
+        assert "calc/kata.toml: " in line and expected in line, line
+
+
+def test_cli_help_for_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("list", "show", "test"):
+        assert command in out
+        assert main([command, "--help"]) == 0
+        assert f"usage: kata {command}" in capsys.readouterr().out
+    assert main(["test", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--impl" in out and "--core" in out and "--thorough" in out and "exit code" in out
+
+
+def test_cli_stage_prompt_keeps_fenced_headings() -> None:
+    headings = [h for h, _ in markdown_sections(CALC_README)]
+    assert headings == [None, "Calculator", "Interface", "Stage 1 — add and multiply", "Stage 2"]
+
+
+def test_cli_test_reports_a_suite_that_cannot_be_collected(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write(kata_root / "calc" / "test_stage1.py", "def test_stage1_broken(:\n")
+    assert main(["test", "calc", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "SyntaxError" in out and "pytest could not run" in out, out
+
+
+def test_cli_test_rejected_pytest_arguments_are_one_line(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["test", "calc", "1", "--", "--no-such-pytest-option"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "pytest rejected the arguments after --" in line and "--no-such-pytest-option" in line
