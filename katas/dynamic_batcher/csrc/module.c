@@ -1,0 +1,235 @@
+/* CPython binding of the dynamic batcher's C hot path (hotpath.h), built as ``_hotpath``.
+ *
+ * Columns cross the boundary as buffers of int32 (array('i'), a numpy int32 array, or
+ * memoryview(raw_bytes).cast('i')) with no copy; outputs are written into caller-owned
+ * writable buffers. Arguments are checked here, each error naming its parameter; the GIL
+ * is released around the C call, which checks the entries themselves (O(n), off the GIL).
+ * The same file binds the stub and the reference: when the C returns HP_NOT_IMPLEMENTED
+ * it raises NotImplementedError.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#include "hotpath.h"
+
+#define README "katas/dynamic_batcher/README.md"
+
+static int native_little_endian(void) {
+    const uint16_t one = 1;
+    unsigned char first;
+    memcpy(&first, &one, 1);
+    return first == 1;
+}
+
+/* True for a struct-module format that describes one native-order 4-byte signed int. */
+static int is_int32_format(const char *format, Py_ssize_t itemsize) {
+    if (format == NULL || itemsize != 4) {
+        return 0; /* a NULL format means unsigned bytes ('B') */
+    }
+    if (*format == '@' || *format == '=') {
+        format++;
+    } else if (*format == '<') {
+        if (!native_little_endian()) {
+            return 0;
+        }
+        format++;
+    } else if (*format == '>' || *format == '!') {
+        if (native_little_endian()) {
+            return 0;
+        }
+        format++;
+    }
+    /* 'l' qualifies only where it is 4 bytes wide, which the itemsize check ensured. */
+    return strcmp(format, "i") == 0 || strcmp(format, "l") == 0;
+}
+
+/* Get a one-dimensional, C-contiguous int32 buffer of ``obj``; its length in ``*length``.
+ * On failure set an exception naming ``name`` and return -1 (nothing to release). */
+static int get_column(PyObject *obj, const char *name, int writable, Py_buffer *view,
+                      hp_int *length) {
+    if (!PyObject_CheckBuffer(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s must be a buffer of int32 items (e.g. array('i')), got %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_BufferError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_ValueError, "%s must be a C-contiguous buffer of int32 items",
+                         name);
+        }
+        return -1;
+    }
+    if (view->ndim != 1) {
+        PyErr_Format(PyExc_ValueError, "%s must be one-dimensional, got %d dimensions", name,
+                     view->ndim);
+    } else if (!is_int32_format(view->format, view->itemsize)) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must hold native int32 items (array('i'); for raw bytes use "
+                     "memoryview(data).cast('i')), got format '%s' with item size %zd",
+                     name, view->format == NULL ? "B" : view->format, view->itemsize);
+    } else if (writable && view->readonly) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s must be a writable buffer (e.g. array('i')), got a read-only one",
+                     name);
+    } else if (view->len / view->itemsize > HP_INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s must have at most %d items, got %zd", name,
+                     HP_INT_MAX, view->len / view->itemsize);
+    } else {
+        *length = (hp_int)(view->len / view->itemsize);
+        return 0;
+    }
+    PyBuffer_Release(view);
+    return -1;
+}
+
+/* Convert a non-negative count that must fit an hp_int; ``bool`` is not a count. */
+static int get_count(PyObject *obj, const char *name, hp_int *out) {
+    if (PyBool_Check(obj) || !PyLong_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be an int, got %.100s", name,
+                     Py_TYPE(obj)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (value == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (overflow != 0 || value < 0 || value > HP_INT_MAX) {
+        PyErr_Format(PyExc_ValueError, "%s must be an int in [0, %d], got %R", name, HP_INT_MAX,
+                     obj);
+        return -1;
+    }
+    *out = (hp_int)value;
+    return 0;
+}
+
+static int buffers_overlap(const Py_buffer *a, const Py_buffer *b) {
+    const char *a0 = (const char *)a->buf;
+    const char *b0 = (const char *)b->buf;
+    return a->len > 0 && b->len > 0 && a0 < b0 + b->len && b0 < a0 + a->len;
+}
+
+/* Turn a return code other than HP_OK into a Python exception. */
+static void raise_for(int rc, const char *function) {
+    if (rc == HP_NOT_IMPLEMENTED) {
+        /* The dash goes through %s: PyErr_Format wants an ASCII format string. */
+        PyErr_Format(PyExc_NotImplementedError, "dynamic_batcher._hotpath.%s %s hotpath, see %s",
+                     function, "\xe2\x80\x94", README);
+    } else if (rc == HP_INVALID) {
+        PyErr_Format(PyExc_ValueError, "%s rejected its arguments (HP_INVALID)", function);
+    } else {
+        PyErr_Format(PyExc_RuntimeError, "%s returned the unknown code %d", function, rc);
+    }
+}
+
+PyDoc_STRVAR(fill_token_budget_doc,
+             "fill_token_budget($module, /, need, chunk, *, token_budget, max_seqs)\n"
+             "--\n"
+             "\n"
+             "Apply one step's token budget to requests in scheduling order.\n"
+             "\n"
+             "need[i] >= 1 is the tokens request i still has to compute. Each request gets\n"
+             "chunk[i] = min(need[i], budget left), in order, until the budget is spent or\n"
+             "max_seqs requests are scheduled; chunk[i] = 0 for the rest. need and chunk are\n"
+             "int32 buffers of the same length (chunk writable, not overlapping need).\n"
+             "Returns (requests scheduled, tokens scheduled).");
+
+static PyObject *fill_token_budget(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"need", "chunk", "token_budget", "max_seqs", NULL};
+    PyObject *need_obj, *chunk_obj, *budget_obj, *max_seqs_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO$OO:fill_token_budget", kwlist, &need_obj,
+                                     &chunk_obj, &budget_obj, &max_seqs_obj)) {
+        return NULL;
+    }
+    hp_int token_budget, max_seqs;
+    if (get_count(budget_obj, "token_budget", &token_budget) < 0 ||
+        get_count(max_seqs_obj, "max_seqs", &max_seqs) < 0) {
+        return NULL;
+    }
+
+    Py_buffer need, chunk;
+    hp_int n, chunk_len;
+    if (get_column(need_obj, "need", 0, &need, &n) < 0) {
+        return NULL;
+    }
+    if (get_column(chunk_obj, "chunk", 1, &chunk, &chunk_len) < 0) {
+        PyBuffer_Release(&need);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    const hp_int *need_items = (const hp_int *)need.buf;
+    if (chunk_len != n) {
+        PyErr_Format(PyExc_ValueError, "chunk must have as many items as need (%d), got %d",
+                     (int)n, (int)chunk_len);
+        goto done;
+    }
+    if (buffers_overlap(&need, &chunk)) {
+        PyErr_SetString(PyExc_ValueError, "chunk must not share memory with need");
+        goto done;
+    }
+    hp_int seqs = 0, tokens = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = hp_fill_token_budget(n, need_items, token_budget, max_seqs, (hp_int *)chunk.buf, &seqs,
+                              &tokens);
+    Py_END_ALLOW_THREADS
+    if (rc == HP_INVALID) {
+        /* The scalars and buffers were checked above, so name the entry at fault. */
+        for (hp_int i = 0; i < n; i++) {
+            if (need_items[i] < 1) {
+                PyErr_Format(PyExc_ValueError,
+                             "need[%d] must be >= 1 (the tokens request %d still has to "
+                             "compute), got %d",
+                             (int)i, (int)i, (int)need_items[i]);
+                goto done;
+            }
+        }
+    }
+    if (rc != HP_OK) {
+        raise_for(rc, "fill_token_budget");
+        goto done;
+    }
+    result = Py_BuildValue("(ii)", (int)seqs, (int)tokens);
+done:
+    PyBuffer_Release(&chunk);
+    PyBuffer_Release(&need);
+    return result;
+}
+
+static PyMethodDef hotpath_methods[] = {
+    {"fill_token_budget", (PyCFunction)(void (*)(void))fill_token_budget,
+     METH_VARARGS | METH_KEYWORDS, fill_token_budget_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef hotpath_module = {
+    PyModuleDef_HEAD_INIT,
+    "_hotpath",
+    "The dynamic batcher's C hot path over int32 columns (see csrc/hotpath.h).",
+    -1,
+    hotpath_methods,
+    NULL,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    PyObject *module = PyModule_Create(&hotpath_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    /* The array typecode of a column, and the largest value an entry can hold. */
+    if (PyModule_AddStringConstant(module, "TYPECODE", "i") < 0 ||
+        PyModule_AddIntConstant(module, "INT_MAX", HP_INT_MAX) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,1 @@
+"""Reference solution of the dynamic-batcher kata, including the C hot path."""
