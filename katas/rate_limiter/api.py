@@ -5,6 +5,7 @@ Every duration is an integer number of nanoseconds; every cost a positive ``int`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -54,6 +55,15 @@ class RateLimiter(Protocol):
         """How many keys hold state that differs from fresh (idle keys are forgotten)."""
         ...
 
+    def sweep(self) -> int:
+        """Forget every key that is back to its fresh state now; return how many.
+
+        Limiters built with ``auto_sweep=True`` (the default) also sweep by themselves,
+        amortised O(1) per new key, so memory stays bounded by recently active keys;
+        with ``auto_sweep=False`` only this call forgets keys.
+        """
+        ...
+
 
 FixedWindowAlign = Literal["epoch", "first_hit"]
 
@@ -67,3 +77,133 @@ __all__ = [
     "RateLimiter",
     "WaitingClock",
 ]
+
+
+# --- Stage 2: concurrency ------------------------------------------------------------
+
+
+class SweepableLimiter(RateLimiter, Protocol):
+    """A stage-1 limiter: a :class:`RateLimiter` that forgets idle keys when told to.
+
+    Built with ``auto_sweep=False`` it never sweeps on its own, so a wrapper that
+    locks per key can run the sweep (which touches every key) under all its locks.
+    """
+
+    def sweep(self) -> int:
+        """Forget every key that is back to its fresh state now; return how many."""
+        ...
+
+
+@dataclass(frozen=True)
+class LimiterStatistics:
+    """A snapshot of callers blocked in ``acquire``, for observation and tests.
+
+    - ``waiters``: callers currently queued, over all keys.
+    - ``waiters_by_key``: queued callers per key (keys without waiters are absent).
+    """
+
+    waiters: int
+    waiters_by_key: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One admitted in-flight request of a :class:`ConcurrencyLimiter`.
+
+    ``id`` is unique within its limiter; the lease is reclaimed at ``expires_at_ns``
+    if its holder never releases it (the holder crashed or forgot).
+    """
+
+    key: str
+    id: int
+    expires_at_ns: int
+
+
+@dataclass(frozen=True)
+class ConcurrencyStatistics:
+    """A snapshot of a :class:`ConcurrencyLimiter`.
+
+    - ``in_flight``: leases currently held, over all keys.
+    - ``in_flight_by_key``: leases held per key (keys holding none are absent).
+    - ``expired``: leases reclaimed so far because their holder let them expire.
+    """
+
+    in_flight: int
+    in_flight_by_key: dict[str, int]
+    expired: int
+
+
+__all__ += ["ConcurrencyStatistics", "Lease", "LimiterStatistics", "SweepableLimiter"]
+
+
+# --- Stage 1: several limits at once ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MultiDecision:
+    """What a ``MultiLimiter`` decided for one request charged to several limits.
+
+    - ``allowed``: every charged limit admitted it and consumed its cost; when False,
+      no limit consumed anything.
+    - ``retry_after_ns``: 0 when allowed; ``None`` when some limit can never fit its
+      cost; otherwise the exact wait after which every limit admits it (with no other
+      traffic) — the longest wait among the denying limits.
+    - ``decisions``: per charged limit (cost > 0), that limit's :class:`Decision`. On a
+      denial each one is what that limit alone would decide (its ``peek``): a limit
+      may say ``allowed`` there although nothing was consumed.
+    """
+
+    allowed: bool
+    retry_after_ns: int | None
+    decisions: Mapping[str, Decision]
+
+
+__all__ += ["MultiDecision"]
+
+
+# --- Stage 3: distributed (Redis) ----------------------------------------------------
+
+#: The algorithms a Redis limiter runs server-side.
+RedisAlgorithm = Literal["token_bucket", "sliding_log", "fixed_window"]
+
+#: What a Redis limiter decides when Redis cannot be reached (refused, reset, timed out):
+#: "open" admits; "closed" denies with a :class:`Decision` (``allowed=False``,
+#: ``remaining=0``, ``retry_after_ns`` = time until Redis is next tried, ``reset_after_ns=0``)
+#: — a connection error never reaches the caller, whatever the mode; "local" decides with
+#: an in-process limiter allowing ``limit // expected_nodes`` (at least 1) on this node.
+FailureMode = Literal["open", "closed", "local"]
+
+
+@dataclass(frozen=True)
+class StampedDecision(Decision):
+    """A :class:`Decision` made by the Redis script, stamped so decisions can be ordered.
+
+    - ``op``: the key's operation counter after this decision. Every ``try_acquire``
+      whose cost can fit bumps it (denied ones too); ``peek`` and a cost above the limit
+      leave it. It starts again at 1 once the key has expired back to fresh.
+    - ``server_time_us``: the server's ``TIME`` when it decided, integer microseconds.
+
+    Ordered by ``(server_time_us, op)``, the decisions on one key replay exactly in the
+    order Redis made them. A decision made by a failure mode is a plain ``Decision``.
+    """
+
+    op: int
+    server_time_us: int
+
+
+@dataclass(frozen=True)
+class RedisLimiterStats:
+    """How a Redis limiter's decisions were made, since it was created.
+
+    - ``redis_decisions``: decided by the script on Redis.
+    - ``fallback_decisions``: decided by the failure mode (Redis failed, or was being
+      skipped until its next probe).
+    - ``redis_errors``: calls to Redis that failed (connection refused/reset, timeout).
+    """
+
+    redis_decisions: int
+    fallback_decisions: int
+    redis_errors: int
+
+
+__all__ += ["FailureMode", "RedisAlgorithm", "RedisLimiterStats", "StampedDecision"]

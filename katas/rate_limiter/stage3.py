@@ -1,0 +1,172 @@
+"""Stage 3 — distributed: one limit per key, shared by many nodes through Redis.
+
+Read katas/rate_limiter/README.md (stage 3) first. Three classes:
+
+- ``RedisRateLimiter`` (redis-py): token bucket, sliding log or fixed window, decided
+  by a Lua script on Redis so that K nodes behave exactly like one limiter.
+- ``AsyncRedisRateLimiter``: the same for ``redis.asyncio`` clients.
+- ``RedisConcurrencyLimiter``: at most N requests in flight per key, as a sorted set
+  of leases scored by their expiry.
+
+The rules the tests hold you to:
+
+- **One script call per decision** (read, decide, write, expire together: Redis runs a
+  script atomically). Use redis-py's ``client.register_script(lua)``: it sends EVALSHA
+  and reloads the script on NOSCRIPT (after a restart or ``SCRIPT FLUSH``).
+- **Server time**: the script reads ``redis.call('TIME')`` → integer µs. Never send a
+  node's clock — node clocks are seconds apart. Windows are whole µs
+  (``window_ns % 1000 == 0``, else ValueError).
+- Lua 5.1 numbers are doubles: integers are exact below 2^53 (µs epochs fit;
+  nanoseconds do not). Pass numbers to ``redis.call`` as ``string.format('%d', x)`` —
+  ``tostring`` prints 1.79e+15.
+- **Every key written with a TTL in the same script**: 0 < TTL ≤ time-to-fresh + 1 s
+  (an expired key must be indistinguishable from a fresh one). Not INCR then EXPIRE as
+  two calls; not a TTL refreshed to a whole window on every hit.
+- Same semantics as stage 1: a denial consumes nothing; ``retry_after_ns`` exact (in µs
+  steps); a cost above the limit never fits (``retry_after_ns is None``, nothing
+  written); stored time never decreases.
+- Sliding log members must be unique per request (and per unit of cost): a bare
+  timestamp as member collapses requests admitted in the same µs.
+- Return a ``StampedDecision``: the key's operation counter (bumped by every
+  try_acquire whose cost can fit, denied ones included; stored with the key's state)
+  and the server time. Sorting by ``(server_time_us, op)`` replays Redis's order.
+- ``failure_mode`` when Redis is unreachable (``redis.ConnectionError``,
+  ``redis.TimeoutError``): "open" admits, "closed" denies (a ``Decision``, never an
+  exception), "local" asks an in-process stage-1 limiter allowing
+  ``max(1, limit // expected_nodes)``. After a failure skip Redis until
+  ``clock.now_ns() >= failure + probe_interval_ns``, then try again (recovery without a
+  restart). Count everything in ``stats()``.
+- The client must have a ``socket_timeout`` (ValueError otherwise): a blackholed Redis
+  would hang every decision.
+"""
+
+# TODO(stage3): implement every method below; the docstrings are the contract.
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio
+
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    Clock,
+    Decision,
+    FailureMode,
+    Lease,
+    RedisAlgorithm,
+    RedisLimiterStats,
+)
+
+_SEE = "stage 3, see katas/rate_limiter/README.md"
+
+
+class RedisRateLimiter:
+    """A rate limiter whose state lives in Redis, so many nodes share one limit per key.
+
+    ``algorithm``: "token_bucket" (capacity ``limit``, refilling ``limit`` per
+    ``window_ns``), "sliding_log" (at most ``limit`` units in every window
+    ``(now - window, now]``) or "fixed_window" (``limit`` per window aligned to the
+    server's epoch). Keys live under ``key_prefix``. ``clock`` serves client-side
+    concerns only: when to probe a failed Redis again, and the "local" fallback.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        algorithm: RedisAlgorithm,
+        limit: int,
+        window_ns: int,
+        clock: Clock,
+        key_prefix: str = "rl:",
+        failure_mode: FailureMode = "open",
+        expected_nodes: int = 1,
+        probe_interval_ns: int = NS_PER_S,
+    ) -> None:
+        """Validate everything (ValueError/TypeError naming the parameter); no I/O."""
+        raise NotImplementedError(f"RedisRateLimiter.__init__ — {_SEE}")
+
+    def try_acquire(self, key: str, cost: int = 1) -> Decision:
+        """Admit and consume ``cost`` now, or deny and consume nothing: one script call.
+
+        A ``StampedDecision`` when Redis decided; a plain ``Decision`` from the failure mode.
+        """
+        raise NotImplementedError(f"RedisRateLimiter.try_acquire — {_SEE}")
+
+    def peek(self, key: str, cost: int = 1) -> Decision:
+        """The decision ``try_acquire`` would return now, writing nothing (one script call)."""
+        raise NotImplementedError(f"RedisRateLimiter.peek — {_SEE}")
+
+    def reset(self, key: str) -> None:
+        """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
+        raise NotImplementedError(f"RedisRateLimiter.reset — {_SEE}")
+
+    def stats(self) -> RedisLimiterStats:
+        """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
+        raise NotImplementedError(f"RedisRateLimiter.stats — {_SEE}")
+
+
+class AsyncRedisRateLimiter:
+    """:class:`RedisRateLimiter` for ``redis.asyncio`` clients (asyncio only)."""
+
+    def __init__(
+        self,
+        client: redis.asyncio.Redis,
+        *,
+        algorithm: RedisAlgorithm,
+        limit: int,
+        window_ns: int,
+        clock: Clock,
+        key_prefix: str = "rl:",
+        failure_mode: FailureMode = "open",
+        expected_nodes: int = 1,
+        probe_interval_ns: int = NS_PER_S,
+    ) -> None:
+        """Validate everything exactly as :class:`RedisRateLimiter` does; no I/O."""
+        raise NotImplementedError(f"AsyncRedisRateLimiter.__init__ — {_SEE}")
+
+    async def try_acquire(self, key: str, cost: int = 1) -> Decision:
+        """Admit and consume ``cost`` now, or deny and consume nothing (one round trip)."""
+        raise NotImplementedError(f"AsyncRedisRateLimiter.try_acquire — {_SEE}")
+
+    async def peek(self, key: str, cost: int = 1) -> Decision:
+        """The decision ``try_acquire`` would return now, changing nothing."""
+        raise NotImplementedError(f"AsyncRedisRateLimiter.peek — {_SEE}")
+
+    async def reset(self, key: str) -> None:
+        """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
+        raise NotImplementedError(f"AsyncRedisRateLimiter.reset — {_SEE}")
+
+    def stats(self) -> RedisLimiterStats:
+        """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
+        raise NotImplementedError(f"AsyncRedisRateLimiter.stats — {_SEE}")
+
+
+class RedisConcurrencyLimiter:
+    """At most ``max_in_flight`` leases per key across every node; unreleased leases expire.
+
+    One sorted set per key: members are lease ids, scores their expiry (server µs).
+    Acquire drops expired leases, counts, adds — in one script, with the key's TTL set
+    to its last lease's expiry. ``lease_ns`` is whole µs.
+    """
+
+    def __init__(
+        self, client: redis.Redis, *, max_in_flight: int, lease_ns: int, key_prefix: str = "cl:"
+    ) -> None:
+        """Validate everything (ValueError/TypeError naming the parameter); no I/O."""
+        raise NotImplementedError(f"RedisConcurrencyLimiter.__init__ — {_SEE}")
+
+    def try_acquire(self, key: str) -> Lease | None:
+        """A lease (unique id, expiry in server ns) if fewer than the cap are held, else None."""
+        raise NotImplementedError(f"RedisConcurrencyLimiter.try_acquire — {_SEE}")
+
+    def release(self, lease: Lease) -> bool:
+        """Give the slot back; False if it had already been released or had expired."""
+        raise NotImplementedError(f"RedisConcurrencyLimiter.release — {_SEE}")
+
+    def in_flight(self, key: str) -> int:
+        """Leases currently held on ``key`` (expired ones do not count)."""
+        raise NotImplementedError(f"RedisConcurrencyLimiter.in_flight — {_SEE}")
+
+
+__all__ = ["AsyncRedisRateLimiter", "RedisConcurrencyLimiter", "RedisRateLimiter"]

@@ -1,0 +1,948 @@
+"""Stage 3 — distributed: many limiter nodes sharing one Redis, with faults.
+
+Runs on fakeredis by default; ``KATA_REDIS_SERVER=redis-server`` runs it on private
+real servers, ``KATA_REDIS_URL=redis://…`` on an external one (see katas/_kit/redis.py).
+
+How exactness is checked: every decision Redis makes is a ``StampedDecision`` carrying
+the server time (µs) and the key's operation counter. Sorting one key's decisions by
+``(server_time_us, op)`` recovers the order Redis made them in, whichever node asked;
+the exact models below (written here, independent of any implementation) replay them
+and must produce the very same ``Decision``s. On fakeredis the server clock is frozen
+and moved by the test; on a real server it moves by itself and the replay still holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from katas._kit.profiles import HEAVY_EXAMPLES
+from katas._kit.redis import RedisEnv, RedisNode
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    Decision,
+    ManualClock,
+    RedisLimiterStats,
+    StampedDecision,
+)
+
+pytestmark = [pytest.mark.stage(3)]
+
+ALGORITHMS = ("token_bucket", "sliding_log", "fixed_window")
+KEYS = ("alice", "bob")
+NS_PER_MS = 1_000_000
+NODES = 3
+
+# Tests that start servers run few examples; every test takes the redis_env fixture.
+heavy = settings(
+    max_examples=min(settings().max_examples, HEAVY_EXAMPLES),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    deadline=None,
+)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _ceil(x: Fraction) -> int:
+    return math.ceil(x)
+
+
+@dataclass
+class KeyModel:
+    """One key's exact state, in µs. Which fields matter depends on the algorithm."""
+
+    tokens: Fraction | None = None  # token bucket: None = full
+    last: int = 0
+    log: list[tuple[int, int]] = field(default_factory=list)  # sliding log: (time, units)
+    window_start: int | None = None  # fixed window
+    used: int = 0
+
+
+class Model:
+    """What one ideal limiter decides for ``(key, cost)`` at server time ``now`` (µs)."""
+
+    def __init__(self, algorithm: str, limit: int, window_us: int) -> None:
+        self.algorithm, self.limit, self.window = algorithm, limit, window_us
+        self.keys: dict[str, KeyModel] = {}
+
+    def decide(self, key: str, cost: int, now: int, commit: bool) -> Decision:
+        state = self.keys.setdefault(key, KeyModel(last=now))
+        eff = max(now, state.last)  # stored time never decreases
+        if self.algorithm == "token_bucket":
+            return self._bucket(state, cost, now, eff, commit)
+        if self.algorithm == "sliding_log":
+            return self._log(state, cost, now, eff, commit)
+        return self._fixed(state, cost, now, eff, commit)
+
+    def _bucket(self, s: KeyModel, cost: int, now: int, eff: int, commit: bool) -> Decision:
+        rate = Fraction(self.limit, self.window)  # tokens per µs
+        level = Fraction(self.limit) if s.tokens is None else s.tokens
+        level = min(Fraction(self.limit), level + (eff - s.last) * rate)
+        catch = eff - now
+        retry: int | None = 0
+        if cost > self.limit:
+            retry = None
+        elif level < cost:
+            retry = catch + _ceil((cost - level) / rate)
+        else:
+            level -= cost
+            if commit:
+                s.tokens, s.last = level, eff
+        reset = catch + _ceil((self.limit - level) / rate)
+        return _decision(retry, self.limit, math.floor(level), reset)
+
+    def _log(self, s: KeyModel, cost: int, now: int, eff: int, commit: bool) -> Decision:
+        inside = [(t, u) for t, u in s.log if t > eff - self.window]  # (eff - W, eff]
+        used = sum(u for _, u in inside)
+        retry: int | None = 0
+        if cost > self.limit:
+            retry = None
+        elif used + cost > self.limit:
+            to_free = used + cost - self.limit
+            for t, u in inside:  # oldest first: when has enough left the window?
+                to_free -= u
+                if to_free <= 0:
+                    retry = t + self.window - now
+                    break
+        else:
+            used += cost
+            if commit:
+                s.log, s.last = [*inside, (eff, cost)], eff
+        newest = eff if retry == 0 else (inside[-1][0] if inside else eff)
+        reset = newest + self.window - now if used else 0
+        return _decision(retry, self.limit, self.limit - used, reset)
+
+    def _fixed(self, s: KeyModel, cost: int, now: int, eff: int, commit: bool) -> Decision:
+        start = eff // self.window * self.window  # aligned to the server's epoch
+        used = s.used if s.window_start == start else 0
+        left = start + self.window - now
+        retry: int | None = 0
+        if cost > self.limit:
+            retry = None
+        elif used + cost > self.limit:
+            retry = left
+        else:
+            used += cost
+            if commit:
+                s.window_start, s.used, s.last = start, used, eff
+        return _decision(retry, self.limit, self.limit - used, left if used else 0)
+
+    def time_to_fresh_us(self, key: str, now: int) -> int:
+        """How long until ``key`` is fresh again, seen at ``now`` (0 if it is)."""
+        return (self.decide(key, self.limit + 1, now, commit=False).reset_after_ns) // 1000
+
+
+def _decision(retry_us: int | None, limit: int, remaining: int, reset_us: int) -> Decision:
+    return Decision(
+        allowed=retry_us == 0,
+        limit=limit,
+        remaining=remaining,
+        retry_after_ns=None if retry_us is None else retry_us * 1000,
+        reset_after_ns=reset_us * 1000,
+    )
+
+
+def plain(d: Decision) -> Decision:
+    """The Decision fields only (a StampedDecision also carries its stamp)."""
+    return Decision(d.allowed, d.limit, d.remaining, d.retry_after_ns, d.reset_after_ns)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@dataclass(frozen=True)
+class Op:
+    node: int
+    key: str
+    cost: int
+    acquire: bool = True  # False: peek
+    gap_us: int = 0  # server time passing before it (fakeredis; real servers move alone)
+
+
+@dataclass(frozen=True)
+class Record:
+    node: int
+    key: str
+    cost: int
+    acquire: bool
+    decision: Decision
+
+
+def make_limiter(
+    stage: ModuleType, client: Any, algorithm: str, limit: int, window_us: int, **kw: Any
+) -> Any:
+    kw.setdefault("clock", ManualClock())
+    return stage.RedisRateLimiter(
+        client, algorithm=algorithm, limit=limit, window_ns=window_us * 1000, **kw
+    )
+
+
+def make_nodes(
+    stage: ModuleType,
+    env: RedisEnv,
+    algorithm: str,
+    limit: int,
+    window_us: int,
+    *,
+    prefix: str,
+    clocks: Sequence[ManualClock] | None = None,
+) -> list[Any]:
+    """NODES limiters, each with its own client (connection pool) and clock."""
+    clocks = clocks or [ManualClock() for _ in range(NODES)]
+    return [
+        make_limiter(stage, client, algorithm, limit, window_us, key_prefix=prefix, clock=c)
+        for client, c in zip(env.clients(NODES), clocks, strict=True)
+    ]
+
+
+def run_stream(
+    env: RedisEnv, nodes: Sequence[Any], ops: Sequence[Op], *, bracket: bool = False
+) -> list[Record]:
+    """Run ``ops``; with ``bracket``, check each stamp lies between two server TIME reads."""
+    server = env.server()
+    records = []
+    for op in ops:
+        if op.gap_us and env.time_is_controlled:
+            env.pass_time(op.gap_us * 1000)
+        before = server.time_us() if bracket else 0
+        node = nodes[op.node]
+        d = node.try_acquire(op.key, op.cost) if op.acquire else node.peek(op.key, op.cost)
+        if bracket:
+            after = server.time_us()
+            assert isinstance(d, StampedDecision), f"{op}: Redis was up, got unstamped {d}"
+            assert before <= d.server_time_us <= after, (
+                f"stage 3: decisions must use the server's clock (TIME), not a node's: {op} was "
+                f"stamped {d.server_time_us} µs but the server read {before}..{after} µs around "
+                f"it ({(d.server_time_us - before) / 1e6:+.3f} s off)"
+            )
+        records.append(Record(op.node, op.key, op.cost, op.acquire, d))
+    return records
+
+
+def replay(records: Sequence[Record], algorithm: str, limit: int, window_us: int) -> None:
+    """Replay every key's decisions in Redis order through the model; all must match."""
+    model = Model(algorithm, limit, window_us)
+    for r in records:
+        assert isinstance(r.decision, StampedDecision), (
+            f"stage 3: with Redis up every decision comes from the script, stamped with "
+            f"op and server time; node {r.node} got {r.decision}"
+        )
+
+    def order(r: Record) -> tuple[int, int, int]:
+        d = r.decision
+        assert isinstance(d, StampedDecision)
+        bumps = r.acquire and r.cost <= limit  # peeks and impossible costs keep the counter
+        return d.server_time_us, d.op, 0 if bumps else 1
+
+    for key in sorted({r.key for r in records}):
+        history: list[str] = []
+        for r in sorted((r for r in records if r.key == key), key=order):
+            d = r.decision
+            assert isinstance(d, StampedDecision)
+            want = model.decide(key, r.cost, d.server_time_us, commit=r.acquire)
+            verb = "try_acquire" if r.acquire else "peek"
+            history.append(
+                f"  t={d.server_time_us} op={d.op} node{r.node}.{verb}({key!r}, {r.cost})"
+                f" -> allowed={d.allowed} remaining={d.remaining} retry={d.retry_after_ns}"
+            )
+            assert plain(d) == want, (
+                f"stage 3 ({algorithm}, limit={limit}, window={window_us} µs): the nodes must "
+                f"decide exactly as one limiter would. Replaying key {key!r} in Redis order "
+                f"(server time, op):\n" + "\n".join(history[-12:]) + f"\nexpected {want}\n"
+                f"got      {plain(d)}"
+            )
+
+
+def burst_from_threads(nodes: Sequence[Any], *, threads_per_node: int, each: int) -> list[Record]:
+    """Every node's threads start together and call try_acquire("alice") ``each`` times."""
+    records: list[Record] = []
+    lock = threading.Lock()
+    count = len(nodes) * threads_per_node
+    start = threading.Barrier(count)
+
+    def worker(i: int) -> None:
+        start.wait(10)
+        for _ in range(each):
+            d = nodes[i].try_acquire("alice")
+            with lock:
+                records.append(Record(i, "alice", 1, True, d))
+
+    threads = [
+        threading.Thread(target=worker, args=(i % len(nodes),), daemon=True) for i in range(count)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "stage 3: a node's decision hung (deadlock or no timeout?)"
+    return records
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[str, int, int, list[Op]]:
+    algorithm = draw(st.sampled_from(ALGORITHMS))
+    limit = draw(st.integers(1, 4))
+    window_us = draw(st.sampled_from([2_000, 50_000, 2_000_000]))
+    op = st.builds(
+        Op,
+        node=st.integers(0, NODES - 1),
+        key=st.sampled_from(KEYS),
+        cost=st.integers(1, limit + 1),
+        acquire=st.sampled_from([True, True, True, False]),
+        gap_us=st.one_of(st.just(0), st.integers(0, window_us * 3 // 2)),
+    )
+    return algorithm, limit, window_us, draw(st.lists(op, min_size=1, max_size=25))
+
+
+# --------------------------------------------------------------------------- examples
+
+
+@pytest.mark.core
+@pytest.mark.realtime
+def test_stage3_two_nodes_share_one_token_bucket(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """4 per second, shared: what node A takes, node B cannot; retry_after is exact."""
+    redis_env.freeze_time()
+    a, b = make_nodes(
+        stage_module, redis_env, "token_bucket", 4, 1_000_000, prefix=redis_env.prefix
+    )[:2]
+    first = a.try_acquire("alice", 3)
+    assert first.allowed and first.remaining == 1, f"a fresh bucket of 4 admits 3: {first}"
+    assert b.try_acquire("alice").allowed, "node B sees the 1 token node A left"
+    denied = b.try_acquire("alice")
+    assert isinstance(first, StampedDecision) and isinstance(denied, StampedDecision)
+    elapsed_us = denied.server_time_us - first.server_time_us
+    # A token takes 250 ms to refill, and refilling began when node A left 1 of 4.
+    assert not denied.allowed and denied.retry_after_ns == (250_000 - elapsed_us) * 1000, (
+        f"stage 3: the bucket is empty; one token refills 250 ms after node A's request, "
+        f"{elapsed_us} µs of server time ago, so retry_after_ns must be "
+        f"{(250_000 - elapsed_us) * 1000}; got {denied}"
+    )
+    redis_env.pass_time(denied.retry_after_ns)
+    again = a.try_acquire("alice")
+    assert again.allowed, (
+        f"stage 3: after waiting retry_after_ns={denied.retry_after_ns} the request must be "
+        f"admitted (by any node), got {again}"
+    )
+
+
+@pytest.mark.core
+def test_stage3_same_instant_requests_all_count_in_the_sliding_log(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """Three nodes, one instant: each request is its own log entry, so the 4th is denied."""
+    redis_env.freeze_time()
+    nodes = make_nodes(
+        stage_module, redis_env, "sliding_log", 3, 10_000_000, prefix=redis_env.prefix
+    )
+    records = run_stream(redis_env, nodes, [Op(i % NODES, "alice", 1) for i in range(5)])
+    allowed = [r.decision.allowed for r in records]
+    if redis_env.time_is_controlled:
+        assert allowed == [True, True, True, False, False], (
+            "stage 3: a sliding log of 3 must admit exactly 3 same-instant requests from 3 "
+            f"nodes; got {allowed}. Are log members unique per request (not the timestamp)?"
+        )
+    replay(records, "sliding_log", 3, 10_000_000)
+
+
+@pytest.mark.core
+def test_stage3_denial_consumes_nothing(stage_module: ModuleType, redis_env: RedisEnv) -> None:
+    """Denied requests leave the quota alone: retry_after counts down with server time."""
+    for algorithm in ALGORITHMS:
+        prefix = redis_env.fresh_prefix()
+        nodes = make_nodes(stage_module, redis_env, algorithm, 2, 4_000_000, prefix=prefix)
+        assert nodes[0].try_acquire("alice", 2).allowed, f"{algorithm}: a fresh key admits 2 of 2"
+        denials = [nodes[i % NODES].try_acquire("alice") for i in range(6)]
+        due = set()
+        for d in denials:
+            assert isinstance(d, StampedDecision) and d.retry_after_ns is not None, d
+            assert not d.allowed, f"{algorithm}: the limit is used up, got {d}"
+            due.add(d.server_time_us * 1000 + d.retry_after_ns)
+        assert len(due) == 1, (
+            f"stage 3 ({algorithm}): a denial must consume nothing, so every denial names the "
+            f"same moment (server time + retry_after); got {sorted(due)}"
+        )
+
+
+@pytest.mark.core
+def test_stage3_cost_above_limit_never_fits(stage_module: ModuleType, redis_env: RedisEnv) -> None:
+    for algorithm in ALGORITHMS:
+        node = make_limiter(
+            stage_module,
+            redis_env.client(),
+            algorithm,
+            3,
+            1_000_000,
+            key_prefix=redis_env.fresh_prefix(),
+        )
+        d = node.try_acquire("alice", 4)
+        assert not d.allowed and d.retry_after_ns is None, (
+            f"stage 3 ({algorithm}): cost 4 > limit 3 can never fit: retry_after_ns is None, "
+            f"got {d}"
+        )
+        full = node.try_acquire("alice", 3)
+        assert full.allowed, f"{algorithm}: the impossible request consumed quota: {full}"
+
+
+@pytest.mark.core
+def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: RedisEnv) -> None:
+    client = redis_env.client()
+    good: dict[str, Any] = {
+        "algorithm": "token_bucket",
+        "limit": 5,
+        "window_ns": NS_PER_S,
+        "clock": ManualClock(),
+    }
+    for name, bad in [
+        ("limit", 0),
+        ("window_ns", -1),
+        ("window_ns", 1_500),
+        ("algorithm", "leaky"),
+        ("failure_mode", "maybe"),
+        ("expected_nodes", 0),
+        ("key_prefix", ""),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            stage_module.RedisRateLimiter(client, **{**good, name: bad})
+    with pytest.raises(TypeError, match="limit"):
+        stage_module.RedisRateLimiter(client, **{**good, "limit": True})
+    limiter = stage_module.RedisRateLimiter(client, **good)
+    with pytest.raises(ValueError, match="cost"):
+        limiter.try_acquire("alice", 0)
+    with pytest.raises(TypeError, match="cost"):
+        limiter.try_acquire("alice", True)
+
+
+# --------------------------------------------------------------------------- properties
+
+
+@pytest.mark.core
+@heavy
+@example(
+    scenario=("sliding_log", 2, 50_000, [Op(0, "alice", 1), Op(1, "alice", 2), Op(2, "alice", 1)])
+)
+@given(scenario=scenarios())
+def test_stage3_nodes_sharing_redis_decide_as_one_node(
+    stage_module: ModuleType, redis_env: RedisEnv, scenario: tuple[str, int, int, list[Op]]
+) -> None:
+    algorithm, limit, window_us, ops = scenario
+    redis_env.freeze_time()
+    nodes = make_nodes(
+        stage_module, redis_env, algorithm, limit, window_us, prefix=redis_env.fresh_prefix()
+    )
+    replay(run_stream(redis_env, nodes, ops), algorithm, limit, window_us)
+
+
+@pytest.mark.core
+@heavy
+@example(
+    scenario=(
+        "token_bucket",
+        2,
+        2_000_000,
+        [Op(0, "alice", 1), Op(1, "alice", 1), Op(2, "alice", 1)],
+    ),
+    skews=[-10 * NS_PER_S, 0, 10 * NS_PER_S],
+    steps=[NS_PER_S, -2 * NS_PER_S],
+)
+@given(
+    scenario=scenarios(),
+    skews=st.lists(
+        st.sampled_from([-10 * NS_PER_S, 0, 10 * NS_PER_S]), min_size=NODES, max_size=NODES
+    ),
+    steps=st.lists(st.integers(-3 * NS_PER_S, 3 * NS_PER_S), min_size=1, max_size=5),
+)
+def test_stage3_node_clock_skew_changes_nothing(
+    stage_module: ModuleType,
+    redis_env: RedisEnv,
+    scenario: tuple[str, int, int, list[Op]],
+    skews: list[int],
+    steps: list[int],
+) -> None:
+    """Node clocks ±10 s apart (and stepping about) must not move any decision."""
+    algorithm, limit, window_us, ops = scenario
+    redis_env.freeze_time()
+    clocks = [ManualClock(100 * NS_PER_S + skew) for skew in skews]
+    nodes = make_nodes(
+        stage_module,
+        redis_env,
+        algorithm,
+        limit,
+        window_us,
+        prefix=redis_env.fresh_prefix(),
+        clocks=clocks,
+    )
+    records: list[Record] = []
+    for i, op in enumerate(ops):
+        clock = clocks[op.node]
+        clock.set(clock.now_ns() + steps[i % len(steps)])  # forwards or backwards
+        records += run_stream(redis_env, nodes, [op], bracket=True)
+    replay(records, algorithm, limit, window_us)
+
+
+@pytest.mark.core
+def test_stage3_concurrent_nodes_admit_exactly_as_one(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """Threads on several nodes hammer one key; Redis order replays exactly."""
+    redis_env.freeze_time()
+    for algorithm in ALGORITHMS:
+        nodes = make_nodes(
+            stage_module, redis_env, algorithm, 10, 10_000_000, prefix=redis_env.fresh_prefix()
+        )
+        records = burst_from_threads(nodes, threads_per_node=2, each=15)
+        admitted = sum(r.decision.allowed for r in records)
+        if redis_env.time_is_controlled:
+            assert admitted == 10, (
+                f"stage 3 ({algorithm}): 90 concurrent requests from {NODES} nodes at one "
+                f"instant on a limit of 10 must admit exactly 10, admitted {admitted}"
+            )
+        replay(records, algorithm, 10, 10_000_000)
+
+
+@pytest.mark.core
+@heavy
+@example(scenario=("token_bucket", 4, 2_000_000, [Op(0, "alice", 1)]))
+@example(
+    scenario=("sliding_log", 2, 2_000_000, [Op(0, "alice", 2), Op(1, "alice", 1, gap_us=1_500_000)])
+)
+@example(scenario=("fixed_window", 2, 2_000_000, [Op(0, "alice", 1)]))
+@given(scenario=scenarios())
+def test_stage3_every_key_has_a_ttl_within_the_bound(
+    stage_module: ModuleType, redis_env: RedisEnv, scenario: tuple[str, int, int, list[Op]]
+) -> None:
+    """0 < TTL ≤ time-to-fresh + 1 s for every key the limiter wrote, after every decision."""
+    algorithm, limit, window_us, ops = scenario
+    redis_env.freeze_time()
+    prefix = redis_env.fresh_prefix()
+    nodes = make_nodes(stage_module, redis_env, algorithm, limit, window_us, prefix=prefix)
+    model = Model(algorithm, limit, window_us)
+    admin = redis_env.clients(1)[0]
+    done: list[Op] = []
+    for op in ops:
+        (rec,) = run_stream(redis_env, nodes, [op])
+        d = rec.decision
+        assert isinstance(d, StampedDecision), d
+        model.decide(op.key, op.cost, d.server_time_us, commit=op.acquire)
+        done.append(op)
+        for name in redis_env.keys(prefix):
+            owner = [k for k in KEYS if k in name[len(prefix) :]]
+            assert owner, f"stage 3: key {name!r} does not name the user key it limits"
+            ttl_ms = admin.pttl(name)
+            if ttl_ms == -2 and not redis_env.time_is_controlled:
+                continue  # a real server's clock moved on and the key expired meanwhile
+            fresh_ms = -(-model.time_to_fresh_us(owner[0], d.server_time_us) // 1000)
+            # PTTL -1: no TTL at all; 0: under 1 ms left (PTTL rounds down)
+            assert 0 <= ttl_ms <= fresh_ms + 1000, (
+                f"stage 3 ({algorithm}, limit={limit}, window={window_us} µs): every key must "
+                f"expire once its state is fresh again: 0 < TTL <= time-to-fresh + 1 s. Key "
+                f"{name!r} has PTTL {ttl_ms} ms, time-to-fresh {fresh_ms} ms, after {done}"
+                " (-1 = no TTL: was it set in the same script? refreshed to a whole window?)"
+            )
+
+
+@pytest.mark.core
+def test_stage3_each_decision_is_one_round_trip(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    proxy = redis_env.proxy()
+    client = redis_env.server().proxied_client(proxy)
+    for algorithm in ALGORITHMS:
+        limiter = make_limiter(
+            stage_module, client, algorithm, 2, 1_000_000, key_prefix=redis_env.fresh_prefix()
+        )
+        limiter.try_acquire("warm-up")  # connects and loads the script
+        proxy.reset_counts()
+        calls = ["try_acquire", "try_acquire", "try_acquire", "peek", "try_acquire"]
+        for i, call in enumerate(calls):
+            getattr(limiter, call)(KEYS[i % 2], 1)
+        counts = proxy.counts()
+        assert counts.round_trips == len(calls), (
+            f"stage 3 ({algorithm}): each decision must be exactly one round trip (one script "
+            f"call: read, decide, write and expire together); {len(calls)} decisions took "
+            f"{counts.round_trips} round trips: {counts.commands}"
+        )
+        assert set(counts.commands) <= {"EVALSHA", "EVAL", "FCALL"}, counts.commands
+
+
+# --------------------------------------------------------------------------- faults
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("mode", ["open", "closed", "local"])
+def test_stage3_outage_honours_failure_mode_and_recovers(
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str
+) -> None:
+    proxy = redis_env.proxy()
+    clock = ManualClock()
+    limiter = make_limiter(
+        stage_module,
+        redis_env.server().proxied_client(proxy, socket_timeout=2),
+        "token_bucket",
+        4,
+        60_000_000,
+        key_prefix=redis_env.prefix,
+        failure_mode=mode,
+        expected_nodes=2,
+        probe_interval_ns=NS_PER_S,
+        clock=clock,
+    )
+    assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
+    proxy.outage()
+    burst = [limiter.try_acquire("bob") for _ in range(5)]  # must not raise
+    allowed = [d.allowed for d in burst]
+    want = {"open": [True] * 5, "closed": [False] * 5, "local": [True, True, False, False, False]}
+    assert allowed == want[mode], (
+        f"stage 3: with Redis down, failure_mode={mode!r} must decide {want[mode]} for a burst "
+        f"of 5 (local: limit 4 // expected_nodes 2 = 2 on this node); got {allowed}"
+    )
+    assert not any(isinstance(d, StampedDecision) for d in burst), "Redis did not decide these"
+    if mode == "closed":
+        assert all(d.retry_after_ns is not None and d.retry_after_ns > 0 for d in burst), burst
+    stats = limiter.stats()
+    assert isinstance(stats, RedisLimiterStats)
+    assert (
+        stats.fallback_decisions == 5 and stats.redis_decisions == 1 and stats.redis_errors >= 1
+    ), f"stage 3: every fallback decision is counted: {stats}"
+    proxy.heal()
+    clock.advance(NS_PER_S)  # the next probe is due
+    back = limiter.try_acquire("alice")
+    assert isinstance(back, StampedDecision) and back.allowed and back.remaining == 2, (
+        f"stage 3: once Redis answers again the limiter must use it, without a restart, and "
+        f"with the state Redis kept (1 of 4 used before the outage); got {back}"
+    )
+    assert limiter.stats().redis_decisions == 2, limiter.stats()
+
+
+@pytest.mark.core
+@pytest.mark.realtime
+def test_stage3_blackholed_redis_does_not_hang_a_decision(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    proxy = redis_env.proxy()
+    client = redis_env.server().proxied_client(proxy, socket_timeout=0.2)
+    limiter = make_limiter(
+        stage_module,
+        client,
+        "sliding_log",
+        4,
+        1_000_000,
+        key_prefix=redis_env.prefix,
+        failure_mode="open",
+    )
+    assert isinstance(limiter.try_acquire("alice"), StampedDecision)
+    proxy.blackhole()
+    got: list[Decision] = []
+    t = threading.Thread(target=lambda: got.append(limiter.try_acquire("alice")), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), (
+        "stage 3: Redis accepted the connection and never answered, and the decision hung: "
+        "the client needs a socket timeout"
+    )
+    assert got and got[0].allowed and not isinstance(got[0], StampedDecision), got
+    assert limiter.stats().redis_errors == 1, limiter.stats()
+
+
+def _decide_or_fail(limiter: Any, key: str, what: str) -> Decision:
+    try:
+        return limiter.try_acquire(key)  # type: ignore[no-any-return]
+    except redis.ResponseError as exc:
+        pytest.fail(
+            f"stage 3: after {what} the limiter raised {exc!r}: a NOSCRIPT reply must "
+            "reload the script (redis-py's Script does) and retry"
+        )
+
+
+@pytest.mark.core
+@pytest.mark.redis_faults
+def test_stage3_script_flush_and_server_restart_are_survived(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    node: RedisNode = redis_env.fault_server()
+    limiter = make_limiter(
+        stage_module, node.client(), "token_bucket", 3, 10_000_000, key_prefix=redis_env.prefix
+    )
+    assert limiter.try_acquire("alice").allowed
+    node.script_flush()
+    d = _decide_or_fail(limiter, "alice", "SCRIPT FLUSH")
+    assert isinstance(d, StampedDecision) and d.remaining == 1, (
+        f"stage 3: SCRIPT FLUSH loses the script, not the data: the 2nd of 3 leaves 1; got {d}"
+    )
+    node.restart()
+    d = _decide_or_fail(limiter, "alice", "a server restart")
+    assert isinstance(d, StampedDecision) and d.allowed and d.remaining == 2, (
+        f"stage 3: after a restart without persistence the key is fresh (3 of 3), and the "
+        f"limiter reconnects and reloads its script by itself; got {d}"
+    )
+    assert limiter.stats().fallback_decisions == 0, limiter.stats()
+
+
+# --------------------------------------------------------------------------- stateful
+
+
+class RedisLimiterMachine(RuleBasedStateMachine):
+    """Several nodes, keys, peeks, time passing and script flushes against one model."""
+
+    stage: ModuleType  # bound by the _bind_stage fixture
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.env = RedisEnv.from_environment(name="stage3-machine")
+        self.env.freeze_time()
+        self.log: list[str] = []
+
+    @initialize(algorithm=st.sampled_from(ALGORITHMS))
+    def start(self, algorithm: str) -> None:
+        self.algorithm, self.limit, self.window_us = algorithm, 3, 40_000
+        self.model = Model(algorithm, self.limit, self.window_us)
+        self.nodes = make_nodes(
+            self.stage, self.env, algorithm, self.limit, self.window_us, prefix=self.env.prefix
+        )
+
+    def teardown(self) -> None:
+        self.env.close()
+
+    def _check(self, node: int, key: str, cost: int, acquire: bool) -> None:
+        limiter = self.nodes[node]
+        d = limiter.try_acquire(key, cost) if acquire else limiter.peek(key, cost)
+        self.log.append(f"node{node}.{'try_acquire' if acquire else 'peek'}({key!r}, {cost})")
+        assert isinstance(d, StampedDecision), d
+        want = self.model.decide(key, cost, d.server_time_us, commit=acquire)
+        assert plain(d) == want, (
+            f"stage 3 ({self.algorithm}, limit 3 per {self.window_us} µs): after "
+            f"{self.log[-10:]} expected {want}, got {plain(d)}"
+        )
+
+    @rule(node=st.integers(0, NODES - 1), key=st.sampled_from(KEYS), cost=st.integers(1, 4))
+    def try_acquire(self, node: int, key: str, cost: int) -> None:
+        self._check(node, key, cost, True)
+
+    @rule(node=st.integers(0, NODES - 1), key=st.sampled_from(KEYS), cost=st.integers(1, 4))
+    def peek(self, node: int, key: str, cost: int) -> None:
+        self._check(node, key, cost, False)
+
+    @precondition(lambda self: self.env.time_is_controlled)
+    @rule(us=st.sampled_from([1, 999, 10_000, 13_333, 40_000, 100_000]))
+    def pass_time(self, us: int) -> None:
+        self.env.pass_time(us * 1000)
+        self.log.append(f"pass {us} µs")
+
+    @precondition(lambda self: self.env.server().can_fault)
+    @rule()
+    def script_flush(self) -> None:
+        self.env.server().script_flush()
+        self.log.append("SCRIPT FLUSH")
+
+    @invariant()
+    def keys_are_namespaced(self) -> None:
+        for name in self.env.keys(""):
+            if self.env.mode != "url":  # a private server holds only this limiter's keys
+                assert name.startswith(self.env.prefix), f"key {name!r} outside key_prefix"
+
+
+@pytest.fixture
+def _bind_stage(stage_module: ModuleType) -> None:
+    RedisLimiterMachine.stage = stage_module
+
+
+TestStage3RedisLimiterModel = RedisLimiterMachine.TestCase
+TestStage3RedisLimiterModel.settings = settings(heavy, stateful_step_count=30)
+TestStage3RedisLimiterModel.pytestmark = [pytest.mark.core, pytest.mark.usefixtures("_bind_stage")]
+
+
+# --------------------------------------------------------------------------- extended
+
+
+@pytest.mark.extended
+def test_stage3_async_nodes_decide_as_one_with_sync_nodes(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    redis_env.freeze_time()
+    ops = [Op(i % NODES, KEYS[i % 2], 1 + i % 3, i % 5 != 4) for i in range(24)]
+    sync_node = make_limiter(
+        stage_module, redis_env.client(), "sliding_log", 4, 5_000_000, key_prefix=redis_env.prefix
+    )
+
+    async def main() -> list[Record]:
+        clients = [redis_env.async_client() for _ in range(NODES - 1)]
+        nodes = [
+            stage_module.AsyncRedisRateLimiter(
+                c,
+                algorithm="sliding_log",
+                limit=4,
+                window_ns=5 * NS_PER_S,
+                clock=ManualClock(),
+                key_prefix=redis_env.prefix,
+            )
+            for c in clients
+        ]
+        records = []
+        try:
+            for op in ops:
+                if op.node == 0:
+                    d = (
+                        sync_node.try_acquire(op.key, op.cost)
+                        if op.acquire
+                        else sync_node.peek(op.key, op.cost)
+                    )
+                else:
+                    node = nodes[op.node - 1]
+                    call = node.try_acquire if op.acquire else node.peek
+                    d = await asyncio.wait_for(call(op.key, op.cost), 10)
+                records.append(Record(op.node, op.key, op.cost, op.acquire, d))
+        finally:
+            for c in clients:
+                await c.aclose()
+        return records
+
+    replay(asyncio.run(main()), "sliding_log", 4, 5_000_000)
+
+
+@pytest.mark.extended
+def test_stage3_async_outage_falls_back_and_recovers(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    proxy = redis_env.proxy()
+    clock = ManualClock()
+
+    async def main() -> tuple[list[Decision], RedisLimiterStats]:
+        client = redis_env.server().proxied_async_client(proxy, socket_timeout=2)
+        limiter = stage_module.AsyncRedisRateLimiter(
+            client,
+            algorithm="fixed_window",
+            limit=2,
+            window_ns=60 * NS_PER_S,
+            clock=clock,
+            key_prefix=redis_env.prefix,
+            failure_mode="closed",
+            probe_interval_ns=NS_PER_S,
+        )
+        try:
+            out = [await asyncio.wait_for(limiter.try_acquire("alice"), 10)]
+            proxy.outage()
+            out.append(await asyncio.wait_for(limiter.try_acquire("alice"), 10))
+            proxy.heal()
+            clock.advance(NS_PER_S)
+            out.append(await asyncio.wait_for(limiter.try_acquire("alice"), 10))
+            return out, limiter.stats()
+        finally:
+            await client.aclose()
+
+    (up, down, back), stats = asyncio.run(main())
+    assert isinstance(up, StampedDecision) and up.allowed, up
+    assert not down.allowed and not isinstance(down, StampedDecision), (
+        f"stage 3: failure_mode='closed' denies while Redis is down (no exception); got {down}"
+    )
+    assert isinstance(back, StampedDecision) and back.allowed and back.remaining == 0, back
+    assert (stats.redis_decisions, stats.fallback_decisions) == (2, 1), stats
+
+
+@pytest.mark.extended
+def test_stage3_client_without_socket_timeout_is_refused(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    with pytest.raises(ValueError, match="socket_timeout"):
+        make_limiter(
+            stage_module, redis_env.client(socket_timeout=None), "token_bucket", 1, 1_000_000
+        )
+
+
+@dataclass
+class LeaseModel:
+    held: dict[str, set[int]] = field(default_factory=dict)
+
+
+@pytest.mark.extended
+@heavy
+@example(
+    steps=[
+        (0, "alice", True, 0),
+        (1, "alice", True, 0),
+        (2, "alice", True, 0),
+        (0, "alice", False, 0),
+    ]
+)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.integers(0, NODES - 1), st.sampled_from(KEYS), st.booleans(), st.integers(0, 10)
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_stage3_concurrency_limiter_caps_leases_across_nodes(
+    stage_module: ModuleType, redis_env: RedisEnv, steps: list[tuple[int, str, bool, int]]
+) -> None:
+    prefix = redis_env.fresh_prefix()
+    nodes = [
+        stage_module.RedisConcurrencyLimiter(
+            client, max_in_flight=2, lease_ns=60 * NS_PER_S, key_prefix=prefix
+        )
+        for client in redis_env.clients(NODES)
+    ]
+    model = LeaseModel()
+    leases: list[Any] = []
+    for node, key, acquire, pick in steps:
+        held = model.held.setdefault(key, set())
+        if acquire or not leases:
+            lease = nodes[node].try_acquire(key)
+            assert (lease is not None) == (len(held) < 2), (
+                f"stage 3: at most 2 leases on {key!r} across all nodes; held {len(held)}, "
+                f"got {lease}"
+            )
+            if lease is not None:
+                assert lease.key == key and lease.id not in held, lease
+                held.add(lease.id)
+                leases.append(lease)
+        else:
+            lease = leases[pick % len(leases)]
+            was_held = lease.id in model.held[lease.key]
+            assert nodes[node].release(lease) is was_held, (
+                f"stage 3: release is idempotent: True the first time, then False ({lease})"
+            )
+            model.held[lease.key].discard(lease.id)
+        for k in KEYS:
+            assert nodes[node].in_flight(k) == len(model.held.get(k, ())), k
+
+
+@pytest.mark.extended
+@pytest.mark.realtime
+def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    prefix = redis_env.fresh_prefix()
+    limiter = stage_module.RedisConcurrencyLimiter(
+        redis_env.client(), max_in_flight=1, lease_ns=100 * NS_PER_MS, key_prefix=prefix
+    )
+    lost = limiter.try_acquire("alice")
+    assert lost is not None and limiter.try_acquire("alice") is None, "1 in flight at most"
+    for name in redis_env.keys(prefix):
+        assert 0 < redis_env.client().pttl(name) <= 1_100, f"{name}: TTL within lease + 1 s"
+    redis_env.pass_time(150 * NS_PER_MS)
+    again = limiter.try_acquire("alice")
+    assert again is not None, (
+        "stage 3: a lease whose holder vanished must expire after lease_ns, freeing its slot"
+    )
+    assert limiter.release(lost) is False, "the expired lease is no longer held"
+    assert limiter.release(again) is True

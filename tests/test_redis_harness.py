@@ -1,0 +1,336 @@
+"""The Redis harness itself: its three modes, its fault proxy and its server clock.
+
+Private-server and external-server modes need ``redis-server`` on PATH (or
+``KATA_REDIS_SERVER``); the external mode is simulated with a private server this
+test starts itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from katas._kit.faultproxy import RespCommandParser
+from katas._kit.redis import FROZEN_START_NS, ProcessNode, RedisEnv
+
+SERVER_CMD = shlex.split(os.environ.get("KATA_REDIS_SERVER") or "redis-server")
+needs_server = pytest.mark.skipif(
+    shutil.which(SERVER_CMD[0]) is None, reason=f"{SERVER_CMD[0]} is not installed"
+)
+
+
+@pytest.fixture
+def fake_env() -> Iterator[RedisEnv]:
+    with RedisEnv(server_command=None, url=None) as env:
+        yield env
+
+
+@pytest.fixture
+def server_env() -> Iterator[RedisEnv]:
+    if shutil.which(SERVER_CMD[0]) is None:
+        pytest.skip(f"{SERVER_CMD[0]} is not installed")
+    with RedisEnv(server_command=SERVER_CMD, url=None, faults=True, realtime=True) as env:
+        yield env
+
+
+@pytest.fixture(params=["fakeredis", "server"])
+def any_env(request: pytest.FixtureRequest) -> RedisEnv:
+    return request.getfixturevalue(f"{'fake' if request.param == 'fakeredis' else 'server'}_env")  # type: ignore[no-any-return]
+
+
+# --------------------------------------------------------------------------- RESP
+
+
+def test_resp_parser_splits_commands_across_chunks() -> None:
+    parser = RespCommandParser()
+    wire = b"*2\r\n$3\r\nGET\r\n$1\r\nk\r\n*3\r\n$7\r\nevalsha\r\n$2\r\nab\r\n$1\r\n0\r\nPING\r\n"
+    names: list[str] = []
+    for i in range(0, len(wire), 5):  # in awkward pieces, like TCP may deliver them
+        names += parser.feed(wire[i : i + 5])
+    assert names == ["GET", "EVALSHA", "PING"]
+
+
+def test_resp_parser_waits_for_a_whole_bulk_string() -> None:
+    parser = RespCommandParser()
+    assert parser.feed(b"*1\r\n$4\r\nPI") == []
+    assert parser.feed(b"NG\r\n") == ["PING"]
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def test_fakeredis_mode_is_fresh_per_env_and_shares_data_over_tcp() -> None:
+    with RedisEnv() as first:
+        first.client().set(first.prefix + "k", b"1")
+        tcp = first.server().tcp_client()
+        assert tcp.get(first.prefix + "k") == b"1", "TcpFakeServer serves the same FakeServer"
+        script = tcp.register_script("return redis.call('INCR', KEYS[1])")
+        assert script(keys=[first.prefix + "n"]) == 1, "Lua runs over TCP"
+    with RedisEnv() as second:
+        assert second.mode == "fakeredis"
+        assert second.keys("") == [], "every env gets a fresh FakeServer"
+
+
+def test_another_process_reaches_the_same_data_with_lua(any_env: RedisEnv) -> None:
+    """Worker processes connect by URL (fakeredis: to its TcpFakeServer) and run scripts."""
+    node = any_env.server()
+    code = (
+        "import redis, sys; r = redis.Redis.from_url(sys.argv[1], socket_timeout=5); "
+        "print(r.eval(\"return redis.call('INCRBY', KEYS[1], 41)\", 1, sys.argv[2]))"
+    )
+    key = any_env.prefix + "shared"
+    node.client().set(key, 1)
+    done = subprocess.run(
+        [sys.executable, "-c", code, node.url, key], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.strip() == "42", done.stderr
+    assert node.client().get(key) == b"42"
+
+
+def test_clients_have_a_socket_timeout_and_no_hidden_retries(any_env: RedisEnv) -> None:
+    kwargs = any_env.client().get_connection_kwargs()
+    assert kwargs["socket_timeout"] is not None
+    retry = kwargs.get("retry")
+    assert retry is None or retry.get_retries() == 0
+
+
+def test_async_clients_work_in_every_mode(any_env: RedisEnv) -> None:
+    async def main() -> bytes | None:
+        client = any_env.async_client()
+        try:
+            await client.set(any_env.prefix + "a", b"x")
+            value = await client.get(any_env.prefix + "a")
+            return value if isinstance(value, bytes) else None
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(main()) == b"x"
+
+
+def test_restart_loses_data_and_scripts_then_serves_again(any_env: RedisEnv) -> None:
+    node = any_env.fault_server()
+    client = node.client()
+    client.set(any_env.prefix + "k", b"1")
+    sha = client.script_load("return 1")
+    node.restart()
+    assert client.get(any_env.prefix + "k") is None, "no persistence: data is gone"
+    assert client.script_exists(sha) == [False], "and so is the script cache"
+
+
+def test_script_flush_empties_the_script_cache(any_env: RedisEnv) -> None:
+    node = any_env.fault_server()
+    client = node.client()
+    sha = client.script_load("return 1")
+    node.script_flush()
+    assert client.script_exists(sha) == [False]
+
+
+def test_stop_refuses_connections_until_start(any_env: RedisEnv) -> None:
+    node = any_env.fault_server()
+    client = node.tcp_client(socket_timeout=1)
+    client.set(any_env.prefix + "k", b"1")
+    node.stop()
+    with pytest.raises(redis.ConnectionError):
+        client.get(any_env.prefix + "k")
+    node.start()
+    assert client.ping()
+
+
+def test_servers_are_independent(any_env: RedisEnv) -> None:
+    a, b, c = any_env.servers(3)
+    a.client().set("same", b"a")
+    b.client().set("same", b"b")
+    assert (a.client().get("same"), b.client().get("same"), c.client().get("same")) == (
+        b"a",
+        b"b",
+        None,
+    )
+
+
+@needs_server
+def test_private_server_process_is_killed_at_teardown() -> None:
+    with RedisEnv(server_command=SERVER_CMD) as env:
+        node = env.server()
+        assert isinstance(node, ProcessNode)
+        pid = node.pid
+        assert env.client().ping()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.01)
+    pytest.fail(f"redis-server {pid} still runs after the env closed")
+
+
+@needs_server
+def test_paused_server_times_out_then_resumes(server_env: RedisEnv) -> None:
+    node = server_env.server()
+    assert isinstance(node, ProcessNode)
+    client = node.client(socket_timeout=0.1)
+    client.ping()
+    node.pause()
+    with pytest.raises(redis.TimeoutError):
+        client.ping()
+    node.resume()
+    assert node.client().ping()
+
+
+# --------------------------------------------------------------------------- external
+
+
+@pytest.fixture
+def external() -> Iterator[ProcessNode]:
+    """A server standing in for KATA_REDIS_URL: started here, not by the env under test."""
+    if shutil.which(SERVER_CMD[0]) is None:
+        pytest.skip(f"{SERVER_CMD[0]} is not installed")
+    node = ProcessNode(SERVER_CMD)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def test_external_server_keys_under_the_prefix_are_deleted(external: ProcessNode) -> None:
+    other = external.client()
+    other.set("not-ours", b"keep")
+    with RedisEnv(url=external.url) as env:
+        assert env.mode == "url"
+        env.client().set(env.prefix + "a", b"1")
+        second = env.fresh_prefix()
+        env.client().set(second + "b", b"2")
+        assert env.keys() == [env.prefix + "a"]
+    assert other.keys("*") == [b"not-ours"], "only the env's prefixes are cleaned, nothing else"
+
+
+def test_external_server_is_never_restarted_or_flushed(external: ProcessNode) -> None:
+    with RedisEnv(url=external.url) as env:
+        for act in (env.server().restart, env.server().script_flush, env.server().flushall):
+            with pytest.raises(pytest.skip.Exception, match="KATA_REDIS_SERVER"):
+                act()
+        with pytest.raises(pytest.skip.Exception, match="independent"):
+            env.servers(2)
+        with pytest.raises(pytest.skip.Exception):
+            env.fault_server()
+    with pytest.raises(pytest.skip.Exception, match="restart"):
+        RedisEnv(url=external.url, faults=True)
+
+
+def test_external_plus_private_servers_split_the_work(external: ProcessNode) -> None:
+    with RedisEnv(url=external.url, server_command=SERVER_CMD) as env:
+        assert env.server().kind == "url"
+        assert env.fault_server().kind == "server"
+        assert [n.kind for n in env.servers(2)] == ["server", "server"]
+    with RedisEnv(url=external.url, server_command=SERVER_CMD, faults=True) as env:
+        assert env.mode == "server" and env.server().can_fault
+
+
+def test_proxy_reaches_an_external_server(external: ProcessNode) -> None:
+    with RedisEnv(url=external.url) as env:
+        proxy = env.proxy()
+        client = env.server().proxied_client(proxy)
+        assert client.ping()
+        proxy.outage()
+        with pytest.raises(redis.ConnectionError):
+            client.ping()
+
+
+# --------------------------------------------------------------------------- proxy
+
+
+def test_proxy_counts_round_trips_and_commands(any_env: RedisEnv) -> None:
+    proxy = any_env.proxy()
+    client = any_env.server().proxied_client(proxy)
+    client.ping()  # connection handshake happens here
+    proxy.reset_counts()
+    client.set(any_env.prefix + "a", b"1")
+    pipe = client.pipeline(transaction=False)
+    pipe.get(any_env.prefix + "a")
+    pipe.incr(any_env.prefix + "n")
+    pipe.get(any_env.prefix + "n")
+    pipe.execute()
+    counts = proxy.counts()
+    assert counts.round_trips == 2, "one SET, then one pipeline"
+    assert counts.commands == ("SET", "GET", "INCRBY", "GET")
+
+
+def test_proxy_outage_refuses_then_heals(any_env: RedisEnv) -> None:
+    proxy = any_env.proxy()
+    client = any_env.server().proxied_client(proxy, socket_timeout=2)
+    assert client.ping()
+    proxy.outage()
+    with pytest.raises(redis.ConnectionError):
+        client.ping()
+    with pytest.raises(redis.ConnectionError):  # new connections too
+        any_env.server().proxied_client(proxy, socket_timeout=2).ping()
+    proxy.heal()
+    assert client.ping()
+
+
+def test_proxy_blackhole_needs_a_socket_timeout_then_heals(any_env: RedisEnv) -> None:
+    proxy = any_env.proxy()
+    client = any_env.server().proxied_client(proxy, socket_timeout=0.1)
+    assert client.ping()
+    proxy.blackhole()
+    with pytest.raises(redis.TimeoutError):
+        client.ping()
+    proxy.heal()
+    assert client.ping()
+
+
+def test_proxy_latency_still_forwards(any_env: RedisEnv) -> None:
+    proxy = any_env.proxy()
+    proxy.set_latency_ns(5_000_000)
+    client = any_env.server().proxied_client(proxy)
+    assert client.ping()
+    with pytest.raises(ValueError, match="ns"):
+        proxy.set_latency_ns(-1)
+
+
+# --------------------------------------------------------------------------- time
+
+
+def test_fakeredis_time_is_frozen_and_moved_by_pass_time(fake_env: RedisEnv) -> None:
+    client = fake_env.client()
+    fake_env.freeze_time()
+    start = fake_env.server().time_us()
+    assert start * 1000 == FROZEN_START_NS
+    client.set(fake_env.prefix + "k", b"1", px=1500)
+    fake_env.pass_time(1_000_000_000)
+    assert client.pttl(fake_env.prefix + "k") == 500
+    fake_env.pass_time(501_000_000)  # Redis expires a key once now > deadline (in ms)
+    assert client.get(fake_env.prefix + "k") is None, "expired once server time passed"
+    assert fake_env.server().time_us() == start + 1_501_000
+    fake_env.close()
+    assert abs(fake_env.server().time_us() / 1e6 - time.time()) < 60, "real time restored"
+
+
+@needs_server
+def test_pass_time_on_a_real_server_needs_the_realtime_mark() -> None:
+    with RedisEnv(server_command=SERVER_CMD, realtime=False) as env:
+        assert not env.time_is_controlled
+        with pytest.raises(pytest.UsageError, match="realtime"):
+            env.pass_time(1_000_000)
+    with RedisEnv(server_command=SERVER_CMD, realtime=True) as env:
+        with pytest.raises(pytest.UsageError, match="500 ms"):
+            env.pass_time(600_000_000)
+        before = env.server().time_us()
+        env.pass_time(20_000_000)
+        assert env.server().time_us() - before >= 20_000
+
+
+@pytest.mark.redis_faults
+def test_fixture_follows_the_environment(redis_env: RedisEnv) -> None:
+    expected = "server" if os.environ.get("KATA_REDIS_SERVER") else "fakeredis"
+    assert redis_env.mode == expected, "a redis_faults test never gets the external server"
+    assert redis_env.server().can_fault
