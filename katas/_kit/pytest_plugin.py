@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Generator, Iterator
@@ -69,12 +70,19 @@ _report_key = pytest.StashKey[dict[str, dict[str, Any]]]()
 
 @dataclass(frozen=True)
 class Kata:
-    """The stage modules of one kata, from the selected implementation."""
+    """The stage modules of one kata, from the selected implementation.
+
+    With ``--base=reference``, stages below the suite's own come from the reference.
+    """
 
     name: str
     selection: _impl.Selection
+    suite_stage: int | None = None
 
     def stage(self, n: int) -> ModuleType:
+        if self.selection.base == "reference" and self.suite_stage and n < self.suite_stage:
+            self.selection.stage(self.name, self.suite_stage)  # seeds the swap first
+            return importlib.import_module(f"solutions.{self.name}.stage{n}")
         return self.selection.stage(self.name, n)
 
 
@@ -87,7 +95,10 @@ def impl_selection(pytestconfig: pytest.Config) -> _impl.Selection:
 @pytest.fixture(scope="module")
 def kata(request: pytest.FixtureRequest, impl_selection: _impl.Selection) -> Kata:
     """The kata whose folder holds the requesting test file."""
-    return Kata(Path(request.path).parent.name, impl_selection)
+    marker = request.node.get_closest_marker("stage")
+    return Kata(
+        Path(request.path).parent.name, impl_selection, int(marker.args[0]) if marker else None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +149,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", f"{type(top).__name__}: {top}".splitlines()[0]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every kata test says which part of its stage it belongs to: core or extended."""
     unmarked = [
         item.nodeid
@@ -147,6 +158,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         and item.get_closest_marker("core") is None
         and item.get_closest_marker("extended") is None
     ]
+    selection = config.stash[_selection_key]
+    stages = {m.args[0] for item in items if (m := item.get_closest_marker("stage"))}
+    if selection.base == "reference" and len(stages) > 1:
+        raise pytest.UsageError(
+            "--base=reference runs one stage's suite at a time (select it with -k stageN): "
+            "it swaps the earlier stages for the reference's"
+        )
     if unmarked:
         raise pytest.UsageError(
             "kata tests must be marked @pytest.mark.core or @pytest.mark.extended: "

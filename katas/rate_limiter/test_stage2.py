@@ -1,0 +1,1004 @@
+"""Stage 2 — the limiters under threads and tasks.
+
+Core: ``ThreadSafeLimiter`` (striped locks, blocking FIFO ``acquire``). Extended:
+``AsyncLimiter`` (anyio: asyncio and trio) and ``ConcurrencyLimiter`` (leases).
+
+How these tests stay deterministic: the clock is a ``ManualClock`` that moves only
+when a test advances it, so "admitted at this instant" is exact; waiters are sequenced
+through ``statistics()`` instead of sleeps; every wait has a hard real-time deadline,
+and every thread is a daemon. Races are provoked with barrier-started bursts under a
+tiny ``sys.setswitchinterval``, round after round, with exact-count assertions.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from fractions import Fraction
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from anyio.abc import TaskGroup
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+
+from katas.rate_limiter.api import NS_PER_S, Decision, Lease, ManualClock
+
+pytestmark = [pytest.mark.stage(2)]
+
+#: Real seconds within which something that should happen promptly must have happened.
+DEADLINE_S = 5.0
+#: Real seconds during which something that must NOT happen is watched for.
+QUIET_S = 0.05
+NS_PER_MS = 1_000_000
+
+_MODULES: dict[str, ModuleType] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stages(kata: Any) -> None:
+    """The stage modules under test, also for the state machines (which take no fixtures).
+
+    Stage 2 first: with ``--base=reference`` importing it puts the reference's stage 1
+    in place of the learner's, and the inner limiters must come from that stage 1.
+    """
+    _MODULES["s2"] = kata.stage(2)
+    _MODULES["s1"] = kata.stage(1)
+
+
+def s1() -> ModuleType:
+    return _MODULES["s1"]
+
+
+def s2() -> ModuleType:
+    return _MODULES["s2"]
+
+
+def bucket_limiter(
+    capacity: int, refill_per_s: int | Fraction = 1, *, stripes: int = 64
+) -> tuple[ManualClock, Any]:
+    """A ThreadSafeLimiter around a stage-1 TokenBucket (auto_sweep off), on a frozen clock."""
+    clock = ManualClock()
+    inner = s1().TokenBucket(
+        capacity=capacity, refill_per_s=refill_per_s, clock=clock, auto_sweep=False
+    )
+    return clock, s2().ThreadSafeLimiter(inner, clock=clock, stripes=stripes)
+
+
+def async_limiter(capacity: int, refill_per_s: int = 1) -> tuple[ManualClock, Any]:
+    clock = ManualClock()
+    inner = s1().TokenBucket(capacity=capacity, refill_per_s=refill_per_s, clock=clock)
+    return clock, s2().AsyncLimiter(inner, clock=clock)
+
+
+@contextmanager
+def tiny_switch_interval() -> Iterator[None]:
+    """Make the interpreter switch threads as often as it can, to open race windows."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+class Worker(threading.Thread):
+    """A daemon thread running ``fn``; ``outcome()`` joins it with a hard deadline."""
+
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._fn = fn
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as e:  # re-raised in the test's thread by outcome()
+            self.error = e
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def outcome(self, what: str) -> Any:
+        self.join(DEADLINE_S)
+        assert not self.is_alive(), (
+            f"stage 2: {self.name} did not finish within {DEADLINE_S:.0f} real seconds — {what} "
+            "(a lost wake-up, a waiter stuck behind one that left, or a deadlock)"
+        )
+        self.raise_if_failed()
+        return self.result
+
+
+def start(fn: Callable[[], Any], name: str) -> Worker:
+    worker = Worker(fn, name)
+    worker.start()
+    return worker
+
+
+def eventually(pred: Callable[[], bool], what: str, workers: tuple[Worker, ...] = ()) -> None:
+    """Wait (hard real-time deadline) until ``pred()``; polling only, nothing depends on timing."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not pred():
+        for w in workers:
+            w.raise_if_failed()
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.0005)
+    assert pred(), f"stage 2: within {DEADLINE_S:.0f} real seconds, expected {what}"
+
+
+def stays(pred: Callable[[], bool], what: str) -> None:
+    """Watch for ``QUIET_S`` real seconds that ``pred()`` keeps holding."""
+    deadline = time.monotonic() + QUIET_S
+    while time.monotonic() < deadline:
+        assert pred(), f"stage 2: expected {what} to keep holding, but it changed"
+        time.sleep(0.0005)
+
+
+def reaches(count: Callable[[], int], n: int) -> Callable[[], bool]:
+    return lambda: count() >= n
+
+
+def stays_at(count: Callable[[], int], n: int) -> Callable[[], bool]:
+    return lambda: count() == n
+
+
+def units_left(limiter: Any, key: str) -> int:
+    """Whole units on hand (peek's ``remaining`` is what would be left *after* one unit)."""
+    probe = limiter.peek(key)
+    return int(probe.remaining) + int(probe.allowed)
+
+
+def waiters_on(limiter: Any, key: str) -> int:
+    return int(limiter.statistics().waiters_by_key.get(key, 0))
+
+
+def enqueue(limiter: Any, key: str, fn: Callable[[], Any], name: str) -> Worker:
+    """Start a thread that blocks in ``acquire`` on ``key``; return once it is queued."""
+    before = waiters_on(limiter, key)
+    worker = start(fn, name)
+    eventually(
+        lambda: waiters_on(limiter, key) == before + 1,
+        f"{name} to be queued on {key!r} (statistics().waiters_by_key[{key!r}] == {before + 1})",
+        (worker,),
+    )
+    return worker
+
+
+def run_together(n: int, body: Callable[[int], Any]) -> list[Any]:
+    """Run ``body(0..n-1)`` on n threads released at once by a barrier; their results."""
+    barrier = threading.Barrier(n)
+
+    def task(i: int) -> Any:
+        barrier.wait(DEADLINE_S)
+        return body(i)
+
+    workers = [start(partial(task, i), f"burst thread {i}") for i in range(n)]
+    return [w.outcome("a burst thread") for w in workers]
+
+
+# --- ThreadSafeLimiter (core) ---------------------------------------------------------
+
+
+@pytest.mark.core
+def test_stage2_no_over_admission_under_threads() -> None:
+    # Every key is a burst of `threads` × `attempts` requests at one frozen instant. Keys
+    # are fresh, because a key's first requests race hardest: each may see "no state yet".
+    threads, attempts, keys, rounds = 8, 2, 50, 200
+    capacity = threads * attempts // 2
+    with tiny_switch_interval():
+        for round_no in range(rounds):
+            _, limiter = bucket_limiter(capacity, stripes=4)
+
+            def burst(_: int, limiter: Any = limiter) -> list[int]:
+                return [
+                    sum(limiter.try_acquire(f"k{k}").allowed for _ in range(attempts))
+                    for k in range(keys)
+                ]
+
+            per_thread = run_together(threads, burst)
+            for k in range(keys):
+                admitted = sum(counts[k] for counts in per_thread)
+                assert admitted == capacity, (
+                    f"stage 2: {threads} threads × {attempts} try_acquire('k{k}') at one frozen "
+                    f"instant on a bucket of capacity {capacity} admitted {admitted} (round "
+                    f"{round_no}); exactly {capacity} must be. Check-then-act on a key must be "
+                    "atomic: hold the key's stripe lock around the inner limiter's decision"
+                )
+
+
+@pytest.mark.core
+@given(
+    capacity=st.integers(1, 30),
+    plans=st.lists(st.lists(st.integers(1, 8), min_size=1, max_size=12), min_size=2, max_size=6),
+)
+def test_stage2_burst_conserves_units_and_never_denies_what_fits(
+    capacity: int, plans: list[list[int]]
+) -> None:
+    _, limiter = bucket_limiter(capacity, stripes=2)
+
+    def burst(i: int) -> list[tuple[int, bool]]:
+        out = []
+        for n, cost in enumerate(plans[i]):
+            if (i + n) % 2:
+                out.append((cost, bool(limiter.acquire("k", cost, timeout_ns=0))))
+            else:
+                out.append((cost, limiter.try_acquire("k", cost).allowed))
+        return out
+
+    with tiny_switch_interval():
+        decided = [d for thread in run_together(len(plans), burst) for d in thread]
+    spent = sum(cost for cost, ok in decided if ok)
+    left = units_left(limiter, "k")
+    assert spent + left == capacity, (
+        f"stage 2: a frozen-instant burst of {plans} (cost lists per thread) on capacity "
+        f"{capacity}: admitted {spent} units and {left} remain — they must add up to {capacity}"
+    )
+    wrongly_denied = [cost for cost, ok in decided if not ok and cost <= left]
+    assert not wrongly_denied, (
+        f"stage 2: costs {wrongly_denied} were denied although {left} units were still left "
+        f"at the end of the burst {plans} (units only decrease at a frozen instant)"
+    )
+
+
+@pytest.mark.core
+def test_stage2_waiters_are_admitted_in_fifo_order() -> None:
+    clock, limiter = bucket_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    admitted: list[int] = []
+    costs = [2, 1, 1]
+
+    def waiter(i: int) -> None:
+        assert limiter.acquire("k", costs[i]) is True
+        admitted.append(i)
+
+    workers = [enqueue(limiter, "k", partial(waiter, i), f"waiter {i}") for i in range(3)]
+    clock.advance(NS_PER_S)  # 1 unit: the head needs 2; the cost-1 waiters must not overtake
+    stays(
+        lambda: waiters_on(limiter, "k") == 3 and not admitted,
+        "3 waiters and nobody admitted after 1 unit refilled (head costs 2, FIFO: no overtaking)",
+    )
+    for step, expected in enumerate(([0], [0, 1], [0, 1, 2])):
+        clock.advance(NS_PER_S)
+        eventually(
+            reaches(admitted.__len__, len(expected)),
+            f"{len(expected)} waiter(s) admitted after advancing {step + 2} s",
+            tuple(workers),
+        )
+        assert admitted == expected, (
+            f"stage 2: waiters queued on one key in order 0, 1, 2 (costs {costs}) were "
+            f"admitted as {admitted}; FIFO means {expected} at this point"
+        )
+    for w in workers:
+        w.outcome("a FIFO waiter")
+    assert limiter.statistics().waiters == 0
+
+
+@pytest.mark.core
+def test_stage2_try_acquire_does_not_overtake_a_waiter() -> None:
+    clock, limiter = bucket_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    head = enqueue(limiter, "k", lambda: limiter.acquire("k", 2), "waiter (cost 2)")
+    clock.advance(NS_PER_S)  # 1 unit on hand, the waiter needs 2
+    decision = limiter.try_acquire("k", 1)
+    assert not decision.allowed, (
+        "stage 2: try_acquire('k', 1) was admitted while a waiter (cost 2) was queued on 'k': "
+        "while a key has waiters, try_acquire on it must be denied (no overtaking)"
+    )
+    assert decision.retry_after_ns is not None and decision.retry_after_ns > 0, (
+        f"stage 2: a denied decision needs a positive retry_after_ns, got {decision}"
+    )
+    assert not limiter.peek("k", 1).allowed, "stage 2: peek must agree with try_acquire"
+    assert limiter.try_acquire("other").allowed, "stage 2: a queue on 'k' must not block 'other'"
+    clock.advance(NS_PER_S)
+    assert head.outcome("the waiter, once 2 units refilled") is True
+    after = limiter.peek("k", 1)
+    assert after.retry_after_ns == NS_PER_S, (
+        f"stage 2: after the waiter took both units the bucket must be empty (retry 1 s), "
+        f"got {after}: the denied try_acquire consumed something"
+    )
+
+
+@pytest.mark.core
+def test_stage2_timed_out_waiter_consumes_nothing_and_unblocks_the_queue() -> None:
+    clock, limiter = bucket_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    impatient = enqueue(
+        limiter, "k", lambda: limiter.acquire("k", 2, timeout_ns=NS_PER_S), "impatient (cost 2)"
+    )
+    patient = enqueue(limiter, "k", lambda: limiter.acquire("k", 1), "patient (cost 1)")
+    clock.advance(NS_PER_S)  # the impatient head times out; 1 unit is there for the next
+    assert impatient.outcome("the waiter whose timeout passed") is False, (
+        "stage 2: acquire('k', 2, timeout_ns=1 s) needed 2 s and must return False"
+    )
+    assert patient.outcome("the waiter behind the one that timed out") is True, (
+        "stage 2: the waiter behind a timed-out one must be admitted with the unit on hand"
+    )
+    assert limiter.statistics().waiters == 0
+    after = limiter.peek("k", 1)
+    assert after.retry_after_ns == NS_PER_S, (
+        f"stage 2: after the patient waiter took the one unit, the next unit is 1 s away; got "
+        f"{after}: the timed-out waiter must consume nothing"
+    )
+
+
+@pytest.mark.core
+def test_stage2_acquire_deadline_is_exact() -> None:
+    clock, limiter = bucket_limiter(1, refill_per_s=1)
+    assert limiter.try_acquire("k").allowed
+    late = start(lambda: limiter.acquire("k", timeout_ns=NS_PER_S - 1), "timeout 1 s - 1 ns")
+    eventually(lambda: waiters_on(limiter, "k") == 1, "one waiter", (late,))
+    clock.advance(NS_PER_S - 1)
+    assert late.outcome("a waiter whose deadline passed") is False, (
+        "stage 2: the unit comes back after exactly 1 s; a 1 s - 1 ns timeout must fail"
+    )
+    assert limiter.peek("k").retry_after_ns == 1, "stage 2: the timed-out waiter consumed units"
+    on_time = start(lambda: limiter.acquire("k", timeout_ns=1), "timeout 1 ns")
+    eventually(lambda: waiters_on(limiter, "k") == 1, "one waiter", (on_time,))
+    clock.advance(1)
+    assert on_time.outcome("a waiter whose unit arrives at its deadline") is True, (
+        "stage 2: a request that fits exactly at now + timeout_ns must be admitted"
+    )
+
+
+@pytest.mark.core
+def test_stage2_refund_wakes_waiters_sharing_a_stripe() -> None:
+    clock, limiter = bucket_limiter(2, refill_per_s=1, stripes=1)
+    assert limiter.try_acquire("a", 2).allowed and limiter.try_acquire("b", 2).allowed
+    other = enqueue(limiter, "b", lambda: limiter.acquire("b", 2), "waiter on 'b'")
+    first = enqueue(limiter, "a", lambda: limiter.acquire("a", 1), "first waiter on 'a'")
+    second = enqueue(limiter, "a", lambda: limiter.acquire("a", 1), "second waiter on 'a'")
+    limiter.refund("a", 2)  # no time passes: only the refund can let them in
+    for w in (first, second):
+        assert w.outcome("a waiter on 'a' after refund('a', 2) — wake every waiter") is True
+    assert limiter.statistics().waiters_by_key == {"b": 1}
+    clock.advance(2 * NS_PER_S)
+    assert other.outcome("the waiter on 'b' after 2 s") is True
+
+
+@pytest.mark.core
+def test_stage2_impossible_cost_and_zero_timeout_return_at_once() -> None:
+    _, limiter = bucket_limiter(2, refill_per_s=1)
+    never = start(lambda: limiter.acquire("k", 3), "acquire(cost > capacity)")
+    assert never.outcome("acquire of a cost above capacity, which can never fit") is False
+    assert units_left(limiter, "k") == 2, "stage 2: an impossible cost must change nothing"
+    assert limiter.try_acquire("k", 2).allowed
+    zero = start(lambda: limiter.acquire("k", timeout_ns=0), "acquire(timeout_ns=0)")
+    assert zero.outcome("acquire(timeout_ns=0) on an empty bucket") is False
+    assert limiter.statistics().waiters == 0
+    assert limiter.peek("k").retry_after_ns == NS_PER_S, "stage 2: a failed acquire consumed"
+
+
+BAD_CALLS: dict[str, tuple[Callable[[Any, Any, Any], Any], str]] = {
+    "stripes0": (
+        lambda inner, clock, lim: s2().ThreadSafeLimiter(inner, clock=clock, stripes=0),
+        "stripes",
+    ),
+    "stripesTrue": (
+        lambda inner, clock, lim: s2().ThreadSafeLimiter(inner, clock=clock, stripes=True),
+        "stripes",
+    ),
+    "cost0": (lambda inner, clock, lim: lim.try_acquire("k", 0), "cost"),
+    "costTrue": (lambda inner, clock, lim: lim.try_acquire("k", True), "cost"),
+    "costFloat": (lambda inner, clock, lim: lim.acquire("k", 1.5), "cost"),
+    "peekCost0": (lambda inner, clock, lim: lim.peek("k", 0), "cost"),
+    "timeoutNegative": (lambda inner, clock, lim: lim.acquire("k", 1, timeout_ns=-1), "timeout_ns"),
+    "refundNegative": (lambda inner, clock, lim: lim.refund("k", -1), "cost"),
+}
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_stage2_bad_arguments_name_the_parameter(case: str) -> None:
+    call, param = BAD_CALLS[case]
+    clock = ManualClock()
+    inner = s1().TokenBucket(capacity=2, refill_per_s=1, clock=clock, auto_sweep=False)
+    limiter = s2().ThreadSafeLimiter(inner, clock=clock)
+    assert limiter.try_acquire("k").allowed
+    with pytest.raises((ValueError, TypeError), match=param):
+        call(inner, clock, limiter)
+    assert units_left(limiter, "k") == 1, "stage 2: a rejected call must change nothing"
+    assert limiter.statistics().waiters == 0
+
+
+@pytest.mark.core
+def test_stage2_sweep_forgets_idle_keys_and_runs_by_itself() -> None:
+    clock, limiter = bucket_limiter(1, refill_per_s=1, stripes=4)
+    for i in range(100):
+        assert limiter.try_acquire(f"k{i}").allowed
+    assert limiter.tracked_keys() == 100
+    clock.advance(NS_PER_S)  # every key is full again: idle
+    assert limiter.sweep() == 100, "stage 2: sweep() must forget the 100 idle keys"
+    assert limiter.tracked_keys() == 0
+    # Nobody calls sweep() now: the wrapper must sweep by itself (the inner cannot).
+    for i in range(20_000):
+        limiter.try_acquire(f"n{i}")
+        clock.advance(NS_PER_S // 10)  # a key is idle again 1 s after its request
+    assert limiter.tracked_keys() <= 10
+    forgotten = limiter.sweep()
+    assert forgotten <= 10_000, (
+        f"stage 2: after 20 000 requests on distinct keys, each idle 1 s later, sweep() still "
+        f"found {forgotten} idle keys to forget: memory grows with every key ever seen. The "
+        "inner limiter never sweeps (auto_sweep=False), so the wrapper must, amortised"
+    )
+
+
+@pytest.mark.core
+def test_stage2_mixed_operations_neither_deadlock_nor_over_admit() -> None:
+    capacity, per_s = 4, 1000
+    clock, limiter = bucket_limiter(capacity, refill_per_s=per_s, stripes=2)
+    keys = ["a", "b", "c"]
+    began = clock.now_ns()
+
+    def work(seed: int) -> tuple[Counter[str], Counter[str]]:
+        rng = random.Random(seed)
+        spent: Counter[str] = Counter()
+        refunded: Counter[str] = Counter()
+        for _ in range(250):
+            key, cost, op = rng.choice(keys), rng.randint(1, 3), rng.random()
+            if op < 0.35:
+                if limiter.try_acquire(key, cost).allowed:
+                    spent[key] += cost
+            elif op < 0.7:
+                if limiter.acquire(key, cost, timeout_ns=rng.choice([0, NS_PER_MS, 4 * NS_PER_MS])):
+                    spent[key] += cost
+            elif op < 0.8:
+                limiter.refund(key, 1)
+                refunded[key] += 1
+            elif op < 0.9:
+                limiter.sweep()
+            else:
+                limiter.statistics()
+                limiter.tracked_keys()
+        return spent, refunded
+
+    with tiny_switch_interval():
+        workers = [start(partial(work, i), f"mixed worker {i}") for i in range(4)]
+        deadline = time.monotonic() + 4 * DEADLINE_S
+        while any(w.is_alive() for w in workers) and time.monotonic() < deadline:
+            clock.advance(NS_PER_MS // 4)
+            time.sleep(0)
+        results = [w.outcome("mixed operations with clock advancing") for w in workers]
+    elapsed = clock.now_ns() - began
+    for key in keys:
+        spent = sum(r[0][key] for r in results)
+        refunded = sum(r[1][key] for r in results)
+        bound = capacity + elapsed * per_s // NS_PER_S + refunded
+        assert spent <= bound, (
+            f"stage 2: key {key!r} admitted {spent} units in {elapsed} ns of mixed traffic; "
+            f"capacity {capacity} + refill {per_s}/s + {refunded} refunded allow at most {bound}"
+        )
+    assert limiter.statistics().waiters == 0
+
+
+class _BucketModel:
+    """An exact token bucket, written independently: tokens are Fractions of a unit."""
+
+    def __init__(self, capacity: int, refill_per_s: Fraction) -> None:
+        self.capacity = capacity
+        self.per_ns = refill_per_s / NS_PER_S
+        self.keys: dict[str, tuple[Fraction, int]] = {}  # key -> (tokens, at)
+
+    def tokens(self, key: str, now: int) -> Fraction:
+        if key not in self.keys:
+            return Fraction(self.capacity)
+        tokens, at = self.keys[key]
+        return min(Fraction(self.capacity), tokens + max(0, now - at) * self.per_ns)
+
+    def decide(self, key: str, cost: int, now: int, commit: bool) -> Decision:
+        tokens = self.tokens(key, now)
+        fits = cost <= tokens
+        if fits and commit:
+            tokens -= cost
+            self.keys[key] = (tokens, now)
+        if fits:
+            retry: int | None = 0
+        elif cost > self.capacity:
+            retry = None
+        else:
+            retry = math.ceil((cost - tokens) / self.per_ns)
+        left = tokens - cost if fits and not commit else tokens
+        return Decision(
+            allowed=fits,
+            limit=self.capacity,
+            remaining=math.floor(left),
+            retry_after_ns=retry,
+            reset_after_ns=math.ceil((self.capacity - left) / self.per_ns),
+        )
+
+    def refund(self, key: str, cost: int, now: int) -> None:
+        self.keys[key] = (min(Fraction(self.capacity), self.tokens(key, now) + cost), now)
+
+    def tracked(self, now: int) -> int:
+        return sum(self.tokens(k, now) < self.capacity for k in self.keys)
+
+
+KEYS = st.sampled_from(["a", "b", "c"])
+
+
+class ThreadSafeLimiterMachine(RuleBasedStateMachine):
+    """Single-threaded, the wrapper decides exactly like an exact token bucket."""
+
+    @initialize(
+        capacity=st.integers(1, 6),
+        rate=st.sampled_from([Fraction(1), Fraction(3), Fraction(1, 3), Fraction(5, 2)]),
+        stripes=st.integers(1, 3),
+    )
+    def build(self, capacity: int, rate: Fraction, stripes: int) -> None:
+        self.clock = ManualClock()
+        inner = s1().TokenBucket(
+            capacity=capacity, refill_per_s=rate, clock=self.clock, auto_sweep=False
+        )
+        self.limiter = s2().ThreadSafeLimiter(inner, clock=self.clock, stripes=stripes)
+        self.model = _BucketModel(capacity, rate)
+
+    def check(self, what: str, got: object, expected: object) -> None:
+        now = self.clock.now_ns()
+        assert got == expected, f"stage 2: {what} at t={now}: got {got}, expected {expected}"
+
+    @rule(key=KEYS, cost=st.integers(1, 7))
+    def try_acquire(self, key: str, cost: int) -> None:
+        expected = self.model.decide(key, cost, self.clock.now_ns(), commit=True)
+        self.check(f"try_acquire({key!r}, {cost})", self.limiter.try_acquire(key, cost), expected)
+
+    @rule(key=KEYS, cost=st.integers(1, 7))
+    def peek(self, key: str, cost: int) -> None:
+        expected = self.model.decide(key, cost, self.clock.now_ns(), commit=False)
+        self.check(f"peek({key!r}, {cost})", self.limiter.peek(key, cost), expected)
+
+    @rule(key=KEYS, cost=st.integers(1, 7), wait_forever=st.booleans())
+    def acquire_without_waiting(self, key: str, cost: int, wait_forever: bool) -> None:
+        now = self.clock.now_ns()
+        fits = self.model.decide(key, cost, now, commit=False).allowed
+        if wait_forever and not fits:
+            return  # would block this (only) thread for good
+        self.model.decide(key, cost, now, commit=True)
+        timeout = None if wait_forever else 0
+        got = self.limiter.acquire(key, cost, timeout_ns=timeout)
+        self.check(f"acquire({key!r}, {cost}, timeout_ns={timeout})", got, fits)
+
+    @rule(key=KEYS, cost=st.integers(1, 7))
+    def refund(self, key: str, cost: int) -> None:
+        self.limiter.refund(key, cost)
+        self.model.refund(key, cost, self.clock.now_ns())
+
+    @rule(key=KEYS)
+    def reset(self, key: str) -> None:
+        self.limiter.reset(key)
+        self.model.keys.pop(key, None)
+
+    @rule(ns=st.sampled_from([1, NS_PER_MS, 333_333_333, NS_PER_S, 7 * NS_PER_S]))
+    def advance(self, ns: int) -> None:
+        self.clock.advance(ns)
+
+    @rule()
+    def sweep(self) -> None:
+        self.limiter.sweep()
+        expected = self.model.tracked(self.clock.now_ns())
+        self.check("tracked_keys() after sweep()", self.limiter.tracked_keys(), expected)
+
+    @invariant()
+    def nobody_waits(self) -> None:
+        if hasattr(self, "limiter"):
+            self.check("statistics().waiters", self.limiter.statistics().waiters, 0)
+
+
+TestStage2ThreadSafeLimiterModel = ThreadSafeLimiterMachine.TestCase
+TestStage2ThreadSafeLimiterModel.pytestmark = [pytest.mark.core]
+
+
+# --- AsyncLimiter (extended) ----------------------------------------------------------
+
+
+async def eventually_async(pred: Callable[[], bool], what: str) -> None:
+    """Wait (hard real-time deadline) until ``pred()``, letting other tasks run."""
+    with anyio.move_on_after(DEADLINE_S):
+        while not pred():
+            await anyio.sleep(0.0005)
+    assert pred(), f"stage 2: within {DEADLINE_S:.0f} real seconds, expected {what}"
+
+
+async def stays_async(pred: Callable[[], bool], what: str) -> None:
+    with anyio.move_on_after(QUIET_S):
+        while True:
+            assert pred(), f"stage 2: expected {what} to keep holding, but it changed"
+            await anyio.sleep(0.0005)
+
+
+async def enqueue_async(tg: TaskGroup, limiter: Any, key: str, fn: Any) -> None:
+    """Start a task that waits in ``acquire`` on ``key``; return once it is queued."""
+    before = waiters_on(limiter, key)
+    tg.start_soon(fn)
+    await eventually_async(
+        lambda: waiters_on(limiter, key) == before + 1, f"a task queued on {key!r}"
+    )
+
+
+@pytest.mark.extended
+@pytest.mark.anyio
+async def test_stage2_async_burst_admits_exactly_capacity() -> None:
+    clock, limiter = async_limiter(10, refill_per_s=10)
+    got: list[bool] = []
+
+    async def one(i: int) -> None:
+        if i % 3 == 0:
+            await anyio.lowlevel.checkpoint()
+            got.append(limiter.try_acquire("k").allowed)
+        elif i % 3 == 1:
+            got.append(await limiter.acquire("k", timeout_ns=0))
+        else:
+            got.append(await limiter.acquire("k"))  # may wait
+
+    async with anyio.create_task_group() as tg:
+        for i in range(45):
+            tg.start_soon(one, i)
+        await eventually_async(
+            lambda: len(got) + limiter.statistics().waiters == 45,
+            "every task decided or queued",
+        )
+        assert got.count(True) == 10, (
+            f"stage 2: 45 tasks at one frozen instant on capacity 10 got {got.count(True)} "
+            "admitted; exactly 10 must be"
+        )
+        for step in range(1, 3):
+            waiting, before = limiter.statistics().waiters, got.count(True)
+            clock.advance(NS_PER_S)  # 10 more units
+            expected = before + min(10, waiting)
+            await eventually_async(
+                reaches(partial(got.count, True), expected), f"{expected} admitted after {step} s"
+            )
+            await stays_async(
+                stays_at(partial(got.count, True), expected),
+                f"exactly {expected} admitted after {step} s (10 units/s)",
+            )
+    assert limiter.statistics().waiters == 0
+
+
+@pytest.mark.extended
+@pytest.mark.anyio
+async def test_stage2_async_waiters_are_admitted_in_fifo_order() -> None:
+    clock, limiter = async_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    admitted: list[int] = []
+    costs = [2, 1, 1]
+
+    async def waiter(i: int) -> None:
+        assert await limiter.acquire("k", costs[i]) is True
+        admitted.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(3):
+            await enqueue_async(tg, limiter, "k", lambda i=i: waiter(i))
+        clock.advance(NS_PER_S)
+        await stays_async(
+            lambda: waiters_on(limiter, "k") == 3 and not admitted,
+            "3 waiting tasks, none admitted after 1 unit refilled (head costs 2: no overtaking)",
+        )
+        for step, expected in enumerate(([0], [0, 1], [0, 1, 2])):
+            clock.advance(NS_PER_S)
+            await eventually_async(
+                reaches(admitted.__len__, len(expected)),
+                f"{len(expected)} task(s) admitted after {step + 2} s",
+            )
+            assert admitted == expected, (
+                f"stage 2: tasks queued in order 0, 1, 2 (costs {costs}) were admitted as "
+                f"{admitted}; FIFO means {expected}"
+            )
+
+
+@pytest.mark.extended
+@pytest.mark.anyio
+async def test_stage2_async_cancelled_waiter_consumes_nothing_and_unblocks_the_queue() -> None:
+    clock, limiter = async_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    scope = anyio.CancelScope()
+    outcome: list[str] = []
+
+    async def cancelled() -> None:
+        with scope:
+            await limiter.acquire("k", 2)
+            outcome.append("cancelled one admitted")
+
+    async def behind() -> None:
+        outcome.append(f"behind: {await limiter.acquire('k', 1)}")
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", cancelled)
+        await enqueue_async(tg, limiter, "k", behind)
+        scope.cancel()
+        await eventually_async(
+            lambda: limiter.statistics().waiters_by_key == {"k": 1},
+            "the cancelled task to leave the queue (statistics shows 1 waiter)",
+        )
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: bool(outcome), "the task behind to be admitted")
+    assert outcome == ["behind: True"], (
+        f"stage 2: after cancelling the head (cost 2) and 1 s, the task behind (cost 1) must be "
+        f"admitted and nothing else; got {outcome}"
+    )
+    denied = limiter.try_acquire("k")
+    assert denied.retry_after_ns == NS_PER_S, (
+        f"stage 2: the only unit went to the task behind; got {denied}: the cancelled waiter "
+        "must consume nothing"
+    )
+
+
+@pytest.mark.extended
+@pytest.mark.anyio
+async def test_stage2_async_timed_out_waiter_consumes_nothing() -> None:
+    clock, limiter = async_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    results: dict[str, bool] = {}
+
+    async def impatient() -> None:
+        results["impatient"] = await limiter.acquire("k", 2, timeout_ns=NS_PER_S)
+
+    async def patient() -> None:
+        results["patient"] = await limiter.acquire("k", 1)
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", impatient)
+        await enqueue_async(tg, limiter, "k", patient)
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: len(results) == 2, "both waiters to finish")
+    assert results == {"impatient": False, "patient": True}, (
+        f"stage 2: the head timed out after 1 s (needed 2), the one behind fits the unit on "
+        f"hand; got {results}"
+    )
+    assert limiter.try_acquire("k").retry_after_ns == NS_PER_S, "stage 2: the timeout consumed"
+
+
+@pytest.mark.extended
+@pytest.mark.anyio
+async def test_stage2_async_try_acquire_does_not_overtake_a_waiter() -> None:
+    clock, limiter = async_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    done: list[bool] = []
+
+    async def head() -> None:
+        done.append(await limiter.acquire("k", 2))
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", head)
+        clock.advance(NS_PER_S)
+        assert not limiter.try_acquire("k", 1).allowed, (
+            "stage 2: try_acquire('k', 1) overtook a task waiting on 'k' for 2 units"
+        )
+        assert limiter.try_acquire("other").allowed
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: done == [True], "the waiting task to be admitted")
+
+
+@pytest.mark.extended
+@pytest.mark.anyio
+async def test_stage2_async_limit_spends_units_on_entry() -> None:
+    clock, limiter = async_limiter(1, refill_per_s=1)
+    entered: list[str] = []
+
+    async def second() -> None:
+        async with limiter.limit("k"):
+            entered.append("second")
+
+    with pytest.raises(KeyError):
+        async with limiter.limit("k"):
+            entered.append("first")
+            assert not limiter.try_acquire("k").allowed, "stage 2: limit() must spend on entry"
+            raise KeyError("the body fails")
+    assert not limiter.try_acquire("k").allowed, "stage 2: leaving limit() gives nothing back"
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", second)
+        assert entered == ["first"]
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: entered == ["first", "second"], "the second entry")
+    with pytest.raises(ValueError, match="cost"):
+        async with limiter.limit("k", 2):  # capacity 1: can never be admitted
+            entered.append("impossible")
+    assert entered == ["first", "second"], "stage 2: limit() ran its body unadmitted"
+
+
+@pytest.mark.extended
+@pytest.mark.anyio
+async def test_stage2_async_refund_admits_the_head_waiter() -> None:
+    _, limiter = async_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    done: list[bool] = []
+
+    async def waiter() -> None:
+        done.append(await limiter.acquire("k", 2))
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", waiter)
+        limiter.refund("k", 2)
+        await eventually_async(lambda: done == [True], "the waiter admitted by the refund")
+
+
+@pytest.mark.extended
+@pytest.mark.anyio
+async def test_stage2_async_bad_arguments_name_the_parameter() -> None:
+    _, limiter = async_limiter(2)
+    with pytest.raises((ValueError, TypeError), match="cost"):
+        await limiter.acquire("k", 0)
+    with pytest.raises((ValueError, TypeError), match="cost"):
+        limiter.try_acquire("k", True)
+    with pytest.raises((ValueError, TypeError), match="timeout_ns"):
+        await limiter.acquire("k", 1, timeout_ns=-5)
+    assert limiter.try_acquire("k", 2).allowed, "stage 2: rejected calls must change nothing"
+
+
+# --- ConcurrencyLimiter (extended) ----------------------------------------------------
+
+
+def concurrency(max_in_flight: int, lease_ns: int = 10 * NS_PER_S) -> tuple[ManualClock, Any]:
+    clock = ManualClock()
+    limiter = s2().ConcurrencyLimiter(max_in_flight=max_in_flight, lease_ns=lease_ns, clock=clock)
+    return clock, limiter
+
+
+@pytest.mark.extended
+def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
+    threads, attempts, cap = 8, 10, 13
+    with tiny_switch_interval():
+        for round_no in range(60):
+            _, limiter = concurrency(cap)
+
+            def burst(_: int, limiter: Any = limiter) -> list[Any]:
+                return [lease for _ in range(attempts) if (lease := limiter.acquire("k"))]
+
+            leases = [lease for got in run_together(threads, burst) for lease in got]
+            assert len(leases) == cap, (
+                f"stage 2: {threads} threads × {attempts} acquire('k') with max_in_flight={cap} "
+                f"got {len(leases)} leases (round {round_no}); exactly {cap} must be granted"
+            )
+            assert len({lease.id for lease in leases}) == cap, "stage 2: lease ids must be unique"
+            assert limiter.in_flight("k") == cap
+
+            def release(i: int, limiter: Any = limiter, leases: list[Any] = leases) -> list[bool]:
+                return [limiter.release(lease) for lease in leases[i::threads]]
+
+            released = run_together(threads, release)
+            assert sum(ok for got in released for ok in got) == cap
+            assert limiter.in_flight("k") == 0
+
+
+@pytest.mark.extended
+def test_stage2_concurrency_release_is_idempotent() -> None:
+    _, limiter = concurrency(2)
+    a, b = limiter.acquire("k"), limiter.acquire("k")
+    assert isinstance(a, Lease) and isinstance(b, Lease) and a.id != b.id
+    assert limiter.acquire("k") is None, "stage 2: max_in_flight=2 and 2 leases are held"
+    assert limiter.release(a) is True
+    assert limiter.release(a) is False, "stage 2: releasing a lease twice must return False"
+    c = limiter.acquire("k")
+    assert c is not None, "stage 2: a released slot must be reusable"
+    extra = limiter.acquire("k")
+    assert extra is None, (
+        "stage 2: leases b and c are held with max_in_flight=2, yet a third was granted: the "
+        "second release(a) freed someone else's slot — release must be idempotent"
+    )
+    assert limiter.in_flight("k") == 2
+    assert limiter.statistics().in_flight_by_key == {"k": 2}
+
+
+@pytest.mark.extended
+def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
+    clock, limiter = concurrency(1, lease_ns=5 * NS_PER_S)
+    lease = limiter.acquire("k")
+    assert lease is not None and lease.key == "k"
+    assert lease.expires_at_ns == clock.now_ns() + 5 * NS_PER_S
+    clock.advance(5 * NS_PER_S - 1)
+    assert limiter.acquire("k") is None, "stage 2: the lease is still valid 1 ns before expiry"
+    clock.advance(1)
+    fresh = limiter.acquire("k")
+    assert fresh is not None, (
+        "stage 2: a lease whose holder vanished must expire lease_ns after it was granted, "
+        "freeing the slot"
+    )
+    assert limiter.statistics().expired == 1
+    assert limiter.release(lease) is False, "stage 2: releasing an expired lease returns False"
+    assert limiter.acquire("k") is None, (
+        "stage 2: releasing the expired lease freed the slot of the lease that replaced it"
+    )
+    assert limiter.release(fresh) is True
+    assert limiter.statistics().in_flight_by_key == {}, "stage 2: idle keys must be forgotten"
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"max_in_flight": 0, "lease_ns": NS_PER_S}, "max_in_flight"),
+        ({"max_in_flight": True, "lease_ns": NS_PER_S}, "max_in_flight"),
+        ({"max_in_flight": 2, "lease_ns": 0}, "lease_ns"),
+        ({"max_in_flight": 2, "lease_ns": 0.5}, "lease_ns"),
+    ],
+    ids=["max0", "maxTrue", "lease0", "leaseFloat"],
+)
+def test_stage2_concurrency_bad_arguments_name_the_parameter(
+    kwargs: dict[str, Any], param: str
+) -> None:
+    with pytest.raises((ValueError, TypeError), match=param):
+        s2().ConcurrencyLimiter(clock=ManualClock(), **kwargs)
+
+
+class ConcurrencyLimiterMachine(RuleBasedStateMachine):
+    """Leases against a model: held until released or until ``lease_ns`` has passed."""
+
+    leases = Bundle("leases")
+
+    @initialize(cap=st.integers(1, 3), lease_s=st.integers(1, 4))
+    def build(self, cap: int, lease_s: int) -> None:
+        self.clock = ManualClock()
+        self.cap, self.lease_ns = cap, lease_s * NS_PER_S
+        self.limiter = s2().ConcurrencyLimiter(
+            max_in_flight=cap, lease_ns=self.lease_ns, clock=self.clock
+        )
+        self.live: dict[int, tuple[str, int]] = {}  # id -> (key, expires_at)
+        self.expired = 0
+
+    def expire(self) -> None:
+        now = self.clock.now_ns()
+        for lease_id, (_, expires) in list(self.live.items()):
+            if expires <= now:
+                del self.live[lease_id]
+                self.expired += 1
+
+    def held(self, key: str) -> int:
+        return sum(k == key for k, _ in self.live.values())
+
+    @rule(target=leases, key=KEYS)
+    def acquire(self, key: str) -> Any:
+        self.expire()
+        lease = self.limiter.acquire(key)
+        if self.held(key) >= self.cap:
+            assert lease is None, f"stage 2: {key!r} holds {self.cap} = max leases, got {lease}"
+        else:
+            assert lease is not None, f"stage 2: {key!r} holds {self.held(key)} < {self.cap}"
+            assert lease.id not in self.live and lease.key == key
+            assert lease.expires_at_ns == self.clock.now_ns() + self.lease_ns
+            self.live[lease.id] = (key, lease.expires_at_ns)
+        return lease
+
+    @rule(lease=leases)
+    def release(self, lease: Any) -> None:
+        self.expire()
+        expected = lease is not None and lease.id in self.live
+        got = self.limiter.release(lease) if lease is not None else False
+        assert got == expected, f"stage 2: release({lease}) returned {got}, expected {expected}"
+        if expected:
+            del self.live[lease.id]
+
+    @rule(ns=st.sampled_from([1, NS_PER_S - 1, NS_PER_S, 3 * NS_PER_S]))
+    def advance(self, ns: int) -> None:
+        self.clock.advance(ns)
+
+    @invariant()
+    def statistics_match(self) -> None:
+        if not hasattr(self, "limiter"):
+            return
+        self.expire()
+        stats = self.limiter.statistics()
+        by_key = dict(Counter(k for k, _ in self.live.values()))
+        assert (stats.in_flight, stats.in_flight_by_key, stats.expired) == (
+            len(self.live),
+            by_key,
+            self.expired,
+        ), f"stage 2: statistics {stats}, expected in flight {by_key}, expired {self.expired}"
+        for key in by_key:
+            assert self.limiter.in_flight(key) == by_key[key]
+
+
+TestStage2ConcurrencyLimiterModel = ConcurrencyLimiterMachine.TestCase
+TestStage2ConcurrencyLimiterModel.pytestmark = [pytest.mark.extended]
