@@ -139,7 +139,7 @@ class AsyncLimiter:
 class ConcurrencyLimiter:
     """At most ``max_in_flight`` requests in flight per key; thread-safe.
 
-    ``acquire`` grants a :class:`Lease` (a unique ``id``; it expires at
+    ``try_acquire`` grants a :class:`Lease` (a unique ``id``; it expires at
     ``expires_at_ns = now + lease_ns``) or returns None when the key is full. A lease
     whose holder never releases it is reclaimed when it expires, so a crashed client
     cannot hold a slot forever. ``lease_ns`` and ``max_in_flight`` are positive ints.
@@ -148,9 +148,12 @@ class ConcurrencyLimiter:
     def __init__(self, *, max_in_flight: int, lease_ns: int, clock: Clock) -> None:
         raise NotImplementedError(f"ConcurrencyLimiter.__init__ — {_SEE}")
 
-    def acquire(self, key: str) -> Lease | None:
-        """A lease for one request on ``key``, or None while ``max_in_flight`` are held."""
-        raise NotImplementedError(f"ConcurrencyLimiter.acquire — {_SEE}")
+    def try_acquire(self, key: str) -> Lease | None:
+        """A lease for one request on ``key``, or None while ``max_in_flight`` are held.
+
+        Never waits: like every non-blocking call here, its name says ``try_``.
+        """
+        raise NotImplementedError(f"ConcurrencyLimiter.try_acquire — {_SEE}")
 
     def release(self, lease: Lease) -> bool:
         """End ``lease``; True if it was still held.

@@ -28,14 +28,27 @@ The rules the tests hold you to:
 - Sliding log members must be unique per request (and per unit of cost): a bare
   timestamp as member collapses requests admitted in the same µs.
 - Return a ``StampedDecision``: the key's operation counter (bumped by every
-  try_acquire whose cost can fit, denied ones included; stored with the key's state)
-  and the server time. Sorting by ``(server_time_us, op)`` replays Redis's order.
+  try_acquire whose cost can fit, denied ones included, and by every refund that finds
+  the key's state; stored with it) and the server time. Sorting by
+  ``(server_time_us, op)`` replays Redis's order.
+- ``refund(key, cost)`` gives back unused units (a tokens-per-minute limit charges an
+  estimate, then refunds what the call did not use): one script call on server time,
+  with stage 1's rules — capped (never above a fresh key's allowance), a fixed window's
+  refund for a window that has rolled is dropped, the sliding log removes its newest
+  ``cost`` units still inside the window. A key with no state has nothing to give back:
+  write nothing. The TTL rule holds after a refund too (it shortens time-to-fresh).
+- **Redis Cluster**: a script's keys must all hash to one slot, so put the user key in a
+  hash tag — ``f"{key_prefix}{{{key}}}:m"`` gives ``rl:{user42}:m`` and ``rl:{user42}:l``.
 - ``failure_mode`` when Redis is unreachable (``redis.ConnectionError``,
   ``redis.TimeoutError``): "open" admits, "closed" denies (a ``Decision``, never an
   exception), "local" asks an in-process stage-1 limiter allowing
   ``max(1, limit // expected_nodes)``. After a failure skip Redis until
   ``clock.now_ns() >= failure + probe_interval_ns``, then try again (recovery without a
-  restart). Count everything in ``stats()``.
+  restart). Count everything in ``stats()``. A refund that cannot reach Redis is counted
+  as a fallback and dropped — in "local" mode it is refunded to the local limiter.
+- No ``tracked_keys()``/``sweep()`` (a design decision, unlike stage 1): every key
+  expires by its own TTL once it is fresh, so Redis forgets idle keys by itself, and
+  counting live keys would need a SCAN of the whole keyspace (of every Cluster node).
 - The client must have a ``socket_timeout`` (ValueError otherwise): a blackholed Redis
   would hang every decision.
 """
@@ -66,8 +79,12 @@ class RedisRateLimiter:
     ``algorithm``: "token_bucket" (capacity ``limit``, refilling ``limit`` per
     ``window_ns``), "sliding_log" (at most ``limit`` units in every window
     ``(now - window, now]``) or "fixed_window" (``limit`` per window aligned to the
-    server's epoch). Keys live under ``key_prefix``. ``clock`` serves client-side
-    concerns only: when to probe a failed Redis again, and the "local" fallback.
+    server's epoch). Keys live under ``key_prefix``, the user key in a hash tag.
+    ``clock`` serves client-side concerns only: when to probe a failed Redis again, and
+    the "local" fallback.
+
+    Not a full ``RateLimiter``: no ``tracked_keys()``/``sweep()`` — keys expire by their
+    TTL, and counting them would take a SCAN (see the module docstring).
     """
 
     def __init__(
@@ -96,6 +113,17 @@ class RedisRateLimiter:
     def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, writing nothing (one script call)."""
         raise NotImplementedError(f"RedisRateLimiter.peek — {_SEE}")
+
+    def refund(self, key: str, cost: int) -> None:
+        """Give back ``cost`` units, capped at a fresh key's allowance (one script call).
+
+        Token bucket: back into the bucket, never above ``limit``. Fixed window: off the
+        current window's count, never below 0 (a refund for a rolled window is dropped).
+        Sliding log: the newest ``cost`` units still in the window leave the log. A key
+        with no state is left alone. Redis unreachable: counted, dropped ("local": the
+        local limiter gets the refund).
+        """
+        raise NotImplementedError(f"RedisRateLimiter.refund — {_SEE}")
 
     def reset(self, key: str) -> None:
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
@@ -132,6 +160,10 @@ class AsyncRedisRateLimiter:
     async def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, changing nothing."""
         raise NotImplementedError(f"AsyncRedisRateLimiter.peek — {_SEE}")
+
+    async def refund(self, key: str, cost: int) -> None:
+        """Give back ``cost`` units, capped, exactly as :meth:`RedisRateLimiter.refund`."""
+        raise NotImplementedError(f"AsyncRedisRateLimiter.refund — {_SEE}")
 
     async def reset(self, key: str) -> None:
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""

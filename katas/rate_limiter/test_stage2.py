@@ -855,12 +855,13 @@ def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
             _, limiter = concurrency(cap)
 
             def burst(_: int, limiter: Any = limiter) -> list[Any]:
-                return [lease for _ in range(attempts) if (lease := limiter.acquire("k"))]
+                return [lease for _ in range(attempts) if (lease := limiter.try_acquire("k"))]
 
             leases = [lease for got in run_together(threads, burst) for lease in got]
             assert len(leases) == cap, (
-                f"stage 2: {threads} threads × {attempts} acquire('k') with max_in_flight={cap} "
-                f"got {len(leases)} leases (round {round_no}); exactly {cap} must be granted"
+                f"stage 2: {threads} threads × {attempts} try_acquire('k') with "
+                f"max_in_flight={cap} got {len(leases)} leases (round {round_no}); exactly "
+                f"{cap} must be granted"
             )
             assert len({lease.id for lease in leases}) == cap, "stage 2: lease ids must be unique"
             assert limiter.in_flight("k") == cap
@@ -876,14 +877,14 @@ def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
 @pytest.mark.extended
 def test_stage2_concurrency_release_is_idempotent() -> None:
     _, limiter = concurrency(2)
-    a, b = limiter.acquire("k"), limiter.acquire("k")
+    a, b = limiter.try_acquire("k"), limiter.try_acquire("k")
     assert isinstance(a, Lease) and isinstance(b, Lease) and a.id != b.id
-    assert limiter.acquire("k") is None, "stage 2: max_in_flight=2 and 2 leases are held"
+    assert limiter.try_acquire("k") is None, "stage 2: max_in_flight=2 and 2 leases are held"
     assert limiter.release(a) is True
     assert limiter.release(a) is False, "stage 2: releasing a lease twice must return False"
-    c = limiter.acquire("k")
+    c = limiter.try_acquire("k")
     assert c is not None, "stage 2: a released slot must be reusable"
-    extra = limiter.acquire("k")
+    extra = limiter.try_acquire("k")
     assert extra is None, (
         "stage 2: leases b and c are held with max_in_flight=2, yet a third was granted: the "
         "second release(a) freed someone else's slot — release must be idempotent"
@@ -895,20 +896,20 @@ def test_stage2_concurrency_release_is_idempotent() -> None:
 @pytest.mark.extended
 def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
     clock, limiter = concurrency(1, lease_ns=5 * NS_PER_S)
-    lease = limiter.acquire("k")
+    lease = limiter.try_acquire("k")
     assert lease is not None and lease.key == "k"
     assert lease.expires_at_ns == clock.now_ns() + 5 * NS_PER_S
     clock.advance(5 * NS_PER_S - 1)
-    assert limiter.acquire("k") is None, "stage 2: the lease is still valid 1 ns before expiry"
+    assert limiter.try_acquire("k") is None, "stage 2: the lease is still valid 1 ns before expiry"
     clock.advance(1)
-    fresh = limiter.acquire("k")
+    fresh = limiter.try_acquire("k")
     assert fresh is not None, (
         "stage 2: a lease whose holder vanished must expire lease_ns after it was granted, "
         "freeing the slot"
     )
     assert limiter.statistics().expired == 1
     assert limiter.release(lease) is False, "stage 2: releasing an expired lease returns False"
-    assert limiter.acquire("k") is None, (
+    assert limiter.try_acquire("k") is None, (
         "stage 2: releasing the expired lease freed the slot of the lease that replaced it"
     )
     assert limiter.release(fresh) is True
@@ -959,9 +960,9 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
         return sum(k == key for k, _ in self.live.values())
 
     @rule(target=leases, key=KEYS)
-    def acquire(self, key: str) -> Any:
+    def try_acquire(self, key: str) -> Any:
         self.expire()
-        lease = self.limiter.acquire(key)
+        lease = self.limiter.try_acquire(key)
         if self.held(key) >= self.cap:
             assert lease is None, f"stage 2: {key!r} holds {self.cap} = max leases, got {lease}"
         else:

@@ -9,6 +9,10 @@ the server time (µs) and the key's operation counter. Sorting one key's decisio
 the exact models below (written here, independent of any implementation) replay them
 and must produce the very same ``Decision``s. On fakeredis the server clock is frozen
 and moved by the test; on a real server it moves by itself and the replay still holds.
+
+A refund returns nothing to stamp, so the replay applies it just before the next
+decision on its key, at that decision's server time: for every algorithm the outcome is
+the same as at the refund's own time (see ``Model.refund``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import ModuleType
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import redis
@@ -33,6 +37,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from redis.crc import key_slot
 
 from katas._kit.profiles import HEAVY_EXAMPLES
 from katas._kit.redis import RedisEnv, RedisNode
@@ -93,10 +98,40 @@ class Model:
             return self._log(state, cost, now, eff, commit)
         return self._fixed(state, cost, now, eff, commit)
 
-    def _bucket(self, s: KeyModel, cost: int, now: int, eff: int, commit: bool) -> Decision:
+    def refund(self, key: str, cost: int, now: int) -> None:
+        """Give back ``cost`` units at ``now``: capped, this window's only, newest first.
+
+        Applying it later, at the next decision on ``key``, changes no decision: the
+        bucket's cap binds the same either way (refill is linear and capped); units that
+        leave a log or a window in between would have left anyway.
+        """
+        s = self.keys.get(key)
+        if s is None:
+            return  # never charged: nothing to give back
+        eff = max(now, s.last)
+        if self.algorithm == "token_bucket":
+            s.tokens = min(Fraction(self.limit), self._level(s, eff) + cost)
+        elif self.algorithm == "sliding_log":
+            log = [(t, u) for t, u in s.log if t > eff - self.window]
+            back = cost
+            while back and log:
+                t, u = log.pop()  # the newest units go back first
+                if u > back:
+                    log.append((t, u - back))
+                back -= min(u, back)
+            s.log = log
+        elif s.window_start == eff // self.window * self.window:
+            s.used -= min(cost, s.used)  # a window that has rolled keeps nothing to refund
+        s.last = eff
+
+    def _level(self, s: KeyModel, eff: int) -> Fraction:
         rate = Fraction(self.limit, self.window)  # tokens per µs
         level = Fraction(self.limit) if s.tokens is None else s.tokens
-        level = min(Fraction(self.limit), level + (eff - s.last) * rate)
+        return min(Fraction(self.limit), level + (eff - s.last) * rate)
+
+    def _bucket(self, s: KeyModel, cost: int, now: int, eff: int, commit: bool) -> Decision:
+        rate = Fraction(self.limit, self.window)  # tokens per µs
+        level = self._level(s, eff)
         catch = eff - now
         retry: int | None = 0
         if cost > self.limit:
@@ -169,12 +204,15 @@ def plain(d: Decision) -> Decision:
 # --------------------------------------------------------------------------- helpers
 
 
+Call = Literal["try_acquire", "peek", "refund"]
+
+
 @dataclass(frozen=True)
 class Op:
     node: int
     key: str
     cost: int
-    acquire: bool = True  # False: peek
+    call: Call = "try_acquire"
     gap_us: int = 0  # server time passing before it (fakeredis; real servers move alone)
 
 
@@ -183,8 +221,17 @@ class Record:
     node: int
     key: str
     cost: int
-    acquire: bool
-    decision: Decision
+    call: Call
+    decision: Decision | None  # None: a refund
+
+
+def call(limiter: Any, op: Op) -> Decision | None:
+    """Make ``op``'s call on ``limiter``; a refund returns None."""
+    if op.call == "refund":
+        limiter.refund(op.key, op.cost)
+        return None
+    method = limiter.try_acquire if op.call == "try_acquire" else limiter.peek
+    return method(op.key, op.cost)  # type: ignore[no-any-return]
 
 
 def make_limiter(
@@ -224,9 +271,8 @@ def run_stream(
         if op.gap_us and env.time_is_controlled:
             env.pass_time(op.gap_us * 1000)
         before = server.time_us() if bracket else 0
-        node = nodes[op.node]
-        d = node.try_acquire(op.key, op.cost) if op.acquire else node.peek(op.key, op.cost)
-        if bracket:
+        d = call(nodes[op.node], op)
+        if bracket and d is not None:
             after = server.time_us()
             assert isinstance(d, StampedDecision), f"{op}: Redis was up, got unstamped {d}"
             assert before <= d.server_time_us <= after, (
@@ -234,34 +280,48 @@ def run_stream(
                 f"stamped {d.server_time_us} µs but the server read {before}..{after} µs around "
                 f"it ({(d.server_time_us - before) / 1e6:+.3f} s off)"
             )
-        records.append(Record(op.node, op.key, op.cost, op.acquire, d))
+        records.append(Record(op.node, op.key, op.cost, op.call, d))
     return records
 
 
 def replay(records: Sequence[Record], algorithm: str, limit: int, window_us: int) -> None:
-    """Replay every key's decisions in Redis order through the model; all must match."""
+    """Replay every key's decisions in Redis order through the model; all must match.
+
+    Refunds are applied just before the next decision on their key in ``records``
+    (which must then come from one thread, in call order).
+    """
     model = Model(algorithm, limit, window_us)
-    for r in records:
+    refunds_before: dict[int, list[Record]] = {}  # decision's index -> refunds just before it
+    waiting: dict[str, list[Record]] = {}
+    for i, r in enumerate(records):
+        if r.call == "refund":
+            waiting.setdefault(r.key, []).append(r)
+            continue
+        refunds_before[i] = waiting.pop(r.key, [])
         assert isinstance(r.decision, StampedDecision), (
             f"stage 3: with Redis up every decision comes from the script, stamped with "
             f"op and server time; node {r.node} got {r.decision}"
         )
 
-    def order(r: Record) -> tuple[int, int, int]:
+    def order(item: tuple[int, Record]) -> tuple[int, int, int]:
+        r = item[1]
         d = r.decision
         assert isinstance(d, StampedDecision)
-        bumps = r.acquire and r.cost <= limit  # peeks and impossible costs keep the counter
+        bumps = r.call == "try_acquire" and r.cost <= limit  # peeks, impossible costs: no bump
         return d.server_time_us, d.op, 0 if bumps else 1
 
     for key in sorted({r.key for r in records}):
         history: list[str] = []
-        for r in sorted((r for r in records if r.key == key), key=order):
+        decided = [(i, r) for i, r in enumerate(records) if r.key == key and i in refunds_before]
+        for i, r in sorted(decided, key=order):
             d = r.decision
             assert isinstance(d, StampedDecision)
-            want = model.decide(key, r.cost, d.server_time_us, commit=r.acquire)
-            verb = "try_acquire" if r.acquire else "peek"
+            for refund in refunds_before[i]:
+                model.refund(key, refund.cost, d.server_time_us)
+                history.append(f"  node{refund.node}.refund({key!r}, {refund.cost})")
+            want = model.decide(key, r.cost, d.server_time_us, commit=r.call == "try_acquire")
             history.append(
-                f"  t={d.server_time_us} op={d.op} node{r.node}.{verb}({key!r}, {r.cost})"
+                f"  t={d.server_time_us} op={d.op} node{r.node}.{r.call}({key!r}, {r.cost})"
                 f" -> allowed={d.allowed} remaining={d.remaining} retry={d.retry_after_ns}"
             )
             assert plain(d) == want, (
@@ -284,7 +344,7 @@ def burst_from_threads(nodes: Sequence[Any], *, threads_per_node: int, each: int
         for _ in range(each):
             d = nodes[i].try_acquire("alice")
             with lock:
-                records.append(Record(i, "alice", 1, True, d))
+                records.append(Record(i, "alice", 1, "try_acquire", d))
 
     threads = [
         threading.Thread(target=worker, args=(i % len(nodes),), daemon=True) for i in range(count)
@@ -307,7 +367,7 @@ def scenarios(draw: st.DrawFn) -> tuple[str, int, int, list[Op]]:
         node=st.integers(0, NODES - 1),
         key=st.sampled_from(KEYS),
         cost=st.integers(1, limit + 1),
-        acquire=st.sampled_from([True, True, True, False]),
+        call=st.sampled_from(["try_acquire", "try_acquire", "try_acquire", "peek", "refund"]),
         gap_us=st.one_of(st.just(0), st.integers(0, window_us * 3 // 2)),
     )
     return algorithm, limit, window_us, draw(st.lists(op, min_size=1, max_size=25))
@@ -356,7 +416,7 @@ def test_stage3_same_instant_requests_all_count_in_the_sliding_log(
         stage_module, redis_env, "sliding_log", 3, 10_000_000, prefix=redis_env.prefix
     )
     records = run_stream(redis_env, nodes, [Op(i % NODES, "alice", 1) for i in range(5)])
-    allowed = [r.decision.allowed for r in records]
+    allowed = [r.decision is not None and r.decision.allowed for r in records]
     if redis_env.time_is_controlled:
         assert allowed == [True, True, True, False, False], (
             "stage 3: a sliding log of 3 must admit exactly 3 same-instant requests from 3 "
@@ -405,6 +465,178 @@ def test_stage3_cost_above_limit_never_fits(stage_module: ModuleType, redis_env:
 
 
 @pytest.mark.core
+def test_stage3_refund_gives_back_unused_units_capped(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """Tokens per hour: charge the estimate, refund what the call did not use — capped."""
+    redis_env.freeze_time()
+    for algorithm in ALGORITHMS:
+        prefix = redis_env.fresh_prefix()
+        a, b = make_nodes(stage_module, redis_env, algorithm, 10, 3_600_000_000, prefix=prefix)[:2]
+        estimate = a.try_acquire("alice", 8)
+        assert estimate.allowed and estimate.remaining == 2, f"{algorithm}: 8 of 10: {estimate}"
+        b.refund("alice", 5)  # the call used 3 of the 8 estimated; any node may refund
+        fits, too_many = a.peek("alice", 7), a.peek("alice", 8)
+        assert fits.allowed and fits.remaining == 0 and not too_many.allowed, (
+            f"stage 3 ({algorithm}, 10 per hour): 8 taken, 5 refunded, so exactly 7 are "
+            f"available: peek(7) must be allowed with 0 remaining ({fits}), peek(8) denied "
+            f"({too_many})"
+        )
+        b.refund("alice", 100)  # far more than was ever taken
+        whole = a.peek("alice", 10)
+        assert whole.allowed and whole.remaining == 0, (
+            f"stage 3 ({algorithm}): a refund is capped at a fresh key's allowance — after "
+            f"refunding 100 the key holds 10 of 10, no more; peek(10) gave {whole}"
+        )
+        assert a.try_acquire("alice", 10).allowed
+        burst = a.try_acquire("alice")
+        assert not burst.allowed, (
+            f"stage 3 ({algorithm}): 10 of 10 were just taken, yet the 11th was admitted: "
+            f"the over-refund lifted the key above its limit ({burst})"
+        )
+        b.refund("bob", 3)
+        assert not [name for name in redis_env.keys(prefix) if "bob" in name], (
+            f"stage 3 ({algorithm}): a refund for a key with no state (never seen, or "
+            "expired) has nothing to give back and must write nothing"
+        )
+        assert a.peek("bob", 10).allowed
+
+
+@pytest.mark.core
+@pytest.mark.realtime
+def test_stage3_refund_takes_the_newest_units_out_of_the_sliding_log(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    redis_env.freeze_time()
+    node = make_limiter(
+        stage_module,
+        redis_env.client(),
+        "sliding_log",
+        3,
+        1_000_000,
+        key_prefix=redis_env.fresh_prefix(),
+    )
+    old = node.try_acquire("alice")
+    redis_env.pass_time(400 * NS_PER_MS)
+    new = node.try_acquire("alice", 2)
+    assert old.allowed and new.allowed and new.remaining == 0, (old, new)
+    node.refund("alice", 2)  # the request that cost 2 used nothing
+    d = node.peek("alice", 3)
+    assert isinstance(old, StampedDecision) and isinstance(d, StampedDecision)
+    leaves_us = old.server_time_us + 1_000_000 - d.server_time_us  # when the 1st unit leaves
+    assert (d.allowed, d.remaining, d.retry_after_ns, d.reset_after_ns) == (
+        False,
+        2,
+        leaves_us * 1000,
+        leaves_us * 1000,
+    ), (
+        f"stage 3: a sliding-log refund removes the newest units still in the window, as if "
+        f"the request had cost less: only the unit from 400 ms earlier is left, so peek(3) "
+        f"waits for it to leave in {leaves_us} µs (retry and reset); got {d}"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.realtime
+def test_stage3_refund_for_a_window_that_has_rolled_is_dropped(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    redis_env.freeze_time()
+    node = make_limiter(
+        stage_module,
+        redis_env.client(),
+        "fixed_window",
+        3,
+        400_000,
+        key_prefix=redis_env.fresh_prefix(),
+    )
+    first = node.try_acquire("alice", 3)
+    assert first.allowed and first.remaining == 0, first
+    redis_env.pass_time(first.reset_after_ns)  # into the next window
+    d = node.try_acquire("alice")
+    assert d.allowed and d.remaining == 2, f"stage 3: a new window starts empty: {d}"
+    node.refund("alice", 3)  # for the previous window's request: its window is gone
+    after = node.peek("alice", 3)
+    assert after.allowed and after.remaining == 0, (
+        f"stage 3: the current window holds 1 unit, so a refund gives back at most that one "
+        f"(the previous window's units left with it): 3 of 3 available, not more; got {after}"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("mode", ["open", "closed", "local"])
+def test_stage3_refund_during_an_outage_is_counted_and_dropped_or_local(
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str
+) -> None:
+    proxy = redis_env.proxy()
+    clock = ManualClock()
+    limiter = make_limiter(
+        stage_module,
+        redis_env.server().proxied_client(proxy, socket_timeout=2),
+        "token_bucket",
+        4,
+        60_000_000,
+        key_prefix=redis_env.prefix,
+        failure_mode=mode,
+        expected_nodes=2,
+        probe_interval_ns=NS_PER_S,
+        clock=clock,
+    )
+    assert limiter.try_acquire("alice", 3).allowed, "Redis is up: 3 of 4"
+    proxy.outage()
+    limiter.refund("alice", 3)  # must not raise
+    fallbacks = 1
+    if mode == "local":
+        local = [limiter.try_acquire("bob", 2), limiter.try_acquire("bob")]
+        limiter.refund("bob", 1)
+        local.append(limiter.try_acquire("bob"))
+        fallbacks += 4
+        assert [d.allowed for d in local] == [True, False, True], (
+            f"stage 3: in 'local' mode a refund Redis cannot take goes to the local limiter "
+            f"(share 4 // 2 = 2): take 2, deny 1, refund 1, then 1 fits; got {local}"
+        )
+    stats = limiter.stats()
+    assert stats.fallback_decisions == fallbacks and stats.redis_errors >= 1, (
+        f"stage 3: a refund that cannot reach Redis is counted as a fallback: {stats}"
+    )
+    proxy.heal()
+    clock.advance(NS_PER_S)  # the next probe is due
+    back = limiter.peek("alice")
+    assert isinstance(back, StampedDecision) and back.remaining == 0, (
+        f"stage 3: the refund made while Redis was down was dropped, not replayed: Redis "
+        f"still holds 1 of 4, so peek(1) leaves 0; got {back}"
+    )
+
+
+def hash_tag(name: str) -> str:
+    """What Redis Cluster hashes: the text inside the first ``{…}`` if non-empty, else all."""
+    start = name.find("{")
+    end = name.find("}", start + 1)
+    return name[start + 1 : end] if 0 <= start < end - 1 else name
+
+
+@pytest.mark.core
+def test_stage3_keys_of_one_user_share_a_cluster_hash_slot(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """Redis Cluster runs a script only if all its keys hash to one slot: use a hash tag."""
+    prefix = redis_env.fresh_prefix()
+    node = make_limiter(
+        stage_module, redis_env.client(), "sliding_log", 3, 10_000_000, key_prefix=prefix
+    )
+    assert node.try_acquire("user42", 2).allowed
+    names = redis_env.keys(prefix)
+    assert len(names) == 2, f"stage 3: a sliding log keeps a state key and a log key: {names}"
+    tags = {name: hash_tag(name) for name in names}
+    assert set(tags.values()) == {"user42"}, (
+        f"stage 3: both keys of user 'user42' must carry the hash tag {{user42}} (e.g. "
+        f"'rl:{{user42}}:m' and 'rl:{{user42}}:l') so Redis Cluster puts them in one slot; "
+        f"the tags Cluster would hash are {tags}"
+    )
+    assert len({key_slot(name.encode()) for name in names}) == 1, names
+
+
+@pytest.mark.core
 def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     client = redis_env.client()
     good: dict[str, Any] = {
@@ -431,6 +663,10 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
         limiter.try_acquire("alice", 0)
     with pytest.raises(TypeError, match="cost"):
         limiter.try_acquire("alice", True)
+    with pytest.raises(ValueError, match="cost"):
+        limiter.refund("alice", 0)
+    with pytest.raises(TypeError, match="cost"):
+        limiter.refund("alice", True)
 
 
 # --------------------------------------------------------------------------- properties
@@ -440,6 +676,35 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
 @heavy
 @example(
     scenario=("sliding_log", 2, 50_000, [Op(0, "alice", 1), Op(1, "alice", 2), Op(2, "alice", 1)])
+)
+@example(  # a denial, then a wait: was the denial charged?
+    scenario=(
+        "token_bucket",
+        2,
+        2_000_000,
+        [Op(0, "alice", 2), Op(1, "alice", 1), Op(2, "alice", 1, gap_us=1_000_000)],
+    )
+)
+@example(  # a refund larger than what the window holds
+    scenario=(
+        "fixed_window",
+        3,
+        2_000_000,
+        [Op(0, "alice", 2), Op(1, "alice", 3, "refund"), Op(2, "alice", 3), Op(0, "alice", 1)],
+    )
+)
+@example(  # which units does a sliding-log refund take back?
+    scenario=(
+        "sliding_log",
+        3,
+        2_000_000,
+        [
+            Op(0, "alice", 1),
+            Op(1, "alice", 2, gap_us=500_000),
+            Op(2, "alice", 2, "refund"),
+            Op(0, "alice", 3),
+        ],
+    )
 )
 @given(scenario=scenarios())
 def test_stage3_nodes_sharing_redis_decide_as_one_node(
@@ -511,7 +776,7 @@ def test_stage3_concurrent_nodes_admit_exactly_as_one(
             stage_module, redis_env, algorithm, 10, 10_000_000, prefix=redis_env.fresh_prefix()
         )
         records = burst_from_threads(nodes, threads_per_node=2, each=15)
-        admitted = sum(r.decision.allowed for r in records)
+        admitted = sum(r.decision is not None and r.decision.allowed for r in records)
         if redis_env.time_is_controlled:
             assert admitted == 10, (
                 f"stage 3 ({algorithm}): 90 concurrent requests from {NODES} nodes at one "
@@ -527,11 +792,23 @@ def test_stage3_concurrent_nodes_admit_exactly_as_one(
     scenario=("sliding_log", 2, 2_000_000, [Op(0, "alice", 2), Op(1, "alice", 1, gap_us=1_500_000)])
 )
 @example(scenario=("fixed_window", 2, 2_000_000, [Op(0, "alice", 1)]))
+@example(
+    scenario=(
+        "sliding_log",
+        2,
+        2_000_000,
+        [Op(0, "alice", 1), Op(1, "alice", 1, gap_us=1_500_000), Op(2, "alice", 1, "refund")],
+    )
+)
+@example(scenario=("token_bucket", 1, 2_000_000, [Op(0, "alice", 1), Op(1, "alice", 1, "refund")]))
 @given(scenario=scenarios())
 def test_stage3_every_key_has_a_ttl_within_the_bound(
     stage_module: ModuleType, redis_env: RedisEnv, scenario: tuple[str, int, int, list[Op]]
 ) -> None:
-    """0 < TTL ≤ time-to-fresh + 1 s for every key the limiter wrote, after every decision."""
+    """0 < TTL ≤ time-to-fresh + 1 s for every key the limiter wrote, after every call.
+
+    A refund shortens the time to fresh, so it must shorten the TTL too.
+    """
     algorithm, limit, window_us, ops = scenario
     redis_env.freeze_time()
     prefix = redis_env.fresh_prefix()
@@ -542,8 +819,13 @@ def test_stage3_every_key_has_a_ttl_within_the_bound(
     for op in ops:
         (rec,) = run_stream(redis_env, nodes, [op])
         d = rec.decision
-        assert isinstance(d, StampedDecision), d
-        model.decide(op.key, op.cost, d.server_time_us, commit=op.acquire)
+        if d is None:  # a refund: its time is read right after it (exact on fakeredis)
+            now_us = redis_env.server().time_us()
+            model.refund(op.key, op.cost, now_us)
+        else:
+            assert isinstance(d, StampedDecision), d
+            now_us = d.server_time_us
+            model.decide(op.key, op.cost, now_us, commit=op.call == "try_acquire")
         done.append(op)
         for name in redis_env.keys(prefix):
             owner = [k for k in KEYS if k in name[len(prefix) :]]
@@ -551,7 +833,7 @@ def test_stage3_every_key_has_a_ttl_within_the_bound(
             ttl_ms = admin.pttl(name)
             if ttl_ms == -2 and not redis_env.time_is_controlled:
                 continue  # a real server's clock moved on and the key expired meanwhile
-            fresh_ms = -(-model.time_to_fresh_us(owner[0], d.server_time_us) // 1000)
+            fresh_ms = -(-model.time_to_fresh_us(owner[0], now_us) // 1000)
             # PTTL -1: no TTL at all; 0: under 1 ms left (PTTL rounds down)
             assert 0 <= ttl_ms <= fresh_ms + 1000, (
                 f"stage 3 ({algorithm}, limit={limit}, window={window_us} µs): every key must "
@@ -573,13 +855,13 @@ def test_stage3_each_decision_is_one_round_trip(
         )
         limiter.try_acquire("warm-up")  # connects and loads the script
         proxy.reset_counts()
-        calls = ["try_acquire", "try_acquire", "try_acquire", "peek", "try_acquire"]
-        for i, call in enumerate(calls):
-            getattr(limiter, call)(KEYS[i % 2], 1)
+        calls = ["try_acquire", "try_acquire", "try_acquire", "peek", "refund", "try_acquire"]
+        for i, name in enumerate(calls):
+            getattr(limiter, name)(KEYS[i % 2], 1)
         counts = proxy.counts()
         assert counts.round_trips == len(calls), (
-            f"stage 3 ({algorithm}): each decision must be exactly one round trip (one script "
-            f"call: read, decide, write and expire together); {len(calls)} decisions took "
+            f"stage 3 ({algorithm}): each decision and each refund must be exactly one round "
+            f"trip (one script call: read, decide, write and expire together); {calls} took "
             f"{counts.round_trips} round trips: {counts.commands}"
         )
         assert set(counts.commands) <= {"EVALSHA", "EVAL", "FCALL"}, counts.commands
@@ -711,6 +993,7 @@ class RedisLimiterMachine(RuleBasedStateMachine):
         self.env = RedisEnv.from_environment(name="stage3-machine")
         self.env.freeze_time()
         self.log: list[str] = []
+        self.refunds: dict[str, list[int]] = {}  # made since the key's last decision
 
     @initialize(algorithm=st.sampled_from(ALGORITHMS))
     def start(self, algorithm: str) -> None:
@@ -728,6 +1011,8 @@ class RedisLimiterMachine(RuleBasedStateMachine):
         d = limiter.try_acquire(key, cost) if acquire else limiter.peek(key, cost)
         self.log.append(f"node{node}.{'try_acquire' if acquire else 'peek'}({key!r}, {cost})")
         assert isinstance(d, StampedDecision), d
+        for back in self.refunds.pop(key, []):  # at this decision's time: the same outcome
+            self.model.refund(key, back, d.server_time_us)
         want = self.model.decide(key, cost, d.server_time_us, commit=acquire)
         assert plain(d) == want, (
             f"stage 3 ({self.algorithm}, limit 3 per {self.window_us} µs): after "
@@ -741,6 +1026,12 @@ class RedisLimiterMachine(RuleBasedStateMachine):
     @rule(node=st.integers(0, NODES - 1), key=st.sampled_from(KEYS), cost=st.integers(1, 4))
     def peek(self, node: int, key: str, cost: int) -> None:
         self._check(node, key, cost, False)
+
+    @rule(node=st.integers(0, NODES - 1), key=st.sampled_from(KEYS), cost=st.integers(1, 4))
+    def refund(self, node: int, key: str, cost: int) -> None:
+        self.nodes[node].refund(key, cost)
+        self.refunds.setdefault(key, []).append(cost)
+        self.log.append(f"node{node}.refund({key!r}, {cost})")
 
     @precondition(lambda self: self.env.time_is_controlled)
     @rule(us=st.sampled_from([1, 999, 10_000, 13_333, 40_000, 100_000]))
@@ -779,7 +1070,8 @@ def test_stage3_async_nodes_decide_as_one_with_sync_nodes(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
     redis_env.freeze_time()
-    ops = [Op(i % NODES, KEYS[i % 2], 1 + i % 3, i % 5 != 4) for i in range(24)]
+    calls: list[Call] = ["try_acquire", "try_acquire", "peek", "try_acquire", "refund"]
+    ops = [Op(i % NODES, KEYS[i % 2], 1 + i % 3, calls[i % 5]) for i in range(24)]
     sync_node = make_limiter(
         stage_module, redis_env.client(), "sliding_log", 4, 5_000_000, key_prefix=redis_env.prefix
     )
@@ -800,17 +1092,14 @@ def test_stage3_async_nodes_decide_as_one_with_sync_nodes(
         records = []
         try:
             for op in ops:
+                d: Decision | None = None
                 if op.node == 0:
-                    d = (
-                        sync_node.try_acquire(op.key, op.cost)
-                        if op.acquire
-                        else sync_node.peek(op.key, op.cost)
-                    )
+                    d = call(sync_node, op)
                 else:
                     node = nodes[op.node - 1]
-                    call = node.try_acquire if op.acquire else node.peek
-                    d = await asyncio.wait_for(call(op.key, op.cost), 10)
-                records.append(Record(op.node, op.key, op.cost, op.acquire, d))
+                    method = getattr(node, op.call)
+                    d = await asyncio.wait_for(method(op.key, op.cost), 10)
+                records.append(Record(op.node, op.key, op.cost, op.call, d))
         finally:
             for c in clients:
                 await c.aclose()

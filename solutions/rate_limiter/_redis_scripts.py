@@ -1,4 +1,4 @@
-"""The Lua behind stage 3: one script per algorithm, one EVALSHA per decision.
+"""The Lua behind stage 3: one script per algorithm, one EVALSHA per decision or refund.
 
 Every script reads the time from the server (``TIME``, integer µs) — never from a
 client, whose clock may be skewed by seconds — and writes each key it touches with a
@@ -11,8 +11,12 @@ TTL. Shared rules, as in stage 1:
 - State is a string ``"field field …"`` written with ``SET … PX``: value and TTL in
   one command, so no key can ever exist without its TTL.
 - ``peek`` (ARGV[4] = "p") and a cost above the limit write nothing.
-- The TTL is the time until the key is fresh again, rounded up to whole ms: once a
-  key expires it is indistinguishable from one never seen.
+- A refund (ARGV[4] = "r") is stage 1's: capped at a fresh key's allowance, only the
+  current window's units come back, the sliding log gives back its newest units. It
+  writes (and bumps ``n``) only a key that exists: a fresh key has nothing to take back.
+- The TTL is the time until the key is fresh again, rounded up to whole ms (at least
+  1 ms: ``PX 0`` is an error, and a refund may leave a key that is fresh already): once
+  a key expires it is indistinguishable from one never seen.
 
 Arithmetic is on Lua 5.1 doubles, exact for integers below 2^53; the limiter keeps
 ``limit × window_us`` below 2^51 and ``fdiv`` corrects the rounding of ``a / b``.
@@ -20,6 +24,7 @@ Numbers go to ``redis.call`` through ``int()``: ``tostring`` would print 1.79e+1
 
 Every script returns one string, ``"allowed remaining retry_us reset_us n TIME"``
 (retry_us -1: never): a flat string costs the client far less to parse than an array.
+A refund returns the same string, describing the key after it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limit, window, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local acquire = ARGV[4] == 'a' and cost <= limit
+local refund = ARGV[4] == 'r'  -- the client caps a refund's cost at the limit
 local function fdiv(a, b)
   local q = math.floor(a / b)
   local r = a - q * b
@@ -37,6 +43,7 @@ local function fdiv(a, b)
 end
 local function cdiv(a, b) return -fdiv(-a, b) end
 local function int(x) return string.format('%d', x) end
+local function px(us) return int(math.max(1, cdiv(us, 1000))) end  -- a TTL in whole ms
 local function reply(retry, remaining, reset, n)
   local allowed = 0
   if retry == 0 then allowed = 1 end
@@ -63,14 +70,14 @@ local catch = eff - now
 tokens = math.min(cap, tokens + math.min(eff - ts, window) * limit)
 local need = cost * window
 local retry = 0
-if cost > limit then retry = -1
+if refund then tokens = math.min(cap, tokens + need)  -- never above a full bucket
+elseif cost > limit then retry = -1
 elseif tokens < need then retry = catch + cdiv(need - tokens, limit)
 else tokens = tokens - need end
 local reset = catch + cdiv(cap - tokens, limit)
-if acquire then
+if acquire or (refund and st) then
   n = n + 1
-  redis.call('SET', KEYS[1], int(tokens) .. ' ' .. int(eff) .. ' ' .. int(n),
-             'PX', int(cdiv(reset, 1000)))
+  redis.call('SET', KEYS[1], int(tokens) .. ' ' .. int(eff) .. ' ' .. int(n), 'PX', px(reset))
 end
 return reply(retry, fdiv(tokens, window), reset, n)
 """
@@ -92,7 +99,13 @@ local eff = math.max(now, ts)
 local inside = '(' .. int(eff - window)  -- the window is (eff - window, eff]
 local used = redis.call('ZCOUNT', KEYS[2], inside, '+inf')
 local retry = 0
-if cost > limit then retry = -1
+if refund then
+  -- the newest units still inside the window go back, as if the request had cost less:
+  -- the highest ranks (at most `used` of them, so none of those has left the window)
+  local back = math.min(cost, used)
+  if back > 0 then redis.call('ZREMRANGEBYRANK', KEYS[2], -back, -1) end
+  used = used - back
+elseif cost > limit then retry = -1
 elseif used + cost > limit then
   -- the (used + cost - limit)-th oldest unit must leave before this request fits
   local e = redis.call('ZRANGEBYSCORE', KEYS[2], inside, '+inf', 'WITHSCORES',
@@ -102,16 +115,16 @@ else used = used + cost end
 local reset = 0
 if used > 0 then
   local newest = eff
-  if retry ~= 0 then
+  if retry ~= 0 or refund then
     newest = tonumber(redis.call('ZREVRANGEBYSCORE', KEYS[2], '+inf', inside,
                                  'WITHSCORES', 'LIMIT', 0, 1)[2])
   end
   reset = newest + window - now
 end
-if acquire then
+if acquire or (refund and st) then
   n = n + 1
-  local ttl = int(cdiv(reset, 1000))
-  if retry == 0 then
+  local ttl = px(reset)
+  if acquire and retry == 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', int(eff - window))
     local args = {}
     for i = 1, cost do
@@ -122,8 +135,8 @@ if acquire then
         args = {}
       end
     end
-    redis.call('PEXPIRE', KEYS[2], ttl)
   end
+  if retry == 0 then redis.call('PEXPIRE', KEYS[2], ttl) end  -- the log changed
   redis.call('SET', KEYS[1], int(eff) .. ' ' .. int(n), 'PX', ttl)
 end
 return reply(retry, limit - used, reset, n)
@@ -144,18 +157,19 @@ end
 local eff = math.max(now, ts)
 local start = fdiv(eff, window) * window
 local left = start + window - now  -- until this window ends, catch-up included
-if w ~= start then used = 0 end
+if w ~= start then used = 0 end  -- a new window: the old one's units (and refunds) are gone
 local retry = 0
-if cost > limit then retry = -1
+if refund then used = used - math.min(cost, used)
+elseif cost > limit then retry = -1
 elseif used + cost > limit then retry = left
 else used = used + cost end
-if acquire then
-  n = n + 1
-  redis.call('SET', KEYS[1], int(start) .. ' ' .. int(used) .. ' ' .. int(eff) .. ' ' .. int(n),
-             'PX', int(cdiv(left, 1000)))
-end
 local reset = 0
 if used > 0 then reset = left end
+if acquire or (refund and st) then
+  n = n + 1
+  redis.call('SET', KEYS[1], int(start) .. ' ' .. int(used) .. ' ' .. int(eff) .. ' ' .. int(n),
+             'PX', px(reset))
+end
 return reply(retry, limit - used, reset, n)
 """
 )

@@ -393,8 +393,8 @@ class ConcurrencyLimiter:
         else:
             del self._held[key]
 
-    def acquire(self, key: str) -> Lease | None:
-        """A lease for one request on ``key``, or None if ``max_in_flight`` are held."""
+    def try_acquire(self, key: str) -> Lease | None:
+        """A lease for one request on ``key``, or None if ``max_in_flight`` are held (no wait)."""
         with self._lock:
             now = self._now_and_expire()
             if self._held.get(key, 0) >= self._max:

@@ -2,9 +2,12 @@
 
 Design (see katas/rate_limiter/README.md):
 
-- One Lua script per algorithm, one EVALSHA per decision (``redis.commands.core.Script``
-  reloads it after NOSCRIPT — a restart or SCRIPT FLUSH). Reading and writing in one
-  script is what makes K nodes decide as one: Redis runs scripts one at a time.
+- One Lua script per algorithm, one EVALSHA per decision or refund
+  (``redis.commands.core.Script`` reloads it after NOSCRIPT — a restart or SCRIPT
+  FLUSH). Reading and writing in one script is what makes K nodes decide as one: Redis
+  runs scripts one at a time.
+- A key's Redis keys share a hash tag, ``rl:{user42}:m`` and ``rl:{user42}:l``: in Redis
+  Cluster every key a script touches must live in one slot.
 - Time comes from the server's ``TIME``. Node clocks disagree by seconds; the injected
   ``clock`` only paces client-side concerns: when to probe a failed Redis again, and
   the local fallback limiter.
@@ -13,14 +16,16 @@ Design (see katas/rate_limiter/README.md):
   in this process at ``limit // expected_nodes``. After a failure Redis is skipped for
   ``probe_interval_ns`` (a dead server must not cost every request a socket timeout),
   then tried again: recovery needs no restart. Every fallback is counted in stats().
+  A refund Redis does not get is counted and dropped ("local": the local limiter gets it).
+- Validation, key names, reply parsing and failure bookkeeping are shared by the sync
+  and async limiters (``_redis_core.py``); they differ only in awaiting the script.
+- No ``tracked_keys``/``sweep``: every key expires by its TTL once it is fresh, so
+  Redis forgets idle keys by itself; counting them would take a SCAN of the keyspace.
 """
 
 from __future__ import annotations
 
 import secrets
-import threading
-from fractions import Fraction
-from typing import Any
 
 import redis
 import redis.asyncio
@@ -31,145 +36,15 @@ from katas.rate_limiter.api import (
     Decision,
     FailureMode,
     Lease,
-    RateLimiter,
     RedisAlgorithm,
     RedisLimiterStats,
-    StampedDecision,
 )
 
 from . import _redis_scripts as lua
-
-_ALGORITHMS = ("token_bucket", "sliding_log", "fixed_window")
-_FAILURE_MODES = ("open", "closed", "local")
-_MAX_SCALED = 2**51  # limit × window_us: the scripts' doubles stay exact below 2^53
-#: What "Redis is unavailable" means; a script error is a bug and is raised.
-_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+from ._redis_core import UNAVAILABLE, RedisCore, check_timeout, positive_int
 
 
-def _positive_int(name: str, value: object) -> int:
-    if type(value) is not int:  # bool is an int subclass, and never a count
-        raise TypeError(f"{name} must be a positive int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value}")
-    return value
-
-
-def _check_timeout(client: Any) -> None:
-    kwargs = client.get_connection_kwargs() if hasattr(client, "get_connection_kwargs") else {}
-    if kwargs.get("socket_timeout") is None:
-        raise ValueError(
-            "client must have a socket_timeout: without one a blackholed Redis hangs every "
-            "decision (e.g. redis.Redis(..., socket_timeout=0.2))"
-        )
-
-
-class _Core:
-    """Validation, key layout, reply parsing and failure handling shared by sync and async."""
-
-    def __init__(
-        self,
-        client: Any,
-        *,
-        algorithm: RedisAlgorithm,
-        limit: int,
-        window_ns: int,
-        clock: Clock,
-        key_prefix: str,
-        failure_mode: FailureMode,
-        expected_nodes: int,
-        probe_interval_ns: int,
-    ) -> None:
-        if algorithm not in _ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
-        self._limit = _positive_int("limit", limit)
-        window_ns = _positive_int("window_ns", window_ns)
-        if window_ns % 1000:
-            raise ValueError(f"window_ns must be a whole number of µs, got {window_ns}")
-        if limit * (window_ns // 1000) >= _MAX_SCALED:
-            raise ValueError(f"limit × window_ns/1000 must be below 2^51, got {limit}, {window_ns}")
-        if failure_mode not in _FAILURE_MODES:
-            raise ValueError(f"failure_mode must be one of {_FAILURE_MODES}, got {failure_mode!r}")
-        self._nodes = _positive_int("expected_nodes", expected_nodes)
-        if not isinstance(key_prefix, str) or not key_prefix:
-            raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
-        if type(probe_interval_ns) is not int or probe_interval_ns < 0:
-            raise ValueError(f"probe_interval_ns must be an int >= 0, got {probe_interval_ns!r}")
-        if not callable(getattr(clock, "now_ns", None)):
-            raise TypeError(f"clock must have now_ns(), got {clock!r}")
-        _check_timeout(client)
-        self._client = client
-        self._algorithm = algorithm
-        self._window_ns = window_ns
-        self._args = (b"%d" % limit, b"%d" % (window_ns // 1000))  # encoded once, not per call
-        self._clock = clock
-        self._prefix = key_prefix
-        self._mode = failure_mode
-        self._probe_ns = probe_interval_ns
-        self._script = client.register_script(lua.SCRIPTS[algorithm])
-        self._lock = threading.Lock()
-        self._retry_at_ns: int | None = None  # skip Redis until then (client clock)
-        self._counts = [0, 0, 0]  # redis decisions, fallback decisions, redis errors
-        self._local = self._local_limiter() if failure_mode == "local" else None
-
-    def _local_limiter(self) -> RateLimiter:
-        from . import stage1  # the stage-1 limiters, at this node's share of the limit
-
-        share = max(1, self._limit // self._nodes)
-        if self._algorithm == "token_bucket":
-            rate = Fraction(share * NS_PER_S, self._window_ns)
-            return stage1.TokenBucket(capacity=share, refill_per_s=rate, clock=self._clock)
-        if self._algorithm == "sliding_log":
-            return stage1.SlidingLog(limit=share, window_ns=self._window_ns, clock=self._clock)
-        return stage1.FixedWindow(limit=share, window_ns=self._window_ns, clock=self._clock)
-
-    def _keys(self, key: str) -> list[str]:
-        if not isinstance(key, str):
-            raise TypeError(f"key must be a str, got {key!r}")
-        meta = f"{self._prefix}m:{key}"
-        return [meta, f"{self._prefix}l:{key}"] if self._algorithm == "sliding_log" else [meta]
-
-    def _call_args(self, key: str, cost: int, mode: bytes) -> tuple[list[str], list[Any]]:
-        return self._keys(key), [*self._args, _positive_int("cost", cost), mode]
-
-    def _should_try(self) -> bool:
-        retry_at = self._retry_at_ns  # one read: no lock needed on the hot path
-        return retry_at is None or self._clock.now_ns() >= retry_at
-
-    def _decided(self, reply: bytes | str) -> StampedDecision:
-        allowed, remaining, retry_us, reset_us, op, now_us = map(int, reply.split())
-        with self._lock:
-            self._retry_at_ns = None  # Redis answers: stop skipping it
-            self._counts[0] += 1
-        retry_ns = None if retry_us < 0 else retry_us * 1000
-        return StampedDecision(
-            allowed == 1, self._limit, remaining, retry_ns, reset_us * 1000, op, now_us
-        )
-
-    def _failed(self) -> None:
-        with self._lock:
-            self._counts[2] += 1
-            self._retry_at_ns = self._clock.now_ns() + self._probe_ns
-
-    def _fallback(self, key: str, cost: int, acquire: bool) -> Decision:
-        with self._lock:
-            self._counts[1] += 1
-            if self._local is not None:
-                local = self._local
-                return local.try_acquire(key, cost) if acquire else local.peek(key, cost)
-            wait = max(1, (self._retry_at_ns or 0) - self._clock.now_ns())
-        if cost > self._limit:
-            return Decision(False, self._limit, 0, None, 0)
-        if self._mode == "open":
-            return Decision(True, self._limit, self._limit - cost, 0, 0)
-        # closed: deny, and suggest retrying when Redis will next be asked
-        return Decision(False, self._limit, 0, wait, 0)
-
-    def _stats(self) -> RedisLimiterStats:
-        with self._lock:
-            return RedisLimiterStats(*self._counts)
-
-
-class RedisRateLimiter(_Core):
+class RedisRateLimiter(RedisCore):
     """A rate limiter whose state lives in Redis, so many nodes share one limit per key."""
 
     def __init__(
@@ -202,7 +77,7 @@ class RedisRateLimiter(_Core):
         if self._should_try():
             try:
                 return self._decided(self._script(keys=keys, args=args, client=self._client))
-            except _UNAVAILABLE:
+            except UNAVAILABLE:
                 self._failed()
         return self._fallback(key, cost, acquire=mode == b"a")
 
@@ -214,12 +89,23 @@ class RedisRateLimiter(_Core):
         """The decision ``try_acquire`` would return now, changing nothing."""
         return self._decide(key, cost, b"p")
 
+    def refund(self, key: str, cost: int) -> None:
+        """Give back ``cost`` units, capped, in one script call (Redis down: failure mode)."""
+        keys, args = self._call_args(key, cost, b"r")
+        if self._should_try():
+            try:
+                self._decided(self._script(keys=keys, args=args, client=self._client))
+                return
+            except UNAVAILABLE:
+                self._failed()
+        self._refund_fallback(key, cost)
+
     def reset(self, key: str) -> None:
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
         keys = self._keys(key)
         try:
             self._client.delete(*keys)
-        except _UNAVAILABLE:
+        except UNAVAILABLE:
             self._failed()
         if self._local is not None:
             with self._lock:
@@ -230,7 +116,7 @@ class RedisRateLimiter(_Core):
         return self._stats()
 
 
-class AsyncRedisRateLimiter(_Core):
+class AsyncRedisRateLimiter(RedisCore):
     """:class:`RedisRateLimiter` for ``redis.asyncio`` clients (asyncio only)."""
 
     def __init__(
@@ -263,7 +149,7 @@ class AsyncRedisRateLimiter(_Core):
         if self._should_try():
             try:
                 return self._decided(await self._script(keys=keys, args=args, client=self._client))
-            except _UNAVAILABLE:
+            except UNAVAILABLE:
                 self._failed()
         return self._fallback(key, cost, acquire=mode == b"a")
 
@@ -275,12 +161,23 @@ class AsyncRedisRateLimiter(_Core):
         """The decision ``try_acquire`` would return now, changing nothing."""
         return await self._decide(key, cost, b"p")
 
+    async def refund(self, key: str, cost: int) -> None:
+        """Give back ``cost`` units, capped, in one script call (Redis down: failure mode)."""
+        keys, args = self._call_args(key, cost, b"r")
+        if self._should_try():
+            try:
+                self._decided(await self._script(keys=keys, args=args, client=self._client))
+                return
+            except UNAVAILABLE:
+                self._failed()
+        self._refund_fallback(key, cost)
+
     async def reset(self, key: str) -> None:
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
         keys = self._keys(key)
         try:
             await self._client.delete(*keys)
-        except _UNAVAILABLE:
+        except UNAVAILABLE:
             self._failed()
         if self._local is not None:
             self._local.reset(key)
@@ -296,12 +193,12 @@ class RedisConcurrencyLimiter:
     def __init__(
         self, client: redis.Redis, *, max_in_flight: int, lease_ns: int, key_prefix: str = "cl:"
     ) -> None:
-        self._max = _positive_int("max_in_flight", max_in_flight)
-        if _positive_int("lease_ns", lease_ns) % 1000:
+        self._max = positive_int("max_in_flight", max_in_flight)
+        if positive_int("lease_ns", lease_ns) % 1000:
             raise ValueError(f"lease_ns must be a whole number of µs (Redis TIME), got {lease_ns}")
         if not isinstance(key_prefix, str) or not key_prefix:
             raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
-        _check_timeout(client)
+        check_timeout(client)
         self._client = client
         self._lease_us = lease_ns // 1000
         self._prefix = key_prefix

@@ -1,0 +1,168 @@
+"""What the stage-3 limiters share: validation, key layout, reply parsing, failure handling.
+
+The sync and async limiters differ only in whether the script call is awaited; all the
+rest lives here, so stage3.py holds just the public surface.
+"""
+
+from __future__ import annotations
+
+import threading
+from fractions import Fraction
+from typing import Any
+
+import redis
+
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    Clock,
+    Decision,
+    FailureMode,
+    RateLimiter,
+    RedisAlgorithm,
+    RedisLimiterStats,
+    StampedDecision,
+)
+
+from . import _redis_scripts as lua
+
+_ALGORITHMS = ("token_bucket", "sliding_log", "fixed_window")
+_FAILURE_MODES = ("open", "closed", "local")
+_MAX_SCALED = 2**51  # limit × window_us: the scripts' doubles stay exact below 2^53
+#: What "Redis is unavailable" means; a script error is a bug and is raised.
+UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+
+
+def positive_int(name: str, value: object) -> int:
+    if type(value) is not int:  # bool is an int subclass, and never a count
+        raise TypeError(f"{name} must be a positive int, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value}")
+    return value
+
+
+def check_timeout(client: Any) -> None:
+    kwargs = client.get_connection_kwargs() if hasattr(client, "get_connection_kwargs") else {}
+    if kwargs.get("socket_timeout") is None:
+        raise ValueError(
+            "client must have a socket_timeout: without one a blackholed Redis hangs every "
+            "decision (e.g. redis.Redis(..., socket_timeout=0.2))"
+        )
+
+
+class RedisCore:
+    """Validation, key layout, reply parsing and failure handling shared by sync and async."""
+
+    def __init__(
+        self,
+        client: Any,
+        *,
+        algorithm: RedisAlgorithm,
+        limit: int,
+        window_ns: int,
+        clock: Clock,
+        key_prefix: str,
+        failure_mode: FailureMode,
+        expected_nodes: int,
+        probe_interval_ns: int,
+    ) -> None:
+        if algorithm not in _ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {_ALGORITHMS}, got {algorithm!r}")
+        self._limit = positive_int("limit", limit)
+        window_ns = positive_int("window_ns", window_ns)
+        if window_ns % 1000:
+            raise ValueError(f"window_ns must be a whole number of µs, got {window_ns}")
+        if limit * (window_ns // 1000) >= _MAX_SCALED:
+            raise ValueError(f"limit × window_ns/1000 must be below 2^51, got {limit}, {window_ns}")
+        if failure_mode not in _FAILURE_MODES:
+            raise ValueError(f"failure_mode must be one of {_FAILURE_MODES}, got {failure_mode!r}")
+        self._nodes = positive_int("expected_nodes", expected_nodes)
+        if not isinstance(key_prefix, str) or not key_prefix:
+            raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
+        if type(probe_interval_ns) is not int or probe_interval_ns < 0:
+            raise ValueError(f"probe_interval_ns must be an int >= 0, got {probe_interval_ns!r}")
+        if not callable(getattr(clock, "now_ns", None)):
+            raise TypeError(f"clock must have now_ns(), got {clock!r}")
+        check_timeout(client)
+        self._client = client
+        self._algorithm = algorithm
+        self._window_ns = window_ns
+        self._args = (b"%d" % limit, b"%d" % (window_ns // 1000))  # encoded once, not per call
+        self._clock = clock
+        self._prefix = key_prefix
+        self._mode = failure_mode
+        self._probe_ns = probe_interval_ns
+        self._script = client.register_script(lua.SCRIPTS[algorithm])
+        self._lock = threading.Lock()
+        self._retry_at_ns: int | None = None  # skip Redis until then (client clock)
+        self._counts = [0, 0, 0]  # redis decisions, fallback decisions, redis errors
+        self._local = self._local_limiter() if failure_mode == "local" else None
+
+    def _local_limiter(self) -> RateLimiter:
+        from . import stage1  # the stage-1 limiters, at this node's share of the limit
+
+        share = max(1, self._limit // self._nodes)
+        if self._algorithm == "token_bucket":
+            rate = Fraction(share * NS_PER_S, self._window_ns)
+            return stage1.TokenBucket(capacity=share, refill_per_s=rate, clock=self._clock)
+        if self._algorithm == "sliding_log":
+            return stage1.SlidingLog(limit=share, window_ns=self._window_ns, clock=self._clock)
+        return stage1.FixedWindow(limit=share, window_ns=self._window_ns, clock=self._clock)
+
+    def _keys(self, key: str) -> list[str]:
+        if not isinstance(key, str):
+            raise TypeError(f"key must be a str, got {key!r}")
+        # {key} is the hash tag: Redis Cluster hashes only what is inside, so a key's
+        # state and log share a slot and one script may touch both. (An empty key, or
+        # one starting with "}", makes an empty tag: then the whole name is hashed.)
+        meta = f"{self._prefix}{{{key}}}:m"
+        return [meta, f"{self._prefix}{{{key}}}:l"] if self._algorithm == "sliding_log" else [meta]
+
+    def _call_args(self, key: str, cost: int, mode: bytes) -> tuple[list[str], list[Any]]:
+        cost = positive_int("cost", cost)
+        if mode == b"r":  # more than the limit never comes back: the script's numbers stay small
+            cost = min(cost, self._limit)
+        return self._keys(key), [*self._args, cost, mode]
+
+    def _should_try(self) -> bool:
+        retry_at = self._retry_at_ns  # one read: no lock needed on the hot path
+        return retry_at is None or self._clock.now_ns() >= retry_at
+
+    def _decided(self, reply: bytes | str) -> StampedDecision:
+        allowed, remaining, retry_us, reset_us, op, now_us = map(int, reply.split())
+        with self._lock:
+            self._retry_at_ns = None  # Redis answers: stop skipping it
+            self._counts[0] += 1
+        retry_ns = None if retry_us < 0 else retry_us * 1000
+        return StampedDecision(
+            allowed == 1, self._limit, remaining, retry_ns, reset_us * 1000, op, now_us
+        )
+
+    def _failed(self) -> None:
+        with self._lock:
+            self._counts[2] += 1
+            self._retry_at_ns = self._clock.now_ns() + self._probe_ns
+
+    def _fallback(self, key: str, cost: int, acquire: bool) -> Decision:
+        with self._lock:
+            self._counts[1] += 1
+            if self._local is not None:
+                local = self._local
+                return local.try_acquire(key, cost) if acquire else local.peek(key, cost)
+            wait = max(1, (self._retry_at_ns or 0) - self._clock.now_ns())
+        if cost > self._limit:
+            return Decision(False, self._limit, 0, None, 0)
+        if self._mode == "open":
+            return Decision(True, self._limit, self._limit - cost, 0, 0)
+        # closed: deny, and suggest retrying when Redis will next be asked
+        return Decision(False, self._limit, 0, wait, 0)
+
+    def _refund_fallback(self, key: str, cost: int) -> None:
+        """A refund Redis did not get: counted, and dropped — or refunded locally."""
+        with self._lock:
+            self._counts[1] += 1
+            if self._local is not None:
+                self._local.refund(key, cost)
+
+    def _stats(self) -> RedisLimiterStats:
+        with self._lock:
+            return RedisLimiterStats(*self._counts)
