@@ -1,0 +1,1827 @@
+"""Stage 1 suite: exact single-threaded rate limiters (see katas/rate_limiter/README.md).
+
+Core: TokenBucket and SlidingLog. Extended: GCRA, FixedWindow, SlidingWindowCounter,
+MultiLimiter and retry_after_header. Run ``pytest katas/rate_limiter -k "stage1 and core"``.
+
+The exact models below are written from the definitions, slowly and obviously (Fractions,
+whole lists, searches), and never look at an implementation: a differential test runs the
+same operations on the implementation and on its model and compares whole Decisions step
+by step — that catches over-denial too, which an envelope cannot.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import math
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from fractions import Fraction
+from types import ModuleType
+from typing import Any, Generic, Literal, TypeVar
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from katas.rate_limiter.api import NS_PER_S, Decision, ManualClock, MultiDecision, RateLimiter
+
+pytestmark = [pytest.mark.stage(1)]
+
+core = pytest.mark.core
+extended = pytest.mark.extended
+
+START_NS = 10_000 * NS_PER_S  # far from 0, so clock steps back stay positive
+KEYS = ("alice", "bob", "carol")
+Algo = Literal["token_bucket", "sliding_log", "gcra", "fixed_window", "sliding_window_counter"]
+ALGOS: tuple[Algo, ...] = (
+    "token_bucket",
+    "sliding_log",
+    "gcra",
+    "fixed_window",
+    "sliding_window_counter",
+)
+CORE_ALGOS = ("token_bucket", "sliding_log")
+
+
+def by_algo(algos: Iterable[Algo] = ALGOS) -> list[Any]:
+    """Parameters for a test run on each algorithm, marked core or extended."""
+    return [pytest.param(a, marks=core if a in CORE_ALGOS else extended, id=a) for a in algos]
+
+
+# --------------------------------------------------------------------------------------
+# Exact models, written from the definitions
+# --------------------------------------------------------------------------------------
+
+NEVER = -(10**30)  # the stored time of a key never written: any clock is past it
+
+
+@dataclass
+class KeyState:
+    last: int = NEVER  # latest time this key's state was written
+
+
+S = TypeVar("S", bound=KeyState)
+
+
+class Model(Generic[S]):
+    """One limiter's exact behaviour. Subclasses say what a key holds and frees."""
+
+    limit: int
+
+    def __init__(self) -> None:
+        self.keys: dict[str, S] = {}
+
+    # --- what each algorithm defines -----------------------------------------------
+    def new(self) -> S:
+        raise NotImplementedError
+
+    def free(self, ks: S, at: int) -> Fraction:
+        """Units available at ``at`` (>= ks.last), before flooring."""
+        raise NotImplementedError
+
+    def record(self, ks: S, at: int, cost: int) -> None:
+        """Consume ``cost`` at ``at``."""
+        raise NotImplementedError
+
+    def give_back(self, ks: S, at: int, cost: int) -> None:
+        """Refund ``cost`` at ``at``, capped."""
+        raise NotImplementedError
+
+    def wait(self, ks: S, now: int, cost: int) -> int:
+        """First clock time >= now at which ``cost`` fits (no other traffic)."""
+        eff = max(now, ks.last)
+        return first_true(lambda t: self.free(ks, max(t, eff)) >= cost, now)
+
+    def idle_from(self, ks: S, now: int) -> int:
+        """First clock time >= now from which the key is fresh."""
+        full = Fraction(self.limit)
+        eff = max(now, ks.last)
+        return first_true(lambda t: t >= ks.last and self.free(ks, max(t, eff)) == full, now)
+
+    # --- shared semantics ------------------------------------------------------------
+    def decide(self, key: str, cost: int, now: int, *, commit: bool) -> Decision:
+        stored = self.keys.get(key)
+        ks = copy.deepcopy(stored) if stored is not None else self.new()
+        eff = max(now, ks.last)  # a key's time never goes back
+        retry: int | None
+        if cost > self.limit:
+            retry = None
+        elif self.free(ks, eff) >= cost:
+            retry = 0
+            self.record(ks, eff, cost)
+            ks.last = eff
+            if commit:
+                self.keys[key] = ks
+        else:
+            retry = self.wait(ks, now, cost) - now
+        remaining = math.floor(self.free(ks, eff))
+        return Decision(retry == 0, self.limit, remaining, retry, self.idle_from(ks, now) - now)
+
+    def refund(self, key: str, cost: int, now: int) -> None:
+        ks = self.keys.get(key)
+        if ks is not None:  # a key holding nothing has nothing to give back
+            eff = max(now, ks.last)
+            self.give_back(ks, eff, cost)
+            ks.last = eff
+
+    def reset(self, key: str) -> None:
+        self.keys.pop(key, None)
+
+    def tracked(self, now: int) -> int:
+        return sum(1 for ks in self.keys.values() if self.idle_from(ks, now) > now)
+
+
+def first_true(pred: Callable[[int], bool], lo: int) -> int:
+    """The least t >= lo with pred(t), for a predicate that stays true once true."""
+    if pred(lo):
+        return lo
+    step = 1
+    while not pred(lo + step):
+        step *= 2
+        assert step < 10**16, "model bug: predicate never becomes true"
+    bad, good = lo + step // 2, lo + step
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        bad, good = (bad, mid) if pred(mid) else (mid, good)
+    return good
+
+
+@dataclass
+class Bucket(KeyState):
+    tokens: Fraction = Fraction(0)
+
+
+class TokenBucketModel(Model[Bucket]):
+    """Tokens refill continuously at ``rate`` per second up to ``capacity``."""
+
+    def __init__(self, capacity: int, rate: Fraction) -> None:
+        super().__init__()
+        self.limit = capacity
+        self.per_ns = Fraction(rate) / NS_PER_S
+
+    def new(self) -> Bucket:
+        return Bucket(tokens=Fraction(self.limit))
+
+    def free(self, ks: Bucket, at: int) -> Fraction:
+        return min(Fraction(self.limit), ks.tokens + (at - ks.last) * self.per_ns)
+
+    def record(self, ks: Bucket, at: int, cost: int) -> None:
+        ks.tokens = self.free(ks, at) - cost
+
+    def give_back(self, ks: Bucket, at: int, cost: int) -> None:
+        ks.tokens = min(Fraction(self.limit), self.free(ks, at) + cost)
+
+    def wait(self, ks: Bucket, now: int, cost: int) -> int:
+        eff = max(now, ks.last)
+        return eff + math.ceil((cost - self.free(ks, eff)) / self.per_ns)
+
+    def idle_from(self, ks: Bucket, now: int) -> int:
+        eff = max(now, ks.last)
+        return eff + math.ceil((self.limit - self.free(ks, eff)) / self.per_ns)
+
+
+@dataclass
+class Log(KeyState):
+    admitted: list[list[int]] = field(default_factory=list)  # [time, units], oldest first
+
+
+class SlidingLogModel(Model[Log]):
+    """Units admitted at t count in every window (t' - W, t'] that contains t."""
+
+    def __init__(self, limit: int, window_ns: int) -> None:
+        super().__init__()
+        self.limit, self.window = limit, window_ns
+
+    def new(self) -> Log:
+        return Log()
+
+    def in_window(self, ks: Log, at: int) -> list[list[int]]:
+        return [e for e in ks.admitted if at - self.window < e[0] <= at and e[1]]
+
+    def free(self, ks: Log, at: int) -> Fraction:
+        return Fraction(self.limit - sum(units for _, units in self.in_window(ks, at)))
+
+    def record(self, ks: Log, at: int, cost: int) -> None:
+        ks.admitted.append([at, cost])
+
+    def give_back(self, ks: Log, at: int, cost: int) -> None:
+        for entry in reversed(self.in_window(ks, at)):  # newest first
+            taken = min(cost, entry[1])
+            entry[1] -= taken
+            cost -= taken
+
+    def wait(self, ks: Log, now: int, cost: int) -> int:
+        eff = max(now, ks.last)
+        counted = self.limit - int(self.free(ks, eff))
+        excess = counted + cost - self.limit  # units that must leave the window first
+        for at, units in self.in_window(ks, eff):  # oldest first
+            excess -= units
+            if excess <= 0:
+                return at + self.window  # no longer in (t - W, t] at t = at + W
+        raise AssertionError("model bug")
+
+
+@dataclass
+class Window(KeyState):
+    start: int | None = None
+    count: int = 0
+
+
+class FixedWindowModel(Model[Window]):
+    """A count per window; windows cut at multiples of W, or opened by a first hit."""
+
+    def __init__(self, limit: int, window_ns: int, align: str) -> None:
+        super().__init__()
+        self.limit, self.window, self.align = limit, window_ns, align
+
+    def new(self) -> Window:
+        return Window()
+
+    def current(self, ks: Window, at: int) -> tuple[int, int]:
+        if self.align == "epoch":
+            start = at // self.window * self.window
+        elif ks.start is not None and ks.count and at < ks.start + self.window:
+            start = ks.start
+        else:
+            start = at  # first_hit: the next admission opens a window here
+        return start, ks.count if ks.start == start else 0
+
+    def free(self, ks: Window, at: int) -> Fraction:
+        return Fraction(self.limit - self.current(ks, at)[1])
+
+    def record(self, ks: Window, at: int, cost: int) -> None:
+        ks.start, count = self.current(ks, at)
+        ks.count = count + cost
+
+    def give_back(self, ks: Window, at: int, cost: int) -> None:
+        ks.start, count = self.current(ks, at)
+        ks.count = count - min(cost, count)
+
+
+@dataclass
+class Counts(KeyState):
+    per_window: dict[int, int] = field(default_factory=dict)  # window index -> units
+
+
+class SlidingWindowCounterModel(Model[Counts]):
+    """prev weighted by the part of the previous window still inside (now - W, now]."""
+
+    def __init__(self, limit: int, window_ns: int) -> None:
+        super().__init__()
+        self.limit, self.window = limit, window_ns
+
+    def new(self) -> Counts:
+        return Counts()
+
+    def free(self, ks: Counts, at: int) -> Fraction:
+        index, into = divmod(at, self.window)
+        prev = ks.per_window.get(index - 1, 0)
+        curr = ks.per_window.get(index, 0)
+        return self.limit - Fraction(prev * (self.window - into), self.window) - curr
+
+    def record(self, ks: Counts, at: int, cost: int) -> None:
+        index = at // self.window
+        ks.per_window[index] = ks.per_window.get(index, 0) + cost
+
+    def give_back(self, ks: Counts, at: int, cost: int) -> None:
+        index = at // self.window
+        curr = ks.per_window.get(index, 0)
+        ks.per_window[index] = curr - min(cost, curr)
+
+
+# --------------------------------------------------------------------------------------
+# Configurations: how to build an implementation and its model
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    algo: Algo
+    limit: int
+    rate: Fraction = Fraction(1)  # token bucket, GCRA
+    window_ns: int = NS_PER_S  # windows
+    align: str = "epoch"  # fixed window
+
+    def __str__(self) -> str:
+        rate = str(self.rate.numerator) if self.rate.denominator == 1 else repr(self.rate)
+        return {
+            "token_bucket": f"TokenBucket(capacity={self.limit}, refill_per_s={rate})",
+            "gcra": f"GCRA(rate_per_s={rate}, burst={self.limit})",
+            "sliding_log": f"SlidingLog(limit={self.limit}, window_ns={self.window_ns})",
+            "fixed_window": f"FixedWindow(limit={self.limit}, window_ns={self.window_ns}, "
+            f"align={self.align!r})",
+            "sliding_window_counter": f"SlidingWindowCounter(limit={self.limit}, "
+            f"window_ns={self.window_ns})",
+        }[self.algo]
+
+    def build(self, stage: ModuleType, clock: ManualClock, auto_sweep: bool = True) -> RateLimiter:
+        rate: int | Fraction = self.rate.numerator if self.rate.denominator == 1 else self.rate
+        limiter: RateLimiter
+        if self.algo == "token_bucket":
+            limiter = stage.TokenBucket(
+                capacity=self.limit, refill_per_s=rate, clock=clock, auto_sweep=auto_sweep
+            )
+        elif self.algo == "gcra":
+            limiter = stage.GCRA(
+                rate_per_s=rate, burst=self.limit, clock=clock, auto_sweep=auto_sweep
+            )
+        elif self.algo == "sliding_log":
+            limiter = stage.SlidingLog(
+                limit=self.limit, window_ns=self.window_ns, clock=clock, auto_sweep=auto_sweep
+            )
+        elif self.algo == "fixed_window":
+            limiter = stage.FixedWindow(
+                limit=self.limit,
+                window_ns=self.window_ns,
+                clock=clock,
+                align=self.align,
+                auto_sweep=auto_sweep,
+            )
+        else:
+            limiter = stage.SlidingWindowCounter(
+                limit=self.limit, window_ns=self.window_ns, clock=clock, auto_sweep=auto_sweep
+            )
+        return limiter
+
+    def model(self) -> Model[Any]:
+        if self.algo in ("token_bucket", "gcra"):
+            return TokenBucketModel(self.limit, self.rate)
+        if self.algo == "sliding_log":
+            return SlidingLogModel(self.limit, self.window_ns)
+        if self.algo == "fixed_window":
+            return FixedWindowModel(self.limit, self.window_ns, self.align)
+        return SlidingWindowCounterModel(self.limit, self.window_ns)
+
+    @property
+    def scale_ns(self) -> int:
+        """The natural time step: one unit's refill, or one window."""
+        if self.algo in ("token_bucket", "gcra"):
+            return math.ceil(NS_PER_S / self.rate)
+        return self.window_ns
+
+    @property
+    def recovery_ns(self) -> int:
+        """From any state (clock monotonic), a key is fresh again after this long."""
+        if self.algo in ("token_bucket", "gcra"):
+            return math.ceil(self.limit * NS_PER_S / self.rate)
+        return 2 * self.window_ns
+
+
+RATES = st.one_of(
+    st.integers(1, 4).map(Fraction),
+    st.builds(Fraction, st.integers(1, 9), st.integers(2, 9)),
+)
+WINDOWS = st.one_of(st.integers(1, 30), st.integers(1_000, 10 * NS_PER_S))
+
+
+@functools.cache  # building strategies is slow; draws from one are cheap
+def setups(algo: Algo) -> st.SearchStrategy[Setup]:
+    limits = st.integers(1, 6)
+    if algo in ("token_bucket", "gcra"):
+        return st.builds(Setup, st.just(algo), limits, rate=RATES)
+    if algo == "fixed_window":
+        aligns = st.sampled_from(["epoch", "first_hit"])
+        return st.builds(Setup, st.just(algo), limits, window_ns=WINDOWS, align=aligns)
+    return st.builds(Setup, st.just(algo), limits, window_ns=WINDOWS)
+
+
+# --------------------------------------------------------------------------------------
+# Failing fast on stubs
+# --------------------------------------------------------------------------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+_STAGE: dict[str, ModuleType] = {}
+
+
+def needs(*parts: str) -> Callable[[F], F]:
+    """Declare which limiters a property test drives (besides its ``algo`` parameter)."""
+
+    def mark(test: F) -> F:
+        test.kata_needs = parts  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def smoke(stage: ModuleType, part: str) -> None:
+    """Call every public method once; a stub's NotImplementedError surfaces here."""
+    clock = ManualClock(START_NS)
+    if part == "header":
+        stage.retry_after_header(D(False, 1, 0, 1, 1))
+        return
+    if part == "multi":
+        multi = stage.MultiLimiter({"n": Setup("token_bucket", 3).build(stage, clock)})
+        multi.try_acquire("smoke", {"n": 1})
+        multi.peek("smoke", {"n": 1})
+        multi.refund("smoke", {"n": 1})
+        multi.reset("smoke")
+        multi.sweep()
+        return
+    limiter = Setup(part, 3).build(stage, clock)  # type: ignore[arg-type]
+    limiter.try_acquire("smoke")
+    limiter.peek("smoke")
+    limiter.refund("smoke", 1)
+    limiter.tracked_keys()
+    limiter.sweep()
+    limiter.reset("smoke")
+
+
+@pytest.fixture(autouse=True)
+def _fail_fast_on_stubs(request: pytest.FixtureRequest, stage_module: ModuleType) -> None:
+    """Before hypothesis searches, call what the test drives once.
+
+    On a stub this fails at once with "not implemented yet: ..." instead of letting
+    hypothesis shrink a NotImplementedError. (State machines, being unittest classes,
+    also find the stage module here.)
+    """
+    _STAGE["module"] = stage_module
+    parts = list(getattr(request.function, "kata_needs", ()))
+    parts += getattr(request.cls, "kata_needs", ()) if request.cls is not None else ()
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "algo" in callspec.params:
+        parts.append(callspec.params["algo"])
+    for part in parts:
+        smoke(stage_module, part)
+
+
+# --------------------------------------------------------------------------------------
+# Operations, and running them on an implementation and its model side by side
+# --------------------------------------------------------------------------------------
+
+OpKind = Literal["acquire", "peek", "refund", "reset", "advance", "back", "sweep", "tracked"]
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: OpKind
+    key: str = "alice"
+    n: int = 0
+
+    def __str__(self) -> str:
+        return {
+            "acquire": f"try_acquire({self.key!r}, {self.n})",
+            "peek": f"peek({self.key!r}, {self.n})",
+            "refund": f"refund({self.key!r}, {self.n})",
+            "reset": f"reset({self.key!r})",
+            "advance": f"clock.advance({self.n})",
+            "back": f"clock.set(now - {self.n})   # the clock steps back",
+            "sweep": "sweep()",
+            "tracked": "tracked_keys()",
+        }[self.kind]
+
+
+@functools.cache  # building strategies is slow; draws from one are cheap
+def durations(setup: Setup) -> st.SearchStrategy[int]:
+    """Time steps around a limiter's interesting boundaries, and long idle periods."""
+    scale = setup.scale_ns
+    return st.one_of(
+        st.integers(0, 3),
+        st.integers(0, 2 * scale),
+        st.sampled_from(sorted({max(1, scale - 1), scale, scale + 1, scale // 2 + 1})),
+        st.integers(setup.recovery_ns, 3 * setup.recovery_ns),
+    )
+
+
+@functools.cache  # building strategies is slow; draws from one are cheap
+def operations(
+    setup: Setup, *, steps_back: bool = False, keys: tuple[str, ...] = KEYS
+) -> st.SearchStrategy[list[Op]]:
+    key = st.sampled_from([keys[0], *keys])  # the first key gets most of the traffic
+    cost = st.integers(1, setup.limit + 1)  # limit + 1 can never fit
+    dt = durations(setup)
+    choices = [
+        st.builds(Op, st.just("acquire"), key, cost),
+        st.builds(Op, st.just("acquire"), key, cost),
+        st.builds(Op, st.just("acquire"), key, st.just(1)),
+        st.builds(Op, st.just("peek"), key, cost),
+        st.builds(Op, st.just("refund"), key, st.integers(1, setup.limit + 2)),
+        st.builds(Op, st.just("advance"), n=dt),
+        st.builds(Op, st.just("advance"), n=dt),
+        st.builds(Op, st.just("reset"), key),
+        st.builds(Op, st.just("tracked")),
+    ]
+    if steps_back:
+        choices += [st.builds(Op, st.just("back"), n=dt)] * 3
+    else:
+        # Sweeping forgets a fresh key's stored time, which a later step back below it
+        # could reveal: with a clock that steps back, only reset() forgets keys.
+        choices.append(st.builds(Op, st.just("sweep")))
+    return st.lists(st.one_of(choices), min_size=10, max_size=40)
+
+
+def diff_fields(want: object, got: object) -> str:
+    """'field: expected x, got y' for each differing field of two dataclasses."""
+    if type(want) is not type(got) or not is_dataclass(want):
+        return f"expected {want!r}, got {got!r}"
+    return "; ".join(
+        f"{f.name}: expected {getattr(want, f.name)!r}, got {getattr(got, f.name)!r}"
+        for f in fields(want)
+        if getattr(want, f.name) != getattr(got, f.name)
+    )
+
+
+class Story:
+    """The steps taken so far, to print the minimal failing sequence in a failure."""
+
+    def __init__(self, title: str, clock: ManualClock) -> None:
+        self.title, self.clock, self.lines = title, clock, [title]
+
+    def add(self, text: str) -> None:
+        self.lines.append(f"  t=+{self.clock.now_ns() - START_NS:<14} {text}")
+
+    def fail(self, invariant: str, detail: str) -> str:
+        return "\n".join([f"stage 1: {invariant}", *self.lines, f"  => {detail}"])
+
+
+def run_against_model(
+    limiter: RateLimiter, model: Model[Any], clock: ManualClock, ops: Iterable[Op], title: str
+) -> None:
+    """Apply ``ops`` to both; every Decision and every tracked_keys() must be equal."""
+    __tracebackhide__ = True  # the assertion message tells the story
+    story = Story(title, clock)
+    for op in ops:
+        now = clock.now_ns()
+        if op.kind in ("acquire", "peek"):
+            commit = op.kind == "acquire"
+            got = limiter.try_acquire(op.key, op.n) if commit else limiter.peek(op.key, op.n)
+            want = model.decide(op.key, op.n, now, commit=commit)
+            story.add(f"{op} -> {got}")
+            assert got == want, story.fail(
+                "the decision differs from the exact model", diff_fields(want, got)
+            )
+        elif op.kind == "refund":
+            limiter.refund(op.key, op.n)
+            model.refund(op.key, op.n, now)
+            story.add(str(op))
+        elif op.kind == "reset":
+            limiter.reset(op.key)
+            model.reset(op.key)
+            story.add(str(op))
+        elif op.kind == "advance":
+            clock.advance(op.n)
+            story.add(str(op))
+        elif op.kind == "back":
+            clock.set(now - op.n)
+            story.add(str(op))
+        elif op.kind == "sweep":
+            story.add(f"{op} -> {limiter.sweep()}")
+            again = limiter.sweep()
+            assert again == 0, story.fail(
+                "a second sweep at the same instant has nothing left to forget",
+                f"sweep() returned {again}",
+            )
+        if op.kind in ("tracked", "sweep", "refund", "reset"):
+            got_n, want_n = limiter.tracked_keys(), model.tracked(clock.now_ns())
+            assert got_n == want_n, story.fail(
+                "tracked_keys() counts the keys whose state differs from fresh",
+                f"expected {want_n}, got {got_n}",
+            )
+
+
+def admit_all(limiter: RateLimiter, clock: ManualClock, ops: Iterable[Op]) -> None:
+    """Apply ``ops`` to a limiter without checking anything (a history to build on)."""
+    for op in ops:
+        if op.kind == "acquire":
+            limiter.try_acquire(op.key, op.n)
+        elif op.kind == "peek":
+            limiter.peek(op.key, op.n)
+        elif op.kind == "refund":
+            limiter.refund(op.key, op.n)
+        elif op.kind == "reset":
+            limiter.reset(op.key)
+        elif op.kind == "advance":
+            clock.advance(op.n)
+        elif op.kind == "back":
+            clock.set(clock.now_ns() - op.n)
+        elif op.kind == "sweep":
+            limiter.sweep()
+        else:
+            limiter.tracked_keys()
+
+
+def state_of(limiter: RateLimiter, key: str, limit: int) -> Decision:
+    """The key's current remaining/reset, read without changing anything.
+
+    A cost above the limit can never fit, so this peek is denied whatever the state.
+    """
+    return limiter.peek(key, limit + 1)
+
+
+def D(allowed: bool, limit: int, remaining: int, retry: int | None, reset: int) -> Decision:
+    return Decision(allowed, limit, remaining, retry, reset)
+
+
+S_ = NS_PER_S  # seconds, for readable examples
+
+
+def expect(got: object, want: object, what: str) -> None:
+    __tracebackhide__ = True  # the assertion message tells the story
+    assert got == want, (
+        f"stage 1: {what}\n  expected {want}\n  got      {got}\n  ({diff_fields(want, got)})"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Examples that read like the prompt — core: token bucket
+# --------------------------------------------------------------------------------------
+
+
+@core
+def test_stage1_token_bucket_example_from_the_prompt(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    bucket = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
+    expect(bucket.try_acquire("alice"), D(True, 3, 2, 0, 1 * S_), "a new key starts full")
+    expect(bucket.try_acquire("alice"), D(True, 3, 1, 0, 2 * S_), "second unit of a burst")
+    expect(bucket.try_acquire("alice"), D(True, 3, 0, 0, 3 * S_), "third unit empties it")
+    expect(
+        bucket.try_acquire("alice"),
+        D(False, 3, 0, 1 * S_, 3 * S_),
+        "an empty bucket denies; one unit refills in exactly 1 s",
+    )
+    expect(bucket.try_acquire("bob"), D(True, 3, 2, 0, 1 * S_), "bob has his own bucket")
+    clock.advance(S_ - 1)
+    expect(
+        bucket.peek("alice"),
+        D(False, 3, 0, 1, 2 * S_ + 1),
+        "1 ns before retry_after the request is still denied (retry_after is exact)",
+    )
+    clock.advance(1)
+    expect(bucket.try_acquire("alice"), D(True, 3, 0, 0, 3 * S_), "admitted at retry_after")
+    expect(bucket.tracked_keys(), 1, "bob's unit is back after 1 s: only alice is tracked")
+    clock.advance(3 * S_)
+    expect(bucket.tracked_keys(), 0, "after reset_after_ns every bucket is full again")
+    expect(bucket.try_acquire("alice", 3), D(True, 3, 0, 0, 3 * S_), "a full burst fits again")
+
+
+@core
+def test_stage1_token_bucket_refill_is_capped_at_capacity(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    bucket = stage_module.TokenBucket(capacity=2, refill_per_s=1, clock=clock)
+    expect(bucket.try_acquire("alice", 2), D(True, 2, 0, 0, 2 * S_), "burst of 2")
+    clock.advance(3600 * S_)  # an hour idle refills 3600 units — but the bucket holds 2
+    expect(bucket.try_acquire("alice"), D(True, 2, 1, 0, 1 * S_), "idle bucket is full, no more")
+    expect(bucket.try_acquire("alice"), D(True, 2, 0, 0, 2 * S_), "second unit of capacity")
+    expect(
+        bucket.try_acquire("alice"),
+        D(False, 2, 0, 1 * S_, 2 * S_),
+        "refill stops at capacity: an idle hour does not bank 3600 units",
+    )
+
+
+@core
+def test_stage1_token_bucket_fractional_rate_is_exact(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    slow = stage_module.TokenBucket(capacity=1, refill_per_s=Fraction(1, 3), clock=clock)
+    expect(slow.try_acquire("alice"), D(True, 1, 0, 0, 3 * S_), "1/3 unit per second")
+    expect(slow.try_acquire("alice"), D(False, 1, 0, 3 * S_, 3 * S_), "one unit takes 3 s")
+
+    fast = stage_module.TokenBucket(capacity=1, refill_per_s=3, clock=clock)
+    third = 333_333_334  # ceil(10⁹ / 3): the first whole ns at which a unit is back
+    expect(fast.try_acquire("alice"), D(True, 1, 0, 0, third), "3 units/s")
+    expect(fast.try_acquire("alice"), D(False, 1, 0, third, third), "retry_after is a ceiling")
+    clock.advance(third - 1)
+    expect(fast.peek("alice"), D(False, 1, 0, 1, 1), "at 333 333 333 ns 0.999999999 units")
+    clock.advance(1)
+    expect(fast.try_acquire("alice"), D(True, 1, 0, 0, third), "admitted at exactly retry_after")
+
+    odd = stage_module.TokenBucket(capacity=2, refill_per_s=Fraction(2, 3), clock=clock)
+    expect(odd.try_acquire("bob", 2), D(True, 2, 0, 0, 3 * S_), "2 units at 2/3 per s: 3 s")
+    expect(odd.try_acquire("bob"), D(False, 2, 0, 1_500_000_000, 3 * S_), "1 unit: 1.5 s")
+
+
+@core
+def test_stage1_token_bucket_cost_above_capacity_never_fits(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    bucket = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
+    impossible = D(False, 3, 3, None, 0)
+    expect(bucket.try_acquire("alice", 4), impossible, "cost 4 > capacity 3: denied forever")
+    expect(bucket.tracked_keys(), 0, "an impossible request changes nothing")
+    expect(bucket.try_acquire("alice"), D(True, 3, 2, 0, 1 * S_), "the bucket is still full")
+    clock.advance(365 * 24 * 3600 * S_)
+    expect(
+        bucket.try_acquire("alice", 4),
+        impossible,
+        "no amount of waiting makes 4 units fit in a bucket of 3: retry_after_ns is None",
+    )
+    expect(bucket.try_acquire("alice", 3), D(True, 3, 0, 0, 3 * S_), "cost == capacity fits")
+
+
+@core
+def test_stage1_token_bucket_denial_consumes_nothing(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    bucket = stage_module.TokenBucket(capacity=5, refill_per_s=1, clock=clock)
+    expect(bucket.try_acquire("alice", 4), D(True, 5, 1, 0, 4 * S_), "4 of 5 units")
+    denied = D(False, 5, 1, 2 * S_, 4 * S_)
+    expect(bucket.try_acquire("alice", 3), denied, "3 units do not fit in 1")
+    expect(bucket.try_acquire("alice", 3), denied, "a denial consumed nothing: same answer")
+    expect(bucket.try_acquire("alice", 1), D(True, 5, 0, 0, 5 * S_), "the last unit is there")
+
+
+@core
+def test_stage1_token_bucket_clock_step_back_example(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    bucket = stage_module.TokenBucket(capacity=2, refill_per_s=1, clock=clock)
+    expect(bucket.try_acquire("alice"), D(True, 2, 1, 0, 1 * S_), "one of two units")
+    clock.set(START_NS - 10 * S_)  # an NTP step: the clock jumps 10 s back
+    expect(
+        bucket.peek("alice"),
+        D(True, 2, 0, 0, 12 * S_),
+        "a clock step back burns nothing: the unit left is still there (the key waits "
+        "10 s for the clock to catch up, then 2 s to refill)",
+    )
+    expect(bucket.try_acquire("alice"), D(True, 2, 0, 0, 12 * S_), "the last unit")
+    expect(bucket.try_acquire("alice"), D(False, 2, 0, 11 * S_, 12 * S_), "and then empty")
+    clock.set(START_NS)
+    expect(
+        bucket.try_acquire("alice"),
+        D(False, 2, 0, 1 * S_, 2 * S_),
+        "a clock step back mints nothing: replaying the same 10 s refills nothing twice",
+    )
+    clock.advance(S_)
+    expect(bucket.try_acquire("alice"), D(True, 2, 0, 0, 2 * S_), "refill resumes from START")
+
+
+# --------------------------------------------------------------------------------------
+# Examples — core: sliding log
+# --------------------------------------------------------------------------------------
+
+
+@core
+def test_stage1_sliding_log_example_from_the_prompt(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    log = stage_module.SlidingLog(limit=3, window_ns=10 * S_, clock=clock)
+    expect(log.try_acquire("alice"), D(True, 3, 2, 0, 10 * S_), "t=0: 1 of 3")
+    clock.advance(2 * S_)
+    expect(log.try_acquire("alice", 2), D(True, 3, 0, 0, 10 * S_), "t=2 s: 3 of 3")
+    clock.advance(1 * S_)
+    expect(
+        log.try_acquire("alice"),
+        D(False, 3, 0, 7 * S_, 9 * S_),
+        "t=3 s: full; the oldest unit (t=0) leaves the window at t=10 s",
+    )
+    expect(
+        log.try_acquire("alice", 2),
+        D(False, 3, 0, 9 * S_, 9 * S_),
+        "2 units need both the t=0 and the t=2 s entries gone: t=12 s",
+    )
+    clock.set(START_NS + 10 * S_ - 1)
+    expect(log.peek("alice"), D(False, 3, 0, 1, 2 * S_ + 1), "t=10 s - 1 ns: t=0 still counts")
+    clock.advance(1)
+    expect(
+        log.try_acquire("alice"),
+        D(True, 3, 0, 0, 10 * S_),
+        "t=10 s: the window (now - 10 s, now] is half-open, so the unit of t=0 is out",
+    )
+
+
+@core
+def test_stage1_sliding_log_window_is_half_open(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    log = stage_module.SlidingLog(limit=1, window_ns=100, clock=clock)
+    expect(log.try_acquire("alice"), D(True, 1, 0, 0, 100), "t=0: the only unit")
+    clock.advance(99)
+    expect(log.try_acquire("alice"), D(False, 1, 0, 1, 1), "t=99: t=0 is in (t-100, t]")
+    clock.advance(1)
+    expect(log.try_acquire("alice"), D(True, 1, 0, 0, 100), "t=100: t=0 is not in (0, 100]")
+
+
+@core
+def test_stage1_sliding_log_denied_requests_are_not_logged(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    log = stage_module.SlidingLog(limit=2, window_ns=10 * S_, clock=clock)
+    expect(log.try_acquire("alice", 2), D(True, 2, 0, 0, 10 * S_), "t=0: 2 of 2")
+    for second in range(1, 10):
+        clock.advance(S_)
+        expect(
+            log.try_acquire("alice"),
+            D(False, 2, 0, (10 - second) * S_, (10 - second) * S_),
+            f"t={second} s: denied, and a denial must not be logged",
+        )
+    clock.advance(S_)
+    expect(
+        log.try_acquire("alice", 2),
+        D(True, 2, 0, 0, 10 * S_),
+        "t=10 s: the window holds nothing — nine denials consumed nothing",
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Examples — extended
+# --------------------------------------------------------------------------------------
+
+
+@extended
+def test_stage1_gcra_example_matches_the_token_bucket(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    gcra = stage_module.GCRA(rate_per_s=1, burst=3, clock=clock)
+    expect(gcra.try_acquire("alice", 2), D(True, 3, 1, 0, 2 * S_), "burst of 2 of 3")
+    expect(gcra.try_acquire("alice", 2), D(False, 3, 1, 1 * S_, 2 * S_), "2 more need 1 s")
+    expect(gcra.try_acquire("alice", 4), D(False, 3, 1, None, 2 * S_), "4 > burst: never")
+    clock.advance(S_)
+    expect(gcra.try_acquire("alice", 2), D(True, 3, 0, 0, 3 * S_), "exactly 1 s later")
+
+
+@extended
+def test_stage1_fixed_window_epoch_vs_first_hit_alignment(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS + 3 * S_)  # 3 s into the epoch window [START, START+10 s)
+    epoch = stage_module.FixedWindow(limit=2, window_ns=10 * S_, clock=clock)
+    first = stage_module.FixedWindow(limit=2, window_ns=10 * S_, clock=clock, align="first_hit")
+    expect(epoch.try_acquire("alice", 2), D(True, 2, 0, 0, 7 * S_), "epoch window ends at 10 s")
+    expect(first.try_acquire("alice", 2), D(True, 2, 0, 0, 10 * S_), "first hit opens a window")
+    expect(epoch.try_acquire("alice"), D(False, 2, 0, 7 * S_, 7 * S_), "epoch: wait for 10 s")
+    expect(first.try_acquire("alice"), D(False, 2, 0, 10 * S_, 10 * S_), "first_hit: for 13 s")
+    clock.advance(7 * S_)
+    expect(epoch.try_acquire("alice"), D(True, 2, 1, 0, 10 * S_), "epoch: a new window at 10 s")
+    expect(first.try_acquire("alice"), D(False, 2, 0, 3 * S_, 3 * S_), "first_hit: not yet")
+    clock.advance(3 * S_)
+    expect(first.try_acquire("alice"), D(True, 2, 1, 0, 10 * S_), "first_hit: new window")
+
+
+@extended
+def test_stage1_fixed_window_allows_twice_the_limit_across_a_boundary(
+    stage_module: ModuleType,
+) -> None:
+    clock = ManualClock(START_NS + 10 * S_ - 1)  # 1 ns before an epoch boundary
+    window = stage_module.FixedWindow(limit=5, window_ns=10 * S_, clock=clock)
+    expect(window.try_acquire("alice", 5), D(True, 5, 0, 0, 1), "5 units at the window's end")
+    clock.advance(1)
+    expect(
+        window.try_acquire("alice", 5),
+        D(True, 5, 0, 0, 10 * S_),
+        "5 more 1 ns later, in the next window: a fixed window admits 2x its limit in a "
+        "short burst across a boundary (by design; a sliding log would not)",
+    )
+
+
+@extended
+def test_stage1_fixed_window_denial_consumes_nothing(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    window = stage_module.FixedWindow(limit=3, window_ns=10 * S_, clock=clock)
+    expect(window.try_acquire("alice", 2), D(True, 3, 1, 0, 10 * S_), "2 of 3")
+    expect(window.try_acquire("alice", 2), D(False, 3, 1, 10 * S_, 10 * S_), "2 > 1: denied")
+    expect(
+        window.try_acquire("alice", 1),
+        D(True, 3, 0, 0, 10 * S_),
+        "the denied request consumed nothing (counting it first, then checking, is the bug)",
+    )
+
+
+@extended
+def test_stage1_fixed_window_refund_after_the_window_rolled_is_dropped(
+    stage_module: ModuleType,
+) -> None:
+    clock = ManualClock(START_NS)
+    window = stage_module.FixedWindow(limit=5, window_ns=10 * S_, clock=clock)
+    expect(window.try_acquire("alice", 4), D(True, 5, 1, 0, 10 * S_), "4 of 5")
+    window.refund("alice", 2)
+    expect(state_of(window, "alice", 5), D(False, 5, 3, None, 10 * S_), "2 units came back")
+    clock.advance(10 * S_)
+    window.refund("alice", 2)  # those units were counted in a window that has ended
+    expect(
+        state_of(window, "alice", 5),
+        D(False, 5, 5, None, 0),
+        "a refund for a window that rolled is dropped: never more than the limit",
+    )
+    expect(window.try_acquire("alice", 5), D(True, 5, 0, 0, 10 * S_), "the new window: 5")
+
+
+@extended
+def test_stage1_sliding_window_counter_weights_the_previous_window(
+    stage_module: ModuleType,
+) -> None:
+    clock = ManualClock(START_NS + 5 * S_)  # START is a multiple of the 10 s window
+    counter = stage_module.SlidingWindowCounter(limit=10, window_ns=10 * S_, clock=clock)
+    expect(counter.try_acquire("alice", 8), D(True, 10, 2, 0, 15 * S_), "8 in this window")
+    clock.set(START_NS + 12_500_000_000)  # 2.5 s into the next window
+    expect(
+        counter.peek("alice", 5),
+        D(False, 10, 4, 1_250_000_000, 7_500_000_000),
+        "prev 8 weighted by (10 - 2.5)/10 counts 6: 4 remain; 5 fit once 8·(W-e)/W <= 5, "
+        "at e = 3.75 s",
+    )
+    expect(counter.try_acquire("alice", 4), D(True, 10, 0, 0, 17_500_000_000), "6 + 4 = 10")
+    clock.advance(500_000_000)  # e = 3 s: 8·0.7 + 4 = 9.6 counted
+    expect(
+        counter.try_acquire("alice"),
+        D(False, 10, 0, 750_000_000, 17 * S_),
+        "9.6 counted: remaining floors to 0; 1 unit fits at e = 3.75 s",
+    )
+
+
+@extended
+def test_stage1_multi_limiter_denial_consumes_from_no_limit(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    requests = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
+    tokens = stage_module.SlidingLog(limit=1000, window_ns=60 * S_, clock=clock)
+    multi = stage_module.MultiLimiter({"requests": requests, "tokens": tokens})
+    first = multi.try_acquire("alice", {"requests": 1, "tokens": 700})
+    expect(
+        first,
+        MultiDecision(
+            True,
+            0,
+            {"requests": D(True, 3, 2, 0, S_), "tokens": D(True, 1000, 300, 0, 60 * S_)},
+        ),
+        "1 request and 700 tokens fit",
+    )
+    second = multi.try_acquire("alice", {"requests": 1, "tokens": 400})
+    expect(
+        second,
+        MultiDecision(
+            False,
+            60 * S_,
+            {"requests": D(True, 3, 1, 0, 2 * S_), "tokens": D(False, 1000, 300, 60 * S_, 60 * S_)},
+        ),
+        "400 tokens do not fit in 300: denied, and each limit says what it alone would do",
+    )
+    expect(
+        state_of(requests, "alice", 3),
+        D(False, 3, 2, None, S_),
+        "the tokens limit denied, so the requests limit must not have been charged either",
+    )
+    multi.refund("alice", {"tokens": 500})  # the call used 200 of its 700 estimated tokens
+    expect(state_of(tokens, "alice", 1000), D(False, 1000, 800, None, 60 * S_), "500 back")
+    multi.refund("alice", {"tokens": 5000})
+    expect(state_of(tokens, "alice", 1000), D(False, 1000, 1000, None, 0), "capped at 1000")
+
+
+@extended
+def test_stage1_multi_limiter_retry_after_is_the_longest_wait(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    requests = stage_module.TokenBucket(capacity=1, refill_per_s=Fraction(1, 2), clock=clock)
+    tokens = stage_module.FixedWindow(limit=10, window_ns=10 * S_, clock=clock)
+    multi = stage_module.MultiLimiter({"requests": requests, "tokens": tokens})
+    assert multi.try_acquire("alice", {"requests": 1, "tokens": 10}).allowed
+    wait = multi.peek("alice", {"requests": 1, "tokens": 1})
+    expect(wait.retry_after_ns, 10 * S_, "requests is back in 2 s, tokens in 10 s: 10 s")
+    expect(
+        multi.peek("alice", {"requests": 1, "tokens": 11}).retry_after_ns,
+        None,
+        "11 tokens never fit in a window of 10",
+    )
+    clock.advance(10 * S_ - 1)
+    expect(multi.try_acquire("alice", {"requests": 1, "tokens": 1}).allowed, False, "1 ns early")
+    clock.advance(1)
+    expect(multi.try_acquire("alice", {"requests": 1, "tokens": 1}).allowed, True, "on time")
+    expect(
+        multi.try_acquire("alice", {"tokens": 1}).decisions,
+        {"tokens": D(True, 10, 8, 0, 10 * S_)},
+        "a limit a request does not name is not charged, and not in the decision",
+    )
+
+
+@extended
+def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    requests = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
+    multi = stage_module.MultiLimiter({"requests": requests})
+    bad: list[dict[str, Any]] = [
+        {"tokens": 1},
+        {"requests": -1},
+        {"requests": True},
+        {"requests": 1.0},
+        {},
+        {"requests": 0},
+    ]
+    for costs in bad:
+        with pytest.raises((ValueError, TypeError), match="costs"):
+            multi.try_acquire("alice", costs)
+        with pytest.raises((ValueError, TypeError), match="costs"):
+            multi.peek("alice", costs)
+    expect(requests.tracked_keys(), 0, "rejected requests change nothing")
+    with pytest.raises(ValueError, match="limits"):
+        stage_module.MultiLimiter({})
+
+
+# --------------------------------------------------------------------------------------
+# The Retry-After header
+# --------------------------------------------------------------------------------------
+
+
+@extended
+def test_stage1_retry_after_header_rounds_up_to_whole_seconds(stage_module: ModuleType) -> None:
+    header = stage_module.retry_after_header
+    cases = [
+        (D(False, 1, 0, 1, 1), "1"),
+        (D(False, 1, 0, S_, S_), "1"),
+        (D(False, 1, 0, S_ + 1, S_ + 1), "2"),
+        (D(False, 1, 0, 59_500_000_000, 60 * S_), "60"),
+        (D(False, 1, 0, None, 0), None),
+        (D(True, 1, 0, 0, S_), None),
+        (MultiDecision(False, 2_500_000_000, {}), "3"),
+    ]
+    for decision, want in cases:
+        expect(
+            header(decision),
+            want,
+            f"retry_after_header({decision}): whole seconds rounded UP (RFC 9110) — a "
+            "floored value sends an obedient client back too early, into another 429; "
+            "None when allowed or when the request can never fit",
+        )
+
+
+@needs("header")
+@extended
+@given(wait_ns=st.integers(1, 10**13))
+def test_stage1_retry_after_header_is_the_ceiling_of_the_wait(
+    stage_module: ModuleType, wait_ns: int
+) -> None:
+    got = stage_module.retry_after_header(D(False, 1, 0, wait_ns, wait_ns))
+    assert isinstance(got, str) and got.isdigit(), f"stage 1: header must be digits, got {got!r}"
+    seconds = int(got)
+    assert seconds * NS_PER_S >= wait_ns > (seconds - 1) * NS_PER_S, (
+        f"stage 1: Retry-After for a wait of {wait_ns} ns must be the least whole number of "
+        f"seconds that is not shorter, got {got!r}"
+    )
+
+
+# --------------------------------------------------------------------------------------
+# Validation
+# --------------------------------------------------------------------------------------
+
+GOOD_CONFIG: dict[str, dict[str, Any]] = {
+    "TokenBucket": {"capacity": 3, "refill_per_s": 1},
+    "SlidingLog": {"limit": 3, "window_ns": S_},
+    "GCRA": {"rate_per_s": 1, "burst": 3},
+    "FixedWindow": {"limit": 3, "window_ns": S_},
+    "SlidingWindowCounter": {"limit": 3, "window_ns": S_},
+}
+BAD_CONFIG: list[tuple[str, str, object]] = [
+    ("TokenBucket", "capacity", 0),
+    ("TokenBucket", "capacity", -2),
+    ("TokenBucket", "capacity", 2.5),
+    ("TokenBucket", "capacity", True),
+    ("TokenBucket", "refill_per_s", 0),
+    ("TokenBucket", "refill_per_s", -1),
+    ("TokenBucket", "refill_per_s", Fraction(-1, 3)),
+    ("TokenBucket", "refill_per_s", 0.5),
+    ("SlidingLog", "limit", 0),
+    ("SlidingLog", "limit", True),
+    ("SlidingLog", "window_ns", 0),
+    ("SlidingLog", "window_ns", -5),
+    ("SlidingLog", "window_ns", 1.5),
+    ("GCRA", "burst", 0),
+    ("GCRA", "rate_per_s", 0),
+    ("GCRA", "rate_per_s", 2.0),
+    ("FixedWindow", "limit", 0),
+    ("FixedWindow", "window_ns", 0),
+    ("FixedWindow", "align", "sliding"),
+    ("SlidingWindowCounter", "limit", -1),
+    ("SlidingWindowCounter", "window_ns", 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("cls", "param", "value"),
+    [
+        pytest.param(
+            c,
+            p,
+            v,
+            marks=core if c in ("TokenBucket", "SlidingLog") else extended,
+            id=f"{c}-{p}={v!r}",
+        )
+        for c, p, v in BAD_CONFIG
+    ],
+)
+def test_stage1_bad_configuration_names_the_parameter(
+    stage_module: ModuleType, cls: str, param: str, value: object
+) -> None:
+    kwargs = {**GOOD_CONFIG[cls], param: value, "clock": ManualClock(START_NS)}
+    with pytest.raises((ValueError, TypeError), match=param):
+        getattr(stage_module, cls)(**kwargs)
+
+
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_bad_cost_is_rejected_and_changes_nothing(
+    stage_module: ModuleType, algo: Algo
+) -> None:
+    clock = ManualClock(START_NS)
+    limiter = Setup(algo, limit=3).build(stage_module, clock)
+    limiter.try_acquire("alice", 2)
+    before = state_of(limiter, "alice", 3)
+    for bad in (0, -1, True, False, 1.0, Fraction(1), "1", None):
+        for name in ("try_acquire", "peek", "refund"):
+            with pytest.raises((ValueError, TypeError), match="cost"):
+                getattr(limiter, name)("alice", bad)
+    expect(state_of(limiter, "alice", 3), before, "a rejected cost must change nothing")
+    expect(limiter.tracked_keys(), 1, "only alice is tracked")
+
+
+# --------------------------------------------------------------------------------------
+# Differential: whole Decisions equal an exact model, step by step
+# --------------------------------------------------------------------------------------
+
+
+def check_against_model(
+    stage: ModuleType, data: st.DataObject, algo: Algo, *, steps_back: bool
+) -> None:
+    __tracebackhide__ = True  # the assertion message tells the story
+    setup = data.draw(setups(algo), label="setup")
+    # With a clock that steps back the limiter must keep its keys (see operations()).
+    auto_sweep = False if steps_back else data.draw(st.booleans(), label="auto_sweep")
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage, clock, auto_sweep=auto_sweep)
+    ops = data.draw(operations(setup, steps_back=steps_back), label="ops")
+    run_against_model(limiter, setup.model(), clock, ops, f"{setup} with auto_sweep={auto_sweep}:")
+
+
+@needs("token_bucket")
+@core
+@given(data=st.data())
+def test_stage1_token_bucket_matches_exact_model(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    check_against_model(stage_module, data, "token_bucket", steps_back=False)
+
+
+@needs("token_bucket")
+@core
+@given(data=st.data())
+def test_stage1_token_bucket_matches_model_across_clock_steps(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    check_against_model(stage_module, data, "token_bucket", steps_back=True)
+
+
+@needs("sliding_log")
+@core
+@given(data=st.data())
+def test_stage1_sliding_log_matches_exact_model(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    check_against_model(stage_module, data, "sliding_log", steps_back=False)
+
+
+@needs("sliding_log")
+@core
+@given(data=st.data())
+def test_stage1_sliding_log_matches_model_across_clock_steps(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    check_against_model(stage_module, data, "sliding_log", steps_back=True)
+
+
+@needs("gcra")
+@extended
+@given(data=st.data(), steps_back=st.booleans())
+def test_stage1_gcra_decides_exactly_like_a_token_bucket(
+    stage_module: ModuleType, data: st.DataObject, steps_back: bool
+) -> None:
+    # The model is the token bucket's: GCRA(rate_per_s=r, burst=b) must return the very
+    # Decisions of TokenBucket(capacity=b, refill_per_s=r), every field, every call.
+    check_against_model(stage_module, data, "gcra", steps_back=steps_back)
+
+
+@needs("fixed_window")
+@extended
+@given(data=st.data(), steps_back=st.booleans())
+def test_stage1_fixed_window_matches_exact_model(
+    stage_module: ModuleType, data: st.DataObject, steps_back: bool
+) -> None:
+    check_against_model(stage_module, data, "fixed_window", steps_back=steps_back)
+
+
+@needs("sliding_window_counter")
+@extended
+@given(data=st.data(), steps_back=st.booleans())
+def test_stage1_sliding_window_counter_matches_exact_model(
+    stage_module: ModuleType, data: st.DataObject, steps_back: bool
+) -> None:
+    check_against_model(stage_module, data, "sliding_window_counter", steps_back=steps_back)
+
+
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_auto_sweep_forgets_only_fresh_keys(stage_module: ModuleType, algo: Algo) -> None:
+    # Hundreds of keys, so that a limiter sweeping by itself does so several times;
+    # every decision must still be the model's (which never forgets anything).
+    rng = random.Random(20240601)
+    setup = Setup(algo, limit=3, rate=Fraction(5, 2), window_ns=S_)
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage_module, clock, auto_sweep=True)
+    keys = [f"user-{i}" for i in range(300)]
+    ops: list[Op] = []
+    for i in range(1_200):
+        active = keys[max(0, i // 4 - 20) : i // 4 + 1]  # a moving crowd of users
+        roll = rng.random()
+        if roll < 0.6:
+            ops.append(Op("acquire", rng.choice(active), rng.randint(1, 3)))
+        elif roll < 0.7:
+            ops.append(Op("peek", rng.choice(keys), rng.randint(1, 3)))
+        else:
+            ops.append(Op("advance", n=rng.randint(0, setup.scale_ns // 4)))
+    ops.append(Op("tracked"))
+    run_against_model(limiter, setup.model(), clock, ops, f"{setup} (auto_sweep=True), 300 keys:")
+
+
+# --------------------------------------------------------------------------------------
+# Envelopes: how much any admitted traffic can add up to
+# --------------------------------------------------------------------------------------
+
+
+def admitted_schedule(
+    limiter: RateLimiter, clock: ManualClock, data: st.DataObject, setup: Setup
+) -> list[tuple[int, int]]:
+    """Greedy random traffic on one key; the (time, cost) of every admitted request."""
+    attempts = data.draw(
+        st.lists(
+            st.tuples(durations(setup), st.integers(1, setup.limit)), min_size=10, max_size=60
+        ),
+        label="attempts (wait, cost)",
+    )
+    admitted = []
+    for wait, cost in attempts:
+        clock.advance(wait)
+        if limiter.try_acquire("alice", cost).allowed:
+            admitted.append((clock.now_ns(), cost))
+    return admitted
+
+
+def check_bucket_envelope(stage: ModuleType, data: st.DataObject, algo: Algo) -> None:
+    __tracebackhide__ = True  # the assertion message tells the story
+    setup = data.draw(setups(algo), label="setup")
+    clock = ManualClock(START_NS)
+    admitted = admitted_schedule(setup.build(stage, clock), clock, data, setup)
+    for i, (start, _) in enumerate(admitted):
+        total = 0
+        for end, cost in admitted[i:]:
+            total += cost
+            bound = setup.limit + setup.rate * Fraction(end - start, NS_PER_S)
+            assert total <= bound, (
+                f"stage 1: {setup} admitted {total} units in [{start - START_NS}, "
+                f"{end - START_NS}] ns, more than capacity + rate·d = {float(bound):.3f}\n"
+                f"  admitted (t, cost): {[(t - START_NS, c) for t, c in admitted]}"
+            )
+
+
+@needs("token_bucket")
+@core
+@given(data=st.data())
+def test_stage1_token_bucket_admits_at_most_capacity_plus_rate_times_d(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    check_bucket_envelope(stage_module, data, "token_bucket")
+
+
+@needs("gcra")
+@extended
+@given(data=st.data())
+def test_stage1_gcra_admits_at_most_burst_plus_rate_times_d(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    check_bucket_envelope(stage_module, data, "gcra")
+
+
+@needs("sliding_log")
+@core
+@given(data=st.data())
+def test_stage1_sliding_log_admits_at_most_limit_in_every_window(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    setup = data.draw(setups("sliding_log"), label="setup")
+    clock = ManualClock(START_NS)
+    admitted = admitted_schedule(setup.build(stage_module, clock), clock, data, setup)
+    for end, _ in admitted:
+        inside = [(t, c) for t, c in admitted if end - setup.window_ns < t <= end]
+        assert sum(c for _, c in inside) <= setup.limit, (
+            f"stage 1: {setup} admitted {sum(c for _, c in inside)} units in the window "
+            f"({end - setup.window_ns - START_NS}, {end - START_NS}] ns: "
+            f"{[(t - START_NS, c) for t, c in inside]}"
+        )
+
+
+@needs("fixed_window")
+@extended
+@given(data=st.data())
+def test_stage1_fixed_window_admits_at_most_limit_per_window(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    setup = data.draw(setups("fixed_window"), label="setup")
+    clock = ManualClock(START_NS)
+    admitted = admitted_schedule(setup.build(stage_module, clock), clock, data, setup)
+    per_window: dict[int, int] = {}
+    opened: int | None = None
+    for t, cost in admitted:
+        if setup.align == "epoch":
+            start = t // setup.window_ns * setup.window_ns
+        else:  # a window opens at the first admission after the previous one ended
+            if opened is None or t >= opened + setup.window_ns:
+                opened = t
+            start = opened
+        per_window[start] = per_window.get(start, 0) + cost
+        assert per_window[start] <= setup.limit, (
+            f"stage 1: {setup} admitted {per_window[start]} units in the window starting "
+            f"at {start - START_NS} ns (2x the limit across a boundary is by design, "
+            f"within one window it is a bug): {[(a - START_NS, c) for a, c in admitted]}"
+        )
+
+
+@needs("sliding_window_counter")
+@extended
+@given(data=st.data())
+def test_stage1_sliding_window_counter_estimate_never_exceeds_limit(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    setup = data.draw(setups("sliding_window_counter"), label="setup")
+    clock = ManualClock(START_NS)
+    admitted = admitted_schedule(setup.build(stage_module, clock), clock, data, setup)
+    w = setup.window_ns
+    for t, _ in admitted:
+        index, into = divmod(t, w)
+        prev = sum(c for a, c in admitted if a // w == index - 1)
+        curr = sum(c for a, c in admitted if a // w == index and a <= t)
+        estimate = Fraction(prev * (w - into), w) + curr
+        assert estimate <= setup.limit, (
+            f"stage 1: {setup} admitted a request at {t - START_NS} ns that brought the "
+            f"estimate prev·(W - e)/W + curr to {estimate} > limit: "
+            f"{[(a - START_NS, c) for a, c in admitted]}"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# Properties every algorithm shares
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algo", by_algo())
+@given(data=st.data())
+def test_stage1_retry_after_is_exact(
+    stage_module: ModuleType, algo: Algo, data: st.DataObject
+) -> None:
+    setup = data.draw(setups(algo), label="setup")
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage_module, clock)
+    admit_all(limiter, clock, data.draw(operations(setup), label="history"))
+    key = data.draw(st.sampled_from(KEYS), label="key")
+    cost = data.draw(st.integers(1, setup.limit), label="cost")
+    for _ in range(setup.limit + 1):  # drain at a frozen instant until denied
+        denied = limiter.try_acquire(key, cost)
+        if not denied.allowed:
+            break
+        assert denied.retry_after_ns == 0, f"stage 1: an admitted request has retry 0: {denied}"
+    assert not denied.allowed, f"stage 1: {setup} admitted {setup.limit + 1} x {cost} at once"
+    wait = denied.retry_after_ns
+    assert wait is not None and wait > 0, f"stage 1: a cost <= limit always fits later: {denied}"
+    clock.advance(wait - 1)
+    early = limiter.peek(key, cost)
+    assert not early.allowed and early.retry_after_ns == 1, (
+        f"stage 1: {setup}: try_acquire({key!r}, {cost}) was denied with retry_after_ns="
+        f"{wait}; 1 ns before that it must still be denied with 1 ns to go, got {early}"
+    )
+    clock.advance(1)
+    on_time = limiter.try_acquire(key, cost)
+    assert on_time.allowed, (
+        f"stage 1: {setup}: denied with retry_after_ns={wait}, the same request must be "
+        f"admitted exactly then (no other traffic), got {on_time}"
+    )
+
+
+def twins(
+    stage: ModuleType, setup: Setup
+) -> tuple[RateLimiter, ManualClock, RateLimiter, ManualClock]:
+    ca, cb = ManualClock(START_NS), ManualClock(START_NS)
+    return setup.build(stage, ca), ca, setup.build(stage, cb), cb
+
+
+def same_future(
+    a: RateLimiter, ca: ManualClock, b: RateLimiter, cb: ManualClock, ops: list[Op], why: str
+) -> None:
+    """Replay ``ops`` on both twins: every decision and tracked_keys() must agree."""
+    __tracebackhide__ = True  # the assertion message tells the story
+    story = Story(f"the same operations on both twins ({why}):", ca)
+    for op in ops:
+        if op.kind in ("acquire", "peek"):
+            da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
+            db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
+            story.add(f"{op} -> {da}")
+            assert da == db, story.fail(why, f"the other twin decided {db}")
+        else:
+            admit_all(a, ca, [op])
+            admit_all(b, cb, [op])
+            story.add(str(op))
+    for key in KEYS:
+        expect(state_of(a, key, 10**6), state_of(b, key, 10**6), f"{why}: state of {key}")
+    expect(a.tracked_keys(), b.tracked_keys(), f"{why}: tracked_keys()")
+
+
+@pytest.mark.parametrize("algo", by_algo())
+@given(data=st.data())
+def test_stage1_impossible_cost_is_denied_forever_and_changes_nothing(
+    stage_module: ModuleType, algo: Algo, data: st.DataObject
+) -> None:
+    setup = data.draw(setups(algo), label="setup")
+    a, ca, b, cb = twins(stage_module, setup)
+    history = data.draw(operations(setup), label="history")
+    admit_all(a, ca, history)
+    admit_all(b, cb, history)
+    key = data.draw(st.sampled_from(KEYS), label="key")
+    cost = setup.limit + data.draw(st.integers(1, 100), label="cost above limit")
+    for call in (a.try_acquire, a.peek):
+        got = call(key, cost)
+        want = state_of(b, key, setup.limit)
+        assert got == want and not got.allowed and got.retry_after_ns is None, (
+            f"stage 1: {setup}: cost {cost} > limit {setup.limit} can never fit: denied, "
+            f"retry_after_ns None, remaining/reset as they stand ({want}), got {got}"
+        )
+    ca.advance(100 * setup.recovery_ns)
+    cb.advance(100 * setup.recovery_ns)
+    expect(a.try_acquire(key, cost).retry_after_ns, None, "still impossible after any wait")
+    same_future(a, ca, b, cb, data.draw(operations(setup), label="then"), "impossible cost")
+
+
+@pytest.mark.parametrize("algo", by_algo())
+@given(data=st.data())
+def test_stage1_denials_and_peeks_change_nothing(
+    stage_module: ModuleType, algo: Algo, data: st.DataObject
+) -> None:
+    setup = data.draw(setups(algo), label="setup")
+    a, ca, b, cb = twins(stage_module, setup)
+    ops = data.draw(operations(setup), label="ops")
+    probes = data.draw(st.lists(st.booleans(), min_size=len(ops), max_size=len(ops)))
+    story = Story(f"{setup}: twin A also gets peeks and denied requests, twin B not:", ca)
+    for op, probe in zip(ops, probes, strict=True):
+        if probe:
+            for key in KEYS:
+                for cost in range(1, setup.limit + 2):
+                    peeked = a.peek(key, cost)
+                    if not peeked.allowed:
+                        denied = a.try_acquire(key, cost)
+                        assert denied == peeked, story.fail(
+                            "peek returns what try_acquire would", f"{peeked} vs {denied}"
+                        )
+            story.add("A: peek every key and cost, try_acquire those denied")
+        if op.kind in ("acquire", "peek"):
+            da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
+            db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
+            story.add(f"{op} -> {da}")
+            assert da == db, story.fail(
+                "a denial or a peek changed the limiter's state", f"twin B decided {db}"
+            )
+        else:
+            admit_all(a, ca, [op])
+            admit_all(b, cb, [op])
+            story.add(str(op))
+    expect(a.tracked_keys(), b.tracked_keys(), "denials and peeks add no tracked keys")
+
+
+@pytest.mark.parametrize("algo", by_algo())
+@given(data=st.data())
+def test_stage1_idle_keys_recover_at_reset_after(
+    stage_module: ModuleType, algo: Algo, data: st.DataObject
+) -> None:
+    setup = data.draw(setups(algo), label="setup")
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage_module, clock)
+    admit_all(limiter, clock, data.draw(operations(setup), label="history"))
+    t0 = clock.now_ns()
+    resets = sorted((state_of(limiter, k, setup.limit).reset_after_ns, k) for k in KEYS)
+    for reset, key in resets:
+        if t0 + reset - 1 >= clock.now_ns() and reset > 0:
+            clock.set(t0 + reset - 1)
+            early = limiter.peek(key, setup.limit)
+            assert not early.allowed, (
+                f"stage 1: {setup}: {key} reported reset_after_ns={reset}; 1 ns before, it "
+                f"is not fresh yet, so a full-limit request is denied, got {early}"
+            )
+        clock.set(max(clock.now_ns(), t0 + reset))
+        fresh = setup.build(stage_module, clock)
+        for cost in range(1, setup.limit + 2):
+            expect(
+                limiter.peek(key, cost),
+                fresh.peek(key, cost),
+                f"{setup}: at reset_after_ns={reset} {key} decides like a fresh key",
+            )
+    expect(limiter.tracked_keys(), 0, "every key has recovered: none is tracked")
+
+
+def drain(limiter: RateLimiter, setup: Setup) -> int:
+    """Acquire single units at a frozen instant until denied; return how many fit."""
+    __tracebackhide__ = True  # the assertion message tells the story
+    for admitted in range(setup.limit + 1):
+        if not limiter.try_acquire("alice", 1).allowed:
+            return admitted
+    raise AssertionError(f"stage 1: {setup} admitted more than its limit at one instant")
+
+
+@pytest.mark.parametrize("algo", by_algo())
+@given(data=st.data())
+def test_stage1_clock_step_back_neither_mints_nor_burns(
+    stage_module: ModuleType, algo: Algo, data: st.DataObject
+) -> None:
+    setup = data.draw(setups(algo), label="setup")
+    a, ca, b, cb = twins(stage_module, setup)
+    history = data.draw(operations(setup), label="history")
+    admit_all(a, ca, history)
+    admit_all(b, cb, history)
+    for limiter, clock in ((a, ca), (b, cb)):  # end with an admission, at time T
+        decision = limiter.try_acquire("alice", 1)
+        if not decision.allowed:
+            assert decision.retry_after_ns is not None
+            clock.advance(decision.retry_after_ns)
+            assert limiter.try_acquire("alice", 1).allowed, "stage 1: retry_after is exact"
+    costs = range(1, setup.limit + 2)
+    before = [a.peek("alice", c) for c in costs]
+    back = data.draw(st.integers(1, 3 * setup.scale_ns), label="step back (ns)")
+    ca.set(ca.now_ns() - back)
+    for cost, was in zip(costs, before, strict=True):
+        now = a.peek("alice", cost)
+        shifted = Decision(
+            was.allowed,
+            was.limit,
+            was.remaining,
+            was.retry_after_ns + back if was.retry_after_ns else was.retry_after_ns,
+            was.reset_after_ns + back,
+        )
+        expect(
+            now,
+            shifted,
+            f"{setup}: right after an admission at T the clock steps back {back} ns: the "
+            "key is paused — same units (nothing burnt), waits longer by the step",
+        )
+    drained_a, drained_b = drain(a, setup), drain(b, setup)
+    expect(drained_a, drained_b, f"{setup}: units available at T - {back} ns vs at T")
+    ca.advance(back)  # the clock is back at T: the replayed interval must refill nothing
+    expect(a.peek("alice", 1), b.peek("alice", 1), f"{setup}: nothing minted by the replay")
+    same_future(a, ca, b, cb, data.draw(operations(setup), label="then"), "after a step back")
+
+
+@pytest.mark.parametrize("algo", by_algo())
+@given(data=st.data())
+def test_stage1_keys_are_isolated(
+    stage_module: ModuleType, algo: Algo, data: st.DataObject
+) -> None:
+    setup = data.draw(setups(algo), label="setup")
+    a, ca, b, cb = twins(stage_module, setup)
+    mine = data.draw(operations(setup, keys=("alice",)), label="alice's ops")
+    other_op = st.one_of(
+        st.builds(Op, st.just("acquire"), st.sampled_from(["bob", "carol"]), st.integers(1, 7)),
+        st.builds(Op, st.just("refund"), st.sampled_from(["bob", "carol"]), st.integers(1, 7)),
+        st.builds(Op, st.just("reset"), st.sampled_from(["bob", "carol"])),
+        st.builds(Op, st.just("sweep")),
+    )
+    others = data.draw(
+        st.lists(st.lists(other_op, max_size=3), min_size=len(mine), max_size=len(mine)),
+        label="others' ops",
+    )
+    story = Story(f"{setup}: twin B also serves bob and carol:", ca)
+    for op, extra in zip(mine, others, strict=True):
+        admit_all(b, cb, extra)
+        if op.kind in ("acquire", "peek"):
+            da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
+            db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
+            story.add(f"{op} -> {da}")
+            assert da == db, story.fail(
+                "other keys' traffic changed alice's decisions", f"with it: {db}"
+            )
+        else:
+            admit_all(a, ca, [op])
+            admit_all(b, cb, [op])
+            story.add(str(op))
+
+
+@pytest.mark.parametrize("algo", by_algo())
+@given(data=st.data())
+def test_stage1_refund_is_capped_and_undoes_an_admission(
+    stage_module: ModuleType, algo: Algo, data: st.DataObject
+) -> None:
+    setup = data.draw(setups(algo), label="setup")
+    a, ca, b, cb = twins(stage_module, setup)
+    history = data.draw(operations(setup), label="history")
+    admit_all(a, ca, history)
+    admit_all(b, cb, history)
+    key = data.draw(st.sampled_from(KEYS), label="key")
+    cost = data.draw(st.integers(1, setup.limit), label="cost")
+    if a.try_acquire(key, cost).allowed:  # admitted and refunded at once: as if never
+        a.refund(key, cost)
+    same_future(a, ca, b, cb, data.draw(operations(setup), label="then"), "acquire+refund")
+    for limiter in (a, b):
+        limiter.refund(key, 10**9)
+        after = state_of(limiter, key, setup.limit)
+        assert after.remaining <= setup.limit, (
+            f"stage 1: {setup}: a refund never lifts a key above a fresh key's allowance "
+            f"({setup.limit}), got remaining={after.remaining}"
+        )
+    fresh = setup.build(stage_module, ca)
+    fresh.refund("dave", setup.limit)
+    expect(fresh.tracked_keys(), 0, "a refund to a key holding nothing does nothing")
+    expect(fresh.peek("dave", setup.limit).remaining, 0, "and adds nothing above the limit")
+
+
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_auto_sweep_bounds_memory_by_recent_keys(
+    stage_module: ModuleType, algo: Algo
+) -> None:
+    setup = Setup(algo, limit=2, rate=Fraction(1), window_ns=S_)
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage_module, clock)
+    n = 4_096
+    for i in range(n):
+        assert limiter.try_acquire(f"user-{i}").allowed
+        clock.advance(setup.recovery_ns)  # user-i is idle from now on
+    expect(limiter.tracked_keys(), 0, "every one-off user is idle again")
+    left = limiter.sweep()
+    assert left <= n // 2, (
+        f"stage 1: {setup} with auto_sweep=True: after {n} one-off users, each idle since, "
+        f"a sweep still found {left} stored keys — the limiter must forget idle keys by "
+        "itself (say, each time the key count doubles), or memory grows with every key ever "
+        "seen"
+    )
+
+
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_without_auto_sweep_only_sweep_forgets(stage_module: ModuleType, algo: Algo) -> None:
+    setup = Setup(algo, limit=2, rate=Fraction(1), window_ns=S_)
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage_module, clock, auto_sweep=False)
+    n = 300
+    for i in range(n):
+        assert limiter.try_acquire(f"user-{i}").allowed
+    expect(limiter.tracked_keys(), n, "every user holds state")
+    expect(limiter.sweep(), 0, "nobody is idle yet: a sweep forgets nothing")
+    clock.advance(setup.recovery_ns)
+    expect(limiter.tracked_keys(), 0, "all idle now")
+    expect(
+        limiter.sweep(),
+        n,
+        "with auto_sweep=False nothing is forgotten until sweep(), which forgets every idle key",
+    )
+    expect(limiter.sweep(), 0, "and then there is nothing left to forget")
+
+
+# --------------------------------------------------------------------------------------
+# MultiLimiter against a model made of the exact models
+# --------------------------------------------------------------------------------------
+
+
+class MultiModel:
+    def __init__(self, models: Mapping[str, Model[Any]]) -> None:
+        self.models = dict(models)
+
+    def decide(
+        self, key: str, costs: Mapping[str, int], now: int, *, commit: bool
+    ) -> MultiDecision:
+        charged = {name: cost for name, cost in costs.items() if cost}
+        alone = {n: self.models[n].decide(key, c, now, commit=False) for n, c in charged.items()}
+        if all(d.allowed for d in alone.values()):
+            if commit:
+                alone = {
+                    n: self.models[n].decide(key, c, now, commit=True) for n, c in charged.items()
+                }
+            return MultiDecision(True, 0, alone)
+        waits = [d.retry_after_ns for d in alone.values() if not d.allowed]
+        retry = None if None in waits else max(w for w in waits if w is not None)
+        return MultiDecision(False, retry, alone)
+
+
+@needs("multi", *ALGOS)
+@extended
+@given(data=st.data())
+def test_stage1_multi_limiter_is_all_or_nothing(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    requests = data.draw(setups("token_bucket"), label="requests")
+    tokens = data.draw(
+        st.sampled_from(ALGOS)
+        .flatmap(setups)
+        .map(lambda s: Setup(s.algo, s.limit * 50, s.rate * 50, s.window_ns, s.align)),
+        label="tokens",
+    )
+    clock = ManualClock(START_NS)
+    inner = {
+        "requests": requests.build(stage_module, clock),
+        "tokens": tokens.build(stage_module, clock),
+    }
+    multi = stage_module.MultiLimiter(inner)
+    model = MultiModel({"requests": requests.model(), "tokens": tokens.model()})
+    costs = st.fixed_dictionaries(
+        {"requests": st.integers(0, requests.limit + 1), "tokens": st.integers(1, tokens.limit + 1)}
+    )
+    steps = data.draw(
+        st.lists(
+            st.one_of(
+                st.tuples(
+                    st.sampled_from(["acquire", "acquire", "peek", "refund"]),
+                    st.sampled_from(KEYS),
+                    costs,
+                ),
+                st.tuples(
+                    st.just("advance"),
+                    st.just(""),
+                    durations(requests).map(lambda n: {"ns": n}),
+                ),
+            ),
+            max_size=30,
+        ),
+        label="steps",
+    )
+    story = Story(f"MultiLimiter(requests={requests}, tokens={tokens}):", clock)
+    for kind, key, arg in steps:
+        now = clock.now_ns()
+        if kind == "advance":
+            clock.advance(arg["ns"])
+            story.add(f"clock.advance({arg['ns']})")
+        elif kind == "refund":
+            multi.refund(key, arg)
+            for name, cost in arg.items():
+                if cost:
+                    model.models[name].refund(key, cost, now)
+            story.add(f"refund({key!r}, {arg})")
+        else:
+            commit = kind == "acquire"
+            got = multi.try_acquire(key, arg) if commit else multi.peek(key, arg)
+            want = model.decide(key, arg, now, commit=commit)
+            story.add(f"{'try_acquire' if commit else 'peek'}({key!r}, {arg}) -> {got}")
+            assert got == want, story.fail(
+                "a multi-limit request is admitted by all its limits or consumes from none",
+                diff_fields(want, got),
+            )
+
+
+# --------------------------------------------------------------------------------------
+# Stateful models
+# --------------------------------------------------------------------------------------
+
+
+class LimiterMachine(RuleBasedStateMachine):
+    """A limiter and its exact model under random operations, compared at every step."""
+
+    algo: Algo = "token_bucket"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock(START_NS)
+
+    @initialize(data=st.data())
+    def build(self, data: st.DataObject) -> None:
+        self.setup = data.draw(setups(self.algo), label="setup")
+        self.steps_back = data.draw(st.booleans(), label="clock may step back")
+        self.limiter = self.setup.build(
+            _STAGE["module"], self.clock, auto_sweep=not self.steps_back
+        )
+        self.model = self.setup.model()
+        self.story = Story(f"{self.setup} (auto_sweep={not self.steps_back}):", self.clock)
+
+    @rule(key=st.sampled_from(KEYS), cost=st.integers(1, 7))
+    def acquire(self, key: str, cost: int) -> None:
+        self.check(Op("acquire", key, cost))
+
+    @rule(key=st.sampled_from(KEYS), cost=st.integers(1, 7))
+    def peek(self, key: str, cost: int) -> None:
+        self.check(Op("peek", key, cost))
+
+    @rule(key=st.sampled_from(KEYS), cost=st.integers(1, 8))
+    def refund(self, key: str, cost: int) -> None:
+        self.check(Op("refund", key, cost))
+
+    @rule(key=st.sampled_from(KEYS))
+    def reset(self, key: str) -> None:
+        self.check(Op("reset", key))
+
+    @rule(data=st.data())
+    def advance(self, data: st.DataObject) -> None:
+        self.check(Op("advance", n=data.draw(durations(self.setup))))
+
+    @precondition(lambda self: self.steps_back)
+    @rule(data=st.data())
+    def step_back(self, data: st.DataObject) -> None:
+        self.check(Op("back", n=data.draw(durations(self.setup))))
+
+    @precondition(lambda self: not self.steps_back)  # see operations()
+    @rule()
+    def sweep(self) -> None:
+        self.check(Op("sweep"))
+
+    @invariant()
+    def tracked_keys_match(self) -> None:
+        self.check(Op("tracked"))
+
+    def check(self, op: Op) -> None:
+        """Run one operation on both; on a mismatch show the whole sequence so far."""
+        __tracebackhide__ = True
+        try:
+            run_against_model(self.limiter, self.model, self.clock, [op], "")
+        except AssertionError as failure:
+            detail = str(failure).splitlines()[-1]
+            raise AssertionError(
+                self.story.fail("the limiter and its exact model disagree", f"{op}: {detail}")
+            ) from None
+        self.story.add(str(op))
+
+
+class TokenBucketMachine(LimiterMachine):
+    algo = "token_bucket"
+
+
+class SlidingLogMachine(LimiterMachine):
+    algo = "sliding_log"
+
+
+TestStage1TokenBucketModel = TokenBucketMachine.TestCase
+TestStage1TokenBucketModel.pytestmark = [core]
+TestStage1TokenBucketModel.kata_needs = ("token_bucket",)
+TestStage1SlidingLogModel = SlidingLogMachine.TestCase
+TestStage1SlidingLogModel.pytestmark = [core]
+TestStage1SlidingLogModel.kata_needs = ("sliding_log",)
