@@ -596,8 +596,7 @@ class ThreadSafeLimiterMachine(RuleBasedStateMachine):
             self.check("statistics().waiters", self.limiter.statistics().waiters, 0)
 
 
-TestStage2ThreadSafeLimiterModel = ThreadSafeLimiterMachine.TestCase
-TestStage2ThreadSafeLimiterModel.pytestmark = [pytest.mark.core]
+TestStage2ThreadSafeLimiterModel = pytest.mark.core(ThreadSafeLimiterMachine.TestCase)
 
 
 # --- AsyncLimiter (extended) ----------------------------------------------------------
@@ -1001,5 +1000,4 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
             assert self.limiter.in_flight(key) == by_key[key]
 
 
-TestStage2ConcurrencyLimiterModel = ConcurrencyLimiterMachine.TestCase
-TestStage2ConcurrencyLimiterModel.pytestmark = [pytest.mark.extended]
+TestStage2ConcurrencyLimiterModel = pytest.mark.extended(ConcurrencyLimiterMachine.TestCase)

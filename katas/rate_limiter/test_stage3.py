@@ -1057,9 +1057,10 @@ def _bind_stage(stage_module: ModuleType) -> None:
     RedisLimiterMachine.stage = stage_module
 
 
-TestStage3RedisLimiterModel = RedisLimiterMachine.TestCase
+TestStage3RedisLimiterModel = pytest.mark.core(
+    pytest.mark.usefixtures("_bind_stage")(RedisLimiterMachine.TestCase)
+)
 TestStage3RedisLimiterModel.settings = settings(heavy, stateful_step_count=30)
-TestStage3RedisLimiterModel.pytestmark = [pytest.mark.core, pytest.mark.usefixtures("_bind_stage")]
 
 
 # --------------------------------------------------------------------------- extended
