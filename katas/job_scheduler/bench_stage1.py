@@ -1,0 +1,154 @@
+"""Stage 1 benchmarks: collected only when this file is named on the command line.
+
+    python -m pytest katas/job_scheduler/bench_stage1.py --impl=solutions --benchmark-only -q
+
+Each group measures the implementation under test (``--impl``), the reference, and the
+floor a user would compare against — bare ``heapq`` push+pop of ``(priority, run_at,
+seq, id)`` tuples — and records the ratios in ``extra_info`` (shown with
+``--benchmark-json``) and on stdout (``-s``). The spec's targets — informational,
+benchmarks never fail CI:
+
+- enqueue + claim + ack with 100 000 jobs queued: >= 0.15x the pairs/s of the bare heap
+  (lean mutable records reach about 0.2x; frozen dataclasses rebuilt with ``replace``
+  and uuid4 ids about 0.07x).
+- growth: the cost of enqueue + claim + ack with 64 000 jobs queued <= 3x its cost with
+  1 000 (every step is O(log n), no scans).
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from katas._kit import impl as _impl
+from katas.job_scheduler.api import NS_PER_S, RetryPolicy
+
+pytestmark = [pytest.mark.stage(1), pytest.mark.core]
+
+QUEUED = 100_000
+OPS = 5_000  # enqueue + claim + ack triples per round
+ROUNDS = 15
+#: Seconds per operation of each finished benchmark, so later ones can report ratios.
+RESULTS: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def reference() -> ModuleType:
+    """The reference stage 1, whatever ``--impl`` says."""
+    return _impl.resolve("solutions").stage("job_scheduler", 1)
+
+
+class FrozenClock:
+    """A clock that costs nothing to read and never moves: no lease ever expires."""
+
+    def __init__(self) -> None:
+        self.t = 1_000 * NS_PER_S
+
+    def now_ns(self) -> int:
+        return self.t
+
+
+def priorities(n: int) -> list[int]:
+    return [random.Random(7 + i).randrange(10) for i in range(n)]
+
+
+def measure(benchmark: Any, name: str, run: Callable[[], object], ops: int) -> float:
+    """Benchmark ``run`` (``ops`` operations per call); return seconds per operation."""
+    benchmark.pedantic(run, rounds=ROUNDS, iterations=1, warmup_rounds=1)
+    if benchmark.stats is None:  # --benchmark-disable: nothing was measured
+        return float("nan")
+    per_op = float(benchmark.stats.stats.min) / ops
+    RESULTS[name] = per_op
+    benchmark.extra_info["ops_per_s"] = round(1 / per_op)
+    return per_op
+
+
+def report(benchmark: Any, label: str, ratio: float, target: str) -> None:
+    benchmark.extra_info[label] = round(ratio, 3)
+    print(f"\n  {label} = {ratio:.3f}   (spec target: {target})")
+
+
+def queue_run(stage: ModuleType, queued: int) -> Callable[[], object]:
+    """A queue holding ``queued`` READY jobs; each call enqueues, claims and acks OPS jobs,
+    so the queue keeps its size. Finished jobs are forgotten at once (retention 0)."""
+    queue = stage.JobQueue(
+        clock=FrozenClock(),
+        lease_ns=3_600 * NS_PER_S,
+        retry=RetryPolicy(NS_PER_S, 60 * NS_PER_S),
+        max_attempts=3,
+        rng=random.Random(1),
+        retention_ns=0,
+    )
+    for i, p in enumerate(priorities(queued)):
+        queue.enqueue(i, priority=p)
+    work = priorities(OPS)
+    enqueue, claim, ack = queue.enqueue, queue.claim, queue.ack
+
+    def run() -> None:
+        for p in work:
+            enqueue(p, priority=p)
+            ack(claim("w"))
+
+    return run
+
+
+def heap_run(queued: int) -> Callable[[], object]:
+    """The floor: a bare heap of ``(priority, run_at, seq, id)`` tuples, push then pop."""
+    now = 1_000 * NS_PER_S
+    heap = [(-p, now, i, f"job-{i}") for i, p in enumerate(priorities(queued))]
+    heapq.heapify(heap)
+    work = priorities(OPS)
+    seq = [queued]
+    push, pop = heapq.heappush, heapq.heappop
+
+    def run() -> None:
+        n = seq[0]
+        for p in work:
+            n += 1
+            push(heap, (-p, now, n, f"job-{n}"))
+            pop(heap)
+        seq[0] = n
+
+    return run
+
+
+# --- enqueue + claim + ack at 100 000 queued jobs, against the bare heap ----------------
+
+
+def test_bench_stage1_heapq_floor_100k_queued(benchmark: Any) -> None:
+    benchmark.group = "stage1 enqueue+claim+ack, 100 000 queued"
+    measure(benchmark, "heapq", heap_run(QUEUED), OPS)
+
+
+def test_bench_stage1_reference_100k_queued(benchmark: Any, reference: ModuleType) -> None:
+    benchmark.group = "stage1 enqueue+claim+ack, 100 000 queued"
+    measure(benchmark, "reference", queue_run(reference, QUEUED), OPS)
+
+
+def test_bench_stage1_enqueue_claim_ack_100k_queued(
+    benchmark: Any, stage_module: ModuleType
+) -> None:
+    benchmark.group = "stage1 enqueue+claim+ack, 100 000 queued"
+    ours = measure(benchmark, "queue", queue_run(stage_module, QUEUED), OPS)
+    if "heapq" in RESULTS:
+        report(benchmark, "rate_vs_heapq", RESULTS["heapq"] / ours, ">= 0.15")
+    if "reference" in RESULTS:
+        report(benchmark, "speed_vs_reference", RESULTS["reference"] / ours, "~1")
+
+
+# --- growth: cost per operation as the queue grows ----------------------------------------
+
+
+@pytest.mark.parametrize("queued", [1_000, 64_000])
+def test_bench_stage1_cost_as_the_queue_grows(
+    benchmark: Any, stage_module: ModuleType, queued: int
+) -> None:
+    benchmark.group = "stage1 enqueue+claim+ack, cost per operation"
+    ours = measure(benchmark, f"queue_{queued}", queue_run(stage_module, queued), OPS)
+    if queued == 64_000 and "queue_1000" in RESULTS:
+        report(benchmark, "cost_64k_over_1k", ours / RESULTS["queue_1000"], "<= 3")
