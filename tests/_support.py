@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from katas._kit.impl import REPO_ROOT
 
+T = TypeVar("T")
 REDIS_ENV = ("KATA_REDIS_SERVER", "KATA_REDIS_URL")
 
 
@@ -60,3 +64,21 @@ def committed_stubs(dest: Path) -> Path:
                 shown.stdout if shown.returncode == 0 else stub.read_text()
             )
     return dest
+
+
+class Pool(Generic[T]):
+    """Runs independent subprocess checks on every core while pytest walks its tests.
+
+    Parametrized checks each spawn a whole suite run; started together, they use both
+    cores of a CI machine instead of one. ``result(key)`` waits for one of them.
+    """
+
+    def __init__(self, jobs: Mapping[Hashable, Callable[[], T]]) -> None:
+        self._executor = ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1))
+        self._futures = {key: self._executor.submit(job) for key, job in jobs.items()}
+
+    def result(self, key: Hashable) -> T:
+        return self._futures[key].result()
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

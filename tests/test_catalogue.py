@@ -2,21 +2,46 @@
 
 An entry counts only if each named test fails *by assertion* on the mutant and the
 mutant still passes at least 80% of the stage's other tests (a realistic bug, not a
-crash). Runs use the ``mutant`` hypothesis profile: derandomized, no shrinking.
+crash). Runs use the ``mutant`` hypothesis profile: derandomized, no shrinking. All
+entries start at once on a pool as wide as the machine; each test waits for its own.
 """
 
 from __future__ import annotations
 
+import functools
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support import embedded_env
+from _support import Pool, embedded_env
 
 from katas._kit import mutants
-from katas._kit.suites import run_suite, suite_file
+from katas._kit.suites import SuiteRun, run_suite, suite_file
 
 CATALOGUE = mutants.load()
 OTHERS_MUST_PASS = 0.8
+
+Runs = tuple[SuiteRun, SuiteRun]  # the named tests, then all the others
+
+
+def _run(mutant: mutants.Mutant) -> Runs:
+    with tempfile.TemporaryDirectory(prefix="kata-mutant-") as tmp:
+        impl = str(mutants.materialise(mutant, Path(tmp) / "impl"))
+        env = {**embedded_env(), "KATA_PROFILE": "mutant"}
+        suite = suite_file(mutant.kata, mutant.stage)
+        named = " or ".join(mutant.catches)
+        return (
+            run_suite(suite, impl=impl, keyword=named, env=env),
+            run_suite(suite, impl=impl, keyword=f"not ({named})", env=env),
+        )
+
+
+@pytest.fixture(scope="module")
+def catalogue_runs() -> Iterator[Pool[Runs]]:
+    pool = Pool({m.name: functools.partial(_run, m) for m in CATALOGUE})
+    yield pool
+    pool.shutdown()
 
 
 def test_catalogue_is_not_empty() -> None:
@@ -24,12 +49,8 @@ def test_catalogue_is_not_empty() -> None:
 
 
 @pytest.mark.parametrize("mutant", CATALOGUE, ids=[m.name for m in CATALOGUE])
-def test_catalogue_entry_is_caught(mutant: mutants.Mutant, tmp_path: Path) -> None:
-    impl = mutants.materialise(mutant, tmp_path / "impl")
-    env = {**embedded_env(), "KATA_PROFILE": "mutant"}
-    suite = suite_file(mutant.kata, mutant.stage)
-    named = " or ".join(mutant.catches)
-    run = run_suite(suite, impl=str(impl), keyword=named, env=env)
+def test_catalogue_entry_is_caught(mutant: mutants.Mutant, catalogue_runs: Pool[Runs]) -> None:
+    run, others = catalogue_runs.result(mutant.name)
     for name in mutant.catches:
         results = run.named(name)
         assert results, f"{mutant.path.name}: names {name}, which is not a test of the suite"
@@ -38,7 +59,6 @@ def test_catalogue_entry_is_caught(mutant: mutants.Mutant, tmp_path: Path) -> No
             f"{mutant.path.name} ({mutant.bug}): {name} must fail by assertion, got:\n"
             + "\n".join(f"  {r.nodeid}: {r.outcome} ({r.kind}) {r.message}" for r in uncaught)
         )
-    others = run_suite(suite, impl=str(impl), keyword=f"not ({named})", env=env)
     passed = len(others.by_outcome("passed"))
     total = len(others.results)
     assert total == 0 or passed >= OTHERS_MUST_PASS * total, (

@@ -1,11 +1,24 @@
-"""Checks 1 and 2: every stage suite passes on the reference and fails on the stubs."""
+"""Checks 1 and 2: every stage suite passes on the reference and fails on the stubs.
+
+Every run starts at once on a pool as wide as the machine; each test waits for its own.
+"""
 
 from __future__ import annotations
 
+import functools
+import tempfile
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
 import pytest
-from _support import committed_stubs, embedded_env, real_redis_configured, stage_suites, uses_redis
+from _support import (
+    Pool,
+    committed_stubs,
+    embedded_env,
+    real_redis_configured,
+    stage_suites,
+    uses_redis,
+)
 
 from katas._kit.suites import SuiteRun, run_suite, suite_file
 
@@ -18,11 +31,8 @@ def _modes(kata: str, stage: int) -> list[str]:
     return ["fakeredis"] if uses_redis(kata, stage) else ["memory"]
 
 
-CASES = [
-    pytest.param(kata, stage, mode, id=f"{kata}-stage{stage}-{mode}")
-    for kata, stage in SUITES
-    for mode in _modes(kata, stage)
-]
+RUNS = [(kata, stage, mode) for kata, stage in SUITES for mode in _modes(kata, stage)]
+CASES = [pytest.param(k, s, m, id=f"{k}-stage{s}-{m}") for k, s, m in RUNS]
 
 
 def _summary(run: SuiteRun, limit: int = 15) -> str:
@@ -33,10 +43,33 @@ def _summary(run: SuiteRun, limit: int = 15) -> str:
     return "\n".join(lines) or run.output[-3000:]
 
 
-@pytest.mark.parametrize(("kata", "stage", "mode"), CASES)
-def test_reference_passes_every_stage_suite(kata: str, stage: int, mode: str) -> None:
+def _reference(kata: str, stage: int, mode: str) -> SuiteRun:
     env = None if mode == "real-redis" else embedded_env()
-    run = run_suite(suite_file(kata, stage), impl="solutions", env=env)
+    return run_suite(suite_file(kata, stage), impl="solutions", env=env)
+
+
+def _stubs(kata: str, stage: int) -> SuiteRun:
+    with tempfile.TemporaryDirectory(prefix="kata-stubs-") as tmp:
+        stubs = committed_stubs(Path(tmp) / "stubs")
+        return run_suite(suite_file(kata, stage), impl=str(stubs), env=embedded_env())
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[Pool[SuiteRun]]:
+    jobs: dict[Hashable, Callable[[], SuiteRun]] = {
+        ("reference", k, s, m): functools.partial(_reference, k, s, m) for k, s, m in RUNS
+    }
+    jobs.update({("stubs", k, s): functools.partial(_stubs, k, s) for k, s in SUITES})
+    pool = Pool(jobs)
+    yield pool
+    pool.shutdown()
+
+
+@pytest.mark.parametrize(("kata", "stage", "mode"), CASES)
+def test_reference_passes_every_stage_suite(
+    kata: str, stage: int, mode: str, runs: Pool[SuiteRun]
+) -> None:
+    run = runs.result(("reference", kata, stage, mode))
     assert run.results, f"{kata} stage {stage}: no test ran\n{run.output[-3000:]}"
     assert run.returncode == 0 and not run.by_outcome("failed"), (
         f"{kata} stage {stage} ({mode}): the reference fails its own suite:\n{_summary(run)}"
@@ -51,9 +84,10 @@ def test_reference_passes_every_stage_suite(kata: str, stage: int, mode: str) ->
 @pytest.mark.parametrize(
     ("kata", "stage"), [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in SUITES]
 )
-def test_every_test_fails_on_the_committed_stubs(kata: str, stage: int, tmp_path: Path) -> None:
-    stubs = committed_stubs(tmp_path / "stubs")
-    run = run_suite(suite_file(kata, stage), impl=str(stubs), env=embedded_env())
+def test_every_test_fails_on_the_committed_stubs(
+    kata: str, stage: int, runs: Pool[SuiteRun]
+) -> None:
+    run = runs.result(("stubs", kata, stage))
     assert run.results, f"{kata} stage {stage}: no test ran on the stubs\n{run.output[-3000:]}"
     wrong = [r for r in run.results if r.outcome != "failed" or r.kind != "not_implemented"]
     assert not wrong, (

@@ -642,6 +642,11 @@ def test_stage1_token_bucket_example_from_the_prompt(stage_module: ModuleType) -
         "an empty bucket denies; one unit refills in exactly 1 s",
     )
     expect(bucket.try_acquire("bob"), D(True, 3, 2, 0, 1 * S_), "bob has his own bucket")
+    expect(
+        bucket.try_acquire("alice", 4),
+        D(False, 3, 0, None, 3 * S_),
+        "4 units never fit in a bucket of 3: retry_after_ns None, nothing changes",
+    )
     clock.advance(S_ - 1)
     expect(
         bucket.peek("alice"),
@@ -1819,9 +1824,5 @@ class SlidingLogMachine(LimiterMachine):
     algo = "sliding_log"
 
 
-TestStage1TokenBucketModel = TokenBucketMachine.TestCase
-TestStage1TokenBucketModel.pytestmark = [core]
-TestStage1TokenBucketModel.kata_needs = ("token_bucket",)
-TestStage1SlidingLogModel = SlidingLogMachine.TestCase
-TestStage1SlidingLogModel.pytestmark = [core]
-TestStage1SlidingLogModel.kata_needs = ("sliding_log",)
+TestStage1TokenBucketModel = core(needs("token_bucket")(TokenBucketMachine.TestCase))
+TestStage1SlidingLogModel = core(needs("sliding_log")(SlidingLogMachine.TestCase))
