@@ -75,10 +75,10 @@ def test_both_modules_import_from_their_own_package() -> None:
     )
 
 
-@pytest.mark.parametrize("name", ["csrc/hotpath.h", "csrc/module.c", "_hotpath.pyi"])
+@pytest.mark.parametrize("name", ["_hotpath.pyi"])
 def test_stub_and_reference_share_the_abi_and_binding(name: str) -> None:
-    # The learner writes only csrc/hotpath.c; everything it is bound and tested through
-    # is the same file on both sides.
+    # The learner writes only csrc/hotpath.c; hotpath.h and module.c exist once (CMake
+    # builds both modules from katas/dynamic_batcher/csrc), and the type stubs match.
     katas_file = REPO_ROOT / "katas" / "dynamic_batcher" / name
     solutions_file = REPO_ROOT / "solutions" / "dynamic_batcher" / name
     assert filecmp.cmp(katas_file, solutions_file, shallow=False), (
