@@ -26,6 +26,9 @@ from katas._kit import profiles
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
+#: The Redis fixtures come with the harness, also when it is loaded with ``-p``.
+pytest_plugins = ["katas._kit.redis"]
+
 NOT_IMPLEMENTED = "not implemented yet: "
 
 
