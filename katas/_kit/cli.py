@@ -34,9 +34,7 @@ from katas._kit.catalog import (
     Stage,
     display_path,
 )
-from katas._kit.impl import ENV_IMPL
-from katas._kit.profiles import ENV_PROFILE
-from katas._kit.pytest_plugin import NOT_IMPLEMENTED
+from katas._kit.impl import ENV_IMPL, ENV_PROFILE, NOT_IMPLEMENTED
 from katas._kit.suites import SuiteRun, TestResult, resolve_impl, run_suite
 
 

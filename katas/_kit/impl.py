@@ -21,6 +21,9 @@ from types import ModuleType
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_IMPL = "KATA_IMPL"
+ENV_PROFILE = "KATA_PROFILE"  # hypothesis profile: dev (default), ci, thorough
+#: How a stub's NotImplementedError reads in a report: one line, no traceback.
+NOT_IMPLEMENTED = "not implemented yet: "
 ENV_BASE = "KATA_BASE"
 
 

@@ -6,7 +6,7 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
-ENV_PROFILE = "KATA_PROFILE"
+from katas._kit.impl import ENV_PROFILE
 
 settings.register_profile(
     "dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]

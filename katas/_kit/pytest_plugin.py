@@ -22,14 +22,13 @@ import pytest
 
 from katas._kit import impl as _impl
 from katas._kit import profiles
+from katas._kit.impl import NOT_IMPLEMENTED
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 #: The Redis fixtures come with the harness, also when it is loaded with ``-p``.
 pytest_plugins = ["katas._kit.redis"]
-
-NOT_IMPLEMENTED = "not implemented yet: "
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from katas._kit.catalog import PACKAGE_ROOT, Catalog
-from katas._kit.impl import ENV_IMPL
-from katas._kit.profiles import ENV_PROFILE
+from katas._kit.impl import ENV_IMPL, ENV_PROFILE
 
 PLUGIN = "katas._kit.pytest_plugin"
 
