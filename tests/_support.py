@@ -8,7 +8,9 @@ import subprocess
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+import pytest
 
 from katas._kit.impl import REPO_ROOT
 
@@ -82,3 +84,18 @@ class Pool(Generic[T]):
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def selected(request: pytest.FixtureRequest, test: str) -> list[dict[str, Any]]:
+    """The parameters of every selected item of ``test`` in the requesting module.
+
+    A pool starts only the runs that pytest's selection (``-k``, node ids) kept.
+    """
+    return [
+        dict(item.callspec.params)
+        for item in request.session.items
+        if isinstance(item, pytest.Function)
+        and item.path == request.path
+        and item.originalname == test
+        and hasattr(item, "callspec")
+    ]

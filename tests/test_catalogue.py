@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _support import Pool, embedded_env
+from _support import Pool, embedded_env, selected
 
 from katas._kit import mutants
 from katas._kit.suites import SuiteRun, run_suite, suite_file
@@ -38,8 +38,9 @@ def _run(mutant: mutants.Mutant) -> Runs:
 
 
 @pytest.fixture(scope="module")
-def catalogue_runs() -> Iterator[Pool[Runs]]:
-    pool = Pool({m.name: functools.partial(_run, m) for m in CATALOGUE})
+def catalogue_runs(request: pytest.FixtureRequest) -> Iterator[Pool[Runs]]:
+    chosen = [p["mutant"] for p in selected(request, "test_catalogue_entry_is_caught")]
+    pool = Pool({m.name: functools.partial(_run, m) for m in chosen})
     yield pool
     pool.shutdown()
 

@@ -16,6 +16,7 @@ from _support import (
     committed_stubs,
     embedded_env,
     real_redis_configured,
+    selected,
     stage_suites,
     uses_redis,
 )
@@ -55,11 +56,13 @@ def _stubs(kata: str, stage: int) -> SuiteRun:
 
 
 @pytest.fixture(scope="module")
-def runs() -> Iterator[Pool[SuiteRun]]:
-    jobs: dict[Hashable, Callable[[], SuiteRun]] = {
-        ("reference", k, s, m): functools.partial(_reference, k, s, m) for k, s, m in RUNS
-    }
-    jobs.update({("stubs", k, s): functools.partial(_stubs, k, s) for k, s in SUITES})
+def runs(request: pytest.FixtureRequest) -> Iterator[Pool[SuiteRun]]:
+    jobs: dict[Hashable, Callable[[], SuiteRun]] = {}
+    for p in selected(request, "test_reference_passes_every_stage_suite"):
+        k, s, m = p["kata"], p["stage"], p["mode"]
+        jobs["reference", k, s, m] = functools.partial(_reference, k, s, m)
+    for p in selected(request, "test_every_test_fails_on_the_committed_stubs"):
+        jobs["stubs", p["kata"], p["stage"]] = functools.partial(_stubs, p["kata"], p["stage"])
     pool = Pool(jobs)
     yield pool
     pool.shutdown()

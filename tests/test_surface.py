@@ -28,13 +28,15 @@ def _public(module: ModuleType) -> dict[str, Any]:
 
 
 def _members(cls: type) -> dict[str, str]:
+    """Public methods and properties, inherited ones included (a private base may hold them)."""
     out = {}
-    for name, obj in vars(cls).items():
+    for name in dir(cls):
         if name.startswith("_") and name != "__init__":
             continue
-        if isinstance(obj, property):
+        attr = inspect.getattr_static(cls, name)
+        if isinstance(attr, property):
             out[name] = "property"
-        elif callable(obj) or isinstance(obj, staticmethod | classmethod):
+        elif callable(attr) or isinstance(attr, staticmethod | classmethod):
             out[name] = str(inspect.signature(getattr(cls, name)))
     return out
 

@@ -74,10 +74,20 @@ class _Keys(Generic[S]):
 
     def _insert(self, key: str, state: S) -> None:
         if self._auto_sweep and len(self._keys) >= self._sweep_at:
-            self._sweep()
+            self.sweep()
         self._keys[key] = state
 
-    def _sweep(self) -> int:
+    def reset(self, key: str) -> None:
+        """Return ``key`` to its fresh state."""
+        self._keys.pop(key, None)
+
+    def tracked_keys(self) -> int:
+        """Keys whose state differs from fresh."""
+        now = self._clock.now_ns()
+        return sum(1 for state in self._keys.values() if not self._fresh(state, now))
+
+    def sweep(self) -> int:
+        """Forget every fresh key now; return how many were forgotten."""
         now = self._clock.now_ns()
         idle = [key for key, state in self._keys.items() if self._fresh(state, now)]
         for key in idle:
@@ -86,10 +96,6 @@ class _Keys(Generic[S]):
         # insertions as it scans.
         self._sweep_at = max(_MIN_SWEEP, 2 * len(self._keys))
         return len(idle)
-
-    def _tracked(self) -> int:
-        now = self._clock.now_ns()
-        return sum(1 for state in self._keys.values() if not self._fresh(state, now))
 
 
 class TokenBucket(_Keys[list[int]]):
@@ -168,15 +174,6 @@ class TokenBucket(_Keys[list[int]]):
         if state is not None:  # a key not stored is already full
             state[0], state[1] = min(self._full, level + back), eff
 
-    def reset(self, key: str) -> None:
-        self._keys.pop(key, None)
-
-    def tracked_keys(self) -> int:
-        return self._tracked()
-
-    def sweep(self) -> int:
-        return self._sweep()
-
 
 class GCRA(_Keys[list[int]]):
     """The generic cell rate algorithm: one theoretical arrival time (TAT) per key.
@@ -243,15 +240,6 @@ class GCRA(_Keys[list[int]]):
         state, tat, eff = self._tat(key, self._clock.now_ns())
         if state is not None:  # the TAT never moves before now: that would overfill
             state[0], state[1] = max(tat - back, eff * self._p), eff
-
-    def reset(self, key: str) -> None:
-        self._keys.pop(key, None)
-
-    def tracked_keys(self) -> int:
-        return self._tracked()
-
-    def sweep(self) -> int:
-        return self._sweep()
 
 
 class _Log:
@@ -367,15 +355,6 @@ class SlidingLog(_Keys[_Log]):
             log.count -= units
         log.last = eff
 
-    def reset(self, key: str) -> None:
-        self._keys.pop(key, None)
-
-    def tracked_keys(self) -> int:
-        return self._tracked()
-
-    def sweep(self) -> int:
-        return self._sweep()
-
 
 class FixedWindow(_Keys[list[int]]):
     """At most ``limit`` units per window of ``window_ns``; the count resets at its end.
@@ -453,15 +432,6 @@ class FixedWindow(_Keys[list[int]]):
         if state is not None:  # only the current window's units come back
             start, count, eff = self._current(state, self._clock.now_ns())
             state[:] = [start, count - min(back, count), eff]
-
-    def reset(self, key: str) -> None:
-        self._keys.pop(key, None)
-
-    def tracked_keys(self) -> int:
-        return self._tracked()
-
-    def sweep(self) -> int:
-        return self._sweep()
 
 
 class SlidingWindowCounter(_Keys[list[int]]):
@@ -546,15 +516,6 @@ class SlidingWindowCounter(_Keys[list[int]]):
         if state is not None:  # only the current window's units come back
             start, prev, curr, eff = self._counts(state, self._clock.now_ns())
             state[:] = [start, prev, curr - min(back, curr), eff]
-
-    def reset(self, key: str) -> None:
-        self._keys.pop(key, None)
-
-    def tracked_keys(self) -> int:
-        return self._tracked()
-
-    def sweep(self) -> int:
-        return self._sweep()
 
 
 class MultiLimiter:
