@@ -24,6 +24,8 @@ from _support import (
 from katas._kit.suites import SuiteRun, run_suite, suite_file
 
 SUITES = stage_suites()
+#: A test here waits for a whole suite run that shares the machine with others.
+WAIT_S = 1200
 
 
 def _modes(kata: str, stage: int) -> list[str]:
@@ -68,6 +70,7 @@ def runs(request: pytest.FixtureRequest) -> Iterator[Pool[SuiteRun]]:
     pool.shutdown()
 
 
+@pytest.mark.timeout(WAIT_S)
 @pytest.mark.parametrize(("kata", "stage", "mode"), CASES)
 def test_reference_passes_every_stage_suite(
     kata: str, stage: int, mode: str, runs: Pool[SuiteRun]
@@ -84,6 +87,7 @@ def test_reference_passes_every_stage_suite(
     )
 
 
+@pytest.mark.timeout(WAIT_S)
 @pytest.mark.parametrize(
     ("kata", "stage"), [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in SUITES]
 )

@@ -202,3 +202,39 @@ __all__ = [
     "StaleLease",
     "WaitingClock",
 ]
+
+
+# --- Stage 2: worker pools -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PoolStatistics:
+    """A snapshot of a worker pool's bookkeeping (counts since the pool was built).
+
+    - ``in_flight``: jobs claimed whose handler has not finished (and not released).
+    - ``idle``: workers waiting for a job to become due.
+    - ``claimed``: leases taken; ``succeeded``: acked; ``failed``: nacked (the handler
+      raised, or timed out); ``released``: handed back at shutdown (attempt refunded);
+      ``lost``: the lease went stale before the handler finished, so its ack/nack was
+      refused; ``heartbeats``: leases extended; ``timed_out``: handlers cancelled at
+      their timeout (async pool only; also counted in ``failed``).
+    - ``stopping``: shutdown has begun: nothing more is claimed.
+    """
+
+    workers: int
+    in_flight: int
+    idle: int
+    claimed: int
+    succeeded: int
+    failed: int
+    released: int
+    lost: int
+    heartbeats: int
+    timed_out: int
+    stopping: bool
+
+
+#: The error a timed-out job is nacked with (async pool).
+TIMED_OUT = "timed out"
+
+__all__ += ["TIMED_OUT", "PoolStatistics"]

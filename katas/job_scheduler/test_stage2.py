@@ -1,0 +1,766 @@
+"""Stage 2 suite: worker pools around the stage-1 queue (see katas/job_scheduler/README.md).
+
+Core: ``ThreadWorkerPool`` — concurrent handlers outside the queue's lock, heartbeats
+while a handler runs, bounded in-flight work, ack/nack, ``shutdown(grace_ns)`` and
+``statistics()``.
+
+How these tests stay deterministic: the clock is a ``ManualClock`` that moves only when
+a test advances it; handlers block on events the test sets; progress is sequenced
+through ``pool.statistics()`` instead of sleeps; every wait has a hard real-time
+deadline, and every thread is a daemon. Races are provoked with many workers under a
+tiny ``sys.setswitchinterval``, with exact-count assertions.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from katas._kit.profiles import HEAVY_EXAMPLES
+from katas.job_scheduler.api import TIMED_OUT, JobState, Lease, ManualClock, RetryPolicy
+
+pytestmark = [pytest.mark.stage(2)]
+
+core = pytest.mark.core
+extended = pytest.mark.extended
+
+#: Real seconds within which something that should happen promptly must have happened.
+DEADLINE_S = 5.0
+#: Real seconds during which something that must NOT happen is watched for.
+QUIET_S = 0.05
+START = 1_000_000
+LEASE = 1_000
+
+_MODULES: dict[str, ModuleType] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stages(kata: Any) -> None:
+    """Stage 2 first: with ``--base=reference`` it brings the reference's stage 1."""
+    _MODULES["s2"] = kata.stage(2)
+    _MODULES["s1"] = kata.stage(1)
+
+
+@pytest.fixture(autouse=True)
+def _fail_fast_on_stubs() -> None:
+    """Build a pool first: on a stub this fails at once with "not implemented yet"."""
+    _, queue = new_queue()
+    _MODULES["s2"].ThreadWorkerPool(queue, lambda lease, payload: None, workers=1)
+
+
+def new_queue(max_attempts: int = 1, clock: ManualClock | None = None) -> tuple[ManualClock, Any]:
+    """A stage-1 queue on a frozen clock: lease 1000 ns, retries due at once."""
+    clock = ManualClock(START) if clock is None else clock
+    queue = _MODULES["s1"].JobQueue(
+        clock=clock, lease_ns=LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=max_attempts
+    )
+    return clock, queue
+
+
+def new_pool(
+    handler: Callable[[Lease, Any], Any], *, workers: int, max_attempts: int = 1, **kw: Any
+) -> tuple[ManualClock, Any, Any]:
+    clock, queue = new_queue(max_attempts)
+    pool = _MODULES["s2"].ThreadWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
+    return clock, queue, pool
+
+
+@contextmanager
+def tiny_switch_interval() -> Iterator[None]:
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+@contextmanager
+def running(pool: Any) -> Iterator[Any]:
+    """Start ``pool``; on the way out shut it down (grace 0) so no thread waits forever."""
+    pool.start()
+    try:
+        yield pool
+    finally:
+        if not pool.statistics().stopping:
+            pool.shutdown(0)
+
+
+class Thread(threading.Thread):
+    """A daemon thread running ``fn``; ``outcome()`` joins it with a hard deadline."""
+
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._fn = fn
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self._fn()
+        except BaseException as e:  # re-raised in the test's thread by outcome()
+            self.error = e
+
+    def outcome(self, what: str) -> None:
+        self.join(DEADLINE_S)
+        assert not self.is_alive(), (
+            f"stage 2: {self.name} did not return within {DEADLINE_S:.0f} real seconds — {what}"
+        )
+        if self.error is not None:
+            raise self.error
+
+
+def spawn(fn: Callable[[], Any], name: str) -> Thread:
+    thread = Thread(fn, name)
+    thread.start()
+    return thread
+
+
+def eventually(pred: Callable[[], bool], what: str) -> None:
+    """Wait (hard real-time deadline) until ``pred()``; polling only."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.0005)
+    assert pred(), f"stage 2: within {DEADLINE_S:.0f} real seconds, expected {what}"
+
+
+def stays(pred: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + QUIET_S
+    while time.monotonic() < deadline:
+        assert pred(), f"stage 2: expected {what} to keep holding, but it changed"
+        time.sleep(0.0005)
+
+
+def stat(pool: Any, name: str) -> Callable[[], int]:
+    return lambda: int(getattr(pool.statistics(), name))
+
+
+class Gate:
+    """Handlers block here until the test opens the gate (with a hard deadline)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.entered: list[Any] = []
+        self._lock = threading.Lock()
+
+    def handler(self, lease: Lease, payload: Any) -> Any:
+        with self._lock:
+            self.entered.append(payload)
+        assert self.event.wait(DEADLINE_S), "a handler waited on its gate for too long"
+        return payload
+
+
+# --- examples --------------------------------------------------------------------------
+
+
+@core
+def test_stage2_pool_runs_every_job_and_acks_its_result() -> None:
+    _clock, queue, pool = new_pool(lambda lease, payload: payload * 2, workers=3)
+    with running(pool):
+        ids = [pool.submit(i) for i in range(10)]
+        eventually(lambda: pool.statistics().succeeded == 10, "10 jobs succeeded")
+        pool.shutdown(0)
+    for i, job_id in enumerate(ids):
+        job = queue.get(job_id)
+        assert (job.state, job.result) == (JobState.SUCCEEDED, 2 * i), (
+            f"stage 2: job of payload {i} ended {job.state} with result {job.result!r}; "
+            f"the handler returned {2 * i}, which the pool must ack"
+        )
+    stats = pool.statistics()
+    assert (stats.claimed, stats.failed, stats.in_flight) == (10, 0, 0), f"stage 2: {stats}"
+
+
+@core
+def test_stage2_handler_exception_nacks_the_job_with_the_error() -> None:
+    def handler(lease: Lease, payload: Any) -> None:
+        raise ValueError(f"boom {payload}")
+
+    _clock, queue, pool = new_pool(handler, workers=2, max_attempts=2)
+    with running(pool):
+        job_id = pool.submit(7)
+        eventually(lambda: pool.statistics().failed == 2, "both attempts nacked")
+        pool.shutdown(0)
+    job = queue.get(job_id)
+    assert job.state is JobState.DEAD and job.attempts == 2, (
+        f"stage 2: a handler raising on every attempt (max_attempts 2) left the job "
+        f"{job.state} after {job.attempts} attempts; expected DEAD after 2 (nacked each time)"
+    )
+    assert job.last_error is not None and "boom 7" in job.last_error, (
+        f"stage 2: the nack must carry the handler's error; last_error is {job.last_error!r}"
+    )
+    assert pool.statistics().succeeded == 0
+
+
+@core
+def test_stage2_handlers_run_concurrently_outside_the_lock() -> None:
+    barrier = threading.Barrier(3, timeout=1.0)
+    met: list[bool] = []
+
+    def handler(lease: Lease, payload: Any) -> None:
+        try:
+            barrier.wait()
+            met.append(True)
+        except threading.BrokenBarrierError:
+            met.append(False)
+
+    _clock, _queue, pool = new_pool(handler, workers=3)
+    with running(pool):
+        for i in range(3):
+            pool.submit(i)
+        eventually(lambda: len(met) == 3, "3 handlers to return")
+    assert met == [True] * 3, (
+        "stage 2: 3 workers with 3 jobs must run the 3 handlers at the same time (they "
+        f"meet at a barrier); got {met.count(True)} of 3 meeting — is the handler run "
+        "under the pool's lock?"
+    )
+
+
+@core
+def test_stage2_in_flight_work_is_bounded() -> None:
+    gate = Gate()
+    _clock, _queue, pool = new_pool(gate.handler, workers=4, max_in_flight=2)
+    with running(pool):
+        for i in range(5):
+            pool.submit(i)
+        eventually(lambda: len(gate.entered) == 2, "2 handlers running")
+        stays(
+            lambda: len(gate.entered) == 2 and pool.statistics().in_flight == 2,
+            "2 jobs in flight (max_in_flight=2, 4 workers, 5 jobs)",
+        )
+        gate.event.set()
+        eventually(lambda: pool.statistics().succeeded == 5, "all 5 jobs succeeded")
+    assert sorted(gate.entered) == list(range(5))
+
+
+@core
+def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
+    clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=2)
+    with running(pool):
+        pool.submit("later", run_at_ns=START + 1_000)
+        clock.advance(999)
+        stays(lambda: pool.statistics().claimed == 0, "no claim before the job's run time")
+        clock.advance(1)
+        eventually(
+            lambda: pool.statistics().succeeded == 1,
+            "the job claimed once the clock reached its run_at_ns (idle workers wait "
+            "until the queue's next_due_ns, through the clock)",
+        )
+
+
+@core
+def test_stage2_heartbeats_keep_a_long_job_leased() -> None:
+    gate = Gate()
+    clock, _queue, pool = new_pool(gate.handler, workers=2, heartbeat_every_ns=300)
+    with running(pool):
+        pool.submit("long")
+        eventually(lambda: pool.statistics().in_flight == 1, "the job in flight")
+        for beat in range(1, 11):  # 3000 ns: three times the lease
+            clock.advance(300)
+            eventually(
+                partial(lambda n: pool.statistics().heartbeats == n, beat),
+                f"{beat} heartbeat(s) after {300 * beat} ns (heartbeat_every_ns=300)",
+            )
+        gate.event.set()
+        eventually(lambda: pool.statistics().in_flight == 0, "the long job's handler to return")
+    stats = pool.statistics()
+    assert (stats.claimed, stats.lost, stats.succeeded) == (1, 0, 1), (
+        f"stage 2: a job running 3x its lease (heartbeat_every_ns=300, lease {LEASE}) must "
+        f"keep its one lease and be acked; got claimed={stats.claimed}, lost={stats.lost}, "
+        f"succeeded={stats.succeeded} (were its leases really extended?)"
+    )
+
+
+@core
+def test_stage2_without_timely_heartbeats_the_lease_expires_and_the_job_is_retried() -> None:
+    first = threading.Event()
+    runs: list[int] = []
+
+    def handler(lease: Lease, payload: Any) -> int:
+        runs.append(lease.attempt)
+        if lease.attempt == 1:
+            assert first.wait(DEADLINE_S)
+        return lease.attempt
+
+    clock, queue, pool = new_pool(handler, workers=2, max_attempts=3, heartbeat_every_ns=5_000)
+    with running(pool):
+        job_id = pool.submit("slow")
+        eventually(lambda: pool.statistics().in_flight == 1, "the job in flight")
+        clock.advance(LEASE)
+        eventually(lambda: pool.statistics().succeeded == 1, "the retry (attempt 2) acked")
+        first.set()
+        eventually(lambda: pool.statistics().lost == 1, "the first run's ack refused")
+        pool.shutdown(0)
+    job = queue.get(job_id)
+    assert (job.state, job.result, runs) == (JobState.SUCCEEDED, 2, [1, 2]), (
+        f"stage 2: a lease that expired must be retried and the stale ack refused; "
+        f"got {job.state}, result {job.result}, runs {runs}"
+    )
+
+
+@core
+def test_stage2_shutdown_lets_running_jobs_finish_within_the_grace_period() -> None:
+    gate = Gate()
+    clock, queue, pool = new_pool(gate.handler, workers=2)
+    with running(pool):
+        ids = [pool.submit(i) for i in range(3)]
+        eventually(lambda: len(gate.entered) == 2, "2 handlers running")
+        stopper = spawn(lambda: pool.shutdown(500), "shutdown")
+        eventually(lambda: pool.statistics().stopping, "shutdown begun")
+        clock.advance(499)
+        stays(lambda: stopper.is_alive(), "shutdown waiting within its grace period")
+        gate.event.set()
+        stopper.outcome("shutdown with both running jobs finished")
+    states = [queue.get(i).state for i in ids]
+    assert states == [JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.READY], (
+        f"stage 2: shutdown must let the 2 running jobs finish within the grace period and "
+        f"claim nothing more; states {states}"
+    )
+    assert queue.statistics().leased == 0 and pool.statistics().released == 0
+
+
+@core
+def test_stage2_shutdown_releases_jobs_still_running_at_the_deadline() -> None:
+    gate = Gate()
+    clock, queue, pool = new_pool(gate.handler, workers=1, max_attempts=2)
+    with running(pool):
+        job_id = pool.submit("stuck")
+        eventually(lambda: pool.statistics().in_flight == 1, "the job in flight")
+        stopper = spawn(lambda: pool.shutdown(500), "shutdown")
+        eventually(lambda: pool.statistics().stopping, "shutdown begun")
+        clock.advance(499)
+        stays(lambda: stopper.is_alive(), "shutdown waiting within its grace period")
+        clock.advance(1)
+        stopper.outcome("shutdown at its grace deadline")
+        job = queue.get(job_id)
+        assert (job.state, job.attempts, queue.statistics().leased) == (JobState.READY, 0, 0), (
+            f"stage 2: a job still running at the grace deadline must be released (READY, "
+            f"attempt refunded, no lease left); got {job.state}, attempts {job.attempts}, "
+            f"leased {queue.statistics().leased}"
+        )
+        gate.event.set()
+        eventually(lambda: pool.statistics().in_flight == 0, "nothing in flight")
+        stays(lambda: queue.get(job_id).state is JobState.READY, "the released job READY")
+    assert pool.statistics().released == 1
+
+
+@core
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"workers": 0}, "workers"),
+        ({"workers": -2}, "workers"),
+        ({"workers": 2, "max_in_flight": 0}, "max_in_flight"),
+        ({"workers": 2, "heartbeat_every_ns": 0}, "heartbeat_every_ns"),
+    ],
+)
+def test_stage2_bad_arguments_name_the_parameter(kwargs: dict[str, Any], param: str) -> None:
+    _, queue = new_queue()
+    with pytest.raises(ValueError, match=param):
+        _MODULES["s2"].ThreadWorkerPool(queue, lambda lease, payload: None, **kwargs)
+
+
+@core
+def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
+    _clock, _queue, pool = new_pool(lambda lease, payload: None, workers=1)
+    with running(pool):
+        with pytest.raises(ValueError, match="grace_ns"):
+            pool.shutdown(-1)
+        assert not pool.statistics().stopping, "stage 2: a rejected shutdown must stop nothing"
+        pool.submit(1)
+        eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
+
+
+# --- properties ------------------------------------------------------------------------
+
+
+@core
+@settings(max_examples=HEAVY_EXAMPLES)
+@given(
+    workers=st.integers(1, 6),
+    jobs=st.integers(1, 25),
+    max_attempts=st.integers(1, 3),
+    failures=st.sets(st.tuples(st.integers(0, 24), st.integers(1, 3))),
+)
+def test_stage2_no_job_is_run_twice_at_once_and_every_job_finishes(
+    workers: int, jobs: int, max_attempts: int, failures: set[tuple[int, int]]
+) -> None:
+    active: set[int] = set()
+    doubles: list[int] = []
+    lock = threading.Lock()
+
+    def handler(lease: Lease, payload: int) -> int:
+        with lock:
+            if payload in active:
+                doubles.append(payload)
+            active.add(payload)
+        for _ in range(3):
+            time.sleep(0)  # let the others run while this job is "active"
+        with lock:
+            active.discard(payload)
+        if (payload, lease.attempt) in failures:
+            raise RuntimeError(f"fail {payload}/{lease.attempt}")
+        return payload
+
+    # The model: a job succeeds at its first attempt not in ``failures``, else dies.
+    expected: dict[int, tuple[JobState, int]] = {}
+    for p in range(jobs):
+        ok = [a for a in range(1, max_attempts + 1) if (p, a) not in failures]
+        expected[p] = (JobState.SUCCEEDED, ok[0]) if ok else (JobState.DEAD, max_attempts)
+    _clock, queue, pool = new_pool(handler, workers=workers, max_attempts=max_attempts)
+    with tiny_switch_interval(), running(pool):
+        ids = [pool.submit(p) for p in range(jobs)]
+        attempts = sum(n for _, n in expected.values())
+        eventually(
+            lambda: (pool.statistics().claimed, pool.statistics().in_flight) == (attempts, 0),
+            f"every job finished after {attempts} attempts in all",
+        )
+        pool.shutdown(0)
+    assert not doubles, (
+        f"stage 2: jobs {doubles} were in two handlers at once with {workers} workers: "
+        "a job must be leased to one worker at a time"
+    )
+    got = {p: (queue.get(i).state, queue.get(i).attempts) for p, i in enumerate(ids)}
+    assert got == expected, (
+        f"stage 2: {jobs} jobs, {workers} workers, max_attempts {max_attempts}, failing "
+        f"(payload, attempt) {sorted(failures)}: ended (state, attempts) {got}, expected {expected}"
+    )
+    assert queue.statistics().leased == 0
+
+
+# --- AsyncWorkerPool (extended) --------------------------------------------------------
+
+
+async def eventually_async(pred: Callable[[], bool], what: str) -> None:
+    """Wait (hard real-time deadline) until ``pred()``, letting other tasks run."""
+    with anyio.move_on_after(DEADLINE_S):
+        while not pred():
+            await anyio.sleep(0.0005)
+    assert pred(), f"stage 2: within {DEADLINE_S:.0f} real seconds, expected {what}"
+
+
+async def stays_async(pred: Callable[[], bool], what: str) -> None:
+    with anyio.move_on_after(QUIET_S):
+        while True:
+            assert pred(), f"stage 2: expected {what} to keep holding, but it changed"
+            await anyio.sleep(0.0005)
+
+
+def new_async_pool(
+    handler: Callable[[Lease, Any], Awaitable[Any]],
+    *,
+    workers: int,
+    max_attempts: int = 1,
+    **kw: Any,
+) -> tuple[ManualClock, Any, Any]:
+    clock, queue = new_queue(max_attempts)
+    pool = _MODULES["s2"].AsyncWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
+    return clock, queue, pool
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_pool_acks_results_and_nacks_errors() -> None:
+    async def handler(lease: Lease, payload: int) -> int:
+        await anyio.lowlevel.checkpoint()
+        if payload % 3 == 0:
+            raise ValueError(f"bad {payload}")
+        return payload * 10
+
+    _, queue, pool = new_async_pool(handler, workers=3)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        ids = [pool.submit(i) for i in range(9)]
+        await eventually_async(
+            lambda: (pool.statistics().claimed, pool.statistics().in_flight) == (9, 0),
+            "9 jobs handled",
+        )
+        await pool.shutdown(0)
+    for i, job_id in enumerate(ids):
+        job = queue.get(job_id)
+        want = (JobState.DEAD, None) if i % 3 == 0 else (JobState.SUCCEEDED, i * 10)
+        assert (job.state, job.result) == want, (
+            f"stage 2: async job {i} ended ({job.state}, {job.result!r}); expected {want}"
+        )
+        if i % 3 == 0:
+            assert job.last_error is not None and f"bad {i}" in job.last_error
+    stats = pool.statistics()
+    assert (stats.succeeded, stats.failed) == (6, 3), f"stage 2: {stats}"
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_no_job_is_run_twice_at_once() -> None:
+    active: set[int] = set()
+    doubles: list[int] = []
+
+    async def handler(lease: Lease, payload: int) -> None:
+        if payload in active:
+            doubles.append(payload)
+        active.add(payload)
+        for _ in range(3):
+            await anyio.lowlevel.checkpoint()
+        active.discard(payload)
+        if lease.attempt == 1 and payload % 2:
+            raise RuntimeError("first attempt fails")
+
+    _, queue, pool = new_async_pool(handler, workers=6, max_attempts=2)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        ids = [pool.submit(i) for i in range(30)]
+        await eventually_async(
+            lambda: (pool.statistics().claimed, pool.statistics().in_flight) == (45, 0),
+            "45 attempts (30 jobs, 15 of them retried once)",
+        )
+        await pool.shutdown(0)
+    assert not doubles, f"stage 2: jobs {doubles} were in two handlers at once"
+    states = {queue.get(i).state for i in ids}
+    assert states == {JobState.SUCCEEDED}, f"stage 2: every job must succeed; got {states}"
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> None:
+    seen: list[str] = []
+
+    async def handler(lease: Lease, payload: Any) -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            seen.append("cancelled")
+
+    clock, queue, pool = new_async_pool(handler, workers=1, timeout_ns=500)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        job_id = pool.submit("hangs")
+        await eventually_async(lambda: pool.statistics().in_flight == 1, "the job in flight")
+        clock.advance(499)
+        await stays_async(lambda: pool.statistics().in_flight == 1, "the job running at 499 ns")
+        clock.advance(1)
+        await eventually_async(
+            lambda: pool.statistics().timed_out == 1, "the handler timed out at 500 ns"
+        )
+        await pool.shutdown(0)
+    job = queue.get(job_id)
+    assert (job.state, job.last_error, seen) == (JobState.DEAD, TIMED_OUT, ["cancelled"]), (
+        f"stage 2: a handler past timeout_ns=500 must be cancelled and its job nacked with "
+        f"{TIMED_OUT!r}; got {job.state}, last_error {job.last_error!r}, handler saw {seen}"
+    )
+    assert pool.statistics().failed == 1
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_heartbeats_keep_a_long_job_leased() -> None:
+    done = anyio.Event()
+
+    async def handler(lease: Lease, payload: Any) -> str:
+        await done.wait()
+        return "done"
+
+    clock, _, pool = new_async_pool(handler, workers=2, heartbeat_every_ns=300)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        pool.submit("long")
+        await eventually_async(lambda: pool.statistics().in_flight == 1, "the job in flight")
+        for beat in range(1, 11):
+            clock.advance(300)
+            await eventually_async(
+                partial(lambda n: pool.statistics().heartbeats == n, beat),
+                f"{beat} heartbeat(s) after {300 * beat} ns",
+            )
+        done.set()
+        await eventually_async(
+            lambda: pool.statistics().in_flight == 0, "the long job's handler to return"
+        )
+        await pool.shutdown(0)
+    stats = pool.statistics()
+    assert (stats.claimed, stats.lost, stats.succeeded) == (1, 0, 1), (
+        f"stage 2: a job running 3x its lease with heartbeats must keep its lease; {stats}"
+    )
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_period() -> None:
+    quick = anyio.Event()
+    seen: list[str] = []
+
+    async def handler(lease: Lease, payload: str) -> str:
+        if payload == "quick":
+            await quick.wait()
+            return payload
+        try:
+            await anyio.sleep_forever()
+        finally:
+            seen.append(payload)
+        return payload
+
+    clock, queue, pool = new_async_pool(handler, workers=2)
+    stopped: list[bool] = []
+
+    async def stop() -> None:
+        await pool.shutdown(500)
+        stopped.append(True)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        quick_id, stuck_id, waiting_id = (pool.submit(p) for p in ("quick", "stuck", "later"))
+        await eventually_async(lambda: pool.statistics().in_flight == 2, "2 jobs in flight")
+        tg.start_soon(stop)
+        await eventually_async(lambda: pool.statistics().stopping, "shutdown begun")
+        quick.set()
+        clock.advance(499)
+        await eventually_async(lambda: pool.statistics().succeeded == 1, "the quick job acked")
+        await stays_async(lambda: not stopped, "shutdown waiting for the stuck job")
+        clock.advance(1)
+        await eventually_async(lambda: bool(stopped), "shutdown done at its grace deadline")
+    got = [queue.get(i).state for i in (quick_id, stuck_id, waiting_id)]
+    stuck = queue.get(stuck_id)
+    assert got == [JobState.SUCCEEDED, JobState.READY, JobState.READY] and stuck.attempts == 0, (
+        f"stage 2: shutdown(500) must let the quick job finish, cancel and release the stuck "
+        f"one (attempt refunded) and claim nothing more; states {got}, "
+        f"stuck attempts {stuck.attempts}"
+    )
+    assert seen == ["stuck"], f"stage 2: the stuck handler must be cancelled; saw {seen}"
+    assert queue.statistics().leased == 0 and pool.statistics().released == 1
+
+
+@extended
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"workers": 0}, "workers"),
+        ({"workers": 1, "timeout_ns": 0}, "timeout_ns"),
+        ({"workers": 1, "max_in_flight": -1}, "max_in_flight"),
+    ],
+)
+def test_stage2_async_bad_arguments_name_the_parameter(kwargs: dict[str, Any], param: str) -> None:
+    _, queue = new_queue()
+
+    async def handler(lease: Lease, payload: Any) -> None:
+        return None
+
+    with pytest.raises(ValueError, match=param):
+        _MODULES["s2"].AsyncWorkerPool(queue, handler, **kwargs)
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_negative_grace_is_rejected() -> None:
+    async def handler(lease: Lease, payload: Any) -> None:
+        return None
+
+    _, _, pool = new_async_pool(handler, workers=1)
+    with pytest.raises(ValueError, match="grace_ns"):
+        await pool.shutdown(-1)
+    assert not pool.statistics().stopping, "stage 2: a rejected shutdown must stop nothing"
+
+
+# --- a model of the pool's bookkeeping, step by step ----------------------------------
+
+
+class PoolMachine(RuleBasedStateMachine):
+    """Jobs submitted and finished one by one against a model: FIFO claims into at most
+    ``workers`` slots; each handler waits for the test to say how it ends."""
+
+    @initialize(workers=st.integers(1, 3))
+    def build(self, workers: int) -> None:
+        self.workers = workers
+        self.gates: dict[int, tuple[threading.Event, list[bool]]] = {}
+        self.started: list[int] = []
+        self.lock = threading.Lock()
+        _, self.queue, self.pool = new_pool(self.handler, workers=workers)
+        self.pool.start()
+        self.pending: list[int] = []  # the model: submitted, not claimed, in order
+        self.running: list[int] = []
+        self.succeeded = self.failed = 0
+        self.next_payload = 0
+
+    def handler(self, lease: Lease, payload: int) -> int:
+        event, outcome = self.gates[payload]
+        with self.lock:
+            self.started.append(payload)
+        assert event.wait(DEADLINE_S), f"job {payload} waited for the test too long"
+        if not outcome[0]:
+            raise RuntimeError(f"job {payload} failed")
+        return payload
+
+    def refill(self) -> None:
+        while self.pending and len(self.running) < self.workers:
+            self.running.append(self.pending.pop(0))
+
+    @rule()
+    def submit(self) -> None:
+        payload = self.next_payload
+        self.next_payload += 1
+        self.gates[payload] = (threading.Event(), [])
+        self.pool.submit(payload)
+        self.pending.append(payload)
+        self.refill()
+
+    @precondition(lambda self: bool(getattr(self, "running", None)))
+    @rule(data=st.data(), ok=st.booleans())
+    def finish(self, data: st.DataObject, ok: bool) -> None:
+        payload = data.draw(st.sampled_from(self.running))
+        event, outcome = self.gates[payload]
+        outcome.append(ok)
+        self.running.remove(payload)
+        if ok:
+            self.succeeded += 1
+        else:
+            self.failed += 1
+        event.set()
+        self.refill()
+
+    @invariant()
+    def bookkeeping_matches(self) -> None:
+        if not hasattr(self, "pool"):
+            return
+        expected = (len(self.running), self.succeeded, self.failed)
+
+        def now() -> tuple[int, int, int]:
+            s = self.pool.statistics()
+            return (s.in_flight, s.succeeded, s.failed)
+
+        eventually(
+            lambda: (
+                now() == expected
+                and len(self.started) == len(self.running) + self.succeeded + self.failed
+            ),
+            f"(in_flight, succeeded, failed) == {expected}",
+        )
+        with self.lock:
+            started = sorted(self.started)
+        assert started == sorted(self.running + [p for p in self.gates if self.gates[p][1]]), (
+            f"stage 2: handlers started for {started}; the model runs {self.running} "
+            "(FIFO into the free slots) besides those finished"
+        )
+
+    def teardown(self) -> None:
+        if hasattr(self, "pool"):
+            in_flight = len(self.running)
+            self.pool.shutdown(0)
+            for event, _ in self.gates.values():
+                event.set()
+            stats = self.pool.statistics()
+            assert stats.released == in_flight and self.queue.statistics().leased == 0, (
+                f"stage 2: shutdown(0) with {in_flight} running must release them all and "
+                f"leave no lease; released {stats.released}, "
+                f"leased {self.queue.statistics().leased}"
+            )
+
+
+PoolMachine.TestCase.settings = settings(max_examples=HEAVY_EXAMPLES, stateful_step_count=15)
+TestStage2ThreadWorkerPoolModel = core(PoolMachine.TestCase)
