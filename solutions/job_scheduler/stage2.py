@@ -61,18 +61,23 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
-class ThreadWorkerPool:
-    """``workers`` threads claiming jobs from ``queue`` and running ``handler(lease, payload)``."""
+class _PoolConfig:
+    """The arguments both pools take, validated once: nothing starts on bad input."""
 
-    def __init__(
+    _queue: JobQueue
+    _clock: WaitingClock
+    _every: int | None
+    _workers: int
+    _max_in_flight: int
+
+    def _configure(
         self,
         queue: JobQueue,
-        handler: Handler,
-        *,
+        handler: object,
         workers: int,
-        clock: WaitingClock | None = None,
-        heartbeat_every_ns: int | None = None,
-        max_in_flight: int | None = None,
+        clock: WaitingClock | None,
+        heartbeat_every_ns: int | None,
+        max_in_flight: int | None,
     ) -> None:
         if not isinstance(queue, JobQueue):
             raise TypeError(f"queue must be a JobQueue, got {queue!r}")
@@ -87,9 +92,25 @@ class ThreadWorkerPool:
         if clock is not None and not isinstance(clock, WaitingClock):
             raise TypeError(f"clock must be a WaitingClock, got {clock!r}")
         self._queue = queue
-        self._handler = handler
-        self._clock: WaitingClock = clock if clock is not None else MonotonicClock()
+        self._clock = clock if clock is not None else MonotonicClock()
         self._every = heartbeat_every_ns
+
+
+class ThreadWorkerPool(_PoolConfig):
+    """``workers`` threads claiming jobs from ``queue`` and running ``handler(lease, payload)``."""
+
+    def __init__(
+        self,
+        queue: JobQueue,
+        handler: Handler,
+        *,
+        workers: int,
+        clock: WaitingClock | None = None,
+        heartbeat_every_ns: int | None = None,
+        max_in_flight: int | None = None,
+    ) -> None:
+        self._configure(queue, handler, workers, clock, heartbeat_every_ns, max_in_flight)
+        self._handler = handler
         self._cond = threading.Condition(threading.Lock())
         self._running: dict[tuple[str, int], _Running] = {}  # by (job id, first token)
         self._threads: list[threading.Thread] = []
@@ -236,7 +257,7 @@ class ThreadWorkerPool:
                 self._clock.wait_until_ns(self._cond, min(beats) if beats else None)
 
 
-class AsyncWorkerPool:
+class AsyncWorkerPool(_PoolConfig):
     """``workers`` anyio tasks claiming jobs and awaiting ``handler(lease, payload)``."""
 
     def __init__(
@@ -250,23 +271,9 @@ class AsyncWorkerPool:
         max_in_flight: int | None = None,
         timeout_ns: int | None = None,
     ) -> None:
-        if not isinstance(queue, JobQueue):
-            raise TypeError(f"queue must be a JobQueue, got {queue!r}")
-        if not callable(handler):
-            raise TypeError(f"handler must be callable, got {handler!r}")
-        self._workers = _positive("workers", workers)
-        if heartbeat_every_ns is not None:
-            _positive("heartbeat_every_ns", heartbeat_every_ns)
-        self._max_in_flight = (
-            self._workers if max_in_flight is None else _positive("max_in_flight", max_in_flight)
-        )
-        self._timeout = None if timeout_ns is None else _positive("timeout_ns", timeout_ns)
-        if clock is not None and not isinstance(clock, WaitingClock):
-            raise TypeError(f"clock must be a WaitingClock, got {clock!r}")
-        self._queue = queue
+        self._configure(queue, handler, workers, clock, heartbeat_every_ns, max_in_flight)
         self._handler = handler
-        self._clock: WaitingClock = clock if clock is not None else MonotonicClock()
-        self._every = heartbeat_every_ns
+        self._timeout = None if timeout_ns is None else _positive("timeout_ns", timeout_ns)
         self._running: dict[tuple[str, int], _Running] = {}
         self._wake: anyio.Event | None = None  # made in run(): events need a running loop
         self._stopping = self._stopped = False
