@@ -77,6 +77,17 @@ class _Keys(Generic[S]):
             self.sweep()
         self._keys[key] = state
 
+    def _decide(self, key: str, cost: int, commit: bool) -> Decision:
+        raise NotImplementedError  # pragma: no cover - every limiter overrides it
+
+    def try_acquire(self, key: str, cost: int = 1) -> Decision:
+        """Admit and consume ``cost`` units now, or deny and consume nothing."""
+        return self._decide(key, cost, commit=True)
+
+    def peek(self, key: str, cost: int = 1) -> Decision:
+        """The decision ``try_acquire`` would return now, changing nothing."""
+        return self._decide(key, cost, commit=False)
+
     def reset(self, key: str) -> None:
         """Return ``key`` to its fresh state."""
         self._keys.pop(key, None)
@@ -162,12 +173,6 @@ class TokenBucket(_Keys[list[int]]):
         reset = eff - now - (level - full) // per_ns
         return Decision(allowed, self._limit, level // unit, retry, reset)
 
-    def try_acquire(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=True)
-
-    def peek(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=False)
-
     def refund(self, key: str, cost: int) -> None:
         back = _check_count("cost", cost) * self._unit
         state, level, eff = self._level(key, self._clock.now_ns())
@@ -228,12 +233,6 @@ class GCRA(_Keys[list[int]]):
         remaining = (self._tolerance - (tat - t)) // self._interval
         reset = catch_up + _ceil_div(tat - t, self._p)
         return Decision(allowed, self._limit, remaining, retry, reset)
-
-    def try_acquire(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=True)
-
-    def peek(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=False)
 
     def refund(self, key: str, cost: int) -> None:
         back = _check_count("cost", cost) * self._interval
@@ -331,12 +330,6 @@ class SlidingLog(_Keys[_Log]):
             reset = 0 if log is None else max(0, log.last - now)
         return Decision(allowed, self._limit, self._limit - count, retry, reset)
 
-    def try_acquire(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=True)
-
-    def peek(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=False)
-
     def refund(self, key: str, cost: int) -> None:
         back = _check_count("cost", cost)
         log = self._keys.get(key)
@@ -420,12 +413,6 @@ class FixedWindow(_Keys[list[int]]):
             reset = 0 if state is None else max(0, state[2] - now)
         return Decision(allowed, self._limit, self._limit - count, retry, reset)
 
-    def try_acquire(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=True)
-
-    def peek(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=False)
-
     def refund(self, key: str, cost: int) -> None:
         back = _check_count("cost", cost)
         state = self._keys.get(key)
@@ -503,12 +490,6 @@ class SlidingWindowCounter(_Keys[list[int]]):
         else:
             reset = 0 if state is None else max(0, state[3] - now)
         return Decision(allowed, self._limit, (self._limit * w - used) // w, retry, reset)
-
-    def try_acquire(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=True)
-
-    def peek(self, key: str, cost: int = 1) -> Decision:
-        return self._decide(key, cost, commit=False)
 
     def refund(self, key: str, cost: int) -> None:
         back = _check_count("cost", cost)
