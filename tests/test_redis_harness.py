@@ -288,6 +288,23 @@ def test_proxy_blackhole_needs_a_socket_timeout_then_heals(any_env: RedisEnv) ->
     assert client.ping()
 
 
+def test_proxy_drop_replies_applies_the_write_but_loses_the_reply(any_env: RedisEnv) -> None:
+    proxy = any_env.proxy()
+    client = any_env.server().proxied_client(proxy, socket_timeout=0.2)
+    assert client.ping()
+    key = any_env.prefix + "k"
+    proxy.reset_counts()
+    proxy.drop_replies()
+    start = time.monotonic()
+    with pytest.raises(redis.TimeoutError):
+        client.set(key, b"v")
+    assert any_env.server().client().get(key) == b"v", "the server applied the write"
+    assert "SET" in proxy.counts().commands, "the command was sent, so it is counted"
+    proxy.heal()
+    assert client.get(key) == b"v", "after heal() the client reconnects cleanly"
+    assert time.monotonic() - start < 5, "one socket timeout, not a hang"
+
+
 def test_proxy_latency_still_forwards(any_env: RedisEnv) -> None:
     proxy = any_env.proxy()
     proxy.set_latency_ns(5_000_000)

@@ -8,9 +8,12 @@ what the network does:
 - ``blackhole()``: connections are accepted and requests swallowed, never answered,
   so only a client-side socket timeout ends the wait (the failure that hangs
   services whose clients have none);
+- ``drop_replies()``: requests still reach the server, which applies them, but every
+  reply is discarded, so the client times out not knowing its write happened (the
+  ambiguous failure a retry with an idempotency key must survive);
 - ``set_latency_ns(ns)``: every client→server chunk is delayed (real time);
-- ``heal()``: forward again. Connections that lost bytes in a blackhole are reset,
-  as their protocol stream is no longer in step.
+- ``heal()``: forward again. Connections that lost bytes in a blackhole or lost
+  replies in ``drop_replies`` are reset, as their protocol stream is no longer in step.
 
 It also counts what the client asked for: ``round_trips`` (a client send after the
 previous reply, so a pipeline is one) and ``commands`` (parsed from the client's
@@ -30,7 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-Fault = Literal["none", "outage", "blackhole"]
+Fault = Literal["none", "outage", "blackhole", "drop_replies"]
+_FORWARDING: tuple[Fault, ...] = ("none", "drop_replies")  # faults that still reach the server
 
 _POLL_S = 0.02  # how often blocked threads look at the stop flag
 _JOIN_DEADLINE_S = 5.0
@@ -144,9 +148,12 @@ class _Link:
                 continue
             if not data:
                 break
-            if self.proxy.fault != "none" or self.upstream is None:
+            fault = self.proxy.fault
+            if fault not in _FORWARDING or self.upstream is None:
                 self.tainted = True  # swallowed: never answered
                 continue
+            if fault == "drop_replies":
+                self.tainted = True  # applied, but its reply is lost (or comes after heal)
             self.proxy._count(self, data)
             delay = self.proxy.latency_ns
             if delay:
@@ -158,7 +165,7 @@ class _Link:
         self.close()
 
     def _pump_down(self) -> None:
-        """Server → client: forward replies (or drop them in a blackhole)."""
+        """Server → client: forward replies (or drop them in a blackhole/drop_replies)."""
         while not self.closed.is_set():
             if self.upstream is None:
                 if self.closed.wait(_POLL_S):
@@ -169,10 +176,10 @@ class _Link:
                 continue
             if not data:
                 break
+            self.awaiting_reply = False  # the server answered, delivered or not
             if self.proxy.fault != "none":
                 self.tainted = True
                 continue
-            self.awaiting_reply = False
             try:
                 self.client.sendall(data)
             except OSError:
@@ -223,6 +230,10 @@ class FaultProxy:
     def blackhole(self) -> None:
         """Accept and swallow: requests are never answered, until ``heal()``."""
         self.fault = "blackhole"
+
+    def drop_replies(self) -> None:
+        """Forward requests (the server applies them) but discard replies, until ``heal()``."""
+        self.fault = "drop_replies"
 
     def heal(self) -> None:
         """Forward again; connections that lost bytes meanwhile are reset."""
@@ -279,7 +290,7 @@ class FaultProxy:
                 _reset(client)
                 continue
             upstream: socket.socket | None = None
-            if self.fault == "none":
+            if self.fault in _FORWARDING:
                 try:
                     upstream = socket.create_connection(self.upstream, _CONNECT_TIMEOUT_S)
                     upstream.settimeout(None)

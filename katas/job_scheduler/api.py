@@ -238,3 +238,23 @@ class PoolStatistics:
 TIMED_OUT = "timed out"
 
 __all__ += ["TIMED_OUT", "PoolStatistics"]
+
+
+# --- Stage 3: the queue on Redis -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpStamp:
+    """Where one call on a Redis queue stands in the order Redis ran every call.
+
+    ``op`` is the queue's operation counter, incremented by every script; Redis runs
+    scripts one at a time, so sorting calls by ``op`` recovers the order they took
+    effect in, whichever process made them. ``server_now_ns`` is the server's ``TIME``
+    in that script (whole µs, in ns) — the only clock a stage-3 queue reads.
+    """
+
+    op: int
+    server_now_ns: int
+
+
+__all__ += ["OpStamp"]

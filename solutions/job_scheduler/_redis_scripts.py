@@ -1,0 +1,391 @@
+"""The Lua behind stage 3: one script per transition, each one EVALSHA (one round trip).
+
+Stage 1's rules, restated on Redis. Every script starts the same way (``PRELUDE``):
+
+1. ``now`` from the server's ``TIME``, in integer µs (about 1.7·10¹⁵, exact in a Lua
+   double below 2^53). No client clock is ever read: workers' clocks disagree.
+2. ``op = INCR ops``: the queue's operation counter. Redis runs scripts one at a time,
+   so ``op`` is the order the transitions happened in; every reply carries ``op`` and
+   ``now``, and the suite replays a run through an exact model in that order.
+3. ``settle(now)``: what time made due, in stage 1's order — lease expiries in
+   ``(expires_at, seq)`` order (each costs the attempt its claim counted, and its
+   backoff runs from the expiry), then delayed jobs whose time has come, then retention
+   of finished jobs and idempotency records. Each step is bounded (``LIMIT``), so one
+   call never blocks the server for long; what is left is settled by the next call.
+   The reaper is this prelude and nothing else.
+
+Keys share the hash tag of the queue's name (``q:{jobs}:…``), so in Redis Cluster one
+queue lives in one slot and a script may touch all of them. ``KEYS`` names the fixed
+keys; a job's hash (``…:job:<id>``) and an idempotency record (``…:idem:<key>``) are
+derived from the same prefix.
+
+- ``ready``: sorted set, score ``-priority``, member ``"<due µs, 16 digits>:<seq, 12
+  digits>"``. Equal scores sort by member, byte by byte, so ``ZPOPMIN`` pops the highest
+  priority, then the earliest due, then the oldest — the payload is never compared.
+- ``delayed``: score due µs, member ``<seq, 12 digits>``; ``leases``: score expiry µs,
+  same members, so equal expiries come out by seq.
+- ``forget``: every finished job, scored by when it finished (retention trims it);
+  ``succeeded``/``cancelled``: sets; ``dead``: sorted by a death counter (the order of
+  death, for ``dead_letters``); ``idemx``: idempotency records by expiry (for counting).
+- A job's hash: ``p`` payload (JSON), ``pr`` priority, ``due``, ``seq``, ``att``
+  attempts, ``tok`` fencing token, ``st`` state, ``max`` max_attempts, ``enq``,
+  ``exp``/``wid`` (while leased), ``fin`` (while finished), ``err``, ``res`` (JSON),
+  ``prev`` (decorrelated jitter's previous delay), ``eff`` (the committed effect, JSON).
+  The effect lives in the job's own hash: keyed by job id, never by (job, token), and
+  forgotten with the job.
+
+Retention by TTL, set by the script that finishes a job (``PEXPIREAT`` at finish +
+retention) or records a key (``SET … PX``): a crash between two calls can never leave
+one behind forever. Pending jobs have no TTL — they are the queue.
+
+Jitter needs randomness the server can reproduce: the client draws one seed from its
+injected ``rng`` per call (only when the policy jitters) and the script expands it with
+a Park–Miller generator, exact in doubles.
+"""
+
+from __future__ import annotations
+
+#: The fixed keys every script receives, in this order (suffixes of the queue's prefix).
+KEYS = (
+    "seq", "ops", "ready", "delayed", "leases", "forget", "succeeded", "dead", "cancelled",
+    "deaths", "idemx",
+)  # fmt: skip
+
+#: ARGV[1..8], the same for every script (the queue's settings and the call's rng seed);
+#: a script's own arguments follow from ARGV[9].
+COMMON_ARGS = 8
+
+PRELUDE = r"""
+local unpack = unpack or table.unpack
+local K_SEQ, K_OPS, K_READY, K_DELAYED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_LEASES, K_FORGET, K_SUCCEEDED, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_CANCELLED, K_DEATHS, K_IDEMX = KEYS[9], KEYS[10], KEYS[11]
+local P = string.sub(K_SEQ, 1, -4)  -- the prefix: KEYS[1] is P .. 'seq'
+local LEASE, MAX_ATT = tonumber(ARGV[1]), tonumber(ARGV[2])
+local BASE, CAP, JITTER = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
+local RETENTION, DEDUP = tonumber(ARGV[6]), tonumber(ARGV[7])
+local seed = tonumber(ARGV[8])
+local LIMIT = 1000  -- the most of each kind one call settles
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local op = redis.call('INCR', K_OPS)
+
+local function int(x) return string.format('%d', x) end
+local function pad(x, w) return string.format('%0' .. w .. 'd', x) end
+local function member(seq) return pad(seq, 12) end
+local function ready_member(due, seq) return pad(due, 16) .. ':' .. pad(seq, 12) end
+local function job_key(seq) return P .. 'job:job-' .. int(seq) end
+local function num(jk, field) return tonumber(redis.call('HGET', jk, field)) end
+
+-- Park–Miller (minimal standard): products stay below 2^47, exact in doubles.
+local function rnd31() seed = (seed * 48271) % 2147483647; return seed end
+local function randrange(lo, hi)  -- an integer in [lo, hi)
+  local n = hi - lo
+  if n <= 1 then return lo end
+  local r = (rnd31() % 4194304) * 2147483648 + rnd31()  -- 53 random bits at most
+  return lo + math.fmod(r, n)
+end
+
+local function backoff(jk, attempt)
+  if JITTER == 'decorrelated' then
+    local prev = num(jk, 'prev') or BASE
+    local d = math.min(CAP, randrange(BASE, 3 * prev + 1))
+    redis.call('HSET', jk, 'prev', int(d))
+    return d
+  end
+  local d = 0
+  if BASE > 0 then d = math.min(CAP, BASE * 2 ^ math.min(attempt - 1, 60)) end
+  if JITTER == 'none' then return d end
+  if JITTER == 'full' then return randrange(0, d + 1) end
+  local half = math.floor(d / 2)  -- equal
+  return half + randrange(0, half + 1)
+end
+
+local function make_ready(jk, seq, due)
+  redis.call('HSET', jk, 'st', 'ready')
+  redis.call('ZADD', K_READY, -num(jk, 'pr'), ready_member(due, seq))
+end
+
+-- Wait for `due`: READY at once if due, else SCHEDULED in the delayed set.
+local function schedule(jk, seq, due)
+  redis.call('HSET', jk, 'due', int(due))
+  redis.call('HDEL', jk, 'exp', 'wid')
+  if due <= now then make_ready(jk, seq, due)
+  else
+    redis.call('HSET', jk, 'st', 'scheduled')
+    redis.call('ZADD', K_DELAYED, due, member(seq))
+  end
+end
+
+local function finish(jk, seq, state, at)
+  redis.call('HSET', jk, 'st', state, 'fin', int(at))
+  redis.call('HDEL', jk, 'exp', 'wid')
+  redis.call('ZADD', K_FORGET, at, member(seq))
+  if state == 'dead' then redis.call('ZADD', K_DEAD, redis.call('INCR', K_DEATHS), member(seq))
+  elseif state == 'succeeded' then redis.call('SADD', K_SUCCEEDED, member(seq))
+  else redis.call('SADD', K_CANCELLED, member(seq)) end
+  -- Redis forgets the hash by itself; settle drops the indexes' entry at the same instant.
+  redis.call('PEXPIREAT', P .. 'job:job-' .. int(seq), int(math.ceil((at + RETENTION) / 1000)))
+end
+
+-- A leased attempt failed at `at`: retry after backoff, or die after max_attempts.
+local function fail(jk, seq, err, at)
+  redis.call('HSET', jk, 'err', err)
+  local attempts = num(jk, 'att')
+  if attempts >= num(jk, 'max') then finish(jk, seq, 'dead', at)
+  else schedule(jk, seq, at + backoff(jk, attempts)) end
+end
+
+local function settle()
+  local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', now, 'WITHSCORES',
+                             'LIMIT', 0, LIMIT)
+  for i = 1, #expired, 2 do
+    local seq = tonumber(expired[i])
+    redis.call('ZREM', K_LEASES, expired[i])
+    fail(job_key(seq), seq, 'lease expired', tonumber(expired[i + 1]))
+  end
+  local due = redis.call('ZRANGEBYSCORE', K_DELAYED, '-inf', now, 'LIMIT', 0, LIMIT)
+  for i = 1, #due do
+    local seq = tonumber(due[i])
+    local jk = job_key(seq)
+    redis.call('ZREM', K_DELAYED, due[i])
+    make_ready(jk, seq, num(jk, 'due'))
+  end
+  local old = redis.call('ZRANGEBYSCORE', K_FORGET, '-inf', now - RETENTION, 'LIMIT', 0, LIMIT)
+  for i = 1, #old do
+    redis.call('ZREM', K_FORGET, old[i])
+    redis.call('SREM', K_SUCCEEDED, old[i])
+    redis.call('SREM', K_CANCELLED, old[i])
+    redis.call('ZREM', K_DEAD, old[i])
+    redis.call('DEL', job_key(tonumber(old[i])))
+  end
+  redis.call('ZREMRANGEBYSCORE', K_IDEMX, '-inf', now)
+  return #expired / 2
+end
+
+local expired_now = settle()
+
+local function pending()
+  return redis.call('ZCARD', K_READY) + redis.call('ZCARD', K_DELAYED)
+         + redis.call('ZCARD', K_LEASES)
+end
+
+-- The job a lease names, if that lease is live: its key and seq, or an error reply.
+local function live(id, token)
+  local jk = P .. 'job:' .. id
+  local st, tok, seq = unpack(redis.call('HMGET', jk, 'st', 'tok', 'seq'))
+  if not st then return nil, {op, now, 'notfound'} end
+  if st ~= 'leased' or tonumber(tok) ~= tonumber(token) then
+    return nil, {op, now, 'stale', st, tonumber(tok)}
+  end
+  return jk, tonumber(seq)
+end
+"""
+
+# ARGV[9..]: payload JSON, priority, due µs ('' = now), delay µs ('' = none),
+# idempotency key ('' = none), max_pending ('' = unbounded).
+ENQUEUE = r"""
+local payload, priority, run_at, delay = ARGV[9], tonumber(ARGV[10]), ARGV[11], ARGV[12]
+local ikey, max_pending = ARGV[13], ARGV[14]
+local ik = P .. 'idem:' .. ikey
+if ikey ~= '' then
+  local known = redis.call('GET', ik)
+  if known then
+    local id, expiry = string.match(known, '(%S+) (%d+)')
+    if tonumber(expiry) > now then return {op, now, 'dup', id} end
+  end
+end
+if max_pending ~= '' and pending() >= tonumber(max_pending) then return {op, now, 'full'} end
+local seq = redis.call('INCR', K_SEQ)
+local id = 'job-' .. int(seq)
+local jk = P .. 'job:' .. id
+local due = now
+if run_at ~= '' then due = tonumber(run_at) elseif delay ~= '' then due = now + tonumber(delay) end
+redis.call('HSET', jk, 'p', payload, 'pr', int(priority), 'seq', int(seq), 'att', 0, 'tok', 0,
+           'max', int(MAX_ATT), 'enq', int(now))
+schedule(jk, seq, due)
+if ikey ~= '' and DEDUP > 0 then
+  -- The record's expiry is counted from the first enqueue only; SET ... PX writes the
+  -- value and its TTL in one command.
+  redis.call('SET', ik, id .. ' ' .. int(now + DEDUP), 'PX', int(math.ceil(DEDUP / 1000)))
+  redis.call('ZADD', K_IDEMX, now + DEDUP, ikey)
+end
+return {op, now, 'ok', id}
+"""
+
+# ARGV[9]: worker id.
+CLAIM = r"""
+local top = redis.call('ZPOPMIN', K_READY)
+if #top == 0 then return {op, now, 'none'} end
+local seq = tonumber(string.sub(top[1], 18))
+local jk = job_key(seq)
+local expires = now + LEASE
+local attempt = redis.call('HINCRBY', jk, 'att', 1)
+local token = redis.call('HINCRBY', jk, 'tok', 1)  -- bumped on every claim, never reset
+redis.call('HSET', jk, 'st', 'leased', 'exp', int(expires), 'wid', ARGV[9])
+redis.call('ZADD', K_LEASES, expires, member(seq))
+return {op, now, 'ok', 'job-' .. int(seq), token, attempt, expires}
+"""
+
+# ARGV[9..]: job id, token, result JSON.
+ACK = r"""
+local jk, seq = live(ARGV[9], ARGV[10])
+if not jk then return seq end
+redis.call('ZREM', K_LEASES, member(seq))
+redis.call('HSET', jk, 'res', ARGV[11])
+finish(jk, seq, 'succeeded', now)
+return {op, now, 'ok'}
+"""
+
+# ARGV[9..]: job id, token, error.
+NACK = r"""
+local jk, seq = live(ARGV[9], ARGV[10])
+if not jk then return seq end
+redis.call('ZREM', K_LEASES, member(seq))
+fail(jk, seq, ARGV[11], now)
+return {op, now, 'ok'}
+"""
+
+# ARGV[9..]: job id, token. An expired lease was settled above: it is never revived.
+HEARTBEAT = r"""
+local jk, seq = live(ARGV[9], ARGV[10])
+if not jk then return seq end
+local expires = now + LEASE
+redis.call('HSET', jk, 'exp', int(expires))
+redis.call('ZADD', K_LEASES, expires, member(seq))
+return {op, now, 'ok', num(jk, 'att'), expires}
+"""
+
+# ARGV[9..]: job id, token. Back in its old place in line, the attempt refunded.
+RELEASE = r"""
+local jk, seq = live(ARGV[9], ARGV[10])
+if not jk then return seq end
+redis.call('ZREM', K_LEASES, member(seq))
+redis.call('HINCRBY', jk, 'att', -1)
+schedule(jk, seq, num(jk, 'due'))
+return {op, now, 'ok'}
+"""
+
+# ARGV[9]: job id.
+CANCEL = r"""
+local jk = P .. 'job:' .. ARGV[9]
+local st, seq, due = unpack(redis.call('HMGET', jk, 'st', 'seq', 'due'))
+if not st then return {op, now, 'notfound'} end
+if st == 'succeeded' or st == 'dead' or st == 'cancelled' then return {op, now, 'false'} end
+seq = tonumber(seq)
+if st == 'leased' then redis.call('ZREM', K_LEASES, member(seq))
+elseif st == 'ready' then redis.call('ZREM', K_READY, ready_member(tonumber(due), seq))
+else redis.call('ZREM', K_DELAYED, member(seq)) end
+finish(jk, seq, 'cancelled', now)
+return {op, now, 'true'}
+"""
+
+# ARGV[9..]: job id, max_pending ('' = unbounded). Attempts zeroed; the token keeps growing.
+REDRIVE = r"""
+local jk = P .. 'job:' .. ARGV[9]
+local st, seq = unpack(redis.call('HMGET', jk, 'st', 'seq'))
+if not st then return {op, now, 'notfound'} end
+if st ~= 'dead' then return {op, now, 'false'} end
+if ARGV[10] ~= '' and pending() >= tonumber(ARGV[10]) then return {op, now, 'full'} end
+seq = tonumber(seq)
+redis.call('ZREM', K_DEAD, member(seq))
+redis.call('ZREM', K_FORGET, member(seq))
+redis.call('PERSIST', jk)
+redis.call('HSET', jk, 'att', 0)
+redis.call('HDEL', jk, 'prev', 'fin')
+schedule(jk, seq, now)
+return {op, now, 'true'}
+"""
+
+# ARGV[9]: job id. Reads settle too: every public call applies what is due first.
+GET = r"""
+local fields = redis.call('HGETALL', P .. 'job:' .. ARGV[9])
+if #fields == 0 then return {op, now, 'notfound'} end
+return {op, now, 'ok', fields}
+"""
+
+# ARGV[9..]: job id, token.
+IS_CURRENT = r"""
+local jk, seq = live(ARGV[9], ARGV[10])
+if not jk then return seq end
+return {op, now, 'ok'}
+"""
+
+NEXT_DUE = r"""
+if redis.call('ZCARD', K_READY) > 0 then return {op, now, 'ok', now} end
+local best = nil
+for _, k in ipairs({K_DELAYED, K_LEASES}) do
+  local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if #first > 0 and (best == nil or tonumber(first[2]) < best) then best = tonumber(first[2]) end
+end
+if best == nil then return {op, now, 'none'} end
+return {op, now, 'ok', best}
+"""
+
+DEAD_LETTERS = r"""
+local out = {}
+for _, m in ipairs(redis.call('ZRANGE', K_DEAD, 0, -1)) do
+  out[#out + 1] = redis.call('HGETALL', job_key(tonumber(m)))
+end
+return {op, now, 'ok', out}
+"""
+
+STATISTICS = r"""
+return {op, now, 'ok', redis.call('ZCARD', K_DELAYED), redis.call('ZCARD', K_READY),
+        redis.call('ZCARD', K_LEASES), redis.call('SCARD', K_SUCCEEDED),
+        redis.call('ZCARD', K_DEAD), redis.call('SCARD', K_CANCELLED),
+        redis.call('ZCARD', K_IDEMX)}
+"""
+
+# The reaper: settling is all it does. Returns how many leases it expired.
+REAP = r"""
+return {op, now, 'ok', expired_now}
+"""
+
+# ARGV[9..]: job id, token, effect JSON. The fence is checked where the effect lands, in
+# the same atomic step: a zombie's effect is refused, a re-run finds it committed.
+COMMIT = r"""
+local jk, seq = live(ARGV[9], ARGV[10])
+if not jk then return seq end
+if redis.call('HSETNX', jk, 'eff', ARGV[11]) == 0 then return {op, now, 'false'} end
+return {op, now, 'true'}
+"""
+
+# Every committed effect of a job the queue still holds: {id, effect, id, effect, ...}.
+EFFECTS = r"""
+local out = {}
+local function collect(seq)
+  local e = redis.call('HGET', job_key(seq), 'eff')
+  if e then out[#out + 1] = 'job-' .. int(seq); out[#out + 1] = e end
+end
+for _, k in ipairs({K_READY, K_DELAYED, K_LEASES, K_DEAD}) do
+  for _, m in ipairs(redis.call('ZRANGE', k, 0, -1)) do collect(tonumber(string.sub(m, -12))) end
+end
+for _, k in ipairs({K_SUCCEEDED, K_CANCELLED}) do
+  for _, m in ipairs(redis.call('SMEMBERS', k)) do collect(tonumber(m)) end
+end
+return {op, now, 'ok', out}
+"""
+
+SCRIPTS = {
+    name: PRELUDE + body
+    for name, body in {
+        "enqueue": ENQUEUE,
+        "claim": CLAIM,
+        "ack": ACK,
+        "nack": NACK,
+        "heartbeat": HEARTBEAT,
+        "release": RELEASE,
+        "cancel": CANCEL,
+        "redrive": REDRIVE,
+        "get": GET,
+        "is_current": IS_CURRENT,
+        "next_due": NEXT_DUE,
+        "dead_letters": DEAD_LETTERS,
+        "statistics": STATISTICS,
+        "reap": REAP,
+        "commit": COMMIT,
+        "effects": EFFECTS,
+    }.items()
+}
