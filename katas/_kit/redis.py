@@ -17,7 +17,8 @@
    external server the rest.
 
 Faults: :meth:`RedisEnv.proxy` puts a :class:`~katas._kit.faultproxy.FaultProxy`
-between a client and a node (outage, blackhole, latency, round-trip counting — it only
+between a client and a node (outage, blackhole, dropped replies, latency, round-trip
+counting — it only
 affects the test's own connections, so it works in every mode); ``node.restart()``,
 ``node.stop()``/``start()``, ``node.script_flush()`` act on the server itself.
 
@@ -560,6 +561,8 @@ class RedisEnv:
         self._prefixes: list[str] = []
         self._frozen: _FrozenServerClock | None = None
         self._shared_clients: list[redis.Redis] = []
+        # Tests call server()/clients() from their own threads: created once, under a lock.
+        self._lock = threading.RLock()
         self.prefix = self.fresh_prefix()
 
     @classmethod
@@ -598,6 +601,10 @@ class RedisEnv:
 
     def server(self) -> RedisNode:
         """The test's Redis (created on first use)."""
+        with self._lock:
+            return self._server()
+
+    def _server(self) -> RedisNode:
         if self._primary is None:
             if self.mode == "url":
                 assert self._url is not None
@@ -640,9 +647,10 @@ class RedisEnv:
         Created on first use and reused by later calls (and hypothesis examples), so an
         example costs no new connections.
         """
-        while len(self._shared_clients) < n:
-            self._shared_clients.append(self.client())
-        return self._shared_clients[:n]
+        with self._lock:
+            while len(self._shared_clients) < n:
+                self._shared_clients.append(self.client())
+            return self._shared_clients[:n]
 
     def async_client(self, **kwargs: Any) -> redis.asyncio.Redis:
         """A ``redis.asyncio`` client of :meth:`server` (aclose it in your loop)."""

@@ -10,7 +10,7 @@ event, flushed at once, so a test can follow it and strike at an exact point::
                                         failed, lost, released (see RedisWorker)
     EVENT unavailable - -               Redis could not be reached (the worker waits)
     HOLD <point> <job_id> <token>       --hold-at <point>: then it waits for a line on stdin
-    EXIT <reason>                       max_jobs, stopped (SIGTERM/SIGINT), or error
+    EXIT <reason>                       max_jobs, or stopped (SIGTERM/SIGINT)
 
 ``--hold-at claimed|after_effect`` holds after that event until the test writes a line
 to stdin — or sends the signal it came for. SIGTERM and SIGINT stop the worker
@@ -41,7 +41,11 @@ HOLD_POINTS = ("claimed", "after_effect")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m katas._kit.worker", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m katas._kit.worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--impl", default=None, help="katas, solutions, or a directory")
     p.add_argument("--base", default=None, choices=["own", "reference"])
     p.add_argument("--url", required=True, help="redis://host:port/db")

@@ -13,7 +13,6 @@ tiny ``sys.setswitchinterval``, with exact-count assertions.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -30,6 +29,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from katas._kit.profiles import HEAVY_EXAMPLES
+from katas._kit.waiting import (
+    DEADLINE_S,
+    eventually,
+    eventually_async,
+    spawn,
+    stays,
+    stays_async,
+    tiny_switch_interval,
+)
 from katas.job_scheduler.api import TIMED_OUT, JobState, Lease, ManualClock, RetryPolicy
 
 pytestmark = [pytest.mark.stage(2)]
@@ -37,10 +45,6 @@ pytestmark = [pytest.mark.stage(2)]
 core = pytest.mark.core
 extended = pytest.mark.extended
 
-#: Real seconds within which something that should happen promptly must have happened.
-DEADLINE_S = 5.0
-#: Real seconds during which something that must NOT happen is watched for.
-QUIET_S = 0.05
 START = 1_000_000
 LEASE = 1_000
 
@@ -79,16 +83,6 @@ def new_pool(
 
 
 @contextmanager
-def tiny_switch_interval() -> Iterator[None]:
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(old)
-
-
-@contextmanager
 def running(pool: Any) -> Iterator[Any]:
     """Start ``pool``; on the way out shut it down (grace 0) so no thread waits forever."""
     pool.start()
@@ -97,50 +91,6 @@ def running(pool: Any) -> Iterator[Any]:
     finally:
         if not pool.statistics().stopping:
             pool.shutdown(0)
-
-
-class Thread(threading.Thread):
-    """A daemon thread running ``fn``; ``outcome()`` joins it with a hard deadline."""
-
-    def __init__(self, fn: Callable[[], Any], name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._fn = fn
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self._fn()
-        except BaseException as e:  # re-raised in the test's thread by outcome()
-            self.error = e
-
-    def outcome(self, what: str) -> None:
-        self.join(DEADLINE_S)
-        assert not self.is_alive(), (
-            f"stage 2: {self.name} did not return within {DEADLINE_S:.0f} real seconds — {what}"
-        )
-        if self.error is not None:
-            raise self.error
-
-
-def spawn(fn: Callable[[], Any], name: str) -> Thread:
-    thread = Thread(fn, name)
-    thread.start()
-    return thread
-
-
-def eventually(pred: Callable[[], bool], what: str) -> None:
-    """Wait (hard real-time deadline) until ``pred()``; polling only."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not pred() and time.monotonic() < deadline:
-        time.sleep(0.0005)
-    assert pred(), f"stage 2: within {DEADLINE_S:.0f} real seconds, expected {what}"
-
-
-def stays(pred: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + QUIET_S
-    while time.monotonic() < deadline:
-        assert pred(), f"stage 2: expected {what} to keep holding, but it changed"
-        time.sleep(0.0005)
 
 
 def stat(pool: Any, name: str) -> Callable[[], int]:
@@ -440,21 +390,6 @@ def test_stage2_no_job_is_run_twice_at_once_and_every_job_finishes(
 
 
 # --- AsyncWorkerPool (extended) --------------------------------------------------------
-
-
-async def eventually_async(pred: Callable[[], bool], what: str) -> None:
-    """Wait (hard real-time deadline) until ``pred()``, letting other tasks run."""
-    with anyio.move_on_after(DEADLINE_S):
-        while not pred():
-            await anyio.sleep(0.0005)
-    assert pred(), f"stage 2: within {DEADLINE_S:.0f} real seconds, expected {what}"
-
-
-async def stays_async(pred: Callable[[], bool], what: str) -> None:
-    with anyio.move_on_after(QUIET_S):
-        while True:
-            assert pred(), f"stage 2: expected {what} to keep holding, but it changed"
-            await anyio.sleep(0.0005)
 
 
 def new_async_pool(

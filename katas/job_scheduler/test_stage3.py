@@ -283,19 +283,21 @@ class Replay:
         raise AssertionError(f"unknown call {call.what}")
 
     def check_real_time_order(self, calls: list[Call]) -> None:
-        """A call that returned before another was invoked must come first in op order."""
-        by_op = sorted(calls, key=lambda c: c.stamp.op)
-        latest_return: Call | None = None
+        """Every call that returned before another was invoked must come first in op order."""
+        ops = [c.stamp.op for c in calls]
+        assert len(set(ops)) == len(ops), self.fail("op numbers are unique", f"ops {sorted(ops)}")
+        returned = sorted(calls, key=lambda c: c.returned_s)
+        done = 0
+        latest: Call | None = None  # the highest-op call among those returned so far
         for c in sorted(calls, key=lambda c: c.invoked_s):
-            if latest_return is not None and latest_return.returned_s < c.invoked_s:
-                assert latest_return.stamp.op < c.stamp.op, self.fail(
-                    "op order contradicts real time",
-                    f"{latest_return} returned before {c} was invoked",
+            while done < len(returned) and returned[done].returned_s < c.invoked_s:
+                if latest is None or returned[done].stamp.op > latest.stamp.op:
+                    latest = returned[done]
+                done += 1
+            if latest is not None:
+                assert latest.stamp.op < c.stamp.op, self.fail(
+                    "op order contradicts real time", f"{latest} returned before {c} was invoked"
                 )
-            if latest_return is None or c.returned_s > latest_return.returned_s:
-                latest_return = c
-        ops = [c.stamp.op for c in by_op]
-        assert len(set(ops)) == len(ops), self.fail("op numbers are unique", f"ops {ops}")
 
 
 def model_for(queue_options: dict[str, Any], **kw: Any) -> Model:
@@ -413,7 +415,7 @@ def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
         f"stage 3: after w1's lease expired, the job must come back with token 2 and "
         f"attempt 2 (the crash cost an attempt); got {second}"
     )
-    for call in (queue.ack, queue.nack, queue.heartbeat):
+    for call in (queue.ack, queue.nack):
         args = (zombie, "late") if call == queue.nack else (zombie,)
         with pytest.raises(StaleLease):
             call(*args)
@@ -794,6 +796,69 @@ def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
         f"stage 3: the expiry must have been applied (attempt counted, error {LEASE_EXPIRED!r})"
         f" before the heartbeat was refused; got {job}"
     )
+
+
+@extended
+@pytest.mark.realtime
+@pytest.mark.parametrize("jitter", ["none", "full", "equal", "decorrelated"])
+def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
+    redis_env: RedisEnv, jitter: str
+) -> None:
+    """Jitter is drawn from the injected rng (expanded in the script): every delay within
+    the formula's bounds, spread out, and the same again for the same seed."""
+    redis_env.freeze_time()
+    base, cap = 10 * MS, 60 * MS
+    policy = RetryPolicy(base, cap, jitter)  # type: ignore[arg-type]
+
+    def delays(seed: int) -> list[tuple[str, int, int]]:
+        """(job id, attempt, delay) of 12 jobs failing twice each, in the order they failed."""
+        queue = new_queue(
+            redis_env, prefix=redis_env.fresh_prefix(), retry=policy, max_attempts=3,
+            rng=random.Random(seed),
+        )  # fmt: skip
+        for n in range(12):
+            queue.enqueue(n)
+        out: list[tuple[str, int, int]] = []
+        while len(out) < 24:
+            lease = queue.claim("w")
+            if lease is None:  # the retries are not due yet
+                redis_env.pass_time(cap)
+                continue
+            if lease.attempt > 2:  # measured twice already (real time runs on)
+                queue.ack(lease)
+                continue
+            queue.nack(lease, "503")
+            failed_at = stamp(queue, "nack").server_now_ns
+            delay = queue.get(lease.job_id).run_at_ns - failed_at
+            out.append((lease.job_id, lease.attempt, delay))
+        return out
+
+    seen = delays(seed=7)
+    prev: dict[str, int] = {}
+    for job_id, attempt, delay in seen:
+        d = min(cap, base * 2 ** (attempt - 1))
+        low, high = {
+            "none": (d, d), "full": (0, d), "equal": (d // 2, d),
+            "decorrelated": (base, min(cap, 3 * prev.get(job_id, base))),
+        }[jitter]  # fmt: skip
+        assert low <= delay <= high, (
+            f"stage 3 ({jitter} jitter, base {base}, cap {cap}): the retry of {job_id} after "
+            f"attempt {attempt} must wait within [{low}, {high}] ns; it waited {delay}"
+        )
+        prev[job_id] = delay
+    if jitter != "none":
+        firsts = {delay for _, attempt, delay in seen if attempt == 1}
+        assert len(firsts) >= 4, (
+            f"stage 3 ({jitter} jitter): 12 first retries waited only {sorted(firsts)} — the "
+            f"jitter is not drawn (12 jobs failing together retry together: a thundering herd)"
+        )
+    if redis_env.time_is_controlled:  # on a real server the order of claims varies
+        again = delays(seed=7)
+        assert again == seen, (
+            f"stage 3 ({jitter} jitter): the same calls with rng Random(7) must give the same "
+            f"delays: the randomness comes from the injected rng.\n  first:  {seen}\n  "
+            f"second: {again}"
+        )
 
 
 @extended
@@ -1240,11 +1305,15 @@ def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
 ) -> None:
     workers.env.freeze_time()  # fakeredis: leases run out only when the test says
     queue = workers.queue()
-    # The long job goes first and outlives the grace period: it must be released.
-    long_job = queue.enqueue({"effect": "long", "work_ms": 900}, priority=1)
-    ids = [long_job] + [queue.enqueue({"effect": i, "work_ms": 40}) for i in range(12)]
     burst = [workers.start("--grace-ns", str(250 * MS)) for _ in range(3)]
-    wait_until(lambda: len(workers.events("acked")) >= 3, "a few jobs done", workers)
+    # The long job goes first and outlives the grace period: it must be released.
+    long_job = queue.enqueue({"effect": "long", "work_ms": 800}, priority=1)
+    ids = [long_job] + [queue.enqueue({"effect": i, "work_ms": 40}) for i in range(12)]
+    wait_until(
+        lambda: len(workers.events("acked")) >= 3 and f"{long_job} 1" in workers.events("claimed"),
+        "a few jobs done while the long one runs",
+        workers,
+    )
     for w in burst:
         w.send(signal.SIGTERM)
     for w in burst:

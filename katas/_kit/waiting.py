@@ -1,0 +1,101 @@
+"""Waiting in concurrency tests: hard real-time deadlines, never bare sleeps.
+
+Tests sequence threads and tasks by observable state (a component's ``statistics()``),
+polling with :func:`eventually`; every wait ends by a deadline, so a deadlock fails the
+test in seconds instead of hanging the suite. Threads are daemons. Messages start with
+the stage tag (``"stage 2"``) so a learner sees which stage's rule broke.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+
+#: Real seconds within which something that should happen promptly must have happened.
+DEADLINE_S = 5.0
+#: Real seconds during which something that must NOT happen is watched for.
+QUIET_S = 0.05
+_POLL_S = 0.0005
+
+
+@contextmanager
+def tiny_switch_interval() -> Iterator[None]:
+    """Make the interpreter switch threads as often as it can: races show up."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(old)
+
+
+class Thread(threading.Thread):
+    """A daemon thread running ``fn``; :meth:`outcome` joins it with a hard deadline."""
+
+    def __init__(self, fn: Callable[[], Any], name: str, tag: str = "stage 2") -> None:
+        super().__init__(name=name, daemon=True)
+        self._fn = fn
+        self._tag = tag
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as e:  # re-raised in the test's thread by outcome()
+            self.error = e
+
+    def outcome(self, what: str) -> Any:
+        """Join (hard deadline); re-raise what ``fn`` raised, else return its result."""
+        self.join(DEADLINE_S)
+        assert not self.is_alive(), (
+            f"{self._tag}: {self.name} did not return within {DEADLINE_S:.0f} real seconds — {what}"
+        )
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def spawn(fn: Callable[[], Any], name: str, tag: str = "stage 2") -> Thread:
+    """Start ``fn`` in a daemon :class:`Thread`."""
+    thread = Thread(fn, name, tag)
+    thread.start()
+    return thread
+
+
+def eventually(pred: Callable[[], bool], what: str, tag: str = "stage 2") -> None:
+    """Wait (hard real-time deadline) until ``pred()``; polling only."""
+    deadline = time.monotonic() + DEADLINE_S
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+    assert pred(), f"{tag}: within {DEADLINE_S:.0f} real seconds, expected {what}"
+
+
+def stays(pred: Callable[[], bool], what: str, tag: str = "stage 2") -> None:
+    """Watch for :data:`QUIET_S` that ``pred()`` keeps holding."""
+    deadline = time.monotonic() + QUIET_S
+    while time.monotonic() < deadline:
+        assert pred(), f"{tag}: expected {what} to keep holding, but it changed"
+        time.sleep(_POLL_S)
+
+
+async def eventually_async(pred: Callable[[], bool], what: str, tag: str = "stage 2") -> None:
+    """Wait (hard real-time deadline) until ``pred()``, letting other tasks run."""
+    with anyio.move_on_after(DEADLINE_S):
+        while not pred():
+            await anyio.sleep(_POLL_S)
+    assert pred(), f"{tag}: within {DEADLINE_S:.0f} real seconds, expected {what}"
+
+
+async def stays_async(pred: Callable[[], bool], what: str, tag: str = "stage 2") -> None:
+    """Watch for :data:`QUIET_S` that ``pred()`` keeps holding, letting other tasks run."""
+    with anyio.move_on_after(QUIET_S):
+        while True:
+            assert pred(), f"{tag}: expected {what} to keep holding, but it changed"
+            await anyio.sleep(_POLL_S)

@@ -1,0 +1,496 @@
+"""Stage 3 benchmarks: the Redis queue against the least its round trips can cost.
+
+Collected only when this file is named on the command line (the suites are
+``test_*.py``; ``pytest katas/job_scheduler -k stage3`` never picks this file up)::
+
+    KATA_REDIS_SERVER=redis-server \\
+        pytest katas/job_scheduler/bench_stage3.py --impl=solutions --benchmark-only -q
+
+The Redis is the suites' (``katas/_kit/redis.py``): **fakeredis by default**, where
+this file is only a smoke run with small sizes — its cost is fakeredis's Python and
+Lua emulation, not a server, so its numbers and ratios mean nothing.
+``KATA_REDIS_SERVER=redis-server`` starts a private real server for the file (the only
+mode whose numbers mean something); ``KATA_REDIS_URL`` points at an external one.
+Client and server share the machine, so on a small or shared one (2 cores here) the
+server's script time and the client's encoding compete for the same cores.
+
+Each group benchmarks the implementation under test (``--impl``), the reference and a
+floor one after another (the tables); its ``…_ratios_interleaved`` test then runs the
+three in turn within every round, so that drift on a shared machine hits them alike,
+and reports the ratios of their best rounds in ``extra_info`` (``--benchmark-json``)
+and on stdout (printed even without ``-s``). The spec's targets — informational,
+benchmarks never fail CI (nothing here asserts a ratio or a count):
+
+- one round trip per transition — enqueue, claim, heartbeat, commit, ack, nack —
+  counted by a :class:`~katas._kit.faultproxy.FaultProxy` after a warm-up cycle that
+  loads the scripts: exactly 1.00 each.
+- claim + ack with 1 000 jobs queued: >= 0.8x the cycles/s of a bare floor of two
+  trivial ``EVALSHA`` calls per cycle (an ``INCR``, then an ``HSET`` of its result —
+  the least two round trips can cost) on a real server.
+- enqueue against a bare one-line ``EVALSHA`` (``INCR``): no spec target, reported.
+- growth: claim + ack with 64x the jobs queued over 1x; no spec target — claim is
+  O(log n) (a sorted-set pop), so it stays near 1x, and a scan of the queue shows up
+  as tens of x.
+
+Measured here on the real server (2 shared cores, loopback): the reference takes one
+round trip per transition and reaches about 0.4x the two-script floor on claim + ack
+(its scripts settle expiries and write a job hash, ~45 µs of server time each against
+~4 µs for the floor's, plus the encoding of 11 keys and ~10 arguments per call) and
+about 0.4x the one-script floor on enqueue; the 64x queue costs 0.9-1.0x.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+
+from katas._kit import impl as _impl
+from katas._kit.redis import RedisEnv
+from katas.job_scheduler.api import NS_PER_S, Lease, RetryPolicy
+
+pytestmark = [pytest.mark.stage(3)]
+
+#: The floor's scripts: the least one round trip to a script can cost.
+TAKE = "return redis.call('INCR', KEYS[1])"
+FINISH = "return redis.call('HSET', KEYS[1], 'last', ARGV[1])"
+TRANSITIONS = ("enqueue", "claim", "heartbeat", "commit", "ack", "nack")
+#: Seconds per operation of each finished benchmark, so a later one can report a ratio.
+RESULTS: dict[str, float] = {}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """How much work a benchmark does: full on a real server, a smoke run on fakeredis."""
+
+    ops: int  # claim+ack cycles (or enqueues) per round
+    rounds: int
+    queued: int  # jobs queued before the claim+ack rounds (the growth test's 1x)
+    lifecycles: int  # lifecycles counted through the proxy
+
+
+@pytest.fixture(scope="module")
+def bench_env() -> Iterator[RedisEnv]:
+    """One Redis for the whole file (every contender on the same server), chosen as for
+    the suites: fakeredis, or ``KATA_REDIS_SERVER`` / ``KATA_REDIS_URL``."""
+    with RedisEnv.from_environment(name="bench") as env:
+        yield env
+
+
+@pytest.fixture(scope="module")
+def scale(bench_env: RedisEnv) -> Scale:
+    if bench_env.mode == "fakeredis":
+        return Scale(ops=50, rounds=3, queued=50, lifecycles=10)
+    return Scale(ops=500, rounds=15, queued=1_000, lifecycles=200)
+
+
+@pytest.fixture(scope="module")
+def reference() -> ModuleType:
+    """The reference stage 3, whatever ``--impl`` says."""
+    return _impl.resolve("solutions").stage("job_scheduler", 3)
+
+
+def where(env: RedisEnv) -> str:
+    if env.mode == "fakeredis":
+        return "fakeredis — numbers mean nothing; KATA_REDIS_SERVER=redis-server for real ones"
+    return f"{env.mode} (real Redis on loopback, sharing this machine's cores)"
+
+
+def priorities(n: int) -> list[int]:
+    return [random.Random(7 + i).randrange(10) for i in range(n)]
+
+
+def new_queue(stage: ModuleType, env: RedisEnv, client: redis.Redis | None = None) -> Any:
+    """A queue under a fresh prefix whose leases never expire during a run; finished
+    jobs are forgotten at once (retention 0), as in the stage-1 benchmarks."""
+    return stage.RedisJobQueue(
+        env.client() if client is None else client,
+        lease_ns=3_600 * NS_PER_S,
+        retry=RetryPolicy(NS_PER_S, 60 * NS_PER_S),
+        max_attempts=3,
+        rng=random.Random(1),
+        retention_ns=0,
+        key_prefix=env.fresh_prefix(),
+    )
+
+
+def measure(
+    benchmark: Any,
+    scale: Scale,
+    name: str,
+    run: Callable[[], object],
+    setup: Callable[[], object] | None = None,
+) -> float:
+    """Benchmark ``run`` (``scale.ops`` operations per call, ``setup`` untimed before
+    each call); return seconds per operation (best round)."""
+    benchmark.pedantic(run, setup=setup, rounds=scale.rounds, iterations=1, warmup_rounds=1)
+    if benchmark.stats is None:  # --benchmark-disable: nothing was measured
+        return math.nan
+    per_op = float(benchmark.stats.stats.min) / scale.ops
+    RESULTS[name] = per_op
+    benchmark.extra_info["ops_per_s"] = round(1 / per_op)
+    return per_op
+
+
+def say(capsys: pytest.CaptureFixture[str], line: str) -> None:
+    with capsys.disabled():
+        print(f"\n  {line}")
+
+
+def report(
+    benchmark: Any, capsys: pytest.CaptureFixture[str], label: str, ratio: float, target: str
+) -> None:
+    benchmark.extra_info[label] = round(ratio, 3)
+    say(capsys, f"{label} = {ratio:.3f}   (target: {target})")
+
+
+def server_us_per_call(
+    env: RedisEnv, run: Callable[[], object], setup: Callable[[], object] | None
+) -> float | None:
+    """On a private server, the server's own µs per ``EVALSHA`` during one more ``run``
+    (INFO commandstats before and after): what the scripts cost without the client and
+    the network. None in the other modes."""
+    if env.mode != "server":
+        return None
+    if setup is not None:
+        setup()
+    admin = env.client()
+
+    def stats() -> tuple[float, float]:
+        row = admin.info("commandstats").get("cmdstat_evalsha", {})
+        return float(row.get("calls", 0)), float(row.get("usec", 0))
+
+    calls0, usec0 = stats()
+    run()
+    calls1, usec1 = stats()
+    return (usec1 - usec0) / (calls1 - calls0) if calls1 > calls0 else None
+
+
+def interleaved(
+    benchmark: Any,
+    scale: Scale,
+    contenders: dict[str, tuple[Callable[[], object], Callable[[], object] | None]],
+) -> dict[str, float]:
+    """Rounds that run every contender once, in turn (each round starting with the next
+    one), so drift on a shared machine hits them alike; ``{name: seconds per op}`` of
+    each one's best round. Setups (untimed) run before every round."""
+    best = dict.fromkeys(contenders, math.inf)
+    order = list(contenders.items())
+    turn = [0]
+
+    def setup() -> None:
+        for _run, top_up in contenders.values():
+            if top_up is not None:
+                top_up()
+
+    def one_round() -> None:
+        first = turn[0] % len(order)
+        turn[0] += 1
+        for name, (run, _top_up) in order[first:] + order[:first]:
+            start = time.perf_counter()
+            run()
+            best[name] = min(best[name], time.perf_counter() - start)
+
+    benchmark.pedantic(one_round, setup=setup, rounds=scale.rounds, iterations=1, warmup_rounds=1)
+    return {name: seconds / scale.ops for name, seconds in best.items()}
+
+
+# --- claim + ack runs ------------------------------------------------------------------
+
+
+def claim_ack_run(
+    stage: ModuleType, env: RedisEnv, scale: Scale, queued: int
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """``(run, top_up)``: a queue holding ``queued`` READY jobs; ``run`` claims and acks
+    ``scale.ops`` of them, ``top_up`` (untimed, before every round) enqueues as many, so
+    the queue keeps its size and never runs dry."""
+    queue = new_queue(stage, env)
+    for i, p in enumerate(priorities(queued)):
+        queue.enqueue(i, priority=p)
+    work = priorities(scale.ops)
+    enqueue, claim, ack = queue.enqueue, queue.claim, queue.ack
+
+    def top_up() -> None:
+        for p in work:
+            enqueue(p, priority=p)
+
+    def run() -> None:
+        for _ in work:
+            ack(claim("w"))
+
+    return run, top_up
+
+
+def two_script_run(env: RedisEnv, scale: Scale) -> Callable[[], None]:
+    """The floor: per cycle, one ``INCR`` script, then one ``HSET`` of its result."""
+    client = env.client()
+    prefix = env.fresh_prefix()
+    take, finish = client.register_script(TAKE), client.register_script(FINISH)
+    counter, done = [prefix + "seq"], [prefix + "done"]
+
+    def run() -> None:
+        for _ in range(scale.ops):
+            n = take(keys=counter, client=client)
+            finish(keys=done, args=[n], client=client)
+
+    return run
+
+
+# --- round trips per transition, through the counting proxy ----------------------------
+
+
+@pytest.mark.extended  # heartbeat is stage 3's extended part
+def test_bench_stage3_round_trips_per_transition(
+    benchmark: Any,
+    stage_module: ModuleType,
+    bench_env: RedisEnv,
+    scale: Scale,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Each lifecycle: enqueue, claim, heartbeat, commit, ack; enqueue, claim, nack — each
+    step's round trips counted by the proxy (its latency is the proxy's, not Redis's)."""
+    benchmark.group = "stage3 one job lifecycle through the counting proxy"
+    proxy = bench_env.proxy()
+    queue = new_queue(stage_module, bench_env, bench_env.server().proxied_client(proxy))
+    store = stage_module.RedisEffectStore(queue)
+    trips: dict[str, list[int]] = {name: [] for name in TRANSITIONS}
+    commands: set[str] = set()
+
+    def step(name: str, call: Callable[[], Any]) -> Any:
+        proxy.reset_counts()
+        out = call()
+        counts = proxy.counts()
+        trips[name].append(counts.round_trips)
+        commands.update(counts.commands)
+        return out
+
+    def lifecycle() -> None:
+        step("enqueue", lambda: queue.enqueue("a"))
+        lease: Lease = step("claim", lambda: queue.claim("w"))
+        lease = step("heartbeat", lambda: queue.heartbeat(lease))
+        step("commit", lambda: store.commit(lease, 1))
+        step("ack", lambda: queue.ack(lease, 1))
+        step("enqueue", lambda: queue.enqueue("b"))
+        failed: Lease = step("claim", lambda: queue.claim("w"))
+        step("nack", lambda: queue.nack(failed, "boom"))
+
+    lifecycle()  # warm-up: loads every script (NOSCRIPT, then SCRIPT LOAD)
+    for counted in trips.values():
+        counted.clear()
+    commands.clear()
+    benchmark.pedantic(lifecycle, rounds=scale.lifecycles, iterations=1, warmup_rounds=0)
+
+    per = {name: sum(n) / len(n) for name, n in trips.items() if n}
+    for name, value in per.items():
+        benchmark.extra_info[f"round_trips_{name}"] = round(value, 3)
+    off = [name for name, value in per.items() if value != 1]
+    others = sorted(commands - {"EVALSHA"})
+    say(
+        capsys,
+        "round trips per transition: "
+        + ", ".join(f"{name} {value:.2f}" for name, value in per.items())
+        + "   (target: 1.00 each)"
+        + (f"   NOT ONE: {', '.join(off)}" if off else "")
+        + (f"   commands besides EVALSHA: {', '.join(others)}" if others else "")
+        + f"   [{where(bench_env)}]",
+    )
+
+
+# --- claim + ack, against two bare scripts ---------------------------------------------
+
+CLAIM_ACK = "stage3 claim+ack, 1 000 queued"
+
+
+@pytest.mark.core
+def test_bench_stage3_claim_ack_floor_two_scripts(
+    benchmark: Any, bench_env: RedisEnv, scale: Scale
+) -> None:
+    benchmark.group = CLAIM_ACK
+    measure(benchmark, scale, "two_scripts", two_script_run(bench_env, scale))
+
+
+@pytest.mark.core
+def test_bench_stage3_claim_ack_reference(
+    benchmark: Any, reference: ModuleType, bench_env: RedisEnv, scale: Scale
+) -> None:
+    benchmark.group = CLAIM_ACK
+    run, top_up = claim_ack_run(reference, bench_env, scale, scale.queued)
+    measure(benchmark, scale, "reference", run, top_up)
+
+
+@pytest.mark.core
+def test_bench_stage3_claim_ack(
+    benchmark: Any, stage_module: ModuleType, bench_env: RedisEnv, scale: Scale
+) -> None:
+    benchmark.group = CLAIM_ACK
+    run, top_up = claim_ack_run(stage_module, bench_env, scale, scale.queued)
+    measure(benchmark, scale, "claim_ack", run, top_up)
+
+
+@pytest.mark.core
+def test_bench_stage3_claim_ack_ratios_interleaved(
+    benchmark: Any,
+    stage_module: ModuleType,
+    reference: ModuleType,
+    bench_env: RedisEnv,
+    scale: Scale,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The ratios: floor, reference and queue in turn within every round."""
+    benchmark.group = "stage3 claim+ack, interleaved rounds (floor, reference, queue)"
+    ours = claim_ack_run(stage_module, bench_env, scale, scale.queued)
+    floor = two_script_run(bench_env, scale)
+    best = interleaved(
+        benchmark,
+        scale,
+        {
+            "queue": ours,
+            "two_scripts": (floor, None),
+            "reference": claim_ack_run(reference, bench_env, scale, scale.queued),
+        },
+    )
+    queue = best["queue"]
+    say(
+        capsys,
+        f"claim+ack: {1 / queue:,.0f} cycles/s; two bare scripts {1 / best['two_scripts']:,.0f}"
+        f"/s; reference {1 / best['reference']:,.0f}/s   [{where(bench_env)}]",
+    )
+    report(
+        benchmark,
+        capsys,
+        "rate_vs_two_scripts",
+        best["two_scripts"] / queue,
+        ">= 0.80 on a real server",
+    )
+    report(benchmark, capsys, "speed_vs_reference", best["reference"] / queue, "~1")
+    ours_us = server_us_per_call(bench_env, *ours)
+    floor_us = server_us_per_call(bench_env, floor, None)
+    if ours_us is not None and floor_us is not None:
+        benchmark.extra_info["server_us_per_script"] = round(ours_us, 1)
+        benchmark.extra_info["server_us_per_floor_script"] = round(floor_us, 1)
+        say(capsys, f"server time per script call: queue {ours_us:.1f} µs, floor {floor_us:.1f} µs")
+
+
+# --- enqueue, against one bare script --------------------------------------------------
+
+ENQUEUE = "stage3 enqueue"
+
+
+def enqueue_run(stage: ModuleType, env: RedisEnv, scale: Scale) -> Callable[[], None]:
+    """Each call enqueues ``scale.ops`` jobs (the queue grows by that much per round)."""
+    queue = new_queue(stage, env)
+    work = priorities(scale.ops)
+    enqueue = queue.enqueue
+
+    def run() -> None:
+        for p in work:
+            enqueue(p, priority=p)
+
+    return run
+
+
+def one_script_run(env: RedisEnv, scale: Scale) -> Callable[[], None]:
+    """The floor: one ``INCR`` script per enqueue."""
+    client = env.client()
+    take, counter = client.register_script(TAKE), [env.fresh_prefix() + "seq"]
+
+    def run() -> None:
+        for _ in range(scale.ops):
+            take(keys=counter, client=client)
+
+    return run
+
+
+@pytest.mark.core
+def test_bench_stage3_enqueue_floor_one_script(
+    benchmark: Any, bench_env: RedisEnv, scale: Scale
+) -> None:
+    benchmark.group = ENQUEUE
+    measure(benchmark, scale, "one_script", one_script_run(bench_env, scale))
+
+
+@pytest.mark.core
+def test_bench_stage3_enqueue_reference(
+    benchmark: Any, reference: ModuleType, bench_env: RedisEnv, scale: Scale
+) -> None:
+    benchmark.group = ENQUEUE
+    measure(benchmark, scale, "enqueue_reference", enqueue_run(reference, bench_env, scale))
+
+
+@pytest.mark.core
+def test_bench_stage3_enqueue(
+    benchmark: Any, stage_module: ModuleType, bench_env: RedisEnv, scale: Scale
+) -> None:
+    benchmark.group = ENQUEUE
+    measure(benchmark, scale, "enqueue", enqueue_run(stage_module, bench_env, scale))
+
+
+@pytest.mark.core
+def test_bench_stage3_enqueue_ratios_interleaved(
+    benchmark: Any,
+    stage_module: ModuleType,
+    reference: ModuleType,
+    bench_env: RedisEnv,
+    scale: Scale,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The ratios: floor, reference and queue in turn within every round."""
+    benchmark.group = "stage3 enqueue, interleaved rounds (floor, reference, queue)"
+    best = interleaved(
+        benchmark,
+        scale,
+        {
+            "queue": (enqueue_run(stage_module, bench_env, scale), None),
+            "one_script": (one_script_run(bench_env, scale), None),
+            "reference": (enqueue_run(reference, bench_env, scale), None),
+        },
+    )
+    queue = best["queue"]
+    say(
+        capsys,
+        f"enqueue: {1 / queue:,.0f} jobs/s; one bare script {1 / best['one_script']:,.0f}/s; "
+        f"reference {1 / best['reference']:,.0f}/s   [{where(bench_env)}]",
+    )
+    report(
+        benchmark,
+        capsys,
+        "enqueue_rate_vs_one_script",
+        best["one_script"] / queue,
+        "none in the spec; informational",
+    )
+    report(benchmark, capsys, "enqueue_speed_vs_reference", best["reference"] / queue, "~1")
+
+
+# --- growth: claim + ack as the queue grows --------------------------------------------
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("factor", [1, 64], ids=["1x", "64x"])
+def test_bench_stage3_claim_ack_as_the_queue_grows(
+    benchmark: Any,
+    stage_module: ModuleType,
+    bench_env: RedisEnv,
+    scale: Scale,
+    capsys: pytest.CaptureFixture[str],
+    factor: int,
+) -> None:
+    """1 000 and 64 000 jobs queued on a real server (50 and 3 200 on fakeredis)."""
+    benchmark.group = "stage3 claim+ack, cost per cycle as the queue grows"
+    queued = scale.queued * factor
+    run, top_up = claim_ack_run(stage_module, bench_env, scale, queued)
+    ours = measure(benchmark, scale, f"claim_ack_{factor}x", run, top_up)
+    if factor == 64 and "claim_ack_1x" in RESULTS:
+        report(
+            benchmark,
+            capsys,
+            "cost_64x_over_1x",
+            ours / RESULTS["claim_ack_1x"],
+            "none in the spec; O(log n) claim stays near 1",
+        )

@@ -1,0 +1,118 @@
+"""The KV-cache contract: types shared by stubs, solutions and tests. Do not edit.
+
+Keys are any hashable values; capacity is counted in entries (``maxsize``) and,
+optionally, in weight (``max_weight``, with ``weigh(value) -> int``). Every time and
+duration is an integer number of nanoseconds from an injected :class:`Clock`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Hashable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from katas._kit.clock import NS_PER_MS, NS_PER_S, Clock, ManualClock, MonotonicClock
+
+
+class RemovalCause(enum.Enum):
+    """Why an entry left the cache (what ``on_evict`` is told)."""
+
+    EVICTED = "evicted"  # pushed out to make room: the only cause counted in evictions
+    EXPIRED = "expired"  # its time to live ran out
+    EXPLICIT = "explicit"  # delete(), or clear()
+    REPLACED = "replaced"  # put() of an existing key replaced this value
+
+
+#: ``on_evict(key, value, cause)``: called once for every value that leaves the cache.
+OnEvict = Callable[[Any, Any, RemovalCause], None]
+#: ``weigh(value) -> int``: a value's weight (an ``int`` >= 0) when ``max_weight`` is set.
+Weigher = Callable[[Any], int]
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of a cache's counters since it was built.
+
+    ``hits`` + ``misses`` is the number of ``get`` calls; ``evictions`` counts removals
+    with cause EVICTED only, ``expirations`` those with cause EXPIRED. ``size`` and
+    ``weight`` are what the cache holds now (live entries only).
+    """
+
+    hits: int
+    misses: int
+    evictions: int
+    expirations: int
+    size: int
+    weight: int
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / (hits + misses); 0.0 before the first get."""
+        total = self.hits + self.misses
+        return self.hits / total if total else 0.0
+
+
+class Cache(Protocol):
+    """What every cache of this kata offers."""
+
+    def get(self, key: Hashable, default: Any = None) -> Any:
+        """The value for ``key`` (a hit, refreshing recency/frequency), or ``default``."""
+        ...
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Insert or replace ``key``'s value, evicting others as the capacity requires."""
+        ...
+
+    def delete(self, key: Hashable) -> bool:
+        """Remove ``key``; True if it was there (cause EXPLICIT)."""
+        ...
+
+    def __len__(self) -> int:
+        """Live entries held (a pure observation)."""
+        ...
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is held and live (a pure observation: no recency change)."""
+        ...
+
+    def __iter__(self) -> Iterator[Any]:
+        """Live keys, least recently used first (a pure observation)."""
+        ...
+
+    def stats(self) -> CacheStats: ...
+
+
+__all__ = [
+    "NS_PER_MS",
+    "NS_PER_S",
+    "Cache",
+    "CacheStats",
+    "Clock",
+    "ManualClock",
+    "MonotonicClock",
+    "OnEvict",
+    "RemovalCause",
+    "Weigher",
+]
+
+
+# --- Stage 2: concurrent caches ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadStatistics:
+    """What a concurrent cache's ``get_or_load`` is doing (counts since it was built).
+
+    - ``loads``: loader calls started; ``failures``: those that raised (or, async, were
+      cancelled); ``in_flight``: loads running now; ``waiters``: callers waiting now
+      for a load another caller leads (tests sequence threads and tasks by these).
+    """
+
+    loads: int
+    failures: int
+    in_flight: int
+    waiters: int
+
+
+__all__ += ["LoadStatistics"]

@@ -1,0 +1,406 @@
+"""Stage 2 suite: a cache for many threads and tasks (see katas/kv_cache/README.md).
+
+Core: ``ConcurrentCache`` — exact stats and capacity under racing threads, per-key
+linearizability, single-flight ``get_or_load``, user code outside the lock. Extended:
+``AsyncCache`` on asyncio and trio, with the cancellation rules.
+
+How these tests stay deterministic: loaders block on events the test sets, and the test
+sequences threads and tasks by ``statistics()`` (loads in flight, waiters) instead of
+sleeping; every wait has a hard real-time deadline and every thread is a daemon. Races
+are provoked with many threads under a tiny ``sys.setswitchinterval`` and judged by
+exact counts and by a linearizability search over the recorded history.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from types import ModuleType
+from typing import Any
+
+import anyio
+import pytest
+
+from katas._kit.history import Call, check_per_key
+from katas._kit.waiting import (
+    DEADLINE_S,
+    eventually,
+    eventually_async,
+    spawn,
+    tiny_switch_interval,
+)
+from katas.kv_cache.api import LoadStatistics, ManualClock, RemovalCause
+
+pytestmark = [pytest.mark.stage(2)]
+
+core = pytest.mark.core
+extended = pytest.mark.extended
+
+EVICTED = RemovalCause.EVICTED
+_MODULES: dict[str, ModuleType] = {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stages(kata: Any) -> None:
+    """Stage 2 first: with ``--base=reference`` it brings the reference's stage 1."""
+    _MODULES["s2"] = kata.stage(2)
+    _MODULES["s1"] = kata.stage(1)
+
+
+@pytest.fixture(autouse=True)
+def _fail_fast_on_stubs() -> None:
+    """Wrap a cache first: on a stub this fails at once with "not implemented yet"."""
+    _MODULES["s2"].ConcurrentCache(_MODULES["s1"].LRUCache(1))
+
+
+def concurrent(maxsize: int = 100, kind: str = "LRUCache", **kw: Any) -> Any:
+    cls = getattr(_MODULES["s1"], kind)
+    inner = (
+        cls(maxsize, 10**15, clock=ManualClock(), **kw)
+        if kind == "TTLCache"
+        else cls(maxsize, **kw)
+    )
+    return _MODULES["s2"].ConcurrentCache(inner)
+
+
+def loads(cache: Any) -> LoadStatistics:
+    stats = cache.statistics()
+    assert isinstance(stats, LoadStatistics), f"stage 2: statistics() returned {stats!r}"
+    return stats
+
+
+class Loader:
+    """A loader that blocks until the test releases it (hard deadline); counts calls."""
+
+    def __init__(self, result: Callable[[int], Any] = lambda n: object()) -> None:
+        self.release = threading.Event()
+        self.calls = 0
+        self._result = result
+        self._lock = threading.Lock()
+
+    def __call__(self) -> Any:
+        with self._lock:
+            self.calls += 1
+            n = self.calls
+        self.release.wait(DEADLINE_S)
+        return self._result(n)
+
+
+# --------------------------------------------------------------------------- core
+
+
+@core
+@pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
+def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
+    evicted: list[Any] = []
+    cache = concurrent(
+        32, kind, on_evict=lambda k, v, c: evicted.append(k) if c is EVICTED else None
+    )
+    gets_per_thread, threads = 3_000, 8
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(gets_per_thread):
+            key = rng.randrange(64)
+            if cache.get(key) is None:
+                cache.put(key, key + 1)
+
+    with tiny_switch_interval():
+        workers = [spawn(partial(work, s), f"t{s}") for s in range(threads)]
+        for w in workers:
+            w.outcome("racing gets and puts must finish")
+    stats = cache.stats()
+    assert stats.hits + stats.misses == gets_per_thread * threads, (
+        f"stage 2: {threads} threads made {gets_per_thread * threads} gets, but hits + misses "
+        f"= {stats.hits} + {stats.misses} = {stats.hits + stats.misses}: counts were lost "
+        f"(an unlocked `+= 1` is a read, an add and a write)"
+    )
+    assert stats.evictions == len(evicted) and len(cache) <= 32 and stats.size == len(cache), (
+        f"stage 2: after the race, evictions {stats.evictions} must equal the EVICTED "
+        f"callbacks ({len(evicted)}) and the cache must hold at most 32: {stats}"
+    )
+
+
+@core
+def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() -> None:
+    cache, loader = concurrent(), Loader()
+    threads = [spawn(lambda: cache.get_or_load("k", loader), f"t{i}") for i in range(16)]
+    eventually(lambda: loads(cache).waiters == 15, "15 callers waiting for the one load")
+    loader.release.set()
+    results = [t.outcome("a waiter must get the loaded value") for t in threads]
+    assert loader.calls == 1, (
+        f"stage 2: 16 concurrent misses of one key must run the loader ONCE (single-flight); "
+        f"it ran {loader.calls} times — a stampede on the backend"
+    )
+    assert all(r is results[0] for r in results) and cache.get("k") is results[0], (
+        "stage 2: every caller of the flight receives the very same object, and it is cached"
+    )
+    assert loads(cache) == LoadStatistics(1, 0, 0, 0), loads(cache)
+
+
+@core
+def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> None:
+    cache = concurrent()
+    boom = RuntimeError("model server 503")
+    release = threading.Event()
+    calls = []
+
+    def failing() -> Any:
+        calls.append(1)
+        release.wait(DEADLINE_S)
+        raise boom
+
+    def call() -> BaseException | None:
+        try:
+            cache.get_or_load("k", failing)
+        except RuntimeError as e:
+            return e
+        return None
+
+    threads = [spawn(call, f"t{i}") for i in range(5)]
+    eventually(lambda: loads(cache).waiters == 4, "4 callers waiting for the load")
+    release.set()
+    errors = [t.outcome("a waiter of a failed load must return") for t in threads]
+    assert all(e is boom for e in errors) and len(calls) == 1, (
+        f"stage 2: the loader's exception must reach every caller of its flight (one call); "
+        f"got {errors}, {len(calls)} calls"
+    )
+    assert "k" not in cache and cache.get_or_load("k", lambda: "fine") == "fine", (
+        "stage 2: a failure is not cached: the next call loads again"
+    )
+    assert loads(cache).failures == 1 and loads(cache).loads == 2, loads(cache)
+
+
+@core
+def test_stage2_misses_of_different_keys_load_in_parallel() -> None:
+    cache, loader = concurrent(), Loader(lambda n: n)
+    threads = [spawn(partial(cache.get_or_load, k, loader), f"t{k}") for k in range(4)]
+    try:
+        eventually(
+            lambda: loads(cache).in_flight == 4,
+            "4 loads of 4 different keys in flight at once — the loader must not run under "
+            "the cache's lock (that serialises every miss)",
+        )
+    finally:
+        loader.release.set()
+    for t in threads:
+        t.outcome("a load must finish")
+
+
+@core
+def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
+    """User code that touches the cache from another thread must not block on it."""
+    blocked: list[str] = []
+
+    def uses_the_cache(what: str) -> None:
+        other = threading.Thread(target=lambda: cache.get("probe"), daemon=True)
+        other.start()
+        other.join(1.0)
+        if other.is_alive():
+            blocked.append(what)
+
+    def weigh(value: Any) -> int:
+        uses_the_cache("weigh")
+        return 1
+
+    def on_evict(key: Any, value: Any, cause: RemovalCause) -> None:
+        uses_the_cache("on_evict")
+
+    cache = concurrent(1, max_weight=10, weigh=weigh, on_evict=on_evict)
+    cache.put("a", 1)
+    cache.put("b", 2)  # evicts a
+    assert not blocked, (
+        f"stage 2: {blocked} ran while the cache's lock was held: another thread's get "
+        "blocked. Call weigh before taking the lock, and run on_evict after releasing it"
+    )
+
+
+@core
+def test_stage2_a_write_during_a_load_wins_over_the_loaded_value() -> None:
+    cache, loader = concurrent(), Loader(lambda n: "loaded (stale)")
+    leader = spawn(lambda: cache.get_or_load("k", loader), "leader")
+    eventually(lambda: loads(cache).in_flight == 1, "the load in flight")
+    cache.put("k", "written meanwhile")
+    loader.release.set()
+    assert leader.outcome("the leader returns") == "loaded (stale)"
+    assert cache.get("k") == "written meanwhile", (
+        "stage 2: a put while the key's load was in flight is newer than the load: the "
+        "loaded value goes to its callers but must not overwrite the put"
+    )
+
+
+@core
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
+    cache = concurrent(10**6)  # unbounded: no eviction, so each key is a register
+    calls: list[Call] = []
+    lock = threading.Lock()
+
+    def work(n: int) -> None:
+        rng = random.Random(seed * 10 + n)
+        for i in range(25):
+            key = rng.choice("xyz")
+            what = rng.choice(["get", "get", "put", "delete"])
+            t0 = time.monotonic_ns()
+            op: tuple[str, ...]
+            if what == "get":
+                op, result = ("get",), cache.get(key, "MISS")
+            elif what == "put":
+                op, result = ("put", f"t{n}-{i}"), cache.put(key, f"t{n}-{i}")
+            else:
+                op, result = ("delete",), cache.delete(key)
+            with lock:
+                calls.append(Call(f"t{n}", key, op, result, t0, time.monotonic_ns()))
+
+    with tiny_switch_interval():
+        threads = [spawn(partial(work, n), f"t{n}") for n in range(4)]
+        for t in threads:
+            t.outcome("a client thread must finish")
+
+    def register(state: Any, op: Any) -> tuple[Any, Any]:
+        if op[0] == "get":
+            return state, state
+        if op[0] == "put":
+            return op[1], None
+        return "MISS", state != "MISS"
+
+    check_per_key(calls, "MISS", register, "stage 2")
+
+
+@core
+def test_stage2_bad_input_is_refused() -> None:
+    with pytest.raises(TypeError):
+        _MODULES["s2"].ConcurrentCache(object())
+        raise AssertionError("stage 2: wrapping something that is not a cache was accepted")
+
+
+# --------------------------------------------------------------------------- async
+
+
+def async_cache() -> Any:
+    return _MODULES["s2"].AsyncCache(_MODULES["s1"].LRUCache(100))
+
+
+class AsyncLoader:
+    def __init__(self) -> None:
+        self.release = anyio.Event()
+        self.calls = 0
+
+    async def __call__(self) -> Any:
+        self.calls += 1
+        await self.release.wait()
+        return object()
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
+    cache, loader = async_cache(), AsyncLoader()
+    results: list[Any] = []
+
+    async def call() -> None:
+        results.append(await cache.get_or_load("k", loader))
+
+    with anyio.fail_after(DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            for _ in range(10):
+                tg.start_soon(call)
+            await eventually_async(lambda: loads(cache).waiters == 9, "9 tasks waiting")
+            loader.release.set()
+    assert loader.calls == 1 and len(results) == 10 and all(r is results[0] for r in results), (
+        f"stage 2: 10 tasks missing one key must await the loader once and share its "
+        f"result; the loader ran {loader.calls} times"
+    )
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> None:
+    cache, loader = async_cache(), AsyncLoader()
+    results: list[Any] = []
+    scopes: list[anyio.CancelScope] = []
+
+    async def call() -> None:
+        results.append(await cache.get_or_load("k", loader))
+
+    async def impatient_call() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await call()
+
+    with anyio.fail_after(DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)  # the leader
+            await eventually_async(lambda: loads(cache).in_flight == 1, "the load in flight")
+            tg.start_soon(impatient_call)
+            await eventually_async(lambda: loads(cache).waiters == 1, "a waiter")
+            scopes[0].cancel()  # that caller gives up
+            await eventually_async(lambda: loads(cache).waiters == 0, "the waiter gone")
+            tg.start_soon(call)
+            await eventually_async(lambda: loads(cache).waiters == 1, "another waiter")
+            loader.release.set()
+    assert loader.calls == 1 and len(results) == 2 and results[0] is results[1], (
+        f"stage 2: a cancelled waiter must just leave: the load goes on for the others "
+        f"(loader calls: {loader.calls}, results: {len(results)})"
+    )
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> None:
+    cache, loader = async_cache(), AsyncLoader()
+    results: list[Any] = []
+
+    async def call() -> None:
+        results.append(await cache.get_or_load("k", loader))
+
+    with anyio.fail_after(DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            async with anyio.create_task_group() as leader:
+                leader.start_soon(call)
+                await eventually_async(lambda: loads(cache).in_flight == 1, "the leader loading")
+                for _ in range(3):
+                    tg.start_soon(call)
+                await eventually_async(lambda: loads(cache).waiters == 3, "3 waiters")
+                leader.cancel_scope.cancel()  # the leader's caller went away
+            await eventually_async(
+                lambda: loader.calls == 2 and loads(cache).waiters == 2,
+                "one waiter leading a new load, two waiting for it",
+            )
+            loader.release.set()
+    assert len(results) == 3 and all(r is results[0] for r in results), (
+        f"stage 2: after the leader was cancelled, one waiter must load again and all three "
+        f"waiters get that value; got {len(results)} results, loader calls {loader.calls}"
+    )
+    assert loads(cache).failures == 1, loads(cache)
+
+
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
+    cache = async_cache()
+    release = anyio.Event()
+    errors: list[BaseException] = []
+
+    async def failing() -> Any:
+        await release.wait()
+        raise RuntimeError("503")
+
+    async def call() -> None:
+        try:
+            await cache.get_or_load("k", failing)
+        except RuntimeError as e:
+            errors.append(e)
+
+    with anyio.fail_after(DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            for _ in range(4):
+                tg.start_soon(call)
+            await eventually_async(lambda: loads(cache).waiters == 3, "3 waiters")
+            release.set()
+    assert len(errors) == 4 and all(e is errors[0] for e in errors) and "k" not in cache, (
+        f"stage 2: the loader's exception reaches all 4 tasks and nothing is cached: {errors}"
+    )
