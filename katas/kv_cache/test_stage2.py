@@ -219,16 +219,101 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
 
 
 @core
-def test_stage2_a_write_during_a_load_wins_over_the_loaded_value() -> None:
+@pytest.mark.parametrize("write", ["put", "delete", "clear"])
+def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> None:
     cache, loader = concurrent(), Loader(lambda n: "loaded (stale)")
     leader = spawn(lambda: cache.get_or_load("k", loader), "leader")
     eventually(lambda: loads(cache).in_flight == 1, "the load in flight")
-    cache.put("k", "written meanwhile")
+    if write == "put":
+        cache.put("k", "written meanwhile")
+    elif write == "delete":
+        cache.delete("k")
+    else:
+        cache.clear()
     loader.release.set()
     assert leader.outcome("the leader returns") == "loaded (stale)"
-    assert cache.get("k") == "written meanwhile", (
-        "stage 2: a put while the key's load was in flight is newer than the load: the "
-        "loaded value goes to its callers but must not overwrite the put"
+    expected = "written meanwhile" if write == "put" else None
+    assert cache.get("k") == expected, (
+        f"stage 2: a {write} while the key's load was in flight is newer than the load: "
+        f"the loaded value goes to its callers but must not be cached over the {write}; "
+        f"the cache holds {cache.get('k')!r}"
+    )
+
+
+@core
+def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
+    cache = concurrent()
+    assert cache.get_or_load("k", lambda: 1) == 1
+    cache.delete("k")
+    got = cache.get_or_load("k", lambda: 2)
+    assert got == 2 and loads(cache).in_flight == 0, (
+        f"stage 2: after its load finished and the key was deleted, the next miss must load "
+        f"again (a finished flight is unregistered); got {got!r}, {loads(cache)}"
+    )
+
+
+@core
+def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None:
+    """A turnstile around the inner cache: every call on it must hold the lock."""
+    inner = _MODULES["s1"].LRUCache(16)
+    overlaps: list[str] = []
+
+    class Turnstile:
+        """Stands in for the inner cache; notes any call made while another is inside."""
+
+        def __init__(self) -> None:
+            self._inside = 0
+            self._count = threading.Lock()
+
+        def __getattr__(self, name: str) -> Any:
+            attr = getattr(inner, name)
+            if not callable(attr) or name in ("weigh",):
+                return attr
+
+            def call(*args: Any, **kw: Any) -> Any:
+                with self._count:
+                    self._inside += 1
+                    if self._inside > 1:
+                        overlaps.append(name)
+                time.sleep(0)  # let another thread in, if nothing keeps it out
+                try:
+                    return attr(*args, **kw)
+                finally:
+                    with self._count:
+                        self._inside -= 1
+
+            return call
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name.startswith("_"):
+                object.__setattr__(self, name, value)
+            else:
+                setattr(inner, name, value)
+
+        def __len__(self) -> int:
+            return int(self.__getattr__("__len__")())
+
+        def __contains__(self, key: object) -> bool:
+            return bool(self.__getattr__("__contains__")(key))
+
+        def __iter__(self) -> Any:
+            return self.__getattr__("__iter__")()
+
+    cache = _MODULES["s2"].ConcurrentCache(Turnstile())
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(300):
+            key = rng.randrange(32)
+            if cache.get(key) is None:
+                cache.put(key, key)
+
+    with tiny_switch_interval():
+        for t in [spawn(partial(work, n), f"t{n}") for n in range(4)]:
+            t.outcome("racing threads must finish")
+    assert not overlaps, (
+        f"stage 2: two threads were inside the inner cache at once ({len(overlaps)} times, "
+        f"e.g. in {sorted(set(overlaps))[:5]}): every call on it must hold the lock"
     )
 
 
@@ -304,7 +389,7 @@ async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
     async def call() -> None:
         results.append(await cache.get_or_load("k", loader))
 
-    with anyio.fail_after(DEADLINE_S):
+    with anyio.fail_after(3 * DEADLINE_S):
         async with anyio.create_task_group() as tg:
             for _ in range(10):
                 tg.start_soon(call)
@@ -331,7 +416,7 @@ async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> Non
             scopes.append(scope)
             await call()
 
-    with anyio.fail_after(DEADLINE_S):
+    with anyio.fail_after(3 * DEADLINE_S):
         async with anyio.create_task_group() as tg:
             tg.start_soon(call)  # the leader
             await eventually_async(lambda: loads(cache).in_flight == 1, "the load in flight")
@@ -357,7 +442,7 @@ async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> 
     async def call() -> None:
         results.append(await cache.get_or_load("k", loader))
 
-    with anyio.fail_after(DEADLINE_S):
+    with anyio.fail_after(3 * DEADLINE_S):
         async with anyio.create_task_group() as tg:
             async with anyio.create_task_group() as leader:
                 leader.start_soon(call)
@@ -395,7 +480,7 @@ async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
         except RuntimeError as e:
             errors.append(e)
 
-    with anyio.fail_after(DEADLINE_S):
+    with anyio.fail_after(3 * DEADLINE_S):
         async with anyio.create_task_group() as tg:
             for _ in range(4):
                 tg.start_soon(call)

@@ -470,7 +470,11 @@ class LFUCache(_Cache):
         return prev
 
     def _touch(self, key: Any) -> None:
-        freq = self._bucket_of[key].freq + 1
+        bucket = self._bucket_of[key]
+        freq = bucket.freq + 1
+        if len(bucket.keys) == 1 and (bucket.next is None or bucket.next.freq != freq):
+            bucket.freq = freq  # alone in its bucket: the bucket itself moves up (a hot key)
+            return
         before = self._unlink_key(key)
         assert before is not None
         nxt = before.next
@@ -488,4 +492,4 @@ class LFUCache(_Cache):
                     self._removal(victim, self._data.pop(victim), EVICTED)
                     return
             bucket = bucket.next
-        raise AssertionError("unreachable: the spared key alone always fits")
+        raise RuntimeError("unreachable: the spared key alone always fits")
