@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
@@ -53,6 +52,7 @@ import pytest
 import redis
 
 from katas._kit import impl as _impl
+from katas._kit.bench import Contender, interleaved, report, say
 from katas._kit.redis import RedisEnv
 from katas.job_scheduler.api import NS_PER_S, Lease, RetryPolicy
 
@@ -139,18 +139,6 @@ def measure(
     return per_op
 
 
-def say(capsys: pytest.CaptureFixture[str], line: str) -> None:
-    with capsys.disabled():
-        print(f"\n  {line}")
-
-
-def report(
-    benchmark: Any, capsys: pytest.CaptureFixture[str], label: str, ratio: float, target: str
-) -> None:
-    benchmark.extra_info[label] = round(ratio, 3)
-    say(capsys, f"{label} = {ratio:.3f}   (target: {target})")
-
-
 def server_us_per_call(
     env: RedisEnv, run: Callable[[], object], setup: Callable[[], object] | None
 ) -> float | None:
@@ -171,35 +159,6 @@ def server_us_per_call(
     run()
     calls1, usec1 = stats()
     return (usec1 - usec0) / (calls1 - calls0) if calls1 > calls0 else None
-
-
-def interleaved(
-    benchmark: Any,
-    scale: Scale,
-    contenders: dict[str, tuple[Callable[[], object], Callable[[], object] | None]],
-) -> dict[str, float]:
-    """Rounds that run every contender once, in turn (each round starting with the next
-    one), so drift on a shared machine hits them alike; ``{name: seconds per op}`` of
-    each one's best round. Setups (untimed) run before every round."""
-    best = dict.fromkeys(contenders, math.inf)
-    order = list(contenders.items())
-    turn = [0]
-
-    def setup() -> None:
-        for _run, top_up in contenders.values():
-            if top_up is not None:
-                top_up()
-
-    def one_round() -> None:
-        first = turn[0] % len(order)
-        turn[0] += 1
-        for name, (run, _top_up) in order[first:] + order[:first]:
-            start = time.perf_counter()
-            run()
-            best[name] = min(best[name], time.perf_counter() - start)
-
-    benchmark.pedantic(one_round, setup=setup, rounds=scale.rounds, iterations=1, warmup_rounds=1)
-    return {name: seconds / scale.ops for name, seconds in best.items()}
 
 
 # --- claim + ack runs ------------------------------------------------------------------
@@ -347,16 +306,19 @@ def test_bench_stage3_claim_ack_ratios_interleaved(
     benchmark.group = "stage3 claim+ack, interleaved rounds (floor, reference, queue)"
     ours = claim_ack_run(stage_module, bench_env, scale, scale.queued)
     floor = two_script_run(bench_env, scale)
+    theirs = claim_ack_run(reference, bench_env, scale, scale.queued)
     best = interleaved(
         benchmark,
-        scale,
         {
-            "queue": ours,
-            "two_scripts": (floor, None),
-            "reference": claim_ack_run(reference, bench_env, scale, scale.queued),
+            "queue": Contender(ours[0], scale.ops, setup=ours[1]),
+            "two_scripts": Contender(floor, scale.ops),
+            "reference": Contender(theirs[0], scale.ops, setup=theirs[1]),
         },
+        rounds=scale.rounds,
     )
     queue = best["queue"]
+    if math.isnan(queue):  # --benchmark-disable: nothing was measured
+        return
     say(
         capsys,
         f"claim+ack: {1 / queue:,.0f} cycles/s; two bare scripts {1 / best['two_scripts']:,.0f}"
@@ -445,14 +407,16 @@ def test_bench_stage3_enqueue_ratios_interleaved(
     benchmark.group = "stage3 enqueue, interleaved rounds (floor, reference, queue)"
     best = interleaved(
         benchmark,
-        scale,
         {
-            "queue": (enqueue_run(stage_module, bench_env, scale), None),
-            "one_script": (one_script_run(bench_env, scale), None),
-            "reference": (enqueue_run(reference, bench_env, scale), None),
+            "queue": Contender(enqueue_run(stage_module, bench_env, scale), scale.ops),
+            "one_script": Contender(one_script_run(bench_env, scale), scale.ops),
+            "reference": Contender(enqueue_run(reference, bench_env, scale), scale.ops),
         },
+        rounds=scale.rounds,
     )
     queue = best["queue"]
+    if math.isnan(queue):  # --benchmark-disable: nothing was measured
+        return
     say(
         capsys,
         f"enqueue: {1 / queue:,.0f} jobs/s; one bare script {1 / best['one_script']:,.0f}/s; "

@@ -41,7 +41,6 @@ from __future__ import annotations
 import functools
 import math
 import random
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -50,7 +49,9 @@ from typing import Any
 
 import pytest
 
+from katas._kit import bench
 from katas._kit import impl as _impl
+from katas._kit.bench import interleaved, report, say
 from katas.kv_cache.api import NS_PER_S, MonotonicClock, RemovalCause
 
 pytestmark = [pytest.mark.stage(1)]
@@ -112,13 +113,12 @@ def on_evict(key: Any, value: Any, cause: RemovalCause) -> None:
 
 
 @dataclass
-class Contender:
+class Contender(bench.Contender):
     """One cache under a workload: ``run`` is one round (the timed loop, ``ops``
     operations); ``misses`` runs one more round and returns its misses (sanity line)."""
 
-    run: Callable[[], object]
-    misses: Callable[[], int] | None = None
     ops: int = OPS
+    misses: Callable[[], int] | None = None
 
 
 def get_put(get: Callable[[Any], Any], put: Callable[[Any, Any], object]) -> Contender:
@@ -138,7 +138,7 @@ def get_put(get: Callable[[Any], Any], put: Callable[[Any, Any], object]) -> Con
                 n += 1
         return n
 
-    return Contender(run, misses)
+    return Contender(run, misses=misses)
 
 
 def ours(cache: Any) -> Contender:
@@ -177,46 +177,7 @@ def lru_cache_contender() -> Contender:
         run()
         return load.cache_info().misses - before
 
-    return Contender(run, misses)
-
-
-def interleaved(
-    benchmark: Any, contenders: dict[str, Contender], rounds: int = ROUNDS
-) -> dict[str, float]:
-    """Rounds that run every contender once, in turn (each round starting with the next
-    one), so drift on a shared machine hits them alike; ``{name: seconds per op}`` of
-    each one's best round (NaN under ``--benchmark-disable``: one round only)."""
-    best = dict.fromkeys(contenders, math.inf)
-    order = list(contenders.items())
-    turn = [0]
-
-    def one_round() -> None:
-        first = turn[0] % len(order)
-        turn[0] += 1
-        for name, contender in order[first:] + order[:first]:
-            start = time.perf_counter()
-            contender.run()
-            best[name] = min(best[name], time.perf_counter() - start)
-
-    benchmark.pedantic(one_round, rounds=rounds, iterations=1, warmup_rounds=1)
-    if benchmark.stats is None:  # --benchmark-disable: nothing was measured
-        return dict.fromkeys(contenders, math.nan)
-    per_op = {name: best[name] / contenders[name].ops for name in contenders}
-    for name, seconds in per_op.items():
-        benchmark.extra_info[f"ops_per_s[{name}]"] = round(1 / seconds)
-    return per_op
-
-
-def say(capsys: pytest.CaptureFixture[str], line: str) -> None:
-    with capsys.disabled():
-        print(f"\n  {line}")
-
-
-def report(
-    benchmark: Any, capsys: pytest.CaptureFixture[str], label: str, ratio: float, target: str
-) -> None:
-    benchmark.extra_info[label] = round(ratio, 3)
-    say(capsys, f"{label} = {ratio:.3f}   (target: {target})")
+    return Contender(run, misses=misses)
 
 
 def rates(capsys: pytest.CaptureFixture[str], per_op: dict[str, float]) -> None:
@@ -269,7 +230,7 @@ def test_bench_stage1_lru_zipf(
         "cachetools": mapping(cachetools.LRUCache(maxsize=MAXSIZE)),
         "lru_cache": lru_cache_contender(),
     }
-    per_op = interleaved(benchmark, contenders)
+    per_op = interleaved(benchmark, contenders, rounds=ROUNDS)
     if math.isnan(per_op["LRUCache"]):
         return
     rates(capsys, per_op)

@@ -45,6 +45,7 @@ from typing import Any
 import pytest
 
 from katas._kit import impl as _impl
+from katas._kit.bench import say
 
 pytestmark = [pytest.mark.stage(2), pytest.mark.core]
 
@@ -109,11 +110,6 @@ def together(n: int, work: Callable[[int], object]) -> float:
     if any(thread.is_alive() for thread in threads):
         raise AssertionError(f"a thread is still running after {DEADLINE_S:.0f} s")
     return wall
-
-
-def say(capsys: pytest.CaptureFixture[str], line: str) -> None:
-    with capsys.disabled():
-        print(f"\n  {line}")
 
 
 def spread(values: list[float]) -> str:

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from fractions import Fraction
 from functools import partial
 from types import ModuleType
@@ -33,14 +31,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
+from katas._kit import waiting
+from katas._kit.waiting import (
+    DEADLINE_S,
+    Thread,
+    eventually_async,
+    stays,
+    stays_async,
+    tiny_switch_interval,
+)
 from katas.rate_limiter.api import NS_PER_S, Decision, Lease, ManualClock
 
 pytestmark = [pytest.mark.stage(2)]
 
-#: Real seconds within which something that should happen promptly must have happened.
-DEADLINE_S = 5.0
-#: Real seconds during which something that must NOT happen is watched for.
-QUIET_S = 0.05
 NS_PER_MS = 1_000_000
 
 _MODULES: dict[str, ModuleType] = {}
@@ -82,44 +85,18 @@ def async_limiter(capacity: int, refill_per_s: int = 1) -> tuple[ManualClock, An
     return clock, s2().AsyncLimiter(inner, clock=clock)
 
 
-@contextmanager
-def tiny_switch_interval() -> Iterator[None]:
-    """Make the interpreter switch threads as often as it can, to open race windows."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        yield
-    finally:
-        sys.setswitchinterval(old)
-
-
-class Worker(threading.Thread):
-    """A daemon thread running ``fn``; ``outcome()`` joins it with a hard deadline."""
-
-    def __init__(self, fn: Callable[[], Any], name: str) -> None:
-        super().__init__(name=name, daemon=True)
-        self._fn = fn
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = self._fn()
-        except BaseException as e:  # re-raised in the test's thread by outcome()
-            self.error = e
+class Worker(Thread):
+    """A daemon :class:`~katas._kit.waiting.Thread` whose failure :func:`eventually` can
+    re-raise while it waits; ``outcome()`` joins it with a hard deadline."""
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
             raise self.error
 
     def outcome(self, what: str) -> Any:
-        self.join(DEADLINE_S)
-        assert not self.is_alive(), (
-            f"stage 2: {self.name} did not finish within {DEADLINE_S:.0f} real seconds — {what} "
-            "(a lost wake-up, a waiter stuck behind one that left, or a deadlock)"
+        return super().outcome(
+            f"{what} (a lost wake-up, a waiter stuck behind one that left, or a deadlock)"
         )
-        self.raise_if_failed()
-        return self.result
 
 
 def start(fn: Callable[[], Any], name: str) -> Worker:
@@ -129,23 +106,17 @@ def start(fn: Callable[[], Any], name: str) -> Worker:
 
 
 def eventually(pred: Callable[[], bool], what: str, workers: tuple[Worker, ...] = ()) -> None:
-    """Wait (hard real-time deadline) until ``pred()``; polling only, nothing depends on timing."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not pred():
+    """:func:`katas._kit.waiting.eventually`, re-raising at once what a ``workers`` thread
+    raised while ``pred()`` does not hold yet (instead of waiting out the deadline)."""
+
+    def ready() -> bool:
+        if pred():
+            return True
         for w in workers:
             w.raise_if_failed()
-        if time.monotonic() > deadline:
-            break
-        time.sleep(0.0005)
-    assert pred(), f"stage 2: within {DEADLINE_S:.0f} real seconds, expected {what}"
+        return False
 
-
-def stays(pred: Callable[[], bool], what: str) -> None:
-    """Watch for ``QUIET_S`` real seconds that ``pred()`` keeps holding."""
-    deadline = time.monotonic() + QUIET_S
-    while time.monotonic() < deadline:
-        assert pred(), f"stage 2: expected {what} to keep holding, but it changed"
-        time.sleep(0.0005)
+    waiting.eventually(ready, what)
 
 
 def reaches(count: Callable[[], int], n: int) -> Callable[[], bool]:
@@ -600,21 +571,6 @@ TestStage2ThreadSafeLimiterModel = pytest.mark.core(ThreadSafeLimiterMachine.Tes
 
 
 # --- AsyncLimiter (extended) ----------------------------------------------------------
-
-
-async def eventually_async(pred: Callable[[], bool], what: str) -> None:
-    """Wait (hard real-time deadline) until ``pred()``, letting other tasks run."""
-    with anyio.move_on_after(DEADLINE_S):
-        while not pred():
-            await anyio.sleep(0.0005)
-    assert pred(), f"stage 2: within {DEADLINE_S:.0f} real seconds, expected {what}"
-
-
-async def stays_async(pred: Callable[[], bool], what: str) -> None:
-    with anyio.move_on_after(QUIET_S):
-        while True:
-            assert pred(), f"stage 2: expected {what} to keep holding, but it changed"
-            await anyio.sleep(0.0005)
 
 
 async def enqueue_async(tg: TaskGroup, limiter: Any, key: str, fn: Any) -> None:
