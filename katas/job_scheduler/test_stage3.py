@@ -381,6 +381,19 @@ def test_stage3_claim_takes_highest_priority_then_earliest_due_then_oldest(
 
 
 @core
+def test_stage3_equal_jobs_come_out_in_enqueue_order_past_the_ninth(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()  # one instant: every job has the same priority and due time
+    queue = new_queue(redis_env)
+    ids = [queue.enqueue({"n": n}) for n in range(12)]
+    got = [claim(queue).job_id for _ in ids]
+    assert got == ids, (
+        f"stage 3: 12 equal jobs enqueued at one instant must be claimed in enqueue order "
+        f"(ties broken by the sequence number, never by the id: 'job-10' < 'job-9' as "
+        f"text); expected {ids}, got {got}"
+    )
+
+
+@core
 @pytest.mark.realtime
 def test_stage3_job_is_not_claimed_before_its_run_at(redis_env: RedisEnv) -> None:
     redis_env.freeze_time()
@@ -1202,12 +1215,8 @@ def pass_lease(workers: Workers) -> None:
     workers.env.pass_time(workers.lease_ns + 10 * MS)
 
 
-@extended
-@pytest.mark.realtime
-@pytest.mark.parametrize("point", ["claimed", "after_effect"])
-def test_stage3_sigkill_mid_job_the_job_comes_back_and_its_effect_lands_once(
-    workers: Workers, point: str
-) -> None:
+def sigkill_mid_job(workers: Workers, point: str) -> None:
+    """SIGKILL a worker held at ``point``; a second worker must finish the job once."""
     workers.env.freeze_time()  # fakeredis: leases run out only when the test says
     queue = workers.queue()
     job_id = queue.enqueue({"effect": "charged $5"})
@@ -1228,6 +1237,18 @@ def test_stage3_sigkill_mid_job_the_job_comes_back_and_its_effect_lands_once(
             "stage 3: the re-run must find the killed worker's effect committed "
             f"(commit returns False) and just ack.\n{workers.transcripts()}"
         )
+
+
+@extended
+@pytest.mark.realtime
+def test_stage3_sigkill_after_the_claim_the_job_comes_back(workers: Workers) -> None:
+    sigkill_mid_job(workers, "claimed")
+
+
+@extended
+@pytest.mark.realtime
+def test_stage3_sigkill_between_effect_and_ack_the_effect_lands_once(workers: Workers) -> None:
+    sigkill_mid_job(workers, "after_effect")
 
 
 @extended
@@ -1273,22 +1294,33 @@ def test_stage3_poison_job_that_kills_every_worker_is_dead_lettered(workers: Wor
     assert [j.id for j in queue.dead_letters()] == [job_id]
 
 
+def long_job(workers: Workers) -> tuple[Any, str]:
+    """A queue (2 attempts) holding one job that runs three leases long, for real."""
+    queue = workers.queue(max_attempts=2)
+    return queue, queue.enqueue({"effect": "slow", "work_ms": 3 * workers.lease_ns // MS})
+
+
 @extended
 @pytest.mark.realtime
-@pytest.mark.parametrize("heartbeats", [True, False])
-def test_stage3_a_job_running_three_leases_long(workers: Workers, heartbeats: bool) -> None:
-    queue = workers.queue(max_attempts=2)
-    job_id = queue.enqueue({"effect": "slow", "work_ms": 3 * workers.lease_ns // MS})
-    extra = (
-        ("--heartbeat-every-ns", str(workers.lease_ns // 3)) if heartbeats else ("--no-heartbeat",)
+def test_stage3_a_job_three_leases_long_keeps_its_lease_by_heartbeats(workers: Workers) -> None:
+    queue, job_id = long_job(workers)
+    worker = workers.start("--heartbeat-every-ns", str(workers.lease_ns // 3), "--max-jobs", "2")
+    worker.wait_for(f"EVENT acked {job_id} 1")
+    applied_once(workers, queue, [job_id])
+    assert queue.get(job_id).attempts == 1, (
+        f"stage 3: heartbeats every lease/3 must keep the lease of a job three leases long: "
+        f"one attempt; got {queue.get(job_id)}\n{workers.transcripts()}"
     )
-    worker = workers.start(*extra, "--max-jobs", "2")
-    if heartbeats:
-        worker.wait_for(f"EVENT acked {job_id} 1")
-        applied_once(workers, queue, [job_id])
-        assert queue.get(job_id).attempts == 1, "stage 3: heartbeats kept the lease: 1 attempt"
-        return
-    # Without heartbeats each attempt outlives its lease: its commit is refused.
+
+
+@extended
+@pytest.mark.realtime
+def test_stage3_a_job_three_leases_long_without_heartbeats_loses_every_attempt(
+    workers: Workers,
+) -> None:
+    queue, job_id = long_job(workers)
+    workers.start("--no-heartbeat", "--max-jobs", "2")
+    # Each attempt outlives its lease: its commit is refused, and the job runs out of attempts.
     wait_until(lambda: len(workers.events("lost")) == 2, "both attempts lost", workers)
     job = queue.get(job_id)
     assert (job.state, job.last_error) == (DEAD, LEASE_EXPIRED), (

@@ -15,9 +15,17 @@ Stage 1's rules, restated on Redis. Every script starts the same way (``PRELUDE`
    The reaper is this prelude and nothing else.
 
 Keys share the hash tag of the queue's name (``q:{jobs}:…``), so in Redis Cluster one
-queue lives in one slot and a script may touch all of them. ``KEYS`` names the fixed
-keys; a job's hash (``…:job:<id>``) and an idempotency record (``…:idem:<key>``) are
-derived from the same prefix.
+queue lives in one slot and a script may touch all of them. ``KEYS[1]`` is that prefix
+(it routes the call to the slot); every key is derived from it. ``ARGV[1]`` is the
+queue's settings, encoded once as one string; ``ARGV[2]`` the call's rng seed. Each
+argument costs the client an encode and the server a parse, on every call.
+
+Cost. A script is cheap next to its round trip only if it does little: a call with
+nothing due must not scan. ``wake`` holds a lower bound on the earliest time anything
+becomes due (a lease expiry, a delayed job, a retention deadline); every script that
+adds such a time lowers it, and ``settle`` runs only once ``now`` reaches it, then
+recomputes it. Fields that only mean something in one state (``exp``/``wid`` while
+leased) are left behind on leaving it rather than deleted: the reader ignores them.
 
 - ``ready``: sorted set, score ``-priority``, member ``"<due µs, 16 digits>:<seq, 12
   digits>"``. Equal scores sort by member, byte by byte, so ``ZPOPMIN`` pops the highest
@@ -45,31 +53,28 @@ a Park–Miller generator, exact in doubles.
 
 from __future__ import annotations
 
-#: The fixed keys every script receives, in this order (suffixes of the queue's prefix).
-KEYS = (
-    "seq", "ops", "ready", "delayed", "leases", "forget", "succeeded", "dead", "cancelled",
-    "deaths", "idemx",
-)  # fmt: skip
-
-#: ARGV[1..8], the same for every script (the queue's settings and the call's rng seed);
-#: a script's own arguments follow from ARGV[9].
-COMMON_ARGS = 8
+#: ARGV[1] (settings) and ARGV[2] (seed) come first; a script's own arguments follow.
+COMMON_ARGS = 2
 
 PRELUDE = r"""
 local unpack = unpack or table.unpack
-local K_SEQ, K_OPS, K_READY, K_DELAYED = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_LEASES, K_FORGET, K_SUCCEEDED, K_DEAD = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local K_CANCELLED, K_DEATHS, K_IDEMX = KEYS[9], KEYS[10], KEYS[11]
-local P = string.sub(K_SEQ, 1, -4)  -- the prefix: KEYS[1] is P .. 'seq'
-local LEASE, MAX_ATT = tonumber(ARGV[1]), tonumber(ARGV[2])
-local BASE, CAP, JITTER = tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
-local RETENTION, DEDUP = tonumber(ARGV[6]), tonumber(ARGV[7])
-local seed = tonumber(ARGV[8])
+local P = KEYS[1]  -- the prefix, e.g. q:{jobs}: (its hash tag routes the call)
+local K_SEQ, K_OPS, K_WAKE = P .. 'seq', P .. 'ops', P .. 'wake'
+local K_READY, K_DELAYED, K_LEASES = P .. 'ready', P .. 'delayed', P .. 'leases'
+local K_FORGET, K_SUCCEEDED, K_DEAD = P .. 'forget', P .. 'succeeded', P .. 'dead'
+local K_CANCELLED, K_DEATHS, K_IDEMX = P .. 'cancelled', P .. 'deaths', P .. 'idemx'
+local LEASE, MAX_ATT, BASE, CAP, JITTER, RETENTION, DEDUP =
+  string.match(ARGV[1], '^(%d+) (%d+) (%d+) (%d+) (%a+) (%d+) (%d+)$')
+LEASE, MAX_ATT, BASE, CAP = tonumber(LEASE), tonumber(MAX_ATT), tonumber(BASE), tonumber(CAP)
+RETENTION, DEDUP = tonumber(RETENTION), tonumber(DEDUP)
+local seed = tonumber(ARGV[2])
 local LIMIT = 1000  -- the most of each kind one call settles
+local NEVER = 9000000000000000  -- µs, in the year 2255: "nothing is due, ever"
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = redis.call('INCR', K_OPS)
+local wake = tonumber(redis.call('GET', K_WAKE) or 0)  -- missing (new, or flushed): settle
 
 local function int(x) return string.format('%d', x) end
 local function pad(x, w) return string.format('%0' .. w .. 'd', x) end
@@ -102,6 +107,14 @@ local function backoff(jk, attempt)
   return half + randrange(0, half + 1)
 end
 
+-- Something becomes due at `at`: keep `wake` at or below it.
+local function due_at(at)
+  if at < wake then
+    wake = at
+    redis.call('SET', K_WAKE, int(at))
+  end
+end
+
 local function make_ready(jk, seq, due)
   redis.call('HSET', jk, 'st', 'ready')
   redis.call('ZADD', K_READY, -num(jk, 'pr'), ready_member(due, seq))
@@ -109,19 +122,20 @@ end
 
 -- Wait for `due`: READY at once if due, else SCHEDULED in the delayed set.
 local function schedule(jk, seq, due)
-  redis.call('HSET', jk, 'due', int(due))
-  redis.call('HDEL', jk, 'exp', 'wid')
-  if due <= now then make_ready(jk, seq, due)
+  if due <= now then
+    redis.call('HSET', jk, 'due', int(due))
+    make_ready(jk, seq, due)
   else
-    redis.call('HSET', jk, 'st', 'scheduled')
+    redis.call('HSET', jk, 'due', int(due), 'st', 'scheduled')
     redis.call('ZADD', K_DELAYED, due, member(seq))
+    due_at(due)
   end
 end
 
 local function finish(jk, seq, state, at)
   redis.call('HSET', jk, 'st', state, 'fin', int(at))
-  redis.call('HDEL', jk, 'exp', 'wid')
   redis.call('ZADD', K_FORGET, at, member(seq))
+  due_at(at + RETENTION)
   if state == 'dead' then redis.call('ZADD', K_DEAD, redis.call('INCR', K_DEATHS), member(seq))
   elseif state == 'succeeded' then redis.call('SADD', K_SUCCEEDED, member(seq))
   else redis.call('SADD', K_CANCELLED, member(seq)) end
@@ -160,11 +174,23 @@ local function settle()
     redis.call('ZREM', K_DEAD, old[i])
     redis.call('DEL', job_key(tonumber(old[i])))
   end
-  redis.call('ZREMRANGEBYSCORE', K_IDEMX, '-inf', now)
+  -- The next time anything is due, from scratch (what is left past LIMIT: now).
+  wake = math.huge
+  for _, k in ipairs({K_LEASES, K_DELAYED, K_FORGET}) do
+    local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+    if #first > 0 then
+      local at = tonumber(first[2])
+      if k == K_FORGET then at = at + RETENTION end
+      if at < wake then wake = at end
+    end
+  end
+  if wake == math.huge then wake = NEVER end
+  redis.call('SET', K_WAKE, int(wake))
   return #expired / 2
 end
 
-local expired_now = settle()
+local expired_now = 0
+if now >= wake then expired_now = settle() end  -- else nothing can be due: no scans
 
 local function pending()
   return redis.call('ZCARD', K_READY) + redis.call('ZCARD', K_DELAYED)
@@ -183,11 +209,11 @@ local function live(id, token)
 end
 """
 
-# ARGV[9..]: payload JSON, priority, due µs ('' = now), delay µs ('' = none),
+# ARGV[3..]: payload JSON, priority, due µs ('' = now), delay µs ('' = none),
 # idempotency key ('' = none), max_pending ('' = unbounded).
 ENQUEUE = r"""
-local payload, priority, run_at, delay = ARGV[9], tonumber(ARGV[10]), ARGV[11], ARGV[12]
-local ikey, max_pending = ARGV[13], ARGV[14]
+local payload, priority, run_at, delay = ARGV[3], tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local ikey, max_pending = ARGV[7], ARGV[8]
 local ik = P .. 'idem:' .. ikey
 if ikey ~= '' then
   local known = redis.call('GET', ik)
@@ -209,57 +235,60 @@ if ikey ~= '' and DEDUP > 0 then
   -- The record's expiry is counted from the first enqueue only; SET ... PX writes the
   -- value and its TTL in one command.
   redis.call('SET', ik, id .. ' ' .. int(now + DEDUP), 'PX', int(math.ceil(DEDUP / 1000)))
+  redis.call('ZREMRANGEBYSCORE', K_IDEMX, '-inf', now)  -- the index of live records only
   redis.call('ZADD', K_IDEMX, now + DEDUP, ikey)
 end
 return {op, now, 'ok', id}
 """
 
-# ARGV[9]: worker id.
+# ARGV[3]: worker id.
 CLAIM = r"""
 local top = redis.call('ZPOPMIN', K_READY)
 if #top == 0 then return {op, now, 'none'} end
 local seq = tonumber(string.sub(top[1], 18))
 local jk = job_key(seq)
 local expires = now + LEASE
-local attempt = redis.call('HINCRBY', jk, 'att', 1)
-local token = redis.call('HINCRBY', jk, 'tok', 1)  -- bumped on every claim, never reset
-redis.call('HSET', jk, 'st', 'leased', 'exp', int(expires), 'wid', ARGV[9])
+local att, tok = unpack(redis.call('HMGET', jk, 'att', 'tok'))
+local attempt, token = tonumber(att) + 1, tonumber(tok) + 1  -- bumped on every claim, never reset
+redis.call('HSET', jk, 'st', 'leased', 'att', attempt, 'tok', token, 'exp', int(expires),
+           'wid', ARGV[3])
 redis.call('ZADD', K_LEASES, expires, member(seq))
+due_at(expires)
 return {op, now, 'ok', 'job-' .. int(seq), token, attempt, expires}
 """
 
-# ARGV[9..]: job id, token, result JSON.
+# ARGV[3..]: job id, token, result JSON.
 ACK = r"""
-local jk, seq = live(ARGV[9], ARGV[10])
+local jk, seq = live(ARGV[3], ARGV[4])
 if not jk then return seq end
 redis.call('ZREM', K_LEASES, member(seq))
-redis.call('HSET', jk, 'res', ARGV[11])
+redis.call('HSET', jk, 'res', ARGV[5])
 finish(jk, seq, 'succeeded', now)
 return {op, now, 'ok'}
 """
 
-# ARGV[9..]: job id, token, error.
+# ARGV[3..]: job id, token, error.
 NACK = r"""
-local jk, seq = live(ARGV[9], ARGV[10])
+local jk, seq = live(ARGV[3], ARGV[4])
 if not jk then return seq end
 redis.call('ZREM', K_LEASES, member(seq))
-fail(jk, seq, ARGV[11], now)
+fail(jk, seq, ARGV[5], now)
 return {op, now, 'ok'}
 """
 
-# ARGV[9..]: job id, token. An expired lease was settled above: it is never revived.
+# ARGV[3..]: job id, token. An expired lease was settled above: it is never revived.
 HEARTBEAT = r"""
-local jk, seq = live(ARGV[9], ARGV[10])
+local jk, seq = live(ARGV[3], ARGV[4])
 if not jk then return seq end
 local expires = now + LEASE
 redis.call('HSET', jk, 'exp', int(expires))
-redis.call('ZADD', K_LEASES, expires, member(seq))
+redis.call('ZADD', K_LEASES, expires, member(seq))  -- later than before: wake stays a bound
 return {op, now, 'ok', num(jk, 'att'), expires}
 """
 
-# ARGV[9..]: job id, token. Back in its old place in line, the attempt refunded.
+# ARGV[3..]: job id, token. Back in its old place in line, the attempt refunded.
 RELEASE = r"""
-local jk, seq = live(ARGV[9], ARGV[10])
+local jk, seq = live(ARGV[3], ARGV[4])
 if not jk then return seq end
 redis.call('ZREM', K_LEASES, member(seq))
 redis.call('HINCRBY', jk, 'att', -1)
@@ -267,9 +296,9 @@ schedule(jk, seq, num(jk, 'due'))
 return {op, now, 'ok'}
 """
 
-# ARGV[9]: job id.
+# ARGV[3]: job id.
 CANCEL = r"""
-local jk = P .. 'job:' .. ARGV[9]
+local jk = P .. 'job:' .. ARGV[3]
 local st, seq, due = unpack(redis.call('HMGET', jk, 'st', 'seq', 'due'))
 if not st then return {op, now, 'notfound'} end
 if st == 'succeeded' or st == 'dead' or st == 'cancelled' then return {op, now, 'false'} end
@@ -281,13 +310,13 @@ finish(jk, seq, 'cancelled', now)
 return {op, now, 'true'}
 """
 
-# ARGV[9..]: job id, max_pending ('' = unbounded). Attempts zeroed; the token keeps growing.
+# ARGV[3..]: job id, max_pending ('' = unbounded). Attempts zeroed; the token keeps growing.
 REDRIVE = r"""
-local jk = P .. 'job:' .. ARGV[9]
+local jk = P .. 'job:' .. ARGV[3]
 local st, seq = unpack(redis.call('HMGET', jk, 'st', 'seq'))
 if not st then return {op, now, 'notfound'} end
 if st ~= 'dead' then return {op, now, 'false'} end
-if ARGV[10] ~= '' and pending() >= tonumber(ARGV[10]) then return {op, now, 'full'} end
+if ARGV[4] ~= '' and pending() >= tonumber(ARGV[4]) then return {op, now, 'full'} end
 seq = tonumber(seq)
 redis.call('ZREM', K_DEAD, member(seq))
 redis.call('ZREM', K_FORGET, member(seq))
@@ -298,16 +327,16 @@ schedule(jk, seq, now)
 return {op, now, 'true'}
 """
 
-# ARGV[9]: job id. Reads settle too: every public call applies what is due first.
+# ARGV[3]: job id. Reads settle too: every public call applies what is due first.
 GET = r"""
-local fields = redis.call('HGETALL', P .. 'job:' .. ARGV[9])
+local fields = redis.call('HGETALL', P .. 'job:' .. ARGV[3])
 if #fields == 0 then return {op, now, 'notfound'} end
 return {op, now, 'ok', fields}
 """
 
-# ARGV[9..]: job id, token.
+# ARGV[3..]: job id, token.
 IS_CURRENT = r"""
-local jk, seq = live(ARGV[9], ARGV[10])
+local jk, seq = live(ARGV[3], ARGV[4])
 if not jk then return seq end
 return {op, now, 'ok'}
 """
@@ -332,6 +361,7 @@ return {op, now, 'ok', out}
 """
 
 STATISTICS = r"""
+redis.call('ZREMRANGEBYSCORE', K_IDEMX, '-inf', now)
 return {op, now, 'ok', redis.call('ZCARD', K_DELAYED), redis.call('ZCARD', K_READY),
         redis.call('ZCARD', K_LEASES), redis.call('SCARD', K_SUCCEEDED),
         redis.call('ZCARD', K_DEAD), redis.call('SCARD', K_CANCELLED),
@@ -343,12 +373,12 @@ REAP = r"""
 return {op, now, 'ok', expired_now}
 """
 
-# ARGV[9..]: job id, token, effect JSON. The fence is checked where the effect lands, in
+# ARGV[3..]: job id, token, effect JSON. The fence is checked where the effect lands, in
 # the same atomic step: a zombie's effect is refused, a re-run finds it committed.
 COMMIT = r"""
-local jk, seq = live(ARGV[9], ARGV[10])
+local jk, seq = live(ARGV[3], ARGV[4])
 if not jk then return seq end
-if redis.call('HSETNX', jk, 'eff', ARGV[11]) == 0 then return {op, now, 'false'} end
+if redis.call('HSETNX', jk, 'eff', ARGV[5]) == 0 then return {op, now, 'false'} end
 return {op, now, 'true'}
 """
 

@@ -33,6 +33,7 @@ import redis
 from katas.job_scheduler.api import (
     DEFAULT_DEDUP_TTL_NS,
     DEFAULT_RETENTION_NS,
+    FINISHED_STATES,
     NS_PER_MS,
     Job,
     JobNotFound,
@@ -117,7 +118,7 @@ class RedisJobQueue:
             _us("retention_ns", retention_ns),
             _us("dedup_ttl_ns", dedup_ttl_ns),
         )
-        self._common = [str(v).encode() for v in common]
+        self._settings = " ".join(str(v) for v in common).encode()  # ARGV[1], encoded once
         self._max_pending = (
             b"" if max_pending is None else b"%d" % _check_int("max_pending", max_pending, 1)
         )
@@ -125,8 +126,8 @@ class RedisJobQueue:
         self._rng = random.Random() if rng is None else rng
         self._rng_lock = threading.Lock()
         self._client = client
-        prefix = f"{key_prefix}{{{name}}}:"  # {name}: every key in one Cluster slot
-        self._keys = [prefix + suffix for suffix in lua.KEYS]
+        # KEYS[1]: the prefix every key derives from; {name} puts them in one Cluster slot.
+        self._keys = [f"{key_prefix}{{{name}}}:"]
         self._scripts = {k: client.register_script(src) for k, src in lua.SCRIPTS.items()}
         self._local = threading.local()
 
@@ -255,7 +256,7 @@ class RedisJobQueue:
         else:
             seed = b"1"
         reply = self._scripts[script](
-            keys=self._keys, args=[*self._common, seed, *args], client=self._client
+            keys=self._keys, args=[self._settings, seed, *args], client=self._client
         )
         self._local.stamp = OpStamp(int(reply[0]), int(reply[1]) * 1000)
         return [_text(reply[2]), *reply[3:]]
@@ -287,13 +288,16 @@ def _check_lease(lease: object) -> None:
 def _snapshot(job_id: str | None, flat: list[Any]) -> Job:
     f = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat), 2)}
 
+    state = JobState(f["st"])
+    leased = state is JobState.LEASED  # a script leaves lease fields behind on leaving it
+
     def ns(field: str) -> int | None:
         return int(f[field]) * 1000 if field in f else None
 
     return Job(
         id=job_id or f"job-{f['seq']}",
         payload=json.loads(f["p"]),
-        state=JobState(f["st"]),
+        state=state,
         priority=int(f["pr"]),
         run_at_ns=int(f["due"]) * 1000,
         seq=int(f["seq"]),
@@ -303,9 +307,9 @@ def _snapshot(job_id: str | None, flat: list[Any]) -> Job:
         last_error=f.get("err"),
         result=json.loads(f["res"]) if "res" in f else None,
         enqueued_at_ns=int(f["enq"]) * 1000,
-        lease_expires_at_ns=ns("exp"),
-        worker_id=f.get("wid"),
-        finished_at_ns=ns("fin"),
+        lease_expires_at_ns=ns("exp") if leased else None,
+        worker_id=f.get("wid") if leased else None,
+        finished_at_ns=ns("fin") if state in FINISHED_STATES else None,
     )
 
 
