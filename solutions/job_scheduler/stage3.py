@@ -471,13 +471,23 @@ class RedisWorker:
             fresh = self._patiently(lambda: self._store.commit(lease, effect))
             self._event("committed" if fresh else "duplicate", lease)
             self._event("after_effect", lease)
-            self._patiently(lambda: self._queue.ack(lease, effect))
+            self._ack(lease, effect)
             self._event("acked", lease, "succeeded")
         except (StaleLease, JobNotFound):
             self._event("lost", lease, "lost")  # expired or cancelled: someone else's now
         finally:
             with self._cond:
                 self._lease = None
+
+    def _ack(self, lease: Lease, effect: Any) -> None:
+        try:
+            self._patiently(lambda: self._queue.ack(lease, effect))
+        except StaleLease:
+            # An ack whose reply was lost, sent again, finds its own work done: the job
+            # SUCCEEDED under this very token, which only this lease could have acked.
+            job = self._patiently(lambda: self._queue.get(lease.job_id))
+            if job.state is not JobState.SUCCEEDED or job.token != lease.token:
+                raise
 
     def _beat(self) -> None:
         """Heartbeat the running job's lease; release it when stop's grace runs out."""
