@@ -116,3 +116,32 @@ class LoadStatistics:
 
 
 __all__ += ["LoadStatistics"]
+
+
+# --- Stage 3: a sharded, replicated cache over Redis nodes ---------------------------
+
+
+class NoReplicaAvailable(Exception):
+    """A write (``put``/``delete``) reached none of its key's replicas."""
+
+
+@dataclass(frozen=True)
+class NodeStatistics:
+    """What one client of a sharded cache has seen of one node (counts since it was built).
+
+    - ``hits`` / ``misses``: gets this node answered with / without a value;
+    - ``errors``: calls to it that raised ``ConnectionError`` or ``TimeoutError``;
+    - ``failovers``: gets that went on to a later replica because this node was marked
+      down or just failed;
+    - ``epoch``: the generation its key names carry now; ``down``: marked down now.
+    """
+
+    hits: int
+    misses: int
+    errors: int
+    failovers: int
+    epoch: int
+    down: bool
+
+
+__all__ += ["NoReplicaAvailable", "NodeStatistics"]

@@ -1,0 +1,150 @@
+"""Stage 3 — a cache sharded over Redis nodes, with replicas and failover.
+
+Core: :class:`HashRing` (consistent hashing with virtual nodes) and
+:class:`ShardedCache` (R replicas per key, reads failing over, epochs on rejoin). The
+prompt is katas/kv_cache/README.md; the suite runs on fakeredis by default and on
+private ``redis-server`` processes with ``KATA_REDIS_SERVER=redis-server``.
+
+Rules the suite checks:
+
+- **A stable hash.** Every process must place every key on the same nodes: hash with
+  ``hashlib`` (e.g. ``blake2b``), never Python's ``hash()``, which is salted per process.
+- **Virtual nodes.** Each node owns ``vnodes`` points on the ring. With 160 vnodes no
+  node holds more than 1.25× the mean share; adding an (n+1)-th node moves between
+  0.8× and 1.2× of a 1/(n+1) share of the keys, *all onto the new node*; removing a
+  node moves only the keys it held. Placement does not depend on the order in which
+  nodes were added.
+- **Preference lists.** ``nodes_for(key, n)`` is the ``n`` distinct nodes met walking
+  clockwise from the key's point (all of them if the ring has fewer);
+  ``nodes_for(key, m)`` is a prefix of ``nodes_for(key, n)`` for m < n, and
+  ``node_for(key) == nodes_for(key, 1)[0]``.
+- **Replicas.** ``ShardedCache`` keeps a key on the first ``replicas`` nodes of its
+  preference list, under the Redis key ``f"{key_prefix}{epoch}:{key}"`` (every node's
+  epoch starts at 0), its value as JSON. ``put`` writes every replica it can reach;
+  ``get`` asks them in preference order and the first hit wins.
+- **Failover.** A node that raises ``redis.ConnectionError`` or ``redis.TimeoutError``
+  is marked down and skipped for ``probe_interval_ns`` (by ``clock``), then tried
+  again. ``get`` never raises for a down node: it moves on, and returns ``default`` if
+  no replica has the key. ``put`` and ``delete`` raise ``NoReplicaAvailable`` only when
+  none of the key's replicas could be reached.
+- **Epochs.** A node that comes back after being marked down must never serve a value
+  it missed while down: the first successful call to it bumps its epoch by one, so its
+  old key names are never read again.
+"""
+
+from __future__ import annotations
+
+# TODO(stage3): implement every class and method below; delete each
+# `raise NotImplementedError(...)` as you go.
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import redis
+
+from katas.kv_cache.api import NS_PER_S, Clock, NodeStatistics, NoReplicaAvailable
+
+_WHERE = "stage 3, see katas/kv_cache/README.md"
+
+
+class HashRing:
+    """A consistent-hash ring with ``vnodes`` virtual nodes per node (stable across processes).
+
+    ``vnodes < 1``, a duplicate node (here or in :meth:`add`) or an empty or non-str
+    node name raise ``ValueError`` naming it.
+    """
+
+    def __init__(self, nodes: Iterable[str], *, vnodes: int = 160) -> None:
+        raise NotImplementedError(f"HashRing.__init__ — {_WHERE}")
+
+    @property
+    def vnodes(self) -> int:
+        raise NotImplementedError(f"HashRing.vnodes — {_WHERE}")
+
+    @property
+    def nodes(self) -> list[str]:
+        """The nodes on the ring, sorted by name."""
+        raise NotImplementedError(f"HashRing.nodes — {_WHERE}")
+
+    def __len__(self) -> int:
+        raise NotImplementedError(f"HashRing.__len__ — {_WHERE}")
+
+    def __contains__(self, node: object) -> bool:
+        raise NotImplementedError(f"HashRing.__contains__ — {_WHERE}")
+
+    def add(self, node: str) -> None:
+        """Put ``node``'s ``vnodes`` points on the ring (``ValueError`` if it is there)."""
+        raise NotImplementedError(f"HashRing.add — {_WHERE}")
+
+    def remove(self, node: str) -> None:
+        """Take ``node``'s points off the ring (``ValueError`` if it is not there)."""
+        raise NotImplementedError(f"HashRing.remove — {_WHERE}")
+
+    def nodes_for(self, key: str, n: int) -> list[str]:
+        """The ``min(n, len(self))`` distinct nodes clockwise from ``key``'s point.
+
+        ``n < 1`` raises ``ValueError``; an empty ring gives ``[]``.
+        """
+        raise NotImplementedError(f"HashRing.nodes_for — {_WHERE}")
+
+    def node_for(self, key: str) -> str:
+        """The first node of ``key``'s preference list (``LookupError`` on an empty ring)."""
+        raise NotImplementedError(f"HashRing.node_for — {_WHERE}")
+
+
+class ShardedCache:
+    """A key-value cache over several Redis nodes: consistent hashing, R replicas, failover.
+
+    ``nodes`` maps node names (the ring's nodes) to their clients. Bad input raises
+    ``ValueError``: no nodes, ``replicas < 1`` or more than the nodes given, a
+    non-positive ``ttl_ns`` (``None``: no expiry; else rounded up to whole
+    milliseconds), a negative ``probe_interval_ns``. ``clock`` (default: monotonic)
+    paces only the probing of nodes marked down.
+
+    Document here the limits of a per-client epoch: what can another client, or a new
+    process, still read from a node that rejoined?
+    """
+
+    def __init__(
+        self,
+        nodes: Mapping[str, redis.Redis],
+        *,
+        replicas: int = 2,
+        vnodes: int = 160,
+        key_prefix: str = "kv:",
+        ttl_ns: int | None = None,
+        probe_interval_ns: int = NS_PER_S,
+        clock: Clock | None = None,
+    ) -> None:
+        raise NotImplementedError(f"ShardedCache.__init__ — {_WHERE}")
+
+    @property
+    def ring(self) -> HashRing:
+        """The ring this cache places keys with."""
+        raise NotImplementedError(f"ShardedCache.ring — {_WHERE}")
+
+    def replicas_for(self, key: str) -> list[str]:
+        """The nodes that hold ``key``, in preference order."""
+        raise NotImplementedError(f"ShardedCache.replicas_for — {_WHERE}")
+
+    def key_name(self, node: str, key: str) -> str:
+        """The Redis key under which ``node`` holds ``key`` now: ``f"{prefix}{epoch}:{key}"``."""
+        raise NotImplementedError(f"ShardedCache.key_name — {_WHERE}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The first hit among ``key``'s live replicas, in preference order, or ``default``."""
+        raise NotImplementedError(f"ShardedCache.get — {_WHERE}")
+
+    def put(self, key: str, value: Any) -> None:
+        """Write ``value`` (JSON) to every reachable replica (``NoReplicaAvailable``: none)."""
+        raise NotImplementedError(f"ShardedCache.put — {_WHERE}")
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key`` from every reachable replica; True if one of them held it."""
+        raise NotImplementedError(f"ShardedCache.delete — {_WHERE}")
+
+    def statistics(self) -> dict[str, NodeStatistics]:
+        """Per node: hits, misses, errors, failovers, epoch, and whether it is marked down."""
+        raise NotImplementedError(f"ShardedCache.statistics — {_WHERE}")
+
+
+__all__ = ["HashRing", "NoReplicaAvailable", "ShardedCache"]

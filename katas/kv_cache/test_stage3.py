@@ -1,0 +1,781 @@
+"""Stage 3 suite: a cache sharded over Redis nodes (see katas/kv_cache/README.md).
+
+Core: ``HashRing`` (consistent hashing with virtual nodes) and ``ShardedCache`` (R
+replicas, failover, epochs on rejoin) over three Redis nodes — three fakeredis servers
+by default, three private ``redis-server`` processes with
+``KATA_REDIS_SERVER=redis-server``.
+
+How the ring's statistics are checked without flakiness:
+
+- The spec's own bounds (max load <= 1.25x the mean; adding an (n+1)-th node moves
+  0.8-1.2x of a 1/(n+1) share) are checked on fixed node names ``node-0 ...`` with 160
+  vnodes: deterministic, and with margin for any sound ring (a node's share has a
+  relative spread of about 1/sqrt(vnodes), 8% at 160).
+- The hypothesis properties draw node names, counts and vnodes, and bound the same
+  quantities by ``SIGMAS`` standard deviations derived from vnodes and the number of
+  keys: ``sqrt(1/vnodes + nodes/keys)``. A ring without working virtual nodes (spread
+  about 1) fails them; a sound one essentially never does.
+- What must hold exactly — keys move only onto an added node, only off a removed one,
+  the same placement in every process — is checked exactly.
+
+The state machine keeps its own model of what one client has written and deleted,
+and checks every read against it while nodes stop, start and restart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from collections import Counter
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from katas._kit import impl
+from katas._kit.profiles import HEAVY_EXAMPLES
+from katas._kit.redis import RedisEnv, RedisNode
+from katas.kv_cache.api import NS_PER_S, ManualClock, NodeStatistics, NoReplicaAvailable
+
+pytestmark = [pytest.mark.stage(3)]
+
+core = pytest.mark.core
+extended = pytest.mark.extended
+
+#: The keys whose placement the ring tests measure.
+KEYS = [f"user:{i}" for i in range(20_000)]
+#: Fewer keys for the hypothesis properties (many examples).
+PROPERTY_KEYS = KEYS[:4_000]
+#: Standard deviations the hypothesis properties allow (a sound ring: ~never exceeded).
+SIGMAS = 5
+NODES = ("n0", "n1", "n2")
+MISS: Any = object()  # a get's default: tells "absent" from a stored None
+MACHINE_KEYS = ("k0", "k1", "k2")
+
+_STAGE: dict[str, ModuleType] = {}
+
+heavy = settings(
+    max_examples=min(settings().max_examples, HEAVY_EXAMPLES),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    deadline=None,
+)
+
+
+def stage() -> ModuleType:
+    return _STAGE["module"]
+
+
+@pytest.fixture(autouse=True)
+def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
+    """Build a ring first: on a stub this fails at once with "not implemented yet"."""
+    _STAGE["module"] = stage_module
+    stage_module.HashRing(["a"])
+
+
+def ring(nodes: list[str], vnodes: int = 160) -> Any:
+    return stage().HashRing(nodes, vnodes=vnodes)
+
+
+def owners(r: Any, keys: list[str]) -> list[str]:
+    return [r.node_for(k) for k in keys]
+
+
+def sigma(vnodes: int, nodes: int, keys: int) -> float:
+    """Relative spread of one node's share: the ring's arcs plus sampling ``keys`` keys."""
+    return math.sqrt(1 / vnodes + nodes / keys)
+
+
+def make_cache(
+    redis_env: RedisEnv, *, replicas: int = 2, prefix: str | None = None, **kw: Any
+) -> tuple[Any, dict[str, RedisNode], str]:
+    """A ShardedCache over three servers: (cache, name -> node, key prefix)."""
+    nodes = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    prefix = prefix if prefix is not None else redis_env.fresh_prefix()
+    kw.setdefault("probe_interval_ns", 0)
+    cache = stage().ShardedCache(
+        {name: node.client() for name, node in nodes.items()},
+        replicas=replicas,
+        key_prefix=prefix,
+        **kw,
+    )
+    return cache, nodes, prefix
+
+
+def holders(nodes: dict[str, RedisNode], redis_env: RedisEnv, prefix: str, key: str) -> set[str]:
+    """The nodes holding some Redis key for ``key`` under ``prefix`` (any epoch)."""
+    return {
+        name
+        for name, node in nodes.items()
+        if any(n.endswith(f":{key}") for n in redis_env.keys(prefix, node=node))
+    }
+
+
+# --------------------------------------------------------------------------- ring: examples
+
+
+@core
+def test_stage3_preference_list_is_distinct_nodes_clockwise() -> None:
+    r = ring(["a", "b", "c", "d"])
+    for key in KEYS[:500]:
+        full = r.nodes_for(key, 4)
+        assert sorted(full) == ["a", "b", "c", "d"], (
+            f"stage 3: nodes_for({key!r}, 4) on a 4-node ring is every node once; got {full}"
+        )
+        for m in (1, 2, 3):
+            assert r.nodes_for(key, m) == full[:m], (
+                f"stage 3: a preference list is one walk round the ring, so "
+                f"nodes_for({key!r}, {m}) is a prefix of nodes_for({key!r}, 4)={full}; "
+                f"got {r.nodes_for(key, m)}"
+            )
+        assert r.node_for(key) == full[0]
+        assert r.nodes_for(key, 9) == full, "more than the ring holds: every node, once"
+    assert r.nodes == ["a", "b", "c", "d"] and len(r) == 4 and "c" in r and "e" not in r
+    assert r.vnodes == 160
+
+
+@core
+def test_stage3_ring_rejects_bad_input() -> None:
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="vnodes"):
+            ring(["a"], vnodes=bad)
+    with pytest.raises(ValueError, match="'a'"):
+        ring(["a", "b", "a"])
+    r = ring(["a", "b"])
+    with pytest.raises(ValueError, match="'b'"):
+        r.add("b")
+    with pytest.raises(ValueError, match="'zed'"):
+        r.remove("zed")
+    for n in (0, -2):
+        with pytest.raises(ValueError, match="n"):
+            r.nodes_for("k", n)
+    assert r.nodes == ["a", "b"], "stage 3: a refused add/remove changes nothing"
+
+
+@core
+def test_stage3_empty_ring() -> None:
+    r = ring([])
+    assert r.nodes_for("k", 2) == [] and len(r) == 0
+    with pytest.raises(LookupError):
+        r.node_for("k")
+    r.add("only")
+    assert r.node_for("k") == "only" and r.nodes_for("k", 3) == ["only"]
+    r.remove("only")
+    assert r.nodes_for("k", 1) == []
+
+
+@core
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_stage3_load_is_balanced_with_160_vnodes(n: int) -> None:
+    names = [f"node-{i}" for i in range(n)]
+    load = Counter(owners(ring(names), KEYS))
+    mean = len(KEYS) / n
+    worst, count = max(load.items(), key=lambda item: item[1])
+    assert count <= 1.25 * mean, (
+        f"stage 3: with 160 vnodes no node may hold more than 1.25x the mean share; over "
+        f"{len(KEYS)} keys on {n} nodes the mean is {mean:.0f} but {worst} holds {count} "
+        f"({count / mean:.2f}x) — are the virtual nodes really spread over the ring? "
+        f"load: {dict(sorted(load.items()))}"
+    )
+
+
+@core
+@pytest.mark.parametrize("n", [3, 5, 8])
+def test_stage3_adding_a_node_moves_a_fair_share_only_onto_it(n: int) -> None:
+    names = [f"node-{i}" for i in range(n)]
+    r = ring(names)
+    before = owners(r, KEYS)
+    r.add(f"node-{n}")
+    after = owners(r, KEYS)
+    moved = [(k, a, b) for k, a, b in zip(KEYS, before, after, strict=True) if a != b]
+    elsewhere = [m for m in moved if m[2] != f"node-{n}"]
+    assert not elsewhere, (
+        f"stage 3: adding node-{n} may move keys only onto node-{n}; "
+        f"{len(elsewhere)} moved elsewhere, e.g. {elsewhere[:3]} (modulo hashing?)"
+    )
+    share = len(moved) / len(KEYS) * (n + 1)
+    assert 0.8 <= share <= 1.2, (
+        f"stage 3: adding an {n + 1}th node should move about 1/{n + 1} of the keys "
+        f"(0.8x..1.2x); it moved {len(moved)} of {len(KEYS)} = {share:.2f}x that share"
+    )
+
+
+@core
+@pytest.mark.parametrize("n", [4, 6])
+def test_stage3_removing_a_node_moves_only_its_keys(n: int) -> None:
+    names = [f"node-{i}" for i in range(n)]
+    r = ring(names)
+    before = owners(r, KEYS)
+    r.remove("node-1")
+    after = owners(r, KEYS)
+    wrong = [(k, a, b) for k, a, b in zip(KEYS, before, after, strict=True) if a != b]
+    wrong = [m for m in wrong if m[1] != "node-1"]
+    assert not wrong, (
+        f"stage 3: removing node-1 may move only the keys node-1 held; {len(wrong)} others "
+        f"moved, e.g. {wrong[:3]}"
+    )
+    assert "node-1" not in after
+
+
+@core
+def test_stage3_placement_ignores_the_order_nodes_joined() -> None:
+    names = [f"node-{i}" for i in range(6)]
+    grown = ring([])
+    for name in reversed(names):
+        grown.add(name)
+    first = ring(names)
+    reference = [first.nodes_for(k, 3) for k in KEYS[:2_000]]
+    for other in (ring(list(reversed(names))), grown):
+        got = [other.nodes_for(k, 3) for k in KEYS[:2_000]]
+        diff = [(k, a, b) for k, a, b in zip(KEYS, reference, got, strict=False) if a != b]
+        assert not diff, (
+            f"stage 3: placement must depend on the set of nodes only, not on the order "
+            f"they joined; {len(diff)} keys differ, e.g. {diff[:2]}"
+        )
+
+
+_CHILD = textwrap.dedent(
+    """
+    import argparse, json, sys
+    from katas._kit.impl import resolve
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--impl")
+    parser.add_argument("--base", default=None)
+    args, rest = parser.parse_known_args()
+    stage = resolve(args.impl, args.base).stage("kv_cache", 3)
+    nodes, keys = json.loads(sys.stdin.read())
+    ring = stage.HashRing(nodes, vnodes=160)
+    print(json.dumps([ring.nodes_for(k, 3) for k in keys]))
+    """
+)
+
+
+@core
+def test_stage3_placement_is_identical_across_processes(impl_selection: impl.Selection) -> None:
+    nodes = [f"cache-{i}.internal" for i in range(5)]
+    keys = KEYS[:1_000]
+    mine = ring(nodes)
+    here = [mine.nodes_for(k, 3) for k in keys]
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD, *impl.worker_argv(impl_selection)],
+            input=json.dumps([nodes, keys]),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=impl.REPO_ROOT,
+            env=env,
+            check=False,
+        )
+        assert done.returncode == 0, f"the child process failed:\n{done.stderr[-2000:]}"
+        there = json.loads(done.stdout)
+        diff = [(k, a, b) for k, a, b in zip(keys, here, there, strict=True) if a != b]
+        assert not diff, (
+            f"stage 3: every process must place every key on the same nodes; with "
+            f"PYTHONHASHSEED={seed} {len(diff)} of {len(keys)} keys differ, e.g. {diff[:2]} — "
+            f"Python's hash() of a str is salted per process: use hashlib"
+        )
+
+
+# --------------------------------------------------------------------------- ring: properties
+
+node_names = st.lists(
+    st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-.:", min_size=1, max_size=12),
+    min_size=1,
+    max_size=7,
+    unique=True,
+)
+vnode_counts = st.sampled_from([160, 640])
+
+
+@core
+@given(names=node_names, vnodes=vnode_counts, data=st.data())
+def test_stage3_property_adding_a_node_moves_keys_only_onto_it(
+    names: list[str], vnodes: int, data: st.DataObject
+) -> None:
+    new = data.draw(st.text(alphabet="ABCDEFXYZ_", min_size=1, max_size=8), label="new")
+    r = ring(names, vnodes)
+    before = [r.nodes_for(k, 3) for k in PROPERTY_KEYS]
+    r.add(new)
+    after = [r.nodes_for(k, 3) for k in PROPERTY_KEYS]
+    moved = 0
+    for key, b, a in zip(PROPERTY_KEYS, before, after, strict=True):
+        rest = [m for m in a if m != new]
+        assert rest == b[: len(rest)], (
+            f"stage 3: adding {new!r} to {names} may only insert {new!r} into a key's "
+            f"preference list; {key!r}: before {b}, after {a}"
+        )
+        moved += a[0] != b[0]
+    n = len(names)
+    share = moved / len(PROPERTY_KEYS) * (n + 1)
+    tolerance = SIGMAS * sigma(vnodes, n + 1, len(PROPERTY_KEYS))
+    assert abs(share - 1) <= tolerance, (
+        f"stage 3: adding a {n + 1}th node with {vnodes} vnodes should move about 1/{n + 1} "
+        f"of the keys (within {tolerance:.2f} of it); it moved {share:.2f}x that share"
+    )
+
+
+@core
+@given(names=node_names.filter(lambda ns: len(ns) >= 2), vnodes=vnode_counts, data=st.data())
+def test_stage3_property_removing_a_node_moves_only_its_keys(
+    names: list[str], vnodes: int, data: st.DataObject
+) -> None:
+    gone = data.draw(st.sampled_from(names), label="removed")
+    r = ring(names, vnodes)
+    before = [r.nodes_for(k, 2) for k in PROPERTY_KEYS]
+    r.remove(gone)
+    after = [r.nodes_for(k, 2) for k in PROPERTY_KEYS]
+    for key, b, a in zip(PROPERTY_KEYS, before, after, strict=True):
+        kept = [m for m in b if m != gone]
+        assert a[: len(kept)] == kept and gone not in a, (
+            f"stage 3: removing {gone!r} from {names} may only drop it from a key's "
+            f"preference list; {key!r}: before {b}, after {a}"
+        )
+    r.add(gone)
+    back = [r.nodes_for(k, 2) for k in PROPERTY_KEYS]
+    assert back == before, "stage 3: removing a node and adding it back restores placement"
+
+
+@core
+@given(names=node_names.filter(lambda ns: len(ns) >= 2), vnodes=vnode_counts)
+def test_stage3_property_load_is_within_the_spread_of_vnodes(names: list[str], vnodes: int) -> None:
+    n = len(names)
+    load = Counter(owners(ring(names, vnodes), PROPERTY_KEYS))
+    mean = len(PROPERTY_KEYS) / n
+    bound = mean * (1 + SIGMAS * sigma(vnodes, n, len(PROPERTY_KEYS)))
+    worst, count = max(load.items(), key=lambda item: item[1])
+    assert count <= bound, (
+        f"stage 3: with {vnodes} vnodes a node's share spreads by about 1/sqrt({vnodes}); "
+        f"on {names} the mean is {mean:.0f} keys but {worst!r} holds {count} "
+        f"(bound {bound:.0f}): load {dict(load)}"
+    )
+
+
+# --------------------------------------------------------------------------- cache: examples
+
+
+@core
+def test_stage3_put_get_delete_round_trip_as_json(redis_env: RedisEnv) -> None:
+    cache, _, _ = make_cache(redis_env)
+    values: dict[str, Any] = {
+        "int": 7,
+        "zero": 0,
+        "empty": "",
+        "none": None,
+        "list": [1, "two", {"three": 3.5}],
+        "dict": {"tokens": [101, 102], "model": "m"},
+        "unicode": "naïve ☃",
+    }
+    for key, value in values.items():
+        cache.put(key, value)
+    for key, value in values.items():
+        got = cache.get(key, MISS)
+        assert got == value and got is not MISS, (
+            f"stage 3: get({key!r}) returns what put stored (falsy values and None included); "
+            f"got {got!r}"
+        )
+    assert cache.get("never-written") is None and cache.get("never-written", 5) == 5
+    cache.put("int", 8)
+    assert cache.get("int") == 8, "a put replaces the value on every replica"
+    assert cache.delete("int") is True
+    assert cache.get("int", MISS) is MISS, "stage 3: a deleted key is gone from every replica"
+    assert cache.delete("int") is False, "delete of an absent key: False"
+
+
+@core
+@pytest.mark.parametrize("replicas", [1, 2, 3])
+def test_stage3_each_key_lives_on_exactly_its_replicas(redis_env: RedisEnv, replicas: int) -> None:
+    cache, nodes, prefix = make_cache(redis_env, replicas=replicas)
+    expected_ring = ring(list(NODES))
+    keys = [f"doc:{i}" for i in range(60)]
+    for key in keys:
+        cache.put(key, {"k": key})
+    for key in keys:
+        want = expected_ring.nodes_for(key, replicas)
+        assert cache.replicas_for(key) == want, (
+            f"stage 3: a key's replicas are the first {replicas} nodes of its preference "
+            f"list on HashRing({list(NODES)}, vnodes=160): {key!r} -> {want}, "
+            f"got {cache.replicas_for(key)}"
+        )
+        got = holders(nodes, redis_env, prefix, key)
+        assert got == set(want), (
+            f"stage 3: {key!r} must be written to exactly its {replicas} replicas {want}; "
+            f"it is on {sorted(got)}"
+        )
+        for name in want:
+            assert cache.key_name(name, key) == f"{prefix}0:{key}", (
+                "stage 3: key names are f'{key_prefix}{epoch}:{key}', every epoch starting at 0"
+            )
+            raw = nodes[name].client().get(f"{prefix}0:{key}")
+            assert raw is not None and json.loads(raw) == {"k": key}, "values are stored as JSON"
+    spread = Counter(n for key in keys for n in holders(nodes, redis_env, prefix, key))
+    assert sum(spread.values()) == replicas * len(keys)
+
+
+@core
+def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv) -> None:
+    cache, nodes, _ = make_cache(redis_env, ttl_ns=5 * NS_PER_S)
+    cache.put("session", "s1")
+    for name in cache.replicas_for("session"):
+        pttl = nodes[name].client().pttl(cache.key_name(name, "session"))
+        assert 0 < pttl <= 5_000, (
+            f"stage 3: ttl_ns=5 s puts a 5 000 ms TTL on every replica; {name}: PTTL {pttl}"
+        )
+    untimed, nodes2, _ = make_cache(redis_env)
+    untimed.put("forever", 1)
+    name = untimed.replicas_for("forever")[0]
+    assert nodes2[name].client().pttl(untimed.key_name(name, "forever")) == -1
+
+
+@core
+def test_stage3_cache_rejects_bad_arguments(redis_env: RedisEnv) -> None:
+    nodes = dict(zip(NODES, redis_env.servers(3), strict=True))
+    clients = {name: node.client() for name, node in nodes.items()}
+    cls = stage().ShardedCache
+    bad: list[tuple[str, Callable[[], Any]]] = [
+        ("no nodes", lambda: cls({})),
+        ("replicas=0", lambda: cls(clients, replicas=0)),
+        ("replicas=4 on 3 nodes", lambda: cls(clients, replicas=4)),
+        ("ttl_ns=0", lambda: cls(clients, ttl_ns=0)),
+        ("ttl_ns=-1", lambda: cls(clients, ttl_ns=-1)),
+        ("vnodes=0", lambda: cls(clients, vnodes=0)),
+        ("probe_interval_ns=-1", lambda: cls(clients, probe_interval_ns=-1)),
+    ]
+    for what, build in bad:
+        with pytest.raises(ValueError):
+            build()
+            pytest.fail(f"stage 3: ShardedCache({what}) must raise ValueError")
+
+
+# --------------------------------------------------------------------------- cache: faults
+
+
+def _stats(cache: Any, name: str) -> NodeStatistics:
+    s = cache.statistics()[name]
+    assert isinstance(s, NodeStatistics), s
+    return s
+
+
+@core
+@pytest.mark.redis_faults
+def test_stage3_reads_fail_over_when_a_node_stops(redis_env: RedisEnv) -> None:
+    cache, nodes, _ = make_cache(redis_env)
+    keys = [f"prompt:{i}" for i in range(40)]
+    for key in keys:
+        cache.put(key, key.upper())
+    nodes["n0"].stop()
+    for key in keys:
+        try:
+            got = cache.get(key, MISS)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            pytest.fail(f"stage 3: a read must fail over, not raise, when a node is down: {exc!r}")
+        assert got == key.upper(), (
+            f"stage 3: with n0 down, {key!r} (replicas {cache.replicas_for(key)}) must be read "
+            f"from a live replica; got {got!r}"
+        )
+    s = _stats(cache, "n0")
+    assert s.errors >= 1 and s.down and s.failovers >= 1, (
+        f"stage 3: n0 failed, so it is marked down and reads failed over: {s}"
+    )
+    first = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
+    assert first and s.failovers >= len(first), s
+
+
+@core
+@pytest.mark.redis_faults
+def test_stage3_writes_need_one_reachable_replica(redis_env: RedisEnv) -> None:
+    cache, nodes, _ = make_cache(redis_env)
+    keys = [f"emb:{i}" for i in range(40)]
+    nodes["n0"].stop()
+    nodes["n1"].stop()
+    for key in keys:
+        if set(cache.replicas_for(key)) == {"n0", "n1"}:
+            with pytest.raises(NoReplicaAvailable):
+                cache.put(key, 1)
+                pytest.fail(f"stage 3: {key!r}: all replicas down, so put must raise")
+            with pytest.raises(NoReplicaAvailable):
+                cache.delete(key)
+            assert cache.get(key, MISS) is MISS, "no replica reachable: get returns default"
+        else:
+            cache.put(key, 2)
+            assert cache.get(key) == 2, (
+                f"stage 3: {key!r} has a live replica (n2): put skips the down ones and "
+                f"get reads the live one"
+            )
+            assert cache.delete(key) is True
+    assert _stats(cache, "n2").errors == 0
+
+
+@core
+@pytest.mark.redis_faults
+def test_stage3_rejoining_node_never_serves_what_it_missed(redis_env: RedisEnv) -> None:
+    cache, nodes, prefix = make_cache(redis_env)
+    keys = [f"chunk:{i}" for i in range(40)]
+    for key in keys:
+        cache.put(key, "old")
+    old_names = {k: cache.key_name("n0", k) for k in keys}
+    nodes["n0"].stop()
+    for key in keys:
+        cache.put(key, "new")
+    nodes["n0"].start()
+    for key in keys:
+        got = cache.get(key, MISS)
+        assert got != "old", (
+            f"stage 3: n0 missed the write of {key!r} while it was down and still holds "
+            f"'old'; when it comes back it must never serve it (take a new epoch); got "
+            f"{got!r} (replicas {cache.replicas_for(key)})"
+        )
+        assert got == "new", (
+            f"stage 3: {key!r}: n0 is back under a new epoch, where it holds nothing yet; "
+            f"its miss must fall through to the next replica, which has 'new'; got "
+            f"{'MISS' if got is MISS else repr(got)} (replicas {cache.replicas_for(key)})"
+        )
+    s = _stats(cache, "n0")
+    assert not s.down and s.epoch >= 1, f"stage 3: n0 is back, under a new epoch: {s}"
+    for key in keys:
+        cache.put(key, "newer")
+    for key in keys:
+        assert cache.get(key) == "newer"
+        assert holders(nodes, redis_env, prefix, key) >= set(cache.replicas_for(key))
+        if "n0" in cache.replicas_for(key):
+            fresh = cache.key_name("n0", key)
+            assert fresh != old_names[key], "a new epoch means new key names"
+            raw = nodes["n0"].client().get(fresh)
+            assert raw is not None and json.loads(raw) == "newer", (
+                f"stage 3: once back, n0 receives writes again ({key!r} under {fresh!r})"
+            )
+
+
+@core
+@pytest.mark.redis_faults
+def test_stage3_killed_and_restarted_node_falls_back_or_misses(redis_env: RedisEnv) -> None:
+    cache, nodes, _ = make_cache(redis_env)
+    keys = [f"kv:{i}" for i in range(40)]
+    for key in keys:
+        cache.put(key, key)
+    nodes["n1"].restart()  # a crash without persistence: n1 lost everything
+    for key in keys:
+        try:
+            got = cache.get(key, MISS)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            pytest.fail(f"stage 3: after a node restart reads must not raise: {exc!r}")
+        assert got in (key, MISS), f"stage 3: {key!r}: the value or a miss; got {got!r}"
+    for key in keys:
+        cache.put(key, key + "!")
+    for key in keys:
+        assert cache.get(key) == key + "!", "stage 3: writes after the restart read back"
+
+
+@core
+@pytest.mark.redis_faults
+def test_stage3_a_down_node_is_probed_only_after_the_interval(redis_env: RedisEnv) -> None:
+    clock = ManualClock()
+    cache, nodes, _ = make_cache(redis_env, probe_interval_ns=NS_PER_S, clock=clock)
+    key = next(k for k in KEYS if cache.replicas_for(k)[0] == "n0")
+    cache.put(key, "v")
+    nodes["n0"].stop()
+    assert cache.get(key) == "v"
+    assert _stats(cache, "n0").errors == 1
+    nodes["n0"].start()
+    clock.advance(NS_PER_S - 1)
+    assert cache.get(key) == "v"
+    s = _stats(cache, "n0")
+    assert (s.errors, s.hits + s.misses, s.down) == (1, 0, True), (
+        f"stage 3: a node marked down is skipped for probe_interval_ns (1 s) — not even "
+        f"tried, so a dead node costs no socket timeout per request: {s}"
+    )
+    clock.advance(1)
+    assert cache.get(key) == "v", (
+        "stage 3: n0 is back but under a new epoch: it misses, and the next replica answers"
+    )
+    s = _stats(cache, "n0")
+    assert (s.hits + s.misses, s.down, s.epoch) == (1, False, 1), (
+        f"stage 3: after probe_interval_ns n0 is tried again, answers, and takes epoch 1: {s}"
+    )
+
+
+@core
+@pytest.mark.realtime
+def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEnv) -> None:
+    """A blackholed node (accepts, never answers): one socket timeout, then skipped."""
+    servers = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    proxy = redis_env.proxy(servers["n0"])
+    clients = {name: node.client() for name, node in servers.items()}
+    clients["n0"] = servers["n0"].proxied_client(proxy, socket_timeout=0.2)
+    clock = ManualClock()
+    cache = stage().ShardedCache(
+        clients,
+        replicas=2,
+        key_prefix=redis_env.fresh_prefix(),
+        probe_interval_ns=NS_PER_S,
+        clock=clock,
+    )
+    keys = [k for k in KEYS[:300] if cache.replicas_for(k)[0] == "n0"][:10]
+    for key in keys:
+        cache.put(key, key)
+    proxy.blackhole()
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.extend(cache.get(k, MISS) for k in keys))
+    reader.daemon = True
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "stage 3: reads hung on a node that never answers"
+    assert got == keys, (
+        f"stage 3: a node that times out (redis.TimeoutError) is failed over like one that "
+        f"refuses connections; got {got}"
+    )
+    s = _stats(cache, "n0")
+    assert (s.errors, s.down, s.failovers) == (1, True, len(keys)), (
+        f"stage 3: the first read pays one socket timeout and marks n0 down; the other "
+        f"{len(keys) - 1} skip it for probe_interval_ns instead of each waiting again: {s}"
+    )
+    proxy.heal()
+    clock.advance(NS_PER_S)
+    assert cache.get(keys[0]) == keys[0]
+    s = _stats(cache, "n0")
+    assert not s.down and s.epoch >= 1, f"stage 3: n0 answers again, under a new epoch: {s}"
+
+
+# --------------------------------------------------------------------------- stateful
+
+
+class ShardedCacheMachine(RuleBasedStateMachine):
+    """One client's puts, gets and deletes while nodes stop, start and restart.
+
+    The model holds, per key, the last value this client wrote (or MISS) and whether a
+    read must return exactly that: after a put with all its replicas up and untouched
+    since, and always after a delete or for a key never written. Otherwise a read may
+    also miss — but it never returns any other value: values are unique, so a stale
+    one would be caught.
+    """
+
+    stage: ModuleType  # bound by the _bind_stage fixture
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.env = RedisEnv.from_environment(faults=True, name="stage3-shard-machine")
+        self.nodes = dict(zip(NODES, self.env.servers(len(NODES)), strict=True))
+        self.cache = self.stage.ShardedCache(
+            {name: node.client() for name, node in self.nodes.items()},
+            replicas=2,
+            key_prefix=self.env.prefix,
+            probe_interval_ns=0,
+        )
+        self.stopped: set[str] = set()
+        self.model: dict[str, tuple[Any, bool]] = {}
+        self.counter = 0
+        self.log: list[str] = []
+
+    @initialize()
+    def start_full(self) -> None:
+        self.log.append("3 nodes up, replicas=2")
+        for key in MACHINE_KEYS:  # every key has a value a faulty node could serve stale
+            self.put(key)
+
+    def teardown(self) -> None:
+        self.env.close()
+
+    def _touch(self, name: str) -> None:
+        """A fault on ``name``: reads of its keys may now miss."""
+        for key, (value, _) in self.model.items():
+            if value is not MISS and name in self.cache.replicas_for(key):
+                self.model[key] = (value, False)
+
+    @rule(key=st.sampled_from(MACHINE_KEYS))
+    def put(self, key: str) -> None:
+        self.counter += 1
+        value = f"{key}-v{self.counter}"
+        replicas = set(self.cache.replicas_for(key))
+        self.log.append(f"put({key!r}, {value!r}) replicas={self.cache.replicas_for(key)}")
+        if replicas <= self.stopped:
+            with pytest.raises(NoReplicaAvailable):
+                self.cache.put(key, value)
+            old, _ = self.model.get(key, (MISS, True))
+            self.model[key] = (old, old is MISS)
+            return
+        self.cache.put(key, value)
+        self.model[key] = (value, not (replicas & self.stopped))
+
+    @rule(key=st.sampled_from(MACHINE_KEYS))
+    def delete(self, key: str) -> None:
+        replicas = set(self.cache.replicas_for(key))
+        self.log.append(f"delete({key!r}) replicas={self.cache.replicas_for(key)}")
+        if replicas <= self.stopped:
+            with pytest.raises(NoReplicaAvailable):
+                self.cache.delete(key)
+            old, _ = self.model.get(key, (MISS, True))
+            self.model[key] = (old, old is MISS)
+            return
+        self.cache.delete(key)
+        self.model[key] = (MISS, True)
+
+    @rule(key=st.sampled_from(MACHINE_KEYS))
+    def get(self, key: str) -> None:
+        got = self.cache.get(key, MISS)
+        self.log.append(f"get({key!r}) -> {'MISS' if got is MISS else repr(got)}")
+        want, exact = self.model.get(key, (MISS, True))
+        allowed = [want] if exact else [want, MISS]
+        assert any(got is a or got == a for a in allowed), (
+            f"stage 3: one client's reads return its last write or, after a fault on a "
+            f"replica, a miss — never an older value. {key!r}: expected "
+            f"{'MISS' if want is MISS else repr(want)}{'' if exact else ' or MISS'}, got "
+            f"{'MISS' if got is MISS else repr(got)}. Steps:\n  " + "\n  ".join(self.log[-15:])
+        )
+
+    @precondition(lambda self: len(self.stopped) < len(NODES))
+    @rule(name=st.sampled_from(NODES))
+    def stop(self, name: str) -> None:
+        if name in self.stopped:
+            return
+        self.nodes[name].stop()
+        self.stopped.add(name)
+        self._touch(name)
+        self.log.append(f"stop {name}")
+
+    @precondition(lambda self: bool(self.stopped))
+    @rule(name=st.sampled_from(NODES))
+    def start(self, name: str) -> None:
+        if name not in self.stopped:
+            return
+        self.nodes[name].start()
+        self.stopped.discard(name)
+        self.log.append(f"start {name}")
+
+    @rule(name=st.sampled_from(NODES), key=st.sampled_from(MACHINE_KEYS))
+    def write_while_down(self, name: str, key: str) -> None:
+        """The classic: a node misses a write while down, then comes back."""
+        was_down = name in self.stopped
+        self.stop(name)
+        self.put(key)
+        if not was_down:
+            self.start(name)
+
+    @rule(name=st.sampled_from(NODES))
+    def restart(self, name: str) -> None:
+        if name in self.stopped:
+            return
+        self.nodes[name].restart()
+        self._touch(name)
+        self.log.append(f"restart {name} (data lost)")
+
+
+@pytest.fixture
+def _bind_stage(stage_module: ModuleType) -> None:
+    ShardedCacheMachine.stage = stage_module
+
+
+TestStage3ShardedCacheModel = core(
+    pytest.mark.redis_faults(pytest.mark.usefixtures("_bind_stage")(ShardedCacheMachine.TestCase))
+)
+TestStage3ShardedCacheModel.settings = settings(heavy, stateful_step_count=30)
