@@ -219,14 +219,17 @@ class WorkerProcess:
             os.kill(self._proc.pid, sig)
 
     def wait(self, deadline_s: float = LINE_DEADLINE_S) -> int:
-        """Wait (hard deadline) for the process to exit; its return code."""
+        """Wait (hard deadline) for the process to exit and its output to be read; its
+        return code."""
         try:
-            return self._proc.wait(deadline_s)
+            code = self._proc.wait(deadline_s)
         except subprocess.TimeoutExpired:
             raise AssertionError(
                 f"stage 3: {self.name} did not exit within {deadline_s:.0f} real seconds.\n"
                 f"  its output:\n{self.transcript()}"
             ) from None
+        self._reader.join(deadline_s)  # every line it printed is in lines() now
+        return code
 
     def close(self) -> None:
         if self._proc.poll() is None:

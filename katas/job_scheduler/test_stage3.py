@@ -1199,6 +1199,15 @@ def applied_once(
     but unanswered retries it and is told "duplicate": then at most one worker saw
     "committed" — the store's one effect per job is what proves "once".
     """
+
+    # A worker prints its commit before it acks, but this process reads the workers'
+    # output on threads of its own: let the transcripts catch up with what Redis shows.
+    def reported() -> set[str]:
+        return {e.split()[0] for e in workers.events("committed") + workers.events("duplicate")}
+
+    deadline = time.monotonic() + 5.0
+    while not reported() >= set(ids) and time.monotonic() < deadline:
+        time.sleep(0.01)
     committed = [e.split()[0] for e in workers.events("committed")]
     duplicate = [e.split()[0] for e in workers.events("duplicate")]
     effects = stage().RedisEffectStore(queue).effects()
