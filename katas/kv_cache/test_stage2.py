@@ -77,6 +77,7 @@ class Loader:
 
     def __init__(self, result: Callable[[int], Any] = lambda n: object()) -> None:
         self.release = threading.Event()
+        self.entered = threading.Event()
         self.calls = 0
         self._result = result
         self._lock = threading.Lock()
@@ -85,6 +86,7 @@ class Loader:
         with self._lock:
             self.calls += 1
             n = self.calls
+        self.entered.set()
         self.release.wait(DEADLINE_S)
         return self._result(n)
 
@@ -127,8 +129,15 @@ def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
 @core
 def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() -> None:
     cache, loader = concurrent(), Loader()
-    threads = [spawn(lambda: cache.get_or_load("k", loader), f"t{i}") for i in range(16)]
-    eventually(lambda: loads(cache).waiters == 15, "15 callers waiting for the one load")
+    threads = [spawn(lambda: cache.get_or_load("k", loader), "leader")]
+    assert loader.entered.wait(DEADLINE_S), "stage 2: a miss in get_or_load must call the loader"
+    # Only now the 15 others: each finds the load in flight and must join it at once.
+    threads += [spawn(lambda: cache.get_or_load("k", loader), f"t{i}") for i in range(15)]
+    eventually(
+        lambda: loads(cache).waiters == 15,
+        "15 callers waiting for the one load already running — a miss of a key being "
+        "loaded joins its flight; it must not queue behind a lock held by the loader",
+    )
     loader.release.set()
     results = [t.outcome("a waiter must get the loaded value") for t in threads]
     assert loader.calls == 1, (
