@@ -18,6 +18,10 @@ Design (see katas/kv_cache/README.md):
   lock is needed: nothing awaits between reading and writing the cache. The leader
   runs the loader in its own task. A cancelled waiter just stops waiting; a cancelled
   leader wakes its waiters with "retry", and the first of them leads a new load.
+- Both share one base, ``_Wrapper``, which holds everything but ``get_or_load``. Every
+  call on the inner cache goes through ``_Wrapper._run``: it makes the call under the
+  lock (for the async cache, a ``nullcontext``), takes the removals the call caused and
+  hands them to ``on_evict`` once the lock is released.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Hashable, Iterator
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import anyio
 
@@ -33,122 +37,147 @@ from katas.kv_cache.api import CacheStats, LoadStatistics, RemovalCause
 
 _MISSING: Any = object()
 Removal = tuple[Any, Any, RemovalCause]
+_T = TypeVar("_T")
+#: What a flight's waiters block on: a thread's event, or a task's.
+_E = TypeVar("_E", threading.Event, anyio.Event)
 
 
-class _Flight:
+class _Flight(Generic[_E]):
     """One load in progress: what its waiters receive when it lands."""
 
     __slots__ = ("done", "error", "retry", "stale", "value")
 
-    def __init__(self, done: threading.Event | anyio.Event) -> None:
-        self.done = done
+    def __init__(self, done: _E) -> None:
+        self.done: _E = done
         self.value: Any = None
         self.error: BaseException | None = None
         self.stale = False  # the key was written meanwhile: do not cache this value
         self.retry = False  # async: the leader was cancelled; a waiter loads again
 
 
-class _Wrapper:
-    """What both caches share: the inner cache, callback capture, flights, counters."""
+class _Wrapper(Generic[_E]):
+    """What both caches share: the inner cache behind a lock, callback capture, flights,
+    counters, and every method but ``get_or_load``."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, lock: contextlib.AbstractContextManager[Any]) -> None:
         for name in ("get", "put", "delete", "stats", "on_evict", "weigh", "max_weight"):
             if not hasattr(inner, name):
                 raise TypeError(f"inner must be a stage-1 cache (no {name!r}): {inner!r}")
         self._inner = inner
+        self._lock = lock
         self._on_evict = inner.on_evict  # the user's; the inner now reports to us
         self._removed: list[Removal] = []
         inner.on_evict = lambda key, value, cause: self._removed.append((key, value, cause))
-        self._flights: dict[Any, _Flight] = {}
+        self._flights: dict[Any, _Flight[_E]] = {}
         self._loads = self._failures = self._waiters = 0
+
+    def _run(self, call: Callable[[], _T]) -> _T:
+        """``call()`` under the lock; then the removals it caused go to ``on_evict``.
+
+        Any call on the inner cache may remove entries (a put evicts, a TTL cache expires
+        on reads too), so each goes through here: the user's callback runs only after
+        the lock is released, and may use the cache.
+        """
+        with self._lock:
+            result = call()
+            removed, self._removed = self._removed, []
+        if self._on_evict is not None:
+            for key, value, cause in removed:
+                self._on_evict(key, value, cause)
+        return result
 
     def _weight(self, value: Any) -> int | None:
         """The value's weight, computed by the caller before any lock is taken."""
         weigh = self._inner.weigh
         return None if weigh is None or self._inner.max_weight is None else weigh(value)
 
-    def _take_removed(self) -> list[Removal]:
-        removed, self._removed = self._removed, []
-        return removed
+    # What runs under the lock, through _run: a write makes a load of its key in flight
+    # stale, and a flight lands with its outcome.
 
-    def _notify(self, removed: list[Removal]) -> None:
-        if self._on_evict is not None:
-            for key, value, cause in removed:
-                self._on_evict(key, value, cause)
+    def _put(self, key: Any, value: Any, weight: int | None) -> None:
+        self._inner.put(key, value, weight=weight)
+        self._written(key)
+
+    def _delete(self, key: Any) -> bool:
+        found = bool(self._inner.delete(key))
+        self._written(key)
+        return found
+
+    def _clear(self) -> None:
+        self._inner.clear()
+        for flight in self._flights.values():
+            flight.stale = True
 
     def _written(self, key: Any) -> None:
         flight = self._flights.get(key)
         if flight is not None:
             flight.stale = True
 
-    def _keep(self, key: Any, value: Any, weight: int | None, flight: _Flight) -> None:
-        """Cache a loaded value, unless the key was written while it loaded."""
+    def _land(self, key: Any, flight: _Flight[_E], value: Any, weight: int | None) -> None:
+        """The load succeeded: cache its value, unless the key was written while it
+        loaded, and hand it to the waiters."""
+        del self._flights[key]
         if not flight.stale:
             with contextlib.suppress(ValueError):  # too heavy to cache: still the answer
                 self._inner.put(key, value, weight=weight)
+        flight.value = value
+        flight.done.set()
 
-    def _load_statistics(self) -> LoadStatistics:
-        return LoadStatistics(self._loads, self._failures, len(self._flights), self._waiters)
+    def _fail(self, key: Any, flight: _Flight[_E]) -> None:
+        """The load failed (``flight.error``), or its async leader was cancelled
+        (``flight.retry``): nothing is cached; the waiters wake and read which."""
+        del self._flights[key]
+        self._failures += 1
+        flight.done.set()
 
-
-class ConcurrentCache(_Wrapper):
-    """Any stage-1 cache, safe for many threads, with single-flight ``get_or_load``."""
-
-    def __init__(self, inner: Any) -> None:
-        super().__init__(inner)
-        self._lock = threading.Lock()
+    # The cache's API.
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        with self._lock:
-            value = self._inner.get(key, default)
-            removed = self._take_removed()  # a TTL cache may expire the entry it found
-        self._notify(removed)
-        return value
+        return self._run(lambda: self._inner.get(key, default))
 
     def put(self, key: Hashable, value: Any) -> None:
         weight = self._weight(value)  # user code: never under the lock
-        with self._lock:
-            self._inner.put(key, value, weight=weight)
-            self._written(key)
-            removed = self._take_removed()
-        self._notify(removed)
+        self._run(lambda: self._put(key, value, weight))
 
     def delete(self, key: Hashable) -> bool:
-        with self._lock:
-            found = bool(self._inner.delete(key))
-            self._written(key)
-            removed = self._take_removed()
-        self._notify(removed)
-        return found
+        return self._run(lambda: self._delete(key))
 
     def clear(self) -> None:
+        self._run(self._clear)
+
+    def statistics(self) -> LoadStatistics:
         with self._lock:
-            self._inner.clear()
-            for flight in self._flights.values():
-                flight.stale = True
-            removed = self._take_removed()
-        self._notify(removed)
+            return LoadStatistics(self._loads, self._failures, len(self._flights), self._waiters)
+
+    def stats(self) -> CacheStats:
+        stats: CacheStats = self._run(lambda: self._inner.stats())
+        return stats
+
+    def __len__(self) -> int:
+        return self._run(lambda: len(self._inner))
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:  # removes nothing
+            return key in self._inner
+
+    def __iter__(self) -> Iterator[Any]:
+        with self._lock:  # removes nothing
+            return iter(list(self._inner))
+
+
+class ConcurrentCache(_Wrapper[threading.Event]):
+    """Any stage-1 cache, safe for many threads, with single-flight ``get_or_load``."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner, threading.Lock())
 
     def get_or_load(self, key: Hashable, loader: Callable[[], Any]) -> Any:
         """The cached value, or ``loader()``'s — run once for all concurrent misses."""
-        with self._lock:
-            value = self._inner.get(key, _MISSING)
-            removed = self._take_removed()
-            flight = None
-            if value is _MISSING:
-                flight = self._flights.get(key)
-                leader = flight is None
-                if flight is None:
-                    flight = self._flights[key] = _Flight(threading.Event())
-                    self._loads += 1
-                else:
-                    self._waiters += 1
-        self._notify(removed)
+        value, flight, leader = self._run(lambda: self._join(key))
         if flight is None:
             return value
         if leader:
             return self._lead(key, flight, loader)
-        assert isinstance(flight.done, threading.Event)
         flight.done.wait()  # the leader always sets it, whatever its loader does
         with self._lock:
             self._waiters -= 1
@@ -156,79 +185,37 @@ class ConcurrentCache(_Wrapper):
             raise flight.error
         return flight.value
 
-    def _lead(self, key: Any, flight: _Flight, loader: Callable[[], Any]) -> Any:
+    def _join(self, key: Any) -> tuple[Any, _Flight[threading.Event] | None, bool]:
+        """Under the lock: the cached value, or the key's flight and whether we lead it."""
+        value = self._inner.get(key, _MISSING)
+        if value is not _MISSING:
+            return value, None, False
+        flight = self._flights.get(key)
+        if flight is not None:
+            self._waiters += 1
+            return value, flight, False
+        flight = self._flights[key] = _Flight(threading.Event())
+        self._loads += 1
+        return value, flight, True
+
+    def _lead(self, key: Any, flight: _Flight[threading.Event], loader: Callable[[], Any]) -> Any:
         try:
             value = loader()
             weight = self._weight(value)
         except BaseException as error:
-            with self._lock:
-                del self._flights[key]
-                self._failures += 1
             flight.error = error
-            assert isinstance(flight.done, threading.Event)
-            flight.done.set()
+            self._run(lambda: self._fail(key, flight))
             raise
-        with self._lock:
-            del self._flights[key]
-            self._keep(key, value, weight, flight)
-            removed = self._take_removed()
-        flight.value = value
-        assert isinstance(flight.done, threading.Event)
-        flight.done.set()
-        self._notify(removed)
+        self._run(lambda: self._land(key, flight, value, weight))
         return value
 
-    def statistics(self) -> LoadStatistics:
-        with self._lock:
-            return self._load_statistics()
 
-    def stats(self) -> CacheStats:
-        with self._lock:
-            stats: CacheStats = self._inner.stats()
-            removed = self._take_removed()
-        self._notify(removed)
-        return stats
-
-    def __len__(self) -> int:
-        with self._lock:
-            size = len(self._inner)
-            removed = self._take_removed()
-        self._notify(removed)
-        return size
-
-    def __contains__(self, key: object) -> bool:
-        with self._lock:
-            return key in self._inner
-
-    def __iter__(self) -> Iterator[Any]:
-        with self._lock:
-            return iter(list(self._inner))
-
-
-class AsyncCache(_Wrapper):
+class AsyncCache(_Wrapper[anyio.Event]):
     """Any stage-1 cache for the tasks of one anyio event loop, with single-flight loads."""
 
-    def get(self, key: Hashable, default: Any = None) -> Any:
-        value = self._inner.get(key, default)
-        self._notify(self._take_removed())
-        return value
-
-    def put(self, key: Hashable, value: Any) -> None:
-        self._inner.put(key, value, weight=self._weight(value))
-        self._written(key)
-        self._notify(self._take_removed())
-
-    def delete(self, key: Hashable) -> bool:
-        found = bool(self._inner.delete(key))
-        self._written(key)
-        self._notify(self._take_removed())
-        return found
-
-    def clear(self) -> None:
-        self._inner.clear()
-        for flight in self._flights.values():
-            flight.stale = True
-        self._notify(self._take_removed())
+    def __init__(self, inner: Any) -> None:
+        # One event loop, and nothing awaits while the cache is read or written: no lock.
+        super().__init__(inner, contextlib.nullcontext())
 
     async def get_or_load(self, key: Hashable, loader: Callable[[], Awaitable[Any]]) -> Any:
         """The cached value, or ``await loader()``'s — awaited once for concurrent misses."""
@@ -239,7 +226,6 @@ class AsyncCache(_Wrapper):
             flight = self._flights.get(key)
             if flight is None:
                 return await self._lead(key, loader)
-            assert isinstance(flight.done, anyio.Event)
             self._waiters += 1
             try:
                 await flight.done.wait()  # a cancelled waiter just leaves
@@ -259,39 +245,11 @@ class AsyncCache(_Wrapper):
             weight = self._weight(value)
         except anyio.get_cancelled_exc_class():
             flight.retry = True  # not the load's fault: a waiter tries again
-            self._finish(key, flight)
+            self._run(lambda: self._fail(key, flight))
             raise
         except BaseException as error:
             flight.error = error
-            self._finish(key, flight)
+            self._run(lambda: self._fail(key, flight))
             raise
-        self._keep(key, value, weight, flight)
-        flight.value = value
-        self._finish(key, flight)
-        self._notify(self._take_removed())
+        self._run(lambda: self._land(key, flight, value, weight))
         return value
-
-    def _finish(self, key: Any, flight: _Flight) -> None:
-        del self._flights[key]
-        if flight.error is not None or flight.retry:
-            self._failures += 1
-        flight.done.set()
-
-    def statistics(self) -> LoadStatistics:
-        return self._load_statistics()
-
-    def stats(self) -> CacheStats:
-        stats: CacheStats = self._inner.stats()
-        self._notify(self._take_removed())
-        return stats
-
-    def __len__(self) -> int:
-        size = len(self._inner)
-        self._notify(self._take_removed())
-        return size
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._inner
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(list(self._inner))
