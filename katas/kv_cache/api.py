@@ -145,3 +145,23 @@ class NodeStatistics:
 
 
 __all__ += ["NoReplicaAvailable", "NodeStatistics"]
+
+
+@dataclass(frozen=True)
+class NearStatistics:
+    """What a near cache has done (counts since it was built).
+
+    - ``hits``: gets served from the local cache; ``misses``: gets that went to Redis;
+    - ``invalidations``: invalidation messages applied (one per key per message);
+    - ``flushes``: times the whole local cache was dropped because a channel was lost;
+    - ``discarded``: replies not stored because an invalidation or a flush overtook them.
+    """
+
+    hits: int
+    misses: int
+    invalidations: int
+    flushes: int
+    discarded: int
+
+
+__all__ += ["NearStatistics"]

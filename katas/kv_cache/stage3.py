@@ -30,6 +30,26 @@ Rules the suite checks:
 - **Epochs.** A node that comes back after being marked down must never serve a value
   it missed while down: the first successful call to it bumps its epoch by one, so its
   old key names are never read again.
+
+Extended — :class:`NearCache`, a local stage-1 cache in front of a ``ShardedCache``:
+
+- **Writes publish.** A ``ShardedCache`` built with ``channel=`` runs, on each replica,
+  ONE script that does the SET (or DEL) and ``PUBLISH channel key`` together; no other
+  command on that node.
+- **Reads are local when they can be.** A hit in the local cache touches no Redis.
+- **Placeholders.** A miss stores a placeholder for the key before it reads Redis (a
+  plain GET) and stores the reply only if its placeholder is still there: an
+  invalidation or a flush that overtakes the reply wins, the reply is discarded.
+- **Read-your-writes.** After ``put``/``delete`` returns, this client's ``get`` sees
+  that write (or a newer one) — without waiting for any message.
+- **Flush on a dropped channel.** When a node's channel drops, the whole local cache
+  is flushed (placeholders too), and a key is cached only while the channels of all
+  its replicas are subscribed.
+- :meth:`NearCache.start` runs one listener thread per node; the listeners call
+  :meth:`NearCache.invalidate`, :meth:`NearCache.channel_ready` and
+  :meth:`NearCache.channel_lost`, which the suite also calls itself to deliver
+  messages in adversarial orders (a near cache that is not started caches nothing
+  until ``channel_ready`` has been called for a key's replicas).
 """
 
 from __future__ import annotations
@@ -41,7 +61,14 @@ from typing import Any
 
 import redis
 
-from katas.kv_cache.api import NS_PER_S, Clock, NodeStatistics, NoReplicaAvailable
+from katas.kv_cache.api import (
+    NS_PER_MS,
+    NS_PER_S,
+    Clock,
+    NearStatistics,
+    NodeStatistics,
+    NoReplicaAvailable,
+)
 
 _WHERE = "stage 3, see katas/kv_cache/README.md"
 
@@ -97,8 +124,9 @@ class ShardedCache:
     ``nodes`` maps node names (the ring's nodes) to their clients. Bad input raises
     ``ValueError``: no nodes, ``replicas < 1`` or more than the nodes given, a
     non-positive ``ttl_ns`` (``None``: no expiry; else rounded up to whole
-    milliseconds), a negative ``probe_interval_ns``. ``clock`` (default: monotonic)
-    paces only the probing of nodes marked down.
+    milliseconds), a negative ``probe_interval_ns``, an empty ``channel``. ``clock``
+    (default: monotonic) paces only the probing of nodes marked down. With ``channel``
+    (extended), every write also publishes its key there, in the same script.
 
     Document here the limits of a per-client epoch: what can another client, or a new
     process, still read from a node that rejoined?
@@ -114,6 +142,7 @@ class ShardedCache:
         ttl_ns: int | None = None,
         probe_interval_ns: int = NS_PER_S,
         clock: Clock | None = None,
+        channel: str | None = None,
     ) -> None:
         raise NotImplementedError(f"ShardedCache.__init__ — {_WHERE}")
 
@@ -121,6 +150,16 @@ class ShardedCache:
     def ring(self) -> HashRing:
         """The ring this cache places keys with."""
         raise NotImplementedError(f"ShardedCache.ring — {_WHERE}")
+
+    @property
+    def channel(self) -> str | None:
+        """The channel every write publishes its key on (None: writes do not publish)."""
+        raise NotImplementedError(f"ShardedCache.channel — {_WHERE}")
+
+    @property
+    def clients(self) -> dict[str, redis.Redis]:
+        """Each node's client, by node name."""
+        raise NotImplementedError(f"ShardedCache.clients — {_WHERE}")
 
     def replicas_for(self, key: str) -> list[str]:
         """The nodes that hold ``key``, in preference order."""
@@ -147,4 +186,71 @@ class ShardedCache:
         raise NotImplementedError(f"ShardedCache.statistics — {_WHERE}")
 
 
-__all__ = ["HashRing", "NoReplicaAvailable", "ShardedCache"]
+class NearCache:
+    """A local cache in front of a ``ShardedCache``, kept coherent by invalidation messages.
+
+    ``remote`` must publish its writes (built with ``channel=``, else ``ValueError``);
+    ``local`` is an empty stage-1 cache (``ValueError`` if it holds entries) — an
+    ``LRUCache``, or a ``TTLCache`` to bound how long an entry can be served if a
+    channel dies silently. ``reconnect_ns`` (>= 0, else ``ValueError``) is the pause
+    before a listener subscribes again after its channel dropped.
+    """
+
+    def __init__(
+        self, remote: ShardedCache, local: Any, *, reconnect_ns: int = 50 * NS_PER_MS
+    ) -> None:
+        raise NotImplementedError(f"NearCache.__init__ — {_WHERE}")
+
+    @property
+    def remote(self) -> ShardedCache:
+        raise NotImplementedError(f"NearCache.remote — {_WHERE}")
+
+    @property
+    def subscribed(self) -> frozenset[str]:
+        """The nodes whose invalidation channel is subscribed now."""
+        raise NotImplementedError(f"NearCache.subscribed — {_WHERE}")
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A local hit, or the remote value (cached if no invalidation overtook it)."""
+        raise NotImplementedError(f"NearCache.get — {_WHERE}")
+
+    def put(self, key: str, value: Any) -> None:
+        """Write through to the remote cache; this client's next get sees it."""
+        raise NotImplementedError(f"NearCache.put — {_WHERE}")
+
+    def delete(self, key: str) -> bool:
+        """Delete through to the remote cache; True if a replica held it."""
+        raise NotImplementedError(f"NearCache.delete — {_WHERE}")
+
+    def statistics(self) -> NearStatistics:
+        """Hits, misses, invalidations applied, flushes, replies discarded."""
+        raise NotImplementedError(f"NearCache.statistics — {_WHERE}")
+
+    def invalidate(self, key: str) -> None:
+        """A write to ``key`` happened somewhere: drop it, or the read in flight."""
+        raise NotImplementedError(f"NearCache.invalidate — {_WHERE}")
+
+    def channel_lost(self, node: str) -> None:
+        """``node``'s channel dropped: messages may be lost, so flush everything."""
+        raise NotImplementedError(f"NearCache.channel_lost — {_WHERE}")
+
+    def channel_ready(self, node: str) -> None:
+        """``node``'s channel is subscribed: keys on it may be cached again."""
+        raise NotImplementedError(f"NearCache.channel_ready — {_WHERE}")
+
+    def start(self) -> NearCache:
+        """Start one listener thread per node (``RuntimeError`` if already started)."""
+        raise NotImplementedError(f"NearCache.start — {_WHERE}")
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Stop the listeners (join each with ``timeout_s``)."""
+        raise NotImplementedError(f"NearCache.close — {_WHERE}")
+
+    def __enter__(self) -> NearCache:
+        raise NotImplementedError(f"NearCache.__enter__ — {_WHERE}")
+
+    def __exit__(self, *exc_info: object) -> None:
+        raise NotImplementedError(f"NearCache.__exit__ — {_WHERE}")
+
+
+__all__ = ["HashRing", "NearCache", "NoReplicaAvailable", "ShardedCache"]

@@ -45,7 +45,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from katas._kit import impl
 from katas._kit.profiles import HEAVY_EXAMPLES
 from katas._kit.redis import RedisEnv, RedisNode
-from katas.kv_cache.api import NS_PER_S, ManualClock, NodeStatistics, NoReplicaAvailable
+from katas._kit.waiting import DEADLINE_S, eventually, spawn
+from katas.kv_cache.api import (
+    NS_PER_S,
+    ManualClock,
+    NearStatistics,
+    NodeStatistics,
+    NoReplicaAvailable,
+)
 
 pytestmark = [pytest.mark.stage(3)]
 
@@ -779,3 +786,586 @@ TestStage3ShardedCacheModel = core(
     pytest.mark.redis_faults(pytest.mark.usefixtures("_bind_stage")(ShardedCacheMachine.TestCase))
 )
 TestStage3ShardedCacheModel.settings = settings(heavy, stateful_step_count=30)
+
+
+# --------------------------------------------------------------------------- near cache
+#
+# The near-cache tests order events on purpose. A Tap holds a client's reply to one
+# command — the command ran on the server, its reply is read but not yet returned — so
+# the test can make another client write "while the reply is on the wire". Messages are
+# delivered either by the near cache's own listeners (and then the test waits for the
+# count in statistics()), or, for a near cache that is not started, by the test calling
+# invalidate / channel_lost / channel_ready itself, in whatever order it likes.
+
+
+class Tap:
+    """Holds the ``skip + 1``-th reply to one of ``commands`` on ``client`` once armed.
+
+    Every redis-py command goes through ``client.execute_command``; the tap replaces it
+    on this one client object (a registered script's EVALSHA goes through it too).
+    """
+
+    def __init__(self, client: redis.Redis, *commands: str) -> None:
+        self._inner: Callable[..., Any] = client.execute_command
+        self._commands = {c.upper() for c in commands}
+        self._armed = 0
+        self._lock = threading.Lock()
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        client.execute_command = self._execute  # type: ignore[method-assign]
+
+    def arm(self, skip: int = 0) -> None:
+        self.reached.clear()
+        self.release.clear()
+        with self._lock:
+            self._armed = skip + 1
+
+    def _execute(self, *args: Any, **options: Any) -> Any:
+        result = self._inner(*args, **options)
+        with self._lock:
+            hold = False
+            if self._armed and str(args[0]).upper() in self._commands:
+                self._armed -= 1
+                hold = self._armed == 0
+        if hold:
+            self.reached.set()
+            self.release.wait(DEADLINE_S)
+        return result
+
+
+@pytest.fixture
+def stage1(kata: Any) -> ModuleType:
+    """The stage-1 module: its LRUCache is the near cache's local cache."""
+    return kata.stage(1)  # type: ignore[no-any-return]
+
+
+class NearFleet:
+    """Three nodes, a writer (``ShardedCache`` that publishes) and near caches to test."""
+
+    def __init__(self, redis_env: RedisEnv, stage1: ModuleType, replicas: int = 2) -> None:
+        self.env = redis_env
+        self.nodes = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+        self.prefix = redis_env.fresh_prefix()
+        self.channel = f"{self.prefix}invalidations"
+        self.replicas = replicas
+        self.stage1 = stage1
+        self._near: list[Any] = []
+        self.writer = self.sharded({n: node.client() for n, node in self.nodes.items()})
+
+    def sharded(self, clients: dict[str, redis.Redis]) -> Any:
+        return stage().ShardedCache(
+            clients,
+            replicas=self.replicas,
+            key_prefix=self.prefix,
+            probe_interval_ns=0,
+            channel=self.channel,
+        )
+
+    def near(
+        self,
+        *,
+        started: bool = True,
+        pubsub_proxies: dict[str, Any] | None = None,
+        taps: tuple[str, ...] = (),
+    ) -> tuple[Any, dict[str, Tap]]:
+        """A near cache (LRU of 1000), its taps per node; started: wait for its channels."""
+        clients = {n: node.client() for n, node in self.nodes.items()}
+        if pubsub_proxies:  # its channels (only) go through these proxies
+            for name, proxy in pubsub_proxies.items():
+                via = self.nodes[name].proxied_client(proxy)
+                clients[name].pubsub = via.pubsub  # type: ignore[method-assign]
+        tapped = {n: Tap(c, *taps) for n, c in clients.items()} if taps else {}
+        near = stage().NearCache(self.sharded(clients), self.stage1.LRUCache(1000))
+        self._near.append(near)
+        if started:
+            near.start()
+            eventually(
+                lambda: near.subscribed == set(NODES),
+                "a started near cache to subscribe the channel of all three nodes",
+                "stage 3",
+            )
+        else:
+            for name in NODES:
+                near.channel_ready(name)
+        return near, tapped
+
+    def copies(self, key: str, value: Any) -> int:
+        """How many nodes hold ``value`` for ``key`` now: the messages its put published."""
+        return sum(
+            1
+            for name, node in self.nodes.items()
+            if (raw := node.client().get(self.writer.key_name(name, key))) is not None
+            and json.loads(raw) == value
+        )
+
+    def close(self) -> None:
+        for near in self._near:
+            near.close()
+
+
+@pytest.fixture
+def fleet(redis_env: RedisEnv, stage1: ModuleType) -> Any:
+    f = NearFleet(redis_env, stage1)
+    yield f
+    f.close()
+
+
+def near_stats(near: Any) -> NearStatistics:
+    stats = near.statistics()
+    assert isinstance(stats, NearStatistics), f"stage 3: statistics() returned {stats!r}"
+    return stats
+
+
+@extended
+def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
+    fleet: NearFleet,
+) -> None:
+    proxies = {name: fleet.env.proxy(node) for name, node in fleet.nodes.items()}
+    writer = fleet.sharded({n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()})
+    listeners = {}
+    for name, node in fleet.nodes.items():
+        pubsub = node.client().pubsub()  # type: ignore[no-untyped-call]
+        pubsub.subscribe(fleet.channel)
+        assert pubsub.get_message(timeout=DEADLINE_S)["type"] == "subscribe"
+        listeners[name] = pubsub
+    key = "prompt:42"
+    writer.put(key, "warm-up")  # the first calls may also load the scripts
+    writer.delete(key)
+    for pubsub in listeners.values():
+        while pubsub.get_message(timeout=0.2) is not None:
+            pass
+    for p in proxies.values():
+        p.reset_counts()
+    writer.put(key, {"tokens": [1, 2]})
+    replicas = writer.replicas_for(key)
+    for name, proxy in proxies.items():
+        sent = proxy.counts().commands
+        if name in replicas:
+            assert sent in (("EVALSHA",), ("EVAL",)), (
+                f"stage 3 (near): put on a ShardedCache with channel= sends each replica ONE "
+                f"script (SET and PUBLISH together, atomically); replica {name} got {sent}"
+            )
+            message = listeners[name].get_message(timeout=DEADLINE_S)
+            assert message is not None and message["data"] in (key, key.encode()), (
+                f"stage 3 (near): the script publishes the key on {fleet.channel!r} of each "
+                f"replica it writes; {name} published {message}"
+            )
+            raw = fleet.nodes[name].client().get(writer.key_name(name, key))
+            assert raw is not None and json.loads(raw) == {"tokens": [1, 2]}
+        else:
+            assert sent == (), f"stage 3 (near): {name} is not a replica of {key!r}: got {sent}"
+            assert listeners[name].get_message(timeout=0.1) is None
+    for p in proxies.values():
+        p.reset_counts()
+    assert writer.delete(key) is True
+    for name in replicas:
+        sent = proxies[name].counts().commands
+        assert sent in (("EVALSHA",), ("EVAL",)), (
+            f"stage 3 (near): delete is one script per replica too (DEL and PUBLISH); "
+            f"replica {name} got {sent}"
+        )
+        message = listeners[name].get_message(timeout=DEADLINE_S)
+        assert message is not None and message["data"] in (key, key.encode()), message
+    for pubsub in listeners.values():
+        pubsub.close()
+
+
+@extended
+def test_stage3_near_rejects_bad_arguments(fleet: NearFleet, stage1: ModuleType) -> None:
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    plain = stage().ShardedCache(clients, replicas=2, key_prefix=fleet.prefix)
+    with pytest.raises(ValueError, match="remote"):
+        stage().NearCache(plain, stage1.LRUCache(10))
+    used = stage1.LRUCache(10)
+    used.put("k", 1)
+    with pytest.raises(ValueError, match="local"):
+        stage().NearCache(fleet.writer, used)
+    with pytest.raises(ValueError, match="reconnect_ns"):
+        stage().NearCache(fleet.writer, stage1.LRUCache(10), reconnect_ns=-1)
+    with pytest.raises(ValueError, match="channel"):
+        stage().ShardedCache(clients, replicas=2, channel="")
+
+
+@extended
+def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
+    proxies = {name: fleet.env.proxy(node) for name, node in fleet.nodes.items()}
+    clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
+    near = stage().NearCache(fleet.sharded(clients), fleet.stage1.LRUCache(100))
+    for name in NODES:
+        near.channel_ready(name)
+    fleet.writer.put("k", [1, 2, 3])
+    assert near.get("k") == [1, 2, 3]
+    for p in proxies.values():
+        p.reset_counts()
+    for _ in range(5):
+        assert near.get("k") == [1, 2, 3]
+    sent = {name: p.counts().commands for name, p in proxies.items()}
+    assert all(not c for c in sent.values()), (
+        f"stage 3 (near): a key read once (channels subscribed) is served from the local "
+        f"cache; 5 more gets sent {sent}"
+    )
+    s = near_stats(near)
+    assert (s.hits, s.misses) == (5, 1), f"stage 3 (near): 1 miss then 5 hits: {s}"
+
+
+@extended
+def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
+    fleet: NearFleet,
+) -> None:
+    near, _ = fleet.near(started=False)  # nobody delivers messages: only its own writes count
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1" and near.get("k") == "v1"
+    near.put("k", "v2")
+    got = near.get("k")
+    assert got == "v2", (
+        f"stage 3 (near): put('k', 'v2') returned, so this client's get must see 'v2' at once "
+        f"(read-your-writes) — not its cached 'v1', and not after some message; got {got!r}"
+    )
+    assert near.delete("k") is True
+    got = near.get("k", MISS)
+    assert got is MISS, f"stage 3 (near): after its own delete the key is gone; got {got!r}"
+    near.put("k", "v3")
+    assert near.get("k") == "v3" and near.get("k") == "v3"
+
+
+@extended
+def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) -> None:
+    near, _ = fleet.near()
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1" and near.get("k") == "v1"
+    before = near_stats(near).invalidations
+    fleet.writer.put("k", "v2")
+    eventually(
+        lambda: near.get("k") == "v2",
+        "another client's put('k', 'v2') to reach this near cache by an invalidation "
+        "message (it held 'v1')",
+        "stage 3 (near)",
+    )
+    assert near_stats(near).invalidations > before
+    fleet.writer.delete("k")
+    eventually(
+        lambda: near.get("k", MISS) is MISS,
+        "another client's delete('k') to reach this near cache by an invalidation message",
+        "stage 3 (near)",
+    )
+
+
+@extended
+def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFleet) -> None:
+    near, taps = fleet.near(taps=("GET",))
+    fleet.writer.put("k", "v1")
+    first = fleet.writer.replicas_for("k")[0]
+    taps[first].arm()
+    reader = spawn(lambda: near.get("k"), "reader")
+    assert taps[first].reached.wait(DEADLINE_S), "stage 3 (near): a miss must GET from Redis"
+    # The reply 'v1' is on the wire. Another client writes; both replicas' messages land.
+    before = near_stats(near).invalidations
+    fleet.writer.put("k", "v2")
+    messages = fleet.copies("k", "v2")
+    eventually(
+        lambda: near_stats(near).invalidations >= before + messages,
+        f"the {messages} invalidation messages of the racing put (one per replica it "
+        "wrote) to be applied",
+        "stage 3 (near)",
+    )
+    taps[first].release.set()
+    assert reader.outcome("the held read must finish") == "v1"
+    got = near.get("k")
+    assert got == "v2", (
+        "stage 3 (near): steps: get('k') misses and reads 'v1' from Redis; before that reply "
+        "is stored, another client puts 'v2' and its invalidation arrives; then the reply "
+        f"lands. It must be discarded (its placeholder is gone), so get('k') == 'v2'; got "
+        f"{got!r} — the near cache stored a reply the invalidation had overtaken"
+    )
+    assert near_stats(near).discarded == 1, near_stats(near)
+
+
+@extended
+def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) -> None:
+    near, taps = fleet.near(taps=("EVALSHA", "EVAL"))
+    near.put("k", "v0")  # loads the scripts
+    last = fleet.writer.replicas_for("k")[-1]
+    before = near_stats(near).invalidations
+    taps[last].arm()
+    writer = spawn(lambda: near.put("k", "v1"), "writer")
+    assert taps[last].reached.wait(DEADLINE_S), "stage 3 (near): put runs a script per replica"
+    # 'v1' is on every replica, the last reply on the wire: another client overwrites it.
+    own = fleet.copies("k", "v1")
+    fleet.writer.put("k", "v2")
+    messages = own + fleet.copies("k", "v2")
+    eventually(
+        lambda: near_stats(near).invalidations >= before + messages,
+        f"the {messages} messages (one per replica written, by this put and the racing "
+        "one) to be applied",
+        "stage 3 (near)",
+    )
+    taps[last].release.set()
+    writer.outcome("the held put must finish")
+    got = near.get("k")
+    assert got == "v2", (
+        "stage 3 (near): steps: put('k', 'v1') writes both replicas; before it returns, "
+        "another client puts 'v2' and every invalidation has arrived; then put returns. "
+        f"Redis holds 'v2', so get('k') == 'v2'; got {got!r} — a writer must not store the "
+        "value it wrote (a later write's invalidation may already have come and gone)"
+    )
+
+
+def _cut(proxies: dict[str, Any], near: Any) -> None:
+    before = near_stats(near).flushes
+    for p in proxies.values():
+        p.outage()
+    eventually(
+        lambda: not near.subscribed and near_stats(near).flushes > before,
+        "the near cache to notice its channels dropped (subscribed() empty, a flush counted)",
+        "stage 3 (near)",
+    )
+
+
+def _heal(proxies: dict[str, Any], near: Any) -> None:
+    for p in proxies.values():
+        p.heal()
+    eventually(
+        lambda: near.subscribed == set(NODES),
+        "the near cache to subscribe its channels again after they came back",
+        "stage 3 (near)",
+    )
+
+
+@extended
+def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
+    proxies = {name: fleet.env.proxy(node) for name, node in fleet.nodes.items()}
+    near, _ = fleet.near(pubsub_proxies=proxies)
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1" and near.get("k") == "v1"
+    _cut(proxies, near)
+    fleet.writer.put("k", "v2")  # its invalidation cannot reach the near cache
+    got = near.get("k")
+    assert got == "v2", (
+        "stage 3 (near): steps: 'v1' cached; every invalidation channel drops; another client "
+        f"puts 'v2' (the message is lost). get('k') must be 'v2' — got {got!r}: a dropped "
+        "channel means lost messages, so the whole local cache must be flushed"
+    )
+    fleet.writer.put("k", "v3")
+    got = near.get("k")
+    assert got == "v3", (
+        "stage 3 (near): while the channels are down nothing may be cached (no message would "
+        f"invalidate it): after another put of 'v3', get('k') must be 'v3'; got {got!r}"
+    )
+    _heal(proxies, near)
+    hits = near_stats(near).hits
+    assert near.get("k") == "v3" and near.get("k") == "v3"
+    assert near_stats(near).hits == hits + 1, (
+        "stage 3 (near): once the channels are subscribed again, reads are cached again"
+    )
+    fleet.writer.put("k", "v4")
+    eventually(lambda: near.get("k") == "v4", "invalidations to flow again", "stage 3 (near)")
+
+
+@extended
+def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFleet) -> None:
+    proxies = {name: fleet.env.proxy(node) for name, node in fleet.nodes.items()}
+    near, taps = fleet.near(pubsub_proxies=proxies, taps=("GET",))
+    fleet.writer.put("k", "v1")
+    first = fleet.writer.replicas_for("k")[0]
+    taps[first].arm()
+    reader = spawn(lambda: near.get("k"), "reader")
+    assert taps[first].reached.wait(DEADLINE_S), "stage 3 (near): a miss must GET from Redis"
+    _cut(proxies, near)
+    fleet.writer.put("k", "v2")  # lost to the near cache
+    _heal(proxies, near)
+    taps[first].release.set()
+    assert reader.outcome("the held read must finish") == "v1"
+    got = near.get("k")
+    assert got == "v2", (
+        "stage 3 (near): steps: get('k') reads 'v1'; before the reply is stored the channels "
+        "drop, another client puts 'v2' (message lost), the channels come back; then the "
+        f"reply lands. It must be discarded (the flush took its placeholder); got {got!r}"
+    )
+
+
+@extended
+@pytest.mark.redis_faults
+def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
+    near, _ = fleet.near()
+    keys = [f"doc:{i}" for i in range(30)]
+    for key in keys:
+        fleet.writer.put(key, "old")
+        assert near.get(key) == "old"
+    fleet.nodes["n0"].stop()
+    eventually(
+        lambda: "n0" not in near.subscribed,
+        "the near cache to notice n0's channel dropped when n0 stopped",
+        "stage 3 (near)",
+    )
+    for key in keys:
+        fleet.writer.put(key, "new")
+    for key in keys:
+        got = near.get(key)
+        assert got == "new", (
+            f"stage 3 (near): n0 died (its channel with it), other nodes took the write of "
+            f"{key!r}; the near cache must not serve 'old'; got {got!r}"
+        )
+    fleet.nodes["n0"].start()
+    eventually(
+        lambda: near.subscribed == set(NODES),
+        "the near cache to subscribe n0's channel again after n0 restarted",
+        "stage 3 (near)",
+    )
+    for key in keys:
+        assert near.get(key) == "new"
+
+
+class NearCacheMachine(RuleBasedStateMachine):
+    """Adversarial delivery: messages arrive late, in any order, or are lost in a drop.
+
+    The near cache under test is not started: the machine is its channel. Every write
+    (another client's, or its own) queues one message per replica; ``deliver`` hands
+    any queued message to ``invalidate``; ``drop``/``ready`` play a channel that drops
+    and comes back. A read may be held with its reply on the wire while other rules
+    run. The model keeps each key's versions (values are unique) and a floor per key:
+    the newest version a read must at least return — raised by a delivered message of
+    that write, by this client's own write (read-your-writes) and by a flush.
+    """
+
+    stage: ModuleType  # bound by the _bind_near fixture
+    stage1: ModuleType
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.env = RedisEnv.from_environment(faults=False, name="stage3-near-machine")
+        self.nodes = dict(zip(NODES, self.env.servers(len(NODES)), strict=True))
+        channel = f"{self.env.prefix}invalidations"
+
+        def sharded(clients: dict[str, redis.Redis]) -> Any:
+            return self.stage.ShardedCache(
+                clients,
+                replicas=2,
+                key_prefix=self.env.prefix,
+                channel=channel,
+            )
+
+        self.other = sharded({n: node.client() for n, node in self.nodes.items()})
+        clients = {n: node.client() for n, node in self.nodes.items()}
+        self.taps = {n: Tap(c, "GET") for n, c in clients.items()}
+        self.near = self.stage.NearCache(sharded(clients), self.stage1.LRUCache(100))
+        for name in NODES:
+            self.near.channel_ready(name)
+        self.versions: dict[str, list[Any]] = {k: [MISS] for k in MACHINE_KEYS}
+        self.floor = dict.fromkeys(MACHINE_KEYS, 0)
+        self.queued: list[tuple[str, int]] = []  # (key, version index)
+        self.held: tuple[str, str, int, Any] | None = None  # key, node, version, thread
+        self.counter = 0
+        self.log: list[str] = []
+
+    def teardown(self) -> None:
+        if self.held is not None:
+            self.taps[self.held[1]].release.set()
+        self.env.close()
+
+    def _wrote(self, key: str, value: Any) -> int:
+        self.versions[key].append(value)
+        index = len(self.versions[key]) - 1
+        self.queued += [(key, index)] * 2
+        return index
+
+    def _show(self, value: Any) -> str:
+        return "MISS" if value is MISS else repr(value)
+
+    @rule(key=st.sampled_from(MACHINE_KEYS))
+    def other_puts(self, key: str) -> None:
+        self.counter += 1
+        value = f"{key}-v{self.counter}"
+        self.other.put(key, value)
+        self._wrote(key, value)
+        self.log.append(f"another client: put({key!r}, {value!r})")
+
+    @rule(key=st.sampled_from(MACHINE_KEYS))
+    def other_deletes(self, key: str) -> None:
+        self.other.delete(key)
+        self._wrote(key, MISS)
+        self.log.append(f"another client: delete({key!r})")
+
+    @precondition(lambda self: self.held is None)
+    @rule(key=st.sampled_from(MACHINE_KEYS))
+    def own_put(self, key: str) -> None:
+        self.counter += 1
+        value = f"{key}-v{self.counter}"
+        self.near.put(key, value)
+        self.floor[key] = self._wrote(key, value)
+        self.log.append(f"near: put({key!r}, {value!r})")
+
+    @precondition(lambda self: bool(self.queued))
+    @rule(data=st.data())
+    def deliver(self, data: st.DataObject) -> None:
+        i = data.draw(st.integers(0, len(self.queued) - 1), label="message")
+        key, index = self.queued.pop(i)
+        self.near.invalidate(key)
+        self.floor[key] = max(self.floor[key], index)
+        self.log.append(f"deliver the message of {key!r} version {index}")
+
+    @rule(name=st.sampled_from(NODES))
+    def drop(self, name: str) -> None:
+        self.near.channel_lost(name)
+        self.queued.clear()  # whatever was in flight is lost with the channel
+        for key in MACHINE_KEYS:
+            self.floor[key] = len(self.versions[key]) - 1
+        self.log.append(f"channel of {name} drops (queued messages lost)")
+
+    @rule(name=st.sampled_from(NODES))
+    def ready(self, name: str) -> None:
+        self.near.channel_ready(name)
+        self.log.append(f"channel of {name} subscribed")
+
+    def _check(self, key: str, got: Any, allowed: list[Any], what: str) -> None:
+        assert any(got is a or got == a for a in allowed), (
+            f"stage 3 (near): {what} {key!r} returned {self._show(got)}; allowed (no older "
+            f"than the last delivered invalidation, own write or flush): "
+            f"{[self._show(a) for a in allowed]}. Steps:\n  " + "\n  ".join(self.log[-20:])
+        )
+
+    @rule(key=st.sampled_from(MACHINE_KEYS))
+    def get(self, key: str) -> None:
+        if self.held is not None and self.held[0] == key:
+            return  # the held read's placeholder is what this race is about
+        got = self.near.get(key, MISS)
+        self.log.append(f"near: get({key!r}) -> {self._show(got)}")
+        self._check(key, got, self.versions[key][self.floor[key] :], "get")
+
+    @precondition(lambda self: self.held is None)
+    @rule(key=st.sampled_from(MACHINE_KEYS))
+    def begin_read(self, key: str) -> None:
+        node = self.near.remote.replicas_for(key)[0]
+        self.near.invalidate(key)  # a duplicate message (harmless): this read must miss
+        self.taps[node].arm()
+        thread = spawn(lambda: self.near.get(key, MISS), f"held-{key}")
+        assert self.taps[node].reached.wait(DEADLINE_S), (
+            f"stage 3 (near): a get right after an invalidation of {key!r} must GET it from "
+            f"its first replica {node}"
+        )
+        version = len(self.versions[key]) - 1
+        self.held = (key, node, version, thread)
+        self.log.append(f"near: get({key!r}) reads version {version} from Redis; reply held")
+
+    @precondition(lambda self: self.held is not None)
+    @rule()
+    def finish_read(self) -> None:
+        assert self.held is not None
+        key, node, version, thread = self.held
+        self.held = None
+        self.taps[node].release.set()
+        got = thread.outcome("the held read must finish")
+        self.log.append(f"the held reply of {key!r} lands -> {self._show(got)}")
+        # Not older than when it was read (a miss there may go on to the next replica).
+        self._check(key, got, self.versions[key][version:], "the held get")
+
+
+@pytest.fixture
+def _bind_near(stage_module: ModuleType, stage1: ModuleType) -> None:
+    NearCacheMachine.stage = stage_module
+    NearCacheMachine.stage1 = stage1
+
+
+TestStage3NearCacheAdversarialOrder = extended(
+    pytest.mark.usefixtures("_bind_near")(NearCacheMachine.TestCase)
+)
+TestStage3NearCacheAdversarialOrder.settings = settings(heavy, stateful_step_count=40)

@@ -22,11 +22,31 @@ Design (see katas/kv_cache/README.md):
   the node's epoch, so its old key names are never read again (they linger until
   their TTL, or until Redis's eviction policy reclaims them) and the next replica
   answers until new writes reach it.
+- ``NearCache`` (extended): a stage-1 cache in this process in front of a
+  ``ShardedCache`` whose writes publish invalidations. Every write runs one script per
+  replica that does SET (or DEL) and PUBLISH of the key together — atomically, so no
+  reader can see the new value without the message being on its way, and a writer that
+  dies between the two cannot leave near caches stale forever. A listener thread per
+  node applies the messages. Three rules keep it coherent:
+
+  1. a miss first stores a placeholder, then reads Redis, and stores the reply only if
+     its placeholder is still there — an invalidation (or a flush) that overtakes the
+     reply removes the placeholder, so the stale reply is dropped;
+  2. a writer removes its own local entry after its remote write (read-your-writes)
+     and never stores the value it wrote: another writer's invalidation may already
+     have come and gone, so only a read can know what Redis holds now;
+  3. when a node's channel drops, messages may be lost, so the whole local cache
+     (placeholders too) is flushed, and keys on that node are not cached again until
+     the channel is subscribed again.
+
+  A channel that dies without an error (a silent half-open connection) is not noticed;
+  a ``TTLCache`` as the local cache bounds how long such an entry can be served.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import threading
@@ -41,6 +61,7 @@ from katas.kv_cache.api import (
     NS_PER_S,
     Clock,
     MonotonicClock,
+    NearStatistics,
     NodeStatistics,
     NoReplicaAvailable,
 )
@@ -51,6 +72,22 @@ T = TypeVar("T")
 UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 
 _MISSING: Any = object()
+
+# A write that also tells near caches: one script, so SET and PUBLISH happen together.
+_PUT_AND_PUBLISH = """
+if ARGV[2] == '0' then
+  redis.call('SET', KEYS[1], ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+redis.call('PUBLISH', ARGV[3], ARGV[4])
+return 1
+"""
+_DELETE_AND_PUBLISH = """
+local removed = redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return removed
+"""
 
 
 def _point(text: str) -> int:
@@ -126,6 +163,8 @@ class HashRing:
 class _Node:
     name: str
     client: redis.Redis
+    put_script: Any = None  # redis Script objects, when writes publish
+    delete_script: Any = None
     epoch: int = 0
     down: bool = False
     retry_at_ns: int = 0
@@ -157,6 +196,7 @@ class ShardedCache:
         ttl_ns: int | None = None,
         probe_interval_ns: int = NS_PER_S,
         clock: Clock | None = None,
+        channel: str | None = None,
     ) -> None:
         if not nodes:
             raise ValueError("nodes must name at least one Redis node")
@@ -174,8 +214,15 @@ class ShardedCache:
             or probe_interval_ns < 0
         ):
             raise ValueError(f"probe_interval_ns must be an int >= 0, got {probe_interval_ns!r}")
+        if channel is not None and (not isinstance(channel, str) or not channel):
+            raise ValueError(f"channel must be a non-empty str or None, got {channel!r}")
         self._ring = HashRing(nodes, vnodes=vnodes)
         self._nodes = {name: _Node(name, client) for name, client in nodes.items()}
+        self._channel = channel
+        if channel is not None:
+            for node in self._nodes.values():
+                node.put_script = node.client.register_script(_PUT_AND_PUBLISH)
+                node.delete_script = node.client.register_script(_DELETE_AND_PUBLISH)
         self._replicas = replicas
         self._prefix = key_prefix
         self._px = None if ttl_ns is None else -(-ttl_ns // NS_PER_MS)  # whole ms, rounded up
@@ -186,6 +233,16 @@ class ShardedCache:
     @property
     def ring(self) -> HashRing:
         return self._ring
+
+    @property
+    def channel(self) -> str | None:
+        """The channel every write publishes its key on (None: writes do not publish)."""
+        return self._channel
+
+    @property
+    def clients(self) -> dict[str, redis.Redis]:
+        """Each node's client, by node name."""
+        return {name: node.client for name, node in self._nodes.items()}
 
     def replicas_for(self, key: str) -> list[str]:
         """The nodes that hold ``key``, in preference order."""
@@ -236,21 +293,30 @@ class ShardedCache:
 
     def put(self, key: str, value: Any) -> None:
         data = json.dumps(value)  # a value JSON cannot encode fails before any write
-        px = self._px
-        written = [
-            self._call(self._nodes[name], key, lambda c, k: c.set(k, data, px=px))
-            for name in self.replicas_for(key)
-        ]
+        px, channel = self._px, self._channel
+
+        def write(node: _Node) -> Any:
+            if channel is None:
+                return self._call(node, key, lambda c, k: c.set(k, data, px=px))
+            args = [data, px or 0, channel, key]
+            return self._call(node, key, lambda c, k: node.put_script(keys=[k], args=args))
+
+        written = [write(self._nodes[name]) for name in self.replicas_for(key)]
         if all(w is _MISSING for w in written):
             raise NoReplicaAvailable(
                 f"put({key!r}): none of its replicas {self.replicas_for(key)} is reachable"
             )
 
     def delete(self, key: str) -> bool:
-        removed = [
-            self._call(self._nodes[name], key, lambda c, k: c.delete(k))
-            for name in self.replicas_for(key)
-        ]
+        channel = self._channel
+
+        def remove(node: _Node) -> Any:
+            if channel is None:
+                return self._call(node, key, lambda c, k: c.delete(k))
+            args = [channel, key]
+            return self._call(node, key, lambda c, k: node.delete_script(keys=[k], args=args))
+
+        removed = [remove(self._nodes[name]) for name in self.replicas_for(key)]
         if all(r is _MISSING for r in removed):
             raise NoReplicaAvailable(
                 f"delete({key!r}): none of its replicas {self.replicas_for(key)} is reachable"
@@ -265,4 +331,163 @@ class ShardedCache:
             }
 
 
-__all__ = ["HashRing", "NoReplicaAvailable", "ShardedCache"]
+class _Placeholder:
+    """Stands in the local cache for a read in flight; only its own reply may replace it."""
+
+    __slots__ = ()
+
+
+class NearCache:
+    """A local cache in front of a ``ShardedCache``, kept coherent by invalidation messages.
+
+    ``remote`` must publish its writes (built with ``channel=``); ``local`` is an empty
+    stage-1 cache (an ``LRUCache``, or a ``TTLCache`` to bound how long an entry can be
+    served if a channel fails silently). :meth:`start` runs one listener thread per node;
+    :meth:`invalidate`, :meth:`channel_lost` and :meth:`channel_ready` are what the
+    listeners call, and a test may call them itself to deliver messages in any order.
+    Values are shared with every caller that gets them: treat them as immutable.
+    """
+
+    def __init__(
+        self, remote: ShardedCache, local: Any, *, reconnect_ns: int = 50 * NS_PER_MS
+    ) -> None:
+        if remote.channel is None:
+            raise ValueError("remote must publish its writes: build it with channel=...")
+        if len(local):
+            raise ValueError(f"local must be an empty cache, it holds {len(local)} entries")
+        if isinstance(reconnect_ns, bool) or not isinstance(reconnect_ns, int) or reconnect_ns < 0:
+            raise ValueError(f"reconnect_ns must be an int >= 0, got {reconnect_ns!r}")
+        self._remote = remote
+        self._channel: str = remote.channel
+        self._local = local
+        self._reconnect_s = reconnect_ns / NS_PER_S
+        self._lock = threading.Lock()  # the local cache and the counters; never held over I/O
+        self._subscribed: set[str] = set()
+        self._hits = self._misses = self._invalidations = self._flushes = self._discarded = 0
+        self._stopping = threading.Event()
+        self._listeners: list[threading.Thread] = []
+
+    @property
+    def remote(self) -> ShardedCache:
+        return self._remote
+
+    @property
+    def subscribed(self) -> frozenset[str]:
+        """The nodes whose invalidation channel is subscribed now."""
+        with self._lock:
+            return frozenset(self._subscribed)
+
+    # -- the cache -------------------------------------------------------------------
+    def get(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            found = self._local.get(key, _MISSING)
+            if found is not _MISSING and not isinstance(found, _Placeholder):
+                self._hits += 1
+                return found
+            self._misses += 1
+            mine = None
+            if self._subscribed.issuperset(self._remote.replicas_for(key)):
+                mine = _Placeholder()  # rule 1: claim the slot before asking Redis
+                self._local.put(key, mine)
+        value = self._remote.get(key, _MISSING)
+        if mine is not None:
+            with self._lock:
+                if self._local.get(key, None) is not mine:
+                    self._discarded += 1  # overtaken: what we read may already be stale
+                elif value is _MISSING:
+                    self._local.delete(key)
+                else:
+                    self._local.put(key, value)
+        return default if value is _MISSING else value
+
+    def put(self, key: str, value: Any) -> None:
+        try:
+            self._remote.put(key, value)
+        finally:  # rule 2; also after a failure, which may have reached some replica
+            self._forget(key)
+
+    def delete(self, key: str) -> bool:
+        try:
+            return self._remote.delete(key)
+        finally:
+            self._forget(key)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._local.delete(key)
+
+    def statistics(self) -> NearStatistics:
+        with self._lock:
+            return NearStatistics(
+                self._hits, self._misses, self._invalidations, self._flushes, self._discarded
+            )
+
+    # -- what the channel tells us ---------------------------------------------------
+    def invalidate(self, key: str) -> None:
+        """A write to ``key`` happened somewhere: drop it (or the read in flight)."""
+        with self._lock:
+            self._invalidations += 1
+            self._local.delete(key)
+
+    def channel_lost(self, node: str) -> None:
+        """``node``'s channel dropped: messages may be lost, so forget everything (rule 3)."""
+        with self._lock:
+            self._subscribed.discard(node)
+            self._flushes += 1
+            self._local.clear()
+
+    def channel_ready(self, node: str) -> None:
+        """``node``'s channel is subscribed: its keys may be cached again."""
+        with self._lock:
+            self._subscribed.add(node)
+
+    # -- the listeners ---------------------------------------------------------------
+    def start(self) -> NearCache:
+        if self._listeners:
+            raise RuntimeError("this near cache is already started")
+        for name, client in self._remote.clients.items():
+            thread = threading.Thread(
+                target=self._listen, args=(name, client), name=f"near-{name}", daemon=True
+            )
+            thread.start()
+            self._listeners.append(thread)
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._stopping.set()
+        for thread in self._listeners:
+            thread.join(timeout_s)
+
+    def __enter__(self) -> NearCache:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _listen(self, node: str, client: redis.Redis) -> None:
+        while not self._stopping.is_set():
+            pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+            ready = False
+            try:
+                pubsub.subscribe(self._channel)
+                while not self._stopping.is_set():
+                    message = pubsub.get_message(timeout=0.05)
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":
+                        ready = True
+                        self.channel_ready(node)
+                    elif message["type"] == "message":
+                        data = message["data"]
+                        self.invalidate(data.decode() if isinstance(data, bytes) else data)
+            except (*UNAVAILABLE, OSError):
+                pass
+            finally:
+                if ready:
+                    self.channel_lost(node)
+                with contextlib.suppress(*UNAVAILABLE, OSError):
+                    pubsub.close()
+            self._stopping.wait(self._reconnect_s)
+
+
+__all__ = ["HashRing", "NearCache", "NoReplicaAvailable", "ShardedCache"]
