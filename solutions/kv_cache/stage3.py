@@ -49,6 +49,7 @@ import bisect
 import contextlib
 import hashlib
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -72,6 +73,7 @@ T = TypeVar("T")
 UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 
 _MISSING: Any = object()
+_log = logging.getLogger(__name__)
 
 # A write that also tells near caches: one script, so SET and PUBLISH happen together.
 _PUT_AND_PUBLISH = """
@@ -389,16 +391,23 @@ class NearCache:
             if self._subscribed.issuperset(self._remote.replicas_for(key)):
                 mine = _Placeholder()  # rule 1: claim the slot before asking Redis
                 self._local.put(key, mine)
-        value = self._remote.get(key, _MISSING)
-        if mine is not None:
-            with self._lock:
-                if self._local.get(key, None) is not mine:
-                    self._discarded += 1  # overtaken: what we read may already be stale
-                elif value is _MISSING:
-                    self._local.delete(key)
-                else:
-                    self._local.put(key, value)
+        value: Any = _MISSING
+        try:
+            value = self._remote.get(key, _MISSING)
+        finally:  # on an error too: the placeholder must not stay behind
+            if mine is not None:
+                self._land(key, mine, value)
         return default if value is _MISSING else value
+
+    def _land(self, key: str, mine: _Placeholder, value: Any) -> None:
+        """Store a read's reply if its placeholder is still there (rule 1), else drop it."""
+        with self._lock:
+            if self._local.get(key, None) is not mine:
+                self._discarded += 1  # overtaken: what we read may already be stale
+            elif value is _MISSING:
+                self._local.delete(key)
+            else:
+                self._local.put(key, value)
 
     def put(self, key: str, value: Any) -> None:
         try:
@@ -482,6 +491,8 @@ class NearCache:
                         self.invalidate(data.decode() if isinstance(data, bytes) else data)
             except (*UNAVAILABLE, OSError):
                 pass
+            except Exception:  # a bug must not end the listener silently: log, resubscribe
+                _log.exception("near-cache listener of node %r failed", node)
             finally:
                 if ready:
                     self.channel_lost(node)
