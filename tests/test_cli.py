@@ -134,6 +134,13 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Progress goes to a temporary state directory, never the user's."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    monkeypatch.delenv("KATA_STATE_DIR", raising=False)
+
+
 @pytest.fixture
 def kata_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A catalogue with one kata, ``calc``, that the CLI is pointed at through KATA_ROOT."""
@@ -370,7 +377,7 @@ def test_cli_broken_kata_toml_names_the_file_and_field(
 def test_cli_help_for_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("list", "show", "test"):
+    for command in ("list", "show", "test", "start", "pair", "hint", "reveal", "reset"):
         assert command in out
         assert main([command, "--help"]) == 0
         assert f"usage: kata {command}" in capsys.readouterr().out

@@ -1,23 +1,24 @@
-"""The ``kata`` command: ``list``, ``show`` and ``test`` the katas described by kata.toml files.
+"""The ``kata`` command: list, show and test the katas described by kata.toml files, and
+practise them — timed attempts, hints, pairing sessions, progress.
 
 Everything a kata-specific command needs comes from :mod:`katas._kit.catalog`, so a new
 kata needs no change here. Each subcommand is a :class:`Command` (its arguments and a
-``run`` function returning the exit code) in :data:`COMMANDS`; a stage suite runs through
+``run`` function returning the exit code) in :data:`COMMANDS`; ``start`` and ``pair``
+live in :mod:`katas._kit.cli_sessions`, ``hint``, ``reveal``, ``reset``, ``bench`` and
+``progress`` in :mod:`katas._kit.cli_study`. A stage suite runs through
 :func:`katas._kit.suites.run_suite`, which prints nothing, so timed practice and watching
-can reuse it. Exit codes: 0 success (for ``test``: every selected
-test passed), 1 tests failed or could not run, 2 bad input, 130 interrupted.
+reuse it. Progress lives in the user's state directory (:mod:`katas._kit.state`).
+Exit codes: 0 success (for ``test``: every selected test passed), 1 tests failed or
+could not run, 2 bad input (including an unusable state file), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import NoReturn
 
 from rich import box
@@ -26,21 +27,28 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from katas._kit.catalog import (
-    ENV_ROOT,
-    Catalog,
-    CatalogError,
-    Kata,
-    Stage,
-    display_path,
+from katas._kit import cli_sessions, cli_study
+from katas._kit.catalog import ENV_ROOT, Catalog, CatalogError, Kata, Stage, display_path
+from katas._kit.cliutil import (
+    Command,
+    Context,
+    UserError,
+    add_kata,
+    is_learners_code,
+    markdown_sections,
+    print_summary,
+    read_text,
+    record_run,
+    stage_number,
+    stage_prompt,
+    suite_or_error,
 )
-from katas._kit.impl import ENV_IMPL, ENV_PROFILE, NOT_IMPLEMENTED
-from katas._kit.suites import SuiteRun, TestResult, resolve_impl, run_suite
-
-
-class UserError(Exception):
-    """Bad input: reported as one line on stderr, exit code 2."""
-
+from katas._kit.clock import NS_PER_S
+from katas._kit.impl import ENV_IMPL, ENV_PROFILE
+from katas._kit.practice import Clock, clock_text
+from katas._kit.state import ENV_STATE_DIR, State, StateError, StateStore
+from katas._kit.suites import resolve_impl, run_suite
+from katas._kit.terminal import Terminal
 
 # --- the parser --------------------------------------------------------------------------
 
@@ -53,57 +61,30 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _stage_number(text: str) -> int:
-    """``2`` or ``stage2``."""
-    match = re.fullmatch(r"(?:stage)?\s*(\d+)", text.strip(), re.IGNORECASE)
-    if not match:
-        raise argparse.ArgumentTypeError(f"STAGE must be a stage number like 1, got {text!r}")
-    return int(match.group(1))
-
-
-@dataclass
-class Context:
-    """What every subcommand gets besides its arguments."""
-
-    catalog: Catalog
-    out: Console
-    passthrough: list[str] = field(default_factory=list)  # the arguments after ``--``
-
-
-@dataclass(frozen=True)
-class Command:
-    """One subcommand: how it reads its arguments and what it does."""
-
-    name: str
-    summary: str  # one line, in ``kata --help``
-    description: str  # the top of ``kata NAME --help``
-    configure: Callable[[argparse.ArgumentParser], None]
-    run: Callable[[argparse.Namespace, Context], int]
-    takes_passthrough: bool = False  # accepts ``-- extra args``
-
-
-def _add_kata(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "kata", metavar="KATA", help="kata name, as in `kata list` (e.g. rate_limiter)"
-    )
-
-
 # --- kata list ---------------------------------------------------------------------------
 
 #: An extra ``kata list`` column: a header and the cell for one stage (status, best time …).
 StageColumn = tuple[str, Callable[[Kata, Stage], str]]
 
 
-def catalog_table(katas: Sequence[Kata], extra_columns: Sequence[StageColumn] = ()) -> Table:
-    """One row per kata stage: title, timebox, core part (and any ``extra_columns``)."""
+def catalog_table(
+    katas: Sequence[Kata], extra_columns: Sequence[StageColumn] = (), *, width: int = 200
+) -> Table:
+    """One row per kata stage: title, timebox, core part (and any ``extra_columns``).
+
+    On a terminal narrower than :data:`WIDE` columns the core part is left out, so the
+    other columns stay readable (``kata show`` prints it).
+    """
+    wide = width >= WIDE
     table = Table(box=box.SIMPLE_HEAD, show_lines=False, pad_edge=False)
     table.add_column("kata", style="bold", no_wrap=True)
     table.add_column("stage", justify="right", no_wrap=True)
-    table.add_column("title")
+    table.add_column("title", ratio=1)
     table.add_column("timebox", justify="right", no_wrap=True)
-    table.add_column("core part")
+    if wide:
+        table.add_column("core part", ratio=2)
     for header, _ in extra_columns:
-        table.add_column(header)
+        table.add_column(header, no_wrap=True)
     for kata in katas:
         for stage in kata.stages:
             first = stage.number == 1
@@ -113,20 +94,45 @@ def catalog_table(katas: Sequence[Kata], extra_columns: Sequence[StageColumn] = 
                 str(stage.number),
                 stage.title,
                 f"{stage.timebox_minutes} min",
-                stage.core,
+                *([stage.core] if wide else []),
                 *(cell(kata, stage) for _, cell in extra_columns),
                 end_section=last,
             )
     return table
 
 
+#: The terminal width from which ``kata list`` also shows each stage's core part.
+WIDE = 140
+
+_STATUS_STYLE = {"passed": "green", "failing": "red", "not started": "dim"}
+
+
+def progress_columns(state: State) -> list[StageColumn]:
+    """``kata list``'s status, best time to green and number of attempts per stage."""
+
+    def status(kata: Kata, stage: Stage) -> str:
+        text = state.status(kata.name, stage.number)
+        return f"[{_STATUS_STYLE[text]}]{text}[/]"
+
+    def best(kata: Kata, stage: Stage) -> str:
+        seconds = state.best_seconds(kata.name, stage.number)
+        return "—" if seconds is None else clock_text(int(seconds * NS_PER_S))
+
+    def attempts(kata: Kata, stage: Stage) -> str:
+        return str(len(state.attempts_of(kata.name, stage.number)))
+
+    return [("status", status), ("best", best), ("attempts", attempts)]
+
+
 def run_list(args: argparse.Namespace, ctx: Context) -> int:
     katas = ctx.catalog.katas()
     if not katas:
         raise UserError(f"no katas found: no */kata.toml under {display_path(ctx.catalog.root)}")
-    ctx.out.print(catalog_table(katas))
+    state = ctx.state()
+    ctx.out.print(catalog_table(katas, progress_columns(state), width=ctx.out.width))
     ctx.out.print(
-        "prompt: kata show KATA [STAGE] · tests: kata test KATA STAGE [--core]",
+        "prompt: kata show KATA [STAGE] · tests: kata test KATA STAGE [--core] · "
+        "practice: kata start KATA STAGE · history: kata progress",
         style="dim",
         highlight=False,
     )
@@ -135,62 +141,11 @@ def run_list(args: argparse.Namespace, ctx: Context) -> int:
 
 # --- kata show ---------------------------------------------------------------------------
 
-_HEADING = re.compile(r"^(#{1,2})\s+(.*?)\s*#*\s*$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
-
-
-def markdown_sections(text: str) -> list[tuple[str | None, str]]:
-    """Split at level-1/2 headings (outside code fences): ``(heading or None, chunk)``."""
-    chunks: list[tuple[str | None, list[str]]] = [(None, [])]
-    fence: str | None = None
-    for line in text.splitlines(keepends=True):
-        marker = _FENCE.match(line)
-        if marker:
-            fence = None if fence == marker.group(1) else fence or marker.group(1)
-        heading = _HEADING.match(line) if fence is None else None
-        if heading:
-            chunks.append((heading.group(2), [line]))
-        else:
-            chunks[-1][1].append(line)
-    return [(title, "".join(lines)) for title, lines in chunks]
-
-
-def _is_section(heading: str | None, section: str) -> bool:
-    """``## Stage 1`` and ``## Stage 1 — Single-threaded`` are "Stage 1"; ``Stage 10`` is not."""
-    if heading is None or not heading.lower().startswith(section.lower()):
-        return False
-    rest = heading[len(section) :]
-    return not rest or not rest[0].isalnum()
-
-
-def stage_prompt(text: str, kata: Kata, stage: Stage, source: Path) -> str:
-    """The prompt's introduction (everything before the first stage section) and ``stage``'s."""
-    sections = markdown_sections(text)
-    stage_headings = [s.section for s in kata.stages]
-    intro: list[str] = []
-    for heading, chunk in sections:
-        if any(_is_section(heading, name) for name in stage_headings):
-            break
-        intro.append(chunk)
-    mine = [chunk for heading, chunk in sections if _is_section(heading, stage.section)]
-    if not mine:
-        raise UserError(f"{display_path(source)} has no '## {stage.section}' section")
-    return "".join(intro).rstrip() + "\n\n" + "".join(mine)
-
-
-def _read(path: Path, what: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{display_path(path)} does not exist yet ({what})") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"{display_path(path)}: cannot read: {exc}") from None
-
 
 def run_show(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage) if args.stage is not None else None
-    text = _read(kata.prompt, f"the prompt of {kata.name}")
+    text = read_text(kata.prompt, f"the prompt of {kata.name}")
     if stage is not None:
         text = stage_prompt(text, kata, stage, kata.prompt)
     ctx.out.print(Markdown(text))
@@ -207,64 +162,6 @@ def run_show(args: argparse.Namespace, ctx: Context) -> int:
 # --- kata test ---------------------------------------------------------------------------
 
 
-def _not_implemented_names(failures: Sequence[TestResult]) -> list[str]:
-    """``TokenBucket.try_acquire`` from "not implemented yet: TokenBucket.try_acquire — …"."""
-    names: dict[str, None] = {}
-    for failure in failures:
-        text = failure.message.removeprefix(NOT_IMPLEMENTED).strip()
-        match = re.match(r"[A-Za-z_][\w.]*", text)
-        names[match.group(0) if match else text or "?"] = None
-    return list(names)
-
-
-def print_summary(
-    out: Console,
-    result: SuiteRun,
-    kata: Kata,
-    stage: Stage,
-    *,
-    notes: Sequence[str] = (),
-    rerun: str | None = None,
-) -> None:
-    """The learner's view of a run: passed/total and one line per failure.
-
-    ``notes`` qualify the run ("core", "impl solutions"); ``rerun`` is the command whose
-    verbose form the learner is pointed to for a failure's details.
-    """
-    passed = len(result.by_outcome("passed"))
-    skipped = len(result.by_outcome("skipped"))
-    ran = passed + len(result.failures())
-    for failure in result.failures("assertion") + result.failures("error"):
-        line = Text("✗ " if failure.kind == "assertion" else "! ", style="red bold")
-        line.append(failure.test_id, style="bold")
-        line.append(f" — {failure.message}")
-        out.print(line, soft_wrap=True)
-    missing = result.failures("not_implemented")
-    if missing:
-        names = _not_implemented_names(missing)
-        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
-        noun = "test" if len(missing) == 1 else "tests"
-        out.print(
-            Text(f"… {len(missing)} {noun} not implemented yet: {shown}", style="yellow"),
-            soft_wrap=True,
-        )
-    tally = Text(f"{passed}/{ran} passed", style="bold " + ("green" if result.ok else "red"))
-    if skipped:
-        tally.append(f", {skipped} skipped")
-    tally.append(f" in {result.seconds:.1f}s — {kata.name} stage {stage.number}: {stage.title}")
-    if notes:
-        tally.append(f" ({', '.join(notes)})")
-    out.print(tally, soft_wrap=True)
-    detailed = result.failures("assertion") + result.failures("error")
-    if detailed and rerun:
-        out.print(
-            f"Details: {rerun} -v -- -k {detailed[0].name}",
-            style="dim",
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
 def run_test(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
@@ -272,12 +169,7 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
         impl = resolve_impl(args.impl, ctx.catalog.root)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    suite = kata.suite_path(stage)
-    if not suite.is_file():
-        raise UserError(
-            f"{display_path(suite)} does not exist (the suite of {kata.name} stage "
-            f"{stage.number}, named in {display_path(kata.manifest)})"
-        )
+    suite = suite_or_error(kata, stage)
     with ExitStack() as stack:
         if not args.verbose:  # pytest's output is kept for the summary; show that it runs
             stack.enter_context(ctx.out.status(f"Running {kata.name} stage {stage.number}…"))
@@ -327,12 +219,17 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
     )
     if result.returncode not in (0, 1) and result.output:  # e.g. a collection error
         ctx.out.print(Text(result.output.rstrip()))
+    if is_learners_code(args.impl) and not ctx.passthrough and not args.base:
+        try:  # the learner's own full or core run: progress `kata list` shows
+            record_run(ctx, kata, stage, result)
+        except StateError as exc:
+            print(f"kata test: warning: not recorded: {exc}", file=sys.stderr)
     return 0 if result.ok else 1
 
 
 def _configure_test(parser: argparse.ArgumentParser) -> None:
-    _add_kata(parser)
-    parser.add_argument("stage", metavar="STAGE", type=_stage_number, help="stage number (1, 2, 3)")
+    add_kata(parser)
+    parser.add_argument("stage", metavar="STAGE", type=stage_number, help="stage number (1, 2, 3)")
     parser.add_argument(
         "--impl",
         metavar="katas|solutions|PATH",
@@ -365,11 +262,11 @@ def _configure_test(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_show(parser: argparse.ArgumentParser) -> None:
-    _add_kata(parser)
+    add_kata(parser)
     parser.add_argument(
         "stage",
         metavar="STAGE",
-        type=_stage_number,
+        type=stage_number,
         nargs="?",
         help="only the introduction and this stage's section",
     )
@@ -379,7 +276,9 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "list",
         "list the katas and their stages",
-        "List every kata stage: its title, timebox and the core part the timebox is for.",
+        "List every kata stage: its title, timebox and the core part the timebox is for, "
+        "with your progress: status (not started, failing, passed), best time to green "
+        "and number of attempts.",
         lambda parser: None,
         run_list,
     ),
@@ -402,6 +301,8 @@ COMMANDS: tuple[Command, ...] = (
         run_test,
         takes_passthrough=True,
     ),
+    *cli_sessions.COMMANDS,
+    *cli_study.COMMANDS,
 )
 
 
@@ -414,10 +315,14 @@ def build_parser() -> argparse.ArgumentParser:
         "  kata list\n"
         "  kata show rate_limiter 1\n"
         "  kata test rate_limiter 1 --core\n"
-        "  kata test rate_limiter 1 --impl solutions -- -x\n\n"
+        "  kata test rate_limiter 1 --impl solutions -- -x\n"
+        "  kata start rate_limiter 1 --minutes 30\n"
+        "  kata pair rate_limiter 2 --swap 15\n\n"
         f"environment:\n  {ENV_ROOT}     the folder of katas (default: the checkout you are in)\n"
         f"  {ENV_IMPL}     the default --impl\n"
-        f"  {ENV_PROFILE}  hypothesis profile: dev (default), ci or thorough",
+        f"  {ENV_PROFILE}  hypothesis profile: dev (default), ci or thorough\n"
+        f"  {ENV_STATE_DIR} where progress is kept (default: "
+        "$XDG_STATE_HOME/infra-katas, else ~/.local/state/infra-katas)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
@@ -438,8 +343,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the ``kata`` command; return its exit code."""
+def main(
+    argv: Sequence[str] | None = None,
+    *,
+    clock: Clock | None = None,
+    terminal: Terminal | None = None,
+    wall: Callable[[], float] | None = None,
+) -> int:
+    """Run the ``kata`` command; return its exit code.
+
+    ``clock`` (integer nanoseconds), ``terminal`` and ``wall`` (epoch seconds) replace the
+    real ones, so tests run timed sessions without waiting.
+    """
     args_list = list(sys.argv[1:] if argv is None else argv)
     passthrough: list[str] = []
     if "--" in args_list:
@@ -457,16 +372,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kata {args.command}: error: takes no arguments after --", file=sys.stderr)
         return 2
     try:
-        ctx = Context(Catalog.discover(), Console(highlight=False), passthrough)
+        ctx = Context(Catalog.discover(), Console(highlight=False), passthrough, StateStore())
+        if clock is not None:
+            ctx.clock = clock
+        if terminal is not None:
+            ctx.terminal = terminal
+        if wall is not None:
+            ctx.wall = wall
         code: int = args.run(args, ctx)
         return code
-    except (CatalogError, UserError) as exc:
+    except (CatalogError, UserError, StateError) as exc:
         print(f"kata {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("kata: interrupted", file=sys.stderr)
         return 130
 
+
+__all__ = ["COMMANDS", "Command", "Context", "UserError", "main", "markdown_sections"]
 
 if __name__ == "__main__":
     sys.exit(main())

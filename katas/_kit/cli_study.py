@@ -1,0 +1,451 @@
+"""``kata hint``, ``reveal``, ``reset``, ``bench`` and ``progress``: the commands around an
+attempt. Each reads only the kata's own files (HINTS.md, the reference next to the folder
+of katas, the classic-bug catalogue, bench files) and the recorded progress.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import difflib
+import re
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from rich import box
+from rich.markdown import Markdown
+from rich.rule import Rule
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from katas._kit import mutants
+from katas._kit.catalog import Kata, Stage, display_path
+from katas._kit.cliutil import (
+    Command,
+    Context,
+    UserError,
+    add_kata,
+    add_stage,
+    print_summary,
+    read_text,
+)
+from katas._kit.clock import NS_PER_S
+from katas._kit.notes import Part, hints
+from katas._kit.practice import clock_text
+from katas._kit.pristine import PristineError, pristine_stub
+from katas._kit.state import Attempt, State
+from katas._kit.suites import resolve_impl, run_suite
+
+# --- kata hint -------------------------------------------------------------------------------
+
+
+def stage_hints(kata: Kata, stage: Stage) -> list[Part]:
+    """The stage's hints from HINTS.md; a :class:`UserError` if the file or section is missing."""
+    found = hints(read_text(kata.hints, f"the hints of {kata.name}"), stage.section)
+    if found is None:
+        raise UserError(f"{display_path(kata.hints)} has no '## {stage.section}' section")
+    return found
+
+
+def _print_hint(
+    ctx: Context, kata: Kata, stage: Stage, number: int, hint: Part, total: int
+) -> None:
+    ctx.out.print(Rule(f"{kata.name} stage {stage.number} · hint {number} of {total}"))
+    ctx.out.print(Markdown(hint.body))
+
+
+def reveal_next_hint(ctx: Context, kata: Kata, stage: Stage) -> bool:
+    """Print the next unrevealed hint and remember it; False if every hint was shown."""
+    found = stage_hints(kata, stage)
+    with ctx.store.update() as state:
+        shown = state.hints_revealed(kata.name, stage.number)
+        if shown >= len(found):
+            return False
+        state.reveal_hint(kata.name, stage.number, shown + 1)
+    _print_hint(ctx, kata, stage, shown + 1, found[shown], len(found))
+    left = len(found) - shown - 1
+    ctx.out.print(
+        f"{left} more hint{'s' if left != 1 else ''} for this stage"
+        + (f": kata hint {kata.name} {stage.number}" if left else "."),
+        style="dim",
+    )
+    return True
+
+
+def run_hint(args: argparse.Namespace, ctx: Context) -> int:
+    kata = ctx.catalog.get(args.kata)
+    stage = kata.stage(args.stage)
+    found = stage_hints(kata, stage)
+    if not found:
+        ctx.out.print(f"{display_path(kata.hints)} has no hints for {stage.section}.")
+        return 0
+    state = ctx.state()
+    if args.all:
+        if not state.passed(kata.name, stage.number):
+            raise UserError(
+                f"--all shows every hint once {kata.name} stage {stage.number} has passed; "
+                f"until then one at a time: kata hint {kata.name} {stage.number}"
+            )
+        with ctx.store.update() as changing:
+            changing.reveal_hint(kata.name, stage.number, len(found))
+        for number, hint in enumerate(found, 1):
+            _print_hint(ctx, kata, stage, number, hint, len(found))
+        return 0
+    if args.again:
+        shown = state.hints_revealed(kata.name, stage.number)
+        if not shown:
+            ctx.out.print(f"No hints shown yet: kata hint {kata.name} {stage.number}")
+        for number, hint in enumerate(found[:shown], 1):
+            _print_hint(ctx, kata, stage, number, hint, len(found))
+        return 0
+    if not reveal_next_hint(ctx, kata, stage):
+        ctx.out.print(
+            f"All {len(found)} hints for {kata.name} stage {stage.number} are shown; "
+            f"read them again with kata hint {kata.name} {stage.number} --again."
+        )
+    return 0
+
+
+def _configure_hint(parser: argparse.ArgumentParser) -> None:
+    add_kata(parser)
+    add_stage(parser)
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--all", action="store_true", help="every hint of the stage (only once it has passed)"
+    )
+    which.add_argument("--again", action="store_true", help="the hints already shown, again")
+
+
+# --- kata reveal -----------------------------------------------------------------------------
+
+
+def reference_file(ctx: Context, kata: Kata, stage: Stage) -> Path:
+    """The reference solution of the stage: ``solutions/<kata>/<stub>`` beside the katas."""
+    return ctx.catalog.project_root / "solutions" / kata.name / stage.stub
+
+
+def common_mistakes(ctx: Context, kata: Kata, stage: Stage) -> list[mutants.Mutant]:
+    """The stage's classic-bug catalogue entries (``tests/mutants/<kata>/stageN_*.diff``)."""
+    folder = ctx.catalog.project_root / "tests" / "mutants" / kata.name
+    found: list[mutants.Mutant] = []
+    for path in sorted(folder.glob(f"stage{stage.number}_*.diff")):
+        try:
+            found.append(mutants.parse(path))
+        except (ValueError, OSError, UnicodeDecodeError):
+            continue  # a malformed entry is the catalogue check's to report, not ours
+    return found
+
+
+def run_reveal(args: argparse.Namespace, ctx: Context) -> int:
+    kata = ctx.catalog.get(args.kata)
+    stage = kata.stage(args.stage)
+    if not args.force and not ctx.state().passed(kata.name, stage.number):
+        raise UserError(
+            f"{kata.name} stage {stage.number} has not passed yet, so the reference stays "
+            f"hidden; get it green (kata test {kata.name} {stage.number}) or use --force"
+        )
+    reference = reference_file(ctx, kata, stage)
+    theirs = read_text(reference, "the reference solution")
+    mine = read_text(kata.stub_path(stage), "your stage file")
+    diff = list(
+        difflib.unified_diff(
+            theirs.splitlines(keepends=True),
+            mine.splitlines(keepends=True),
+            fromfile=f"reference {display_path(reference)}",
+            tofile=f"yours {display_path(kata.stub_path(stage))}",
+            n=args.context,
+        )
+    )
+    ctx.out.print(Rule(f"{kata.name} stage {stage.number}: the reference (-) and yours (+)"))
+    if diff:
+        ctx.out.print(Syntax("".join(diff), "diff", theme="ansi_dark", word_wrap=True))
+    else:
+        ctx.out.print("Your file is identical to the reference.")
+    found = common_mistakes(ctx, kata, stage)
+    ctx.out.print(Rule(f"common mistakes in stage {stage.number} ({len(found)})"))
+    if not found:
+        ctx.out.print("No catalogue entries for this stage yet.", style="dim")
+    for mutant in found:
+        line = Text("• ", style="bold")
+        line.append(mutant.bug)
+        line.append(f"  ({mutant.path.stem})", style="dim")
+        ctx.out.print(line, soft_wrap=True)
+    return 0
+
+
+def _configure_reveal(parser: argparse.ArgumentParser) -> None:
+    add_kata(parser)
+    add_stage(parser)
+    parser.add_argument(
+        "--force", action="store_true", help="show the reference even before the stage passed"
+    )
+    parser.add_argument(
+        "--context", type=int, default=3, metavar="N", help="lines of context in the diff (3)"
+    )
+
+
+# --- kata reset ------------------------------------------------------------------------------
+
+
+def run_reset(args: argparse.Namespace, ctx: Context) -> int:
+    kata = ctx.catalog.get(args.kata)
+    stages = [kata.stage(args.stage)] if args.stage is not None else list(kata.stages)
+    changes: list[tuple[Path, str, str]] = []  # (file, its pristine text, which commit)
+    for stage in stages:
+        path = kata.stub_path(stage)
+        try:
+            text, commit = pristine_stub(path)
+        except PristineError as exc:
+            raise UserError(str(exc)) from None
+        current = path.read_text(encoding="utf-8") if path.exists() else None
+        if current == text:
+            ctx.out.print(f"{display_path(path)} is already the pristine stub.", style="dim")
+        else:
+            changes.append((path, text, commit))
+    if not changes:
+        return 0
+    names = ", ".join(display_path(p) for p, _, _ in changes)
+    stamp = dt.datetime.fromtimestamp(ctx.wall()).strftime("%Y%m%d-%H%M%S")
+    archive = ctx.store.directory / "archive" / kata.name / stamp
+    if not args.yes:
+        answer = ctx.terminal.ask(
+            f"Restore {names} to the committed stub? Your version is kept in {archive}. [y/N] "
+        )
+        if answer is None:
+            raise UserError("asks before restoring; run with --yes to confirm without a terminal")
+        if answer.strip().lower() not in ("y", "yes"):
+            ctx.out.print("Nothing was changed.")
+            return 1
+    for path, text, commit in changes:
+        if path.exists():
+            kept = ctx.store.save_file(
+                f"archive/{kata.name}/{stamp}/{path.name}", path.read_text(encoding="utf-8")
+            )
+            ctx.out.print(f"kept your {path.name} as {kept}", style="dim")
+        tmp = path.with_name(f".{path.name}.kata-reset")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        ctx.out.print(f"restored {display_path(path)} (the stub of commit {commit})")
+    return 0
+
+
+def _configure_reset(parser: argparse.ArgumentParser) -> None:
+    add_kata(parser)
+    add_stage(parser, optional=True)
+    parser.add_argument("-y", "--yes", action="store_true", help="do not ask first")
+
+
+# --- kata bench ------------------------------------------------------------------------------
+
+#: What the bench files print for a ratio: ``  speedup_vs_limits = 5.21   (spec target: >= 5)``.
+RATIO_LINE = re.compile(
+    r"^\s*(?P<label>[\w\[\].\-]+) = (?P<value>[-+\d.eE]+|nan|inf)\s+\((?:spec )?target: "
+    r"(?P<target>.*)\)\s*$"
+)
+
+
+def bench_file(kata: Kata, stage: Stage) -> Path:
+    """``bench_stageN.py`` next to the stage's suite (named after it: test_X → bench_X)."""
+    name = stage.suite
+    name = "bench_" + name.removeprefix("test_") if name.startswith("test_") else name
+    return kata.path / name
+
+
+def run_bench(args: argparse.Namespace, ctx: Context) -> int:
+    kata = ctx.catalog.get(args.kata)
+    stage = kata.stage(args.stage)
+    bench = bench_file(kata, stage)
+    if not bench.is_file():
+        raise UserError(f"{kata.name} stage {stage.number} has no benchmarks ({bench.name})")
+    try:
+        impl = resolve_impl(args.impl, ctx.catalog.root)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    with ExitStack() as stack:
+        if not args.verbose:
+            stack.enter_context(ctx.out.status(f"Benchmarking {kata.name} stage {stage.number}…"))
+        result = run_suite(
+            bench,
+            impl=impl,
+            pytest_args=["--benchmark-only", "-s", *ctx.passthrough],
+            live=args.verbose,
+            timeout_s=None,
+        )
+    ratios = [m for m in map(RATIO_LINE.match, result.output.splitlines()) if m]
+    if ratios:
+        table = Table(box=box.SIMPLE_HEAD, title=f"{kata.name} stage {stage.number}: ratios")
+        table.add_column("measure", style="bold")
+        table.add_column("ratio", justify="right")
+        table.add_column("the spec's target")
+        for match in ratios:
+            table.add_row(match["label"], match["value"], match["target"])
+        ctx.out.print(table)
+    elif not args.verbose:
+        ctx.out.print("No ratios were reported.", style="yellow")
+    skipped = result.by_outcome("skipped")
+    for reason in dict.fromkeys(r.message for r in skipped if r.message):
+        ctx.out.print(f"skipped: {reason}", style="yellow", highlight=False)
+    if result.failures():
+        print_summary(ctx.out, result, kata, stage, notes=["benchmarks"])
+        return 1
+    if not result.results and result.output and not args.verbose:
+        ctx.out.print(Text(result.output.rstrip()))
+        return 1
+    ctx.out.print(
+        "Benchmarks never fail: the ratios are compared with the kata's targets by eye.",
+        style="dim",
+    )
+    return 0
+
+
+def _configure_bench(parser: argparse.ArgumentParser) -> None:
+    add_kata(parser)
+    add_stage(parser)
+    parser.add_argument(
+        "--impl",
+        metavar="katas|solutions|PATH",
+        help="whose code is measured: yours (default), the reference, or a directory",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="show pytest-benchmark's own tables"
+    )
+
+
+# --- kata progress ---------------------------------------------------------------------------
+
+
+def _duration(seconds: object) -> str:
+    if not isinstance(seconds, int | float):
+        return "—"
+    return clock_text(int(seconds * NS_PER_S))
+
+
+def _when(attempt: Attempt) -> str:
+    started = attempt.get("started")
+    if not isinstance(started, int | float):
+        return "?"
+    return dt.datetime.fromtimestamp(started).strftime("%m-%d %H:%M")
+
+
+def progress_table(state: State, attempts: Sequence[Attempt]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title="attempts", pad_edge=False, collapse_padding=True)
+    for column in ("when", "kata", "stage", "result", "green", "length", "tests"):
+        table.add_column(
+            column,
+            justify="right" if column in ("stage", "tests") else "left",
+            no_wrap=column in ("when", "kata", "result"),
+        )
+    table.add_column("hints", justify="right")
+    for attempt in attempts:
+        result = str(attempt.get("result", "?"))
+        if attempt.get("mode") == "pair":
+            result = f"pair {result}"
+        style = "green" if attempt.get("green_seconds") is not None else ""
+        passed, total = attempt.get("passed"), attempt.get("total")
+        table.add_row(
+            _when(attempt),
+            str(attempt.get("kata", "?")),
+            str(attempt.get("stage", "?")),
+            f"[{style}]{result}[/]" if style else result,
+            _duration(attempt.get("green_seconds")),
+            _duration(attempt.get("seconds")),
+            f"{passed}/{total}" if total is not None else "—",
+            str(attempt.get("hints_used", 0)),
+        )
+    return table
+
+
+def run_progress(args: argparse.Namespace, ctx: Context) -> int:
+    state = ctx.state()
+    wanted = ctx.catalog.get(args.kata).name if args.kata else None
+    attempts = [a for a in state.attempts if wanted is None or a.get("kata") == wanted]
+    attempts.sort(key=lambda a: (str(a.get("kata")), str(a.get("stage")), a.get("started", 0)))
+    if not attempts and not state.results and not state.hints:
+        ctx.out.print("No attempts yet: kata start KATA STAGE begins one.")
+        return 0
+    if attempts:
+        ctx.out.print(progress_table(state, attempts))
+    summary = Table(box=box.SIMPLE_HEAD, title="per stage")
+    for column in ("kata", "stage", "status", "attempts", "best", "hints shown"):
+        summary.add_column(column)
+    keys = sorted(
+        {(str(a.get("kata")), a["stage"]) for a in attempts if isinstance(a.get("stage"), int)}
+        | {
+            (k.split("/")[0], int(k.split("/")[1]))
+            for k in [*state.results, *state.hints]
+            if k.count("/") == 1 and k.split("/")[1].isdigit()
+        }
+    )
+    for kata_name, number in keys:
+        if wanted is not None and kata_name != wanted:
+            continue
+        best = state.best_seconds(kata_name, number)
+        summary.add_row(
+            kata_name,
+            str(number),
+            state.status(kata_name, number),
+            str(len(state.attempts_of(kata_name, number))),
+            _duration(best),
+            str(state.hints_revealed(kata_name, number)),
+        )
+    ctx.out.print(summary)
+    return 0
+
+
+def _configure_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kata", metavar="KATA", nargs="?", help="only this kata")
+
+
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "hint",
+        "show the next hint for a stage",
+        "Show the next hint for the stage from the kata's HINTS.md, one at a time; the "
+        "hints you have seen are remembered (and counted in `kata progress`). --again "
+        "shows them again; --all shows every hint once the stage has passed.",
+        _configure_hint,
+        run_hint,
+    ),
+    Command(
+        "reveal",
+        "compare your stage file with the reference",
+        "Show the reference solution of the stage as a diff against your file (reference "
+        "lines -, yours +), and the stage's common mistakes: the classic-bug catalogue in "
+        "tests/mutants/<kata>/, one line each. Only once the stage has passed, or with "
+        "--force.",
+        _configure_reveal,
+        run_reveal,
+    ),
+    Command(
+        "reset",
+        "restore the pristine stub of a stage (or of every stage)",
+        "Restore the stage file(s) to the stub as committed in git, after asking (--yes "
+        "skips the question). Your version is first kept in the state directory's "
+        "archive/, so nothing you wrote is lost; your recorded progress is kept too.",
+        _configure_reset,
+        run_reset,
+    ),
+    Command(
+        "bench",
+        "benchmark your stage against the reference and the anchor library",
+        "Run the stage's benchmark file (bench_stageN.py) on your code (or --impl) with "
+        "pytest-benchmark, and print the ratios against the reference and the library you "
+        "would otherwise use, beside the kata's targets. The anchors come with "
+        "`pip install -e .[bench]`. Arguments after `--` go to pytest.",
+        _configure_bench,
+        run_bench,
+        takes_passthrough=True,
+    ),
+    Command(
+        "progress",
+        "your history: attempts, times to green, hints used",
+        "Show every recorded attempt (solo and pairing) with its result, time to green "
+        "(green), length, tests passed and hints used, and a summary per kata stage.",
+        _configure_progress,
+        run_progress,
+    ),
+)
+
+__all__ = ["COMMANDS", "reveal_next_hint", "stage_hints"]

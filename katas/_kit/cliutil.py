@@ -1,0 +1,212 @@
+"""What the ``kata`` subcommands share: the context, bad-input errors, reading a kata's files,
+and the learner's summary of a suite run.
+
+Split out of :mod:`katas._kit.cli` so that the command modules (``cli_sessions``,
+``cli_study``) and the command table can import it without importing each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.text import Text
+
+from katas._kit.catalog import Catalog, Kata, Stage, display_path
+from katas._kit.clock import MonotonicClock
+from katas._kit.impl import ENV_IMPL, NOT_IMPLEMENTED
+from katas._kit.notes import is_section, sections
+from katas._kit.practice import Clock
+from katas._kit.state import State, StateStore
+from katas._kit.suites import SuiteRun, TestResult
+from katas._kit.terminal import KeyboardTerminal, Terminal
+
+
+class UserError(Exception):
+    """Bad input: reported as one line on stderr, exit code 2."""
+
+
+# --- arguments ---------------------------------------------------------------------------
+
+
+def stage_number(text: str) -> int:
+    """``2`` or ``stage2``."""
+    match = re.fullmatch(r"(?:stage)?\s*(\d+)", text.strip(), re.IGNORECASE)
+    if not match:
+        raise argparse.ArgumentTypeError(f"STAGE must be a stage number like 1, got {text!r}")
+    return int(match.group(1))
+
+
+@dataclass
+class Context:
+    """What every subcommand gets besides its arguments.
+
+    ``clock`` (integer nanoseconds), ``terminal`` (keys and questions) and ``wall``
+    (epoch seconds, for the dates in the history) are injected by tests.
+    """
+
+    catalog: Catalog
+    out: Console
+    passthrough: list[str] = field(default_factory=list)  # the arguments after ``--``
+    store: StateStore = field(default_factory=StateStore)
+    clock: Clock = field(default_factory=MonotonicClock)
+    terminal: Terminal = field(default_factory=KeyboardTerminal)
+    wall: Callable[[], float] = time.time
+
+    def state(self) -> State:
+        """The recorded progress (a :class:`~katas._kit.state.StateError` if unusable)."""
+        return self.store.load()
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: how it reads its arguments and what it does."""
+
+    name: str
+    summary: str  # one line, in ``kata --help``
+    description: str  # the top of ``kata NAME --help``
+    configure: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Context], int]
+    takes_passthrough: bool = False  # accepts ``-- extra args``
+
+
+def add_kata(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "kata", metavar="KATA", help="kata name, as in `kata list` (e.g. rate_limiter)"
+    )
+
+
+def add_stage(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    parser.add_argument(
+        "stage",
+        metavar="STAGE",
+        type=stage_number,
+        nargs="?" if optional else None,
+        help="stage number (1, 2, 3)",
+    )
+
+
+# --- a kata's files ----------------------------------------------------------------------
+
+
+def markdown_sections(text: str) -> list[tuple[str | None, str]]:
+    """Split at level-1/2 headings (outside code fences): ``(heading or None, chunk)``."""
+    return sections(text, 2)
+
+
+def stage_prompt(text: str, kata: Kata, stage: Stage, source: Path) -> str:
+    """The prompt's introduction (everything before the first stage section) and ``stage``'s."""
+    chunks = markdown_sections(text)
+    stage_headings = [s.section for s in kata.stages]
+    intro: list[str] = []
+    for heading, chunk in chunks:
+        if any(is_section(heading, name) for name in stage_headings):
+            break
+        intro.append(chunk)
+    mine = [chunk for heading, chunk in chunks if is_section(heading, stage.section)]
+    if not mine:
+        raise UserError(f"{display_path(source)} has no '## {stage.section}' section")
+    return "".join(intro).rstrip() + "\n\n" + "".join(mine)
+
+
+def read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"{display_path(path)} does not exist yet ({what})") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{display_path(path)}: cannot read: {exc}") from None
+
+
+# --- the summary of a run ------------------------------------------------------------------
+
+
+def not_implemented_names(failures: Sequence[TestResult]) -> list[str]:
+    """``TokenBucket.try_acquire`` from "not implemented yet: TokenBucket.try_acquire — …"."""
+    names: dict[str, None] = {}
+    for failure in failures:
+        text = failure.message.removeprefix(NOT_IMPLEMENTED).strip()
+        match = re.match(r"[A-Za-z_][\w.]*", text)
+        names[match.group(0) if match else text or "?"] = None
+    return list(names)
+
+
+def print_summary(
+    out: Console,
+    result: SuiteRun,
+    kata: Kata,
+    stage: Stage,
+    *,
+    notes: Sequence[str] = (),
+    rerun: str | None = None,
+) -> None:
+    """The learner's view of a run: passed/total and one line per failure.
+
+    ``notes`` qualify the run ("core", "impl solutions"); ``rerun`` is the command whose
+    verbose form the learner is pointed to for a failure's details.
+    """
+    passed = len(result.by_outcome("passed"))
+    skipped = len(result.by_outcome("skipped"))
+    ran = passed + len(result.failures())
+    for failure in result.failures("assertion") + result.failures("error"):
+        line = Text("✗ " if failure.kind == "assertion" else "! ", style="red bold")
+        line.append(failure.test_id, style="bold")
+        line.append(f" — {failure.message}")
+        out.print(line, soft_wrap=True)
+    missing = result.failures("not_implemented")
+    if missing:
+        names = not_implemented_names(missing)
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        noun = "test" if len(missing) == 1 else "tests"
+        out.print(
+            Text(f"… {len(missing)} {noun} not implemented yet: {shown}", style="yellow"),
+            soft_wrap=True,
+        )
+    tally = Text(f"{passed}/{ran} passed", style="bold " + ("green" if result.ok else "red"))
+    if skipped:
+        tally.append(f", {skipped} skipped")
+    tally.append(f" in {result.seconds:.1f}s — {kata.name} stage {stage.number}: {stage.title}")
+    if notes:
+        tally.append(f" ({', '.join(notes)})")
+    out.print(tally, soft_wrap=True)
+    detailed = result.failures("assertion") + result.failures("error")
+    if detailed and rerun:
+        out.print(
+            f"Details: {rerun} -v -- -k {detailed[0].name}",
+            style="dim",
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def suite_or_error(kata: Kata, stage: Stage) -> Path:
+    """The stage's suite file, or a :class:`UserError` naming it and the kata.toml."""
+    suite = kata.suite_path(stage)
+    if not suite.is_file():
+        raise UserError(
+            f"{display_path(suite)} does not exist (the suite of {kata.name} stage "
+            f"{stage.number}, named in {display_path(kata.manifest)})"
+        )
+    return suite
+
+
+def is_learners_code(impl_spec: str | None) -> bool:
+    """Whether a run tests the learner's own files (so its result counts as progress)."""
+    spec = impl_spec or os.environ.get(ENV_IMPL) or "katas"
+    return spec == "katas"
+
+
+def record_run(ctx: Context, kata: Kata, stage: Stage, result: SuiteRun) -> None:
+    """Remember a run of the learner's code: ``kata list`` shows its status."""
+    passed = len(result.by_outcome("passed"))
+    total = passed + len(result.failures())
+    with ctx.store.update() as state:
+        state.record_result(
+            kata.name, stage.number, ok=result.ok, passed=passed, total=total, at=ctx.wall()
+        )

@@ -1,0 +1,740 @@
+"""``kata start``, ``pair``, ``hint``, ``reveal``, ``reset``, ``bench``, ``progress`` end to end.
+
+Everything runs against a tiny kata, ``calc``, made in a temporary folder (``KATA_ROOT``)
+with its own reference, bug catalogue and git history, and progress kept in a temporary
+state directory (``XDG_STATE_HOME``). Timed sessions run on a ManualClock driven by a
+scripted terminal, so a 10-minute attempt takes as long as its two suite runs; one test
+runs a real session in tmux and reads the screen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from katas._kit import catalog as cat
+from katas._kit.cli import main
+from katas._kit.clock import NS_PER_S, ManualClock
+from katas._kit.notes import hints, rubric_axes
+from katas._kit.pristine import looks_like_stub
+from katas._kit.state import StateStore
+from katas._kit.watch import Watcher
+
+REPO = Path(__file__).resolve().parents[1]
+
+TOML = """\
+title = "Calculator"
+summary = "A kata that exists only for the CLI's own tests."
+
+[[stages]]
+number = 1
+title = "Add and multiply"
+timebox_minutes = 10
+core = "Calc.add, Calc.mul"
+extended = "Calc.sub"
+"""
+
+README = """\
+# Calculator
+
+INTRO_MARK
+
+## Stage 1
+
+STAGE1_MARK: add and multiply.
+"""
+
+HINTS = """\
+# Calculator — hints
+
+## Stage 1
+
+### Hint 1
+
+HINT_ONE_MARK: use `+`.
+
+### Hint 2
+
+HINT_TWO_MARK: use `*`.
+"""
+
+INTERVIEWER = """\
+# Calculator — interviewer notes
+
+## How to run a session
+
+Be kind.
+
+## The follow-up ladder
+
+LADDER_MARK: now with fractions.
+
+## Stage 1 — Add and multiply
+
+### Timebox: 10 minutes
+
+Fast.
+
+### Read aloud
+
+> READ_ALOUD_MARK: build a calculator.
+
+### Clarifying questions and the answers to give
+
+| a strong candidate asks | answer |
+|---|---|
+| CLARIFY_MARK: negative numbers? | Yes. |
+
+### Follow-ups for this stage
+
+FOLLOWUP_MARK
+
+### Rubric
+
+| axis | strong | acceptable | weak |
+|---|---|---|---|
+| Problem solving | asks first | asks some | asks none |
+| Communication | narrates | explains | silent |
+"""
+
+STUB = '''\
+class Calc:
+    def add(self, a: int, b: int) -> int:
+        """a + b"""
+        raise NotImplementedError("Calc.add — stage 1, see calc/README.md")
+
+    def mul(self, a: int, b: int) -> int:
+        raise NotImplementedError("Calc.mul — stage 1, see calc/README.md")
+
+    def sub(self, a: int, b: int) -> int:
+        raise NotImplementedError("Calc.sub — stage 1, see calc/README.md")
+'''
+
+SOLUTION = """\
+class Calc:
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def mul(self, a: int, b: int) -> int:
+        return a * b
+
+    def sub(self, a: int, b: int) -> int:
+        return a - b
+"""
+
+SUITE = """\
+import pytest
+
+pytestmark = [pytest.mark.stage(1)]
+
+
+@pytest.mark.core
+def test_stage1_add(stage_module):
+    assert stage_module.Calc().add(2, 3) == 5
+
+
+@pytest.mark.core
+def test_stage1_mul(stage_module):
+    assert stage_module.Calc().mul(2, 3) == 6
+
+
+@pytest.mark.extended
+def test_stage1_sub(stage_module):
+    assert stage_module.Calc().sub(5, 3) == 2
+"""
+
+BENCH = """\
+import pytest
+
+pytestmark = [pytest.mark.stage(1), pytest.mark.core]
+
+
+def test_bench_stage1_add(benchmark, stage_module):
+    calc = stage_module.Calc()
+    benchmark.pedantic(lambda: calc.add(1, 2), rounds=3, iterations=1)
+    print("\\n  speed_vs_reference = 1.25   (spec target: ~1)")
+"""
+
+MUTANT = """\
+# bug: MUTANT_MARK subtracts the wrong way round
+# why: a - b and b - a differ
+# catches: test_stage1_sub
+--- a/calc/stage1.py
++++ b/calc/stage1.py
+@@ -7,2 +7,2 @@
+     def sub(self, a: int, b: int) -> int:
+-        return a - b
++        return b - a
+"""
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A project with one kata: ``<project>/katas/calc``, ``solutions/``, ``tests/mutants``."""
+    project = tmp_path / "proj"
+    kata = project / "katas" / "calc"
+    for name, text in [
+        ("kata.toml", TOML),
+        ("README.md", README),
+        ("HINTS.md", HINTS),
+        ("INTERVIEWER.md", INTERVIEWER),
+        ("__init__.py", ""),
+        ("stage1.py", STUB),
+        ("test_stage1.py", SUITE),
+        ("bench_stage1.py", BENCH),
+    ]:
+        _write(kata / name, text)
+    _write(project / "solutions" / "calc" / "__init__.py", "")
+    _write(project / "solutions" / "calc" / "stage1.py", SOLUTION)
+    _write(project / "tests" / "mutants" / "calc" / "stage1_sub_swapped.diff", MUTANT)
+    monkeypatch.setenv(cat.ENV_ROOT, str(project / "katas"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
+    for name in ("KATA_IMPL", "KATA_BASE", "KATA_PROFILE", "PYTEST_ADDOPTS", "KATA_STATE_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    return project
+
+
+def _state_file(project: Path) -> Path:
+    return project.parent / "xdg-state" / "infra-katas" / "state.json"
+
+
+def _state(project: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(_state_file(project).read_text())
+    return data
+
+
+def _attempts(project: Path) -> list[dict[str, Any]]:
+    attempts: list[dict[str, Any]] = _state(project)["attempts"]
+    return attempts
+
+
+def _solve(project: Path) -> None:
+    _write(project / "katas" / "calc" / "stage1.py", SOLUTION)
+
+
+class ScriptedTerminal:
+    """Keys and saves at given (ManualClock) times; waiting moves the clock, never sleeps."""
+
+    def __init__(
+        self,
+        clock: ManualClock,
+        events: Sequence[tuple[float, str | Callable[[], None]]] = (),
+        answers: list[str] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.start = clock.now_ns()
+        self.events = sorted(events, key=lambda e: e[0])
+        self.answers = answers
+        self.asked: list[str] = []
+        self.waits = 0
+
+    @property
+    def interactive(self) -> bool:
+        return self.answers is not None
+
+    def keys(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def wait_key(self, timeout_ns: int) -> str | None:
+        self.waits += 1
+        assert self.waits < 100_000, "the session never ended"
+        self.clock.advance(max(0, timeout_ns))
+        elapsed = (self.clock.now_ns() - self.start) / NS_PER_S
+        while self.events and self.events[0][0] <= elapsed:
+            _, action = self.events.pop(0)
+            if isinstance(action, str):
+                if action == "^C":
+                    raise KeyboardInterrupt
+                return action
+            action()
+        return None
+
+    def ask(self, question: str) -> str | None:
+        self.asked.append(question)
+        if self.answers is None:
+            return None
+        return self.answers.pop(0) if self.answers else ""
+
+
+def _run(
+    argv: list[str],
+    events: Sequence[tuple[float, str | Callable[[], None]]] = (),
+    answers: list[str] | None = None,
+    wall: float = 1_800_000_000.0,
+) -> tuple[int, ScriptedTerminal]:
+    clock = ManualClock()
+    terminal = ScriptedTerminal(clock, list(events), answers)
+    code = main(argv, clock=clock, terminal=terminal, wall=lambda: wall)
+    return code, terminal
+
+
+def _kata_command() -> list[str]:
+    script = Path(sys.executable).with_name("kata")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "katas._kit.cli"]
+
+
+def _kata(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*_kata_command(), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+# --- kata start ------------------------------------------------------------------------------
+
+
+def test_cli_start_a_save_turns_it_green_and_records_the_time(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, terminal = _run(["start", "calc", "1"], events=[(90, lambda: _solve(project))])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "STAGE1_MARK" in out, out  # the prompt first
+    assert "0/2 passed" in out and "2/2 passed" in out, out  # core only: add and mul
+    assert "not implemented yet" in out or "Calc.add" in out, out
+    assert "green in 01:30" in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "green" and attempt["mode"] == "solo"
+    assert 90 <= float(attempt["green_seconds"]) <= 91, attempt
+    assert attempt["timebox_minutes"] == 10 and attempt["runs"] == 2
+    assert attempt["passed"] == 2 and attempt["total"] == 2
+    assert attempt["hints_used"] == 0
+    assert terminal.asked == []
+
+    # `list` now shows the stage passed, with its best time and one attempt
+    assert main(["list"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "Add and multiply" in ln)
+    assert "passed" in row and "01:30" in row and row.rstrip().endswith("1"), row
+
+
+def test_cli_start_at_timeout_shows_what_fails_and_offers_the_next_hint(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, terminal = _run(["start", "calc", "1", "--minutes", "2", "--no-prompt"], answers=["y"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "STAGE1_MARK" not in out
+    assert "time is up" in out and "Still failing" in out, out
+    assert "not implemented yet: Calc.add, Calc.mul" in out, out
+    assert terminal.asked == ["Show hint 1 of 2? [y/N] "]
+    assert "HINT_ONE_MARK" in out and "HINT_TWO_MARK" not in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "timeout" and attempt["green_seconds"] is None
+    assert attempt["seconds"] == 120 and attempt["hints_used"] == 1
+    assert _state(project)["hints"] == {"calc/1": 1}
+
+
+def test_cli_start_keys_run_now_hint_and_ctrl_c_records_the_attempt(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _ = _run(
+        ["start", "calc", "1", "--no-prompt", "--full"],
+        events=[(10, "h"), (20, "r"), (30, "^C")],
+    )
+    out = capsys.readouterr().out
+    assert code == 130, out
+    assert "HINT_ONE_MARK" in out, out
+    assert out.count("0/3 passed") == 2, out  # the first run and "run now"; --full: 3 tests
+    assert "interrupted after 00:30" in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "interrupted" and attempt["runs"] == 2
+    assert attempt["hints_used"] == 1 and attempt["core_only"] is False
+
+    # a second attempt counts separately and `progress` lists both
+    code, _ = _run(["start", "calc", "1", "--no-prompt"], events=[(5, "q")])
+    assert code == 1
+    capsys.readouterr()
+    assert main(["progress"]) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "stopped" in out, out
+    assert "failing" in out, out
+
+
+def test_cli_watcher_sees_saves_creations_and_deletions(tmp_path: Path) -> None:
+    _write(tmp_path / "a.py", "x = 1\n")
+    watcher = Watcher([tmp_path])
+    assert watcher.poll() == []
+    _write(tmp_path / "a.py", "x = 22\n")
+    _write(tmp_path / "__pycache__" / "a.cpython.py", "ignored")
+    _write(tmp_path / "notes.txt", "ignored")
+    assert watcher.poll() == [tmp_path / "a.py"]
+    _write(tmp_path / "b.py", "")
+    (tmp_path / "a.py").unlink()
+    assert watcher.poll() == [tmp_path / "a.py", tmp_path / "b.py"]
+    assert watcher.poll() == []
+
+
+# --- kata pair -------------------------------------------------------------------------------
+
+
+def test_cli_pair_notes_swaps_suite_and_a_saved_rubric_sheet(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, terminal = _run(
+        ["pair", "calc", "1", "--minutes", "3", "--swap", "1"],
+        answers=["s", "asked about negatives first", "w", ""],
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for mark in ("READ_ALOUD_MARK", "CLARIFY_MARK", "FOLLOWUP_MARK", "LADDER_MARK", "asks first"):
+        assert mark in out, f"{mark} missing:\n{out}"
+    assert out.index("FOLLOWUP_MARK") < out.index("LADDER_MARK")
+    assert "[01:00] swap 1" in out and "[02:00] swap 2" in out, out
+    assert "swap 3" not in out, out  # the session ends at 03:00
+    assert "Time is up" in out and "0/3 passed" in out, out
+    assert [q.split(":")[0] for q in terminal.asked] == ["Problem solving"] * 2 + [
+        "Communication"
+    ] * 2
+    (attempt,) = _attempts(project)
+    assert attempt["mode"] == "pair" and attempt["swaps"] == 2 and attempt["seconds"] == 180
+    assert attempt["rubric"] == [
+        {"axis": "Problem solving", "score": "strong", "evidence": "asked about negatives first"},
+        {"axis": "Communication", "score": "weak", "evidence": ""},
+    ]
+    sheet = Path(str(attempt["sheet"])).read_text()
+    assert sheet.startswith("# Rubric sheet — calc stage 1"), sheet
+    assert "| Problem solving | strong | asked about negatives first |" in sheet
+    assert "- suite: 0/3 passed" in sheet and "test_stage1_add" in sheet
+    assert "| Communication | narrates | explains | silent |" in sheet
+    assert str(_state_file(project).parent) in str(attempt["sheet"])
+
+
+def test_cli_pair_ends_early_on_q_with_a_blank_sheet_without_a_terminal(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _solve(project)
+    code, _ = _run(
+        ["pair", "calc", "1", "--no-notes", "--swap", "0"], events=[(125, "q")], answers=None
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "READ_ALOUD_MARK" not in out and "swap" not in out.lower().replace("--swap", "")
+    assert "Session ended" in out and "3/3 passed" in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "stopped" and 125 <= float(attempt["seconds"]) <= 126
+    assert [row["score"] for row in attempt["rubric"]] == ["", ""]
+
+
+# --- hint, reveal, reset, bench, progress ----------------------------------------------------
+
+
+def test_cli_hint_reveals_one_at_a_time_and_remembers(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc = _kata("hint", "calc", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert "HINT_ONE_MARK" in proc.stdout and "HINT_TWO_MARK" not in proc.stdout
+    assert "1 more hint" in proc.stdout
+    assert main(["hint", "calc", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "HINT_TWO_MARK" in out and "HINT_ONE_MARK" not in out and "hint 2 of 2" in out
+    assert main(["hint", "calc", "1"]) == 0
+    assert "All 2 hints" in capsys.readouterr().out
+    assert main(["hint", "calc", "1", "--again"]) == 0
+    out = capsys.readouterr().out
+    assert "HINT_ONE_MARK" in out and "HINT_TWO_MARK" in out
+    assert _state(project)["hints"] == {"calc/1": 2}
+
+    assert main(["hint", "calc", "1", "--all"]) == 2  # not passed yet
+    assert "--all shows every hint once calc stage 1 has passed" in capsys.readouterr().err
+
+
+def test_cli_reveal_only_after_passing_or_forced_and_lists_common_mistakes(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["reveal", "calc", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "has not passed yet" in err and "--force" in err, err
+    assert main(["reveal", "calc", "1", "--force"]) == 0
+    out = capsys.readouterr().out
+    assert "+        raise NotImplementedError" in out and "-        return a + b" in out, out
+    assert "MUTANT_MARK subtracts the wrong way round" in out, out
+    assert "stage1_sub_swapped" in out
+
+    _solve(project)  # a green `kata test` of the learner's code unlocks reveal and hint --all
+    assert main(["test", "calc", "1"]) == 0
+    capsys.readouterr()
+    assert main(["reveal", "calc", "1"]) == 0
+    assert "identical to the reference" in capsys.readouterr().out
+    assert main(["hint", "calc", "1", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "HINT_ONE_MARK" in out and "HINT_TWO_MARK" in out
+    assert main(["list"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "Add and multiply" in ln)
+    assert "passed" in row and row.rstrip().endswith("0"), row  # passed, no timed attempt
+
+
+def test_cli_test_on_another_impl_is_not_progress(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["test", "calc", "1", "--impl", str(project / "solutions")]) == 0
+    assert not _state_file(project).exists()
+    assert main(["reveal", "calc", "1"]) == 2
+
+
+def test_cli_reset_restores_the_pristine_stub_and_archives_yours(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub = project / "katas" / "calc" / "stage1.py"
+    _git(project, "init", "-q")
+    _git(project, "add", "-A")
+    _git(project, "commit", "-qm", "stubs")
+    _solve(project)
+    _git(project, "commit", "-qam", "my work, committed")  # HEAD is not pristine any more
+    _write(stub, SOLUTION + "# more work\n")
+
+    code, terminal = _run(["reset", "calc", "1"], answers=["n"])
+    assert code == 1 and stub.read_text().endswith("# more work\n")
+    assert "Nothing was changed" in capsys.readouterr().out
+    assert "Your version is kept in" in terminal.asked[0]
+
+    code, _ = _run(["reset", "calc"], answers=None)  # no terminal, no --yes: refuses
+    assert code == 2
+    assert "--yes" in capsys.readouterr().err
+
+    proc = _kata("reset", "calc", "--yes")
+    assert proc.returncode == 0, proc.stderr
+    assert stub.read_text() == STUB
+    archived = list((project.parent / "xdg-state" / "infra-katas" / "archive" / "calc").glob("*/*"))
+    assert [p.read_text() for p in archived] == [SOLUTION + "# more work\n"]
+    proc = _kata("reset", "calc", "1", "--yes")
+    assert proc.returncode == 0 and "already the pristine stub" in proc.stdout
+
+
+def test_cli_reset_outside_git_is_one_line(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(project.parent))
+    assert main(["reset", "calc", "1", "--yes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "not in a git checkout" in err, err
+
+
+def test_cli_pristine_stub_detection() -> None:
+    assert looks_like_stub(STUB)
+    assert not looks_like_stub(SOLUTION)
+    assert not looks_like_stub("x = 1\n")
+
+
+def test_cli_bench_prints_the_ratios(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "calc", "1", "--impl", str(project / "solutions")]) == 0
+    out = capsys.readouterr().out
+    row = next(ln for ln in out.splitlines() if "speed_vs_reference" in ln)
+    assert "1.25" in row and "~1" in row, out
+    assert main(["bench", "calc", "1"]) == 1  # the stub: not implemented yet
+    assert "not implemented yet: Calc.add" in capsys.readouterr().out
+
+
+# --- state: XDG, atomic, never lost ----------------------------------------------------------
+
+
+def test_cli_state_lives_in_xdg_state_home_not_in_the_repository(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["hint", "calc", "1"]) == 0
+    assert _state_file(project).is_file()
+    assert not list(project.rglob("state.json"))
+    leftovers = [p.name for p in _state_file(project).parent.iterdir()]
+    assert sorted(leftovers) == ["state.json", "state.lock"], leftovers  # no temporary files
+
+
+@pytest.mark.parametrize(
+    "content", ["{not json", '{"version": 99, "attempts": [], "hints": {}, "results": {}}', "[]"]
+)
+def test_cli_corrupted_state_is_one_line_and_never_overwritten(
+    project: Path, capsys: pytest.CaptureFixture[str], content: str
+) -> None:
+    path = _state_file(project)
+    _write(path, content)
+    for argv in (["list"], ["hint", "calc", "1"], ["progress"], ["start", "calc", "1"]):
+        assert main(argv) == 2, argv
+        captured = capsys.readouterr()
+        err = captured.err.strip()
+        assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+        assert str(path) in err and "nothing was changed" in err, err
+        assert path.read_text() == content
+    proc = _kata("progress")
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert path.read_text() == content
+
+
+def test_cli_state_update_is_atomic(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "st")
+    with store.update() as state:
+        state.reveal_hint("calc", 1, 2)
+    with pytest.raises(RuntimeError), store.update() as state:
+        state.reveal_hint("calc", 1, 5)
+        raise RuntimeError("a crash half-way through")
+    assert store.load().hints == {"calc/1": 2}
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["start", "calk", "1"], "did you mean calc?"),
+        (["start", "calc", "7"], "calc has stages 1–1, got stage 7"),
+        (["pair", "calc", "2"], "got stage 2"),
+        (["start", "calc", "1", "--minutes", "-3"], "--minutes: must be between"),
+        (["hint", "calc"], "required: STAGE"),
+        (["bench", "calc", "1", "--impl", "/nonexistent"], "--impl must be"),
+    ],
+)
+def test_cli_practice_bad_input_is_one_line(
+    project: Path, capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+@pytest.mark.parametrize(
+    ("missing", "argv", "expected"),
+    [
+        ("HINTS.md", ["hint", "calc", "1"], "HINTS.md does not exist"),
+        ("INTERVIEWER.md", ["pair", "calc", "1"], "INTERVIEWER.md does not exist"),
+        ("bench_stage1.py", ["bench", "calc", "1"], "has no benchmarks"),
+        ("test_stage1.py", ["start", "calc", "1"], "test_stage1.py does not exist"),
+    ],
+)
+def test_cli_practice_missing_files_are_one_line(
+    project: Path,
+    capsys: pytest.CaptureFixture[str],
+    missing: str,
+    argv: list[str],
+    expected: str,
+) -> None:
+    (project / "katas" / "calc" / missing).unlink()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_cli_help_for_the_practice_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("start", "pair", "hint", "reveal", "reset", "bench", "progress"):
+        assert main([command, "--help"]) == 0
+        out = capsys.readouterr().out
+        assert f"usage: kata {command}" in out, out
+    assert main(["start", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--minutes" in out and "time to green" in out and "exit code" in out
+
+
+def test_cli_notes_of_every_real_kata_parse() -> None:
+    """Every kata's HINTS.md and INTERVIEWER.md parse; the rate limiter's are complete."""
+    for kata in cat.Catalog(REPO / "katas").katas():
+        for stage in kata.stages:
+            found = hints(kata.hints.read_text(), stage.section) if kata.hints.is_file() else None
+            axes = (
+                rubric_axes(kata.interviewer.read_text(), stage.section)
+                if kata.interviewer.is_file()
+                else []
+            )
+            if kata.name == "rate_limiter":
+                assert found and len(found) >= 3, (stage.number, found)
+                assert [a for a, _ in axes][:2] == ["Problem solving", "Correctness & complexity"]
+
+
+# --- a real terminal: tmux -------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
+def test_cli_start_in_a_real_terminal_shows_the_countdown_and_progress(
+    project: Path, tmp_path: Path
+) -> None:
+    socket = f"kata-test-{os.getpid()}"
+    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "TERM": "xterm-256color",
+        cat.ENV_ROOT: str(project / "katas"),
+        "XDG_STATE_HOME": str(tmp_path / "xdg-state"),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+    }
+    command = " ".join(
+        [
+            "env",
+            *(f"{k}={v}" for k, v in env.items()),
+            *_kata_command(),
+            "start calc 1 --minutes 2 --no-prompt --poll 0.2; echo KATA_EXIT=$?; sleep 60",
+        ]
+    )
+
+    def screen() -> str:
+        shown = subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", "kata"], capture_output=True, text=True, check=False
+        )
+        return shown.stdout
+
+    def wait_for(text: str, timeout: float = 30) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            shown = screen()
+            if text in shown:
+                return shown
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} never appeared on the screen:\n{screen()}")
+
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "kata", "-x", "120", "-y", "30", command], check=True
+    )
+    try:
+        first = wait_for("0/2 passed")
+        assert "━" in first and "left of 02:00" in first, first
+        countdown = next(ln for ln in first.splitlines() if "left of 02:00" in ln)
+        time.sleep(1.5)
+        later = next(ln for ln in screen().splitlines() if "left of 02:00" in ln)
+        assert later != countdown, f"the countdown did not move: {countdown!r}"
+        subprocess.run([*tmux, "send-keys", "-t", "kata", "h"], check=True)
+        wait_for("HINT_ONE_MARK")
+        _solve(project)
+        final = wait_for("KATA_EXIT=")
+        assert "2/2 passed" in final and "green in" in final, final
+        assert "KATA_EXIT=0" in final, final
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, check=False)
+    attempts = json.loads((tmp_path / "xdg-state" / "infra-katas" / "state.json").read_text())
+    assert [a["result"] for a in attempts["attempts"]] == ["green"]
+
+
+def test_cli_test_still_runs_with_a_corrupted_state_and_says_it_did_not_record(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _state_file(project)
+    _write(path, "{not json")
+    assert main(["test", "calc", "1", "--core"]) == 1
+    captured = capsys.readouterr()
+    assert "0/2 passed" in captured.out
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and "warning: not recorded" in err, err
+    assert path.read_text() == "{not json"
