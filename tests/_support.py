@@ -12,6 +12,7 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
+from katas._kit.catalog import ENV_ROOT
 from katas._kit.impl import REPO_ROOT
 
 T = TypeVar("T")
@@ -99,3 +100,91 @@ def selected(request: pytest.FixtureRequest, test: str) -> list[dict[str, Any]]:
         and item.originalname == test
         and hasattr(item, "callspec")
     ]
+
+
+# --- a tiny kata for the ``kata`` command's checks ------------------------------------------
+
+#: The reference ``stage1.py`` of the fake ``calc`` kata; a kata's checks may add methods after.
+CALC_SOLUTION = """\
+class Calc:
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+    def mul(self, a: int, b: int) -> int:
+        return a * b
+
+    def sub(self, a: int, b: int) -> int:
+        return a - b
+"""
+
+#: The stage-1 suite of the fake ``calc`` kata: add and mul are core, sub is extended; a
+#: kata's checks may add tests after.
+CALC_SUITE = """\
+import pytest
+
+pytestmark = [pytest.mark.stage(1)]
+
+
+@pytest.mark.core
+def test_stage1_add(stage_module):
+    assert stage_module.Calc().add(2, 3) == 5
+
+
+@pytest.mark.core
+def test_stage1_mul(stage_module):
+    assert stage_module.Calc().mul(2, 3) == 6
+
+
+@pytest.mark.extended
+def test_stage1_sub(stage_module):
+    got = stage_module.Calc().sub(5, 3)
+    assert got == 2, f"sub(5, 3) must be 2, got {got}"
+"""
+
+
+#: What the ``kata`` command and the fake suite read from the environment: cleared for a check.
+KATA_ENV = ("KATA_IMPL", "KATA_BASE", "KATA_PROFILE", "EXPECT_PROFILE", "PYTEST_ADDOPTS")
+
+
+def write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, making its folders."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+
+
+def private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep the ``kata`` command's progress in ``tmp_path/xdg-state``, never the user's."""
+    state = tmp_path / "xdg-state"
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    monkeypatch.delenv("KATA_STATE_DIR", raising=False)
+    return state
+
+
+def calc_project(
+    project: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    kata: Mapping[str, str],
+    solution: str,
+    mutants: Mapping[str, str] | None = None,
+) -> Path:
+    """A project with one kata, ``calc``, that the ``kata`` command is pointed at (KATA_ROOT).
+
+    ``kata`` holds the files of ``<project>/katas/calc`` (kata.toml, README.md, stage1.py,
+    test_stage1.py, …; ``__init__.py`` is added), ``solution`` is the reference's
+    ``solutions/calc/stage1.py`` and ``mutants`` the bug catalogue in ``tests/mutants/calc``.
+    The environment variables the command reads are cleared and the console is wide.
+    Returns ``<project>/katas``.
+    """
+    root = project / "katas"
+    for name, text in {"__init__.py": "", **kata}.items():
+        write(root / "calc" / name, text)
+    write(project / "solutions" / "calc" / "__init__.py", "")
+    write(project / "solutions" / "calc" / "stage1.py", solution)
+    for name, text in (mutants or {}).items():
+        write(project / "tests" / "mutants" / "calc" / name, text)
+    monkeypatch.setenv(ENV_ROOT, str(root))
+    for name in KATA_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    return root

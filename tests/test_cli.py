@@ -10,7 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _support
 import pytest
+from _support import calc_project, private_state, write
 
 from katas._kit import catalog as cat
 from katas._kit.cli import main, markdown_sections
@@ -74,48 +76,22 @@ class Calc:
         return {}[a]
 """
 
-CALC_SOLUTION = """\
-class Calc:
-    def add(self, a: int, b: int) -> int:
-        return a + b
-
-    def mul(self, a: int, b: int) -> int:
-        return a * b
-
-    def sub(self, a: int, b: int) -> int:
-        return a - b
-
+CALC_SOLUTION = (
+    _support.CALC_SOLUTION
+    + """
     def div(self, a: int, b: int) -> int:
         return a // b
 """
+)
 
-CALC_SUITE = """\
-import os
-
-import pytest
-
-pytestmark = [pytest.mark.stage(1)]
-
-
-@pytest.mark.core
-def test_stage1_add(stage_module):
-    assert stage_module.Calc().add(2, 3) == 5
-
-
-@pytest.mark.core
-def test_stage1_mul(stage_module):
-    assert stage_module.Calc().mul(2, 3) == 6
-
+# Six tests: the shared add, mul (core) and sub, then three more extended ones.
+CALC_SUITE = (
+    _support.CALC_SUITE
+    + """
 
 @pytest.mark.extended
 def test_stage1_mul_by_zero(stage_module):
     assert stage_module.Calc().mul(7, 0) == 0
-
-
-@pytest.mark.extended
-def test_stage1_sub(stage_module):
-    got = stage_module.Calc().sub(5, 3)
-    assert got == 2, f"sub(5, 3) must be 2, got {got}"
 
 
 @pytest.mark.extended
@@ -125,38 +101,33 @@ def test_stage1_div(stage_module):
 
 @pytest.mark.extended
 def test_stage1_profile():
+    import os
+
     assert os.environ.get("KATA_PROFILE", "dev") == os.environ.get("EXPECT_PROFILE", "dev")
 """
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+)
 
 
 @pytest.fixture(autouse=True)
 def _private_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Progress goes to a temporary state directory, never the user's."""
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
-    monkeypatch.delenv("KATA_STATE_DIR", raising=False)
+    private_state(tmp_path, monkeypatch)
 
 
 @pytest.fixture
 def kata_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A catalogue with one kata, ``calc``, that the CLI is pointed at through KATA_ROOT."""
-    root = tmp_path / "mykatas"
-    _write(root / "calc" / "kata.toml", CALC_TOML)
-    _write(root / "calc" / "README.md", CALC_README)
-    _write(root / "calc" / "__init__.py", "")
-    _write(root / "calc" / "stage1.py", CALC_STAGE1)
-    _write(root / "calc" / "test_stage1.py", CALC_SUITE)
-    _write(tmp_path / "reference" / "calc" / "__init__.py", "")
-    _write(tmp_path / "reference" / "calc" / "stage1.py", CALC_SOLUTION)
-    monkeypatch.setenv(cat.ENV_ROOT, str(root))
-    for name in ("KATA_IMPL", "KATA_BASE", "KATA_PROFILE", "EXPECT_PROFILE", "PYTEST_ADDOPTS"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("COLUMNS", "200")
-    return root
+    return calc_project(
+        tmp_path / "proj",
+        monkeypatch,
+        kata={
+            "kata.toml": CALC_TOML,
+            "README.md": CALC_README,
+            "stage1.py": CALC_STAGE1,
+            "test_stage1.py": CALC_SUITE,
+        },
+        solution=CALC_SOLUTION,
+    )
 
 
 def _one_error_line(err: str) -> str:
@@ -265,7 +236,7 @@ def test_cli_show_without_a_prompt_is_one_line(
 def test_cli_show_stage_without_its_section_is_one_line(
     kata_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _write(kata_root / "calc" / "README.md", "# Calculator\n\n## Stage 1\n\nonly one\n")
+    write(kata_root / "calc" / "README.md", "# Calculator\n\n## Stage 1\n\nonly one\n")
     assert main(["show", "calc", "2"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "'## Stage 2'" in line, line
@@ -289,7 +260,7 @@ def test_cli_test_summarises_failures_by_kind(
 def test_cli_test_passes_against_another_impl_and_selects_core(
     kata_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    reference = kata_root.parent / "reference"
+    reference = kata_root.parent / "solutions"
     assert main(["test", "calc", "1", "--impl", str(reference)]) == 0
     assert "6/6 passed" in capsys.readouterr().out
     assert main(["test", "calc", "1", "--impl", str(reference), "--core"]) == 0
@@ -367,7 +338,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(
 def test_cli_broken_kata_toml_names_the_file_and_field(
     kata_root: Path, capsys: pytest.CaptureFixture[str], toml: str, expected: str
 ) -> None:
-    _write(kata_root / "calc" / "kata.toml", toml)
+    write(kata_root / "calc" / "kata.toml", toml)
     for argv in (["list"], ["show", "calc"]):
         assert main(argv) == 2
         line = _one_error_line(capsys.readouterr().err)
@@ -394,7 +365,7 @@ def test_cli_stage_prompt_keeps_fenced_headings() -> None:
 def test_cli_test_reports_a_suite_that_cannot_be_collected(
     kata_root: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    _write(kata_root / "calc" / "test_stage1.py", "def test_stage1_broken(:\n")
+    write(kata_root / "calc" / "test_stage1.py", "def test_stage1_broken(:\n")
     assert main(["test", "calc", "1"]) == 1
     out = capsys.readouterr().out
     assert "SyntaxError" in out and "pytest could not run" in out, out

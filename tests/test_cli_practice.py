@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _support import CALC_SOLUTION, CALC_SUITE, calc_project, private_state, write
 
 from katas._kit import catalog as cat
 from katas._kit.cli import main
@@ -120,39 +121,6 @@ class Calc:
         raise NotImplementedError("Calc.sub — stage 1, see calc/README.md")
 '''
 
-SOLUTION = """\
-class Calc:
-    def add(self, a: int, b: int) -> int:
-        return a + b
-
-    def mul(self, a: int, b: int) -> int:
-        return a * b
-
-    def sub(self, a: int, b: int) -> int:
-        return a - b
-"""
-
-SUITE = """\
-import pytest
-
-pytestmark = [pytest.mark.stage(1)]
-
-
-@pytest.mark.core
-def test_stage1_add(stage_module):
-    assert stage_module.Calc().add(2, 3) == 5
-
-
-@pytest.mark.core
-def test_stage1_mul(stage_module):
-    assert stage_module.Calc().mul(2, 3) == 6
-
-
-@pytest.mark.extended
-def test_stage1_sub(stage_module):
-    assert stage_module.Calc().sub(5, 3) == 2
-"""
-
 BENCH = """\
 import pytest
 
@@ -178,11 +146,6 @@ MUTANT = """\
 """
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-
-
 def _git(cwd: Path, *args: str) -> None:
     subprocess.run(
         ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
@@ -196,26 +159,22 @@ def _git(cwd: Path, *args: str) -> None:
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A project with one kata: ``<project>/katas/calc``, ``solutions/``, ``tests/mutants``."""
     project = tmp_path / "proj"
-    kata = project / "katas" / "calc"
-    for name, text in [
-        ("kata.toml", TOML),
-        ("README.md", README),
-        ("HINTS.md", HINTS),
-        ("INTERVIEWER.md", INTERVIEWER),
-        ("__init__.py", ""),
-        ("stage1.py", STUB),
-        ("test_stage1.py", SUITE),
-        ("bench_stage1.py", BENCH),
-    ]:
-        _write(kata / name, text)
-    _write(project / "solutions" / "calc" / "__init__.py", "")
-    _write(project / "solutions" / "calc" / "stage1.py", SOLUTION)
-    _write(project / "tests" / "mutants" / "calc" / "stage1_sub_swapped.diff", MUTANT)
-    monkeypatch.setenv(cat.ENV_ROOT, str(project / "katas"))
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg-state"))
-    for name in ("KATA_IMPL", "KATA_BASE", "KATA_PROFILE", "PYTEST_ADDOPTS", "KATA_STATE_DIR"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("COLUMNS", "200")
+    calc_project(
+        project,
+        monkeypatch,
+        kata={
+            "kata.toml": TOML,
+            "README.md": README,
+            "HINTS.md": HINTS,
+            "INTERVIEWER.md": INTERVIEWER,
+            "stage1.py": STUB,
+            "test_stage1.py": CALC_SUITE,
+            "bench_stage1.py": BENCH,
+        },
+        solution=CALC_SOLUTION,
+        mutants={"stage1_sub_swapped.diff": MUTANT},
+    )
+    private_state(tmp_path, monkeypatch)
     return project
 
 
@@ -234,7 +193,7 @@ def _attempts(project: Path) -> list[dict[str, Any]]:
 
 
 def _solve(project: Path) -> None:
-    _write(project / "katas" / "calc" / "stage1.py", SOLUTION)
+    write(project / "katas" / "calc" / "stage1.py", CALC_SOLUTION)
 
 
 class ScriptedTerminal:
@@ -381,14 +340,14 @@ def test_cli_start_keys_run_now_hint_and_ctrl_c_records_the_attempt(
 
 
 def test_cli_watcher_sees_saves_creations_and_deletions(tmp_path: Path) -> None:
-    _write(tmp_path / "a.py", "x = 1\n")
+    write(tmp_path / "a.py", "x = 1\n")
     watcher = Watcher([tmp_path])
     assert watcher.poll() == []
-    _write(tmp_path / "a.py", "x = 22\n")
-    _write(tmp_path / "__pycache__" / "a.cpython.py", "ignored")
-    _write(tmp_path / "notes.txt", "ignored")
+    write(tmp_path / "a.py", "x = 22\n")
+    write(tmp_path / "__pycache__" / "a.cpython.py", "ignored")
+    write(tmp_path / "notes.txt", "ignored")
     assert watcher.poll() == [tmp_path / "a.py"]
-    _write(tmp_path / "b.py", "")
+    write(tmp_path / "b.py", "")
     (tmp_path / "a.py").unlink()
     assert watcher.poll() == [tmp_path / "a.py", tmp_path / "b.py"]
     assert watcher.poll() == []
@@ -511,7 +470,7 @@ def test_cli_reset_restores_the_pristine_stub_and_archives_yours(
     _git(project, "commit", "-qm", "stubs")
     _solve(project)
     _git(project, "commit", "-qam", "my work, committed")  # HEAD is not pristine any more
-    _write(stub, SOLUTION + "# more work\n")
+    write(stub, CALC_SOLUTION + "# more work\n")
 
     code, terminal = _run(["reset", "calc", "1"], answers=["n"])
     assert code == 1 and stub.read_text().endswith("# more work\n")
@@ -526,7 +485,7 @@ def test_cli_reset_restores_the_pristine_stub_and_archives_yours(
     assert proc.returncode == 0, proc.stderr
     assert stub.read_text() == STUB
     archived = list((project.parent / "xdg-state" / "infra-katas" / "archive" / "calc").glob("*/*"))
-    assert [p.read_text() for p in archived] == [SOLUTION + "# more work\n"]
+    assert [p.read_text() for p in archived] == [CALC_SOLUTION + "# more work\n"]
     proc = _kata("reset", "calc", "1", "--yes")
     assert proc.returncode == 0 and "already the pristine stub" in proc.stdout
 
@@ -542,7 +501,7 @@ def test_cli_reset_outside_git_is_one_line(
 
 def test_cli_pristine_stub_detection() -> None:
     assert looks_like_stub(STUB)
-    assert not looks_like_stub(SOLUTION)
+    assert not looks_like_stub(CALC_SOLUTION)
     assert not looks_like_stub("x = 1\n")
 
 
@@ -575,7 +534,7 @@ def test_cli_corrupted_state_is_one_line_and_never_overwritten(
     project: Path, capsys: pytest.CaptureFixture[str], content: str
 ) -> None:
     path = _state_file(project)
-    _write(path, content)
+    write(path, content)
     for argv in (["list"], ["hint", "calc", "1"], ["progress"], ["start", "calc", "1"]):
         assert main(argv) == 2, argv
         captured = capsys.readouterr()
@@ -731,7 +690,7 @@ def test_cli_test_still_runs_with_a_corrupted_state_and_says_it_did_not_record(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = _state_file(project)
-    _write(path, "{not json")
+    write(path, "{not json")
     assert main(["test", "calc", "1", "--core"]) == 1
     captured = capsys.readouterr()
     assert "0/2 passed" in captured.out

@@ -34,6 +34,7 @@ from katas._kit.cliutil import (
     Context,
     UserError,
     add_kata,
+    add_kata_stage,
     is_learners_code,
     markdown_sections,
     print_summary,
@@ -228,8 +229,7 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _configure_test(parser: argparse.ArgumentParser) -> None:
-    add_kata(parser)
-    parser.add_argument("stage", metavar="STAGE", type=stage_number, help="stage number (1, 2, 3)")
+    add_kata_stage(parser)
     parser.add_argument(
         "--impl",
         metavar="katas|solutions|PATH",

@@ -24,8 +24,7 @@ from katas._kit.cliutil import (
     Command,
     Context,
     UserError,
-    add_kata,
-    add_stage,
+    add_kata_stage,
     is_learners_code,
     not_implemented_names,
     print_summary,
@@ -73,6 +72,17 @@ def _poll_seconds(text: str) -> float:
 
 def _swap_minutes(text: str) -> float:
     return 0.0 if text.strip() in ("0", "0.0") else _minutes(text)
+
+
+def _add_session_arguments(parser: argparse.ArgumentParser, length: str) -> None:
+    """``KATA STAGE [--minutes N]``, what a timed session takes; ``length`` names the minutes."""
+    add_kata_stage(parser)
+    parser.add_argument(
+        "--minutes",
+        type=_minutes,
+        metavar="N",
+        help=f"{length} (default: the stage's timebox_minutes in kata.toml)",
+    )
 
 
 def _save_attempt(
@@ -261,14 +271,7 @@ def _offer_hint(ctx: Context, kata: Kata, stage: Stage) -> None:
 
 
 def _configure_start(parser: argparse.ArgumentParser) -> None:
-    add_kata(parser)
-    add_stage(parser)
-    parser.add_argument(
-        "--minutes",
-        type=_minutes,
-        metavar="N",
-        help="the timebox (default: the stage's timebox_minutes in kata.toml)",
-    )
+    _add_session_arguments(parser, "the timebox")
     parser.add_argument(
         "--base",
         choices=["own", "reference"],
@@ -453,14 +456,7 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _configure_pair(parser: argparse.ArgumentParser) -> None:
-    add_kata(parser)
-    add_stage(parser)
-    parser.add_argument(
-        "--minutes",
-        type=_minutes,
-        metavar="N",
-        help="the session's length (default: the stage's timebox_minutes in kata.toml)",
-    )
+    _add_session_arguments(parser, "the session's length")
     parser.add_argument(
         "--swap",
         type=_swap_minutes,

@@ -26,8 +26,7 @@ from katas._kit.cliutil import (
     Command,
     Context,
     UserError,
-    add_kata,
-    add_stage,
+    add_kata_stage,
     print_summary,
     read_text,
 )
@@ -109,8 +108,7 @@ def run_hint(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _configure_hint(parser: argparse.ArgumentParser) -> None:
-    add_kata(parser)
-    add_stage(parser)
+    add_kata_stage(parser)
     which = parser.add_mutually_exclusive_group()
     which.add_argument(
         "--all", action="store_true", help="every hint of the stage (only once it has passed)"
@@ -176,8 +174,7 @@ def run_reveal(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _configure_reveal(parser: argparse.ArgumentParser) -> None:
-    add_kata(parser)
-    add_stage(parser)
+    add_kata_stage(parser)
     parser.add_argument(
         "--force", action="store_true", help="show the reference even before the stage passed"
     )
@@ -232,8 +229,7 @@ def run_reset(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _configure_reset(parser: argparse.ArgumentParser) -> None:
-    add_kata(parser)
-    add_stage(parser, optional=True)
+    add_kata_stage(parser, optional=True)
     parser.add_argument("-y", "--yes", action="store_true", help="do not ask first")
 
 
@@ -301,8 +297,7 @@ def run_bench(args: argparse.Namespace, ctx: Context) -> int:
 
 
 def _configure_bench(parser: argparse.ArgumentParser) -> None:
-    add_kata(parser)
-    add_stage(parser)
+    add_kata_stage(parser)
     parser.add_argument(
         "--impl",
         metavar="katas|solutions|PATH",

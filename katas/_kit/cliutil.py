@@ -92,6 +92,12 @@ def add_stage(parser: argparse.ArgumentParser, optional: bool = False) -> None:
     )
 
 
+def add_kata_stage(parser: argparse.ArgumentParser, optional: bool = False) -> None:
+    """``KATA STAGE``: what most subcommands act on (``STAGE`` may be left out if optional)."""
+    add_kata(parser)
+    add_stage(parser, optional)
+
+
 # --- a kata's files ----------------------------------------------------------------------
 
 

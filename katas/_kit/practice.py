@@ -77,6 +77,20 @@ def live_line(console: Console, view: RenderableType) -> Iterator[_Refresh]:
         yield live
 
 
+def _countdown(left_ns: int, timebox_ns: int, title: str) -> tuple[Text, Table]:
+    """The head of a live line (time left, red in the last five minutes) and the empty grid
+    below it: a 30-wide column for a progress bar and one for its words."""
+    head = Text.assemble(
+        ("⏱ ", ""),
+        (clock_text(left_ns), "bold red" if left_ns < 5 * 60 * NS_PER_S else "bold"),
+        (f" left of {clock_text(timebox_ns)} · {title}", "dim"),
+    )
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(width=30)
+    grid.add_column()
+    return head, grid
+
+
 # --- kata start ------------------------------------------------------------------------------
 
 
@@ -103,14 +117,7 @@ class _SoloView:
 
     def __rich__(self) -> RenderableType:
         left = self.started_ns + self.timebox_ns - self.clock.now_ns()
-        head = Text.assemble(
-            ("⏱ ", ""),
-            (clock_text(left), "bold red" if left < 5 * 60 * NS_PER_S else "bold"),
-            (f" left of {clock_text(self.timebox_ns)} · {self.title}", "dim"),
-        )
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(width=30)
-        grid.add_column()
+        head, grid = _countdown(left, self.timebox_ns, self.title)
         if self.last is None:
             passed, ran = 0, 0
         else:
@@ -219,15 +226,7 @@ class _PairView:
     def __rich__(self) -> RenderableType:
         now = self.clock.now_ns()
         elapsed = now - self.started_ns
-        left = self.timebox_ns - elapsed
-        head = Text.assemble(
-            ("⏱ ", ""),
-            (clock_text(left), "bold red" if left < 5 * 60 * NS_PER_S else "bold"),
-            (f" left of {clock_text(self.timebox_ns)} · {self.title}", "dim"),
-        )
-        grid = Table.grid(padding=(0, 1))
-        grid.add_column(width=30)
-        grid.add_column()
+        head, grid = _countdown(self.timebox_ns - elapsed, self.timebox_ns, self.title)
         grid.add_row(
             ProgressBar(
                 total=max(self.timebox_ns, 1), completed=min(elapsed, self.timebox_ns), width=30
