@@ -1035,17 +1035,24 @@ def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) 
     assert near.get("k") == "v1" and near.get("k") == "v1"
     before = near_stats(near).invalidations
     fleet.writer.put("k", "v2")
+    messages = fleet.copies("k", "v2")
     eventually(
-        lambda: near.get("k") == "v2",
-        "another client's put('k', 'v2') to reach this near cache by an invalidation "
-        "message (it held 'v1')",
+        lambda: near_stats(near).invalidations >= before + messages,
+        f"the {messages} invalidation messages of another client's put('k', 'v2') (one per "
+        "replica it wrote) to be applied",
         "stage 3 (near)",
     )
-    assert near_stats(near).invalidations > before
+    got = near.get("k")
+    assert got == "v2", (
+        "stage 3 (near): 'v1' was cached; another client put 'v2' and its invalidations "
+        f"were applied, so get('k') must be 'v2'; got {got!r}"
+    )
+    assert near.get("k") == "v2"
     fleet.writer.delete("k")
     eventually(
         lambda: near.get("k", MISS) is MISS,
-        "another client's delete('k') to reach this near cache by an invalidation message",
+        "another client's delete('k') to reach this near cache by an invalidation message "
+        "(it held 'v2')",
         "stage 3 (near)",
     )
 
