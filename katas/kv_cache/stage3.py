@@ -39,7 +39,9 @@ Extended — :class:`NearCache`, a local stage-1 cache in front of a ``ShardedCa
 - **Reads are local when they can be.** A hit in the local cache touches no Redis.
 - **Placeholders.** A miss stores a placeholder for the key before it reads Redis (a
   plain GET) and stores the reply only if its placeholder is still there: an
-  invalidation or a flush that overtakes the reply wins, the reply is discarded.
+  invalidation or a flush that overtakes the reply wins, the reply is discarded. A
+  placeholder goes in with ``put(key, placeholder, weight=0)``: a weighted local
+  cache's ``weigh`` sees values only; a value too heavy for it is returned, not kept.
 - **Read-your-writes.** After ``put``/``delete`` returns, this client's ``get`` sees
   that write (or a newer one) — without waiting for any message.
 - **Flush on a dropped channel.** When a node's channel drops, the whole local cache

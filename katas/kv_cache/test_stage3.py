@@ -1009,6 +1009,36 @@ def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
 
 
 @extended
+def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet) -> None:
+    weighed: list[Any] = []
+
+    def weigh(value: Any) -> int:
+        weighed.append(value)
+        return len(value)
+
+    local = fleet.stage1.LRUCache(10, max_weight=5, weigh=weigh)
+    near = stage().NearCache(fleet.writer, local)
+    for name in NODES:
+        near.channel_ready(name)
+    fleet.writer.put("short", "abc")
+    fleet.writer.put("long", "abcdefgh")
+    assert near.get("short") == "abc" and near.get("short") == "abc"
+    got = [near.get("long"), near.get("long")]
+    assert got == ["abcdefgh", "abcdefgh"], (
+        "stage 3 (near): a value heavier than the local cache's max_weight is still the "
+        f"answer, just not kept near; got {got}"
+    )
+    assert all(isinstance(v, str) for v in weighed), (
+        f"stage 3 (near): the user's weigh must only ever see values, never a placeholder "
+        f"(store placeholders with weight=0); it saw {weighed}"
+    )
+    s = near_stats(near)
+    assert (s.hits, s.misses) == (1, 3), (
+        f"stage 3 (near): 'short' is cached (1 miss, 1 hit), 'long' is not (2 misses): {s}"
+    )
+
+
+@extended
 def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
     fleet: NearFleet,
 ) -> None:

@@ -390,7 +390,7 @@ class NearCache:
             mine = None
             if self._subscribed.issuperset(self._remote.replicas_for(key)):
                 mine = _Placeholder()  # rule 1: claim the slot before asking Redis
-                self._local.put(key, mine)
+                self._local.put(key, mine, weight=0)  # a user's weigh never sees it
         value: Any = _MISSING
         try:
             value = self._remote.get(key, _MISSING)
@@ -407,7 +407,10 @@ class NearCache:
             elif value is _MISSING:
                 self._local.delete(key)
             else:
-                self._local.put(key, value)
+                try:
+                    self._local.put(key, value)
+                except ValueError:  # heavier than the local max_weight: still the answer
+                    self._local.delete(key)
 
     def put(self, key: str, value: Any) -> None:
         try:
