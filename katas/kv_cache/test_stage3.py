@@ -889,6 +889,23 @@ class NearFleet:
                 near.channel_ready(name)
         return near, tapped
 
+    def proxies(self) -> dict[str, Any]:
+        """A fresh fault proxy in front of each node, by node name."""
+        return {name: self.env.proxy(node) for name, node in self.nodes.items()}
+
+    def put_heard(self, near: Any, key: str, value: Any, *, since: int, also: int = 0) -> None:
+        """The writer puts ``value``; wait until ``near`` has applied, counting from its
+        ``since`` invalidations, every message of that put (one per replica written) and
+        ``also`` more."""
+        self.writer.put(key, value)
+        messages = also + self.copies(key, value)
+        eventually(
+            lambda: near_stats(near).invalidations >= since + messages,
+            f"{messages} invalidation messages (one per replica written by the put of "
+            f"{value!r}{' and the earlier ones' if also else ''}) to be applied",
+            "stage 3 (near)",
+        )
+
     def copies(self, key: str, value: Any) -> int:
         """How many nodes hold ``value`` for ``key`` now: the messages its put published."""
         return sum(
@@ -920,7 +937,7 @@ def near_stats(near: Any) -> NearStatistics:
 def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
     fleet: NearFleet,
 ) -> None:
-    proxies = {name: fleet.env.proxy(node) for name, node in fleet.nodes.items()}
+    proxies = fleet.proxies()
     writer = fleet.sharded({n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()})
     listeners = {}
     for name, node in fleet.nodes.items():
@@ -988,7 +1005,7 @@ def test_stage3_near_rejects_bad_arguments(fleet: NearFleet, stage1: ModuleType)
 
 @extended
 def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
-    proxies = {name: fleet.env.proxy(node) for name, node in fleet.nodes.items()}
+    proxies = fleet.proxies()
     clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
     near = stage().NearCache(fleet.sharded(clients), fleet.stage1.LRUCache(100))
     for name in NODES:
@@ -1063,15 +1080,7 @@ def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) 
     near, _ = fleet.near()
     fleet.writer.put("k", "v1")
     assert near.get("k") == "v1" and near.get("k") == "v1"
-    before = near_stats(near).invalidations
-    fleet.writer.put("k", "v2")
-    messages = fleet.copies("k", "v2")
-    eventually(
-        lambda: near_stats(near).invalidations >= before + messages,
-        f"the {messages} invalidation messages of another client's put('k', 'v2') (one per "
-        "replica it wrote) to be applied",
-        "stage 3 (near)",
-    )
+    fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
     got = near.get("k")
     assert got == "v2", (
         "stage 3 (near): 'v1' was cached; another client put 'v2' and its invalidations "
@@ -1096,15 +1105,7 @@ def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFl
     reader = spawn(lambda: near.get("k"), "reader")
     assert taps[first].reached.wait(DEADLINE_S), "stage 3 (near): a miss must GET from Redis"
     # The reply 'v1' is on the wire. Another client writes; both replicas' messages land.
-    before = near_stats(near).invalidations
-    fleet.writer.put("k", "v2")
-    messages = fleet.copies("k", "v2")
-    eventually(
-        lambda: near_stats(near).invalidations >= before + messages,
-        f"the {messages} invalidation messages of the racing put (one per replica it "
-        "wrote) to be applied",
-        "stage 3 (near)",
-    )
+    fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
     taps[first].release.set()
     assert reader.outcome("the held read must finish") == "v1"
     got = near.get("k")
@@ -1127,15 +1128,7 @@ def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) 
     writer = spawn(lambda: near.put("k", "v1"), "writer")
     assert taps[last].reached.wait(DEADLINE_S), "stage 3 (near): put runs a script per replica"
     # 'v1' is on every replica, the last reply on the wire: another client overwrites it.
-    own = fleet.copies("k", "v1")
-    fleet.writer.put("k", "v2")
-    messages = own + fleet.copies("k", "v2")
-    eventually(
-        lambda: near_stats(near).invalidations >= before + messages,
-        f"the {messages} messages (one per replica written, by this put and the racing "
-        "one) to be applied",
-        "stage 3 (near)",
-    )
+    fleet.put_heard(near, "k", "v2", since=before, also=fleet.copies("k", "v1"))
     taps[last].release.set()
     writer.outcome("the held put must finish")
     got = near.get("k")
@@ -1170,7 +1163,7 @@ def _heal(proxies: dict[str, Any], near: Any) -> None:
 
 @extended
 def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
-    proxies = {name: fleet.env.proxy(node) for name, node in fleet.nodes.items()}
+    proxies = fleet.proxies()
     near, _ = fleet.near(pubsub_proxies=proxies)
     fleet.writer.put("k", "v1")
     assert near.get("k") == "v1" and near.get("k") == "v1"
@@ -1200,7 +1193,7 @@ def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
 
 @extended
 def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFleet) -> None:
-    proxies = {name: fleet.env.proxy(node) for name, node in fleet.nodes.items()}
+    proxies = fleet.proxies()
     near, taps = fleet.near(pubsub_proxies=proxies, taps=("GET",))
     fleet.writer.put("k", "v1")
     first = fleet.writer.replicas_for("k")[0]
