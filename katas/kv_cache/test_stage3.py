@@ -927,6 +927,16 @@ def fleet(redis_env: RedisEnv, stage1: ModuleType) -> Any:
     f.close()
 
 
+def held_read(fleet: NearFleet, near: Any, taps: dict[str, Tap], key: str) -> tuple[Tap, Any]:
+    """A ``near.get(key)`` in a thread, its reply from the key's first replica held on
+    the wire: (the tap to release, the thread)."""
+    tap = taps[fleet.writer.replicas_for(key)[0]]
+    tap.arm()
+    reader = spawn(lambda: near.get(key), "reader")
+    assert tap.reached.wait(DEADLINE_S), "stage 3 (near): a miss must GET from Redis"
+    return tap, reader
+
+
 def near_stats(near: Any) -> NearStatistics:
     stats = near.statistics()
     assert isinstance(stats, NearStatistics), f"stage 3: statistics() returned {stats!r}"
@@ -1100,13 +1110,10 @@ def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) 
 def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFleet) -> None:
     near, taps = fleet.near(taps=("GET",))
     fleet.writer.put("k", "v1")
-    first = fleet.writer.replicas_for("k")[0]
-    taps[first].arm()
-    reader = spawn(lambda: near.get("k"), "reader")
-    assert taps[first].reached.wait(DEADLINE_S), "stage 3 (near): a miss must GET from Redis"
+    tap, reader = held_read(fleet, near, taps, "k")
     # The reply 'v1' is on the wire. Another client writes; both replicas' messages land.
     fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
-    taps[first].release.set()
+    tap.release.set()
     assert reader.outcome("the held read must finish") == "v1"
     got = near.get("k")
     assert got == "v2", (
@@ -1196,14 +1203,11 @@ def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFle
     proxies = fleet.proxies()
     near, taps = fleet.near(pubsub_proxies=proxies, taps=("GET",))
     fleet.writer.put("k", "v1")
-    first = fleet.writer.replicas_for("k")[0]
-    taps[first].arm()
-    reader = spawn(lambda: near.get("k"), "reader")
-    assert taps[first].reached.wait(DEADLINE_S), "stage 3 (near): a miss must GET from Redis"
+    tap, reader = held_read(fleet, near, taps, "k")
     _cut(proxies, near)
     fleet.writer.put("k", "v2")  # lost to the near cache
     _heal(proxies, near)
-    taps[first].release.set()
+    tap.release.set()
     assert reader.outcome("the held read must finish") == "v1"
     got = near.get("k")
     assert got == "v2", (
