@@ -3,9 +3,9 @@ practise them — timed attempts, hints, pairing sessions, progress.
 
 Everything a kata-specific command needs comes from :mod:`katas._kit.catalog`, so a new
 kata needs no change here. Each subcommand is a :class:`Command` (its arguments and a
-``run`` function returning the exit code) in :data:`COMMANDS`; ``start`` and ``pair``
-live in :mod:`katas._kit.cli_sessions`, ``hint``, ``reveal``, ``reset``, ``bench`` and
-``progress`` in :mod:`katas._kit.cli_study`. A stage suite runs through
+``run`` function returning the exit code) in :data:`COMMANDS`; ``start`` lives in
+:mod:`katas._kit.cli_start`, ``pair`` in :mod:`katas._kit.cli_pair`, ``hint``, ``reveal``,
+``reset``, ``bench`` and ``progress`` in :mod:`katas._kit.cli_study`. A stage suite runs through
 :func:`katas._kit.suites.run_suite`, which prints nothing, so timed practice and watching
 reuse it. Progress lives in the user's state directory (:mod:`katas._kit.state`).
 Exit codes: 0 success (for ``test``: every selected test passed), 1 tests failed or
@@ -27,7 +27,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from katas._kit import cli_sessions, cli_study
+from katas._kit import cli_pair, cli_start, cli_study
 from katas._kit.catalog import ENV_ROOT, Catalog, CatalogError, Kata, Stage, display_path
 from katas._kit.cliutil import (
     Command,
@@ -301,7 +301,8 @@ COMMANDS: tuple[Command, ...] = (
         run_test,
         takes_passthrough=True,
     ),
-    *cli_sessions.COMMANDS,
+    *cli_start.COMMANDS,
+    *cli_pair.COMMANDS,
     *cli_study.COMMANDS,
 )
 

@@ -1,7 +1,7 @@
 """What the ``kata`` subcommands share: the context, bad-input errors, reading a kata's files,
 and the learner's summary of a suite run.
 
-Split out of :mod:`katas._kit.cli` so that the command modules (``cli_sessions``,
+Split out of :mod:`katas._kit.cli` so that the command modules (``cli_start``, ``cli_pair``,
 ``cli_study``) and the command table can import it without importing each other.
 """
 

@@ -22,6 +22,8 @@ from types import ModuleType
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_IMPL = "KATA_IMPL"
 ENV_PROFILE = "KATA_PROFILE"  # hypothesis profile: dev (default), ci, thorough
+#: The hypothesis profiles :mod:`katas._kit.profiles` registers (``mutant``: the catalogue's).
+PROFILES = ("dev", "ci", "thorough", "mutant")
 #: How a stub's NotImplementedError reads in a report: one line, no traceback.
 NOT_IMPLEMENTED = "not implemented yet: "
 ENV_BASE = "KATA_BASE"
@@ -88,6 +90,14 @@ def resolve(spec: str | None = None, base: str | None = None) -> Selection:
             f"got {spec!r}"
         )
     return Selection(str(path), _import_path_package(path), base if base == "reference" else None)
+
+
+def profile_name() -> str:
+    """``KATA_PROFILE`` (default ``dev``); ValueError, one line, if it names no profile."""
+    name = os.environ.get(ENV_PROFILE) or "dev"
+    if name not in PROFILES:
+        raise ValueError(f"{ENV_PROFILE} must be one of {', '.join(PROFILES)}, got {name!r}")
+    return name
 
 
 def worker_argv(selection: Selection) -> list[str]:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 from hypothesis import HealthCheck, Phase, settings
 
-from katas._kit.impl import ENV_PROFILE
+from katas._kit.impl import PROFILES, profile_name
 
 settings.register_profile(
     "dev", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -36,10 +34,13 @@ settings.register_profile(
 
 def load() -> str:
     """Load the profile named by ``KATA_PROFILE`` (default ``dev``); return its name."""
-    name = os.environ.get(ENV_PROFILE, "dev")
+    name = profile_name()
     settings.load_profile(name)
     return name
 
+
+for _name in PROFILES:  # impl.PROFILES (what the CLI validates against) names only these
+    settings.get_profile(_name)
 
 #: For tests that start processes or servers: at most this many examples.
 HEAVY_EXAMPLES = 10
