@@ -56,13 +56,34 @@ MARKERS = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> int | None:
+    """A mistyped ``--impl``, ``KATA_IMPL`` or ``KATA_PROFILE`` is one line and exit code 2,
+    before anything is collected (not an INTERNALERROR traceback)."""
+    if config.getoption("help") or config.getoption("version", 0):
+        return None
+    try:
+        _impl.profile_name()
+        config.stash[_selection_key] = _impl.resolve(
+            config.getoption("--impl"), config.getoption("--base")
+        )
+    except ValueError as exc:
+        sys.stderr.write(f"ERROR: {exc}\n")
+        return 2
+    return None
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    profiles.load()
-    config.stash[_selection_key] = _impl.resolve(
-        config.getoption("--impl"), config.getoption("--base")
-    )
+    try:
+        profiles.load()
+    except ValueError:  # reported by pytest_cmdline_main; only --help gets this far
+        pass
+    if _selection_key not in config.stash:  # pytest.main() with the plugin as an object
+        config.stash[_selection_key] = _impl.resolve(
+            config.getoption("--impl"), config.getoption("--base")
+        )
     config.stash[_report_key] = {}
 
 
