@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import sys
@@ -76,10 +77,8 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
 def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
-    try:
+    with contextlib.suppress(ValueError):  # reported by pytest_cmdline_main; --help gets here
         profiles.load()
-    except ValueError:  # reported by pytest_cmdline_main; only --help gets this far
-        pass
     if _selection_key not in config.stash:  # pytest.main() with the plugin as an object
         config.stash[_selection_key] = _impl.resolve(
             config.getoption("--impl"), config.getoption("--base")
