@@ -4,6 +4,7 @@ An entry counts only if each named test fails *by assertion* on the mutant and t
 mutant still passes at least 80% of the stage's other tests (a realistic bug, not a
 crash). Runs use the ``mutant`` hypothesis profile: derandomized, no shrinking. All
 entries start at once on a pool as wide as the machine; each test waits for its own.
+The sweep runs with ``pytest --catalogue`` (CI always adds it).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def test_catalogue_is_not_empty() -> None:
     assert len(CATALOGUE) >= 10, f"only {len(CATALOGUE)} catalogue entries"
 
 
+@pytest.mark.catalogue
 @pytest.mark.timeout(WAIT_S)
 @pytest.mark.parametrize("mutant", CATALOGUE, ids=[m.name for m in CATALOGUE])
 def test_catalogue_entry_is_caught(mutant: mutants.Mutant, catalogue_runs: Pool[Runs]) -> None:
