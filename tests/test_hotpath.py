@@ -30,7 +30,8 @@ except ImportError as exc:
     pytest.skip(hint, allow_module_level=True)
 
 INT_MAX = 2**31 - 1
-README = "katas/dynamic_batcher/README.md"
+#: Where the stub's error sends the learner: the contract of the unwritten function.
+CONTRACT = "katas/dynamic_batcher/csrc/hotpath.h"
 
 
 def column(values: list[int]) -> array[int]:
@@ -86,11 +87,12 @@ def test_stub_and_reference_share_the_abi_and_binding(name: str) -> None:
     )
 
 
-def test_stub_raises_not_implemented_naming_the_function_and_the_prompt() -> None:
+def test_stub_raises_not_implemented_naming_the_function_and_the_contract() -> None:
     with pytest.raises(NotImplementedError) as excinfo:
         stub.fill_token_budget(column([1, 2]), column([0, 0]), token_budget=3, max_seqs=2)
     message = str(excinfo.value)
-    assert message == f"dynamic_batcher._hotpath.fill_token_budget — hotpath, see {README}"
+    assert message == f"dynamic_batcher._hotpath.fill_token_budget — hotpath, see {CONTRACT}"
+    assert (REPO_ROOT / CONTRACT).is_file(), f"the stub's message points at {CONTRACT}, not a file"
 
 
 # --- the reference: examples ------------------------------------------------------------

@@ -1,8 +1,8 @@
 /* The dynamic batcher's C hot path — yours to write (see hotpath.h for the contract).
  *
- * TODO(hotpath): implement every function below. Check your work with the C unit test
- * (cmake -S . -B build && cmake --build build && ctest --test-dir build -C kata) and from
- * Python (pytest katas/dynamic_batcher -k hotpath).
+ * TODO(hotpath): implement every function below. Check your work with the C unit test:
+ *   cmake -S . -B build && cmake --build build && ctest --test-dir build -C kata
+ * (the rest of the dynamic-batcher kata, its prompt and Python suite, is coming).
  */
 #include "hotpath.h"
 

@@ -15,7 +15,8 @@
 
 #include "hotpath.h"
 
-#define README "katas/dynamic_batcher/README.md"
+/* Where a learner reads the contract of the function they have not written yet. */
+#define CONTRACT "katas/dynamic_batcher/csrc/hotpath.h"
 
 static int native_little_endian(void) {
     const uint16_t one = 1;
@@ -119,7 +120,7 @@ static void raise_for(int rc, const char *function) {
     if (rc == HP_NOT_IMPLEMENTED) {
         /* The dash goes through %s: PyErr_Format wants an ASCII format string. */
         PyErr_Format(PyExc_NotImplementedError, "dynamic_batcher._hotpath.%s %s hotpath, see %s",
-                     function, "\xe2\x80\x94", README);
+                     function, "\xe2\x80\x94", CONTRACT);
     } else if (rc == HP_INVALID) {
         PyErr_Format(PyExc_ValueError, "%s rejected its arguments (HP_INVALID)", function);
     } else {
