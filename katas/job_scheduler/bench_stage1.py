@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from katas._kit import impl as _impl
+from katas._kit.bench import report
 from katas.job_scheduler.api import NS_PER_S, RetryPolicy
 
 pytestmark = [pytest.mark.stage(1), pytest.mark.core]
@@ -66,11 +67,6 @@ def measure(benchmark: Any, name: str, run: Callable[[], object], ops: int) -> f
     RESULTS[name] = per_op
     benchmark.extra_info["ops_per_s"] = round(1 / per_op)
     return per_op
-
-
-def report(benchmark: Any, label: str, ratio: float, target: str) -> None:
-    benchmark.extra_info[label] = round(ratio, 3)
-    print(f"\n  {label} = {ratio:.3f}   (spec target: {target})")
 
 
 def queue_run(stage: ModuleType, queued: int) -> Callable[[], object]:
@@ -131,14 +127,14 @@ def test_bench_stage1_reference_100k_queued(benchmark: Any, reference: ModuleTyp
 
 
 def test_bench_stage1_enqueue_claim_ack_100k_queued(
-    benchmark: Any, stage_module: ModuleType
+    benchmark: Any, stage_module: ModuleType, capsys: pytest.CaptureFixture[str]
 ) -> None:
     benchmark.group = "stage1 enqueue+claim+ack, 100 000 queued"
     ours = measure(benchmark, "queue", queue_run(stage_module, QUEUED), OPS)
     if "heapq" in RESULTS:
-        report(benchmark, "rate_vs_heapq", RESULTS["heapq"] / ours, ">= 0.15")
+        report(benchmark, capsys, "rate_vs_heapq", RESULTS["heapq"] / ours, ">= 0.15")
     if "reference" in RESULTS:
-        report(benchmark, "speed_vs_reference", RESULTS["reference"] / ours, "~1")
+        report(benchmark, capsys, "speed_vs_reference", RESULTS["reference"] / ours, "~1")
 
 
 # --- growth: cost per operation as the queue grows ----------------------------------------
@@ -146,9 +142,9 @@ def test_bench_stage1_enqueue_claim_ack_100k_queued(
 
 @pytest.mark.parametrize("queued", [1_000, 64_000])
 def test_bench_stage1_cost_as_the_queue_grows(
-    benchmark: Any, stage_module: ModuleType, queued: int
+    benchmark: Any, stage_module: ModuleType, queued: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     benchmark.group = "stage1 enqueue+claim+ack, cost per operation"
     ours = measure(benchmark, f"queue_{queued}", queue_run(stage_module, queued), OPS)
     if queued == 64_000 and "queue_1000" in RESULTS:
-        report(benchmark, "cost_64k_over_1k", ours / RESULTS["queue_1000"], "<= 3")
+        report(benchmark, capsys, "cost_64k_over_1k", ours / RESULTS["queue_1000"], "<= 3")

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from katas._kit import impl as _impl
+from katas._kit.bench import report
 from katas.rate_limiter.api import NS_PER_S, MonotonicClock
 
 pytestmark = [pytest.mark.stage(1), pytest.mark.core]
@@ -63,11 +64,6 @@ def measure(benchmark: Any, name: str, run: Callable[[], object], decisions: int
     return per_decision
 
 
-def report(benchmark: Any, label: str, ratio: float, target: str) -> None:
-    benchmark.extra_info[label] = round(ratio, 2)
-    print(f"\n  {label} = {ratio:.2f}   (spec target: {target})")
-
-
 # --- TokenBucket on 10 000 keys -------------------------------------------------------
 
 
@@ -102,13 +98,19 @@ def test_bench_stage1_token_bucket_10k_keys_reference(
     measure(benchmark, "reference_token_bucket", bucket_run(reference), len(KEYS))
 
 
-def test_bench_stage1_token_bucket_10k_keys(benchmark: Any, stage_module: ModuleType) -> None:
+def test_bench_stage1_token_bucket_10k_keys(
+    benchmark: Any, stage_module: ModuleType, capsys: pytest.CaptureFixture[str]
+) -> None:
     benchmark.group = "stage1 token bucket, 10 000 keys"
     ours = measure(benchmark, "token_bucket", bucket_run(stage_module), len(KEYS))
     if "limits_moving_window" in RESULTS:
-        report(benchmark, "speedup_vs_limits", RESULTS["limits_moving_window"] / ours, ">= 5")
+        report(
+            benchmark, capsys, "speedup_vs_limits", RESULTS["limits_moving_window"] / ours, ">= 5"
+        )
     if "reference_token_bucket" in RESULTS:
-        report(benchmark, "speed_vs_reference", RESULTS["reference_token_bucket"] / ours, "~1")
+        report(
+            benchmark, capsys, "speed_vs_reference", RESULTS["reference_token_bucket"] / ours, "~1"
+        )
 
 
 # --- SlidingLog: cost per decision as the window fills ----------------------------------
@@ -134,18 +136,20 @@ def steady_log(stage: ModuleType, entries: int, decisions: int) -> Callable[[], 
 
 @pytest.mark.parametrize("entries", [1_000, 64_000])
 def test_bench_stage1_sliding_log_entries_in_window(
-    benchmark: Any, stage_module: ModuleType, entries: int
+    benchmark: Any, stage_module: ModuleType, entries: int, capsys: pytest.CaptureFixture[str]
 ) -> None:
     benchmark.group = "stage1 sliding log, cost per decision"
     ours = measure(
         benchmark, f"sliding_log_{entries}", steady_log(stage_module, entries, 2_000), 2_000
     )
     if entries == 64_000 and "sliding_log_1000" in RESULTS:
-        report(benchmark, "cost_64k_over_1k", ours / RESULTS["sliding_log_1000"], "<= 1.5")
+        report(benchmark, capsys, "cost_64k_over_1k", ours / RESULTS["sliding_log_1000"], "<= 1.5")
 
 
 @pytest.mark.parametrize("entries", [1_000, 64_000])
-def test_bench_stage1_sliding_log_limits_anchor(benchmark: Any, entries: int) -> None:
+def test_bench_stage1_sliding_log_limits_anchor(
+    benchmark: Any, entries: int, capsys: pytest.CaptureFixture[str]
+) -> None:
     benchmark.group = "stage1 sliding log, cost per decision"
     item = limits.RateLimitItemPerHour(10 * entries)
     state: dict[str, Any] = {}
@@ -169,6 +173,7 @@ def test_bench_stage1_sliding_log_limits_anchor(benchmark: Any, entries: int) ->
     if entries == 64_000 and "limits_moving_window_1000" in RESULTS:
         report(
             benchmark,
+            capsys,
             "limits_cost_64k_over_1k",
             per / RESULTS["limits_moving_window_1000"],
             "informational",
