@@ -12,11 +12,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
+import signal
 import sys
+import threading
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any
 
 import pytest
@@ -64,7 +67,7 @@ def pytest_cmdline_main(config: pytest.Config) -> int | None:
     if config.getoption("help") or config.getoption("version", 0):
         return None
     try:
-        _impl.profile_name()
+        profiles.test_seconds(_impl.profile_name())
         config.stash[_selection_key] = _impl.resolve(
             config.getoption("--impl"), config.getoption("--base")
         )
@@ -197,6 +200,63 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             "--base=reference runs one stage's suite at a time (select it with -k stageN): "
             "it swaps the earlier stages for the reference's"
         )
+
+
+def _where(frame: FrameType) -> str:
+    """``stage1.py:145 in _decide``: the innermost frame outside the harness and libraries
+    (the learner's code, else the test), or the innermost one."""
+    innermost = frame
+    while frame is not None:
+        path = Path(frame.f_code.co_filename)
+        if "site-packages" not in path.parts and "_kit" not in path.parts:
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+    found = frame or innermost
+    return f"{Path(found.f_code.co_filename).name}:{found.f_lineno} in {found.f_code.co_name}"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    """A kata test's hard deadline (:func:`profiles.test_seconds`: the profile's, or
+    ``KATA_TEST_TIMEOUT``), as :class:`profiles.TestTimedOut` raised in the test (one
+    line, past hypothesis), not pytest-timeout's stack dump of every thread. A test that
+    ignores it (stuck in C) ends the run a minute later. The repository's own checks keep
+    pytest-timeout's.
+    """
+    if item.get_closest_marker("stage") is None:
+        return None
+    if threading.current_thread() is not threading.main_thread():  # pragma: no cover
+        return None
+    profile = _impl.profile_name()
+    seconds = profiles.test_seconds(profile)
+    name = item.nodeid.split("::", 1)[-1]
+    message = (
+        f"timeout: {name} ran past {seconds:g} s under the {profile} profile "
+        "(an endless loop or a wait that never ends?)"
+    )
+
+    def expire(signum: int, frame: FrameType | None) -> None:
+        where = f" — it was at {_where(frame)}" if frame is not None else ""
+        raise profiles.TestTimedOut(message + where)
+
+    def stuck() -> None:  # the test never returned to Python: nothing else can end it
+        sys.stderr.write(f"\n{message}; it did not stop, so the run ends here\n")
+        sys.stderr.flush()
+        os._exit(3)
+
+    backstop = threading.Timer(seconds + 60, stuck)
+    backstop.daemon = True
+
+    def cancel() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        backstop.cancel()
+
+    item.cancel_timeout = cancel  # type: ignore[attr-defined]  # read by pytest-timeout
+    signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    backstop.start()
+    return True
 
 
 @pytest.hookimpl(wrapper=True)
