@@ -15,6 +15,7 @@ _PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shri
 settings.register_profile(
     "dev",
     max_examples=25,
+    stateful_step_count=20,  # short runs shrink fast: a learner's red run stays short
     deadline=None,
     phases=_PHASES,
     suppress_health_check=[HealthCheck.too_slow],
@@ -43,39 +44,61 @@ settings.register_profile(
 )  # every phase, explain included
 
 
-#: Seconds hypothesis may spend shrinking one failing test, per profile: a learner's red
-#: run must stay within a few times the green one, so ``dev`` shrinks for a moment (the
-#: big deletions come first, so the sequence is short by then) and keeps what it found in
-#: the example database, where the next run resumes shrinking.
-SHRINK_SECONDS = {"dev": 1.0, "ci": 10.0, "thorough": 300.0, "mutant": 0.0}
+#: Seconds hypothesis may spend shrinking one failing test, per profile: ``(the first
+#: failures, every later one)``. A learner's red run must stay within a few times the
+#: green one, so ``dev`` shrinks the first failures of a run — the ones read first — for a
+#: second (the big deletions come first, so the sequence is short by then) and the rest
+#: briefly. What was found stays in the example database, where a rerun resumes.
+SHRINK_SECONDS = {"dev": (1.0, 0.25), "ci": (10.0, 10.0), "thorough": (300.0, 300.0)}
+SHRINK_SECONDS["mutant"] = (0.0, 0.0)  # its phases leave shrinking out anyway
+#: How many failing tests of a run get the first, longer shrinking time.
+FIRST_FAILURES = 3
 
 
-def _bound_shrinking(profile: str) -> None:
-    """Cap hypothesis's time for shrinking one failure at ``SHRINK_SECONDS[profile]``.
+class ShrinkBudget:
+    """Sets hypothesis's time for shrinking one failure before each test, by how many
+    tests of the run have failed so far (see :data:`SHRINK_SECONDS`).
 
     Hypothesis has no setting for this, only an engine constant (five minutes); this sets
-    it, and rewords the warning it prints when the cap is reached. Without that constant
+    it, and rewords the warning it prints when the time is up. Without that constant
     (another hypothesis version) shrinking is unbounded, as before.
     """
-    from hypothesis.internal.conjecture import engine
 
-    if not hasattr(engine, "MAX_SHRINKING_SECONDS"):  # pragma: no cover - other versions
-        return
-    seconds = SHRINK_SECONDS[profile]
-    engine.MAX_SHRINKING_SECONDS = seconds  # type: ignore[assignment]
-    current = engine.__dict__["report"]  # hypothesis.reporting.report, as engine imported it
-    original = getattr(current, "__wrapped__", current)
+    def __init__(self, profile: str) -> None:
+        from hypothesis.internal.conjecture import engine
 
-    def report(text: object) -> None:
-        if isinstance(text, str) and text.startswith("WARNING: Hypothesis has spent more"):
-            text = (
-                f"(shrinking stopped after {seconds:g} s under the {profile} profile; "
-                "a rerun shrinks further from here, KATA_PROFILE=thorough shrinks in full)"
-            )
-        original(text)
+        self.profile = profile
+        self.failures = 0
+        self._engine = engine if hasattr(engine, "MAX_SHRINKING_SECONDS") else None
+        if self._engine is None:  # pragma: no cover - another hypothesis version
+            return
+        current = engine.__dict__["report"]  # hypothesis.reporting.report, as imported there
+        original = getattr(current, "__wrapped__", current)
 
-    report.__wrapped__ = original  # type: ignore[attr-defined]
-    engine.__dict__["report"] = report
+        def report(text: object) -> None:
+            if isinstance(text, str) and text.startswith("WARNING: Hypothesis has spent more"):
+                text = (
+                    f"(shrinking stopped after {self.seconds:g} s under the {profile} "
+                    "profile; a rerun shrinks further from here, KATA_PROFILE=thorough "
+                    "shrinks in full)"
+                )
+            original(text)
+
+        report.__wrapped__ = original  # type: ignore[attr-defined]
+        engine.__dict__["report"] = report
+        self.before_test()
+
+    @property
+    def seconds(self) -> float:
+        first, later = SHRINK_SECONDS[self.profile]
+        return first if self.failures < FIRST_FAILURES else later
+
+    def before_test(self) -> None:
+        if self._engine is not None:
+            self._engine.MAX_SHRINKING_SECONDS = self.seconds
+
+    def failed(self) -> None:
+        self.failures += 1
 
 
 #: Seconds one kata test may run, per profile (``ci`` shares its machine with a pool of
@@ -117,7 +140,6 @@ def load() -> str:
     """Load the profile named by ``KATA_PROFILE`` (default ``dev``); return its name."""
     name = profile_name()
     settings.load_profile(name)
-    _bound_shrinking(name)
     return name
 
 

@@ -13,9 +13,12 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import sys
+import sysconfig
 import threading
+import traceback
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,7 +84,8 @@ def pytest_configure(config: pytest.Config) -> None:
     for marker in MARKERS:
         config.addinivalue_line("markers", marker)
     with contextlib.suppress(ValueError):  # reported by pytest_cmdline_main; --help gets here
-        profiles.load()
+        budget = profiles.ShrinkBudget(profiles.load())
+        config.pluginmanager.register(_ShrinkHooks(budget), "kata-shrink-budget")
     if _selection_key not in config.stash:  # pytest.main() with the plugin as an object
         config.stash[_selection_key] = _impl.resolve(
             config.getoption("--impl"), config.getoption("--base")
@@ -91,6 +95,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _selection_key = pytest.StashKey[_impl.Selection]()
 _report_key = pytest.StashKey[dict[str, dict[str, Any]]]()
+
+
+class _ShrinkHooks:
+    """Moves the run's :class:`profiles.ShrinkBudget` along: set before each test, one
+    more failure after each failed one."""
+
+    def __init__(self, budget: profiles.ShrinkBudget) -> None:
+        self.budget = budget
+
+    def pytest_runtest_setup(self) -> None:
+        self.budget.before_test()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed and report.when == "call":
+            self.budget.failed()
 
 
 @dataclass(frozen=True)
@@ -172,6 +191,98 @@ def classify(exc: BaseException) -> tuple[str, str]:
         text = str(top)
         return "assertion", text.splitlines()[0] if text else "assertion failed"
     return "error", f"{type(top).__name__}: {top}".splitlines()[0]
+
+
+#: Where the report's ``detail`` is cut: one line a learner reads, not a wall of text.
+DETAIL_CHARS = 400
+#: A line saying both what was expected and what came instead.
+_EXPECTED_GOT = re.compile(r"\bexpected\b.*\bgot\b|\bgot\b.*\bexpected\b", re.IGNORECASE)
+_EXPECTED_OR_GOT = re.compile(r"\b(?:expected|got)\b", re.IGNORECASE)
+#: What pytest appends to a long explanation (a suite may quote one in its message).
+_PYTEST_NOTES = ("...Full output truncated, use '-vv' to show", "Use -v to get more diff")
+#: pytest's explanation of an ``assert a == b``: the difference itself.
+_PYTEST_DIFF = re.compile(
+    r"^(?:At index \d+ diff: .+|(?:Left|Right) contains .+|[\w.]+: .+ != .+)$"
+)
+
+
+def assertion_detail(text: str) -> str:
+    """The line of an assertion's text a learner needs besides its first one.
+
+    Suites write ``stage 1: <invariant>``, then the steps taken, then what was expected
+    and what came (``=> remaining: expected 0, got -1``, a line with both words, or an
+    ``expected X`` line above a ``got Y`` one); pytest adds its ``assert 3 == 4``. In that
+    order of preference; the first line's own expected/got part if it says it (a narrow
+    screen cuts long first lines off before it); "" if nothing says more.
+    """
+    for note in _PYTEST_NOTES:
+        text = text.replace(note, "")
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    head, rest = lines[0], lines[1:]
+    for line in rest:
+        if line.startswith("=>"):
+            return line.removeprefix("=>").strip()
+    for line in rest:
+        if _EXPECTED_GOT.search(line) and not line.startswith(("assert ", "+ ")):
+            return line[1:-1] if line.startswith("(") and line.endswith(")") else line
+    for i in range(1, len(rest)):
+        if rest[i - 1].startswith("expected ") and rest[i].startswith("got "):
+            return f"{rest[i - 1]}, {rest[i]}"
+    if _EXPECTED_GOT.search(head):
+        found = _EXPECTED_OR_GOT.search(head)
+        return head[found.start() :] if found else head
+    diffs = [line for line in rest if _PYTEST_DIFF.match(line)]
+    if head.startswith("assert "):  # a bare assert: pytest's line is the message already
+        return diffs[0] if diffs else ""
+    compared = next((line for line in rest if line.startswith("assert ")), "")
+    if "..." in compared and diffs:  # pytest abbreviated both sides; its diff says more
+        return diffs[0]
+    return compared
+
+
+_LIBRARIES = {Path(p).resolve() for p in (sysconfig.get_paths()["stdlib"], sys.prefix)}
+_HARNESS = Path(__file__).resolve().parent
+
+
+def _learners_frame(exc: BaseException) -> str:
+    """``stage1.py:12 in add: return a + None``: the innermost frame of the traceback
+    outside the harness, the standard library and installed packages (the learner's code,
+    else the test), or ""."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename.startswith("<"):
+            continue
+        path = Path(frame.filename).resolve()
+        if _HARNESS in path.parents or any(lib in path.parents for lib in _LIBRARIES):
+            continue
+        line = f": {frame.line.strip()}" if frame.line and frame.line.strip() else ""
+        return f"{path.name}:{frame.lineno} in {frame.name}{line}"
+    return ""
+
+
+def failure_detail(exc: BaseException, kind: str) -> str:
+    """The report's ``detail`` of a failure :func:`classify` called ``kind``: for an
+    assertion :func:`assertion_detail`; for an error where it was raised (a syntax error:
+    the offending line); "" for a stub's NotImplementedError. At most DETAIL_CHARS."""
+    if kind == "not_implemented":
+        return ""
+    focus = exc
+    if isinstance(exc, BaseExceptionGroup):  # what classify read the message from
+        leaves = [e for e in _walk(exc) if not isinstance(e, BaseExceptionGroup)]
+        if leaves:
+            focus = leaves[0]
+    if kind == "assertion":
+        detail = assertion_detail(str(focus))
+    elif isinstance(focus, SyntaxError):
+        detail = " ".join((focus.text or "").split())
+    else:
+        where = _learners_frame(focus)
+        detail = where if focus is exc else f"{type(focus).__name__}: {focus} — {where}"
+    if len(detail) > DETAIL_CHARS:
+        detail = detail[: DETAIL_CHARS - 1] + "…"
+    return detail
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -269,9 +380,13 @@ def pytest_runtest_makereport(
         kind, message = classify(call.excinfo.value)
         if kind == "not_implemented":
             report.longrepr = message  # one clear line instead of a traceback wall
+        detail = failure_detail(call.excinfo.value, kind)
         record[item.nodeid] = {"outcome": "failed", "kind": kind, "message": message}
+        record[item.nodeid]["detail"] = detail
     elif call.when == "call" or (report.skipped and item.nodeid not in record):
-        record.setdefault(item.nodeid, {"outcome": report.outcome, "kind": None, "message": ""})
+        record.setdefault(
+            item.nodeid, {"outcome": report.outcome, "kind": None, "message": "", "detail": ""}
+        )
     return report
 
 
