@@ -6,16 +6,20 @@ so these checks do not depend on the rate limiter's prompt or suites being writt
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import _support
 import pytest
 from _support import calc_project, private_state, write
 
 from katas._kit import catalog as cat
+from katas._kit import cli
 from katas._kit.cli import main, markdown_sections
+from katas._kit.suites import SuiteRun, run_suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,6 +129,8 @@ def kata_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
             "README.md": CALC_README,
             "stage1.py": CALC_STAGE1,
             "test_stage1.py": CALC_SUITE,
+            "INTERVIEWER.md": "# Calculator\n\n## Stage 1\n\n### Read aloud\n\nAdd.\n",
+            "bench_stage1.py": "def test_bench_stage1_nothing():\n    pass\n",
         },
         solution=CALC_SOLUTION,
     )
@@ -377,3 +383,107 @@ def test_cli_test_rejected_pytest_arguments_are_one_line(
     assert main(["test", "calc", "1", "--", "--no-such-pytest-option"]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "pytest rejected the arguments after --" in line and "--no-such-pytest-option" in line
+
+
+# --- test: one-line errors, and a Details command that reruns the same selection -------------
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "expected"),
+    [
+        *(
+            (
+                {"KATA_PROFILE": "bogus"},
+                [command, "calc", "1"],
+                "KATA_PROFILE must be one of dev, ci, thorough, mutant, got 'bogus'",
+            )
+            for command in ("test", "pair", "bench")
+        ),
+        ({}, ["test", "calc", "1", "--impl=solution"], "--impl must be 'katas', 'solutions' or"),
+        ({"KATA_IMPL": "/nope"}, ["test", "calc", "1"], "got '/nope'"),
+        ({"KATA_IMPL": "/nope"}, ["pair", "calc", "1"], "got '/nope'"),
+    ],
+)
+def test_cli_bad_environment_is_one_line_and_exit_2(
+    kata_root: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    argv: list[str],
+    expected: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    line = _one_error_line(captured.err)
+    assert line.startswith(f"kata {argv[0]}: error: ") and expected in line, line
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("command", ["test", "pair"])
+def test_cli_a_deleted_stage_file_is_one_line_pointing_at_reset(
+    kata_root: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    (kata_root / "calc" / "stage1.py").unlink()
+    assert main([command, "calc", "1"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "calc/stage1.py does not exist (your stage file)" in line, line
+    assert line.endswith("restore the stub with: kata reset calc 1"), line
+    reference = str(kata_root.parent / "solutions")
+    assert main(["test", "calc", "1", "--impl", reference, "--", "-k", "add"]) == 0  # not yours
+
+
+@pytest.mark.parametrize(
+    ("options", "shown"),
+    [
+        (
+            ["--base", "reference", "--core"],
+            "kata test calc 1 --base reference --core -v -- -k test_stage1_mul",
+        ),
+        (
+            ["--impl", "IMPL", "--thorough", "--", "--tb=short", "-k", "mul or sub"],
+            "kata test calc 1 --impl IMPL --thorough -v -- --tb=short -k 'mul or sub' "
+            "-k test_stage1_mul",
+        ),
+    ],
+)
+def test_cli_test_details_command_reruns_the_same_selection(
+    kata_root: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    options: list[str],
+    shown: str,
+) -> None:
+    wrong_mul = CALC_SOLUTION.replace("return a * b", "return a + b")
+    write(kata_root / "calc" / "stage1.py", wrong_mul)  # the learner's copy
+    impl = kata_root.parent / "mine"  # and another one, laid out like solutions/
+    write(impl / "calc" / "__init__.py", "")
+    write(impl / "calc" / "stage1.py", wrong_mul)
+    options = [str(impl) if o == "IMPL" else o for o in options]
+    calls: list[tuple[dict[str, Any], SuiteRun]] = []
+
+    def recording_run_suite(suite: Path, **kwargs: Any) -> SuiteRun:
+        result = run_suite(suite, **kwargs)
+        calls.append((kwargs, result))
+        return result
+
+    monkeypatch.setattr(cli, "run_suite", recording_run_suite)
+    assert main(["test", "calc", "1", *options]) == 1
+    out = capsys.readouterr().out
+    details = next(ln for ln in out.splitlines() if ln.startswith("Details: "))
+    assert details == f"Details: {shown.replace('IMPL', str(impl))}", details
+
+    argv = shlex.split(details.removeprefix("Details: "))
+    assert argv[0] == "kata"
+    assert main(argv[1:]) == 1
+    (first, first_run), (again, again_run) = calls
+    for option in ("impl", "base", "core_only", "thorough"):
+        assert again[option] == first[option], option
+    assert again["pytest_args"] == [*first["pytest_args"], "-k", "test_stage1_mul"]
+    assert again["live"] is True
+    # the same tests, narrowed to the failure (-k matches names containing it)
+    assert {r.nodeid for r in again_run.results} == {
+        r.nodeid for r in first_run.results if "test_stage1_mul" in r.name
+    }
+    assert "test_stage1_mul" in {r.name for r in again_run.results}

@@ -15,6 +15,7 @@ could not run, 2 bad input (including an unusable state file), 130 interrupted.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -35,11 +36,13 @@ from katas._kit.cliutil import (
     UserError,
     add_kata,
     add_kata_stage,
+    check_profile,
     is_learners_code,
     markdown_sections,
     print_summary,
     read_text,
     record_run,
+    stage_file_or_error,
     stage_number,
     stage_prompt,
     suite_or_error,
@@ -163,6 +166,17 @@ def run_show(args: argparse.Namespace, ctx: Context) -> int:
 # --- kata test ---------------------------------------------------------------------------
 
 
+def rerun_argv(args: argparse.Namespace, kata: Kata, stage: Stage) -> list[str]:
+    """``kata test`` with the options that chose what a run tested (impl, base, core, thorough)."""
+    argv = ["kata", "test", kata.name, str(stage.number)]
+    if args.impl:
+        argv += ["--impl", args.impl]
+    if args.base:
+        argv += ["--base", args.base]
+    argv += ["--core"] * args.core + ["--thorough"] * args.thorough
+    return argv
+
+
 def run_test(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
@@ -170,7 +184,11 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
         impl = resolve_impl(args.impl, ctx.catalog.root)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if not args.thorough:  # --thorough sets the profile itself
+        check_profile()
     suite = suite_or_error(kata, stage)
+    if is_learners_code(args.impl):
+        stage_file_or_error(kata, stage)
     with ExitStack() as stack:
         if not args.verbose:  # pytest's output is kept for the summary; show that it runs
             stack.enter_context(ctx.out.status(f"Running {kata.name} stage {stage.number}…"))
@@ -185,7 +203,6 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
             cache=True,  # the learner's own runs: `-- --lf` reruns what failed last
             timeout_s=None,
         )
-    rerun = f"kata test {kata.name} {stage.number}" + (f" --impl {args.impl}" if args.impl else "")
     if result.returncode == 4:  # pytest's usage error: bad pass-through arguments
         errors = [
             ln.split("error:", 1)[-1].strip() for ln in result.output.splitlines() if "error:" in ln
@@ -207,17 +224,22 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
         return 1
     notes = [
         f"impl {args.impl}" if args.impl else "",
+        f"base {args.base}" if args.base else "",
         "core" if args.core else "",
         "thorough" if args.thorough else "",
     ]
+    # "Details:" reruns this very selection, verbosely, for the first failure. The summary
+    # appends "-v -- -k TEST" to the command, so with arguments after -- it is built here.
+    rerun = rerun_argv(args, kata, stage)
+    plain = not args.verbose and not ctx.passthrough
+    notes = [n for n in notes if n]
     print_summary(
-        ctx.out,
-        result,
-        kata,
-        stage,
-        notes=[n for n in notes if n],
-        rerun=None if args.verbose else rerun,
+        ctx.out, result, kata, stage, notes=notes, rerun=shlex.join(rerun) if plain else None
     )
+    detailed = result.failures("assertion") + result.failures("error")
+    if detailed and ctx.passthrough and not args.verbose:
+        details = shlex.join([*rerun, "-v", "--", *ctx.passthrough, "-k", detailed[0].name])
+        ctx.out.print(f"Details: {details}", style="dim", highlight=False, soft_wrap=True)
     if result.returncode not in (0, 1) and result.output:  # e.g. a collection error
         ctx.out.print(Text(result.output.rstrip()))
     if is_learners_code(args.impl) and not ctx.passthrough and not args.base:

@@ -27,9 +27,11 @@ from katas._kit.cliutil import (
     Command,
     Context,
     UserError,
+    check_profile,
     is_learners_code,
     print_summary,
     read_text,
+    stage_file_or_error,
     suite_or_error,
 )
 from katas._kit.clock import NS_PER_S
@@ -114,6 +116,9 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     suite = suite_or_error(kata, stage)
     text = read_text(kata.interviewer, f"the interviewer notes of {kata.name}")
     impl = learners_impl(ctx)
+    check_profile()
+    if is_learners_code(None):
+        stage_file_or_error(kata, stage)
     state = ctx.state()  # an unusable state file stops us before the session starts
     minutes = args.minutes if args.minutes is not None else stage.timebox_minutes
     timebox_ns = int(minutes * NS_PER_MIN)

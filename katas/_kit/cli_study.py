@@ -27,6 +27,7 @@ from katas._kit.cliutil import (
     Context,
     UserError,
     add_kata_stage,
+    check_profile,
     print_summary,
     read_text,
 )
@@ -259,6 +260,7 @@ def run_bench(args: argparse.Namespace, ctx: Context) -> int:
         impl = resolve_impl(args.impl, ctx.catalog.root)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    check_profile()
     with ExitStack() as stack:
         if not args.verbose:
             stack.enter_context(ctx.out.status(f"Benchmarking {kata.name} stage {stage.number}…"))

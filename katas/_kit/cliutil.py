@@ -1,5 +1,5 @@
 """What the ``kata`` subcommands share: the context, bad-input errors, reading a kata's files,
-and the learner's summary of a suite run.
+the checks before a run, and the learner's summary of a suite run.
 
 Split out of :mod:`katas._kit.cli` so that the command modules (``cli_start``, ``cli_pair``,
 ``cli_study``) and the command table can import it without importing each other.
@@ -20,7 +20,7 @@ from rich.text import Text
 
 from katas._kit.catalog import Catalog, Kata, Stage, display_path
 from katas._kit.clock import MonotonicClock
-from katas._kit.impl import ENV_IMPL, NOT_IMPLEMENTED
+from katas._kit.impl import ENV_IMPL, NOT_IMPLEMENTED, profile_name
 from katas._kit.notes import is_section, sections
 from katas._kit.practice import Clock
 from katas._kit.state import State, StateStore
@@ -189,6 +189,25 @@ def print_summary(
             highlight=False,
             soft_wrap=True,
         )
+
+
+def stage_file_or_error(kata: Kata, stage: Stage) -> Path:
+    """The learner's stage file, or a :class:`UserError` saying how to get the stub back."""
+    path = kata.stub_path(stage)
+    if not path.is_file():
+        raise UserError(
+            f"{display_path(path)} does not exist (your stage file); "
+            f"restore the stub with: kata reset {kata.name} {stage.number}"
+        )
+    return path
+
+
+def check_profile() -> str:
+    """``KATA_PROFILE``'s hypothesis profile, or a :class:`UserError` naming the valid ones."""
+    try:
+        return profile_name()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def suite_or_error(kata: Kata, stage: Stage) -> Path:

@@ -53,6 +53,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="earlier stages: the tested implementation's own (default) or the reference's",
     )
     group.addoption("--kata-report", default=None, help="write per-test outcomes as JSON here")
+    group.addoption(
+        "--kata-collected",
+        default=None,
+        help="write each collected kata test's kata, stage, part and rules as JSON here",
+    )
 
 
 MARKERS = (
@@ -60,6 +65,7 @@ MARKERS = (
     "core: the part of a stage a strong candidate finishes within the timebox",
     "extended: the part of a stage that deepens the kata beyond the timebox",
     "realtime: waits for real Redis expiry (short, bounded)",
+    "rule(*ids): the rules of the stage's prompt this test checks (§id in the kata README)",
 )
 
 
@@ -301,9 +307,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         )
 
 
+def _collected(items: list[pytest.Item]) -> dict[str, dict[str, Any]]:
+    """``{nodeid: {kata, stage, part, rules}}`` of the kata tests among ``items``."""
+    found: dict[str, dict[str, Any]] = {}
+    for item in items:
+        stage = item.get_closest_marker("stage")
+        if stage is None:
+            continue
+        found[item.nodeid] = {
+            "kata": item.path.parent.name,
+            "stage": int(stage.args[0]),
+            "part": "core" if item.get_closest_marker("core") else "extended",
+            "rules": sorted({str(a) for m in item.iter_markers("rule") for a in m.args}),
+        }
+    return found
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """``--base=reference`` covers one stage: checked on what ``-k``/``-m`` kept, so
     ``pytest katas/K -k "stage2 and core" --base=reference`` runs as the README says."""
+    path = session.config.getoption("--kata-collected")
+    if path:
+        Path(path).write_text(json.dumps(_collected(session.items), indent=1))
     selection = session.config.stash[_selection_key]
     stages = {m.args[0] for item in session.items if (m := item.get_closest_marker("stage"))}
     if selection.base == "reference" and len(stages) > 1:
