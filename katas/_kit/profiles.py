@@ -146,5 +146,12 @@ def load() -> str:
 for _name in PROFILES:  # impl.PROFILES (what the CLI validates against) names only these
     settings.get_profile(_name)
 
-#: For tests that start processes or servers: at most this many examples.
+#: For tests that start processes or servers: at most this many examples (dev and ci).
 HEAVY_EXAMPLES = 10
+
+
+def heavy_examples() -> int:
+    """Examples for a test that starts processes or servers, under the loaded profile:
+    :data:`HEAVY_EXAMPLES`, and a tenth of the profile's own under ``thorough`` (100)."""
+    ordinary = settings().max_examples
+    return min(ordinary, max(HEAVY_EXAMPLES, ordinary // 10))
