@@ -188,3 +188,13 @@ def calc_project(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "200")
     return root
+
+
+def git(cwd: Path, *args: str) -> None:
+    """Run git in ``cwd`` with a throwaway identity (checks that need a history)."""
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+    )

@@ -6,9 +6,14 @@ so these checks do not depend on the rate limiter's prompt or suites being writt
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,8 @@ from _support import calc_project, private_state, write
 from katas._kit import catalog as cat
 from katas._kit import cli
 from katas._kit.cli import main, markdown_sections
+from katas._kit.cliutil import shorten
+from katas._kit.state import StateStore
 from katas._kit.suites import SuiteRun, run_suite
 
 REPO = Path(__file__).resolve().parents[1]
@@ -181,15 +188,14 @@ def test_cli_list_shows_rate_limiter_stages_and_timeboxes(
     monkeypatch.setenv("COLUMNS", "200")
     monkeypatch.chdir(REPO)
     assert main(["list"]) == 0
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if " min " in f"{line} "]
-    first = next(i for i, row in enumerate(rows) if row.split()[0] == "rate_limiter")
-    mine = rows[first : first + 3]
-    assert [row.split("rate_limiter")[-1].split()[0] for row in mine] == ["1", "2", "3"], out
-    assert "Single-threaded" in mine[0] and "Concurrent" in mine[1], out
-    assert "Distributed" in mine[2], out
-    assert [row.split(" min")[0].split()[-1] for row in mine] == ["45", "45", "60"], out
-    assert "TokenBucket, SlidingLog" in out
+    lines = capsys.readouterr().out.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.split()[:1] == ["rate_limiter"])
+    mine = lines[first + 1 : first + 4]
+    assert [row.split()[0].lstrip("▸") for row in mine] == ["1", "2", "3"], lines
+    assert "Single-threaded" in mine[0] and "Concurrent" in mine[1], mine
+    assert "Distributed" in mine[2], mine
+    assert [row.split(" min")[0].split()[-1] for row in mine] == ["45", "45", "60"], mine
+    assert "TokenBucket, SlidingLog" in mine[0]  # the core part, in the wide layout
 
 
 def test_cli_default_root_is_the_checkout_around_the_working_directory(
@@ -385,6 +391,210 @@ def test_cli_test_rejected_pytest_arguments_are_one_line(
     assert "pytest rejected the arguments after --" in line and "--no-such-pytest-option" in line
 
 
+# --- where am I: `kata` and `kata list` ------------------------------------------------------
+
+STAGE_ROW = re.compile(r"^\s*▸?\d+\s\s")
+
+
+def _real_catalogue(monkeypatch: pytest.MonkeyPatch, columns: int = 80) -> list[cat.Kata]:
+    monkeypatch.delenv(cat.ENV_ROOT, raising=False)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.chdir(REPO)
+    return cat.Catalog(REPO / "katas").katas()
+
+
+def _record(kata: str, stage: int, ok: bool, at: float, passed: int = 3, total: int = 3) -> None:
+    with StateStore().update() as state:
+        state.record_result(kata, stage, ok=ok, passed=passed if ok else 1, total=total, at=at)
+
+
+def _overview(capsys: pytest.CaptureFixture[str], argv: list[str], stages: int) -> list[str]:
+    """What ``kata``/``kata list`` printed, checked to fit 80 columns with a line per stage."""
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    too_long = [line for line in lines if len(line) > 80]
+    assert not too_long, "\n".join(too_long)
+    rows = [line for line in lines if STAGE_ROW.match(line)]
+    assert len(rows) == stages, "\n".join(lines)
+    assert all(" min " in row and row.rstrip()[-1].isdigit() for row in rows), rows
+    return lines
+
+
+def test_cli_overview_for_a_newcomer_fits_80_columns(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    katas = _real_catalogue(monkeypatch)
+    stages = sum(len(k.stages) for k in katas)
+    first = katas[0]
+    lines = _overview(capsys, ["list"], stages)
+    assert len(lines) <= stages + len(katas) + 6, "\n".join(lines)  # fits a 24-line terminal
+    text = "\n".join(lines)
+    assert f"0 of {stages} stages green" in text and "new here" in text, text
+    assert f"Next: kata show {first.name} 1, then kata start {first.name} 1" in text, text
+    assert next(ln for ln in lines if STAGE_ROW.match(ln)).lstrip().startswith("▸1"), text
+    for kata in katas:
+        assert kata.name in [ln.strip() for ln in lines], text  # a line of its own
+    assert "kata --help" not in text
+
+    bare = _overview(capsys, [], stages)  # `kata` alone: the same, and where the rest is
+    assert bare[: len(lines)] == lines
+    assert bare[len(lines) :] == ["Every command: kata --help"], bare
+
+
+def test_cli_overview_mid_stage_names_the_stage_in_progress_and_the_next_command(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    katas = _real_catalogue(monkeypatch)
+    stages = sum(len(k.stages) for k in katas)
+    one, two = katas[0].name, katas[1].name
+    _record(one, 1, ok=True, at=100)
+    _record(two, 1, ok=False, at=150, total=9)  # an older failing run elsewhere
+    _record(one, 2, ok=False, at=200, total=9)
+    text = "\n".join(_overview(capsys, ["list"], stages))
+    assert f"1 of {stages} stages green · in progress: {one} 2 (failing, 1/9 passed)" in text
+    assert f"Next: kata start {one} 2 · core: {katas[0].stages[1].core[:20]}" in text, text
+    marked = [ln for ln in text.splitlines() if "▸" in ln]
+    assert len(marked) == 1 and marked[0].lstrip().startswith("▸2"), text
+
+    _record(one, 2, ok=True, at=300)  # green now: the other failing stage is in progress
+    text = "\n".join(_overview(capsys, ["list"], stages))
+    assert f"2 of {stages} stages green · in progress: {two} 1 (failing" in text, text
+    _record(two, 1, ok=True, at=400)  # nothing failing: the stage after the last green one
+    text = "\n".join(_overview(capsys, ["list"], stages))
+    assert f"3 of {stages} stages green · next: {two} 2" in text, text
+    assert f"Next: kata show {two} 2, then kata start {two} 2" in text, text
+
+
+def test_cli_overview_when_everything_is_green(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    katas = _real_catalogue(monkeypatch)
+    stages = [(k.name, s.number) for k in katas for s in k.stages]
+    with StateStore().update() as state:
+        for index, (kata, stage) in enumerate(stages):
+            state.record_result(kata, stage, ok=True, passed=3, total=3, at=float(index))
+            seconds = 300.0 if (kata, stage) == stages[-2] else 60.0
+            state.attempts.append(_green_attempt(kata, stage, seconds))
+    text = "\n".join(_overview(capsys, ["list"], len(stages)))
+    assert f"{len(stages)} of {len(stages)} stages green — all done" in text, text
+    kata, stage = stages[-2]  # the slowest best time
+    assert f"Next: kata start {kata} {stage} (beat your slowest best, 05:00)" in text, text
+
+
+def _green_attempt(kata: str, stage: int, seconds: float) -> dict[str, object]:
+    return {
+        "kata": kata,
+        "stage": stage,
+        "mode": "solo",
+        "started": 1_000.0,
+        "seconds": seconds,
+        "timebox_minutes": 45,
+        "green_seconds": seconds,
+        "result": "green",
+        "passed": 2,
+        "total": 2,
+        "learners_code": True,
+    }
+
+
+@pytest.mark.parametrize("columns", [60, 100, 120, 200])
+def test_cli_list_fits_any_width_with_one_line_per_stage(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    katas = _real_catalogue(monkeypatch, columns)
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert max(len(line) for line in lines) <= columns, "\n".join(lines)
+    assert len([ln for ln in lines if STAGE_ROW.match(ln)]) == sum(len(k.stages) for k in katas)
+    assert ("core part" in lines[0]) == (columns >= 120), lines[0]
+
+
+def test_cli_shorten_cuts_titles_at_words() -> None:
+    assert shorten("Add and multiply", 16) == "Add and multiply"
+    title = "Single-threaded: token bucket and sliding log"
+    assert shorten(title, 39) == "Single-threaded: token bucket…"  # not "… and…"
+    assert shorten("Concurrent: single-flight loading, user code outside the lock", 39) == (
+        "Concurrent: single-flight loading…"
+    )
+    assert shorten("Concurrent: worker pools, heartbeats, graceful shutdown", 37) == (
+        "Concurrent: worker pools, heartbeats…"
+    )
+    assert len(shorten(title, 5)) <= 5 and shorten(title, 0) == ""
+
+
+# --- status: what the learner's code does now, after a reset too -----------------------------
+
+
+def _row(capsys: pytest.CaptureFixture[str], title: str = "Add and multiply") -> str:
+    capsys.readouterr()
+    assert main(["list"]) == 0
+    return next(ln for ln in capsys.readouterr().out.splitlines() if title in ln)
+
+
+def test_cli_reset_makes_the_status_reset_and_keeps_the_history(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    project = kata_root.parent
+    _support.git(project, "init", "-q")
+    _support.git(project, "add", "-A")
+    _support.git(project, "commit", "-qm", "the kata")
+    stage1 = kata_root / "calc" / "stage1.py"
+    write(stage1, CALC_SOLUTION)
+    with StateStore().update() as state:  # an earlier timed attempt went green in 01:30
+        state.attempts.append(_green_attempt("calc", 1, 90.0))
+    assert main(["test", "calc", "1"]) == 0
+    row = _row(capsys)
+    assert "passed" in row and "01:30" in row and row.rstrip().endswith("1"), row
+
+    assert main(["reset", "calc", "1", "--yes"], wall=lambda: 2_000.0) == 0
+    assert stage1.read_text() == CALC_STAGE1
+    row = _row(capsys)
+    assert "reset" in row and "passed" not in row, row
+    assert "01:30" in row and row.rstrip().endswith("1"), row  # the history is kept
+    assert "0 of 2 stages green · in progress: calc 1 (reset to the stub)" in _status(capsys)
+    assert main(["reveal", "calc", "1"]) == 0  # it did pass once: the reference is unlocked
+    capsys.readouterr()
+
+    assert main(["test", "calc", "1"]) == 1  # the next run says what the code does now
+    row = _row(capsys)
+    assert "failing" in row and "01:30" in row, row
+
+
+def _status(capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["list"]) == 0
+    return capsys.readouterr().out
+
+
+def test_cli_a_version_1_state_file_still_loads(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written by the command before "reset" existed: status came from ever_passed."""
+    path = Path(StateStore().path)
+    old = {
+        "version": 1,
+        "attempts": [_green_attempt("calc", 1, 90.0)],
+        "hints": {"calc/1": 1},
+        "results": {
+            "calc/1": {"ever_passed": True, "last_ok": False, "passed": 1, "total": 6, "at": 5.0},
+            "calc/2": {"ever_passed": False, "last_ok": False, "passed": 0, "total": 1, "at": 6.0},
+        },
+    }
+    write(path, json.dumps(old))
+    row = _row(capsys)
+    assert "failing" in row and "01:30" in row, row  # what the code does now; best kept
+    assert "failing" in _row(capsys, "Everything at once")
+    assert main(["reveal", "calc", "1"]) == 0  # it passed once
+    capsys.readouterr()
+    state = StateStore().load()
+    assert state.passed("calc", 1) and not state.green("calc", 1)
+    state.record_reset("calc", 1, at=7.0)
+    state.record_reset("calc", 3, at=7.0)  # no history: stays "not started"
+    assert state.status("calc", 1) == "reset" and state.status("calc", 3) == "not started"
+    assert state.passed("calc", 1) and state.best_seconds("calc", 1) == 90.0
+    state.record_result("calc", 1, ok=True, passed=6, total=6, at=8.0)
+    assert state.status("calc", 1) == "passed"
+
+
 # --- test: one-line errors, and a Details command that reruns the same selection -------------
 
 
@@ -487,3 +697,46 @@ def test_cli_test_details_command_reruns_the_same_selection(
         r.nodeid for r in first_run.results if "test_stage1_mul" in r.name
     }
     assert "test_stage1_mul" in {r.name for r in again_run.results}
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
+def test_cli_list_in_an_80_column_terminal(tmp_path: Path) -> None:
+    """``kata list`` in a real 80×24 terminal: nothing wraps, and "Next:" is on screen."""
+    socket = f"kata-list-{os.getpid()}"
+    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
+    script = Path(sys.executable).with_name("kata")
+    kata = str(script) if script.exists() else f"{sys.executable} -m katas._kit.cli"
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "TERM": "xterm-256color",
+        "XDG_STATE_HOME": str(tmp_path / "xdg-state"),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+    }
+    assignments = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    command = f"cd {shlex.quote(str(REPO))} && env -u COLUMNS {assignments} {kata} list; "
+    command += "echo KATA_EXIT=$?; sleep 30"
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "kata", "-x", "80", "-y", "24", command], check=True
+    )
+    try:
+        deadline = time.monotonic() + 20
+        screen = ""
+        while time.monotonic() < deadline and "KATA_EXIT=" not in screen:
+            time.sleep(0.1)
+            shown = subprocess.run(
+                [*tmux, "capture-pane", "-p", "-J", "-t", "kata"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            screen = shown.stdout
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, check=False)
+    assert "KATA_EXIT=0" in screen, screen
+    lines = screen.rstrip().splitlines()
+    assert max(len(line) for line in lines) <= 80, screen  # -J: a wrapped line would be joined
+    stages = sum(len(k.stages) for k in cat.Catalog(REPO / "katas").katas())
+    assert len([ln for ln in lines if STAGE_ROW.match(ln)]) == stages, screen
+    assert lines[0].split()[:2] == ["#", "stage"], screen  # the header is still on screen
+    assert any(ln.startswith("Next: kata show ") for ln in lines), screen

@@ -20,6 +20,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import NoReturn
 
 from rich import box
@@ -42,6 +43,7 @@ from katas._kit.cliutil import (
     print_summary,
     read_text,
     record_run,
+    shorten,
     stage_file_or_error,
     stage_number,
     stage_prompt,
@@ -50,7 +52,7 @@ from katas._kit.cliutil import (
 from katas._kit.clock import NS_PER_S
 from katas._kit.impl import ENV_IMPL, ENV_PROFILE
 from katas._kit.practice import Clock, clock_text
-from katas._kit.state import ENV_STATE_DIR, State, StateError, StateStore
+from katas._kit.state import ENV_STATE_DIR, State, StateError, StateStore, stage_key
 from katas._kit.suites import resolve_impl, run_suite
 from katas._kit.terminal import Terminal
 
@@ -65,82 +67,197 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-# --- kata list ---------------------------------------------------------------------------
+# --- kata list: the catalogue and where the learner is -----------------------------------
 
-#: An extra ``kata list`` column: a header and the cell for one stage (status, best time …).
-StageColumn = tuple[str, Callable[[Kata, Stage], str]]
+#: The terminal width from which ``kata list`` also shows each stage's core part.
+WIDE = 120
+#: The least room the core part gets in the wide layout (before the titles get all they want).
+CORE_MIN = 40
+_GAP = 2  # spaces between columns
+_STATUS_STYLE = {"passed": "green", "failing": "red", "reset": "yellow", "not started": "dim"}
+
+
+def _best_text(state: State, kata: Kata, stage: Stage) -> str:
+    seconds = state.best_seconds(kata.name, stage.number)
+    return "—" if seconds is None else clock_text(int(seconds * NS_PER_S))
 
 
 def catalog_table(
-    katas: Sequence[Kata], extra_columns: Sequence[StageColumn] = (), *, width: int = 200
+    katas: Sequence[Kata],
+    state: State,
+    *,
+    width: int = 80,
+    mark: tuple[str, int] | None = None,
 ) -> Table:
-    """One row per kata stage: title, timebox, core part (and any ``extra_columns``).
+    """One line per kata stage: number, title, timebox, your status, best time, attempts.
 
-    On a terminal narrower than :data:`WIDE` columns the core part is left out, so the
-    other columns stay readable (``kata show`` prints it).
+    Each kata starts with a line of its name (and, when wide, its summary). From
+    :data:`WIDE` columns the stage's core part is a column too. Titles and core parts are
+    shortened to fit ``width`` (``kata show`` prints them whole). ``mark`` (kata, stage),
+    the stage in progress or the next one, gets a "▸".
     """
     wide = width >= WIDE
-    table = Table(box=box.SIMPLE_HEAD, show_lines=False, pad_edge=False)
-    table.add_column("kata", style="bold", no_wrap=True)
-    table.add_column("stage", justify="right", no_wrap=True)
-    table.add_column("title", ratio=1)
-    table.add_column("timebox", justify="right", no_wrap=True)
-    if wide:
-        table.add_column("core part", ratio=2)
-    for header, _ in extra_columns:
-        table.add_column(header, no_wrap=True)
+    rows: list[list[str]] = []  # number, title, timebox, [core,] status, best, attempts
     for kata in katas:
         for stage in kata.stages:
-            first = stage.number == 1
-            last = stage is kata.stages[-1]
-            table.add_row(
-                kata.name if first else "",
-                str(stage.number),
-                stage.title,
-                f"{stage.timebox_minutes} min",
-                *([stage.core] if wide else []),
-                *(cell(kata, stage) for _, cell in extra_columns),
-                end_section=last,
+            number = ("▸" if mark == (kata.name, stage.number) else "") + str(stage.number)
+            rows.append(
+                [
+                    number,
+                    stage.title,
+                    f"{stage.timebox_minutes} min",
+                    *([stage.core] if wide else []),
+                    state.status(kata.name, stage.number),
+                    _best_text(state, kata, stage),
+                    str(len(state.attempts_of(kata.name, stage.number))),
+                ]
             )
+    headers = ["#", "stage", "time", *(["core part"] if wide else []), "status", "best", "attempts"]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    fixed = [i for i in range(len(headers)) if headers[i] not in ("stage", "core part")]
+    room = max(10, width - sum(widths[i] for i in fixed) - _GAP * (len(headers) - 1))
+    title_width = min(widths[1], max(room - CORE_MIN, room // 2)) if wide else room
+    core_width = room - title_width
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for header in headers:
+        table.add_column(
+            header,
+            justify="right" if header in ("#", "time", "best", "attempts") else "left",
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+    rows_iter = iter(rows)
+    for kata in katas:
+        about = [Text(shorten(kata.summary, core_width), style="dim")] if wide else []
+        table.add_row("", Text(kata.name, style="bold"), "", *about, "", "", "")
+        for _ in kata.stages:
+            row = next(rows_iter)
+            cells: list[str | Text] = [row[0], shorten(row[1], title_width), row[2]]
+            if wide:
+                cells.append(Text(shorten(row[3], core_width), style="dim"))
+            status = row[-3]
+            cells += [Text(status, style=_STATUS_STYLE.get(status, "")), row[-2], row[-1]]
+            table.add_row(*cells)
     return table
 
 
-#: The terminal width from which ``kata list`` also shows each stage's core part.
-WIDE = 140
+@dataclass(frozen=True)
+class WhereAmI:
+    """The learner's position: stages green, the stage in progress, what to run next."""
 
-_STATUS_STYLE = {"passed": "green", "failing": "red", "not started": "dim"}
+    summary: str  # "3 of 9 stages green · in progress: rate_limiter 2 (failing, 4/9 passed)"
+    command: str  # "kata start rate_limiter 2"
+    why: str  # what follows the command on its line: " · core: …", ", then kata start …"
+    stage: tuple[Kata, Stage] | None  # the stage in progress, or the one to do next
 
 
-def progress_columns(state: State) -> list[StageColumn]:
-    """``kata list``'s status, best time to green and number of attempts per stage."""
+def where_am_i(katas: Sequence[Kata], state: State) -> WhereAmI:
+    """Where the learner is, from the recorded progress.
 
-    def status(kata: Kata, stage: Stage) -> str:
-        text = state.status(kata.name, stage.number)
-        return f"[{_STATUS_STYLE[text]}]{text}[/]"
+    The stage in progress is the one worked on last (a run, an attempt, a reset) that is
+    not green now: carry on with it. Without one, the next stage is the one after the
+    stage that went green last, else the first one not green: read its prompt, then time
+    yourself. Once everything is green: a timed attempt at the stage never timed, or the
+    slowest one.
+    """
+    stages = [(kata, stage) for kata in katas for stage in kata.stages]
+    if not stages:
+        return WhereAmI("no stages yet", "kata --help", "", None)
+    green = [state.green(k.name, s.number) for k, s in stages]
+    head = f"{sum(green)} of {len(stages)} stages green"
+    when = [state.last_activity(k.name, s.number) for k, s in stages]
+    # the stages worked on, the latest first (on a tie, the earlier stage first)
+    touched = sorted(
+        (i for i in range(len(stages)) if when[i] is not None),
+        key=lambda i: (when[i], -i),
+        reverse=True,
+    )
+    in_progress = [i for i in touched if not green[i]]
+    if in_progress:
+        kata, stage = stages[in_progress[0]]
+        return WhereAmI(
+            f"{head} · in progress: {kata.name} {stage.number} ({_how_far(state, kata, stage)})",
+            f"kata start {kata.name} {stage.number}",
+            f" · core: {stage.core}",
+            (kata, stage),
+        )
+    if all(green):
+        timed = [(state.best_seconds(k.name, s.number), i) for i, (k, s) in enumerate(stages)]
+        never = [i for seconds, i in timed if seconds is None]
+        index = never[0] if never else max(timed, key=lambda t: t[0] or 0.0)[1]
+        kata, stage = stages[index]
+        best = _best_text(state, kata, stage)
+        return WhereAmI(
+            f"{head} — all done. With a friend: kata pair KATA STAGE",
+            f"kata start {kata.name} {stage.number}",
+            " (green, never timed)" if never else f" (beat your slowest best, {best})",
+            (kata, stage),
+        )
+    index = green.index(False)
+    last_green = [i for i in touched if green[i]][:1]
+    if last_green and last_green[0] + 1 < len(stages):
+        after = last_green[0] + 1
+        if stages[after][0] is stages[after - 1][0] and not green[after]:
+            index = after  # the next stage of the kata that went green last
+    kata, stage = stages[index]
+    newcomer = not touched and not state.attempts
+    return WhereAmI(
+        f"{head} · new here: begin with the first stage's prompt"
+        if newcomer
+        else f"{head} · next: {kata.name} {stage.number}",
+        f"kata show {kata.name} {stage.number}",
+        f", then kata start {kata.name} {stage.number} ({stage.timebox_minutes} min)",
+        (kata, stage),
+    )
 
-    def best(kata: Kata, stage: Stage) -> str:
-        seconds = state.best_seconds(kata.name, stage.number)
-        return "—" if seconds is None else clock_text(int(seconds * NS_PER_S))
 
-    def attempts(kata: Kata, stage: Stage) -> str:
-        return str(len(state.attempts_of(kata.name, stage.number)))
+def _how_far(state: State, kata: Kata, stage: Stage) -> str:
+    """``failing, 4/9 passed`` or ``reset to the stub``: the state of a stage in progress."""
+    status = state.status(kata.name, stage.number)
+    if status == "reset":
+        return "reset to the stub"
+    result = state.results.get(stage_key(kata.name, stage.number), {})
+    passed, total = result.get("passed"), result.get("total")
+    if isinstance(passed, int) and isinstance(total, int) and total:
+        return f"{status}, {passed}/{total} passed"
+    return status
 
-    return [("status", status), ("best", best), ("attempts", attempts)]
+
+def print_where_am_i(ctx: Context, katas: Sequence[Kata], state: State) -> WhereAmI:
+    """The catalogue table, then where the learner is and the command to run next."""
+    where = where_am_i(katas, state)
+    mark = (where.stage[0].name, where.stage[1].number) if where.stage else None
+    ctx.out.print(catalog_table(katas, state, width=ctx.out.width, mark=mark))
+    ctx.out.print()
+    _one_line(ctx, Text(where.summary, style="bold"))
+    line = Text("Next: ")
+    line.append(where.command, style="bold cyan")
+    room = ctx.out.width - len(line)
+    line.append(shorten(where.why, room) if room > 10 else "")
+    _one_line(ctx, line)
+    return where
+
+
+def _one_line(ctx: Context, text: Text | str, style: str = "") -> None:
+    """Print ``text`` on one line, shortened with "…" to the terminal's width."""
+    ctx.out.print(text, style=style, no_wrap=True, overflow="ellipsis", highlight=False)
 
 
 def run_list(args: argparse.Namespace, ctx: Context) -> int:
     katas = ctx.catalog.katas()
     if not katas:
         raise UserError(f"no katas found: no */kata.toml under {display_path(ctx.catalog.root)}")
-    state = ctx.state()
-    ctx.out.print(catalog_table(katas, progress_columns(state), width=ctx.out.width))
-    ctx.out.print(
-        "prompt: kata show KATA [STAGE] · tests: kata test KATA STAGE [--core] · "
-        "practice: kata start KATA STAGE · history: kata progress",
-        style="dim",
-        highlight=False,
-    )
+    print_where_am_i(ctx, katas, ctx.state())
+    _one_line(ctx, "Also: kata show|test|hint KATA STAGE · kata progress (your history)", "dim")
     return 0
+
+
+def run_overview(args: argparse.Namespace, ctx: Context) -> int:
+    """``kata`` alone: ``kata list``, and where to find every command."""
+    code = run_list(args, ctx)
+    ctx.out.print("Every command: kata --help", style="dim", highlight=False)
+    return code
 
 
 # --- kata show ---------------------------------------------------------------------------
@@ -388,9 +505,8 @@ def main(
         args = parser.parse_args(args_list)
     except SystemExit as exc:  # --help, or a usage error already reported in one line
         return exc.code if isinstance(exc.code, int) else 2
-    if args.command is None:
-        parser.print_help()
-        return 0
+    if args.command is None:  # where the learner is, and where the commands are
+        args.command, args.run = "list", run_overview
     if passthrough and not args.takes_passthrough:
         print(f"kata {args.command}: error: takes no arguments after --", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ import argparse
 import datetime as dt
 import difflib
 import re
+import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -35,7 +36,7 @@ from katas._kit.clock import NS_PER_S
 from katas._kit.notes import Part, hints
 from katas._kit.practice import clock_text
 from katas._kit.pristine import PristineError, pristine_stub
-from katas._kit.state import Attempt, State
+from katas._kit.state import Attempt, State, StateError
 from katas._kit.suites import resolve_impl, run_suite
 
 # --- kata hint -------------------------------------------------------------------------------
@@ -203,6 +204,7 @@ def run_reset(args: argparse.Namespace, ctx: Context) -> int:
         else:
             changes.append((path, text, commit))
     if not changes:
+        _record_reset(ctx, kata, stages)
         return 0
     names = ", ".join(display_path(p) for p, _, _ in changes)
     stamp = dt.datetime.fromtimestamp(ctx.wall()).strftime("%Y%m%d-%H%M%S")
@@ -226,7 +228,20 @@ def run_reset(args: argparse.Namespace, ctx: Context) -> int:
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(path)
         ctx.out.print(f"restored {display_path(path)} (the stub of commit {commit})")
+    _record_reset(ctx, kata, stages)
     return 0
+
+
+def _record_reset(ctx: Context, kata: Kata, stages: Sequence[Stage]) -> None:
+    """Each stage's file is the stub now: ``kata list`` says "reset" (its history stays)."""
+    try:
+        if all(ctx.state().status(kata.name, s.number) == "not started" for s in stages):
+            return  # nothing recorded, so nothing to change (and no state file to make)
+        with ctx.store.update() as state:
+            for stage in stages:
+                state.record_reset(kata.name, stage.number, at=ctx.wall())
+    except StateError as exc:
+        print(f"kata reset: warning: the progress does not show the reset: {exc}", file=sys.stderr)
 
 
 def _configure_reset(parser: argparse.ArgumentParser) -> None:
@@ -420,7 +435,9 @@ COMMANDS: tuple[Command, ...] = (
         "restore the pristine stub of a stage (or of every stage)",
         "Restore the stage file(s) to the stub as committed in git, after asking (--yes "
         "skips the question). Your version is first kept in the state directory's "
-        "archive/, so nothing you wrote is lost; your recorded progress is kept too.",
+        "archive/, so nothing you wrote is lost. The stage's status in `kata list` becomes "
+        "'reset' until its next run; its history (attempts, best time, whether it ever "
+        "passed) is kept.",
         _configure_reset,
         run_reset,
     ),

@@ -1,5 +1,5 @@
-"""What the ``kata`` subcommands share: the context, bad-input errors, reading a kata's files,
-the checks before a run, and the learner's summary of a suite run.
+"""What the ``kata`` subcommands share: the context, bad-input errors, text shortened to fit,
+reading a kata's files, the checks before a run, and the learner's summary of a suite run.
 
 Split out of :mod:`katas._kit.cli` so that the command modules (``cli_start``, ``cli_pair``,
 ``cli_study``) and the command table can import it without importing each other.
@@ -96,6 +96,38 @@ def add_kata_stage(parser: argparse.ArgumentParser, optional: bool = False) -> N
     """``KATA STAGE``: what most subcommands act on (``STAGE`` may be left out if optional)."""
     add_kata(parser)
     add_stage(parser, optional)
+
+
+# --- text that fits ----------------------------------------------------------------------
+
+#: Words a shortened title does not end on ("token bucket and…" reads as "token bucket…").
+_DANGLING = frozenset(("a", "an", "and", "at", "by", "for", "in", "of", "on", "or", "per", "the"))
+
+
+def shorten(text: str, width: int) -> str:
+    """``text`` if it fits in ``width`` characters, else cut at a word boundary with "…".
+
+    A cut after a comma is preferred when it keeps most of the room, so a title reads as
+    its first items ("Concurrent: striped locks…"), never as half a word.
+    """
+    if len(text) <= width:
+        return text
+    if width <= 1:
+        return "…" if width == 1 else ""
+    room = text[: width - 1]
+    comma = room.rfind(",")
+    if text[len(room)] == ",":
+        cut = room
+    elif comma >= 0.6 * len(room):
+        cut = room[:comma]
+    elif text[len(room)] == " ":
+        cut = room
+    else:
+        cut = room[: room.rfind(" ")] if " " in room else room
+    words = cut.rstrip(" ,:;—-").split(" ")
+    while len(words) > 1 and words[-1].lower() in _DANGLING:
+        words.pop()
+    return " ".join(words).rstrip(" ,:;—-") + "…"
 
 
 # --- a kata's files ----------------------------------------------------------------------

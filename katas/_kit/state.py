@@ -26,13 +26,22 @@ from typing import Any
 ENV_STATE_DIR = "KATA_STATE_DIR"
 APP = "infra-katas"
 STATE_FILE = "state.json"
-VERSION = 1
+VERSION = 1  # ``reset_at`` in a result is optional, so files without it are still version 1
+#: What :meth:`State.status` says of a stage: its learner's current code.
+STATUSES = ("passed", "failing", "reset", "not started")
 
 #: One attempt: kata, stage, mode ("solo" | "pair"), started (epoch s), seconds (length),
 #: timebox_minutes, green_seconds (time to green or None), result ("green" | "timeout" |
 #: "stopped" | "interrupted" | "ended"), passed, total, hints_used, and for pairing the
 #: rubric sheet.
 Attempt = dict[str, Any]
+
+
+def _number(value: Any) -> float | None:
+    """``value`` if it is a number (not a bool), as a float; else None (a hand-edited file)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 class StateError(Exception):
@@ -59,7 +68,9 @@ class State:
 
     attempts: list[Attempt]
     hints: dict[str, int]  # stage key -> number of hints revealed
-    results: dict[str, dict[str, Any]]  # stage key -> {ever_passed, last_ok, passed, total, at}
+    #: stage key -> {ever_passed, last_ok, passed, total, at} of the last run, plus reset_at
+    #: (and last_ok, passed, total None) after a ``kata reset`` until the next run.
+    results: dict[str, dict[str, Any]]
 
     @classmethod
     def empty(cls) -> State:
@@ -81,26 +92,56 @@ class State:
     def hints_revealed(self, kata: str, stage: int) -> int:
         return self.hints.get(stage_key(kata, stage), 0)
 
+    def learners_attempts(self, kata: str, stage: int) -> list[Attempt]:
+        """The attempts of the stage that tested the learner's own code."""
+        return [a for a in self.attempts_of(kata, stage) if a.get("learners_code", True)]
+
     def passed(self, kata: str, stage: int) -> bool:
-        """Whether the learner's code ever passed the stage (a green attempt or test run)."""
+        """Whether the learner's code *ever* passed the stage (a green attempt or test run),
+        even if it was reset since: what unlocks ``kata reveal`` and ``kata hint --all``."""
         result = self.results.get(stage_key(kata, stage), {})
         return bool(result.get("ever_passed")) or any(
-            a.get("green_seconds") is not None and a.get("learners_code", True)
-            for a in self.attempts_of(kata, stage)
+            a.get("green_seconds") is not None for a in self.learners_attempts(kata, stage)
         )
 
     def status(self, kata: str, stage: int) -> str:
-        if self.passed(kata, stage):
-            return "passed"
-        if self.attempts_of(kata, stage) or stage_key(kata, stage) in self.results:
-            return "failing"
-        return "not started"
+        """What the learner's *current* code does: one of :data:`STATUSES`.
+
+        ``passed`` or ``failing`` by the last run of it; ``reset`` once ``kata reset``
+        restored the stub (until the next run); ``not started`` without any history.
+        """
+        result = self.results.get(stage_key(kata, stage))
+        if result is not None:
+            if result.get("reset_at") is not None:
+                return "reset"
+            if isinstance(result.get("last_ok"), bool):
+                return "passed" if result["last_ok"] else "failing"
+        attempts = self.learners_attempts(kata, stage)
+        if attempts:  # no run recorded for the stage: the last attempt says
+            last = max(attempts, key=lambda a: _number(a.get("started")) or 0.0)
+            return "passed" if last.get("green_seconds") is not None else "failing"
+        return "failing" if result is not None or self.attempts_of(kata, stage) else "not started"
+
+    def green(self, kata: str, stage: int) -> bool:
+        """Whether the learner's current code passes the stage (its last run did)."""
+        return self.status(kata, stage) == "passed"
+
+    def last_activity(self, kata: str, stage: int) -> float | None:
+        """When the stage was last worked on (epoch s): a run, the end of an attempt, a reset."""
+        result = self.results.get(stage_key(kata, stage), {})
+        times = [_number(result.get("at")), _number(result.get("reset_at"))]
+        for attempt in self.attempts_of(kata, stage):
+            started = _number(attempt.get("started"))
+            if started is not None:
+                times.append(started + (_number(attempt.get("seconds")) or 0.0))
+        found = [t for t in times if t is not None]
+        return max(found) if found else None
 
     def best_seconds(self, kata: str, stage: int) -> float | None:
         times = [
             float(a["green_seconds"])
-            for a in self.attempts_of(kata, stage)
-            if isinstance(a.get("green_seconds"), int | float) and a.get("learners_code", True)
+            for a in self.learners_attempts(kata, stage)
+            if _number(a.get("green_seconds")) is not None
         ]
         return min(times) if times else None
 
@@ -111,12 +152,31 @@ class State:
     ) -> None:
         key = stage_key(kata, stage)
         previous = self.results.get(key, {})
-        self.results[key] = {
+        self.results[key] = {  # a run describes the code as it is now: no longer "reset"
             "ever_passed": bool(previous.get("ever_passed")) or ok,
             "last_ok": ok,
             "passed": passed,
             "total": total,
             "at": at,
+        }
+
+    def record_reset(self, kata: str, stage: int, *, at: float) -> None:
+        """The stage file is the stub again: its status is ``reset`` until the next run.
+
+        The history stays: whether it ever passed, the attempts and their best time. A
+        stage without any history stays ``not started``.
+        """
+        key = stage_key(kata, stage)
+        if key not in self.results and not self.attempts_of(kata, stage):
+            return
+        previous = self.results.get(key, {})
+        self.results[key] = {
+            "ever_passed": self.passed(kata, stage),
+            "last_ok": None,
+            "passed": None,
+            "total": None,
+            "at": previous.get("at"),
+            "reset_at": at,
         }
 
     def reveal_hint(self, kata: str, stage: int, count: int) -> None:
@@ -221,6 +281,7 @@ class StateStore:
 
 __all__ = [
     "ENV_STATE_DIR",
+    "STATUSES",
     "Attempt",
     "State",
     "StateError",
