@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -13,6 +14,7 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from katas._kit.catalog import ENV_ROOT
+from katas._kit.clock import NS_PER_S, ManualClock
 from katas._kit.impl import REPO_ROOT
 
 T = TypeVar("T")
@@ -188,6 +190,63 @@ def calc_project(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "200")
     return root
+
+
+# --- a scripted terminal and clock for the ``kata`` command's timed sessions ----------------
+
+
+class ScriptedTerminal:
+    """Keys and actions at given (ManualClock) times, and answers to questions, in order.
+
+    Waiting moves the clock, never sleeps. ``screen`` (e.g. reading ``capsys``) is called
+    at every question, so ``shown`` holds what was printed before each one and ``asked``
+    the questions: what a person at the terminal saw when asked.
+    """
+
+    def __init__(
+        self,
+        clock: ManualClock,
+        events: Sequence[tuple[float, str | Callable[[], None]]] = (),
+        answers: list[str] | None = None,
+        screen: Callable[[], str] | None = None,
+    ) -> None:
+        self.clock = clock
+        self.start = clock.now_ns()
+        self.events = sorted(events, key=lambda e: e[0])
+        self.answers = answers
+        self.screen = screen
+        self.asked: list[str] = []
+        self.shown: list[str] = []
+        self.waits = 0
+
+    @property
+    def interactive(self) -> bool:
+        return self.answers is not None
+
+    def keys(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def wait_key(self, timeout_ns: int) -> str | None:
+        self.waits += 1
+        assert self.waits < 100_000, "the session never ended"
+        self.clock.advance(max(0, timeout_ns))
+        elapsed = (self.clock.now_ns() - self.start) / NS_PER_S
+        while self.events and self.events[0][0] <= elapsed:
+            _, action = self.events.pop(0)
+            if isinstance(action, str):
+                if action == "^C":
+                    raise KeyboardInterrupt
+                return action
+            action()
+        return None
+
+    def ask(self, question: str) -> str | None:
+        self.asked.append(question)
+        if self.screen is not None:
+            self.shown.append(self.screen())
+        if self.answers is None:
+            return None
+        return self.answers.pop(0) if self.answers else ""
 
 
 def git(cwd: Path, *args: str) -> None:

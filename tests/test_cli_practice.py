@@ -1,4 +1,5 @@
-"""``kata start``, ``pair``, ``hint``, ``reveal``, ``reset``, ``bench``, ``progress`` end to end.
+"""``kata start``, ``hint``, ``reveal``, ``reset``, ``bench``, ``progress`` end to end
+(``kata pair``: test_cli_pair.py).
 
 Everything runs against a tiny kata, ``calc``, made in a temporary folder (``KATA_ROOT``)
 with its own reference, bug catalogue and git history, and progress kept in a temporary
@@ -351,57 +352,6 @@ def test_cli_watcher_sees_saves_creations_and_deletions(tmp_path: Path) -> None:
     (tmp_path / "a.py").unlink()
     assert watcher.poll() == [tmp_path / "a.py", tmp_path / "b.py"]
     assert watcher.poll() == []
-
-
-# --- kata pair -------------------------------------------------------------------------------
-
-
-def test_cli_pair_notes_swaps_suite_and_a_saved_rubric_sheet(
-    project: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, terminal = _run(
-        ["pair", "calc", "1", "--minutes", "3", "--swap", "1"],
-        answers=["s", "asked about negatives first", "w", ""],
-    )
-    out = capsys.readouterr().out
-    assert code == 0, out
-    for mark in ("READ_ALOUD_MARK", "CLARIFY_MARK", "FOLLOWUP_MARK", "LADDER_MARK", "asks first"):
-        assert mark in out, f"{mark} missing:\n{out}"
-    assert out.index("FOLLOWUP_MARK") < out.index("LADDER_MARK")
-    assert "[01:00] swap 1" in out and "[02:00] swap 2" in out, out
-    assert "swap 3" not in out, out  # the session ends at 03:00
-    assert "Time is up" in out and "0/3 passed" in out, out
-    assert [q.split(":")[0] for q in terminal.asked] == ["Problem solving"] * 2 + [
-        "Communication"
-    ] * 2
-    (attempt,) = _attempts(project)
-    assert attempt["mode"] == "pair" and attempt["swaps"] == 2 and attempt["seconds"] == 180
-    assert attempt["rubric"] == [
-        {"axis": "Problem solving", "score": "strong", "evidence": "asked about negatives first"},
-        {"axis": "Communication", "score": "weak", "evidence": ""},
-    ]
-    sheet = Path(str(attempt["sheet"])).read_text()
-    assert sheet.startswith("# Rubric sheet — calc stage 1"), sheet
-    assert "| Problem solving | strong | asked about negatives first |" in sheet
-    assert "- suite: 0/3 passed" in sheet and "test_stage1_add" in sheet
-    assert "| Communication | narrates | explains | silent |" in sheet
-    assert str(_state_file(project).parent) in str(attempt["sheet"])
-
-
-def test_cli_pair_ends_early_on_q_with_a_blank_sheet_without_a_terminal(
-    project: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    _solve(project)
-    code, _ = _run(
-        ["pair", "calc", "1", "--no-notes", "--swap", "0"], events=[(125, "q")], answers=None
-    )
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "READ_ALOUD_MARK" not in out and "swap" not in out.lower().replace("--swap", "")
-    assert "Session ended" in out and "3/3 passed" in out, out
-    (attempt,) = _attempts(project)
-    assert attempt["result"] == "stopped" and 125 <= float(attempt["seconds"]) <= 126
-    assert [row["score"] for row in attempt["rubric"]] == ["", ""]
 
 
 # --- hint, reveal, reset, bench, progress ----------------------------------------------------

@@ -31,12 +31,21 @@ from katas._kit.cliutil import (
     is_learners_code,
     print_summary,
     read_text,
+    shorten,
     stage_file_or_error,
+    stage_prompt,
     suite_or_error,
 )
 from katas._kit.clock import NS_PER_S
-from katas._kit.notes import LADDER, interviewer_notes, rubric_axes
-from katas._kit.practice import PairSession, clock_text, tally
+from katas._kit.notes import (
+    LADDER,
+    InterviewerNotes,
+    Part,
+    interviewer_notes,
+    is_section,
+    rubric_axes,
+)
+from katas._kit.practice import PairSession, SessionKey, clock_text, tally
 from katas._kit.suites import SuiteRun, run_suite
 
 
@@ -47,31 +56,91 @@ def _swap_minutes(text: str) -> float:
 # --- kata pair -------------------------------------------------------------------------------
 
 
-def _print_notes(ctx: Context, kata: Kata, stage: Stage, text: str) -> None:
+READ_ALOUD = "Read aloud"
+CLARIFYING = "Clarifying questions"
+ABOUT = "About this stage"
+
+
+def note_pages(notes: InterviewerNotes) -> list[Part]:
+    """The notes in the order the interviewer needs them: what to read aloud, the clarifying
+    questions and their answers, then every other part in file order (the stage's untitled
+    introduction as "About this stage", the follow-up ladder after the stage's follow-ups)."""
+    parts: list[Part] = []
+    for part in notes.stage_parts:
+        parts.append(part if part.title else Part(ABOUT, part.body))
+        if part.title.lower().startswith("follow-up") and notes.ladder:
+            parts.append(Part(LADDER, notes.ladder))
+    if notes.ladder and not any(p.title == LADDER for p in parts):
+        parts.append(Part(LADDER, notes.ladder))
+    first = [p for p in parts if is_section(p.title, READ_ALOUD)][:1]
+    first += [p for p in parts if is_section(p.title, CLARIFYING)][:1]
+    return [*first, *(p for p in parts if p not in first)]
+
+
+def _notes_or_error(kata: Kata, stage: Stage, text: str) -> list[Part]:
     notes = interviewer_notes(text, stage.section)
     if notes is None:
         raise UserError(f"{display_path(kata.interviewer)} has no '## {stage.section}' section")
+    return note_pages(notes)
+
+
+def _print_page(ctx: Context, page: Part) -> None:
+    ctx.out.print(Markdown(f"### {page.title}\n\n{page.body}"))
+
+
+def show_notes(ctx: Context, kata: Kata, stage: Stage, pages: list[Part]) -> bool:
+    """Print the notes a part at a time, asking before each next one; all at once if nobody
+    can answer. Whether they were paged (so the read-aloud part has scrolled away)."""
     ctx.out.print(Rule(f"interviewer notes · {kata.name} stage {stage.number}: {stage.title}"))
-    ladder_shown = False
-    for part in notes.stage_parts:
-        ctx.out.print(Markdown(f"### {part.title}\n\n{part.body}" if part.title else part.body))
-        if part.title.lower().startswith("follow-up") and notes.ladder and not ladder_shown:
-            ctx.out.print(Markdown(f"### {LADDER}\n\n{notes.ladder}"))
-            ladder_shown = True
-    if notes.ladder and not ladder_shown:
-        ctx.out.print(Markdown(f"### {LADDER}\n\n{notes.ladder}"))
+    paged = True
+    for number, page in enumerate(pages, 1):
+        if number > 1 and paged:
+            rest = f" ({number} of {len(pages)}) · s: start the timer "
+            title = shorten(page.title.lower(), ctx.out.width - len("Enter: ") - len(rest) - 1)
+            answer = ctx.terminal.ask(f"Enter: {title}{rest}")
+            if answer is None:
+                paged = False  # nobody at the keyboard: the rest at once, as a handout
+            elif answer.strip().lower().startswith("s"):
+                return True
+        _print_page(ctx, page)
+    if paged and ctx.terminal.ask("Enter starts the timer ") is None:
+        paged = False
+    return paged
 
 
 _SCORES = {"s": "strong", "a": "acceptable", "w": "weak"}
 
 
+def _score(answer: str) -> str | None:
+    """``strong`` from s, st, strong (any case); "" for a blank answer; None if unknown."""
+    word = answer.strip().lower()
+    if not word:
+        return ""
+    return next((s for s in _SCORES.values() if s.startswith(word)), None)
+
+
 def _rubric(ctx: Context, axes: list[tuple[str, list[str]]], sheet: list[dict[str, str]]) -> None:
-    """Ask for a score and evidence per axis into ``sheet`` (blanks if nobody can answer)."""
+    """Ask for a score and evidence per axis into ``sheet`` (blanks if nobody can answer).
+
+    A score that is not s/a/w is asked again; Enter skips the axis.
+    """
     for axis, _levels in axes:
-        score = evidence = ""
-        answer = ctx.terminal.ask(f"{axis}: strong/acceptable/weak? [s/a/w, Enter skips] ")
-        if answer is not None:
-            score = _SCORES.get(answer.strip().lower()[:1], "")
+        score: str | None = None
+        evidence = ""
+        while score is None:
+            answer = ctx.terminal.ask(f"{axis}: strong/acceptable/weak? [s/a/w, Enter skips] ")
+            if answer is None:
+                score = ""
+                break
+            score = _score(answer)
+            if score is None:
+                ctx.out.print(
+                    f"  {answer.strip()!r} is not a score: s (strong), a (acceptable), "
+                    "w (weak), or Enter to skip",
+                    style="yellow",
+                    highlight=False,
+                )
+        if score:
             evidence = (
                 ctx.terminal.ask(f"{axis}: evidence (a line they wrote or said): ") or ""
             ).strip()
@@ -115,6 +184,7 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     stage = kata.stage(args.stage)
     suite = suite_or_error(kata, stage)
     text = read_text(kata.interviewer, f"the interviewer notes of {kata.name}")
+    pages = _notes_or_error(kata, stage, text)
     impl = learners_impl(ctx)
     check_profile()
     if is_learners_code(None):
@@ -123,15 +193,34 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     minutes = args.minutes if args.minutes is not None else stage.timebox_minutes
     timebox_ns = int(minutes * NS_PER_MIN)
     swap_ns = int(args.swap * NS_PER_MIN)
-    if not args.no_notes:
-        _print_notes(ctx, kata, stage, text)
+    paged = False if args.no_notes else show_notes(ctx, kata, stage, pages)
     ctx.out.print(Rule(f"pairing · {kata.name} stage {stage.number} · {clock_text(timebox_ns)}"))
+    if paged and pages and is_section(pages[0].title, READ_ALOUD):  # it scrolled away
+        _print_page(ctx, pages[0])
     ctx.out.print(
         f"The candidate reads: kata show {kata.name} {stage.number}, and edits "
         f"{display_path(kata.stub_path(stage))}."
         + (f" Driver and navigator swap every {clock_text(swap_ns)}." if swap_ns else ""),
         highlight=False,
     )
+    shown = {"page": 0}
+
+    def next_note() -> None:
+        if not pages:
+            ctx.out.print("No interviewer notes for this stage.", style="dim")
+            return
+        number = shown["page"] % len(pages)
+        shown["page"] = number + 1
+        ctx.out.print(Rule(f"notes {number + 1} of {len(pages)}", style="dim"))
+        _print_page(ctx, pages[number])
+
+    def prompt() -> None:
+        try:
+            readme = read_text(kata.prompt, f"the prompt of {kata.name}")
+            ctx.out.print(Rule(f"the candidate's prompt · kata show {kata.name} {stage.number}"))
+            ctx.out.print(Markdown(stage_prompt(readme, kata, stage, kata.prompt)))
+        except UserError as exc:
+            ctx.out.print(f"no prompt: {exc}", style="yellow", highlight=False)
 
     def on_swap(number: int, at_ns: int) -> None:
         ctx.out.print(
@@ -150,17 +239,27 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
         swap_ns=swap_ns,
         on_swap=on_swap,
         title=f"{kata.name} stage {stage.number}",
+        keys={"n": SessionKey("next note", next_note), "p": SessionKey("the prompt", prompt)},
     ).run()
     ended = {
         "timeout": "Time is up.",
         "stopped": "Session ended.",
         "interrupted": "Session ended (Ctrl-C).",
     }
-    ctx.out.print(Text(f"{ended[outcome.result]} Running the suite…", style="bold"))
+    ctx.out.print(Text(ended[outcome.result], style="bold"))
     result: SuiteRun | None = None
     try:
-        result = run_suite(suite, impl=impl, timeout_s=None)
-        print_summary(ctx.out, result, kata, stage)
+        with ctx.out.status(f"Running {kata.name} stage {stage.number} on the candidate's code…"):
+            result = run_suite(suite, impl=impl, timeout_s=None)
+        if result.results:
+            print_summary(ctx.out, result, kata, stage)
+        else:  # nothing ran: pytest's own words say why
+            ctx.out.print(Text(result.output.rstrip()[-2000:]))
+            ctx.out.print(
+                f"pytest could not run {display_path(suite)} (exit code {result.returncode}).",
+                style="red",
+                highlight=False,
+            )
     except KeyboardInterrupt:
         ctx.out.print("The suite run was interrupted.", style="yellow")
     axes = rubric_axes(text, stage.section)
@@ -206,7 +305,9 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     except OSError as exc:
         ctx.out.print(f"could not save the rubric sheet: {exc}", style="yellow")
     save_attempt(ctx, attempt, result, kata, stage)
-    return 0
+    if result is None:  # Ctrl-C stopped the suite: nobody knows whether it passes
+        return 130
+    return 0 if result.ok else 1
 
 
 def _configure_pair(parser: argparse.ArgumentParser) -> None:
@@ -219,7 +320,9 @@ def _configure_pair(parser: argparse.ArgumentParser) -> None:
         help="announce a driver/navigator swap every M minutes (default 15; 0: never)",
     )
     parser.add_argument(
-        "--no-notes", action="store_true", help="do not print the interviewer notes first"
+        "--no-notes",
+        action="store_true",
+        help="do not print the interviewer notes first (n still shows them in the session)",
     )
 
 
@@ -227,13 +330,18 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "pair",
         "interviewer mode: notes, timer with swaps, rubric sheet",
-        "Run a pairing session: print the interviewer notes of the stage from the kata's "
-        "INTERVIEWER.md (what to read aloud, the clarifying questions a strong candidate "
-        "asks and the answers, the follow-up ladder, the rubric), then a timer announcing "
-        "a driver/navigator swap every --swap minutes. At the end (time up, q or Ctrl-C) "
-        "the stage's suite runs on the candidate's code and a rubric sheet is printed, "
-        "filled in at the prompt if there is a terminal, and saved with the attempt in "
-        "the state directory.",
+        "Run a pairing session. First the interviewer notes of the stage from the kata's "
+        "INTERVIEWER.md, a part at a time (Enter shows the next; all at once without a "
+        "terminal): what to read aloud, the clarifying questions a strong candidate asks "
+        "and the answers, then the timebox, the follow-ups and the follow-up ladder, the "
+        "rubric. Then a timer announcing a driver/navigator swap every --swap minutes, with "
+        "the read-aloud part above it; n shows the notes again a part at a time, p the "
+        "candidate's prompt. At the end (time up, q or Ctrl-C) the stage's suite runs on "
+        "the candidate's code and a rubric sheet is printed, filled in at the prompt if "
+        "there is a terminal (s, a or w and a line of evidence per axis; Enter skips), and "
+        "saved with the attempt in the state directory.\n\n"
+        "exit code: 0 the candidate's suite passed, 1 it did not, 2 bad input, 130 Ctrl-C "
+        "during the suite run",
         _configure_pair,
         run_pair,
     ),

@@ -10,8 +10,8 @@ time it is drawn, so in a real terminal it keeps ticking while a suite runs.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from rich.console import Console, Group, RenderableType
@@ -222,6 +222,7 @@ class _PairView:
     title: str
     swaps: int = 0
     roles: tuple[str, str] = ("A", "B")
+    keys_text: str = ""  # the session's own keys ("n next note · p the prompt")
 
     def __rich__(self) -> RenderableType:
         now = self.clock.now_ns()
@@ -242,8 +243,17 @@ class _PairView:
                     f"swap in {clock_text(next_swap)}"
                 )
             )
-        lines.append(Text("q end the session now · Ctrl-C end", style="dim"))
+        keys = f"{self.keys_text} · " if self.keys_text else ""
+        lines.append(Text(f"{keys}q end the session now · Ctrl-C end", style="dim"))
         return Group(*lines)
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    """A key a pairing session answers besides q: its label in the live line, its action."""
+
+    label: str  # "next note"
+    action: Callable[[], None]  # prints above the live line; the timer keeps running
 
 
 @dataclass
@@ -258,10 +268,12 @@ class PairSession:
     on_swap: Callable[[int, int], None]  # (swap number, elapsed_ns)
     title: str = ""
     poll_ns: int = POLL_NS
+    keys: Mapping[str, SessionKey] = field(default_factory=dict)  # lower-case key -> action
 
     def run(self) -> PairOutcome:
         started = self.clock.now_ns()
         view = _PairView(self.clock, started, self.timebox_ns, self.swap_ns, self.title)
+        view.keys_text = " · ".join(f"{k} {key.label}" for k, key in self.keys.items())
         result = "timeout"
         try:
             with self.terminal.keys(), live_line(self.console, view) as live:
@@ -280,6 +292,8 @@ class PairSession:
                     if key is not None and key.lower() in QUIT_KEYS:
                         result = "stopped"
                         break
+                    if key is not None and key.lower() in self.keys:
+                        self.keys[key.lower()].action()
                     live.refresh()
         except KeyboardInterrupt:
             result = "interrupted"
@@ -290,6 +304,7 @@ __all__ = [
     "POLL_NS",
     "PairOutcome",
     "PairSession",
+    "SessionKey",
     "SoloOutcome",
     "SoloSession",
     "clock_text",

@@ -1,0 +1,271 @@
+"""``kata pair`` end to end: paged notes, keys in the session, the suite, the rubric sheet.
+
+Runs against a tiny kata, ``calc``, made in a temporary folder (``KATA_ROOT``), with
+progress in a temporary state directory. The session runs on a ManualClock driven by a
+scripted terminal, so a 10-minute interview takes as long as its one suite run.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _support import (
+    CALC_SOLUTION,
+    CALC_SUITE,
+    ScriptedTerminal,
+    calc_project,
+    private_state,
+    write,
+)
+
+from katas._kit import cli_pair
+from katas._kit.cli import main
+from katas._kit.clock import ManualClock
+
+TOML = """\
+title = "Calculator"
+summary = "A kata that exists only for the CLI's own tests."
+
+[[stages]]
+number = 1
+title = "Add and multiply"
+timebox_minutes = 10
+core = "Calc.add, Calc.mul"
+"""
+
+README = "# Calculator\n\nINTRO_MARK\n\n## Stage 1\n\nPROMPT_MARK: add and multiply.\n"
+
+INTERVIEWER = """\
+# Calculator — interviewer notes
+
+## How to run a session
+
+Be kind.
+
+## The follow-up ladder
+
+LADDER_MARK: now with fractions.
+
+## Stage 1 — Add and multiply
+
+ABOUT_MARK: the candidate edits calc/stage1.py.
+
+### Timebox: 10 minutes
+
+TIMEBOX_MARK
+
+### Read aloud
+
+> READ_ALOUD_MARK: build a calculator.
+
+### Clarifying questions and the answers to give
+
+| a strong candidate asks | answer |
+|---|---|
+| CLARIFY_MARK: negative numbers? | Yes. |
+
+### Follow-ups for this stage
+
+FOLLOWUP_MARK
+
+### Rubric
+
+| axis | strong | acceptable | weak |
+|---|---|---|---|
+| Problem solving | asks first | asks some | asks none |
+| Communication | narrates | explains | silent |
+"""
+
+STUB = """\
+class Calc:
+    def add(self, a: int, b: int) -> int:
+        raise NotImplementedError("Calc.add — stage 1, see calc/README.md")
+
+    def mul(self, a: int, b: int) -> int:
+        raise NotImplementedError("Calc.mul — stage 1, see calc/README.md")
+
+    def sub(self, a: int, b: int) -> int:
+        raise NotImplementedError("Calc.sub — stage 1, see calc/README.md")
+"""
+
+#: The marks of the notes' pages in the order the interviewer sees them.
+PAGES = [
+    "READ_ALOUD_MARK",
+    "CLARIFY_MARK",
+    "ABOUT_MARK",
+    "TIMEBOX_MARK",
+    "FOLLOWUP_MARK",
+    "LADDER_MARK",
+    "asks first",
+]
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    project = tmp_path / "proj"
+    calc_project(
+        project,
+        monkeypatch,
+        kata={
+            "kata.toml": TOML,
+            "README.md": README,
+            "INTERVIEWER.md": INTERVIEWER,
+            "stage1.py": STUB,
+            "test_stage1.py": CALC_SUITE,
+        },
+        solution=CALC_SOLUTION,
+    )
+    private_state(tmp_path, monkeypatch)
+    return project
+
+
+def _attempts(project: Path) -> list[dict[str, Any]]:
+    state = project.parent / "xdg-state" / "infra-katas" / "state.json"
+    attempts: list[dict[str, Any]] = json.loads(state.read_text())["attempts"]
+    return attempts
+
+
+def _pair(
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    events: Sequence[tuple[float, str | Callable[[], None]]] = (),
+    answers: list[str] | None = None,
+) -> tuple[int, ScriptedTerminal, str]:
+    """Run ``kata pair``; its exit code, the terminal, and everything it printed."""
+    printed: list[str] = []
+
+    def screen() -> str:
+        printed.append(capsys.readouterr().out)
+        return printed[-1]
+
+    clock = ManualClock()
+    terminal = ScriptedTerminal(clock, events, answers, screen)
+    code = main(["pair", *argv], clock=clock, terminal=terminal, wall=lambda: 1_800_000_000.0)
+    screen()
+    return code, terminal, "".join(printed)
+
+
+def test_cli_pair_pages_the_notes_then_times_swaps_and_saves_the_rubric_sheet(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pages = [""] * (len(PAGES) - 1) + [""]  # Enter for each next part, Enter starts the timer
+    rubric = ["s", "asked about negatives first", "w", "silent for a while"]
+    code, terminal, out = _pair(
+        capsys, ["calc", "1", "--minutes", "3", "--swap", "1"], answers=pages + rubric
+    )
+    assert code == 1, out  # the stub: the candidate's suite did not pass
+    # one part per question, the read-aloud part first, and only it before the first question
+    for number, (mark, shown) in enumerate(zip(PAGES, terminal.shown, strict=False)):
+        assert mark in shown, f"part {number + 1} ({mark}) missing:\n{shown}"
+        assert not any(m in shown for m in PAGES[number + 1 :]), shown
+    assert "clarifying questions" in terminal.asked[0] and "(2 of 7)" in terminal.asked[0]
+    assert terminal.asked[len(PAGES) - 1] == "Enter starts the timer "
+    # the timer starts under what to read aloud, printed again
+    session = out.split("pairing · calc stage 1")[1]
+    assert "READ_ALOUD_MARK" in session and "CLARIFY_MARK" not in session, session
+    assert "[01:00] swap 1" in session and "[02:00] swap 2" in session, session
+    assert "swap 3" not in session  # the session ends at 03:00
+    assert "Time is up" in session and "0/3 passed" in session, session
+    axes = [q.split(":")[0] for q in terminal.asked[len(PAGES) :]]
+    assert axes == ["Problem solving"] * 2 + ["Communication"] * 2
+    (attempt,) = _attempts(project)
+    assert attempt["mode"] == "pair" and attempt["swaps"] == 2 and attempt["seconds"] == 180
+    assert attempt["rubric"] == [
+        {"axis": "Problem solving", "score": "strong", "evidence": "asked about negatives first"},
+        {"axis": "Communication", "score": "weak", "evidence": "silent for a while"},
+    ]
+    sheet = Path(str(attempt["sheet"])).read_text()
+    assert sheet.startswith("# Rubric sheet — calc stage 1"), sheet
+    assert "| Problem solving | strong | asked about negatives first |" in sheet
+    assert "- suite: 0/3 passed" in sheet and "test_stage1_add" in sheet
+    assert "| Communication | narrates | explains | silent |" in sheet
+
+
+def test_cli_pair_s_starts_the_timer_and_n_and_p_show_notes_and_prompt_in_the_session(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, terminal, out = _pair(
+        capsys,
+        ["calc", "1", "--swap", "0"],
+        events=[(10, "n"), (20, "N"), (30, "p"), (40, "q")],
+        answers=["s"],  # after the read-aloud part: straight to the timer
+    )
+    assert code == 1, out
+    assert terminal.asked[0].startswith("Enter: clarifying questions")
+    assert terminal.asked[1].startswith("Problem solving")  # no "Enter starts the timer"
+    notes, session = out.split("pairing · calc stage 1")
+    assert "READ_ALOUD_MARK" in notes and "CLARIFY_MARK" not in notes, notes
+    assert "n next note · p the prompt" not in out  # the live line is a terminal's only
+    first, second = session.split("notes 1 of 7")[1].split("notes 2 of 7")
+    assert "READ_ALOUD_MARK" in first and "CLARIFY_MARK" not in first, session
+    assert "CLARIFY_MARK" in second and "PROMPT_MARK" in second.split("prompt · kata show")[1]
+    assert "Session ended" in session, session
+
+
+def test_cli_pair_without_a_terminal_prints_every_note_at_once_and_a_blank_sheet(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, terminal, out = _pair(capsys, ["calc", "1", "--swap", "0"], events=[(60, "q")])
+    assert code == 1, out
+    notes = out.split("pairing · calc stage 1")[0]
+    positions = [notes.index(mark) for mark in PAGES]
+    assert positions == sorted(positions), notes
+    assert terminal.asked[0].startswith("Enter: clarifying questions")  # answered None
+    assert all(q.startswith(("Enter:", "Problem solving", "Communication")) for q in terminal.asked)
+    (attempt,) = _attempts(project)
+    assert [row["score"] for row in attempt["rubric"]] == ["", ""]
+
+
+def test_cli_pair_exit_code_is_0_when_the_candidates_suite_passes(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(project / "katas" / "calc" / "stage1.py", CALC_SOLUTION)
+    code, _, out = _pair(capsys, ["calc", "1", "--no-notes", "--swap", "0"], events=[(125, "q")])
+    assert code == 0, out
+    assert "READ_ALOUD_MARK" not in out and "swap" not in out.lower().replace("--swap", "")
+    assert "Session ended" in out and "3/3 passed" in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "stopped" and 125 <= float(attempt["seconds"]) <= 126
+
+
+def test_cli_pair_an_invalid_score_is_asked_again_and_enter_skips(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cli_pair, "run_suite", _no_suite)
+    code, terminal, out = _pair(
+        capsys,
+        ["calc", "1", "--no-notes", "--swap", "0"],
+        events=[(1, "q")],
+        answers=["x", "Acc", "asked some", ""],
+    )
+    assert code == 130, out  # the suite run was interrupted
+    assert "'x' is not a score" in out, out
+    questions = [q.split("?")[0] for q in terminal.asked]
+    assert questions == [
+        "Problem solving: strong/acceptable/weak",
+        "Problem solving: strong/acceptable/weak",
+        "Problem solving: evidence (a line they wrote or said): ",
+        "Communication: strong/acceptable/weak",  # Enter: no evidence asked
+    ]
+    (attempt,) = _attempts(project)
+    assert attempt["rubric"] == [
+        {"axis": "Problem solving", "score": "acceptable", "evidence": "asked some"},
+        {"axis": "Communication", "score": "", "evidence": ""},
+    ]
+
+
+def _no_suite(*args: object, **kwargs: object) -> None:
+    raise KeyboardInterrupt  # Ctrl-C while the suite runs
+
+
+def test_cli_pair_help_names_the_keys_and_the_exit_code(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["pair", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "n shows the notes again" in out and "p the candidate's prompt" in out, out
+    assert "exit code: 0 the candidate's suite passed, 1 it did not" in out, out
