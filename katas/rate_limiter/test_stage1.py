@@ -549,9 +549,10 @@ def run_against_model(
             got = limiter.try_acquire(op.key, op.n) if commit else limiter.peek(op.key, op.n)
             want = model.decide(op.key, op.n, now, commit=commit)
             story.add(f"{op} -> {got}")
-            assert got == want, story.fail(
-                "the decision differs from the exact model", diff_fields(want, got)
-            )
+            if got != want:
+                raise AssertionError(
+                    story.fail("the decision differs from the exact model", diff_fields(want, got))
+                )
         elif op.kind == "refund":
             limiter.refund(op.key, op.n)
             model.refund(op.key, op.n, now)
@@ -569,16 +570,22 @@ def run_against_model(
         elif op.kind == "sweep":
             story.add(f"{op} -> {limiter.sweep()}")
             again = limiter.sweep()
-            assert again == 0, story.fail(
-                "a second sweep at the same instant has nothing left to forget",
-                f"sweep() returned {again}",
-            )
+            if again != 0:
+                raise AssertionError(
+                    story.fail(
+                        "a second sweep at the same instant has nothing left to forget",
+                        f"sweep() returned {again}",
+                    )
+                )
         if op.kind in ("tracked", "sweep", "refund", "reset"):
             got_n, want_n = limiter.tracked_keys(), model.tracked(clock.now_ns())
-            assert got_n == want_n, story.fail(
-                "tracked_keys() counts the keys whose state differs from fresh",
-                f"expected {want_n}, got {got_n}",
-            )
+            if got_n != want_n:
+                raise AssertionError(
+                    story.fail(
+                        "tracked_keys() counts the keys whose state differs from fresh",
+                        f"expected {want_n}, got {got_n}",
+                    )
+                )
 
 
 def admit_all(limiter: RateLimiter, clock: ManualClock, ops: Iterable[Op]) -> None:
@@ -619,9 +626,10 @@ S_ = NS_PER_S  # seconds, for readable examples
 
 def expect(got: object, want: object, what: str) -> None:
     __tracebackhide__ = True  # the assertion message tells the story
-    assert got == want, (
-        f"stage 1: {what}\n  expected {want}\n  got      {got}\n  ({diff_fields(want, got)})"
-    )
+    if got != want:
+        raise AssertionError(
+            f"stage 1: {what}\n  expected {want}\n  got      {got}\n  ({diff_fields(want, got)})"
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -629,6 +637,17 @@ def expect(got: object, want: object, what: str) -> None:
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.rule(
+    "fresh",
+    "allowed-consumes",
+    "limit-field",
+    "remaining-floored",
+    "retry-field",
+    "exact-retry",
+    "reset-after",
+    "keys-isolated",
+    "tracked-keys",
+)
 @core
 def test_stage1_token_bucket_example_from_the_prompt(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -661,6 +680,7 @@ def test_stage1_token_bucket_example_from_the_prompt(stage_module: ModuleType) -
     expect(bucket.try_acquire("alice", 3), D(True, 3, 0, 0, 3 * S_), "a full burst fits again")
 
 
+@pytest.mark.rule("refill-capped")
 @core
 def test_stage1_token_bucket_refill_is_capped_at_capacity(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -676,6 +696,7 @@ def test_stage1_token_bucket_refill_is_capped_at_capacity(stage_module: ModuleTy
     )
 
 
+@pytest.mark.rule("exact-arithmetic", "exact-retry", "remaining-floored")
 @core
 def test_stage1_token_bucket_fractional_rate_is_exact(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -697,6 +718,7 @@ def test_stage1_token_bucket_fractional_rate_is_exact(stage_module: ModuleType) 
     expect(odd.try_acquire("bob"), D(False, 2, 0, 1_500_000_000, 3 * S_), "1 unit: 1.5 s")
 
 
+@pytest.mark.rule("impossible-cost")
 @core
 def test_stage1_token_bucket_cost_above_capacity_never_fits(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -714,6 +736,7 @@ def test_stage1_token_bucket_cost_above_capacity_never_fits(stage_module: Module
     expect(bucket.try_acquire("alice", 3), D(True, 3, 0, 0, 3 * S_), "cost == capacity fits")
 
 
+@pytest.mark.rule("denial-consumes-nothing")
 @core
 def test_stage1_token_bucket_denial_consumes_nothing(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -725,6 +748,7 @@ def test_stage1_token_bucket_denial_consumes_nothing(stage_module: ModuleType) -
     expect(bucket.try_acquire("alice", 1), D(True, 5, 0, 0, 5 * S_), "the last unit is there")
 
 
+@pytest.mark.rule("clock-step-back")
 @core
 def test_stage1_token_bucket_clock_step_back_example(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -754,6 +778,7 @@ def test_stage1_token_bucket_clock_step_back_example(stage_module: ModuleType) -
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.rule("fresh", "half-open-window", "exact-retry", "reset-after")
 @core
 def test_stage1_sliding_log_example_from_the_prompt(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -782,6 +807,7 @@ def test_stage1_sliding_log_example_from_the_prompt(stage_module: ModuleType) ->
     )
 
 
+@pytest.mark.rule("half-open-window")
 @core
 def test_stage1_sliding_log_window_is_half_open(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -793,6 +819,7 @@ def test_stage1_sliding_log_window_is_half_open(stage_module: ModuleType) -> Non
     expect(log.try_acquire("alice"), D(True, 1, 0, 0, 100), "t=100: t=0 is not in (0, 100]")
 
 
+@pytest.mark.rule("denial-consumes-nothing")
 @core
 def test_stage1_sliding_log_denied_requests_are_not_logged(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -818,6 +845,7 @@ def test_stage1_sliding_log_denied_requests_are_not_logged(stage_module: ModuleT
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.rule("gcra-equals-bucket")
 @extended
 def test_stage1_gcra_example_matches_the_token_bucket(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -829,6 +857,7 @@ def test_stage1_gcra_example_matches_the_token_bucket(stage_module: ModuleType) 
     expect(gcra.try_acquire("alice", 2), D(True, 3, 0, 0, 3 * S_), "exactly 1 s later")
 
 
+@pytest.mark.rule("fixed-epoch", "fixed-first-hit", "fixed-window-limit")
 @extended
 def test_stage1_fixed_window_epoch_vs_first_hit_alignment(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS + 3 * S_)  # 3 s into the epoch window [START, START+10 s)
@@ -845,6 +874,7 @@ def test_stage1_fixed_window_epoch_vs_first_hit_alignment(stage_module: ModuleTy
     expect(first.try_acquire("alice"), D(True, 2, 1, 0, 10 * S_), "first_hit: new window")
 
 
+@pytest.mark.rule("fixed-boundary-burst")
 @extended
 def test_stage1_fixed_window_allows_twice_the_limit_across_a_boundary(
     stage_module: ModuleType,
@@ -861,6 +891,7 @@ def test_stage1_fixed_window_allows_twice_the_limit_across_a_boundary(
     )
 
 
+@pytest.mark.rule("denial-consumes-nothing", "fixed-window-limit")
 @extended
 def test_stage1_fixed_window_denial_consumes_nothing(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -874,6 +905,7 @@ def test_stage1_fixed_window_denial_consumes_nothing(stage_module: ModuleType) -
     )
 
 
+@pytest.mark.rule("fixed-refund-rolled", "refund-capped")
 @extended
 def test_stage1_fixed_window_refund_after_the_window_rolled_is_dropped(
     stage_module: ModuleType,
@@ -893,6 +925,7 @@ def test_stage1_fixed_window_refund_after_the_window_rolled_is_dropped(
     expect(window.try_acquire("alice", 5), D(True, 5, 0, 0, 10 * S_), "the new window: 5")
 
 
+@pytest.mark.rule("swc-admit", "swc-remaining", "swc-retry")
 @extended
 def test_stage1_sliding_window_counter_weights_the_previous_window(
     stage_module: ModuleType,
@@ -916,6 +949,7 @@ def test_stage1_sliding_window_counter_weights_the_previous_window(
     )
 
 
+@pytest.mark.rule("multi-all-or-nothing", "multi-decision", "multi-refund")
 @extended
 def test_stage1_multi_limiter_denial_consumes_from_no_limit(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -953,6 +987,7 @@ def test_stage1_multi_limiter_denial_consumes_from_no_limit(stage_module: Module
     expect(state_of(tokens, "alice", 1000), D(False, 1000, 1000, None, 0), "capped at 1000")
 
 
+@pytest.mark.rule("multi-retry", "multi-costs")
 @extended
 def test_stage1_multi_limiter_retry_after_is_the_longest_wait(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -978,6 +1013,7 @@ def test_stage1_multi_limiter_retry_after_is_the_longest_wait(stage_module: Modu
     )
 
 
+@pytest.mark.rule("multi-costs", "multi-empty")
 @extended
 def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -1006,6 +1042,7 @@ def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> Non
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.rule("header-rounds-up", "header-none")
 @extended
 def test_stage1_retry_after_header_rounds_up_to_whole_seconds(stage_module: ModuleType) -> None:
     header = stage_module.retry_after_header
@@ -1028,6 +1065,7 @@ def test_stage1_retry_after_header_rounds_up_to_whole_seconds(stage_module: Modu
         )
 
 
+@pytest.mark.rule("header-rounds-up")
 @needs("header")
 @extended
 @given(wait_ns=st.integers(1, 10**13))
@@ -1079,6 +1117,7 @@ BAD_CONFIG: list[tuple[str, str, object]] = [
 ]
 
 
+@pytest.mark.rule("bad-config", "fixed-align")
 @pytest.mark.parametrize(
     ("cls", "param", "value"),
     [
@@ -1100,6 +1139,7 @@ def test_stage1_bad_configuration_names_the_parameter(
         getattr(stage_module, cls)(**kwargs)
 
 
+@pytest.mark.rule("bad-cost")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_bad_cost_is_rejected_and_changes_nothing(
     stage_module: ModuleType, algo: Algo
@@ -1134,6 +1174,20 @@ def check_against_model(
     run_against_model(limiter, setup.model(), clock, ops, f"{setup} with auto_sweep={auto_sweep}:")
 
 
+@pytest.mark.rule(
+    "fresh",
+    "allowed-consumes",
+    "limit-field",
+    "remaining-floored",
+    "retry-field",
+    "reset-after",
+    "exact-retry",
+    "refill-capped",
+    "refund-capped",
+    "tracked-keys",
+    "sweep",
+    "auto-sweep",
+)
 @needs("token_bucket")
 @core
 @given(data=st.data())
@@ -1143,6 +1197,7 @@ def test_stage1_token_bucket_matches_exact_model(
     check_against_model(stage_module, data, "token_bucket", steps_back=False)
 
 
+@pytest.mark.rule("clock-step-back", "exact-retry", "reset-after", "refund-capped")
 @needs("token_bucket")
 @core
 @given(data=st.data())
@@ -1152,6 +1207,21 @@ def test_stage1_token_bucket_matches_model_across_clock_steps(
     check_against_model(stage_module, data, "token_bucket", steps_back=True)
 
 
+@pytest.mark.rule(
+    "fresh",
+    "allowed-consumes",
+    "limit-field",
+    "remaining-floored",
+    "retry-field",
+    "reset-after",
+    "exact-retry",
+    "half-open-window",
+    "refund-capped",
+    "refund-newest",
+    "tracked-keys",
+    "sweep",
+    "auto-sweep",
+)
 @needs("sliding_log")
 @core
 @given(data=st.data())
@@ -1161,6 +1231,7 @@ def test_stage1_sliding_log_matches_exact_model(
     check_against_model(stage_module, data, "sliding_log", steps_back=False)
 
 
+@pytest.mark.rule("clock-step-back", "exact-retry", "reset-after", "refund-newest")
 @needs("sliding_log")
 @core
 @given(data=st.data())
@@ -1170,6 +1241,7 @@ def test_stage1_sliding_log_matches_model_across_clock_steps(
     check_against_model(stage_module, data, "sliding_log", steps_back=True)
 
 
+@pytest.mark.rule("gcra-equals-bucket")
 @needs("gcra")
 @extended
 @given(data=st.data(), steps_back=st.booleans())
@@ -1181,6 +1253,7 @@ def test_stage1_gcra_decides_exactly_like_a_token_bucket(
     check_against_model(stage_module, data, "gcra", steps_back=steps_back)
 
 
+@pytest.mark.rule("fixed-window-limit", "fixed-epoch", "fixed-first-hit", "fixed-refund-rolled")
 @needs("fixed_window")
 @extended
 @given(data=st.data(), steps_back=st.booleans())
@@ -1190,6 +1263,7 @@ def test_stage1_fixed_window_matches_exact_model(
     check_against_model(stage_module, data, "fixed_window", steps_back=steps_back)
 
 
+@pytest.mark.rule("swc-admit", "swc-remaining", "swc-retry")
 @needs("sliding_window_counter")
 @extended
 @given(data=st.data(), steps_back=st.booleans())
@@ -1199,6 +1273,7 @@ def test_stage1_sliding_window_counter_matches_exact_model(
     check_against_model(stage_module, data, "sliding_window_counter", steps_back=steps_back)
 
 
+@pytest.mark.rule("auto-sweep", "fresh-again")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_auto_sweep_forgets_only_fresh_keys(stage_module: ModuleType, algo: Algo) -> None:
     # Hundreds of keys, so that a limiter sweeping by itself does so several times;
@@ -1262,6 +1337,7 @@ def check_bucket_envelope(stage: ModuleType, data: st.DataObject, algo: Algo) ->
             )
 
 
+@pytest.mark.rule("refill-capped")
 @needs("token_bucket")
 @core
 @given(data=st.data())
@@ -1271,6 +1347,7 @@ def test_stage1_token_bucket_admits_at_most_capacity_plus_rate_times_d(
     check_bucket_envelope(stage_module, data, "token_bucket")
 
 
+@pytest.mark.rule("gcra-equals-bucket")
 @needs("gcra")
 @extended
 @given(data=st.data())
@@ -1280,6 +1357,7 @@ def test_stage1_gcra_admits_at_most_burst_plus_rate_times_d(
     check_bucket_envelope(stage_module, data, "gcra")
 
 
+@pytest.mark.rule("half-open-window")
 @needs("sliding_log")
 @core
 @given(data=st.data())
@@ -1298,6 +1376,7 @@ def test_stage1_sliding_log_admits_at_most_limit_in_every_window(
         )
 
 
+@pytest.mark.rule("fixed-window-limit")
 @needs("fixed_window")
 @extended
 @given(data=st.data())
@@ -1324,6 +1403,7 @@ def test_stage1_fixed_window_admits_at_most_limit_per_window(
         )
 
 
+@pytest.mark.rule("swc-admit")
 @needs("sliding_window_counter")
 @extended
 @given(data=st.data())
@@ -1351,6 +1431,7 @@ def test_stage1_sliding_window_counter_estimate_never_exceeds_limit(
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.rule("exact-retry", "retry-field")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_retry_after_is_exact(
@@ -1402,7 +1483,8 @@ def same_future(
             da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
             db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
             story.add(f"{op} -> {da}")
-            assert da == db, story.fail(why, f"the other twin decided {db}")
+            if da != db:
+                raise AssertionError(story.fail(why, f"the other twin decided {db}"))
         else:
             admit_all(a, ca, [op])
             admit_all(b, cb, [op])
@@ -1412,6 +1494,7 @@ def same_future(
     expect(a.tracked_keys(), b.tracked_keys(), f"{why}: tracked_keys()")
 
 
+@pytest.mark.rule("impossible-cost")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_impossible_cost_is_denied_forever_and_changes_nothing(
@@ -1427,16 +1510,18 @@ def test_stage1_impossible_cost_is_denied_forever_and_changes_nothing(
     for call in (a.try_acquire, a.peek):
         got = call(key, cost)
         want = state_of(b, key, setup.limit)
-        assert got == want and not got.allowed and got.retry_after_ns is None, (
-            f"stage 1: {setup}: cost {cost} > limit {setup.limit} can never fit: denied, "
-            f"retry_after_ns None, remaining/reset as they stand ({want}), got {got}"
-        )
+        if got != want or got.allowed or got.retry_after_ns is not None:
+            raise AssertionError(
+                f"stage 1: {setup}: cost {cost} > limit {setup.limit} can never fit: denied, "
+                f"retry_after_ns None, remaining/reset as they stand ({want}), got {got}"
+            )
     ca.advance(100 * setup.recovery_ns)
     cb.advance(100 * setup.recovery_ns)
     expect(a.try_acquire(key, cost).retry_after_ns, None, "still impossible after any wait")
     same_future(a, ca, b, cb, data.draw(operations(setup), label="then"), "impossible cost")
 
 
+@pytest.mark.rule("denial-consumes-nothing", "peek-changes-nothing")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_denials_and_peeks_change_nothing(
@@ -1454,17 +1539,23 @@ def test_stage1_denials_and_peeks_change_nothing(
                     peeked = a.peek(key, cost)
                     if not peeked.allowed:
                         denied = a.try_acquire(key, cost)
-                        assert denied == peeked, story.fail(
-                            "peek returns what try_acquire would", f"{peeked} vs {denied}"
-                        )
+                        if denied != peeked:
+                            raise AssertionError(
+                                story.fail(
+                                    "peek returns what try_acquire would", f"{peeked} vs {denied}"
+                                )
+                            )
             story.add("A: peek every key and cost, try_acquire those denied")
         if op.kind in ("acquire", "peek"):
             da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
             db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
             story.add(f"{op} -> {da}")
-            assert da == db, story.fail(
-                "a denial or a peek changed the limiter's state", f"twin B decided {db}"
-            )
+            if da != db:
+                raise AssertionError(
+                    story.fail(
+                        "a denial or a peek changed the limiter's state", f"twin B decided {db}"
+                    )
+                )
         else:
             admit_all(a, ca, [op])
             admit_all(b, cb, [op])
@@ -1472,6 +1563,7 @@ def test_stage1_denials_and_peeks_change_nothing(
     expect(a.tracked_keys(), b.tracked_keys(), "denials and peeks add no tracked keys")
 
 
+@pytest.mark.rule("reset-after", "fresh-again")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_idle_keys_recover_at_reset_after(
@@ -1511,6 +1603,7 @@ def drain(limiter: RateLimiter, setup: Setup) -> int:
     raise AssertionError(f"stage 1: {setup} admitted more than its limit at one instant")
 
 
+@pytest.mark.rule("clock-step-back")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_clock_step_back_neither_mints_nor_burns(
@@ -1553,6 +1646,7 @@ def test_stage1_clock_step_back_neither_mints_nor_burns(
     same_future(a, ca, b, cb, data.draw(operations(setup), label="then"), "after a step back")
 
 
+@pytest.mark.rule("keys-isolated")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_keys_are_isolated(
@@ -1578,15 +1672,17 @@ def test_stage1_keys_are_isolated(
             da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
             db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
             story.add(f"{op} -> {da}")
-            assert da == db, story.fail(
-                "other keys' traffic changed alice's decisions", f"with it: {db}"
-            )
+            if da != db:
+                raise AssertionError(
+                    story.fail("other keys' traffic changed alice's decisions", f"with it: {db}")
+                )
         else:
             admit_all(a, ca, [op])
             admit_all(b, cb, [op])
             story.add(str(op))
 
 
+@pytest.mark.rule("refund-capped", "refund-empty-key")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_refund_is_capped_and_undoes_an_admission(
@@ -1615,6 +1711,7 @@ def test_stage1_refund_is_capped_and_undoes_an_admission(
     expect(fresh.peek("dave", setup.limit).remaining, 0, "and adds nothing above the limit")
 
 
+@pytest.mark.rule("auto-sweep")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_auto_sweep_bounds_memory_by_recent_keys(
     stage_module: ModuleType, algo: Algo
@@ -1636,6 +1733,7 @@ def test_stage1_auto_sweep_bounds_memory_by_recent_keys(
     )
 
 
+@pytest.mark.rule("no-auto-sweep", "sweep", "tracked-keys")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_without_auto_sweep_only_sweep_forgets(stage_module: ModuleType, algo: Algo) -> None:
     setup = Setup(algo, limit=2, rate=Fraction(1), window_ns=S_)
@@ -1681,6 +1779,7 @@ class MultiModel:
         return MultiDecision(False, retry, alone)
 
 
+@pytest.mark.rule("multi-all-or-nothing", "multi-decision", "multi-retry", "multi-refund")
 @needs("multi", *ALGOS)
 @extended
 @given(data=st.data())
@@ -1739,10 +1838,13 @@ def test_stage1_multi_limiter_is_all_or_nothing(
             got = multi.try_acquire(key, arg) if commit else multi.peek(key, arg)
             want = model.decide(key, arg, now, commit=commit)
             story.add(f"{'try_acquire' if commit else 'peek'}({key!r}, {arg}) -> {got}")
-            assert got == want, story.fail(
-                "a multi-limit request is admitted by all its limits or consumes from none",
-                diff_fields(want, got),
-            )
+            if got != want:
+                raise AssertionError(
+                    story.fail(
+                        "a multi-limit request is admitted by all its limits or consumes from none",
+                        diff_fields(want, got),
+                    )
+                )
 
 
 # --------------------------------------------------------------------------------------
@@ -1824,5 +1926,144 @@ class SlidingLogMachine(LimiterMachine):
     algo = "sliding_log"
 
 
-TestStage1TokenBucketModel = core(needs("token_bucket")(TokenBucketMachine.TestCase))
-TestStage1SlidingLogModel = core(needs("sliding_log")(SlidingLogMachine.TestCase))
+MACHINE_RULES = (
+    "fresh",
+    "exact-retry",
+    "refund-capped",
+    "tracked-keys",
+    "sweep",
+    "clock-step-back",
+)
+TestStage1TokenBucketModel = core(
+    pytest.mark.rule(*MACHINE_RULES)(needs("token_bucket")(TokenBucketMachine.TestCase))
+)
+TestStage1SlidingLogModel = core(
+    pytest.mark.rule(*MACHINE_RULES, "refund-newest")(
+        needs("sliding_log")(SlidingLogMachine.TestCase)
+    )
+)
+
+
+# --------------------------------------------------------------------------------------
+# Boundaries, reached on every run
+# --------------------------------------------------------------------------------------
+
+
+def check_reads_drop_nothing(stage: ModuleType, algo: Algo) -> None:
+    for read_at_s in (12, 40):  # partly expired, all expired
+        check_reads_drop_nothing_at(stage, algo, read_at_s)
+
+
+def check_reads_drop_nothing_at(stage_module: ModuleType, algo: Algo, read_at_s: int) -> None:
+    __tracebackhide__ = True
+    # Twin A is read (peeks, and requests that are denied) once usage has left the window
+    # or refilled; then both clocks step back to just after the key's last write. A read
+    # that tidied expired state away (or forgot the key) shows: A would mint quota.
+    setup = Setup(algo, limit=2, rate=Fraction(1, 10), window_ns=10 * S_)
+    a, ca, b, cb = twins(stage_module, setup)
+    for limiter, clock in ((a, ca), (b, cb)):
+        limiter.try_acquire("alice")
+        clock.advance(5 * S_)
+        limiter.try_acquire("alice")
+        clock.set(START_NS + read_at_s * S_)
+    reads = []
+    for cost in range(1, setup.limit + 2):
+        peeked = a.peek("alice", cost)
+        reads.append(f"peek('alice', {cost}) -> {peeked}")
+        if not peeked.allowed:
+            reads.append(f"try_acquire('alice', {cost}) -> {a.try_acquire('alice', cost)}")
+    for clock in (ca, cb):
+        clock.set(START_NS + 6 * S_)  # back to 1 s after the last admission
+    story = "".join(f"\n    {r}" for r in reads)
+    for cost in range(1, setup.limit + 2):
+        expect(
+            a.peek("alice", cost),
+            b.peek("alice", cost),
+            f"{setup}: units taken at 0 and 5 s; at {read_at_s} s twin A only read:{story}\n  "
+            f"then the clock stepped back to 6 s: peek('alice', {cost}) must be what the "
+            "unread twin says — a peek or a denial changes nothing, not even expired entries",
+        )
+    for clock in (ca, cb):
+        clock.set(START_NS + read_at_s * S_)
+    expect(state_of(a, "alice", 2), state_of(b, "alice", 2), f"{setup}: back at {read_at_s} s")
+
+
+@core
+@pytest.mark.rule("peek-changes-nothing", "denial-consumes-nothing", "clock-step-back")
+def test_stage1_sliding_log_reads_drop_nothing_a_clock_step_back_would_find(
+    stage_module: ModuleType,
+) -> None:
+    check_reads_drop_nothing(stage_module, "sliding_log")
+
+
+@pytest.mark.rule("peek-changes-nothing", "denial-consumes-nothing", "clock-step-back")
+@pytest.mark.parametrize("algo", by_algo(a for a in ALGOS if a != "sliding_log"))
+def test_stage1_reads_drop_nothing_a_clock_step_back_would_find(
+    stage_module: ModuleType, algo: Algo
+) -> None:
+    check_reads_drop_nothing(stage_module, algo)
+
+
+@core
+@pytest.mark.rule("refund-capped")
+def test_stage1_token_bucket_refund_tops_up_a_partly_refilled_bucket(
+    stage_module: ModuleType,
+) -> None:
+    check_refund_tops_up(stage_module, "token_bucket")
+
+
+@extended
+@pytest.mark.rule("refund-capped", "gcra-equals-bucket")
+def test_stage1_gcra_refund_tops_up_a_partly_refilled_bucket(stage_module: ModuleType) -> None:
+    check_refund_tops_up(stage_module, "gcra")
+
+
+def check_refund_tops_up(stage_module: ModuleType, algo: Algo) -> None:
+    __tracebackhide__ = True
+    clock = ManualClock(START_NS)
+    setup = Setup(algo, limit=4, rate=Fraction(1))
+    limiter = setup.build(stage_module, clock)
+    expect(limiter.try_acquire("alice", 4), D(True, 4, 0, 0, 4 * S_), f"{setup}: 4 of 4")
+    clock.advance(1_500_000_000)  # 1.5 units have refilled since
+    limiter.refund("alice", 1)
+    expect(
+        state_of(limiter, "alice", 4),
+        D(False, 4, 2, None, 1_500_000_000),
+        f"{setup}: empty at 0, 1.5 units refilled by 1.5 s, then refund('alice', 1): 2.5 "
+        "units (remaining floors to 2), full 1.5 s later — a refund adds to the refilled level",
+    )
+    expect(
+        limiter.peek("alice", 3),
+        D(False, 4, 2, 500_000_000, 1_500_000_000),
+        f"{setup}: 3 units need 0.5 s more",
+    )
+    clock.advance(500_000_000)
+    expect(limiter.try_acquire("alice", 3), D(True, 4, 0, 0, 4 * S_), f"{setup}: 3 at 2 s")
+    clock.advance(3 * S_)  # 3 units again
+    limiter.refund("alice", 2)
+    expect(
+        state_of(limiter, "alice", 4),
+        D(False, 4, 4, None, 0),
+        f"{setup}: 3 units refilled, refund 2: capped at a full bucket of 4, fresh again",
+    )
+    expect(limiter.tracked_keys(), 0, f"{setup}: a full bucket is fresh: not tracked")
+
+
+@core
+@pytest.mark.rule("refund-newest", "refund-capped")
+def test_stage1_sliding_log_refund_after_units_left_the_window(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    log = stage_module.SlidingLog(limit=2, window_ns=10 * S_, clock=clock)
+    expect(log.try_acquire("alice"), D(True, 2, 1, 0, 10 * S_), "t=0: 1 of 2")
+    clock.advance(5 * S_)
+    expect(log.try_acquire("alice"), D(True, 2, 0, 0, 10 * S_), "t=5 s: 2 of 2")
+    clock.advance(7 * S_)  # t=12 s: the unit of t=0 has left the window
+    log.refund("alice", 2)
+    expect(
+        state_of(log, "alice", 2),
+        D(False, 2, 2, None, 0),
+        "t=12 s: refund('alice', 2) takes back only the unit still in the window (t=5 s); "
+        "the one that left is gone already, so the log is empty — 2 of 2, never 3",
+    )
+    expect(log.try_acquire("alice", 2), D(True, 2, 0, 0, 10 * S_), "t=12 s: 2 fit, no more")
+    expect(log.try_acquire("alice").allowed, False, "t=12 s: and a third does not")
