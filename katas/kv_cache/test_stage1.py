@@ -73,6 +73,7 @@ def make(kind: str, maxsize: int, clock: ManualClock | None = None, **kw: Any) -
 
 
 @core
+@pytest.mark.rule("lru-order", "iteration-order")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_evicts_the_least_recently_used(kind: str) -> None:
     log = Log()
@@ -92,6 +93,7 @@ def test_stage1_evicts_the_least_recently_used(kind: str) -> None:
 
 
 @core
+@pytest.mark.rule("capacity", "writer-not-victim")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_holds_exactly_maxsize_entries(kind: str) -> None:
     cache = make(kind, 3)
@@ -108,6 +110,7 @@ def test_stage1_holds_exactly_maxsize_entries(kind: str) -> None:
 
 
 @core
+@pytest.mark.rule("update-not-insert")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_update_is_not_an_insert(kind: str) -> None:
     log = Log()
@@ -126,6 +129,7 @@ def test_stage1_update_is_not_an_insert(kind: str) -> None:
 
 
 @core
+@pytest.mark.rule("falsy-hits")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 @pytest.mark.parametrize("value", [0, "", None, False, []])
 def test_stage1_falsy_values_are_hits(kind: str, value: Any) -> None:
@@ -138,6 +142,7 @@ def test_stage1_falsy_values_are_hits(kind: str, value: Any) -> None:
 
 
 @core
+@pytest.mark.rule("pure-observations")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_contains_len_and_iteration_do_not_refresh_recency(kind: str) -> None:
     cache = make(kind, 2)
@@ -153,6 +158,7 @@ def test_stage1_contains_len_and_iteration_do_not_refresh_recency(kind: str) -> 
 
 
 @core
+@pytest.mark.rule("delete", "clear", "no-ghosts")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_delete_clear_and_callbacks(kind: str) -> None:
     log = Log()
@@ -171,6 +177,7 @@ def test_stage1_delete_clear_and_callbacks(kind: str) -> None:
 
 
 @core
+@pytest.mark.rule("stats", "counters")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_stats_are_consistent(kind: str) -> None:
     log = Log()
@@ -187,6 +194,7 @@ def test_stage1_stats_are_consistent(kind: str) -> None:
 
 
 @core
+@pytest.mark.rule("counters")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_only_evictions_count_as_evictions(kind: str) -> None:
     cache = make(kind, 2)
@@ -203,6 +211,7 @@ def test_stage1_only_evictions_count_as_evictions(kind: str) -> None:
 
 
 @core
+@pytest.mark.rule("ttl-boundary")
 def test_stage1_ttl_entry_is_gone_exactly_at_its_deadline() -> None:
     clock, log = ManualClock(START), Log()
     cache = make("TTLCache", 4, clock, ttl_ns=TTL, on_evict=log)
@@ -221,6 +230,7 @@ def test_stage1_ttl_entry_is_gone_exactly_at_its_deadline() -> None:
 
 
 @core
+@pytest.mark.rule("ttl-update")
 def test_stage1_ttl_update_restarts_the_deadline() -> None:
     clock = ManualClock(START)
     cache = make("TTLCache", 4, clock)
@@ -238,6 +248,7 @@ def test_stage1_ttl_update_restarts_the_deadline() -> None:
 
 
 @core
+@pytest.mark.rule("ttl-put-over-expired")
 def test_stage1_a_put_over_an_expired_key_is_not_a_replacement() -> None:
     clock, log = ManualClock(START), Log()
     cache = make("TTLCache", 4, clock, on_evict=log)
@@ -252,6 +263,7 @@ def test_stage1_a_put_over_an_expired_key_is_not_a_replacement() -> None:
 
 
 @core
+@pytest.mark.rule("ttl-full-drops-expired", "ttl-lru")
 def test_stage1_a_full_ttl_cache_drops_expired_entries_before_evicting_a_live_one() -> None:
     clock, log = ManualClock(START), Log()
     cache = make("TTLCache", 3, clock, on_evict=log)
@@ -271,6 +283,7 @@ def test_stage1_a_full_ttl_cache_drops_expired_entries_before_evicting_a_live_on
 
 
 @core
+@pytest.mark.rule("ttl-clock-steps")
 def test_stage1_ttl_survives_a_clock_stepping_back() -> None:
     clock = ManualClock(START)
     cache = make("TTLCache", 10, clock)
@@ -294,6 +307,7 @@ _BAD: list[Any] = [
 
 
 @core
+@pytest.mark.rule("bad-parameters")
 @pytest.mark.parametrize(("call", "error", "name"), [pytest.param(*b[1:], id=b[0]) for b in _BAD])
 def test_stage1_bad_parameters_raise_naming_them(
     call: Callable[[], Any], error: type[Exception], name: str
@@ -305,6 +319,7 @@ def test_stage1_bad_parameters_raise_naming_them(
 
 
 @core
+@pytest.mark.rule("unhashable")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
     log = Log()
@@ -323,6 +338,7 @@ def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
 
 
 @extended
+@pytest.mark.rule("weight-update", "weight-capacity")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache", "LFUCache"])
 def test_stage1_weight_update_subtracts_the_old_weight(kind: str) -> None:
     log = Log()
@@ -338,6 +354,7 @@ def test_stage1_weight_update_subtracts_the_old_weight(kind: str) -> None:
 
 
 @extended
+@pytest.mark.rule("heavy-evicts-many", "weight-capacity")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache", "LFUCache"])
 def test_stage1_a_heavy_value_evicts_as_many_entries_as_needed(kind: str) -> None:
     log = Log()
@@ -352,6 +369,7 @@ def test_stage1_a_heavy_value_evicts_as_many_entries_as_needed(kind: str) -> Non
 
 
 @extended
+@pytest.mark.rule("oversize")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache", "LFUCache"])
 def test_stage1_an_oversize_value_raises_and_changes_nothing(kind: str) -> None:
     log = Log()
@@ -370,6 +388,7 @@ def test_stage1_an_oversize_value_raises_and_changes_nothing(kind: str) -> None:
 
 
 @extended
+@pytest.mark.rule("bad-weight")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache", "LFUCache"])
 @pytest.mark.parametrize("weight", [-1, 1.5, "3"])
 def test_stage1_a_bad_weight_raises_and_changes_nothing(kind: str, weight: Any) -> None:
@@ -383,6 +402,7 @@ def test_stage1_a_bad_weight_raises_and_changes_nothing(kind: str, weight: Any) 
 
 
 @extended
+@pytest.mark.rule("weigh-needs-max-weight")
 def test_stage1_weigh_without_max_weight_is_refused() -> None:
     with pytest.raises(ValueError) as raised:
         make("LRUCache", 4, weigh=len)
@@ -390,6 +410,7 @@ def test_stage1_weigh_without_max_weight_is_refused() -> None:
 
 
 @extended
+@pytest.mark.rule("lfu-victim", "lfu-frequency")
 def test_stage1_lfu_evicts_the_least_frequent_then_least_recently_accessed() -> None:
     log = Log()
     cache = make("LFUCache", 3, on_evict=log)
@@ -410,6 +431,7 @@ def test_stage1_lfu_evicts_the_least_frequent_then_least_recently_accessed() -> 
 
 
 @extended
+@pytest.mark.rule("lfu-frequency", "pure-observations")
 def test_stage1_lfu_observations_do_not_count_as_accesses() -> None:
     cache = make("LFUCache", 2)
     cache.put("a", 1)
@@ -421,6 +443,7 @@ def test_stage1_lfu_observations_do_not_count_as_accesses() -> None:
 
 
 @extended
+@pytest.mark.rule("active-expiry")
 def test_stage1_expired_entries_never_pile_up() -> None:
     """Bounded active cleanup: each put reclaims at least one expired entry while any
     remain, and never more than 64 unless it needs the room."""
@@ -439,6 +462,369 @@ def test_stage1_expired_entries_never_pile_up() -> None:
         f"stage 1: 500 expired entries must be reclaimed by later puts, at least 1 and at "
         f"most 64 per put; reclaimed per put: {reclaimed[:20]}… in all {sum(reclaimed)}"
     )
+
+
+# --------------------------------------------------------------------------- boundaries
+#
+# Each rule at its boundary, on every path: the instants around a deadline, a weight at
+# and past the limit, every way a value can leave.
+
+
+def expect(ok: bool, message: str) -> None:
+    """Fail with ``message`` alone (an ``assert`` would add pytest's diff of the same)."""
+    if not ok:
+        raise AssertionError(message)
+
+
+ALL_KINDS = ["LRUCache", "TTLCache", "LFUCache"]
+
+
+def _boundary_cache(maxsize: int = 4) -> tuple[Any, ManualClock, Log]:
+    """A TTL cache holding ``k`` (written at START, deadline START + TTL)."""
+    clock, log = ManualClock(START), Log()
+    cache = make("TTLCache", maxsize, clock, ttl_ns=TTL, on_evict=log)
+    cache.put("k", "v")
+    return cache, clock, log
+
+
+#: op name -> (what to do, what it returns/hears while live, and once expired)
+_AT_DEADLINE: dict[str, tuple[Callable[[Any], Any], Any, Any]] = {
+    "get": (lambda c: c.get("k", "gone"), "v", "gone"),
+    "in": (lambda c: "k" in c, True, False),
+    "len": (lambda c: len(c), 1, 0),
+    "iter": (lambda c: list(c), ["k"], []),
+    "stats().size": (lambda c: c.stats().size, 1, 0),
+    "delete": (lambda c: c.delete("k"), True, False),
+    "expire()": (lambda c: c.expire(), 0, 1),
+    "put over it": (lambda c: c.put("k", "w"), None, None),
+    "clear": (lambda c: c.clear(), None, None),
+}
+#: What on_evict hears from each op, while live and once expired.
+_HEARD: dict[str, tuple[list[Any], list[Any]]] = {
+    "get": ([], [("k", "v", EXPIRED)]),
+    "delete": ([("k", "v", EXPLICIT)], [("k", "v", EXPIRED)]),
+    "put over it": ([("k", "v", REPLACED)], [("k", "v", EXPIRED)]),
+    "clear": ([("k", "v", EXPLICIT)], [("k", "v", EXPIRED)]),
+    "expire()": ([], [("k", "v", EXPIRED)]),
+}
+
+
+@core
+@pytest.mark.rule("ttl-boundary", "ttl-delete", "ttl-put-over-expired", "clear", "expire")
+@pytest.mark.parametrize("offset", [-1, 0, 1], ids=["deadline-1", "deadline", "deadline+1"])
+@pytest.mark.parametrize("op", list(_AT_DEADLINE))
+def test_stage1_ttl_every_path_at_the_deadline(op: str, offset: int) -> None:
+    cache, clock, log = _boundary_cache()
+    clock.set(START + TTL + offset)
+    do, live, expired = _AT_DEADLINE[op]
+    alive = offset < 0
+    got = do(cache)
+    want = live if alive else expired
+    when = f"at deadline{offset:+d} ns" if offset else "at the deadline exactly"
+    expect(
+        got == want,
+        f"stage 1: put('k', 'v') at t with ttl_ns={TTL}; {op} {when} must give {want!r} "
+        f"(live iff now < t + ttl_ns); got {got!r}",
+    )
+    heard = log.take()
+    expired_heard = [c for c in heard if c[2] is EXPIRED]
+    if op in _HEARD:
+        want_heard = _HEARD[op][0 if alive else 1]
+        expect(
+            heard == want_heard,
+            f"stage 1: {op} {when}: on_evict must hear {want_heard} (an entry at or past "
+            f"its deadline leaves as EXPIRED, a live one as EXPLICIT/REPLACED); heard {heard}",
+        )
+    else:  # an observation may reclaim the expired entry, as EXPIRED, at most once
+        expect(
+            heard == expired_heard and len(heard) <= (0 if alive else 1),
+            f"stage 1: {op} {when} is an observation: it may only reclaim an expired entry "
+            f"(EXPIRED, once); heard {heard}",
+        )
+    stats = cache.stats()
+    log.take()
+    expect(
+        stats.expirations == (0 if alive else 1),
+        f"stage 1: {op} {when}: expirations must be {0 if alive else 1}; {stats}",
+    )
+
+
+@core
+@pytest.mark.rule("ttl-delete")
+def test_stage1_ttl_delete_at_the_deadline() -> None:
+    for offset in (-1, 0, 1):
+        cache, clock, log = _boundary_cache()
+        clock.set(START + TTL + offset)
+        got = cache.delete("k")
+        cause = EXPLICIT if offset < 0 else EXPIRED
+        expect(
+            got is (offset < 0) and log.take() == [("k", "v", cause)],
+            f"stage 1: delete('k') at deadline{offset:+d} ns must return {offset < 0} and report "
+            f"{cause.name} (live iff now < deadline; an expired entry leaves as EXPIRED); got "
+            f"{got!r}, heard {log.taken}",
+        )
+
+
+@core
+@pytest.mark.rule("ttl-full-drops-expired", "ttl-boundary")
+@pytest.mark.parametrize("offset", [-1, 0, 1], ids=["deadline-1", "deadline", "deadline+1"])
+def test_stage1_ttl_a_full_cache_at_the_deadline(offset: int) -> None:
+    cache, clock, log = _boundary_cache(maxsize=1)
+    clock.set(START + TTL + offset)
+    cache.put("new", "n")
+    want = [("k", "v", EVICTED if offset < 0 else EXPIRED)]
+    expect(
+        log.take() == want,
+        f"stage 1: a full TTLCache(1) holding k, put of another key at deadline{offset:+d}: "
+        f"k must leave as {want[0][2].name} (expired entries go before live ones, and k is "
+        f"expired from its deadline on); heard {log.taken}",
+    )
+
+
+@core
+@pytest.mark.rule("clear", "counters")
+def test_stage1_ttl_clear_reports_expired_entries_as_expired() -> None:
+    clock, log = ManualClock(START), Log()
+    cache = make("TTLCache", 4, clock, ttl_ns=TTL, on_evict=log)
+    cache.put("old", 1)
+    clock.advance(TTL // 2)
+    cache.put("live", 2)
+    clock.advance(TTL // 2)  # old's deadline exactly
+    cache.clear()
+    heard = sorted(log.take(), key=lambda c: str(c[0]))
+    expect(
+        heard == [("live", 2, EXPLICIT), ("old", 1, EXPIRED)],
+        "stage 1: clear() on a TTL cache reports an entry already expired as EXPIRED (its "
+        f"time ran out before clear came) and a live one as EXPLICIT; heard {heard}",
+    )
+    stats = cache.stats()
+    expect(
+        (stats.expirations, stats.evictions, stats.size) == (1, 0, 0),
+        f"stage 1: after clear() the expired entry is counted in expirations: {stats}",
+    )
+
+
+def _consistency_problems(kind: str, weighted: bool) -> list[str]:
+    clock = ManualClock(START)
+    problems: list[str] = []
+    where = f"{kind}{' by weight' if weighted else ''}"
+
+    def on_evict(key: Any, value: Any, cause: RemovalCause) -> None:
+        held = list(cache)  # pure observations only
+        inside = key in cache
+        if cause is REPLACED and not inside:
+            problems.append(f"{cause.name} of {key!r}: the new value is not in place")
+        if cause is not REPLACED and (inside or key in held):
+            problems.append(f"{cause.name} of {key!r}: it is still in the cache")
+        if len(held) > cache.maxsize:
+            problems.append(f"{cause.name} of {key!r}: {len(held)} keys > maxsize")
+        if weighted and kind != "TTLCache" and cache.stats().weight > cache.max_weight:
+            problems.append(f"{cause.name} of {key!r}: weight {cache.stats().weight} > max")
+
+    kw: dict[str, Any] = {"on_evict": on_evict}
+    if weighted:
+        kw |= {"max_weight": 6, "weigh": len}
+    cache = make(kind, 3, clock, **kw)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("put a, b, c", lambda: [cache.put(k, "x") for k in "abc"]),
+        ("put d (evicts)", lambda: cache.put("d", "x")),
+        ("put d again (replaces)", lambda: cache.put("d", "y")),
+        ("delete c", lambda: cache.delete("c")),
+        ("put e (a heavy one)", lambda: cache.put("e", "eeee" if weighted else "e")),
+        ("clear", lambda: cache.clear()),
+    ]
+    if kind == "TTLCache":
+        steps += [
+            ("put f, g", lambda: [cache.put(k, "x") for k in "fg"]),
+            ("at their deadline", lambda: clock.advance(TTL)),
+            ("get f", lambda: cache.get("f")),
+            ("expire()", lambda: cache.expire()),
+        ]
+    done: list[str] = []
+    for what, step in steps:
+        step()
+        done.append(what)
+        if problems:
+            return [f"{where}: {p} (after {'; '.join(done)})" for p in problems]
+    return []
+
+
+def _expect_consistent(cases: list[tuple[str, bool]]) -> None:
+    problems = [p for kind, weighted in cases for p in _consistency_problems(kind, weighted)]
+    expect(
+        not problems,
+        "stage 1: on_evict must run only once the cache is consistent again (the victim "
+        "gone, within capacity):\n  " + "\n  ".join(problems),
+    )
+
+
+@core
+@pytest.mark.rule("callback-consistent")
+def test_stage1_on_evict_sees_a_consistent_cache() -> None:
+    _expect_consistent([("LRUCache", False), ("TTLCache", False)])
+
+
+@extended
+@pytest.mark.rule("callback-consistent")
+def test_stage1_on_evict_sees_a_consistent_cache_by_weight_and_in_lfu() -> None:
+    _expect_consistent([("LFUCache", False)] + [(k, True) for k in ALL_KINDS])
+
+
+_BAD_PUT_WEIGHTS: list[tuple[Any, str]] = [
+    (-1, "weigh"), (1.5, "weigh"), ("3", "weigh"), (True, "weigh"), (11, "max_weight")
+]  # fmt: skip
+
+
+@extended
+@pytest.mark.rule("put-weight")
+def test_stage1_a_weight_given_to_put_is_validated_like_weighs() -> None:
+    for kind in ALL_KINDS:
+        for weight, names in _BAD_PUT_WEIGHTS:
+            _check_put_weight(kind, weight, names)
+
+
+def _check_put_weight(kind: str, weight: Any, names: str) -> None:
+    weighed: list[Any] = []
+    log = Log()
+
+    def weigh(value: Any) -> int:
+        weighed.append(value)
+        return 1
+
+    cache = make(kind, 10, max_weight=10, weigh=weigh, on_evict=log)
+    cache.put("a", "x")
+    weighed.clear()
+    for key in ("a", "b"):  # an existing key, and a new one
+        try:
+            cache.put(key, "y", weight=weight)
+        except ValueError as e:
+            expect(names in str(e), f"stage 1: {kind}: the ValueError must name {names}: {e!r}")
+        else:
+            raise AssertionError(
+                f"stage 1: {kind}(10, max_weight=10).put({key!r}, 'y', weight={weight!r}) must "
+                f"raise ValueError naming {names}: a weight given to put is validated like "
+                f"weigh's result"
+            )
+    expect(
+        log.calls == [] and list(cache) == ["a"] and cache.stats().weight == 1,
+        f"stage 1: {kind}: a refused weight={weight!r} changes nothing: heard {log.calls}, "
+        f"keys {list(cache)}, {cache.stats()}",
+    )
+    cache.put("f", "ffff", weight=5)
+    expect(
+        weighed == [] and cache.stats().weight == 6,
+        f"stage 1: {kind}: put('f', 'ffff', weight=5) takes the weight given (total 1 + 5 = 6) "
+        f"and does not call weigh; weigh saw {weighed}, {cache.stats()}",
+    )
+
+
+@extended
+@pytest.mark.rule("put-weight")
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_stage1_without_max_weight_a_weight_is_ignored(kind: str) -> None:
+    cache = make(kind, 2)
+    cache.put("a", 1, weight=7)
+    cache.put("b", 2, weight=7)
+    stats = cache.stats()
+    expect(
+        (stats.size, stats.weight) == (2, 2) and list(cache) == ["a", "b"],
+        f"stage 1: without max_weight every entry weighs 1 (weight= is ignored): {stats}",
+    )
+
+
+@core
+@pytest.mark.rule("on-evict-attribute")
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_stage1_on_evict_can_be_assigned_later(kind: str) -> None:
+    cache, log = make(kind, 1), Log()
+    cache.put("a", 1)
+    cache.on_evict = log
+    cache.put("b", 2)
+    cache.put("b", 3)
+    cache.delete("b")
+    expect(
+        log.take() == [("a", 1, EVICTED), ("b", 2, REPLACED), ("b", 3, EXPLICIT)],
+        f"stage 1: on_evict is a plain attribute read at each removal: a callback assigned "
+        f"after the cache was built hears every later removal; heard {log.taken}",
+    )
+    cache.on_evict = None
+    cache.put("c", 1)
+    cache.put("d", 1)
+    expect(log.calls == [], f"stage 1: on_evict = None silences it; heard {log.calls}")
+
+
+@extended
+@pytest.mark.rule("lfu-frequency")
+def test_stage1_lfu_a_key_that_comes_back_starts_at_one() -> None:
+    cache = make("LFUCache", 2)
+    cache.put("a", 1)
+    for _ in range(3):
+        cache.get("a")
+    cache.put("a", 2)
+    expect(cache.frequency("a") == 5, f"stage 1: 1 + 3 hits + 1 update: {cache.frequency('a')}")
+    expect(cache.frequency("zz") == 0, "stage 1: frequency of a key not held is 0")
+    cache.delete("a")
+    expect(cache.frequency("a") == 0, "stage 1: a deleted key has frequency 0")
+    cache.put("a", 3)
+    expect(
+        cache.frequency("a") == 1,
+        f"stage 1: a key that leaves and comes back starts again at 1; got {cache.frequency('a')}",
+    )
+    cache.put("b", 1)
+    cache.get("b")
+    cache.put("c", 1)  # a (1) is the victim, not b (2)
+    expect(
+        list(cache) == ["c", "b"],
+        f"stage 1: a's old count is forgotten, so a (frequency 1) was evicted: {list(cache)}",
+    )
+
+
+@extended
+@pytest.mark.rule("bounded-memory", "ttl-boundary", "expire")
+def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entries() -> None:
+    """Ten keys written once, then one hot key updated 20 000 times: 19 999 stale deadlines
+    behind 11 live entries. The bookkeeping must be reclaimed (memory bounded by capacity)
+    and expiry must stay exact for the keys written before all that."""
+    import tracemalloc
+
+    clock, log = ManualClock(START), Log()
+    ttl = TTL * 100
+    cache = make("TTLCache", 11, clock, ttl_ns=ttl)
+    for n in range(10):
+        cache.put(n, n)  # deadline START + ttl
+    clock.advance(1)
+    for n in range(200):
+        cache.put("hot", n)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n in range(200, 20_000):
+            cache.put("hot", n)
+        grown = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    expect(
+        grown < 256 * 1024,
+        f"stage 1: 20 000 updates of one key grew the cache's memory by {grown // 1024} KiB: "
+        "the stale deadlines of updated keys must be reclaimed (in proportion to the live "
+        "entries), not kept until they expire",
+    )
+    cache.on_evict = log
+    clock.set(START + ttl - 1)
+    expect(
+        cache.expire() == 0 and len(cache) == 11,
+        f"stage 1: 1 ns before their deadline all 11 keys are live: len {len(cache)}",
+    )
+    clock.set(START + ttl)
+    gone = cache.expire()
+    expect(
+        (gone, len(cache), list(cache), cache.stats().expirations) == (10, 1, ["hot"], 10),
+        f"stage 1: at their deadline the 10 keys written first expire (expire() -> 10, "
+        f"'hot' stays); got expire() -> {gone}, keys {list(cache)}, {cache.stats()} — the "
+        "deadline bookkeeping lost track of them while it reclaimed the stale ones",
+    )
+    heard = sorted(k for k, _, c in log.take() if c is EXPIRED)
+    expect(heard == list(range(10)), f"stage 1: EXPIRED heard for 0..9; heard {heard}")
 
 
 # --------------------------------------------------------------------------- the model
@@ -573,15 +959,20 @@ class CacheMachine(RuleBasedStateMachine):
         now = self.clock.now_ns()
         for key, value, cause in calls:
             if cause is EXPIRED:
-                assert self.model.dead.get(key, object()) == value or any(
-                    e.key == key and e.value == value and self.model.expired(e, now)
-                    for e in self.model.entries
-                ), self.fail(f"on_evict({key!r}, {value!r}, EXPIRED) for an entry not expired")
+                expect(
+                    self.model.dead.get(key, object()) == value
+                    or any(
+                        e.key == key and e.value == value and self.model.expired(e, now)
+                        for e in self.model.entries
+                    ),
+                    self.fail(f"on_evict({key!r}, {value!r}, EXPIRED) for an entry not expired"),
+                )
                 self.model.dead.pop(key, None)
                 self.model.expirations += 1
         others = [c for c in calls if c[2] is not EXPIRED]
-        assert others == expected, self.fail(
-            f"on_evict calls: expected {expected} (and any EXPIRED), got {calls}"
+        expect(
+            others == expected,
+            self.fail(f"on_evict calls: expected {expected} (and any EXPIRED), got {calls}"),
         )
 
     @rule(key=KEYS, value=st.integers(0, 20))
@@ -589,21 +980,42 @@ class CacheMachine(RuleBasedStateMachine):
         self.history.append(f"put({key!r}, {value})")
         weight = value % 7
         if self.weighted and weight > self.model.max_weight:  # type: ignore[operator]
-            with pytest.raises(ValueError):
+            why = f"it weighs {weight} > max_weight={self.model.max_weight}"
+            try:
                 self.cache.put(key, value)
+            except ValueError:
+                pass
+            except Exception as e:
+                raise AssertionError(
+                    self.fail(f"put({key!r}, {value}): expected ValueError ({why}), got {e!r}")
+                ) from e
+            else:
+                raise AssertionError(
+                    self.fail(f"put({key!r}, {value}): expected ValueError ({why}); it returned")
+                )
             self.heard([])
             return
         expected = self.model.put(key, value, weight if self.weighted else 1, self.clock.now_ns())
-        self.cache.put(key, value)
+        self.call(f"put({key!r}, {value})", lambda: self.cache.put(key, value))
         self.heard(expected)
+
+    def call(self, what: str, fn: Callable[[], Any]) -> Any:
+        """``fn()``; an exception where the model expects none fails with the steps."""
+        try:
+            return fn()
+        except Exception as e:
+            raise AssertionError(
+                self.fail(f"{what} raised {e!r}; the model expected no exception")
+            ) from e
 
     @rule(key=KEYS)
     def get(self, key: str) -> None:
         self.history.append(f"get({key!r})")
         hit, value = self.model.get(key, self.clock.now_ns())
-        got = self.cache.get(key, "MISS")
-        assert got == (value if hit else "MISS"), self.fail(
-            f"get({key!r}): expected {value if hit else 'a miss'}, got {got!r}"
+        got = self.call(f"get({key!r})", lambda: self.cache.get(key, "MISS"))
+        expect(
+            got == (value if hit else "MISS"),
+            self.fail(f"get({key!r}): expected {value if hit else 'a miss'}, got {got!r}"),
         )
         self.heard([])
 
@@ -612,8 +1024,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.history.append(f"delete({key!r})")
         value = e.value if (e := self.model.find(key)) else None
         expected = self.model.delete(key, self.clock.now_ns())
-        got = self.cache.delete(key)
-        assert got is expected, self.fail(f"delete({key!r}): expected {expected}, got {got}")
+        got = self.call(f"delete({key!r})", lambda: self.cache.delete(key))
+        expect(got is expected, self.fail(f"delete({key!r}): expected {expected}, got {got}"))
         self.heard([(key, value, EXPLICIT)] if expected else [])
 
     @precondition(lambda self: self.kind == "TTLCache")
@@ -629,19 +1041,23 @@ class CacheMachine(RuleBasedStateMachine):
         now = self.clock.now_ns()
         self.model.settle(now)
         keys = self.model.order()
-        assert list(self.cache) == keys and len(self.cache) == len(keys), self.fail(
-            f"held keys (in eviction order): expected {keys}, got {list(self.cache)} "
-            f"(len {len(self.cache)})"
+        held, size = list(self.cache), len(self.cache)
+        expect(
+            held == keys and size == len(keys),
+            self.fail(f"held keys (in eviction order): expected {keys}, got {held} (len {size})"),
         )
         for key in ["a", "b", "c", "d", "e", "f"]:
-            assert (key in self.cache) == (key in keys), self.fail(f"{key!r} in cache")
+            expect(
+                (key in self.cache) == (key in keys),
+                self.fail(f"{key!r} in cache: expected {key in keys}"),
+            )
         self.heard([])  # observing may reclaim expired entries: EXPIRED calls only
         stats = self.cache.stats()
         self.heard([])
         m = self.model
         weight = sum(e.weight for e in m.entries) if self.weighted else len(keys)
         want = CacheStats(m.hits, m.misses, m.evictions, m.expirations, len(keys), weight)
-        assert stats == want, self.fail(f"stats(): expected {want}, got {stats}")
+        expect(stats == want, self.fail(f"stats(): expected {want}, got {stats}"))
 
 
 def machine(kind: str, weighted: bool) -> type[RuleBasedStateMachine]:
@@ -649,12 +1065,31 @@ def machine(kind: str, weighted: bool) -> type[RuleBasedStateMachine]:
                 {"kind": kind, "weighted": weighted})  # fmt: skip
 
 
-TestStage1LRUMatchesTheModel = core(machine("LRUCache", False).TestCase)
-TestStage1TTLMatchesTheModel = core(machine("TTLCache", False).TestCase)
-TestStage1WeightedLRUMatchesTheModel = extended(machine("LRUCache", True).TestCase)
-TestStage1WeightedTTLMatchesTheModel = extended(machine("TTLCache", True).TestCase)
-TestStage1LFUMatchesTheModel = extended(machine("LFUCache", False).TestCase)
-TestStage1WeightedLFUMatchesTheModel = extended(machine("LFUCache", True).TestCase)
+_MODEL_RULES = (
+    "capacity", "lru-order", "iteration-order", "writer-not-victim", "update-not-insert",
+    "delete", "no-ghosts", "counters", "stats", "pure-observations",
+)  # fmt: skip
+_TTL_RULES = ("ttl-boundary", "ttl-lru", "ttl-update", "ttl-delete", "ttl-put-over-expired",
+              "ttl-full-drops-expired")  # fmt: skip
+_WEIGHT_RULES = ("weight-capacity", "weight-update", "heavy-evicts-many", "oversize")
+_LFU_RULES = ("lfu-victim", "lfu-frequency")
+lru_rules = pytest.mark.rule(*_MODEL_RULES)
+ttl_rules = pytest.mark.rule(*_MODEL_RULES, *_TTL_RULES)
+weight_rules = pytest.mark.rule(*_WEIGHT_RULES)
+lfu_rules = pytest.mark.rule(*_MODEL_RULES, *_LFU_RULES)
+
+TestStage1LRUMatchesTheModel = core(lru_rules(machine("LRUCache", False).TestCase))
+TestStage1TTLMatchesTheModel = core(ttl_rules(machine("TTLCache", False).TestCase))
+TestStage1WeightedLRUMatchesTheModel = extended(
+    weight_rules(lru_rules(machine("LRUCache", True).TestCase))
+)
+TestStage1WeightedTTLMatchesTheModel = extended(
+    weight_rules(ttl_rules(machine("TTLCache", True).TestCase))
+)
+TestStage1LFUMatchesTheModel = extended(lfu_rules(machine("LFUCache", False).TestCase))
+TestStage1WeightedLFUMatchesTheModel = extended(
+    weight_rules(lfu_rules(machine("LFUCache", True).TestCase))
+)
 for _case in (
     TestStage1LRUMatchesTheModel, TestStage1TTLMatchesTheModel,
     TestStage1WeightedLRUMatchesTheModel, TestStage1WeightedTTLMatchesTheModel,
