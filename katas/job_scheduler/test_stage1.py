@@ -183,6 +183,7 @@ class Story:
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.rule("unique-ids", "claim-counts", "snapshot")
 @core
 def test_stage1_enqueue_claim_ack_runs_a_job_once() -> None:
     clock, queue = new_queue()
@@ -224,6 +225,7 @@ def test_stage1_enqueue_claim_ack_runs_a_job_once() -> None:
     assert queue.claim("worker-2") is None, "stage 1: a finished job is never claimed again"
 
 
+@pytest.mark.rule("claim-order", "next-due")
 @core
 def test_stage1_claim_on_an_empty_queue_returns_none() -> None:
     _, queue = new_queue()
@@ -231,6 +233,7 @@ def test_stage1_claim_on_an_empty_queue_returns_none() -> None:
     assert queue.next_due_ns() is None, "stage 1: next_due_ns() on an empty queue is None"
 
 
+@pytest.mark.rule("claim-order", "never-compared")
 @core
 def test_stage1_equal_priority_jobs_come_out_in_enqueue_order() -> None:
     _, queue = new_queue()
@@ -243,6 +246,7 @@ def test_stage1_equal_priority_jobs_come_out_in_enqueue_order() -> None:
     )
 
 
+@pytest.mark.rule("claim-order", "future-does-not-block")
 @core
 def test_stage1_higher_priority_first_then_due_time_then_enqueue_order() -> None:
     clock, queue = new_queue()
@@ -264,6 +268,7 @@ def test_stage1_higher_priority_first_then_due_time_then_enqueue_order() -> None
     )
 
 
+@pytest.mark.rule("never-early")
 @core
 def test_stage1_job_is_not_claimed_before_its_run_at() -> None:
     clock, queue = new_queue()
@@ -279,6 +284,7 @@ def test_stage1_job_is_not_claimed_before_its_run_at() -> None:
     )
 
 
+@pytest.mark.rule("failed-attempt", "backoff-formula", "backoff-from-failure")
 @core
 def test_stage1_nack_retries_after_exponential_backoff() -> None:
     clock, queue = new_queue(max_attempts=6)
@@ -310,6 +316,7 @@ def test_stage1_nack_retries_after_exponential_backoff() -> None:
         clock.advance(1)
 
 
+@pytest.mark.rule("lease-live", "failed-attempt", "claim-counts")
 @core
 def test_stage1_expired_lease_costs_an_attempt_and_is_retried() -> None:
     clock, queue = new_queue()
@@ -336,6 +343,7 @@ def test_stage1_expired_lease_costs_an_attempt_and_is_retried() -> None:
     )
 
 
+@pytest.mark.rule("stale-changes-nothing")
 @core
 def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() -> None:
     clock, queue = new_queue(max_attempts=5)
@@ -363,6 +371,7 @@ def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() ->
     assert queue.get(job_id).result == "done", "stage 1: a second ack must change nothing"
 
 
+@pytest.mark.rule("dead-at-max")
 @core
 def test_stage1_job_is_dead_after_exactly_max_attempts() -> None:
     clock, queue = new_queue(max_attempts=3)
@@ -393,6 +402,7 @@ def test_stage1_job_is_dead_after_exactly_max_attempts() -> None:
     assert queue.claim("w") is None, "stage 1: a DEAD job is never claimed"
 
 
+@pytest.mark.rule("dead-at-max", "failed-attempt")
 @core
 def test_stage1_poison_job_that_always_crashes_dies() -> None:
     clock, queue = new_queue(max_attempts=2)
@@ -414,6 +424,7 @@ def test_stage1_poison_job_that_always_crashes_dies() -> None:
     )
 
 
+@pytest.mark.rule("retry-keeps-seq")
 @core
 def test_stage1_retry_keeps_its_sequence_number() -> None:
     clock, queue = new_queue()
@@ -432,6 +443,7 @@ def test_stage1_retry_keeps_its_sequence_number() -> None:
     assert seqs == (1, 2), f"stage 1: seq is the enqueue order and a retry keeps it, got {seqs}"
 
 
+@pytest.mark.rule("backoff-from-failure")
 @core
 def test_stage1_backoff_of_an_expired_lease_runs_from_the_expiry() -> None:
     clock, queue = new_queue(jitter="full")
@@ -447,6 +459,7 @@ def test_stage1_backoff_of_an_expired_lease_runs_from_the_expiry() -> None:
     )
 
 
+@pytest.mark.rule("expiry-order")
 @core
 def test_stage1_expiries_are_applied_in_expiry_then_sequence_order() -> None:
     policy = RetryPolicy(BASE, CAP, "full")
@@ -473,6 +486,7 @@ def test_stage1_expiries_are_applied_in_expiry_then_sequence_order() -> None:
     )
 
 
+@pytest.mark.rule("settle-first")
 @core
 def test_stage1_every_call_applies_due_expiries_before_its_own_work() -> None:
     clock, queue = new_queue(jitter="full", max_attempts=5)
@@ -495,6 +509,7 @@ def test_stage1_every_call_applies_due_expiries_before_its_own_work() -> None:
     )
 
 
+@pytest.mark.rule("next-due")
 @core
 def test_stage1_next_due_ns_tells_when_to_claim_next() -> None:
     clock, queue = new_queue()
@@ -588,6 +603,7 @@ def _bad_calls() -> list[Any]:
     return [pytest.param(*case[:4], marks=case[4], id=case[0]) for case in cases]
 
 
+@pytest.mark.rule("bad-input")
 @pytest.mark.parametrize(("what", "call", "exc", "word"), _bad_calls())
 def test_stage1_bad_input_raises_naming_the_parameter_and_changes_nothing(
     what: str, call: Callable[[Any, Any, str], Any], exc: Any, word: str
@@ -604,6 +620,7 @@ def test_stage1_bad_input_raises_naming_the_parameter_and_changes_nothing(
     queue.ack(lease)  # the lease is still live
 
 
+@pytest.mark.rule("get-unknown", "lease-unknown-job")
 @core
 def test_stage1_unknown_job_raises_job_not_found() -> None:
     _, queue = new_queue()
@@ -802,6 +819,7 @@ def client_for(max_attempts: int = 3) -> Client:
     return Client(queue, clock, max_attempts)
 
 
+@pytest.mark.rule("never-early")
 @core
 @given(ops=workloads(), max_attempts=st.integers(1, 3))
 def test_stage1_never_claims_a_job_before_it_is_due(ops: list[Op], max_attempts: int) -> None:
@@ -822,6 +840,7 @@ def test_stage1_never_claims_a_job_before_it_is_due(ops: list[Op], max_attempts:
         )
 
 
+@pytest.mark.rule("claim-order", "future-does-not-block")
 @core
 @given(ops=workloads(), max_attempts=st.integers(1, 3))
 def test_stage1_claim_takes_the_highest_priority_then_earliest_due_then_oldest(
@@ -841,6 +860,7 @@ def test_stage1_claim_takes_the_highest_priority_then_earliest_due_then_oldest(
         )
 
 
+@pytest.mark.rule("lease-live")
 @core
 @given(ops=workloads(), max_attempts=st.integers(1, 3))
 def test_stage1_at_most_one_live_lease_per_job(ops: list[Op], max_attempts: int) -> None:
@@ -858,6 +878,7 @@ def test_stage1_at_most_one_live_lease_per_job(ops: list[Op], max_attempts: int)
             )
 
 
+@pytest.mark.rule("claim-counts", "stale-changes-nothing")
 @core
 @given(ops=workloads(), max_attempts=st.integers(1, 3))
 def test_stage1_fencing_tokens_grow_and_stale_leases_change_nothing(
@@ -891,6 +912,7 @@ def test_stage1_fencing_tokens_grow_and_stale_leases_change_nothing(
             )
 
 
+@pytest.mark.rule("claim-counts", "dead-at-max")
 @core
 @given(ops=workloads(), max_attempts=st.integers(1, 3))
 def test_stage1_attempts_are_counted_at_claim_and_the_job_dies_at_max_attempts(
@@ -923,6 +945,7 @@ def test_stage1_attempts_are_counted_at_claim_and_the_job_dies_at_max_attempts(
             )
 
 
+@pytest.mark.rule("unique-ids", "failed-attempt", "lease-live")
 @core
 @given(ops=workloads(), max_attempts=st.integers(1, 3))
 def test_stage1_conservation_every_job_is_in_exactly_the_state_its_history_says(
@@ -953,6 +976,7 @@ def test_stage1_conservation_every_job_is_in_exactly_the_state_its_history_says(
     client.run(ops, check)
 
 
+@pytest.mark.rule("next-due")
 @core
 @given(ops=workloads(), max_attempts=st.integers(1, 3))
 def test_stage1_next_due_ns_is_when_the_next_claim_can_succeed(
@@ -972,6 +996,7 @@ def test_stage1_next_due_ns_is_when_the_next_claim_can_succeed(
     client.run(ops, check)
 
 
+@pytest.mark.rule("next-due", "dead-at-max")
 @core
 @given(
     ops=workloads(),
@@ -1012,6 +1037,7 @@ def test_stage1_liveness_every_job_finishes(
     )
 
 
+@pytest.mark.rule("backoff-formula", "decorrelated", "one-draw", "backoff-from-failure")
 @core
 @given(
     jitter=st.sampled_from(JITTERS),
@@ -1061,6 +1087,7 @@ def test_stage1_backoff_delays_follow_the_formula_for_each_jitter_mode(
 # --------------------------------------------------------------------------------------
 
 
+@pytest.mark.rule("heartbeat")
 @extended
 def test_stage1_heartbeat_extends_a_live_lease() -> None:
     clock, queue = new_queue()
@@ -1083,6 +1110,7 @@ def test_stage1_heartbeat_extends_a_live_lease() -> None:
     )
 
 
+@pytest.mark.rule("heartbeat-never-revives")
 @extended
 @given(
     beats=st.lists(st.integers(1, 2 * LEASE), min_size=1, max_size=6),
@@ -1123,6 +1151,7 @@ def test_stage1_heartbeat_never_revives_an_expired_lease(beats: list[int], recla
         return
 
 
+@pytest.mark.rule("release")
 @extended
 def test_stage1_release_refunds_the_attempt_and_keeps_the_place_in_line() -> None:
     clock, queue = new_queue(max_attempts=1)
@@ -1144,6 +1173,7 @@ def test_stage1_release_refunds_the_attempt_and_keeps_the_place_in_line() -> Non
     )
 
 
+@pytest.mark.rule("release")
 @extended
 @given(pattern=st.lists(st.sampled_from(["release", "nack", "crash"]), min_size=1, max_size=12))
 def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
@@ -1176,6 +1206,7 @@ def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
     )
 
 
+@pytest.mark.rule("cancel", "cancel-finished")
 @extended
 def test_stage1_cancel_makes_the_lease_stale_and_the_job_final() -> None:
     clock, queue = new_queue()
@@ -1206,6 +1237,7 @@ def test_stage1_cancel_makes_the_lease_stale_and_the_job_final() -> None:
     rejects(JobNotFound, lambda: queue.cancel("no-such-job"), "cancel of an unknown id")
 
 
+@pytest.mark.rule("cancel", "cancel-finished")
 @extended
 @given(ops=workloads(max_size=30), victim=st.integers(0, 30), seed=st.integers(0, 9))
 def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
@@ -1239,6 +1271,7 @@ def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
     assert queue.get(job_id).state is (CANCELLED if cancelled else before.state)
 
 
+@pytest.mark.rule("dead-letters", "redrive", "redrive-keeps-token")
 @extended
 def test_stage1_dead_letters_are_listed_in_order_of_death_and_can_be_redriven() -> None:
     clock, queue = new_queue(max_attempts=1)
@@ -1270,6 +1303,7 @@ def test_stage1_dead_letters_are_listed_in_order_of_death_and_can_be_redriven() 
     rejects(JobNotFound, lambda: queue.redrive("no-such-job"), "redrive of an unknown id")
 
 
+@pytest.mark.rule("redrive", "redrive-keeps-token")
 @extended
 @given(
     max_attempts=st.integers(1, 3),
@@ -1309,6 +1343,7 @@ def test_stage1_redrive_zeroes_attempts_and_tokens_keep_growing(
         )
 
 
+@pytest.mark.rule("idempotency", "dedup-ttl-from-first")
 @extended
 def test_stage1_idempotency_key_returns_the_first_job_within_its_ttl() -> None:
     clock, queue = new_queue(dedup_ttl_ns=500)
@@ -1332,6 +1367,7 @@ def test_stage1_idempotency_key_returns_the_first_job_within_its_ttl() -> None:
     assert queue.enqueue("other", idempotency_key="order-8") not in (first, fresh)
 
 
+@pytest.mark.rule("idempotency", "dedup-ttl-from-first")
 @extended
 @given(
     ttl=st.sampled_from([0, 1, 300, 1000]),
@@ -1362,6 +1398,7 @@ def test_stage1_idempotent_enqueue_dedups_exactly_within_the_ttl_of_the_first(
             first[key] = (got, now)
 
 
+@pytest.mark.rule("retention", "unfinished-kept")
 @extended
 def test_stage1_finished_jobs_and_keys_are_forgotten_after_retention() -> None:
     clock, queue = new_queue(retention_ns=2_000, dedup_ttl_ns=3_000, max_attempts=1)
@@ -1390,6 +1427,7 @@ def test_stage1_finished_jobs_and_keys_are_forgotten_after_retention() -> None:
     assert queue.statistics().idempotency_keys == 0, "stage 1: keys are forgotten after their TTL"
 
 
+@pytest.mark.rule("retention", "unfinished-kept")
 @extended
 @given(
     retention=st.sampled_from([0, 1, 500, 2_000]),
@@ -1438,6 +1476,7 @@ def test_stage1_retention_forgets_finished_jobs_exactly_on_time(
     )
 
 
+@pytest.mark.rule("max-pending", "full-queue-dedups")
 @extended
 def test_stage1_max_pending_bounds_unfinished_jobs() -> None:
     _, queue = new_queue(max_pending=2, max_attempts=1)
@@ -1458,6 +1497,7 @@ def test_stage1_max_pending_bounds_unfinished_jobs() -> None:
     assert queue.redrive(a) is True
 
 
+@pytest.mark.rule("statistics")
 @extended
 def test_stage1_statistics_count_jobs_per_state() -> None:
     clock, queue = new_queue(max_attempts=1)
@@ -1477,6 +1517,7 @@ def test_stage1_statistics_count_jobs_per_state() -> None:
     assert (queue.statistics().scheduled, queue.statistics().ready) == (0, 2)
 
 
+@pytest.mark.rule("is-current")
 @extended
 def test_stage1_is_current_tells_a_worker_whether_its_lease_is_live() -> None:
     clock, queue = new_queue()
@@ -1493,6 +1534,7 @@ def test_stage1_is_current_tells_a_worker_whether_its_lease_is_live() -> None:
     assert queue.is_current(Lease("no-such-job", 1, 1, START + LEASE, "w")) is False
 
 
+@pytest.mark.rule("effect-once", "effect-fenced")
 @extended
 def test_stage1_effect_store_applies_each_effect_once_despite_crashes_and_zombies() -> None:
     clock, queue = new_queue(max_attempts=5)
@@ -1520,6 +1562,7 @@ def test_stage1_effect_store_applies_each_effect_once_despite_crashes_and_zombie
     assert len(store.effects()) == 2, "stage 1: effects() returns a copy"
 
 
+@pytest.mark.rule("effect-once", "effect-fenced")
 @extended
 @given(
     plans=st.lists(
@@ -2082,8 +2125,22 @@ class ExtendedQueueMachine(QueueMachine):
         self.check(f"redrive({job_id!r})", expected, got)
 
 
-TestStage1JobQueueModel = core(QueueMachine.TestCase)
-TestStage1JobQueueExtendedModel = extended(ExtendedQueueMachine.TestCase)
+#: What the machines check: every core rule a random run reaches, and the extended ones.
+MODEL_RULES = (
+    "claim-order", "never-early", "claim-counts", "lease-live", "stale-changes-nothing",
+    "failed-attempt", "backoff-from-failure", "dead-at-max", "backoff-formula", "decorrelated",
+    "one-draw", "settle-first", "expiry-order", "next-due", "snapshot",
+)  # fmt: skip
+EXTENDED_MODEL_RULES = (
+    "heartbeat", "heartbeat-never-revives", "release", "cancel", "cancel-finished",
+    "dead-letters", "redrive", "redrive-keeps-token", "idempotency", "dedup-ttl-from-first",
+    "retention", "max-pending", "full-queue-dedups", "statistics", "is-current",
+    "lease-unknown-job",
+)  # fmt: skip
+TestStage1JobQueueModel = pytest.mark.rule(*MODEL_RULES)(core(QueueMachine.TestCase))
+TestStage1JobQueueExtendedModel = pytest.mark.rule(*EXTENDED_MODEL_RULES)(
+    extended(ExtendedQueueMachine.TestCase)
+)
 
 
 def model_ops(extended: bool) -> st.SearchStrategy[list[Op]]:
@@ -2125,12 +2182,14 @@ def run_model_ops(machine: QueueMachine, ops: list[Op], setup: dict[str, Any]) -
     machine.teardown()
 
 
+@pytest.mark.rule(*MODEL_RULES)
 @core
 @given(ops=model_ops(extended=False), **SETUPS)
 def test_stage1_queue_matches_its_exact_model_step_by_step(ops: list[Op], **setup: Any) -> None:
     run_model_ops(QueueMachine(), ops, setup)
 
 
+@pytest.mark.rule(*EXTENDED_MODEL_RULES)
 @extended
 @given(ops=model_ops(extended=True), **SETUPS)
 def test_stage1_extended_queue_matches_its_exact_model_step_by_step(

@@ -115,6 +115,7 @@ class Gate:
 # --- examples --------------------------------------------------------------------------
 
 
+@pytest.mark.rule("handler-acked", "pool-statistics")
 @core
 def test_stage2_pool_runs_every_job_and_acks_its_result() -> None:
     _clock, queue, pool = new_pool(lambda lease, payload: payload * 2, workers=3)
@@ -132,6 +133,7 @@ def test_stage2_pool_runs_every_job_and_acks_its_result() -> None:
     assert (stats.claimed, stats.failed, stats.in_flight) == (10, 0, 0), f"stage 2: {stats}"
 
 
+@pytest.mark.rule("handler-error-nacked")
 @core
 def test_stage2_handler_exception_nacks_the_job_with_the_error() -> None:
     def handler(lease: Lease, payload: Any) -> None:
@@ -153,6 +155,7 @@ def test_stage2_handler_exception_nacks_the_job_with_the_error() -> None:
     assert pool.statistics().succeeded == 0
 
 
+@pytest.mark.rule("outside-the-lock")
 @core
 def test_stage2_handlers_run_concurrently_outside_the_lock() -> None:
     barrier = threading.Barrier(3, timeout=1.0)
@@ -177,6 +180,7 @@ def test_stage2_handlers_run_concurrently_outside_the_lock() -> None:
     )
 
 
+@pytest.mark.rule("bounded-in-flight")
 @core
 def test_stage2_in_flight_work_is_bounded() -> None:
     gate = Gate()
@@ -194,6 +198,7 @@ def test_stage2_in_flight_work_is_bounded() -> None:
     assert sorted(gate.entered) == list(range(5))
 
 
+@pytest.mark.rule("no-busy-waiting")
 @core
 def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
     clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=2)
@@ -209,6 +214,7 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
         )
 
 
+@pytest.mark.rule("heartbeats")
 @core
 def test_stage2_heartbeats_keep_a_long_job_leased() -> None:
     gate = Gate()
@@ -232,6 +238,7 @@ def test_stage2_heartbeats_keep_a_long_job_leased() -> None:
     )
 
 
+@pytest.mark.rule("heartbeats", "no-busy-waiting", "late-result-dropped")
 @core
 def test_stage2_without_timely_heartbeats_the_lease_expires_and_the_job_is_retried() -> None:
     first = threading.Event()
@@ -259,6 +266,7 @@ def test_stage2_without_timely_heartbeats_the_lease_expires_and_the_job_is_retri
     )
 
 
+@pytest.mark.rule("shutdown-stops-claiming", "shutdown-grace")
 @core
 def test_stage2_shutdown_lets_running_jobs_finish_within_the_grace_period() -> None:
     gate = Gate()
@@ -280,6 +288,7 @@ def test_stage2_shutdown_lets_running_jobs_finish_within_the_grace_period() -> N
     assert queue.statistics().leased == 0 and pool.statistics().released == 0
 
 
+@pytest.mark.rule("shutdown-grace", "late-result-dropped")
 @core
 def test_stage2_shutdown_releases_jobs_still_running_at_the_deadline() -> None:
     gate = Gate()
@@ -305,6 +314,7 @@ def test_stage2_shutdown_releases_jobs_still_running_at_the_deadline() -> None:
     assert pool.statistics().released == 1
 
 
+@pytest.mark.rule("pool-bad-input")
 @core
 @pytest.mark.parametrize(
     ("kwargs", "param"),
@@ -321,6 +331,7 @@ def test_stage2_bad_arguments_name_the_parameter(kwargs: dict[str, Any], param: 
         _MODULES["s2"].ThreadWorkerPool(queue, lambda lease, payload: None, **kwargs)
 
 
+@pytest.mark.rule("pool-bad-input")
 @core
 def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
     _clock, _queue, pool = new_pool(lambda lease, payload: None, workers=1)
@@ -332,9 +343,180 @@ def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
         eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
 
 
+#: A lease a third of which is a whole number: the default heartbeat interval (lease // 3).
+LONG_LEASE = 3_000
+THIRD = LONG_LEASE // 3
+
+
+def _rel(t: int | None) -> int | None:
+    return None if t is None else t - START
+
+
+class WatchedClock(ManualClock):
+    """A ManualClock that knows which threads sleep on it, and until when: so a test can
+    tell when every thread of a pool is parked — nothing can happen until the clock
+    moves — instead of watching for a while that nothing happens."""
+
+    def __init__(self, start_ns: int) -> None:
+        super().__init__(start_ns)
+        self._asleep: dict[int, int | None] = {}
+        self._watch = threading.Lock()
+
+    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        me = threading.get_ident()
+        with self._watch:
+            self._asleep[me] = deadline_ns
+        try:
+            super().wait_until_ns(cond, deadline_ns)
+        finally:
+            with self._watch:
+                self._asleep.pop(me, None)
+
+    def parked(self, others: set[threading.Thread], busy: set[int]) -> bool:
+        """Every thread not in ``others`` (those alive before the test) and not ``busy``
+        (held by the test, e.g. in a handler) sleeps here with a deadline after now."""
+        now = self.now_ns()
+        with self._watch:
+            asleep = dict(self._asleep)
+        threads = [t for t in threading.enumerate() if t not in others and t.ident not in busy]
+        return all(
+            t.ident in asleep and (asleep[t.ident] is None or asleep[t.ident] > now)  # type: ignore[operator]
+            for t in threads
+        )
+
+    def settle(self, others: set[threading.Thread], busy: set[int], tag: str = "stage 2") -> None:
+        """Wait (hard deadline) until every thread of the component is parked on the clock."""
+        eventually(
+            lambda: self.parked(others, busy),
+            "every worker and heartbeat thread asleep on the clock (none busy, none due)",
+            tag=tag,
+        )
+
+
+def beats_at_a_third(
+    heartbeats: Callable[[], int],
+    expiry: Callable[[], int | None],
+    clock: WatchedClock,
+    settle: Callable[[], None],
+    tag: str = "stage 2",
+    lease: int = LONG_LEASE,
+) -> None:
+    """One job leased at the clock's start, its handler parked, heartbeat_every_ns=None:
+    no heartbeat at claim + lease // 3 - 1; one at that instant exactly (extending the
+    lease to then + lease, where ``expiry`` can tell); the next a third later again.
+    ``settle()`` returns once nothing can happen until the clock moves."""
+    start, third = clock.now_ns(), lease // 3
+    for beat in (1, 2):
+        due = start + beat * third
+        clock.set(due - 1)
+        settle()
+        if heartbeats() != beat - 1:
+            raise AssertionError(
+                f"{tag}: {heartbeats()} heartbeat(s) by {due - 1 - start} ns after the claim, "
+                f"expected {beat - 1}: with heartbeat_every_ns=None the interval is a third "
+                f"of the lease ({lease} // 3 = {third} ns), so heartbeat {beat} is due at "
+                f"{due - start} ns and not before"
+            )
+        clock.set(due)
+        settle()
+        if heartbeats() != beat:
+            raise AssertionError(
+                f"{tag}: at {due - start} ns after the claim (= {beat} × lease // 3) "
+                f"{heartbeats()} heartbeat(s) had happened, expected {beat}; every thread is "
+                f"asleep on the clock, so nothing more happens before the clock moves: the "
+                f"default interval (heartbeat_every_ns=None) must be a third of the lease, "
+                f"{third} ns"
+            )
+        expires = expiry()
+        if expires is not None and expires != due + lease:
+            raise AssertionError(
+                f"{tag}: heartbeat {beat} at {due - start} ns must extend the lease to "
+                f"{due + lease - start} ns after the claim; it expires at "
+                f"{expires - start}"
+            )
+
+
+@pytest.mark.rule("heartbeat-default", "heartbeats")
+@core
+def test_stage2_default_heartbeat_is_every_third_of_the_lease() -> None:
+    busy: set[int] = set()
+    release = threading.Event()
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        busy.add(threading.get_ident())
+        assert release.wait(DEADLINE_S), "a handler waited on its gate for too long"
+        return payload
+
+    clock = WatchedClock(START)
+    queue = _MODULES["s1"].JobQueue(
+        clock=clock, lease_ns=LONG_LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
+    )
+    pool = _MODULES["s2"].ThreadWorkerPool(queue, handler, workers=1, clock=clock)
+    others = set(threading.enumerate())
+    with running(pool):
+        job_id = pool.submit("long")
+        eventually(lambda: len(busy) == 1, "the job's handler running")
+        beats_at_a_third(
+            stat(pool, "heartbeats"),
+            lambda: queue.get(job_id).lease_expires_at_ns,
+            clock,
+            lambda: clock.settle(others, busy),
+        )
+        release.set()
+        eventually(lambda: pool.statistics().succeeded == 1, "the job acked")
+
+
+@pytest.mark.rule("start-once")
+@core
+def test_stage2_starting_a_pool_twice_raises() -> None:
+    _clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=1)
+    with running(pool):
+        with pytest.raises(RuntimeError):
+            pool.start()
+            raise AssertionError("stage 2: a second start() must raise RuntimeError")
+        pool.submit(1)
+        eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
+
+
+@pytest.mark.rule("heartbeat-lost", "pool-statistics")
+@core
+def test_stage2_a_refused_heartbeat_stops_the_beats_and_the_job_is_lost() -> None:
+    gate = Gate()
+    clock, queue, pool = new_pool(gate.handler, workers=1, heartbeat_every_ns=300)
+    with running(pool):
+        job_id = pool.submit("cancelled while it runs")
+        eventually(lambda: len(gate.entered) == 1, "the job's handler running")
+        clock.advance(300)
+        eventually(lambda: pool.statistics().heartbeats == 1, "the first heartbeat at 300 ns")
+        # Every pool thread is parked (the handler at its gate, the rest on the clock):
+        # nobody else is calling the queue now.
+        assert queue.cancel(job_id) is True
+        clock.advance(300)  # the next heartbeat is refused: StaleLease
+        clock.advance(300)
+        stays(
+            lambda: pool.statistics().heartbeats == 1,
+            "no heartbeat counted after the job was cancelled (a refused heartbeat is not one)",
+        )
+        gate.event.set()
+        eventually(lambda: pool.statistics().in_flight == 0, "the handler to return")
+        eventually(lambda: pool.statistics().lost == 1, "the job counted as lost")
+    stats = pool.statistics()
+    job = queue.get(job_id)
+    assert (job.state, stats.succeeded, stats.failed, stats.lost) == (
+        JobState.CANCELLED,
+        0,
+        0,
+        1,
+    ), (
+        f"stage 2: a job whose heartbeat was refused (cancelled while running) is lost: its "
+        f"ack refused, counted in lost; got {job.state}, {stats}"
+    )
+
+
 # --- properties ------------------------------------------------------------------------
 
 
+@pytest.mark.rule("one-worker-per-job", "handler-acked", "handler-error-nacked")
 @core
 @settings(max_examples=HEAVY_EXAMPLES)
 @given(
@@ -404,6 +586,7 @@ def new_async_pool(
     return clock, queue, pool
 
 
+@pytest.mark.rule("async-pool", "handler-acked", "handler-error-nacked")
 @extended
 @pytest.mark.anyio
 async def test_stage2_async_pool_acks_results_and_nacks_errors() -> None:
@@ -434,6 +617,7 @@ async def test_stage2_async_pool_acks_results_and_nacks_errors() -> None:
     assert (stats.succeeded, stats.failed) == (6, 3), f"stage 2: {stats}"
 
 
+@pytest.mark.rule("async-pool", "one-worker-per-job")
 @extended
 @pytest.mark.anyio
 async def test_stage2_async_no_job_is_run_twice_at_once() -> None:
@@ -464,6 +648,7 @@ async def test_stage2_async_no_job_is_run_twice_at_once() -> None:
     assert states == {JobState.SUCCEEDED}, f"stage 2: every job must succeed; got {states}"
 
 
+@pytest.mark.rule("async-timeout")
 @extended
 @pytest.mark.anyio
 async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> None:
@@ -495,6 +680,7 @@ async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> N
     assert pool.statistics().failed == 1
 
 
+@pytest.mark.rule("async-pool", "heartbeats")
 @extended
 @pytest.mark.anyio
 async def test_stage2_async_heartbeats_keep_a_long_job_leased() -> None:
@@ -526,6 +712,7 @@ async def test_stage2_async_heartbeats_keep_a_long_job_leased() -> None:
     )
 
 
+@pytest.mark.rule("async-shutdown-cancels", "shutdown-grace")
 @extended
 @pytest.mark.anyio
 async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_period() -> None:
@@ -572,6 +759,7 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
     assert queue.statistics().leased == 0 and pool.statistics().released == 1
 
 
+@pytest.mark.rule("pool-bad-input")
 @extended
 @pytest.mark.parametrize(
     ("kwargs", "param"),
@@ -591,6 +779,7 @@ def test_stage2_async_bad_arguments_name_the_parameter(kwargs: dict[str, Any], p
         _MODULES["s2"].AsyncWorkerPool(queue, handler, **kwargs)
 
 
+@pytest.mark.rule("pool-bad-input")
 @extended
 @pytest.mark.anyio
 async def test_stage2_async_negative_grace_is_rejected() -> None:
@@ -601,6 +790,67 @@ async def test_stage2_async_negative_grace_is_rejected() -> None:
     with pytest.raises(ValueError, match="grace_ns"):
         await pool.shutdown(-1)
     assert not pool.statistics().stopping, "stage 2: a rejected shutdown must stop nothing"
+
+
+@pytest.mark.rule("heartbeat-default", "async-pool")
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> None:
+    done = anyio.Event()
+
+    async def handler(lease: Lease, payload: Any) -> str:
+        await done.wait()
+        return "done"
+
+    clock = WatchedClock(START)
+    queue = _MODULES["s1"].JobQueue(
+        clock=clock, lease_ns=LONG_LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
+    )
+    pool = _MODULES["s2"].AsyncWorkerPool(queue, handler, workers=1, clock=clock)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        job_id = pool.submit("long")
+        await eventually_async(lambda: pool.statistics().in_flight == 1, "the job in flight")
+        beats: list[int] = []
+        for beat in (1, 2):  # beats_at_a_third, with the event loop settling in between
+            due = START + beat * THIRD
+            for at, want in ((due - 1, beat - 1), (due, beat)):
+                clock.set(at)
+                await anyio.wait_all_tasks_blocked()
+                beats.append(pool.statistics().heartbeats)
+                if beats[-1] != want:
+                    raise AssertionError(
+                        f"stage 2: async pool, {beats[-1]} heartbeat(s) by {at - START} ns "
+                        f"after the claim, expected {want}: with heartbeat_every_ns=None the "
+                        f"interval is a third of the lease ({LONG_LEASE} // 3 = {THIRD} ns), "
+                        f"so heartbeat {beat} comes at {due - START} ns exactly"
+                    )
+            expires = queue.get(job_id).lease_expires_at_ns
+            if expires != due + LONG_LEASE:
+                raise AssertionError(
+                    f"stage 2: async heartbeat {beat} must extend the lease to "
+                    f"{due + LONG_LEASE - START}; it expires at {_rel(expires)}"
+                )
+        done.set()
+        await eventually_async(lambda: pool.statistics().succeeded == 1, "the job acked")
+        await pool.shutdown(0)
+
+
+@pytest.mark.rule("start-once", "async-pool")
+@extended
+@pytest.mark.anyio
+async def test_stage2_async_running_a_pool_twice_raises() -> None:
+    async def handler(lease: Lease, payload: Any) -> None:
+        return None
+
+    _, _, pool = new_async_pool(handler, workers=1)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        await eventually_async(lambda: pool.statistics().idle == 1, "the worker idle")
+        with pytest.raises(RuntimeError):
+            await pool.run()
+            raise AssertionError("stage 2: a second run() must raise RuntimeError")
+        await pool.shutdown(0)
 
 
 # --- a model of the pool's bookkeeping, step by step ----------------------------------
@@ -698,4 +948,6 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 PoolMachine.TestCase.settings = settings(max_examples=HEAVY_EXAMPLES, stateful_step_count=15)
-TestStage2ThreadWorkerPoolModel = core(PoolMachine.TestCase)
+TestStage2ThreadWorkerPoolModel = pytest.mark.rule(
+    "bounded-in-flight", "pool-statistics", "shutdown-grace", "handler-acked"
+)(core(PoolMachine.TestCase))

@@ -40,12 +40,14 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from katas._kit import impl
 from katas._kit.profiles import HEAVY_EXAMPLES
 from katas._kit.redis import RedisEnv, RedisNode
+from katas._kit.waiting import DEADLINE_S, eventually, spawn, stays
 from katas._kit.worker import WorkerProcess
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
     JobNotFound,
     JobState,
     Lease,
+    ManualClock,
     MonotonicClock,
     OpStamp,
     QueueFull,
@@ -54,6 +56,7 @@ from katas.job_scheduler.api import (
     StaleLease,
 )
 from katas.job_scheduler.test_stage1 import Model
+from katas.job_scheduler.test_stage2 import WatchedClock, beats_at_a_third
 
 pytestmark = [pytest.mark.stage(3)]
 
@@ -307,6 +310,7 @@ def model_for(queue_options: dict[str, Any], **kw: Any) -> Model:
 # --------------------------------------------------------------------------- core
 
 
+@pytest.mark.rule("redis-attempts", "server-time", "redis-stale")
 @core
 def test_stage3_enqueue_claim_ack_runs_a_job_once(redis_env: RedisEnv) -> None:
     redis_env.freeze_time()
@@ -334,6 +338,7 @@ def test_stage3_enqueue_claim_ack_runs_a_job_once(redis_env: RedisEnv) -> None:
         raise AssertionError("stage 3: a second ack of a finished job was accepted")
 
 
+@pytest.mark.rule("server-time")
 @core
 def test_stage3_every_time_is_the_servers_not_the_clients(redis_env: RedisEnv) -> None:
     """Worker clocks disagree by seconds; only the server's TIME may count. (On fakeredis
@@ -356,6 +361,7 @@ def test_stage3_every_time_is_the_servers_not_the_clients(redis_env: RedisEnv) -
     )
 
 
+@pytest.mark.rule("redis-order")
 @core
 def test_stage3_claim_takes_highest_priority_then_earliest_due_then_oldest(
     redis_env: RedisEnv,
@@ -380,6 +386,7 @@ def test_stage3_claim_takes_highest_priority_then_earliest_due_then_oldest(
     )
 
 
+@pytest.mark.rule("redis-order")
 @core
 def test_stage3_equal_jobs_come_out_in_enqueue_order_past_the_ninth(redis_env: RedisEnv) -> None:
     redis_env.freeze_time()  # one instant: every job has the same priority and due time
@@ -393,6 +400,7 @@ def test_stage3_equal_jobs_come_out_in_enqueue_order_past_the_ninth(redis_env: R
     )
 
 
+@pytest.mark.rule("redis-never-early", "redis-next-due", "run-at-server")
 @core
 @pytest.mark.realtime
 def test_stage3_job_is_not_claimed_before_its_run_at(redis_env: RedisEnv) -> None:
@@ -413,6 +421,7 @@ def test_stage3_job_is_not_claimed_before_its_run_at(redis_env: RedisEnv) -> Non
     )
 
 
+@pytest.mark.rule("redis-attempts", "redis-stale")
 @core
 @pytest.mark.realtime
 def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
@@ -438,6 +447,7 @@ def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
     assert queue.get(job_id).result == "w2's result"
 
 
+@pytest.mark.rule("redis-backoff")
 @core
 @pytest.mark.realtime
 def test_stage3_nack_retries_after_backoff_then_dies_after_max_attempts(
@@ -467,6 +477,7 @@ def test_stage3_nack_retries_after_backoff_then_dies_after_max_attempts(
     )
 
 
+@pytest.mark.rule("redis-fenced", "redis-effect-by-job")
 @core
 @pytest.mark.realtime
 def test_stage3_effect_store_commits_once_per_job_and_refuses_stale_leases(
@@ -494,6 +505,7 @@ def test_stage3_effect_store_commits_once_per_job_and_refuses_stale_leases(
     )
 
 
+@pytest.mark.rule("redis-unknown-id")
 @core
 def test_stage3_unknown_job_raises_job_not_found(redis_env: RedisEnv) -> None:
     queue = new_queue(redis_env)
@@ -541,6 +553,7 @@ def _bad_calls() -> list[Any]:
     return [pytest.param(call, name, id=case) for case, call, name in cases]
 
 
+@pytest.mark.rule("redis-bad-input", "whole-us", "json")
 @core
 @pytest.mark.parametrize(("call", "parameter"), _bad_calls())
 def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
@@ -565,6 +578,7 @@ def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
     )
 
 
+@pytest.mark.rule("one-script")
 @core
 def test_stage3_each_transition_is_one_round_trip(redis_env: RedisEnv) -> None:
     proxy = redis_env.proxy()
@@ -722,14 +736,18 @@ class ExtendedRedisQueueMachine(RedisQueueMachine):
         self.call(how)
 
 
-TestStage3QueueMatchesTheModel = pytest.mark.realtime(core(RedisQueueMachine.TestCase))
+TestStage3QueueMatchesTheModel = pytest.mark.rule(
+    "redis-order", "redis-never-early", "redis-attempts", "redis-stale", "redis-backoff",
+    "redis-next-due", "redis-settle-first", "redis-fenced", "redis-effect-by-job", "op-counter",
+)(pytest.mark.realtime(core(RedisQueueMachine.TestCase)))  # fmt: skip
 TestStage3QueueMatchesTheModel.settings = settings(heavy, stateful_step_count=30)
-TestStage3ExtendedQueueMatchesTheModel = pytest.mark.realtime(
-    extended(ExtendedRedisQueueMachine.TestCase)
-)
+TestStage3ExtendedQueueMatchesTheModel = pytest.mark.rule(
+    "redis-extended", "redis-unknown-id", "redis-idempotency", "redis-dedup-ttl", "reap",
+)(pytest.mark.realtime(extended(ExtendedRedisQueueMachine.TestCase)))  # fmt: skip
 TestStage3ExtendedQueueMatchesTheModel.settings = settings(heavy, stateful_step_count=30)
 
 
+@pytest.mark.rule("op-order", "op-counter", "redis-fenced")
 @core
 @pytest.mark.realtime
 @pytest.mark.parametrize("seed", [1, 2])
@@ -784,6 +802,7 @@ def test_stage3_concurrent_clients_are_explained_by_the_model_in_op_order(
 # --------------------------------------------------------------------------- extended
 
 
+@pytest.mark.rule("redis-extended", "redis-settle-first")
 @extended
 @pytest.mark.realtime
 def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
@@ -811,6 +830,7 @@ def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
     )
 
 
+@pytest.mark.rule("redis-jitter")
 @extended
 @pytest.mark.realtime
 @pytest.mark.parametrize("jitter", ["none", "full", "equal", "decorrelated"])
@@ -874,6 +894,7 @@ def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
         )
 
 
+@pytest.mark.rule("redis-extended")
 @extended
 def test_stage3_release_refunds_the_attempt_and_keeps_the_place_in_line(
     redis_env: RedisEnv,
@@ -891,6 +912,7 @@ def test_stage3_release_refunds_the_attempt_and_keeps_the_place_in_line(
     assert claim(queue).job_id == second
 
 
+@pytest.mark.rule("redis-extended")
 @extended
 def test_stage3_cancel_stales_the_lease_and_the_job_stays_cancelled(
     redis_env: RedisEnv,
@@ -908,6 +930,7 @@ def test_stage3_cancel_stales_the_lease_and_the_job_stays_cancelled(
     assert queue.claim("w") is None and queue.next_due_ns() is None
 
 
+@pytest.mark.rule("redis-extended")
 @extended
 def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     redis_env: RedisEnv,
@@ -932,6 +955,7 @@ def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     assert [job.id for job in queue.dead_letters()] == [b]
 
 
+@pytest.mark.rule("redis-dedup-ttl")
 @extended
 @pytest.mark.realtime
 def test_stage3_idempotency_key_dedups_within_its_ttl_from_the_first_enqueue(
@@ -976,6 +1000,7 @@ def race(queues: list[Any], act: Callable[[Any, int], list[Any]]) -> list[Any]:
     return [r for rs in results for r in rs]
 
 
+@pytest.mark.rule("redis-idempotency")
 @extended
 def test_stage3_racing_producers_with_one_key_create_one_job(redis_env: RedisEnv) -> None:
     """Idempotency inside the enqueue script: a GET then a SET lets racing retries through."""
@@ -996,9 +1021,13 @@ def test_stage3_racing_producers_with_one_key_create_one_job(redis_env: RedisEnv
     assert queues[0].statistics().ready == 15
 
 
+@pytest.mark.rule("one-script", "redis-attempts")
 @extended
 def test_stage3_racing_workers_never_claim_one_job_twice(redis_env: RedisEnv) -> None:
-    queues = [new_queue(redis_env, c) for c in redis_env.clients(6)]
+    # Server time stands still (fakeredis) and the lease is long (a real server): a lease
+    # that ran out mid-race would give its job back for a legitimate second claim.
+    redis_env.freeze_time()
+    queues = [new_queue(redis_env, c, lease_ns=3600 * 1000 * MS) for c in redis_env.clients(6)]
     for i in range(60):
         queues[0].enqueue({"n": i})
 
@@ -1016,6 +1045,7 @@ def test_stage3_racing_workers_never_claim_one_job_twice(redis_env: RedisEnv) ->
     )
 
 
+@pytest.mark.rule("ttl-retention", "key-prefix")
 @extended
 @pytest.mark.realtime
 def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) -> None:
@@ -1046,6 +1076,7 @@ def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) ->
             raise AssertionError(f"stage 3: {job_id} outlived its retention")
 
 
+@pytest.mark.rule("reap")
 @extended
 @pytest.mark.realtime
 def test_stage3_the_reaper_retries_crashed_jobs_when_nobody_else_calls(
@@ -1065,6 +1096,7 @@ def test_stage3_the_reaper_retries_crashed_jobs_when_nobody_else_calls(
     assert queue.reap() == 0, "stage 3: reaping twice must change nothing the second time"
 
 
+@pytest.mark.rule("scripts-reload")
 @extended
 @pytest.mark.redis_faults
 def test_stage3_script_flush_and_restart_are_survived(redis_env: RedisEnv) -> None:
@@ -1083,6 +1115,7 @@ def test_stage3_script_flush_and_restart_are_survived(redis_env: RedisEnv) -> No
     assert queue.get(after).state is SUCCEEDED
 
 
+@pytest.mark.rule("outage-raises")
 @extended
 def test_stage3_outage_raises_and_loses_nothing(redis_env: RedisEnv) -> None:
     proxy = redis_env.proxy()
@@ -1099,6 +1132,7 @@ def test_stage3_outage_raises_and_loses_nothing(redis_env: RedisEnv) -> None:
     )
 
 
+@pytest.mark.rule("redis-idempotency", "fault-lost-reply")
 @extended
 def test_stage3_producer_retry_after_a_lost_reply_creates_one_job(redis_env: RedisEnv) -> None:
     """The proxy forwards the enqueue, the server applies it, the reply is lost: the
@@ -1119,6 +1153,115 @@ def test_stage3_producer_retry_after_a_lost_reply_creates_one_job(redis_env: Red
         f"expected 2 jobs (warm-up and order 7), the queue holds {stats.ready}"
     )
     assert queue.get(job_id).payload == {"order": 7}
+
+
+# --------------------------------------------------------------------------- RedisWorker
+# In-process workers on a ManualClock: the worker's clock paces heartbeats and polls, so
+# the test decides exactly when each one is due (server time plays no part here).
+
+WORKER_LEASE = 3_000 * MS  # long enough never to run out for real on a real server
+
+
+def in_process_worker(
+    redis_env: RedisEnv,
+    handler: Callable[[Lease, Any], Any],
+    clock: ManualClock | None = None,
+    **options: Any,
+) -> tuple[Any, Any, ManualClock, list[tuple[str, str | None]]]:
+    """(queue, worker, its clock, the events it reported) on a queue of this test."""
+    queue = new_queue(redis_env, lease_ns=WORKER_LEASE, max_attempts=1)
+    clock = ManualClock(10**12) if clock is None else clock
+    events: list[tuple[str, str | None]] = []
+    worker = stage().RedisWorker(
+        new_queue(redis_env, lease_ns=WORKER_LEASE, max_attempts=1), handler, worker_id="w1",
+        clock=clock, on_event=lambda e, lease: events.append((e, lease and lease.job_id)),
+        **options,
+    )  # fmt: skip
+    return queue, worker, clock, events
+
+
+def run_in_thread(worker: Any, max_jobs: int) -> Any:
+    return spawn(lambda: worker.run(max_jobs=max_jobs), "redis-worker", tag="stage 3")
+
+
+@pytest.mark.rule("worker-heartbeat-default", "worker-heartbeats")
+@extended
+def test_stage3_worker_default_heartbeat_is_every_third_of_the_lease(redis_env: RedisEnv) -> None:
+    busy: set[int] = set()
+    release = threading.Event()
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        busy.add(threading.get_ident())
+        assert release.wait(DEADLINE_S), "the handler waited for the test too long"
+        return payload
+
+    clock = WatchedClock(10**12)
+    queue, worker, _, _ = in_process_worker(redis_env, handler, clock=clock)
+    queue.enqueue("long")
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: len(busy) == 1, "the job's handler running", tag="stage 3")
+    beats_at_a_third(
+        lambda: worker.statistics().heartbeats,
+        lambda: None,  # the lease's expiry is on the server's clock, not this one
+        clock,
+        lambda: clock.settle(others | {thread}, busy, tag="stage 3"),
+        tag="stage 3: RedisWorker",
+        lease=WORKER_LEASE,
+    )
+    release.set()
+    thread.outcome("the worker to finish its one job")
+    stats = worker.statistics()
+    assert (stats.succeeded, stats.lost) == (1, 0), f"stage 3: {stats}"
+
+
+@pytest.mark.rule("worker-nack", "worker-events", "worker-run")
+@extended
+def test_stage3_worker_nacks_a_failing_handler_with_its_error(redis_env: RedisEnv) -> None:
+    def handler(lease: Lease, payload: Any) -> Any:
+        raise ValueError(f"bad payload {payload}")
+
+    queue, worker, _clock, events = in_process_worker(redis_env, handler)
+    job_id = queue.enqueue(7)
+    run_in_thread(worker, 1).outcome("the worker to handle its one job")
+    job = queue.get(job_id)
+    assert (job.state, job.last_error) == (DEAD, "ValueError: bad payload 7"), (
+        f"stage 3: a handler's exception nacks the job with '<ExceptionType>: <message>' "
+        f"(max_attempts=1: DEAD); got {job.state.value}, last_error {job.last_error!r}"
+    )
+    stats = worker.statistics()
+    assert (stats.workers, stats.claimed, stats.failed, stats.succeeded) == (1, 1, 1, 0), (
+        f"stage 3: the worker's statistics after one failed job: {stats}"
+    )
+    assert [e for e, _ in events] == ["claimed", "failed"], (
+        f"stage 3: a failed job reports 'claimed' then 'failed'; got {events}"
+    )
+    assert stage().RedisEffectStore(queue).effects() == {}, "a failed handler committed"
+
+
+@pytest.mark.rule("worker-poll", "worker-loop")
+@extended
+def test_stage3_idle_worker_polls_claim_every_poll_ns(redis_env: RedisEnv) -> None:
+    queue, worker, clock, events = in_process_worker(
+        redis_env, lambda lease, payload: {"done": payload}, poll_ns=1_000
+    )
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: worker.statistics().idle == 1, "the worker idle", tag="stage 3")
+    job_id = queue.enqueue("arrives while the worker sleeps")
+    clock.advance(999)
+    stays(
+        lambda: worker.statistics().claimed == 0,
+        "no claim 1 ns before the next poll (poll_ns=1000 on the worker's clock)",
+        tag="stage 3",
+    )
+    clock.advance(1)
+    thread.outcome("the worker to claim at its next poll and finish the job")
+    job = queue.get(job_id)
+    assert (job.state, job.result) == (SUCCEEDED, {"done": job.payload}), (
+        f"stage 3: the worker commits the handler's return value and acks with it; got {job}"
+    )
+    assert stage().RedisEffectStore(queue).effects() == {job_id: {"done": job.payload}}
+    assert [e for e, _ in events] == ["claimed", "committed", "after_effect", "acked"], events
 
 
 # --------------------------------------------------------------------------- processes
@@ -1257,18 +1400,21 @@ def sigkill_mid_job(workers: Workers, point: str) -> None:
         )
 
 
+@pytest.mark.rule("fault-sigkill", "worker-loop")
 @extended
 @pytest.mark.realtime
 def test_stage3_sigkill_after_the_claim_the_job_comes_back(workers: Workers) -> None:
     sigkill_mid_job(workers, "claimed")
 
 
+@pytest.mark.rule("fault-sigkill", "worker-events")
 @extended
 @pytest.mark.realtime
 def test_stage3_sigkill_between_effect_and_ack_the_effect_lands_once(workers: Workers) -> None:
     sigkill_mid_job(workers, "after_effect")
 
 
+@pytest.mark.rule("fault-sigstop", "worker-stale-drops")
 @extended
 @pytest.mark.realtime
 def test_stage3_sigstop_past_the_lease_then_sigcont_the_zombie_is_fenced(
@@ -1293,6 +1439,7 @@ def test_stage3_sigstop_past_the_lease_then_sigcont_the_zombie_is_fenced(
     applied_once(workers, queue, [job_id])
 
 
+@pytest.mark.rule("fault-poison")
 @extended
 @pytest.mark.realtime
 def test_stage3_poison_job_that_kills_every_worker_is_dead_lettered(workers: Workers) -> None:
@@ -1318,6 +1465,7 @@ def long_job(workers: Workers) -> tuple[Any, str]:
     return queue, queue.enqueue({"effect": "slow", "work_ms": 3 * workers.lease_ns // MS})
 
 
+@pytest.mark.rule("fault-long-job", "worker-heartbeats")
 @extended
 @pytest.mark.realtime
 def test_stage3_a_job_three_leases_long_keeps_its_lease_by_heartbeats(workers: Workers) -> None:
@@ -1331,6 +1479,7 @@ def test_stage3_a_job_three_leases_long_keeps_its_lease_by_heartbeats(workers: W
     )
 
 
+@pytest.mark.rule("fault-long-job")
 @extended
 @pytest.mark.realtime
 def test_stage3_a_job_three_leases_long_without_heartbeats_loses_every_attempt(
@@ -1348,6 +1497,7 @@ def test_stage3_a_job_three_leases_long_without_heartbeats_loses_every_attempt(
     assert stage().RedisEffectStore(queue).effects() == {}, "an expired attempt committed"
 
 
+@pytest.mark.rule("fault-sigterm", "worker-stop")
 @extended
 @pytest.mark.realtime
 def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
@@ -1389,6 +1539,7 @@ def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
     applied_once(workers, queue, ids)
 
 
+@pytest.mark.rule("fault-outage", "worker-outage")
 @extended
 @pytest.mark.realtime
 def test_stage3_workers_ride_out_a_redis_outage(workers: Workers) -> None:
@@ -1411,6 +1562,7 @@ def test_stage3_workers_ride_out_a_redis_outage(workers: Workers) -> None:
     )
 
 
+@pytest.mark.rule("fault-restart", "scripts-reload")
 @extended
 @pytest.mark.realtime
 @pytest.mark.redis_faults
@@ -1428,6 +1580,7 @@ def test_stage3_a_worker_survives_a_real_redis_restart(workers: Workers) -> None
     assert not worker.lines("<closed>"), worker.transcript()
 
 
+@pytest.mark.rule("fault-random-crashes")
 @extended
 @pytest.mark.realtime
 @heavy
@@ -1456,6 +1609,7 @@ def test_stage3_under_random_crashes_every_job_finishes_and_applies_its_effect_o
     workers.started.clear()
 
 
+@pytest.mark.rule("fault-skew", "worker-clock", "worker-run")
 @extended
 @pytest.mark.realtime
 def test_stage3_skewed_worker_clocks_change_nothing(redis_env: RedisEnv) -> None:
