@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from katas._kit import waiting
+from katas._kit.interleave import Gate, Parked
 from katas._kit.waiting import (
     DEADLINE_S,
     Thread,
@@ -40,7 +41,13 @@ from katas._kit.waiting import (
     stays_async,
     tiny_switch_interval,
 )
-from katas.rate_limiter.api import NS_PER_S, Decision, Lease, ManualClock
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    ConcurrencyStatistics,
+    Decision,
+    Lease,
+    ManualClock,
+)
 
 pytestmark = [pytest.mark.stage(2)]
 
@@ -164,6 +171,7 @@ def run_together(n: int, body: Callable[[int], Any]) -> list[Any]:
 # --- ThreadSafeLimiter (core) ---------------------------------------------------------
 
 
+@pytest.mark.rule("atomic-decision")
 @pytest.mark.core
 def test_stage2_no_over_admission_under_threads() -> None:
     # Every key is a burst of `threads` × `attempts` requests at one frozen instant. Keys
@@ -191,6 +199,7 @@ def test_stage2_no_over_admission_under_threads() -> None:
                 )
 
 
+@pytest.mark.rule("atomic-decision", "acquire-blocks")
 @pytest.mark.core
 @given(
     capacity=st.integers(1, 30),
@@ -225,6 +234,7 @@ def test_stage2_burst_conserves_units_and_never_denies_what_fits(
     )
 
 
+@pytest.mark.rule("fifo", "acquire-blocks", "statistics", "wait-through-clock")
 @pytest.mark.core
 def test_stage2_waiters_are_admitted_in_fifo_order() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1)
@@ -258,6 +268,7 @@ def test_stage2_waiters_are_admitted_in_fifo_order() -> None:
     assert limiter.statistics().waiters == 0
 
 
+@pytest.mark.rule("no-overtaking")
 @pytest.mark.core
 def test_stage2_try_acquire_does_not_overtake_a_waiter() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1)
@@ -283,6 +294,7 @@ def test_stage2_try_acquire_does_not_overtake_a_waiter() -> None:
     )
 
 
+@pytest.mark.rule("timeout-consumes-nothing")
 @pytest.mark.core
 def test_stage2_timed_out_waiter_consumes_nothing_and_unblocks_the_queue() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1)
@@ -306,6 +318,7 @@ def test_stage2_timed_out_waiter_consumes_nothing_and_unblocks_the_queue() -> No
     )
 
 
+@pytest.mark.rule("acquire-blocks", "timeout-consumes-nothing", "wait-through-clock")
 @pytest.mark.core
 def test_stage2_acquire_deadline_is_exact() -> None:
     clock, limiter = bucket_limiter(1, refill_per_s=1)
@@ -325,6 +338,7 @@ def test_stage2_acquire_deadline_is_exact() -> None:
     )
 
 
+@pytest.mark.rule("refund-reset-wake", "statistics")
 @pytest.mark.core
 def test_stage2_refund_wakes_waiters_sharing_a_stripe() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1, stripes=1)
@@ -340,6 +354,7 @@ def test_stage2_refund_wakes_waiters_sharing_a_stripe() -> None:
     assert other.outcome("the waiter on 'b' after 2 s") is True
 
 
+@pytest.mark.rule("acquire-impossible", "acquire-blocks")
 @pytest.mark.core
 def test_stage2_impossible_cost_and_zero_timeout_return_at_once() -> None:
     _, limiter = bucket_limiter(2, refill_per_s=1)
@@ -371,6 +386,7 @@ BAD_CALLS: dict[str, tuple[Callable[[Any, Any, Any], Any], str]] = {
 }
 
 
+@pytest.mark.rule("bad-arguments")
 @pytest.mark.core
 @pytest.mark.parametrize("case", sorted(BAD_CALLS))
 def test_stage2_bad_arguments_name_the_parameter(case: str) -> None:
@@ -385,6 +401,7 @@ def test_stage2_bad_arguments_name_the_parameter(case: str) -> None:
     assert limiter.statistics().waiters == 0
 
 
+@pytest.mark.rule("sweeping", "tracked-keys-inner")
 @pytest.mark.core
 def test_stage2_sweep_forgets_idle_keys_and_runs_by_itself() -> None:
     clock, limiter = bucket_limiter(1, refill_per_s=1, stripes=4)
@@ -407,6 +424,7 @@ def test_stage2_sweep_forgets_idle_keys_and_runs_by_itself() -> None:
     )
 
 
+@pytest.mark.rule("no-deadlock", "atomic-decision")
 @pytest.mark.core
 def test_stage2_mixed_operations_neither_deadlock_nor_over_admit() -> None:
     capacity, per_s = 4, 1000
@@ -453,6 +471,101 @@ def test_stage2_mixed_operations_neither_deadlock_nor_over_admit() -> None:
             f"capacity {capacity} + refill {per_s}/s + {refunded} refunded allow at most {bound}"
         )
     assert limiter.statistics().waiters == 0
+
+
+def parked_limiter(
+    gate: Gate, at: tuple[str, ...], capacity: int = 4, *, holding: tuple[str, ...] = ()
+) -> tuple[ManualClock, Any]:
+    """A ThreadSafeLimiter whose inner bucket parks at ``gate`` in the methods ``at``."""
+    clock = ManualClock()
+    inner = s1().TokenBucket(capacity=capacity, refill_per_s=1, clock=clock, auto_sweep=False)
+    for key in holding:
+        inner.try_acquire(key)  # state to refund to, before the gate is in the way
+    return clock, s2().ThreadSafeLimiter(Parked(inner, gate, at), clock=clock)
+
+
+PATHS: dict[str, Callable[[Any], Any]] = {
+    "try_acquire('k')": lambda lim: lim.try_acquire("k"),
+    "peek('k')": lambda lim: lim.peek("k"),
+    "acquire('k', timeout_ns=0)": lambda lim: lim.acquire("k", timeout_ns=0),
+    "refund('k', 1)": lambda lim: lim.refund("k", 1),
+}
+
+
+@pytest.mark.core
+@pytest.mark.rule("atomic-decision", "striped-locks")
+def test_stage2_every_call_holds_the_stripe_lock_around_the_inner_limiter() -> None:
+    # One thread is parked inside the inner limiter (by the wrapper's try_acquire, peek,
+    # acquire or refund on 'k'); a second thread's try_acquire('k') must wait outside:
+    # the stripe lock is held from the check to the act, on every path.
+    for what, first in PATHS.items():
+        gate = Gate(f"inside the inner limiter, called by {what}")
+        _, limiter = parked_limiter(gate, ("try_acquire", "peek", "refund"), holding=("k",))
+        a = start(lambda first=first, limiter=limiter: first(limiter), f"A: {what}")
+        gate.wait_arrived(1)
+        b = start(lambda limiter=limiter: limiter.try_acquire("k"), "B: try_acquire('k')")
+        try:
+            stays(
+                lambda gate=gate: gate.arrivals == 1,
+                f"thread B outside the inner limiter while thread A, in {what}, is inside it "
+                "(the inner call must run under the key's stripe lock, or B reads state A is "
+                "about to change)",
+            )
+        finally:
+            gate.open()
+        a.outcome(f"A, {what}, once released")
+        b.outcome("B, once A left the stripe")
+
+
+@pytest.mark.core
+@pytest.mark.rule("striped-locks")
+def test_stage2_a_busy_key_does_not_hold_up_other_stripes() -> None:
+    gate = Gate("inside the inner try_acquire of key 'busy'", limit=1)
+    _, limiter = parked_limiter(gate, ("try_acquire",))
+    busy = start(lambda: limiter.try_acquire("busy"), "a thread inside try_acquire('busy')")
+    gate.wait_arrived(1)
+    done: list[str] = []
+    others = [
+        start(lambda k=k: done.append(k) if limiter.try_acquire(k).allowed else None, k)
+        for k in (f"other-{i}" for i in range(8))
+    ]
+    try:
+        eventually(
+            lambda: bool(done),
+            "a try_acquire on some other key to finish while 'busy' is held inside its stripe "
+            "(8 other keys, 64 stripes: one global lock would hold up every one of them)",
+        )
+    finally:
+        gate.open()
+    busy.outcome("the thread on 'busy', once released")
+    for w in others:
+        w.outcome("a thread on another key")
+
+
+@pytest.mark.core
+@pytest.mark.rule("fifo", "no-overtaking")
+def test_stage2_a_newcomer_acquire_joins_the_back_of_the_queue() -> None:
+    clock, limiter = bucket_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    head = enqueue(limiter, "k", lambda: limiter.acquire("k", 2), "head waiter (cost 2)")
+    clock.advance(NS_PER_S)  # 1 unit on hand: the head needs 2, a newcomer 1
+    got = limiter.acquire("k", 1, timeout_ns=0)
+    assert got is False, (
+        "stage 2: acquire('k', 1, timeout_ns=0) returned True while a waiter (cost 2) was "
+        "queued on 'k' with 1 unit on hand: a newcomer joins the back of the queue, so with "
+        "timeout_ns=0 it gives up at once — the unit belongs to the head"
+    )
+    late = enqueue(limiter, "k", lambda: limiter.acquire("k", 1), "newcomer (cost 1)")
+    stays(
+        lambda: waiters_on(limiter, "k") == 2 and late.is_alive(),
+        "the newcomer (cost 1) queued behind the head, not admitted with the unit on hand",
+    )
+    clock.advance(NS_PER_S)  # 2 units: the head's
+    assert head.outcome("the head, once 2 units refilled") is True
+    stays(lambda: late.is_alive(), "the newcomer still waiting: the head took both units")
+    clock.advance(NS_PER_S)
+    assert late.outcome("the newcomer, 1 s after the head") is True
+    assert limiter.peek("k").retry_after_ns == NS_PER_S, "stage 2: the newcomer took 1 unit"
 
 
 class _BucketModel:
@@ -518,7 +631,10 @@ class ThreadSafeLimiterMachine(RuleBasedStateMachine):
 
     def check(self, what: str, got: object, expected: object) -> None:
         now = self.clock.now_ns()
-        assert got == expected, f"stage 2: {what} at t={now}: got {got}, expected {expected}"
+        if got != expected:
+            raise AssertionError(
+                f"stage 2: {what} at t={now}:\n  expected {expected}\n  got      {got}"
+            )
 
     @rule(key=KEYS, cost=st.integers(1, 7))
     def try_acquire(self, key: str, cost: int) -> None:
@@ -567,7 +683,9 @@ class ThreadSafeLimiterMachine(RuleBasedStateMachine):
             self.check("statistics().waiters", self.limiter.statistics().waiters, 0)
 
 
-TestStage2ThreadSafeLimiterModel = pytest.mark.core(ThreadSafeLimiterMachine.TestCase)
+TestStage2ThreadSafeLimiterModel = pytest.mark.core(
+    pytest.mark.rule("same-decisions", "sweeping", "statistics")(ThreadSafeLimiterMachine.TestCase)
+)
 
 
 # --- AsyncLimiter (extended) ----------------------------------------------------------
@@ -582,6 +700,7 @@ async def enqueue_async(tg: TaskGroup, limiter: Any, key: str, fn: Any) -> None:
     )
 
 
+@pytest.mark.rule("async-exact")
 @pytest.mark.extended
 @pytest.mark.anyio
 async def test_stage2_async_burst_admits_exactly_capacity() -> None:
@@ -622,6 +741,7 @@ async def test_stage2_async_burst_admits_exactly_capacity() -> None:
     assert limiter.statistics().waiters == 0
 
 
+@pytest.mark.rule("async-fifo")
 @pytest.mark.extended
 @pytest.mark.anyio
 async def test_stage2_async_waiters_are_admitted_in_fifo_order() -> None:
@@ -654,6 +774,7 @@ async def test_stage2_async_waiters_are_admitted_in_fifo_order() -> None:
             )
 
 
+@pytest.mark.rule("async-cancel")
 @pytest.mark.extended
 @pytest.mark.anyio
 async def test_stage2_async_cancelled_waiter_consumes_nothing_and_unblocks_the_queue() -> None:
@@ -691,6 +812,7 @@ async def test_stage2_async_cancelled_waiter_consumes_nothing_and_unblocks_the_q
     )
 
 
+@pytest.mark.rule("async-cancel")
 @pytest.mark.extended
 @pytest.mark.anyio
 async def test_stage2_async_timed_out_waiter_consumes_nothing() -> None:
@@ -716,6 +838,7 @@ async def test_stage2_async_timed_out_waiter_consumes_nothing() -> None:
     assert limiter.try_acquire("k").retry_after_ns == NS_PER_S, "stage 2: the timeout consumed"
 
 
+@pytest.mark.rule("async-fifo")
 @pytest.mark.extended
 @pytest.mark.anyio
 async def test_stage2_async_try_acquire_does_not_overtake_a_waiter() -> None:
@@ -737,6 +860,7 @@ async def test_stage2_async_try_acquire_does_not_overtake_a_waiter() -> None:
         await eventually_async(lambda: done == [True], "the waiting task to be admitted")
 
 
+@pytest.mark.rule("async-limit")
 @pytest.mark.extended
 @pytest.mark.anyio
 async def test_stage2_async_limit_spends_units_on_entry() -> None:
@@ -764,6 +888,7 @@ async def test_stage2_async_limit_spends_units_on_entry() -> None:
     assert entered == ["first", "second"], "stage 2: limit() ran its body unadmitted"
 
 
+@pytest.mark.rule("async-refund-wakes")
 @pytest.mark.extended
 @pytest.mark.anyio
 async def test_stage2_async_refund_admits_the_head_waiter() -> None:
@@ -780,6 +905,7 @@ async def test_stage2_async_refund_admits_the_head_waiter() -> None:
         await eventually_async(lambda: done == [True], "the waiter admitted by the refund")
 
 
+@pytest.mark.rule("async-bad-arguments")
 @pytest.mark.extended
 @pytest.mark.anyio
 async def test_stage2_async_bad_arguments_name_the_parameter() -> None:
@@ -793,6 +919,62 @@ async def test_stage2_async_bad_arguments_name_the_parameter() -> None:
     assert limiter.try_acquire("k", 2).allowed, "stage 2: rejected calls must change nothing"
 
 
+@pytest.mark.extended
+@pytest.mark.rule("async-fifo")
+@pytest.mark.anyio
+async def test_stage2_async_newcomer_acquire_joins_the_back_of_the_queue() -> None:
+    clock, limiter = async_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    done: list[str] = []
+
+    async def head() -> None:
+        done.append(f"head {await limiter.acquire('k', 2)}")
+
+    async def newcomer() -> None:
+        done.append(f"newcomer {await limiter.acquire('k', 1)}")
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", head)
+        clock.advance(NS_PER_S)  # 1 unit on hand: the head needs 2
+        now = await limiter.acquire("k", 1, timeout_ns=0)
+        assert now is False, (
+            "stage 2: acquire('k', 1, timeout_ns=0) returned True while a task waited on 'k' "
+            "for 2 units with 1 on hand: a newcomer joins the back of the queue"
+        )
+        await enqueue_async(tg, limiter, "k", newcomer)
+        await stays_async(lambda: not done, "nobody admitted with 1 unit (the head needs 2)")
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: done == ["head True"], "the head admitted at 2 s")
+        await stays_async(lambda: done == ["head True"], "the newcomer still waiting")
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: len(done) == 2, "the newcomer admitted at 3 s")
+    assert done == ["head True", "newcomer True"], done
+
+
+@pytest.mark.extended
+@pytest.mark.rule("async-cancel")
+@pytest.mark.anyio
+async def test_stage2_async_acquire_in_a_cancelled_scope_consumes_nothing() -> None:
+    _, limiter = async_limiter(2, refill_per_s=1)
+    reached = []
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await limiter.acquire("k", 1)  # the units are on hand, but the caller is cancelled
+        reached.append("after acquire")
+    assert not reached, (
+        "stage 2: acquire() in a scope already cancelled must raise the cancellation (it is a "
+        "cancellation point), not return"
+    )
+    assert limiter.try_acquire("k", 2).allowed, (
+        "stage 2: an acquire in an already-cancelled scope consumed units: check for "
+        "cancellation before taking anything"
+    )
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await limiter.acquire("k", 1)  # now it would have to wait
+    assert limiter.statistics().waiters == 0, "stage 2: the cancelled caller left no waiter"
+
+
 # --- ConcurrencyLimiter (extended) ----------------------------------------------------
 
 
@@ -802,6 +984,7 @@ def concurrency(max_in_flight: int, lease_ns: int = 10 * NS_PER_S) -> tuple[Manu
     return clock, limiter
 
 
+@pytest.mark.rule("lease-grant", "lease-release")
 @pytest.mark.extended
 def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
     threads, attempts, cap = 8, 10, 13
@@ -829,6 +1012,7 @@ def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
             assert limiter.in_flight("k") == 0
 
 
+@pytest.mark.rule("lease-release", "lease-statistics")
 @pytest.mark.extended
 def test_stage2_concurrency_release_is_idempotent() -> None:
     _, limiter = concurrency(2)
@@ -848,6 +1032,7 @@ def test_stage2_concurrency_release_is_idempotent() -> None:
     assert limiter.statistics().in_flight_by_key == {"k": 2}
 
 
+@pytest.mark.rule("lease-expiry", "lease-grant", "lease-release")
 @pytest.mark.extended
 def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
     clock, limiter = concurrency(1, lease_ns=5 * NS_PER_S)
@@ -871,6 +1056,7 @@ def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
     assert limiter.statistics().in_flight_by_key == {}, "stage 2: idle keys must be forgotten"
 
 
+@pytest.mark.rule("lease-bad-arguments")
 @pytest.mark.extended
 @pytest.mark.parametrize(
     ("kwargs", "param"),
@@ -887,6 +1073,37 @@ def test_stage2_concurrency_bad_arguments_name_the_parameter(
 ) -> None:
     with pytest.raises((ValueError, TypeError), match=param):
         s2().ConcurrencyLimiter(clock=ManualClock(), **kwargs)
+
+
+@pytest.mark.extended
+@pytest.mark.rule("lease-expiry", "lease-statistics")
+def test_stage2_concurrency_reads_reclaim_expired_leases_by_themselves() -> None:
+    for read in ("in_flight", "statistics"):
+        clock, limiter = concurrency(2, lease_ns=5 * NS_PER_S)
+        first = limiter.try_acquire("k")
+        clock.advance(NS_PER_S)
+        second = limiter.try_acquire("k")
+        assert first is not None and second is not None
+
+        def held(limiter: Any = limiter, read: str = read) -> object:
+            if read == "in_flight":
+                return limiter.in_flight("k")
+            return limiter.statistics()
+
+        t1, t2 = first.expires_at_ns, second.expires_at_ns
+        for at, n, expired in ((t1 - 1, 2, 0), (t1, 1, 1), (t2 - 1, 1, 1), (t2, 0, 2)):
+            clock.set(at)
+            got = held()
+            want: object = n
+            if read == "statistics":
+                want = ConcurrencyStatistics(n, {"k": n} if n else {}, expired)
+            if got != want:
+                raise AssertionError(
+                    f"stage 2: leases granted at 0 and 1 s for 5 s; with no other call, "
+                    f"{read}() at {(at - t1) / NS_PER_S + 5:.9f} s must count the leases "
+                    f"whose expires_at_ns has not come yet (reclaiming the others):\n"
+                    f"  expected {want}\n  got      {got}"
+                )
 
 
 class ConcurrencyLimiterMachine(RuleBasedStateMachine):
@@ -932,7 +1149,11 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
         self.expire()
         expected = lease is not None and lease.id in self.live
         got = self.limiter.release(lease) if lease is not None else False
-        assert got == expected, f"stage 2: release({lease}) returned {got}, expected {expected}"
+        if got != expected:
+            raise AssertionError(
+                f"stage 2: release({lease}) returned {got}, expected {expected} (True only for "
+                "a lease still held: not released before, not expired)"
+            )
         if expected:
             del self.live[lease.id]
 
@@ -956,4 +1177,8 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
             assert self.limiter.in_flight(key) == by_key[key]
 
 
-TestStage2ConcurrencyLimiterModel = pytest.mark.extended(ConcurrencyLimiterMachine.TestCase)
+TestStage2ConcurrencyLimiterModel = pytest.mark.extended(
+    pytest.mark.rule("lease-grant", "lease-release", "lease-expiry", "lease-statistics")(
+        ConcurrencyLimiterMachine.TestCase
+    )
+)
