@@ -25,6 +25,7 @@ import anyio
 import pytest
 
 from katas._kit.history import Call, check_per_key
+from katas._kit.interleave import Gate
 from katas._kit.waiting import (
     DEADLINE_S,
     eventually,
@@ -39,7 +40,7 @@ pytestmark = [pytest.mark.stage(2)]
 core = pytest.mark.core
 extended = pytest.mark.extended
 
-EVICTED = RemovalCause.EVICTED
+EVICTED, EXPIRED = RemovalCause.EVICTED, RemovalCause.EXPIRED
 _MODULES: dict[str, ModuleType] = {}
 
 
@@ -95,6 +96,7 @@ class Loader:
 
 
 @core
+@pytest.mark.rule("exact-under-threads")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
     evicted: list[Any] = []
@@ -127,6 +129,7 @@ def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
 
 
 @core
+@pytest.mark.rule("single-flight", "statistics")
 def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() -> None:
     cache, loader = concurrent(), Loader()
     threads = [spawn(lambda: cache.get_or_load("k", loader), "leader")]
@@ -151,6 +154,7 @@ def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() ->
 
 
 @core
+@pytest.mark.rule("load-error", "statistics")
 def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> None:
     cache = concurrent()
     boom = RuntimeError("model server 503")
@@ -184,6 +188,7 @@ def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> N
 
 
 @core
+@pytest.mark.rule("parallel-keys", "no-user-code-under-lock")
 def test_stage2_misses_of_different_keys_load_in_parallel() -> None:
     cache, loader = concurrent(), Loader(lambda n: n)
     threads = [spawn(partial(cache.get_or_load, k, loader), f"t{k}") for k in range(4)]
@@ -200,6 +205,7 @@ def test_stage2_misses_of_different_keys_load_in_parallel() -> None:
 
 
 @core
+@pytest.mark.rule("no-user-code-under-lock")
 def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
     """User code that touches the cache from another thread must not block on it."""
     blocked: list[str] = []
@@ -228,6 +234,7 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
 
 
 @core
+@pytest.mark.rule("write-beats-load")
 @pytest.mark.parametrize("write", ["put", "delete", "clear"])
 def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> None:
     cache, loader = concurrent(), Loader(lambda n: "loaded (stale)")
@@ -250,6 +257,7 @@ def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> 
 
 
 @core
+@pytest.mark.rule("flight-unregistered")
 def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
     cache = concurrent()
     assert cache.get_or_load("k", lambda: 1) == 1
@@ -262,6 +270,7 @@ def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
 
 
 @core
+@pytest.mark.rule("one-lock", "exact-under-threads")
 def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None:
     """A turnstile around the inner cache: every call on it must hold the lock."""
     inner = _MODULES["s1"].LRUCache(16)
@@ -327,6 +336,7 @@ def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None
 
 
 @core
+@pytest.mark.rule("linearizable")
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
     cache = concurrent(10**6)  # unbounded: no eviction, so each key is a register
@@ -365,10 +375,208 @@ def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
 
 
 @core
+@pytest.mark.rule("not-a-cache")
 def test_stage2_bad_input_is_refused() -> None:
     with pytest.raises(TypeError):
         _MODULES["s2"].ConcurrentCache(object())
         raise AssertionError("stage 2: wrapping something that is not a cache was accepted")
+
+
+def expect(ok: bool, message: str) -> None:
+    """Fail with ``message`` alone (an ``assert`` would add pytest's diff of the same)."""
+    if not ok:
+        raise AssertionError(message)
+
+
+@core
+@pytest.mark.rule("load-hit")
+def test_stage2_get_or_load_on_a_hit_never_calls_the_loader() -> None:
+    cache, calls = concurrent(), []
+
+    def loader() -> str:
+        calls.append(1)
+        return "loaded"
+
+    cache.put("k", "cached")
+    first = cache.get_or_load("k", loader)
+    assert cache.get_or_load("fresh", loader) == "loaded" and len(calls) == 1
+    second = cache.get_or_load("fresh", loader)
+    expect(
+        (first, second, len(calls)) == ("cached", "loaded", 1),
+        f"stage 2: get_or_load on a hit returns the cached value and never calls the loader: "
+        f"a put value and a loaded one must both be hits; got {first!r} and {second!r} with "
+        f"{len(calls)} loader calls (expected 1: the first miss of 'fresh')",
+    )
+    expect(
+        loads(cache).loads == 1 and cache.stats().hits == 2,
+        f"stage 2: two hits, one load: {loads(cache)}, {cache.stats()}",
+    )
+
+
+@core
+@pytest.mark.rule("single-flight")
+def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
+    """The miss's check and its join are one step: park it right after its check (in the
+    on_evict of the expired entry it found), land the load, and it must not load again."""
+    clock = ManualClock()
+    gate = Gate("inside on_evict, after the second caller's check", limit=1)
+
+    def on_evict(key: Any, value: Any, cause: RemovalCause) -> None:
+        if cause is EXPIRED:
+            gate.pass_through()
+
+    inner = _MODULES["s1"].TTLCache(100, 1_000, clock=clock, on_evict=on_evict)
+    cache = _MODULES["s2"].ConcurrentCache(inner)
+    first, second = Loader(lambda n: "first load"), Loader(lambda n: "second load")
+    second.release.set()
+    leader = spawn(lambda: cache.get_or_load("k", first), "leader")
+    eventually(lambda: loads(cache).in_flight == 1, "the first load in flight")
+    cache.put("k", "written meanwhile")  # the load is stale now: it will not be cached
+    clock.advance(1_000)  # ... and the write has expired: the next caller misses
+    racer = spawn(lambda: cache.get_or_load("k", second), "racer")
+    gate.wait_arrived()  # the racer found k expired; it is in that entry's on_evict
+    first.release.set()
+    assert leader.outcome("the leader returns") == "first load"
+    eventually(lambda: loads(cache).in_flight == 0, "the first load landed")
+    gate.open()
+    got = racer.outcome("the racer returns")
+    expect(
+        second.calls == 0 and got == "first load",
+        "stage 2: steps: a load of k is in flight; k is written and expires; a second caller "
+        "checks the cache and misses — and before it goes on, the load lands. A miss joins "
+        "the key's flight in the same step as its check (under one lock), so it receives "
+        f"'first load' and the loader runs once; got {got!r}, {second.calls} second loads",
+    )
+
+
+@core
+@pytest.mark.rule("one-lock")
+def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
+    """Park one thread inside the inner cache's put (holding the lock), then try every
+    other method from other threads: none may reach the inner cache until it is released."""
+    gate = Gate("inside the inner cache's put", limit=1)
+    inner = Watched(_MODULES["s1"].LRUCache(16), gate, at={"put"})
+    cache = _MODULES["s2"].ConcurrentCache(inner)
+    writer = spawn(lambda: cache.put("b", 2), "writer")
+    gate.wait_arrived()
+    calls: dict[str, Callable[[], Any]] = {
+        "get": lambda: cache.get("a"),
+        "put": lambda: cache.put("c", 3),
+        "delete": lambda: cache.delete("a"),
+        "clear": lambda: cache.clear(),
+        "in": lambda: "a" in cache,
+        "len": lambda: len(cache),
+        "iter": lambda: list(cache),
+        "stats": lambda: cache.stats(),
+        "get_or_load": lambda: cache.get_or_load("x", lambda: 0),
+    }
+    others = [spawn(fn, name) for name, fn in calls.items()]
+    inner.wait_entered(len(calls), GRACE_S)  # only an unlocked call gets in: a short wait
+    entered = list(inner.overlaps)
+    gate.open()
+    writer.outcome("the parked put returns")
+    for t in others:
+        t.outcome("every call returns once the put is done")
+    expect(
+        not entered,
+        f"stage 2: while one thread was inside the inner cache's put (holding the lock), "
+        f"these calls went into the inner cache too: {sorted(set(entered))} — every call on "
+        f"the inner cache (get, put, delete, clear, in, len(), iteration, stats()) must hold "
+        f"the lock",
+    )
+
+
+@core
+@pytest.mark.rule("no-user-code-under-lock")
+def test_stage2_get_or_load_weighs_outside_the_lock() -> None:
+    blocked: list[str] = []
+
+    def weigh(value: Any) -> int:
+        other = threading.Thread(target=lambda: cache.get("probe"), daemon=True)
+        other.start()
+        other.join(1.0)
+        if other.is_alive():
+            blocked.append(f"weigh({value!r})")
+        return 1
+
+    cache = concurrent(4, max_weight=10, weigh=weigh)
+    assert cache.get_or_load("k", lambda: "loaded") == "loaded"
+    expect(
+        not blocked and cache.get("k") == "loaded",
+        f"stage 2: get_or_load on a weighted cache called {blocked} while holding the lock: "
+        "another thread's get blocked. Weigh the loaded value before taking the lock to "
+        "store it",
+    )
+
+
+@core
+@pytest.mark.rule("load-too-heavy")
+def test_stage2_a_loaded_value_too_heavy_to_cache_is_still_returned() -> None:
+    cache, loader = concurrent(4, max_weight=5, weigh=len), Loader(lambda n: "x" * 10)
+    threads = [spawn(lambda: cache.get_or_load("k", loader), f"t{i}") for i in range(3)]
+    eventually(lambda: loads(cache).waiters == 2, "2 callers waiting for the load")
+    loader.release.set()
+    got = [t.outcome("a caller of the heavy load returns") for t in threads]
+    expect(
+        got == ["x" * 10] * 3 and "k" not in cache,
+        f"stage 2: a loaded value heavier than max_weight=5 is still the answer for every "
+        f"caller of its flight, it is just not cached; got {got}, cached: {'k' in cache}",
+    )
+    expect(loads(cache).failures == 0, f"stage 2: not a failure: {loads(cache)}")
+
+
+#: How long a test gives a thread to get past a lock it must not get past.
+GRACE_S = 0.2
+
+
+class Watched:
+    """Stands in for an inner cache: notes every call made while another is inside it,
+    and parks the calls to the methods in ``at`` at ``gate`` (inside the call)."""
+
+    def __init__(self, inner: Any, gate: Gate, at: set[str]) -> None:
+        object.__setattr__(self, "_w", (inner, gate, at, threading.Condition(), [0], []))
+
+    @property
+    def overlaps(self) -> list[str]:
+        return list(self._w[5])
+
+    def wait_entered(self, count: int, timeout: float) -> None:
+        cond, overlaps = self._w[3], self._w[5]
+        with cond:
+            cond.wait_for(lambda: len(overlaps) >= count, timeout)
+
+    def _call(self, name: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        _, gate, at, cond, inside, overlaps = self._w
+        with cond:
+            if inside[0]:
+                overlaps.append(name)
+                cond.notify_all()
+            inside[0] += 1
+        try:
+            if name in at:
+                gate.pass_through()
+            return fn(*args, **kw)
+        finally:
+            with cond:
+                inside[0] -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._w[0], name)
+        if not callable(attr):
+            return attr
+        return lambda *args, **kw: self._call(name, attr, *args, **kw)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._w[0], name, value)
+
+    def __len__(self) -> int:
+        return int(self._call("__len__", self._w[0].__len__))
+
+    def __contains__(self, key: object) -> bool:
+        return bool(self._call("__contains__", self._w[0].__contains__, key))
+
+    def __iter__(self) -> Any:
+        return self._call("__iter__", self._w[0].__iter__)
 
 
 # --------------------------------------------------------------------------- async
@@ -390,6 +598,7 @@ class AsyncLoader:
 
 
 @extended
+@pytest.mark.rule("async-single-flight")
 @pytest.mark.anyio
 async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
     cache, loader = async_cache(), AsyncLoader()
@@ -411,6 +620,7 @@ async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
 
 
 @extended
+@pytest.mark.rule("async-cancelled-waiter")
 @pytest.mark.anyio
 async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> None:
     cache, loader = async_cache(), AsyncLoader()
@@ -443,6 +653,7 @@ async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> Non
 
 
 @extended
+@pytest.mark.rule("async-cancelled-leader")
 @pytest.mark.anyio
 async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> None:
     cache, loader = async_cache(), AsyncLoader()
@@ -473,6 +684,7 @@ async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> 
 
 
 @extended
+@pytest.mark.rule("async-single-flight", "load-error")
 @pytest.mark.anyio
 async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
     cache = async_cache()
@@ -497,4 +709,62 @@ async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
             release.set()
     assert len(errors) == 4 and all(e is errors[0] for e in errors) and "k" not in cache, (
         f"stage 2: the loader's exception reaches all 4 tasks and nothing is cached: {errors}"
+    )
+
+
+@extended
+@pytest.mark.rule("load-hit", "async-single-flight")
+@pytest.mark.anyio
+async def test_stage2_async_get_or_load_on_a_hit_never_calls_the_loader() -> None:
+    cache, calls = async_cache(), []
+
+    async def loader() -> str:
+        calls.append(1)
+        return "loaded"
+
+    cache.put("k", "cached")
+    first = await cache.get_or_load("k", loader)
+    await cache.get_or_load("fresh", loader)
+    second = await cache.get_or_load("fresh", loader)
+    expect(
+        (first, second, len(calls)) == ("cached", "loaded", 1),
+        f"stage 2: AsyncCache.get_or_load on a hit returns the cached value and never awaits "
+        f"the loader; got {first!r} and {second!r} with {len(calls)} loader calls "
+        f"(expected 1: the first miss of 'fresh')",
+    )
+
+
+@extended
+@pytest.mark.rule("write-beats-load")
+@pytest.mark.anyio
+async def test_stage2_async_a_write_during_a_load_wins_over_the_loaded_value() -> None:
+    for write in ("put", "delete", "clear"):
+        await _async_write_during_a_load(write)
+
+
+async def _async_write_during_a_load(write: str) -> None:
+    cache, loader = async_cache(), AsyncLoader()
+    results: list[Any] = []
+
+    async def call() -> None:
+        results.append(await cache.get_or_load("k", loader))
+
+    with anyio.fail_after(3 * DEADLINE_S):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await eventually_async(lambda: loads(cache).in_flight == 1, "the load in flight")
+            if write == "put":
+                cache.put("k", "written meanwhile")
+            elif write == "delete":
+                cache.delete("k")
+            else:
+                cache.clear()
+            loader.release.set()
+    expected = "written meanwhile" if write == "put" else None
+    got = cache.get("k")
+    expect(
+        got == expected and len(results) == 1 and results[0] is not None,
+        f"stage 2: AsyncCache: a {write} while the key's load was in flight is newer than "
+        f"the load: the loaded value goes to its caller but must not be cached over the "
+        f"{write}; the cache holds {got!r}",
     )
