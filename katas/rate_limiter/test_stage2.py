@@ -501,12 +501,12 @@ def test_stage2_every_call_holds_the_stripe_lock_around_the_inner_limiter() -> N
     for what, first in PATHS.items():
         gate = Gate(f"inside the inner limiter, called by {what}")
         _, limiter = parked_limiter(gate, ("try_acquire", "peek", "refund"), holding=("k",))
-        a = start(lambda first=first, limiter=limiter: first(limiter), f"A: {what}")
+        a = start(partial(first, limiter), f"A: {what}")
         gate.wait_arrived(1)
-        b = start(lambda limiter=limiter: limiter.try_acquire("k"), "B: try_acquire('k')")
+        b = start(partial(limiter.try_acquire, "k"), "B: try_acquire('k')")
         try:
             stays(
-                lambda gate=gate: gate.arrivals == 1,
+                partial(lambda g: g.arrivals == 1, gate),
                 f"thread B outside the inner limiter while thread A, in {what}, is inside it "
                 "(the inner call must run under the key's stripe lock, or B reads state A is "
                 "about to change)",
@@ -525,10 +525,12 @@ def test_stage2_a_busy_key_does_not_hold_up_other_stripes() -> None:
     busy = start(lambda: limiter.try_acquire("busy"), "a thread inside try_acquire('busy')")
     gate.wait_arrived(1)
     done: list[str] = []
-    others = [
-        start(lambda k=k: done.append(k) if limiter.try_acquire(k).allowed else None, k)
-        for k in (f"other-{i}" for i in range(8))
-    ]
+
+    def other(key: str) -> None:
+        if limiter.try_acquire(key).allowed:
+            done.append(key)
+
+    others = [start(partial(other, f"other-{i}"), f"other-{i}") for i in range(8)]
     try:
         eventually(
             lambda: bool(done),

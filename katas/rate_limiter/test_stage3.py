@@ -39,7 +39,7 @@ from hypothesis.stateful import (
 )
 from redis.crc import key_slot
 
-from katas._kit.profiles import HEAVY_EXAMPLES
+from katas._kit.profiles import heavy_examples
 from katas._kit.redis import RedisEnv, RedisNode
 from katas.rate_limiter.api import (
     NS_PER_S,
@@ -58,7 +58,7 @@ NODES = 3
 
 # Tests that start servers run few examples; every test takes the redis_env fixture.
 heavy = settings(
-    max_examples=min(settings().max_examples, HEAVY_EXAMPLES),
+    max_examples=heavy_examples(),
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     deadline=None,
 )
@@ -376,6 +376,7 @@ def scenarios(draw: st.DrawFn) -> tuple[str, int, int, list[Op]]:
 # --------------------------------------------------------------------------- examples
 
 
+@pytest.mark.rule("nodes-as-one", "redis-algorithms", "server-time")
 @pytest.mark.core
 @pytest.mark.realtime
 def test_stage3_two_nodes_share_one_token_bucket(
@@ -406,6 +407,7 @@ def test_stage3_two_nodes_share_one_token_bucket(
     )
 
 
+@pytest.mark.rule("unique-members", "nodes-as-one")
 @pytest.mark.core
 def test_stage3_same_instant_requests_all_count_in_the_sliding_log(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -425,6 +427,7 @@ def test_stage3_same_instant_requests_all_count_in_the_sliding_log(
     replay(records, "sliding_log", 3, 10_000_000)
 
 
+@pytest.mark.rule("redis-denial")
 @pytest.mark.core
 def test_stage3_denial_consumes_nothing(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     """Denied requests leave the quota alone: retry_after counts down with server time."""
@@ -444,6 +447,7 @@ def test_stage3_denial_consumes_nothing(stage_module: ModuleType, redis_env: Red
         )
 
 
+@pytest.mark.rule("redis-peek")
 @pytest.mark.core
 def test_stage3_cost_above_limit_never_fits(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     for algorithm in ALGORITHMS:
@@ -464,6 +468,7 @@ def test_stage3_cost_above_limit_never_fits(stage_module: ModuleType, redis_env:
         assert full.allowed, f"{algorithm}: the impossible request consumed quota: {full}"
 
 
+@pytest.mark.rule("redis-refund", "refund-no-state")
 @pytest.mark.core
 def test_stage3_refund_gives_back_unused_units_capped(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -502,6 +507,7 @@ def test_stage3_refund_gives_back_unused_units_capped(
         assert a.peek("bob", 10).allowed
 
 
+@pytest.mark.rule("redis-refund")
 @pytest.mark.core
 @pytest.mark.realtime
 def test_stage3_refund_takes_the_newest_units_out_of_the_sliding_log(
@@ -536,6 +542,7 @@ def test_stage3_refund_takes_the_newest_units_out_of_the_sliding_log(
     )
 
 
+@pytest.mark.rule("redis-refund")
 @pytest.mark.core
 @pytest.mark.realtime
 def test_stage3_refund_for_a_window_that_has_rolled_is_dropped(
@@ -563,6 +570,7 @@ def test_stage3_refund_for_a_window_that_has_rolled_is_dropped(
     )
 
 
+@pytest.mark.rule("refund-outage", "fallback-counted")
 @pytest.mark.core
 @pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_refund_during_an_outage_is_counted_and_dropped_or_local(
@@ -615,6 +623,7 @@ def hash_tag(name: str) -> str:
     return name[start + 1 : end] if 0 <= start < end - 1 else name
 
 
+@pytest.mark.rule("hash-tag")
 @pytest.mark.core
 def test_stage3_keys_of_one_user_share_a_cluster_hash_slot(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -636,6 +645,7 @@ def test_stage3_keys_of_one_user_share_a_cluster_hash_slot(
     assert len({key_slot(name.encode()) for name in names}) == 1, names
 
 
+@pytest.mark.rule("redis-bad-input", "whole-us", "lua-exact")
 @pytest.mark.core
 def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     client = redis_env.client()
@@ -658,6 +668,10 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
             stage_module.RedisRateLimiter(client, **{**good, name: bad})
     with pytest.raises(TypeError, match="limit"):
         stage_module.RedisRateLimiter(client, **{**good, "limit": True})
+    # Lua's doubles: limit × window in µs must stay below 2^51 — at 2^51 it is refused.
+    with pytest.raises(ValueError):
+        stage_module.RedisRateLimiter(client, **{**good, "limit": 2**31, "window_ns": 2**20 * 1000})
+    stage_module.RedisRateLimiter(client, **{**good, "limit": 1, "window_ns": (2**51 - 1) * 1000})
     limiter = stage_module.RedisRateLimiter(client, **good)
     with pytest.raises(ValueError, match="cost"):
         limiter.try_acquire("alice", 0)
@@ -672,6 +686,9 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
 # --------------------------------------------------------------------------- properties
 
 
+@pytest.mark.rule(
+    "nodes-as-one", "redis-algorithms", "stamped", "redis-denial", "redis-peek", "redis-refund"
+)
 @pytest.mark.core
 @heavy
 @example(
@@ -718,6 +735,7 @@ def test_stage3_nodes_sharing_redis_decide_as_one_node(
     replay(run_stream(redis_env, nodes, ops), algorithm, limit, window_us)
 
 
+@pytest.mark.rule("server-time", "stamped")
 @pytest.mark.core
 @heavy
 @example(
@@ -765,6 +783,7 @@ def test_stage3_node_clock_skew_changes_nothing(
     replay(records, algorithm, limit, window_us)
 
 
+@pytest.mark.rule("nodes-as-one")
 @pytest.mark.core
 def test_stage3_concurrent_nodes_admit_exactly_as_one(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -785,6 +804,7 @@ def test_stage3_concurrent_nodes_admit_exactly_as_one(
         replay(records, algorithm, 10, 10_000_000)
 
 
+@pytest.mark.rule("ttl-bound")
 @pytest.mark.core
 @heavy
 @example(scenario=("token_bucket", 4, 2_000_000, [Op(0, "alice", 1)]))
@@ -801,6 +821,11 @@ def test_stage3_concurrent_nodes_admit_exactly_as_one(
     )
 )
 @example(scenario=("token_bucket", 1, 2_000_000, [Op(0, "alice", 1), Op(1, "alice", 1, "refund")]))
+@example(scenario=("token_bucket", 2, 2_000_000, [Op(0, "alice", 1), Op(1, "alice", 1)]))
+@example(scenario=("token_bucket", 3, 50_000, [Op(0, "alice", 1)]))
+@example(
+    scenario=("sliding_log", 2, 2_000_000, [Op(0, "alice", 1), Op(1, "alice", 1, gap_us=500_000)])
+)
 @given(scenario=scenarios())
 def test_stage3_every_key_has_a_ttl_within_the_bound(
     stage_module: ModuleType, redis_env: RedisEnv, scenario: tuple[str, int, int, list[Op]]
@@ -833,16 +858,24 @@ def test_stage3_every_key_has_a_ttl_within_the_bound(
             ttl_ms = admin.pttl(name)
             if ttl_ms == -2 and not redis_env.time_is_controlled:
                 continue  # a real server's clock moved on and the key expired meanwhile
-            fresh_ms = -(-model.time_to_fresh_us(owner[0], now_us) // 1000)
-            # PTTL -1: no TTL at all; 0: under 1 ms left (PTTL rounds down)
-            assert 0 <= ttl_ms <= fresh_ms + 1000, (
-                f"stage 3 ({algorithm}, limit={limit}, window={window_us} µs): every key must "
-                f"expire once its state is fresh again: 0 < TTL <= time-to-fresh + 1 s. Key "
-                f"{name!r} has PTTL {ttl_ms} ms, time-to-fresh {fresh_ms} ms, after {done}"
-                " (-1 = no TTL: was it set in the same script? refreshed to a whole window?)"
-            )
+            fresh_us = model.time_to_fresh_us(owner[0], now_us)
+            fresh_ms = -(-fresh_us // 1000)
+            # PTTL -1: no TTL at all; 0: under 1 ms left (PTTL rounds down). With the
+            # server clock frozen the TTL is exact: never below the time to fresh (which
+            # PTTL, rounding down, shows as its whole ms).
+            low = fresh_us // 1000 if redis_env.time_is_controlled else 0
+            if not low <= ttl_ms <= fresh_ms + 1000:
+                raise AssertionError(
+                    f"stage 3 ({algorithm}, limit={limit}, window={window_us} µs): every key "
+                    f"must expire once its state is fresh again, and not before: time-to-fresh "
+                    f"<= TTL <= time-to-fresh + 1 s. Key {name!r} has PTTL {ttl_ms} ms, "
+                    f"time-to-fresh {fresh_ms} ms, after {done} (-1 = no TTL: was it set in "
+                    "the same script? refreshed to a whole window? below: the key expires "
+                    "while it still holds usage, and comes back fresh)"
+                )
 
 
+@pytest.mark.rule("one-script-call")
 @pytest.mark.core
 def test_stage3_each_decision_is_one_round_trip(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -870,6 +903,7 @@ def test_stage3_each_decision_is_one_round_trip(
 # --------------------------------------------------------------------------- faults
 
 
+@pytest.mark.rule("failure-modes", "fallback-counted", "probe-interval")
 @pytest.mark.core
 @pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_outage_honours_failure_mode_and_recovers(
@@ -916,6 +950,7 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
     assert limiter.stats().redis_decisions == 2, limiter.stats()
 
 
+@pytest.mark.rule("socket-timeout", "failure-modes")
 @pytest.mark.core
 @pytest.mark.realtime
 def test_stage3_blackholed_redis_does_not_hang_a_decision(
@@ -946,6 +981,105 @@ def test_stage3_blackholed_redis_does_not_hang_a_decision(
     assert limiter.stats().redis_errors == 1, limiter.stats()
 
 
+@pytest.mark.core
+@pytest.mark.rule("probe-interval", "failure-modes", "fallback-counted")
+def test_stage3_a_failed_probe_skips_redis_for_another_interval(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    proxy = redis_env.proxy()
+    clock = ManualClock()
+    limiter = make_limiter(
+        stage_module,
+        redis_env.server().proxied_client(proxy, socket_timeout=2),
+        "token_bucket",
+        4,
+        60_000_000,
+        key_prefix=redis_env.prefix,
+        failure_mode="closed",
+        probe_interval_ns=NS_PER_S,
+        clock=clock,
+    )
+    assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
+    proxy.outage()
+    t0 = clock.now_ns()
+    story: list[str] = []
+
+    def step(at: int, *, tried: bool, retry: int | None) -> Decision:
+        clock.set(t0 + at)
+        errors = limiter.stats().redis_errors
+        d: Decision = limiter.try_acquire("alice")
+        story.append(f"  t=+{at} ns: try_acquire('alice') -> {d}, {limiter.stats()}")
+        did_try = limiter.stats().redis_errors > errors
+        if did_try != tried or (retry is not None and d.retry_after_ns != retry):
+            raise AssertionError(
+                "stage 3: after a failure Redis is skipped for probe_interval_ns (1 s) from that "
+                "failure, then probed; a probe that fails starts a new interval, and a "
+                "'closed' denial's retry_after_ns is the time until the next probe. Redis "
+                f"went down at t=+0; at the last step Redis must{'' if tried else ' not'} be "
+                f"tried"
+                + ("" if retry is None else f", with retry_after_ns={retry}")
+                + ":\n"
+                + "\n".join(story)
+            )
+        return d
+
+    step(0, tried=True, retry=NS_PER_S)  # fails: the next probe is due at +1 s
+    step(NS_PER_S - 1, tried=False, retry=1)
+    step(NS_PER_S, tried=True, retry=NS_PER_S)  # the probe fails: next one at +2 s
+    step(NS_PER_S + 1, tried=False, retry=NS_PER_S - 1)
+    proxy.heal()
+    d = step(2 * NS_PER_S - 1, tried=False, retry=1)  # healed, but not due yet
+    assert not isinstance(d, StampedDecision), f"stage 3: Redis was not due yet: {d}"
+    clock.set(t0 + 2 * NS_PER_S)
+    back = limiter.try_acquire("alice")
+    assert isinstance(back, StampedDecision), (
+        f"stage 3: at +2 s the next probe is due and Redis answers: {back}\n" + "\n".join(story)
+    )
+    stats = limiter.stats()
+    assert (stats.redis_decisions, stats.fallback_decisions, stats.redis_errors) == (2, 5, 2), (
+        f"stage 3: 2 Redis decisions, 5 fallbacks, 2 Redis errors (two failed tries): {stats}"
+    )
+
+
+@pytest.mark.core
+@pytest.mark.rule("script-error-raised")
+def test_stage3_a_script_error_is_raised_not_sent_to_the_failure_mode(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    admin = redis_env.client()
+    for mode in ("open", "closed", "local"):
+        prefix = redis_env.fresh_prefix()
+        limiter = make_limiter(
+            stage_module,
+            redis_env.client(),
+            "token_bucket",
+            4,
+            60_000_000,
+            key_prefix=prefix,
+            failure_mode=mode,
+        )
+        assert limiter.try_acquire("alice").allowed
+        for name in redis_env.keys(prefix):  # a key of the wrong type: every script fails
+            admin.delete(name)
+            admin.rpush(name, "not a limiter's state")
+        with pytest.raises(redis.ResponseError):
+            limiter.try_acquire("alice")
+        with pytest.raises(redis.ResponseError):
+            limiter.peek("alice")
+        with pytest.raises(redis.ResponseError):
+            limiter.refund("alice", 1)
+        stats = limiter.stats()
+        assert (stats.fallback_decisions, stats.redis_errors) == (0, 0), (
+            f"stage 3 (failure_mode={mode!r}): a script error (here WRONGTYPE) is a bug, not "
+            f"an outage: it is raised, and neither a fallback nor a Redis error; {stats}"
+        )
+        d = limiter.try_acquire("bob")
+        assert isinstance(d, StampedDecision), (
+            f"stage 3 (failure_mode={mode!r}): after a script error Redis is not skipped: the "
+            f"next decision is Redis's, got {d}"
+        )
+
+
 def _decide_or_fail(limiter: Any, key: str, what: str) -> Decision:
     try:
         return limiter.try_acquire(key)  # type: ignore[no-any-return]
@@ -956,6 +1090,7 @@ def _decide_or_fail(limiter: Any, key: str, what: str) -> Decision:
         )
 
 
+@pytest.mark.rule("noscript-reload")
 @pytest.mark.core
 @pytest.mark.redis_faults
 def test_stage3_script_flush_and_server_restart_are_survived(
@@ -1058,7 +1193,9 @@ def _bind_stage(stage_module: ModuleType) -> None:
 
 
 TestStage3RedisLimiterModel = pytest.mark.core(
-    pytest.mark.usefixtures("_bind_stage")(RedisLimiterMachine.TestCase)
+    pytest.mark.rule("nodes-as-one", "redis-refund", "noscript-reload", "namespaced")(
+        pytest.mark.usefixtures("_bind_stage")(RedisLimiterMachine.TestCase)
+    )
 )
 TestStage3RedisLimiterModel.settings = settings(heavy, stateful_step_count=30)
 
@@ -1066,6 +1203,7 @@ TestStage3RedisLimiterModel.settings = settings(heavy, stateful_step_count=30)
 # --------------------------------------------------------------------------- extended
 
 
+@pytest.mark.rule("async-redis")
 @pytest.mark.extended
 def test_stage3_async_nodes_decide_as_one_with_sync_nodes(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -1109,6 +1247,7 @@ def test_stage3_async_nodes_decide_as_one_with_sync_nodes(
     replay(asyncio.run(main()), "sliding_log", 4, 5_000_000)
 
 
+@pytest.mark.rule("async-redis")
 @pytest.mark.extended
 def test_stage3_async_outage_falls_back_and_recovers(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -1148,6 +1287,7 @@ def test_stage3_async_outage_falls_back_and_recovers(
     assert (stats.redis_decisions, stats.fallback_decisions) == (2, 1), stats
 
 
+@pytest.mark.rule("socket-timeout")
 @pytest.mark.extended
 def test_stage3_client_without_socket_timeout_is_refused(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -1163,6 +1303,7 @@ class LeaseModel:
     held: dict[str, set[int]] = field(default_factory=dict)
 
 
+@pytest.mark.rule("redis-leases")
 @pytest.mark.extended
 @heavy
 @example(
@@ -1217,6 +1358,7 @@ def test_stage3_concurrency_limiter_caps_leases_across_nodes(
             assert nodes[node].in_flight(k) == len(model.held.get(k, ())), k
 
 
+@pytest.mark.rule("redis-lease-expiry")
 @pytest.mark.extended
 @pytest.mark.realtime
 def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: RedisEnv) -> None:
@@ -1236,3 +1378,30 @@ def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: Re
     )
     assert limiter.release(lost) is False, "the expired lease is no longer held"
     assert limiter.release(again) is True
+
+
+@pytest.mark.extended
+@pytest.mark.rule("redis-lease-expiry")
+def test_stage3_in_flight_reclaims_a_lease_at_its_expiry(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    if not redis_env.time_is_controlled:
+        pytest.skip("needs the server clock under the test's control (fakeredis)")
+    redis_env.freeze_time()
+    limiter = stage_module.RedisConcurrencyLimiter(
+        redis_env.client(), max_in_flight=2, lease_ns=100 * NS_PER_MS, key_prefix=redis_env.prefix
+    )
+    lease = limiter.try_acquire("alice")
+    assert lease is not None
+    start_ns = redis_env.server().time_us() * 1000
+    assert lease.expires_at_ns == start_ns + 100 * NS_PER_MS, (
+        f"stage 3: expires_at_ns is the server's now + lease_ns: {lease}, server at {start_ns}"
+    )
+    redis_env.pass_time(lease.expires_at_ns - start_ns - 1000)  # 1 µs before it expires
+    assert limiter.in_flight("alice") == 1, "stage 3: the lease still holds 1 µs before expiry"
+    redis_env.pass_time(1000)
+    held = limiter.in_flight("alice")
+    assert held == 0, (
+        f"stage 3: at expires_at_ns the lease is reclaimed, and in_flight() (with no "
+        f"try_acquire in between) must not count it; got {held}"
+    )
