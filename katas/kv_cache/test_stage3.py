@@ -43,7 +43,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from katas._kit import impl
-from katas._kit.profiles import HEAVY_EXAMPLES
+from katas._kit.profiles import heavy_examples
 from katas._kit.redis import RedisEnv, RedisNode
 from katas._kit.waiting import DEADLINE_S, eventually, spawn
 from katas.kv_cache.api import (
@@ -72,7 +72,7 @@ MACHINE_KEYS = ("k0", "k1", "k2")
 _STAGE: dict[str, ModuleType] = {}
 
 heavy = settings(
-    max_examples=min(settings().max_examples, HEAVY_EXAMPLES),
+    max_examples=heavy_examples(),
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     deadline=None,
 )
@@ -131,6 +131,7 @@ def holders(nodes: dict[str, RedisNode], redis_env: RedisEnv, prefix: str, key: 
 
 
 @core
+@pytest.mark.rule("preference-lists")
 def test_stage3_preference_list_is_distinct_nodes_clockwise() -> None:
     r = ring(["a", "b", "c", "d"])
     for key in KEYS[:500]:
@@ -151,6 +152,7 @@ def test_stage3_preference_list_is_distinct_nodes_clockwise() -> None:
 
 
 @core
+@pytest.mark.rule("ring-bad-input")
 def test_stage3_ring_rejects_bad_input() -> None:
     for bad in (0, -1):
         with pytest.raises(ValueError, match="vnodes"):
@@ -169,6 +171,7 @@ def test_stage3_ring_rejects_bad_input() -> None:
 
 
 @core
+@pytest.mark.rule("empty-ring")
 def test_stage3_empty_ring() -> None:
     r = ring([])
     assert r.nodes_for("k", 2) == [] and len(r) == 0
@@ -181,6 +184,7 @@ def test_stage3_empty_ring() -> None:
 
 
 @core
+@pytest.mark.rule("balance")
 @pytest.mark.parametrize("n", [3, 5, 8])
 def test_stage3_load_is_balanced_with_160_vnodes(n: int) -> None:
     names = [f"node-{i}" for i in range(n)]
@@ -196,6 +200,7 @@ def test_stage3_load_is_balanced_with_160_vnodes(n: int) -> None:
 
 
 @core
+@pytest.mark.rule("add-node")
 @pytest.mark.parametrize("n", [3, 5, 8])
 def test_stage3_adding_a_node_moves_a_fair_share_only_onto_it(n: int) -> None:
     names = [f"node-{i}" for i in range(n)]
@@ -217,6 +222,7 @@ def test_stage3_adding_a_node_moves_a_fair_share_only_onto_it(n: int) -> None:
 
 
 @core
+@pytest.mark.rule("remove-node")
 @pytest.mark.parametrize("n", [4, 6])
 def test_stage3_removing_a_node_moves_only_its_keys(n: int) -> None:
     names = [f"node-{i}" for i in range(n)]
@@ -234,6 +240,7 @@ def test_stage3_removing_a_node_moves_only_its_keys(n: int) -> None:
 
 
 @core
+@pytest.mark.rule("placement-by-set")
 def test_stage3_placement_ignores_the_order_nodes_joined() -> None:
     names = [f"node-{i}" for i in range(6)]
     grown = ring([])
@@ -268,6 +275,7 @@ _CHILD = textwrap.dedent(
 
 
 @core
+@pytest.mark.rule("stable-hash")
 def test_stage3_placement_is_identical_across_processes(impl_selection: impl.Selection) -> None:
     nodes = [f"cache-{i}.internal" for i in range(5)]
     keys = KEYS[:1_000]
@@ -307,6 +315,7 @@ vnode_counts = st.sampled_from([160, 640])
 
 
 @core
+@pytest.mark.rule("add-node")
 @given(names=node_names, vnodes=vnode_counts, data=st.data())
 def test_stage3_property_adding_a_node_moves_keys_only_onto_it(
     names: list[str], vnodes: int, data: st.DataObject
@@ -334,6 +343,7 @@ def test_stage3_property_adding_a_node_moves_keys_only_onto_it(
 
 
 @core
+@pytest.mark.rule("remove-node")
 @given(names=node_names.filter(lambda ns: len(ns) >= 2), vnodes=vnode_counts, data=st.data())
 def test_stage3_property_removing_a_node_moves_only_its_keys(
     names: list[str], vnodes: int, data: st.DataObject
@@ -355,6 +365,7 @@ def test_stage3_property_removing_a_node_moves_only_its_keys(
 
 
 @core
+@pytest.mark.rule("balance")
 @given(names=node_names.filter(lambda ns: len(ns) >= 2), vnodes=vnode_counts)
 def test_stage3_property_load_is_within_the_spread_of_vnodes(names: list[str], vnodes: int) -> None:
     n = len(names)
@@ -373,6 +384,7 @@ def test_stage3_property_load_is_within_the_spread_of_vnodes(names: list[str], v
 
 
 @core
+@pytest.mark.rule("round-trip")
 def test_stage3_put_get_delete_round_trip_as_json(redis_env: RedisEnv) -> None:
     cache, _, _ = make_cache(redis_env)
     values: dict[str, Any] = {
@@ -401,6 +413,7 @@ def test_stage3_put_get_delete_round_trip_as_json(redis_env: RedisEnv) -> None:
 
 
 @core
+@pytest.mark.rule("replicas")
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_stage3_each_key_lives_on_exactly_its_replicas(redis_env: RedisEnv, replicas: int) -> None:
     cache, nodes, prefix = make_cache(redis_env, replicas=replicas)
@@ -431,6 +444,7 @@ def test_stage3_each_key_lives_on_exactly_its_replicas(redis_env: RedisEnv, repl
 
 
 @core
+@pytest.mark.rule("ttl-replicas")
 def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env, ttl_ns=5 * NS_PER_S)
     cache.put("session", "s1")
@@ -446,6 +460,7 @@ def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv) -> None:
 
 
 @core
+@pytest.mark.rule("cache-bad-input")
 def test_stage3_cache_rejects_bad_arguments(redis_env: RedisEnv) -> None:
     nodes = dict(zip(NODES, redis_env.servers(3), strict=True))
     clients = {name: node.client() for name, node in nodes.items()}
@@ -475,6 +490,7 @@ def _stats(cache: Any, name: str) -> NodeStatistics:
 
 
 @core
+@pytest.mark.rule("failover")
 @pytest.mark.redis_faults
 def test_stage3_reads_fail_over_when_a_node_stops(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env)
@@ -500,6 +516,7 @@ def test_stage3_reads_fail_over_when_a_node_stops(redis_env: RedisEnv) -> None:
 
 
 @core
+@pytest.mark.rule("writes-need-one-replica")
 @pytest.mark.redis_faults
 def test_stage3_writes_need_one_reachable_replica(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env)
@@ -525,6 +542,7 @@ def test_stage3_writes_need_one_reachable_replica(redis_env: RedisEnv) -> None:
 
 
 @core
+@pytest.mark.rule("rejoin-new-epoch", "miss-falls-through")
 @pytest.mark.redis_faults
 def test_stage3_rejoining_node_never_serves_what_it_missed(redis_env: RedisEnv) -> None:
     cache, nodes, prefix = make_cache(redis_env)
@@ -565,6 +583,7 @@ def test_stage3_rejoining_node_never_serves_what_it_missed(redis_env: RedisEnv) 
 
 
 @core
+@pytest.mark.rule("restarted-node")
 @pytest.mark.redis_faults
 def test_stage3_killed_and_restarted_node_falls_back_or_misses(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env)
@@ -585,6 +604,7 @@ def test_stage3_killed_and_restarted_node_falls_back_or_misses(redis_env: RedisE
 
 
 @core
+@pytest.mark.rule("probe-interval", "miss-falls-through")
 @pytest.mark.redis_faults
 def test_stage3_a_down_node_is_probed_only_after_the_interval(redis_env: RedisEnv) -> None:
     clock = ManualClock()
@@ -613,6 +633,7 @@ def test_stage3_a_down_node_is_probed_only_after_the_interval(redis_env: RedisEn
 
 
 @core
+@pytest.mark.rule("one-timeout")
 @pytest.mark.realtime
 def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEnv) -> None:
     """A blackholed node (accepts, never answers): one socket timeout, then skipped."""
@@ -652,6 +673,104 @@ def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEn
     assert cache.get(keys[0]) == keys[0]
     s = _stats(cache, "n0")
     assert not s.down and s.epoch >= 1, f"stage 3: n0 answers again, under a new epoch: {s}"
+
+
+def expect(ok: bool, message: str) -> None:
+    """Fail with ``message`` alone (an ``assert`` would add pytest's diff of the same)."""
+    if not ok:
+        raise AssertionError(message)
+
+
+@core
+@pytest.mark.rule("failed-probe", "probe-interval")
+@pytest.mark.redis_faults
+def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> None:
+    clock = ManualClock()
+    cache, nodes, _ = make_cache(redis_env, probe_interval_ns=NS_PER_S, clock=clock)
+    key = next(k for k in KEYS if cache.replicas_for(k)[0] == "n0")
+    cache.put(key, "v")
+    nodes["n0"].stop()
+    ops: list[tuple[str, Callable[[], Any]]] = [
+        ("get", lambda: cache.get(key)),
+        ("put", lambda: cache.put(key, "v")),
+        ("delete", lambda: cache.delete(key)),
+    ]
+    cache.get(key)  # n0 fails: down, errors 1, next probe at 1 s
+    errors = 1
+    for what, op in ops:
+        clock.advance(NS_PER_S)
+        op()  # the probe: n0 is still stopped, so it fails again
+        errors += 1
+        s = _stats(cache, "n0")
+        expect(
+            (s.errors, s.down) == (errors, True),
+            f"stage 3: after probe_interval_ns a {what} probes the down node n0, which is still "
+            f"stopped: one more error ({errors}), still down; got {s}",
+        )
+        clock.advance(NS_PER_S - 1)
+        op()
+        s = _stats(cache, "n0")
+        expect(
+            s.errors == errors,
+            f"stage 3: a failed probe starts another probe_interval_ns: 1 ns before it ends, "
+            f"a {what} must not try n0 again (errors stay {errors}); got {s} — without a new "
+            f"interval a dead node costs every request a timeout again",
+        )
+        clock.advance(1)
+        op()
+        errors += 1
+        expect(
+            _stats(cache, "n0").errors == errors,
+            f"stage 3: at the end of the new interval a {what} probes n0 again: "
+            f"{_stats(cache, 'n0')}",
+        )
+
+
+@core
+@pytest.mark.rule("only-outages-fail-over")
+def test_stage3_an_error_that_is_not_an_outage_propagates(redis_env: RedisEnv) -> None:
+    cache, nodes, _ = make_cache(redis_env)
+    key = "prompt:typed"
+    cache.put(key, "v")
+    first = cache.replicas_for(key)[0]
+    client = nodes[first].client()
+    name = cache.key_name(first, key)
+    client.delete(name)
+    client.lpush(name, "not a string")  # a GET of it is a WRONGTYPE error
+    try:
+        got = cache.get(key, MISS)
+    except redis.ResponseError:
+        pass
+    else:
+        raise AssertionError(
+            f"stage 3: a WRONGTYPE reply from {first} is not an outage: get must raise "
+            f"redis.ResponseError, not fail over; it returned "
+            f"{'MISS' if got is MISS else repr(got)}"
+        )
+    s = _stats(cache, first)
+    expect(
+        (s.down, s.errors) == (False, 0),
+        f"stage 3: only ConnectionError and TimeoutError mark a node down; {first}: {s}",
+    )
+
+
+@core
+@pytest.mark.rule("ttl-replicas")
+def test_stage3_a_ttl_is_whole_milliseconds_rounded_up(redis_env: RedisEnv) -> None:
+    cache, nodes, _ = make_cache(redis_env, ttl_ns=1)
+    try:
+        cache.put("blink", 1)
+    except redis.ResponseError as e:
+        raise AssertionError(
+            f"stage 3: ttl_ns=1 is 1 ms (whole ms, rounded up), never 0: put raised {e!r}"
+        ) from e
+    for name in cache.replicas_for("blink"):
+        pttl = nodes[name].client().pttl(cache.key_name(name, "blink"))
+        expect(
+            pttl in (-2, 0, 1),
+            f"stage 3: ttl_ns=1 gives every replica's copy a 1 ms TTL (rounded up); "
+            f"{name}: PTTL {pttl}",
+        )
 
 
 # --------------------------------------------------------------------------- stateful
@@ -783,7 +902,11 @@ def _bind_stage(stage_module: ModuleType) -> None:
 
 
 TestStage3ShardedCacheModel = core(
-    pytest.mark.redis_faults(pytest.mark.usefixtures("_bind_stage")(ShardedCacheMachine.TestCase))
+    pytest.mark.rule("never-older")(
+        pytest.mark.redis_faults(
+            pytest.mark.usefixtures("_bind_stage")(ShardedCacheMachine.TestCase)
+        )
+    )
 )
 TestStage3ShardedCacheModel.settings = settings(heavy, stateful_step_count=30)
 
@@ -944,6 +1067,7 @@ def near_stats(near: Any) -> NearStatistics:
 
 
 @extended
+@pytest.mark.rule("near-one-script", "near-message-is-the-key")
 def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
     fleet: NearFleet,
 ) -> None:
@@ -998,6 +1122,7 @@ def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
 
 
 @extended
+@pytest.mark.rule("near-bad-input")
 def test_stage3_near_rejects_bad_arguments(fleet: NearFleet, stage1: ModuleType) -> None:
     clients = {n: node.client() for n, node in fleet.nodes.items()}
     plain = stage().ShardedCache(clients, replicas=2, key_prefix=fleet.prefix)
@@ -1014,6 +1139,7 @@ def test_stage3_near_rejects_bad_arguments(fleet: NearFleet, stage1: ModuleType)
 
 
 @extended
+@pytest.mark.rule("near-local-hit")
 def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
@@ -1036,6 +1162,7 @@ def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
 
 
 @extended
+@pytest.mark.rule("near-weighted")
 def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet) -> None:
     weighed: list[Any] = []
 
@@ -1066,6 +1193,7 @@ def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet)
 
 
 @extended
+@pytest.mark.rule("near-read-your-writes")
 def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
     fleet: NearFleet,
 ) -> None:
@@ -1086,6 +1214,7 @@ def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
 
 
 @extended
+@pytest.mark.rule("near-other-writes", "near-listener")
 def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) -> None:
     near, _ = fleet.near()
     fleet.writer.put("k", "v1")
@@ -1107,6 +1236,7 @@ def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) 
 
 
 @extended
+@pytest.mark.rule("near-placeholder", "near-no-lock-over-io")
 def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFleet) -> None:
     near, taps = fleet.near(taps=("GET",))
     fleet.writer.put("k", "v1")
@@ -1126,6 +1256,7 @@ def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFl
 
 
 @extended
+@pytest.mark.rule("near-writer-never-stores", "near-no-lock-over-io")
 def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) -> None:
     near, taps = fleet.near(taps=("EVALSHA", "EVAL"))
     near.put("k", "v0")  # loads the scripts
@@ -1169,6 +1300,7 @@ def _heal(proxies: dict[str, Any], near: Any) -> None:
 
 
 @extended
+@pytest.mark.rule("near-flush", "near-recache", "near-listener")
 def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     near, _ = fleet.near(pubsub_proxies=proxies)
@@ -1199,6 +1331,7 @@ def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
 
 
 @extended
+@pytest.mark.rule("near-flush", "near-placeholder")
 def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     near, taps = fleet.near(pubsub_proxies=proxies, taps=("GET",))
@@ -1218,6 +1351,7 @@ def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFle
 
 
 @extended
+@pytest.mark.rule("near-node-restart", "near-listener")
 @pytest.mark.redis_faults
 def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
     near, _ = fleet.near()
@@ -1247,6 +1381,136 @@ def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
     )
     for key in keys:
         assert near.get(key) == "new"
+
+
+class Holds:
+    """Holds every reply to one of ``commands`` on ``client`` while armed, each on its own
+    event, in the order they come: ``wait(n)`` for the n-th, ``release(n)`` lets it go."""
+
+    def __init__(self, client: redis.Redis, *commands: str) -> None:
+        self._inner: Callable[..., Any] = client.execute_command
+        self._commands = {c.upper() for c in commands}
+        self._cond = threading.Condition()
+        self.armed = False
+        self.held: list[threading.Event] = []
+        client.execute_command = self._execute  # type: ignore[method-assign]
+
+    def _execute(self, *args: Any, **options: Any) -> Any:
+        result = self._inner(*args, **options)
+        if not self.armed or str(args[0]).upper() not in self._commands:
+            return result
+        release = threading.Event()
+        with self._cond:
+            self.held.append(release)
+            self._cond.notify_all()
+        release.wait(DEADLINE_S)
+        return result
+
+    def wait(self, count: int) -> None:
+        with self._cond:
+            ok = self._cond.wait_for(lambda: len(self.held) >= count, DEADLINE_S)
+        assert ok, f"stage 3 (near): expected {count} GET replies held, saw {len(self.held)}"
+
+    def release_all(self) -> None:
+        self.armed = False
+        for event in self.held:
+            event.set()
+
+
+def _unstarted(fleet: NearFleet, ready: set[str], local: Any = None) -> Any:
+    """A near cache that is not started, with ``channel_ready`` called for ``ready``."""
+    local = fleet.stage1.LRUCache(100) if local is None else local
+    near = stage().NearCache(fleet.writer, local)
+    for name in sorted(ready):
+        near.channel_ready(name)
+    return near
+
+
+@extended
+@pytest.mark.rule("near-all-replicas-subscribed", "near-recache")
+def test_stage3_near_caches_a_key_only_while_all_its_replicas_are_subscribed(
+    fleet: NearFleet,
+) -> None:
+    key = "prompt:7"
+    fleet.writer.put(key, "v")
+    replicas = fleet.writer.replicas_for(key)
+    other = next(n for n in NODES if n not in replicas)
+    subsets = [set(), {replicas[0]}, {replicas[1]}, {other}, {replicas[0], other}]
+    subsets.append({replicas[1], other})
+    for ready in subsets:
+        near = _unstarted(fleet, ready)
+        got = [near.get(key), near.get(key)]
+        s = near_stats(near)
+        expect(
+            got == ["v", "v"] and s.hits == 0,
+            f"stage 3 (near): {key!r} lives on {replicas}; with only {sorted(ready)} "
+            f"subscribed a write could reach a replica whose channel nobody hears, so get "
+            f"reads through and caches nothing: two gets, 0 hits; got {got}, {s}",
+        )
+    near = _unstarted(fleet, set(NODES))
+    near.channel_lost(other)  # not a replica of the key: it flushes, but the key may stay
+    got = [near.get(key), near.get(key)]
+    expect(
+        got == ["v", "v"] and near_stats(near).hits == 1,
+        f"stage 3 (near): with both replicas {replicas} subscribed (only {other} lost) the "
+        f"key is cached: the second get is a hit; got {got}, {near_stats(near)}",
+    )
+
+
+@extended
+@pytest.mark.rule("near-own-placeholder", "near-placeholder")
+def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearFleet) -> None:
+    key = "prompt:8"
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    first = fleet.writer.replicas_for(key)[0]
+    holds = Holds(clients[first], "GET")
+    near = stage().NearCache(fleet.sharded(clients), fleet.stage1.LRUCache(100))
+    for name in NODES:
+        near.channel_ready(name)
+    fleet.writer.put(key, "v1")
+    holds.armed = True
+    try:
+        early = spawn(lambda: near.get(key), "early reader")
+        holds.wait(1)  # its reply 'v1' is on the wire
+        fleet.writer.put(key, "v2")
+        near.invalidate(key)  # the message of 'v2' removes the early read's placeholder
+        late = spawn(lambda: near.get(key), "late reader")
+        holds.wait(2)  # its reply 'v2' is on the wire, its placeholder in the cache
+        holds.held[0].set()  # the early reply ('v1') lands first
+        assert early.outcome("the early read returns") == "v1"
+        holds.held[1].set()
+        assert late.outcome("the late read returns") == "v2"
+    finally:
+        holds.release_all()
+    got = near.get(key)
+    expect(
+        got == "v2",
+        "stage 3 (near): steps: a get reads 'v1'; another client puts 'v2' and its message "
+        "removes that read's placeholder; a second get puts its own placeholder and reads "
+        "'v2'; the 'v1' reply lands, then the 'v2' one. A reply is stored only over its own "
+        f"placeholder, so 'v1' is discarded and 'v2' kept; get('k') must be 'v2', got {got!r}",
+    )
+    expect(near_stats(near).discarded == 1, f"stage 3 (near): one discarded: {near_stats(near)}")
+
+
+@extended
+@pytest.mark.rule("near-ttl-bound")
+def test_stage3_near_a_ttl_local_cache_bounds_a_silent_channel(fleet: NearFleet) -> None:
+    clock, ttl = ManualClock(), 10 * NS_PER_S
+    near = _unstarted(fleet, set(NODES), fleet.stage1.TTLCache(100, ttl, clock=clock))
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1"
+    fleet.writer.put("k", "v2")  # its messages never come: a channel that died silently
+    clock.advance(ttl - 1)
+    stale = near.get("k")
+    clock.advance(1)
+    fresh = near.get("k")
+    expect(
+        (stale, fresh) == ("v1", "v2"),
+        f"stage 3 (near): with a TTLCache(ttl_ns=10 s) as the local cache and no message ever "
+        f"delivered, 'v1' may be served until 10 s after it was fetched, and not at 10 s: "
+        f"expected 'v1' then 'v2', got {stale!r} then {fresh!r}",
+    )
 
 
 class NearCacheMachine(RuleBasedStateMachine):
@@ -1400,6 +1664,8 @@ def _bind_near(stage_module: ModuleType, stage1: ModuleType) -> None:
 
 
 TestStage3NearCacheAdversarialOrder = extended(
-    pytest.mark.usefixtures("_bind_near")(NearCacheMachine.TestCase)
+    pytest.mark.rule("near-guarantee", "near-placeholder", "near-read-your-writes")(
+        pytest.mark.usefixtures("_bind_near")(NearCacheMachine.TestCase)
+    )
 )
 TestStage3NearCacheAdversarialOrder.settings = settings(heavy, stateful_step_count=40)
