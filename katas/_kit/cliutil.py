@@ -175,6 +175,48 @@ def not_implemented_names(failures: Sequence[TestResult]) -> list[str]:
     return list(names)
 
 
+def failure_lines(
+    result: SuiteRun, *, limit: int | None = None, width: int | None = None
+) -> list[Text]:
+    """The real failures (assertions, errors) of a run, one group of alike ones at a time.
+
+    Failures with the same kind and message are one line (a syntax error in a stage file
+    fails every test alike: ``! SyntaxError: … (stage1.py, line 12) — in all 52 tests``),
+    then their first test's detail (what was expected and what came), then ``… and N more
+    tests with this error``. Past ``limit`` groups, one line counts the rest. ``width``:
+    the lines are cut there, so a detail the first line says is repeated if the cut would
+    hide it.
+    """
+    groups = result.failure_groups()
+    ran = len(result.by_outcome("passed")) + len(result.failures())
+    lines: list[Text] = []
+    for group in groups if limit is None else groups[:limit]:
+        first = group[0]
+        line = Text("✗ " if first.kind == "assertion" else "! ", style="red bold")
+        everywhere = 1 < len(group) == ran
+        if everywhere:
+            line.append(first.message)
+            line.append(f" — in all {len(group)} tests", style="bold")
+        else:
+            line.append(first.test_id, style="bold")
+            line.append(f" — {first.message}")
+        lines.append(line)
+        hidden = width is not None and line.cell_len > width
+        if first.detail and (first.detail not in first.message or hidden):
+            lines.append(Text(f"    {first.detail}"))
+        if len(group) > 1 and not everywhere:
+            others = [r.test_id for r in group[1:]]
+            names = ", ".join(others[:3]) + ("…" if len(others) > 3 else "")
+            noun = "test" if len(others) == 1 else "tests"
+            lines.append(
+                Text(f"  … and {len(others)} more {noun} with this error: {names}", style="dim")
+            )
+    if limit is not None and len(groups) > limit:
+        rest = sum(len(group) for group in groups[limit:])
+        lines.append(Text(f"… and {rest} more failing", style="dim"))
+    return lines
+
+
 def print_summary(
     out: Console,
     result: SuiteRun,
@@ -184,7 +226,7 @@ def print_summary(
     notes: Sequence[str] = (),
     rerun: str | None = None,
 ) -> None:
-    """The learner's view of a run: passed/total and one line per failure.
+    """The learner's view of a run: passed/total and the failures (:func:`failure_lines`).
 
     ``notes`` qualify the run ("core", "impl solutions"); ``rerun`` is the command whose
     verbose form the learner is pointed to for a failure's details.
@@ -192,10 +234,7 @@ def print_summary(
     passed = len(result.by_outcome("passed"))
     skipped = len(result.by_outcome("skipped"))
     ran = passed + len(result.failures())
-    for failure in result.failures("assertion") + result.failures("error"):
-        line = Text("✗ " if failure.kind == "assertion" else "! ", style="red bold")
-        line.append(failure.test_id, style="bold")
-        line.append(f" — {failure.message}")
+    for line in failure_lines(result):
         out.print(line, soft_wrap=True)
     missing = result.failures("not_implemented")
     if missing:

@@ -5,12 +5,20 @@ judge a run the same way: from the JSON the plugin's ``--kata-report`` writes, n
 pytest's text. A suite runs from its project root (the directory above the folder of
 katas) with this harness importable and loaded, so a folder of katas outside the checkout
 (``KATA_ROOT``) runs exactly like the repository's own.
+
+:func:`start_suite` is the same run without waiting for it (``kata start`` keeps reading
+keys and watching files meanwhile): a :class:`SuiteProcess` in a process group of its
+own, so that killing it also ends whatever the learner's code started, an endless loop
+included. :func:`run_suite` is that run, waited for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -18,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from katas._kit.catalog import PACKAGE_ROOT, Catalog
 from katas._kit.impl import ENV_IMPL, ENV_PROFILE
@@ -35,7 +43,10 @@ class TestResult:
     nodeid: str
     outcome: str  # passed | failed | skipped
     kind: str | None  # for failures: not_implemented | assertion | error
-    message: str
+    message: str  # the failure's first line
+    #: what the learner needs besides: the line saying what was expected and what came
+    #: (or pytest's ``assert 3 == 4``), or for an error where in their code it was raised
+    detail: str = ""
 
     @property
     def test_id(self) -> str:
@@ -67,6 +78,31 @@ class SuiteRun:
     def failures(self, kind: str | None = None) -> list[TestResult]:
         return [r for r in self.by_outcome("failed") if kind is None or r.kind == kind]
 
+    def failure_groups(
+        self, kinds: Sequence[str] = ("assertion", "error")
+    ) -> list[tuple[TestResult, ...]]:
+        """The failures of ``kinds``, those with the same kind and message together (a syntax
+        error fails every test alike), in order of the first of each group."""
+        groups: dict[tuple[str | None, str], list[TestResult]] = {}
+        for kind in kinds:
+            for failure in self.failures(kind):
+                groups.setdefault((failure.kind, failure.message), []).append(failure)
+        return [tuple(group) for group in groups.values()]
+
+    @property
+    def collection_error(self) -> str | None:
+        """One line for what kept pytest from collecting the suite, if that is why nothing
+        ran: :func:`collection_error` of the output."""
+        return None if self.results else collection_error(self.output)
+
+    @property
+    def run_error(self) -> str | None:
+        """One line if pytest could not run the suite at all (a usage or internal error, not
+        a failing or uncollectable suite): :func:`run_error` of the output."""
+        if self.results or self.returncode not in (2, 3, 4) or self.collection_error:
+            return None
+        return run_error(self.returncode, self.output)
+
     @property
     def ok(self) -> bool:
         """Every selected test ran and none failed."""
@@ -92,6 +128,7 @@ def read_report(path: Path) -> tuple[TestResult, ...]:
             outcome=str(entry.get("outcome", "failed")),
             kind=entry.get("kind"),
             message=str(entry.get("message") or ""),
+            detail=str(entry.get("detail") or ""),
         )
         for nodeid, entry in data.items()
         if isinstance(entry, dict)
@@ -119,6 +156,148 @@ def resolve_impl(spec: str | None, root: Path) -> str:
     return str(path)
 
 
+class SuiteProcess:
+    """A suite run in progress: pytest in a subprocess that leads a process group of its own.
+
+    :meth:`poll` and :meth:`wait` give the :class:`SuiteRun` once pytest has exited, read
+    exactly as :func:`run_suite` reads it; :meth:`kill` ends the run and every process in
+    its group, so a learner's endless loop (or a server it started) goes too. The output
+    goes to a file, not a pipe, so nobody has to read it while the run goes on. A killed
+    run has no result.
+    """
+
+    def __init__(self, cmd: Sequence[str], cwd: Path, env: Mapping[str, str]) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="kata-report-")
+        self.report = Path(self._tmp.name) / "report.json"
+        self._output: IO[bytes] = (Path(self._tmp.name) / "output.txt").open("w+b")
+        self.cmd = [*cmd, "--kata-report", str(self.report)]
+        self._started = time.monotonic()
+        self._result: SuiteRun | None = None
+        self.killed = False
+        try:
+            self._proc = subprocess.Popen(
+                self.cmd,
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.DEVNULL,  # the keyboard is the session's, never a test's
+                stdout=self._output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, and no Ctrl-C of ours
+            )
+        except BaseException:
+            self._cleanup()
+            raise
+
+    @property
+    def pid(self) -> int:
+        """pytest's process id, which is also its process group's id."""
+        return self._proc.pid
+
+    def poll(self) -> SuiteRun | None:
+        """The result if pytest has exited, else None; never waits."""
+        if self._result is None and not self.killed and self._proc.poll() is not None:
+            self._finish()
+        return self._result
+
+    def wait(self, timeout_s: float | None = None) -> SuiteRun | None:
+        """Wait at most ``timeout_s`` (None: for ever) for the result; None if not there yet."""
+        if self._result is None and not self.killed:
+            try:
+                self._proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                return None
+            self._finish()
+        return self._result
+
+    def kill(self) -> None:
+        """End the run now, with everything in its process group (a no-op once finished)."""
+        if self._result is not None or self.killed:
+            return
+        self.killed = True
+        if self._proc.returncode is None:  # not reaped yet, so the group id is still its own
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+        self._cleanup()
+
+    def _finish(self) -> None:
+        seconds = time.monotonic() - self._started
+        self._output.seek(0)
+        output = self._output.read().decode(errors="replace")
+        self._result = SuiteRun(self._proc.returncode, read_report(self.report), output, seconds)
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        self._output.close()
+        self._tmp.cleanup()
+
+
+def _suite_command(
+    suite: Path,
+    *,
+    impl: str | None,
+    base: str | None,
+    keyword: str | None,
+    core_only: bool,
+    thorough: bool,
+    pytest_args: Sequence[str],
+    env: Mapping[str, str] | None,
+    cache: bool,
+) -> tuple[list[str], Path, dict[str, str]]:
+    """``(argv without --kata-report, cwd, env)`` of one suite run."""
+    suite = suite.resolve()
+    catalog = Catalog(suite.parent.parent)
+    cwd = catalog.project_root
+    # The harness the subprocess imports: the checkout's own, or the one running now.
+    harness = cwd if catalog.is_package else PACKAGE_ROOT.parent
+    run_env = dict(os.environ if env is None else env)
+    run_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(harness), run_env.get("PYTHONPATH", "")) if p
+    )
+    if thorough:
+        run_env[ENV_PROFILE] = "thorough"
+    cmd = [sys.executable, "-m", "pytest", str(suite.relative_to(cwd)), "-q"]
+    cmd += ["-p", PLUGIN]  # a no-op in a checkout (conftest.py loads it); needed elsewhere
+    cmd += ["--impl", resolve_impl(impl, catalog.root)]
+    if not cache:
+        cmd += ["-p", "no:cacheprovider"]
+    if base:
+        cmd += ["--base", base]
+    if keyword:
+        cmd += ["-k", keyword]
+    if core_only:
+        cmd += ["-m", "core"]
+    cmd += list(pytest_args)
+    return cmd, cwd, run_env
+
+
+def start_suite(
+    suite: Path,
+    *,
+    impl: str | None = None,
+    base: str | None = None,
+    keyword: str | None = None,
+    core_only: bool = False,
+    thorough: bool = False,
+    pytest_args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cache: bool = False,
+) -> SuiteProcess:
+    """Start the run :func:`run_suite` makes (the same arguments) and return at once."""
+    cmd, cwd, run_env = _suite_command(
+        suite,
+        impl=impl,
+        base=base,
+        keyword=keyword,
+        core_only=core_only,
+        thorough=thorough,
+        pytest_args=pytest_args,
+        env=env,
+        cache=cache,
+    )
+    return SuiteProcess(cmd, cwd, run_env)
+
+
 def run_suite(
     suite: Path,
     *,
@@ -138,51 +317,89 @@ def run_suite(
     ``impl`` as :func:`resolve_impl` reads it; ``keyword`` is pytest's ``-k``; ``core_only``
     selects ``-m core``; ``thorough`` sets the ``thorough`` hypothesis profile. ``env`` is
     the subprocess's whole environment (default: this process's). With ``live`` pytest
-    writes to this terminal as it goes. ``cache`` keeps pytest's cache (``--lf``); checks
-    leave it off so their deliberate failures never become "last failed". Test failures
-    are results, never exceptions; ValueError for a bad ``impl``.
+    writes to this terminal as it goes (and reads it: ``--pdb`` works). ``cache`` keeps
+    pytest's cache (``--lf``); checks leave it off so their deliberate failures never
+    become "last failed". Test failures are results, never exceptions; ValueError for a
+    bad ``impl``; subprocess.TimeoutExpired, the run killed, past ``timeout_s``.
     """
-    suite = suite.resolve()
-    catalog = Catalog(suite.parent.parent)
-    cwd = catalog.project_root
-    # The harness the subprocess imports: the checkout's own, or the one running now.
-    harness = cwd if catalog.is_package else PACKAGE_ROOT.parent
-    run_env = dict(os.environ if env is None else env)
-    run_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(harness), run_env.get("PYTHONPATH", "")) if p
+    options: dict[str, Any] = dict(
+        impl=impl,
+        base=base,
+        keyword=keyword,
+        core_only=core_only,
+        thorough=thorough,
+        pytest_args=pytest_args,
+        env=env,
+        cache=cache,
     )
-    if thorough:
-        run_env[ENV_PROFILE] = "thorough"
+    if not live:
+        run = start_suite(suite, **options)
+        try:
+            result = run.wait(timeout_s)
+            if result is None:
+                raise subprocess.TimeoutExpired(run.cmd, timeout_s or 0)
+            return result
+        finally:
+            run.kill()  # a timeout or Ctrl-C: the run goes too (a no-op once it finished)
+    cmd, cwd, run_env = _suite_command(suite, **options)
     with tempfile.TemporaryDirectory(prefix="kata-report-") as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pytest", str(suite.relative_to(cwd)), "-q"]
-        cmd += ["-p", PLUGIN]  # a no-op in a checkout (conftest.py loads it); needed elsewhere
-        cmd += ["--impl", resolve_impl(impl, catalog.root), "--kata-report", str(report)]
-        if not cache:
-            cmd += ["-p", "no:cacheprovider"]
-        if base:
-            cmd += ["--base", base]
-        if keyword:
-            cmd += ["-k", keyword]
-        if core_only:
-            cmd += ["-m", "core"]
-        cmd += list(pytest_args)
         started = time.monotonic()
-        if live:
-            shown = subprocess.run(cmd, cwd=cwd, env=run_env, timeout=timeout_s, check=False)
-            returncode, output = shown.returncode, ""
-        else:
-            captured = subprocess.run(
-                cmd,
-                cwd=cwd,
-                env=run_env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                timeout=timeout_s,
-                check=False,
-            )
-            returncode, output = captured.returncode, captured.stdout
+        shown = subprocess.run(
+            [*cmd, "--kata-report", str(report)],
+            cwd=cwd,
+            env=run_env,
+            timeout=timeout_s,
+            check=False,
+        )
         seconds = time.monotonic() - started
-        return SuiteRun(returncode, read_report(report), output, seconds)
+        return SuiteRun(shown.returncode, read_report(report), "", seconds)
+
+
+# --- what stopped a run before any test ran ---------------------------------------------------
+
+#: pytest's rendering of a SyntaxError: ``E     File "/x/stage1.py", line 12`` then, a few
+#: lines on, ``E   SyntaxError: invalid syntax``.
+_SYNTAX_FILE = re.compile(r'^E?\s*File "(?P<path>[^"]+)", line (?P<line>\d+)\s*$', re.M)
+_SYNTAX_ERROR = re.compile(r"^E?\s*(?P<kind>(?:Syntax|Indentation|Tab)Error): (?P<text>.+)$", re.M)
+_EXCEPTION_LINE = re.compile(r"^E\s+(?P<text>[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*)$", re.M)
+
+
+def syntax_error(output: str) -> str | None:
+    """``SyntaxError: invalid syntax (stage1.py, line 12)`` from pytest's output, if it shows
+    a syntax error (the form a SyntaxError's own ``str()`` has)."""
+    for error in _SYNTAX_ERROR.finditer(output):
+        files = list(_SYNTAX_FILE.finditer(output, 0, error.start()))
+        if files:
+            where = files[-1]
+            name = Path(where["path"]).name
+            return f"{error['kind']}: {error['text'].strip()} ({name}, line {where['line']})"
+        return f"{error['kind']}: {error['text'].strip()}"
+    return None
+
+
+def collection_error(output: str) -> str | None:
+    """One line for what kept pytest from collecting a suite, from its output: a syntax
+    error with its file and line, else the exception pytest shows under ``ERROR
+    collecting``; None if the output shows no collection error."""
+    if "ERROR collecting" not in output and "error during collection" not in output:
+        return None
+    found = syntax_error(output)
+    if found:
+        return found
+    lines = [m["text"].strip() for m in _EXCEPTION_LINE.finditer(output)]
+    return lines[-1] if lines else "pytest could not collect the suite"
+
+
+def run_error(returncode: int, output: str) -> str:
+    """One line for why pytest could not run at all: the last ``ERROR:`` line it printed (a
+    usage error, a bad ``KATA_PROFILE``), else its internal error, else its last line."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln.removeprefix("ERROR:").strip() for ln in lines if ln.startswith("ERROR:")]
+    internal = [
+        ln.removeprefix("INTERNALERROR>").strip()
+        for ln in lines
+        if ln.startswith("INTERNALERROR>") and ln.removeprefix("INTERNALERROR>").strip()
+    ]
+    text = (errors or internal or lines or ["no output"])[-1]
+    return f"pytest could not run the suite (exit code {returncode}): {text}"
