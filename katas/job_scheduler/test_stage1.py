@@ -16,6 +16,7 @@ whose twin replays the draws the rules prescribe.
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from types import ModuleType
@@ -134,11 +135,16 @@ def claim(queue: Any, worker: str = "w") -> Lease:
 
 def rejects(error: type[Exception], call: Callable[[], Any], message: str) -> None:
     """``call()`` must raise ``error``; if it returns, fail with ``message``."""
+    text = message if message.startswith("stage 1") else f"stage 1: {message}"
     try:
         call()
     except error:
         return
-    text = message if message.startswith("stage 1") else f"stage 1: {message}"
+    except (StaleLease, JobNotFound, QueueFull) as other:
+        raise AssertionError(
+            f"{text.replace(' was accepted', '')}: expected {error.__name__}, got "
+            f"{type(other).__name__}: {other}"
+        ) from None
     raise AssertionError(f"{text} (expected {error.__name__})")
 
 
@@ -287,32 +293,46 @@ def test_stage1_job_is_not_claimed_before_its_run_at() -> None:
 @pytest.mark.rule("failed-attempt", "backoff-formula", "backoff-from-failure")
 @core
 def test_stage1_nack_retries_after_exponential_backoff() -> None:
-    clock, queue = new_queue(max_attempts=6)
+    clock, queue = new_queue(max_attempts=7)
     job_id = queue.enqueue("flaky")
     story = Story(clock, "enqueue('flaky') with backoff 100·2^(n-1) capped at 1600:")
-    for n in range(1, 6):
+    for n in range(1, 7):  # 100, 200, 400, 800, 1600 (= the cap), then 1600 (capped)
         lease = queue.claim("w")
-        assert lease is not None and lease.attempt == n, story.fail(
-            "a retried job is claimable once its backoff is over",
-            f"attempt {n}: claim() -> {lease}",
-        )
+        if not (lease is not None and lease.attempt == n):
+            raise AssertionError(
+                story.fail(
+                    "a retried job is claimable once its backoff is over",
+                    f"attempt {n}: claim() -> {lease}",
+                )
+            )
         queue.nack(lease, f"boom {n}")
         story.add(f"claim, nack(attempt {n})")
         job = queue.get(job_id)
         want = delay_none(n)
-        assert (job.state, job.run_at_ns, job.last_error) == (
-            SCHEDULED,
-            clock.now_ns() + want,
-            f"boom {n}",
-        ), story.fail(
-            "after nack of attempt n the job waits min(cap, base·2^(n-1)) and keeps the error",
-            f"expected SCHEDULED at now + {want}, got {job.state} at now + "
-            f"{job.run_at_ns - clock.now_ns()} (last_error {job.last_error!r})",
-        )
+        if not (
+            (job.state, job.run_at_ns, job.last_error)
+            == (
+                SCHEDULED,
+                clock.now_ns() + want,
+                f"boom {n}",
+            )
+        ):
+            raise AssertionError(
+                story.fail(
+                    "after nack of attempt n the job waits min(cap, base·2^(n-1)) and keeps the "
+                    "error",
+                    f"expected SCHEDULED at now + {want}, got {job.state} at now + "
+                    f"{job.run_at_ns - clock.now_ns()} (last_error {job.last_error!r})",
+                )
+            )
         clock.advance(want - 1)
-        assert queue.claim("w") is None, story.fail(
-            "a retry is never claimed before its backoff is over", f"claimed at now + {want - 1}"
-        )
+        if queue.claim("w") is not None:
+            raise AssertionError(
+                story.fail(
+                    "a retry is never claimed before its backoff is over",
+                    f"claimed at now + {want - 1}",
+                )
+            )
         clock.advance(1)
 
 
@@ -631,6 +651,153 @@ def test_stage1_unknown_job_raises_job_not_found() -> None:
     assert issubclass(JobNotFound, LookupError)
 
 
+@pytest.mark.rule("decorrelated")
+@core
+def test_stage1_decorrelated_jitter_grows_from_the_capped_previous_delay() -> None:
+    base, cap, seed = 100, 150, 5
+    policy = RetryPolicy(base, cap, "decorrelated")
+    clock, queue = new_queue(jitter="decorrelated", base=base, cap=cap, seed=seed, max_attempts=8)
+    job_id = queue.enqueue("flaky")
+    want = drawn_delays(policy, seed, list(range(1, 8)))
+    raw, prev, rng = [], base, random.Random(seed)  # what an uncapped prev would give
+    for _ in range(7):
+        prev = rng.randrange(base, 3 * prev + 1)
+        raw.append(min(cap, prev))
+    assert raw != want, "the seed must tell a capped prev from a raw one"
+    got = []
+    for _ in range(7):
+        lease = claim(queue)
+        queue.nack(lease, "503")
+        got.append(queue.get(job_id).run_at_ns - clock.now_ns())
+        clock.advance(got[-1])
+    if got != want:
+        raise AssertionError(
+            f"stage 1: decorrelated jitter draws rng.randrange(base, 3·prev + 1) with prev the "
+            f"previous delay as applied, after the cap (base {base}, cap {cap}, "
+            f"Random({seed})): expected delays {want}, got {got}"
+            + (" — that is what an uncapped prev gives" if got == raw else "")
+        )
+
+
+@pytest.mark.rule("dead-at-max", "one-draw")
+@core
+@pytest.mark.parametrize("how", ["nack", "expiry"])
+def test_stage1_a_job_that_dies_draws_no_backoff(how: str) -> None:
+    rng = random.Random(SEED)
+    clock, queue = new_queue(jitter="full", rng=rng, max_attempts=2)
+    job_id = queue.enqueue("doomed")
+    queue.nack(claim(queue), "first")
+    clock.advance(queue.get(job_id).run_at_ns - clock.now_ns())
+    before = rng.getstate()
+    last = claim(queue)
+    if how == "nack":
+        clock.advance(10)
+        queue.nack(last, "second")
+    else:
+        clock.advance(LEASE)
+    job = queue.get(job_id)
+    died_at = clock.now_ns() if how == "nack" else last.expires_at_ns
+    if (job.state, job.finished_at_ns) != (DEAD, died_at) or rng.getstate() != before:
+        raise AssertionError(
+            f"stage 1: the failure ({how}) of attempt max_attempts=2 makes the job DEAD at "
+            f"once ({_rel(died_at)}) with no backoff drawn; got {job.state.value} at "
+            f"{_rel(job.finished_at_ns)}, rng "
+            + ("untouched" if rng.getstate() == before else "drawn from")
+        )
+
+
+def _call_at(method: str, queue: Any, store: Any, lease: Lease) -> Any:
+    if method == "commit":
+        return store.commit(lease, "effect")
+    if method == "nack":
+        return queue.nack(lease, "late")
+    return getattr(queue, method)(lease)
+
+
+def live_until_its_expiry(method: str) -> None:
+    """``method`` on a lease 1 ns before its expiry is accepted; at the expiry and 1 ns
+    after it, called before anything else has settled the expiry, it is refused and the
+    expiry stands."""
+    for offset in (-1, 0, 1):
+        clock, queue = new_queue()
+        store = stage().MemoryEffectStore(queue) if method == "commit" else None
+        job_id = queue.enqueue("x")
+        lease = claim(queue)
+        clock.set(lease.expires_at_ns + offset)  # straight to the call: nothing settled yet
+        at = f"{method} at expires_at_ns {offset:+d}"
+        if offset < 0:
+            got = _call_at(method, queue, store, lease)
+            if method == "is_current" and got is not True:
+                raise AssertionError(f"stage 1: {at}: the lease is live, is_current -> {got}")
+            continue
+        if method == "is_current":
+            got = _call_at(method, queue, store, lease)
+            if got is not False:
+                raise AssertionError(f"stage 1: {at}: the lease has expired, is_current -> {got}")
+        else:
+            rejects(
+                StaleLease,
+                lambda: _call_at(method, queue, store, lease),  # noqa: B023 - called at once
+                f"{at} was accepted",
+            )
+        job = queue.get(job_id)
+        if (job.state, job.attempts, job.last_error) != (SCHEDULED, 1, LEASE_EXPIRED):
+            raise AssertionError(
+                f"stage 1: {at}: the lease expired at expires_at_ns, so the call settles the "
+                f"expiry first (attempt counted, LEASE_EXPIRED, retry scheduled) and is refused; "
+                f"the job is {job.state.value}, attempts {job.attempts}, last_error "
+                f"{job.last_error!r}"
+            )
+
+
+@pytest.mark.rule("lease-live", "stale-changes-nothing", "settle-first")
+@core
+def test_stage1_ack_and_nack_need_a_lease_live_until_1_ns_before_its_expiry() -> None:
+    for method in ("ack", "nack"):
+        live_until_its_expiry(method)
+
+
+@pytest.mark.rule("lease-live", "heartbeat-never-revives", "release", "is-current", "effect-fenced")
+@extended
+def test_stage1_heartbeat_release_is_current_and_commit_see_the_expiry_at_its_instant() -> None:
+    for method in ("heartbeat", "release", "is_current", "commit"):
+        live_until_its_expiry(method)
+
+
+@pytest.mark.rule("lease-unknown-job", "is-current", "effect-fenced", "retention")
+@extended
+def test_stage1_calls_on_a_job_forgotten_after_its_retention() -> None:
+    clock, queue = new_queue(retention_ns=100)
+    store = stage().MemoryEffectStore(queue)
+    job_id = queue.enqueue("x")
+    lease = claim(queue)
+    clock.advance(5)
+    stale = Lease(lease.job_id, lease.token, lease.attempt, lease.expires_at_ns, "w")
+    queue.ack(lease)
+    clock.advance(99)  # finished 99 ago: still held, so a finished job's lease is stale
+    rejects(
+        StaleLease, lambda: queue.ack(stale), "ack of a finished job, 1 ns before it is forgotten"
+    )
+    clock.advance(1)  # finished_at + retention_ns: forgotten
+    for name, act in (
+        ("ack", lambda: queue.ack(stale)),
+        ("nack", lambda: queue.nack(stale, "x")),
+        ("heartbeat", lambda: queue.heartbeat(stale)),
+        ("release", lambda: queue.release(stale)),
+        ("get", lambda: queue.get(job_id)),
+        ("cancel", lambda: queue.cancel(job_id)),
+        ("redrive", lambda: queue.redrive(job_id)),
+    ):
+        rejects(JobNotFound, act, f"{name} on a job forgotten after its retention (not StaleLease)")
+    if queue.is_current(stale) is not False:
+        raise AssertionError("stage 1: is_current of a forgotten job's lease must be False")
+    rejects(
+        StaleLease,
+        lambda: store.commit(stale, "late effect"),
+        "commit with a forgotten job's lease: a zombie must stop (StaleLease, not JobNotFound)",
+    )
+
+
 # --------------------------------------------------------------------------------------
 # Properties, core: a client that knows from its own calls what the queue must do
 # --------------------------------------------------------------------------------------
@@ -852,12 +1019,15 @@ def test_stage1_claim_takes_the_highest_priority_then_earliest_due_then_oldest(
         got = None if fact.lease is None else fact.lease.job_id
         if got is not None and fact.states.get(got) is not READY:
             continue  # claimed something not READY: judged by the other properties
-        assert got == fact.expected, client.story.fail(
-            "claim leases the READY job with the largest priority, then the earliest due "
-            "time, then the smallest sequence number — and returns None only when none is "
-            "READY",
-            f"claim at t={fact.now - START} returned {got!r}, expected {fact.expected!r}",
-        )
+        if not (got == fact.expected):
+            raise AssertionError(
+                client.story.fail(
+                    "claim leases the READY job with the largest priority, then the earliest due "
+                    "time, then the smallest sequence number — and returns None only when none is "
+                    "READY",
+                    f"claim at t={fact.now - START} returned {got!r}, expected {fact.expected!r}",
+                )
+            )
 
 
 @pytest.mark.rule("lease-live")
@@ -889,27 +1059,40 @@ def test_stage1_fencing_tokens_grow_and_stale_leases_change_nothing(
     for fact in client.claims:
         if fact.lease is not None and fact.lease.job_id in fact.tokens:
             previous = fact.tokens[fact.lease.job_id]
-            assert fact.lease.token > previous, client.story.fail(
-                "every claim of a job issues a larger fencing token than the last",
-                f"claim at t={fact.now - START} issued token {fact.lease.token} for "
-                f"{fact.lease.job_id!r}, whose previous token was {previous}",
-            )
+            if not (fact.lease.token > previous):
+                raise AssertionError(
+                    client.story.fail(
+                        "every claim of a job issues a larger fencing token than the last",
+                        f"claim at t={fact.now - START} issued token {fact.lease.token} for "
+                        f"{fact.lease.job_id!r}, whose previous token was {previous}",
+                    )
+                )
     for answer in client.answers:
         where = f"{answer.kind} at t={answer.now - START} with token {answer.lease.token}"
         if answer.live:
-            assert not answer.raised, client.story.fail(
-                "a live lease (latest token, not expired, not yet answered) is accepted",
-                f"{where} raised StaleLease",
-            )
+            if answer.raised:
+                raise AssertionError(
+                    client.story.fail(
+                        "a live lease (latest token, not expired, not yet answered) is accepted",
+                        f"{where} raised StaleLease",
+                    )
+                )
         else:
-            assert answer.raised, client.story.fail(
-                "a lease that is not live (superseded, expired or already answered) is "
-                "rejected with StaleLease",
-                f"{where} of {answer.lease.job_id!r} was accepted",
-            )
-            assert answer.before == answer.after, client.story.fail(
-                "a rejected lease changes nothing", f"{where}: {diff(answer.before, answer.after)}"
-            )
+            if not (answer.raised):
+                raise AssertionError(
+                    client.story.fail(
+                        "a lease that is not live (superseded, expired or already answered) is "
+                        "rejected with StaleLease",
+                        f"{where} of {answer.lease.job_id!r} was accepted",
+                    )
+                )
+            if not (answer.before == answer.after):
+                raise AssertionError(
+                    client.story.fail(
+                        "a rejected lease changes nothing",
+                        f"{where}: {diff(answer.before, answer.after)}",
+                    )
+                )
 
 
 @pytest.mark.rule("claim-counts", "dead-at-max")
@@ -927,11 +1110,14 @@ def test_stage1_attempts_are_counted_at_claim_and_the_job_dies_at_max_attempts(
             job = held(client.queue, seen.id)
             got = None if job is None else (job.attempts, job.state is DEAD)
             want = (len(seen.leases), state is DEAD)
-            assert got == want, client.story.fail(
-                f"attempts count claims (a crash costs one), and a job is DEAD exactly when "
-                f"attempt max_attempts={max_attempts} has failed",
-                f"{seen.id!r}: (attempts, dead) expected {want}, got {got}",
-            )
+            if not (got == want):
+                raise AssertionError(
+                    client.story.fail(
+                        "attempts count claims (a crash costs one), and a job is DEAD exactly "
+                        f"when attempt max_attempts={max_attempts} has failed",
+                        f"{seen.id!r}: (attempts, dead) expected {want}, got {got}",
+                    )
+                )
 
     client.run(ops, check)
     for fact in client.claims:
@@ -939,10 +1125,13 @@ def test_stage1_attempts_are_counted_at_claim_and_the_job_dies_at_max_attempts(
             earlier = [
                 le for le in client.jobs[fact.lease.job_id].leases if le.token < fact.lease.token
             ]
-            assert fact.lease.attempt == len(earlier) + 1, client.story.fail(
-                "a lease's attempt is the number of claims of its job so far",
-                f"{fact.lease} follows {len(earlier)} earlier claims",
-            )
+            if not (fact.lease.attempt == len(earlier) + 1):
+                raise AssertionError(
+                    client.story.fail(
+                        "a lease's attempt is the number of claims of its job so far",
+                        f"{fact.lease} follows {len(earlier)} earlier claims",
+                    )
+                )
 
 
 @pytest.mark.rule("unique-ids", "failed-attempt", "lease-live")
@@ -955,23 +1144,34 @@ def test_stage1_conservation_every_job_is_in_exactly_the_state_its_history_says(
 
     def check() -> None:
         now = client.clock.now_ns()
-        assert not client.duplicate_ids, client.story.fail(
-            "job ids are unique", f"enqueue returned {client.duplicate_ids[0]!r} twice"
-        )
-        for fact in client.claims:
-            assert fact.lease is None or fact.lease.job_id in client.jobs, client.story.fail(
-                "claim only returns enqueued jobs", f"got {fact.lease}"
+        if client.duplicate_ids:
+            raise AssertionError(
+                client.story.fail(
+                    "job ids are unique", f"enqueue returned {client.duplicate_ids[0]!r} twice"
+                )
             )
+        for fact in client.claims:
+            if not (fact.lease is None or fact.lease.job_id in client.jobs):
+                raise AssertionError(
+                    client.story.fail("claim only returns enqueued jobs", f"got {fact.lease}")
+                )
         for seen in client.jobs.values():
             want, _ = client.state(seen, now)
             job = held(client.queue, seen.id)
-            assert job is not None, client.story.fail(
-                "nothing vanishes", f"get({seen.id!r}) raised JobNotFound (state should be {want})"
-            )
-            assert job.state is want, client.story.fail(
-                "every job is in exactly the state its history gives it",
-                f"{seen.id!r} is {job.state}, expected {want}",
-            )
+            if not (job is not None):
+                raise AssertionError(
+                    client.story.fail(
+                        "nothing vanishes",
+                        f"get({seen.id!r}) raised JobNotFound (state should be {want})",
+                    )
+                )
+            if job.state is not want:
+                raise AssertionError(
+                    client.story.fail(
+                        "every job is in exactly the state its history gives it",
+                        f"{seen.id!r} is {job.state}, expected {want}",
+                    )
+                )
 
     client.run(ops, check)
 
@@ -987,11 +1187,14 @@ def test_stage1_next_due_ns_is_when_the_next_claim_can_succeed(
     def check() -> None:
         now = client.clock.now_ns()
         want, got = client.expected_next_due(now), client.queue.next_due_ns()
-        assert got == want, client.story.fail(
-            "next_due_ns() is now if a job is READY, else the earliest run time of a "
-            "SCHEDULED job or expiry of a live lease, else None",
-            f"expected {_rel(want)}, got {_rel(got)} (relative to start)",
-        )
+        if not (got == want):
+            raise AssertionError(
+                client.story.fail(
+                    "next_due_ns() is now if a job is READY, else the earliest run time of a "
+                    "SCHEDULED job or expiry of a live lease, else None",
+                    f"expected {_rel(want)}, got {_rel(got)} (relative to start)",
+                )
+            )
 
     client.run(ops, check)
 
@@ -1029,12 +1232,15 @@ def test_stage1_liveness_every_job_finishes(
         for seen in client.jobs.values()
         if (job := queue.get(seen.id)).state not in (SUCCEEDED, DEAD)
     }
-    assert not unfinished, client.story.fail(
-        "liveness: a worker that keeps claiming at next_due_ns() finishes every job "
-        "(SUCCEEDED or DEAD within max_attempts)",
-        f"still unfinished after {budget} drain steps: {unfinished}; next_due_ns() = "
-        f"{_rel(queue.next_due_ns())}",
-    )
+    if unfinished:
+        raise AssertionError(
+            client.story.fail(
+                "liveness: a worker that keeps claiming at next_due_ns() finishes every job "
+                "(SUCCEEDED or DEAD within max_attempts)",
+                f"still unfinished after {budget} drain steps: {unfinished}; next_due_ns() = "
+                f"{_rel(queue.next_due_ns())}",
+            )
+        )
 
 
 @pytest.mark.rule("backoff-formula", "decorrelated", "one-draw", "backoff-from-failure")
@@ -1060,7 +1266,8 @@ def test_stage1_backoff_delays_follow_the_formula_for_each_jitter_mode(
     story = Story(clock, f"{policy}, rng=Random({seed}):")
     for n, how in enumerate(failures, start=1):
         lease = queue.claim("w")
-        assert lease is not None, story.fail("a retry is claimable at its due time", "got None")
+        if not (lease is not None):
+            raise AssertionError(story.fail("a retry is claimable at its due time", "got None"))
         if how == "nack":
             clock.advance(7)
             queue.nack(lease, "boom")
@@ -1070,16 +1277,22 @@ def test_stage1_backoff_delays_follow_the_formula_for_each_jitter_mode(
             failed_at = lease.expires_at_ns
         story.add(f"claim, {how} attempt {n}")
         got = queue.get(job_id).run_at_ns - failed_at
-        assert got == want[n - 1], story.fail(
-            f"the delay after failed attempt n is exactly the {jitter!r} formula with one rng "
-            "draw per retry",
-            f"after attempt {n}: expected delay {want[n - 1]}, got {got}",
-        )
+        if not (got == want[n - 1]):
+            raise AssertionError(
+                story.fail(
+                    f"the delay after failed attempt n is exactly the {jitter!r} formula with one "
+                    "rng draw per retry",
+                    f"after attempt {n}: expected delay {want[n - 1]}, got {got}",
+                )
+            )
         clock.set(max(clock.now_ns(), failed_at + got))
-    assert rng.getstate() == twin.getstate(), story.fail(
-        "each jittered retry makes exactly one rng call ('none' makes none)",
-        f"the queue's rng did not advance as {len(failures)} retries' draws do",
-    )
+    if not (rng.getstate() == twin.getstate()):
+        raise AssertionError(
+            story.fail(
+                "each jittered retry makes exactly one rng call ('none' makes none)",
+                f"the queue's rng did not advance as {len(failures)} retries' draws do",
+            )
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -1144,10 +1357,13 @@ def test_stage1_heartbeat_never_revives_an_expired_lease(beats: list[int], recla
         after = queue.get(job_id)
         want = (1 + reclaimed, LEASE_EXPIRED, expires + BASE)
         got = (after.attempts, after.last_error, after.run_at_ns)
-        assert got == want and (after.state is LEASED) == reclaimed, story.fail(
-            "the expiry stands: its attempt counted, its retry due at expires_at + backoff",
-            f"(attempts, last_error, run_at_ns) expected {want}, got {got}; {after.state}",
-        )
+        if not (got == want and (after.state is LEASED) == reclaimed):
+            raise AssertionError(
+                story.fail(
+                    "the expiry stands: its attempt counted, its retry due at expires_at + backoff",
+                    f"(attempts, last_error, run_at_ns) expected {want}, got {got}; {after.state}",
+                )
+            )
         return
 
 
@@ -1185,10 +1401,13 @@ def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
         lease = queue.claim("w")
         if lease is None:
             break
-        assert lease.attempt == failures + 1 and lease.token == claims, story.fail(
-            "a release refunds its attempt; tokens still grow on every claim",
-            f"after {failures} failures and {claims - 1} claims got {lease}",
-        )
+        if not (lease.attempt == failures + 1 and lease.token == claims):
+            raise AssertionError(
+                story.fail(
+                    "a release refunds its attempt; tokens still grow on every claim",
+                    f"after {failures} failures and {claims - 1} claims got {lease}",
+                )
+            )
         if how == "release":
             queue.release(lease)
         elif how == "nack":
@@ -1200,10 +1419,13 @@ def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
         story.add(f"claim -> attempt {lease.attempt}, {how}")
     clock.advance(2 * CAP)
     state = queue.get(job_id).state
-    assert (state is DEAD) == (failures >= 3), story.fail(
-        "a job dies after max_attempts failures; releases do not count",
-        f"{failures} failures, state {state}",
-    )
+    if not ((state is DEAD) == (failures >= 3)):
+        raise AssertionError(
+            story.fail(
+                "a job dies after max_attempts failures; releases do not count",
+                f"{failures} failures, state {state}",
+            )
+        )
 
 
 @pytest.mark.rule("cancel", "cancel-finished")
@@ -1252,9 +1474,12 @@ def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
     before = queue.get(job_id)
     cancelled = queue.cancel(job_id)
     client.story.add(f"cancel({job_id!r}) -> {cancelled}")
-    assert cancelled == (before.state not in FINISHED), client.story.fail(
-        "cancel returns True exactly for unfinished jobs", f"{before.state}: {cancelled}"
-    )
+    if not (cancelled == (before.state not in FINISHED)):
+        raise AssertionError(
+            client.story.fail(
+                "cancel returns True exactly for unfinished jobs", f"{before.state}: {cancelled}"
+            )
+        )
     for lease in client.jobs[job_id].leases:
         rejects(
             StaleLease,
@@ -1266,7 +1491,8 @@ def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
         lease = queue.claim("w")
         if lease is None:
             break
-        assert lease.job_id != job_id, client.story.fail("a cancelled job is never claimed", "")
+        if not (lease.job_id != job_id):
+            raise AssertionError(client.story.fail("a cancelled job is never claimed", ""))
         queue.ack(lease)
     assert queue.get(job_id).state is (CANCELLED if cancelled else before.state)
 
@@ -1319,12 +1545,14 @@ def test_stage1_redrive_zeroes_attempts_and_tokens_keep_growing(
         clock.advance(2 * CAP)
         lease = queue.claim("w")
         if lease is None:
-            assert queue.redrive(job_id) is True, story.fail("a DEAD job can be redriven", "")
+            if queue.redrive(job_id) is not True:
+                raise AssertionError(story.fail("a DEAD job can be redriven", ""))
             story.add("redrive")
             lease = queue.claim("w")
-            assert lease is not None and lease.attempt == 1, story.fail(
-                "a redriven job starts again at attempt 1", f"got {lease}"
-            )
+            if not (lease is not None and lease.attempt == 1):
+                raise AssertionError(
+                    story.fail("a redriven job starts again at attempt 1", f"got {lease}")
+                )
         tokens.append(lease.token)
         old.append(lease)
         if how == "nack":
@@ -1332,9 +1560,13 @@ def test_stage1_redrive_zeroes_attempts_and_tokens_keep_growing(
         else:
             clock.advance(LEASE)
         story.add(f"claim -> token {lease.token}, attempt {lease.attempt}; {how}")
-    assert tokens == sorted(set(tokens)), story.fail(
-        "fencing tokens grow on every claim and never reset, not even on redrive", f"{tokens}"
-    )
+    if not (tokens == sorted(set(tokens))):
+        raise AssertionError(
+            story.fail(
+                "fencing tokens grow on every claim and never reset, not even on redrive",
+                f"{tokens}",
+            )
+        )
     for lease in old:
         rejects(
             StaleLease,
@@ -1387,14 +1619,21 @@ def test_stage1_idempotent_enqueue_dedups_exactly_within_the_ttl_of_the_first(
         got = queue.enqueue(key, idempotency_key=key)
         story.add(f"advance({gap}), enqueue(key={key!r}) -> {got!r}")
         if key in first and now < first[key][1] + ttl:
-            assert got == first[key][0], story.fail(
-                "within its TTL (counted from the first enqueue) a key returns the first id",
-                f"expected {first[key][0]!r}",
-            )
+            if not (got == first[key][0]):
+                raise AssertionError(
+                    story.fail(
+                        "within its TTL (counted from the first enqueue) a key returns the first "
+                        "id",
+                        f"expected {first[key][0]!r}",
+                    )
+                )
         else:
-            assert got not in {v[0] for v in first.values()}, story.fail(
-                "a key past its TTL (or new) creates a new job", f"got an old id {got!r}"
-            )
+            if not (got not in {v[0] for v in first.values()}):
+                raise AssertionError(
+                    story.fail(
+                        "a key past its TTL (or new) creates a new job", f"got an old id {got!r}"
+                    )
+                )
             first[key] = (got, now)
 
 
@@ -1445,12 +1684,13 @@ def test_stage1_retention_forgets_finished_jobs_exactly_on_time(
             job = held(queue, seen.id)
             if job is None:
                 continue
-            assert job.finished_at_ns is None or now < job.finished_at_ns + retention, (
-                client.story.fail(
-                    f"a finished job is forgotten at finished_at + retention_ns ({retention})",
-                    f"{job.id!r} finished at {_rel(job.finished_at_ns)} is still held",
+            if not (job.finished_at_ns is None or now < job.finished_at_ns + retention):
+                raise AssertionError(
+                    client.story.fail(
+                        f"a finished job is forgotten at finished_at + retention_ns ({retention})",
+                        f"{job.id!r} finished at {_rel(job.finished_at_ns)} is still held",
+                    )
                 )
-            )
             client_state, _ = client.state(seen, now)
             assert job.state is client_state or client_state in FINISHED
 
@@ -1463,17 +1703,22 @@ def test_stage1_retention_forgets_finished_jobs_exactly_on_time(
     if finished_at:
         clock.set(max(finished_at.values()) + retention - 1)
         for job_id, at in finished_at.items():
-            assert (held(queue, job_id) is None) == (at + retention <= clock.now_ns()), (
-                client.story.fail(
-                    "a finished job is held until exactly finished_at + retention_ns",
-                    f"{job_id!r} (finished at {_rel(at)}) at t={_rel(clock.now_ns())}",
+            if not ((held(queue, job_id) is None) == (at + retention <= clock.now_ns())):
+                raise AssertionError(
+                    client.story.fail(
+                        "a finished job is held until exactly finished_at + retention_ns",
+                        f"{job_id!r} (finished at {_rel(at)}) at t={_rel(clock.now_ns())}",
+                    )
                 )
-            )
     clock.advance(retention + 10 * CAP + 10 * LEASE)
     stats = queue.statistics()
-    assert stats.succeeded + stats.dead + stats.cancelled == 0, client.story.fail(
-        "memory is bounded by recent work: every finished job is forgotten in time", f"{stats}"
-    )
+    if not (stats.succeeded + stats.dead + stats.cancelled == 0):
+        raise AssertionError(
+            client.story.fail(
+                "memory is bounded by recent work: every finished job is forgotten in time",
+                f"{stats}",
+            )
+        )
 
 
 @pytest.mark.rule("max-pending", "full-queue-dedups")
@@ -1610,13 +1855,17 @@ def test_stage1_each_jobs_effect_is_applied_exactly_once_under_crashes(
                     story.fail("a zombie commits no effect", f"{old} committed {effect!r}"),
                 )
     effects = store.effects()
-    assert effects == {j: f"effect of {j}" for j in ids}, story.fail(
-        "each job's effect is applied exactly once, by a live lease, whatever crashes",
-        f"effects: {effects}",
-    )
-    assert all(queue.get(j).state is SUCCEEDED for j in ids), story.fail(
-        "every job finishes", f"{[queue.get(j).state for j in ids]}"
-    )
+    if not (effects == {j: f"effect of {j}" for j in ids}):
+        raise AssertionError(
+            story.fail(
+                "each job's effect is applied exactly once, by a live lease, whatever crashes",
+                f"effects: {effects}",
+            )
+        )
+    if not (all(queue.get(j).state is SUCCEEDED for j in ids)):
+        raise AssertionError(
+            story.fail("every job finishes", f"{[queue.get(j).state for j in ids]}")
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -1904,9 +2153,46 @@ class QueueMachine(RuleBasedStateMachine):
             ) from None
 
     def check(self, what: str, expected: Any, got: Any) -> None:
-        assert got == expected, self.story.fail(
-            "the queue and its exact model disagree", f"{what}: {diff(expected, got)}"
+        if got != expected:
+            raise AssertionError(
+                self.story.fail(
+                    "the queue and its exact model disagree", f"{what}: {diff(expected, got)}"
+                )
+            )
+
+    def refused(self, error: type[Exception], what: str, call: Callable[[], Any], why: str) -> None:
+        """``call()`` must raise ``error`` (the model says so, because ``why``)."""
+        try:
+            call()
+        except error:
+            return
+        except (StaleLease, JobNotFound, QueueFull) as other:
+            raise AssertionError(
+                self.story.fail(
+                    "the queue and its exact model disagree",
+                    f"{what}: expected {error.__name__} ({why}), got {type(other).__name__}: "
+                    f"{other}",
+                )
+            ) from None
+        raise AssertionError(
+            self.story.fail(
+                "the queue and its exact model disagree",
+                f"{what} was accepted; expected {error.__name__} ({why})",
+            )
         )
+
+    def why_refused(self, seq: int, lease: Lease) -> str:
+        """Why the model refuses ``lease`` now, in words."""
+        job = self.model.jobs.get(seq)
+        if job is None:
+            return "its job was forgotten after its retention"
+        if job.token != lease.token:
+            return f"superseded: the job's latest token is {job.token}"
+        if job.state in FINISHED:
+            return f"its job is {job.state.value} already"
+        if self.now() >= lease.expires_at_ns:
+            return f"it expired at {_rel(lease.expires_at_ns)}; the job is {job.state.value}"
+        return f"it was answered already; the job is {job.state.value}"
 
     # --- core rules ---------------------------------------------------------------------
     @rule(
@@ -1921,13 +2207,14 @@ class QueueMachine(RuleBasedStateMachine):
         expected = self.model.enqueue(payload, priority, run_at, key, self.now())
         call = f"enqueue({payload}, priority={priority}, run_at_ns={_rel(run_at)}, key={key!r})"
         if expected is None:
-            with pytest.raises(QueueFull):
-                self.queue.enqueue(
+            self.refused(
+                QueueFull,
+                call,
+                lambda: self.queue.enqueue(
                     payload, priority=priority, run_at_ns=run_at, idempotency_key=key
-                )
-                raise AssertionError(
-                    self.story.fail("max_pending bounds pending jobs", f"{call} was accepted")
-                )
+                ),
+                f"max_pending={self.model.max_pending} unfinished jobs are held",
+            )
             self.story.add(f"{call} -> QueueFull")
             return
         got = self.accepted(
@@ -1940,9 +2227,8 @@ class QueueMachine(RuleBasedStateMachine):
         if expected in self.ids:
             self.check(f"{call} (a key seen within its TTL)", self.ids[expected], got)
         else:
-            assert got not in self.ids.values(), self.story.fail(
-                "job ids are unique", f"{got!r} reused"
-            )
+            if not (got not in self.ids.values()):
+                raise AssertionError(self.story.fail("job ids are unique", f"{got!r} reused"))
             self.ids[expected] = got
 
     @rule(worker=st.sampled_from(WORKERS))
@@ -1972,13 +2258,7 @@ class QueueMachine(RuleBasedStateMachine):
             self.story.add(f"{text} -> {got}")
             return got, apply(seq)
         error = StaleLease if verdict == "stale" else JobNotFound
-        with pytest.raises(error):
-            call(lease)
-            raise AssertionError(
-                self.story.fail(
-                    f"{name} needs a live lease", f"{text} was accepted; expected {error.__name__}"
-                )
-            )
+        self.refused(error, text, lambda: call(lease), self.why_refused(seq, lease))
         self.story.add(f"{text} -> {error.__name__}")
         return None
 
@@ -2047,7 +2327,8 @@ class QueueMachine(RuleBasedStateMachine):
         )
 
     def teardown(self) -> None:
-        if hasattr(self, "queue"):
+        # A final comparison, unless a step already failed (its explanation stands alone).
+        if hasattr(self, "queue") and sys.exc_info()[0] is None:
             self.compare_all()
 
 
@@ -2101,8 +2382,12 @@ class ExtendedQueueMachine(QueueMachine):
         seq, job_id = self.pick(i)
         expected = self.model.cancel(seq, self.now())
         if expected is None:
-            with pytest.raises(JobNotFound):
-                self.queue.cancel(job_id)
+            self.refused(
+                JobNotFound,
+                f"cancel({job_id!r})",
+                lambda: self.queue.cancel(job_id),
+                "the job was forgotten after its retention",
+            )
             self.story.add(f"cancel({job_id!r}) -> JobNotFound")
             return
         got = self.accepted(f"cancel({job_id!r})", lambda: self.queue.cancel(job_id))
@@ -2116,8 +2401,12 @@ class ExtendedQueueMachine(QueueMachine):
         expected = self.model.redrive(seq, self.now())
         if expected is None or expected == "full":
             error = JobNotFound if expected is None else QueueFull
-            with pytest.raises(error):
-                self.queue.redrive(job_id)
+            why = (
+                "the job was forgotten after its retention"
+                if expected is None
+                else f"max_pending={self.model.max_pending} unfinished jobs are held"
+            )
+            self.refused(error, f"redrive({job_id!r})", lambda: self.queue.redrive(job_id), why)
             self.story.add(f"redrive({job_id!r}) -> {error.__name__}")
             return
         got = self.accepted(f"redrive({job_id!r})", lambda: self.queue.redrive(job_id))

@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from katas._kit import impl
-from katas._kit.profiles import HEAVY_EXAMPLES
+from katas._kit.profiles import heavy_examples
 from katas._kit.redis import RedisEnv, RedisNode
 from katas._kit.waiting import DEADLINE_S, eventually, spawn, stays
 from katas._kit.worker import WorkerProcess
@@ -74,7 +74,7 @@ NO_RETRY_DELAY = RetryPolicy(0, 0, "none")
 
 # Tests that start servers or processes run few examples; they take function fixtures.
 heavy = settings(
-    max_examples=min(settings().max_examples, HEAVY_EXAMPLES),
+    max_examples=heavy_examples(),
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
     deadline=None,
 )
@@ -217,11 +217,14 @@ class Replay:
     def check(self, call: Call) -> None:
         self.history.append(call)
         expected = self.expect(call)
-        assert call.outcome == expected, self.fail(
-            "the queue and the exact stage-1 model disagree",
-            f"at op {call.stamp.op}, server time {call.stamp.server_now_ns} ns: expected "
-            f"{_show(expected)}, got {_show(call.outcome)}",
-        )
+        if not (call.outcome == expected):
+            raise AssertionError(
+                self.fail(
+                    "the queue and the exact stage-1 model disagree",
+                    f"at op {call.stamp.op}, server time {call.stamp.server_now_ns} ns: expected "
+                    f"{_show(expected)}, got {_show(call.outcome)}",
+                )
+            )
 
     def expect(self, call: Call) -> tuple[Any, ...]:
         m, now = self.model, call.stamp.server_now_ns
@@ -232,7 +235,8 @@ class Replay:
                 return ("QueueFull",)
             if seq not in self.ids and call.outcome[0] == "ok":
                 got = call.outcome[1]
-                assert got not in self.seqs, self.fail("job ids are unique", f"{got!r} reused")
+                if not (got not in self.seqs):
+                    raise AssertionError(self.fail("job ids are unique", f"{got!r} reused"))
                 self.ids[seq], self.seqs[got] = got, seq
             return ("ok", self.ids.get(seq))
         if call.what == "claim":
@@ -249,7 +253,10 @@ class Replay:
             if call.what == "is_current":
                 return ("ok", verdict == "ok")
             if verdict != "ok":
-                return ("StaleLease",) if verdict == "stale" else ("JobNotFound",)
+                # A forgotten job's lease: JobNotFound, except from commit (a zombie's
+                # effect is refused as stale either way).
+                gone = verdict != "stale" and call.what != "commit"
+                return ("JobNotFound",) if gone else ("StaleLease",)
             if call.what == "ack":
                 m.ack(seq, call.args[1], now)
             elif call.what == "nack":
@@ -288,7 +295,8 @@ class Replay:
     def check_real_time_order(self, calls: list[Call]) -> None:
         """Every call that returned before another was invoked must come first in op order."""
         ops = [c.stamp.op for c in calls]
-        assert len(set(ops)) == len(ops), self.fail("op numbers are unique", f"ops {sorted(ops)}")
+        if not (len(set(ops)) == len(ops)):
+            raise AssertionError(self.fail("op numbers are unique", f"ops {sorted(ops)}"))
         returned = sorted(calls, key=lambda c: c.returned_s)
         done = 0
         latest: Call | None = None  # the highest-op call among those returned so far
@@ -297,9 +305,12 @@ class Replay:
                 if latest is None or returned[done].stamp.op > latest.stamp.op:
                     latest = returned[done]
                 done += 1
-            if latest is not None:
-                assert latest.stamp.op < c.stamp.op, self.fail(
-                    "op order contradicts real time", f"{latest} returned before {c} was invoked"
+            if latest is not None and latest.stamp.op >= c.stamp.op:
+                raise AssertionError(
+                    self.fail(
+                        "op order contradicts real time",
+                        f"{latest} returned before {c} was invoked",
+                    )
                 )
 
 
@@ -509,14 +520,104 @@ def test_stage3_effect_store_commits_once_per_job_and_refuses_stale_leases(
 @core
 def test_stage3_unknown_job_raises_job_not_found(redis_env: RedisEnv) -> None:
     queue = new_queue(redis_env)
-    calls: list[Callable[[], Any]] = [
-        lambda: queue.get("job-404"),
-        lambda: queue.ack(Lease("job-404", 1, 1, 0, "w")),
-    ]
-    for call in calls:
-        with pytest.raises(JobNotFound):
+    ghost = Lease("job-404", 1, 1, 0, "w")
+    calls: dict[str, Callable[[], Any]] = {
+        "get": lambda: queue.get("job-404"),
+        "ack": lambda: queue.ack(ghost),
+        "nack": lambda: queue.nack(ghost, "x"),
+        "heartbeat": lambda: queue.heartbeat(ghost),
+        "release": lambda: queue.release(ghost),
+        "cancel": lambda: queue.cancel("job-404"),
+        "redrive": lambda: queue.redrive("job-404"),
+    }
+    for name, call in calls.items():
+        try:
             call()
-            raise AssertionError("stage 3: a call on an unknown job id did not raise JobNotFound")
+        except JobNotFound:
+            continue
+        except StaleLease as e:
+            raise AssertionError(
+                f"stage 3: {name} on an unknown job id must raise JobNotFound, got StaleLease: {e}"
+            ) from None
+        raise AssertionError(f"stage 3: {name} on an unknown job id did not raise JobNotFound")
+    try:
+        stage().RedisEffectStore(queue).commit(ghost, "effect")
+    except StaleLease:
+        return
+    except JobNotFound as e:
+        raise AssertionError(
+            f"stage 3: commit with a lease of a job the queue does not hold must raise "
+            f"StaleLease (a zombie must stop, as in stage 1), got JobNotFound: {e}"
+        ) from None
+    raise AssertionError("stage 3: commit with a lease of an unknown job was accepted")
+
+
+@pytest.mark.rule("run-at-server", "redis-never-early")
+@core
+def test_stage3_run_at_is_rounded_up_to_a_whole_microsecond(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env)
+    now = redis_env.server().time_us() * 1000
+    job_id = queue.enqueue("soon", run_at_ns=now + 1)  # 1 ns past a whole µs
+    job = queue.get(job_id)
+    assert job.run_at_ns == now + 1000, (
+        f"stage 3: run_at_ns = server now + 1 ns must be rounded UP to the next whole µs "
+        f"({now + 1000}), never down to now (the job would run 1 ns early); got {job.run_at_ns}"
+    )
+    assert queue.claim("w") is None, "stage 3: a job due 1 ns from now was claimed now"
+    redis_env.pass_time(1000)
+    assert claim(queue).job_id == job_id, "stage 3: at its rounded run time the job is READY"
+
+
+@pytest.mark.rule("op-counter")
+@core
+def test_stage3_last_op_is_the_calling_threads_own(redis_env: RedisEnv) -> None:
+    queue = new_queue(redis_env)
+    assert queue.last_op() is None, "stage 3: last_op() before any call must be None"
+    queue.enqueue("a")
+    mine = stamp(queue, "enqueue")
+    seen: list[Any] = []
+
+    def other_thread() -> None:
+        seen.append(queue.last_op())  # nothing called on this thread yet
+        queue.next_due_ns()
+        seen.append(queue.last_op())
+
+    spawn(other_thread, "other", tag="stage 3").outcome("the other thread's two calls")
+    assert seen[0] is None and isinstance(seen[1], OpStamp) and seen[1].op > mine.op, (
+        f"stage 3: last_op() is per thread: None on a thread that has made no call, then that "
+        f"thread's own call's stamp (after {mine}); got {seen}"
+    )
+    assert queue.last_op() == mine, (
+        f"stage 3: another thread's call must not change this thread's last_op(): expected "
+        f"{mine}, got {queue.last_op()}"
+    )
+
+
+@pytest.mark.rule("json", "key-prefix")
+@core
+def test_stage3_values_travel_as_json_under_the_key_prefix(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env)
+    store = stage().RedisEffectStore(queue)
+    job_id = queue.enqueue({"pair": (1, 2), "n": None})
+    lease = claim(queue)
+    assert store.commit(lease, ("charged", 5)) is True
+    queue.ack(lease, (3, 4))
+    job = queue.get(job_id)
+    got = (job.payload, job.result, store.effects())
+    want = ({"pair": [1, 2], "n": None}, [3, 4], {job_id: ["charged", 5]})
+    assert got == want, (
+        f"stage 3: payloads, results and effects come back as JSON gives them back (a tuple "
+        f"as a list): expected {want}, got {got}"
+    )
+    if redis_env.mode != "url":  # a private server holds only this test's keys
+        admin = redis_env.server().client()
+        outside = [_text(k) for k in admin.keys("*") if not _text(k).startswith(redis_env.prefix)]
+        assert not outside, (
+            f"stage 3: every key of the queue must start with key_prefix "
+            f"{redis_env.prefix!r}; these do not: {outside}"
+        )
 
 
 def _bad_calls() -> list[Any]:
@@ -537,6 +638,11 @@ def _bad_calls() -> list[Any]:
         ("NaN as payload", lambda env, q, le: q.enqueue(float("nan")), "payload"),
         ("an object as payload", lambda env, q, le: q.enqueue(object()), "payload"),
         ("negative delay", lambda env, q, le: q.enqueue(1, delay_ns=-MS), "delay_ns"),
+        (
+            "run_at and delay",
+            lambda env, q, le: q.enqueue(1, run_at_ns=10**15, delay_ns=MS),
+            "delay_ns",
+        ),
         ("negative run_at", lambda env, q, le: q.enqueue(1, run_at_ns=-5), "run_at_ns"),
         ("float priority", lambda env, q, le: q.enqueue(1, priority=1.5), "priority"),
         ("empty key", lambda env, q, le: q.enqueue(1, idempotency_key=""), "idempotency_key"),

@@ -323,7 +323,15 @@ class RedisEffectStore:
 
     def commit(self, lease: Lease, effect: Any) -> bool:
         """Record ``effect`` iff the job has none and ``lease`` is live (else StaleLease)."""
-        return bool(self._queue._leased("commit", lease, _json("effect", effect))[0] == "true")
+        try:
+            reply = self._queue._leased("commit", lease, _json("effect", effect))
+        except JobNotFound:
+            # A forgotten job's lease is not live either: the zombie must stop, as in stage 1.
+            raise StaleLease(
+                f"lease token {lease.token} of job {lease.job_id!r} is not live: the queue "
+                "holds no such job (never enqueued, or forgotten after its retention)"
+            ) from None
+        return bool(reply[0] == "true")
 
     def effects(self) -> dict[str, Any]:
         """Every committed effect of a job the queue still holds, by job id."""
