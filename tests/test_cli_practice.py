@@ -1,22 +1,17 @@
-"""``kata start``, ``hint``, ``reveal``, ``reset``, ``bench``, ``progress`` end to end
-(``kata pair``: test_cli_pair.py).
+"""``kata hint``, ``reveal``, ``reset``, ``bench``, ``progress`` end to end (``kata start``:
+test_cli_start.py; ``kata pair``: test_cli_pair.py).
 
 Everything runs against a tiny kata, ``calc``, made in a temporary folder (``KATA_ROOT``)
 with its own reference, bug catalogue and git history, and progress kept in a temporary
-state directory (``XDG_STATE_HOME``). Timed sessions run on a ManualClock driven by a
-scripted terminal, so a 10-minute attempt takes as long as its two suite runs; one test
-runs a real session in tmux and reads the screen.
+state directory (``XDG_STATE_HOME``). Questions are answered by a scripted terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +25,6 @@ from katas._kit.clock import NS_PER_S, ManualClock
 from katas._kit.notes import hints, rubric_axes
 from katas._kit.pristine import looks_like_stub
 from katas._kit.state import StateStore
-from katas._kit.watch import Watcher
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -270,90 +264,6 @@ def _kata(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
     )
 
 
-# --- kata start ------------------------------------------------------------------------------
-
-
-def test_cli_start_a_save_turns_it_green_and_records_the_time(
-    project: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, terminal = _run(["start", "calc", "1"], events=[(90, lambda: _solve(project))])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert "STAGE1_MARK" in out, out  # the prompt first
-    assert "0/2 passed" in out and "2/2 passed" in out, out  # core only: add and mul
-    assert "not implemented yet" in out or "Calc.add" in out, out
-    assert "green in 01:30" in out, out
-    (attempt,) = _attempts(project)
-    assert attempt["result"] == "green" and attempt["mode"] == "solo"
-    assert 90 <= float(attempt["green_seconds"]) <= 91, attempt
-    assert attempt["timebox_minutes"] == 10 and attempt["runs"] == 2
-    assert attempt["passed"] == 2 and attempt["total"] == 2
-    assert attempt["hints_used"] == 0
-    assert terminal.asked == []
-
-    # `list` now shows the stage passed, with its best time and one attempt
-    assert main(["list"]) == 0
-    row = next(ln for ln in capsys.readouterr().out.splitlines() if "Add and multiply" in ln)
-    assert "passed" in row and "01:30" in row and row.rstrip().endswith("1"), row
-
-
-def test_cli_start_at_timeout_shows_what_fails_and_offers_the_next_hint(
-    project: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, terminal = _run(["start", "calc", "1", "--minutes", "2", "--no-prompt"], answers=["y"])
-    out = capsys.readouterr().out
-    assert code == 1, out
-    assert "STAGE1_MARK" not in out
-    assert "time is up" in out and "Still failing" in out, out
-    assert "not implemented yet: Calc.add, Calc.mul" in out, out
-    assert terminal.asked == ["Show hint 1 of 2? [y/N] "]
-    assert "HINT_ONE_MARK" in out and "HINT_TWO_MARK" not in out, out
-    (attempt,) = _attempts(project)
-    assert attempt["result"] == "timeout" and attempt["green_seconds"] is None
-    assert attempt["seconds"] == 120 and attempt["hints_used"] == 1
-    assert _state(project)["hints"] == {"calc/1": 1}
-
-
-def test_cli_start_keys_run_now_hint_and_ctrl_c_records_the_attempt(
-    project: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    code, _ = _run(
-        ["start", "calc", "1", "--no-prompt", "--full"],
-        events=[(10, "h"), (20, "r"), (30, "^C")],
-    )
-    out = capsys.readouterr().out
-    assert code == 130, out
-    assert "HINT_ONE_MARK" in out, out
-    assert out.count("0/3 passed") == 2, out  # the first run and "run now"; --full: 3 tests
-    assert "interrupted after 00:30" in out, out
-    (attempt,) = _attempts(project)
-    assert attempt["result"] == "interrupted" and attempt["runs"] == 2
-    assert attempt["hints_used"] == 1 and attempt["core_only"] is False
-
-    # a second attempt counts separately and `progress` lists both
-    code, _ = _run(["start", "calc", "1", "--no-prompt"], events=[(5, "q")])
-    assert code == 1
-    capsys.readouterr()
-    assert main(["progress"]) == 0
-    out = capsys.readouterr().out
-    assert "interrupted" in out and "stopped" in out, out
-    assert "failing" in out, out
-
-
-def test_cli_watcher_sees_saves_creations_and_deletions(tmp_path: Path) -> None:
-    write(tmp_path / "a.py", "x = 1\n")
-    watcher = Watcher([tmp_path])
-    assert watcher.poll() == []
-    write(tmp_path / "a.py", "x = 22\n")
-    write(tmp_path / "__pycache__" / "a.cpython.py", "ignored")
-    write(tmp_path / "notes.txt", "ignored")
-    assert watcher.poll() == [tmp_path / "a.py"]
-    write(tmp_path / "b.py", "")
-    (tmp_path / "a.py").unlink()
-    assert watcher.poll() == [tmp_path / "a.py", tmp_path / "b.py"]
-    assert watcher.poll() == []
-
-
 # --- hint, reveal, reset, bench, progress ----------------------------------------------------
 
 
@@ -571,69 +481,6 @@ def test_cli_notes_of_every_real_kata_parse() -> None:
             if kata.name == "rate_limiter":
                 assert found and len(found) >= 3, (stage.number, found)
                 assert [a for a, _ in axes][:2] == ["Problem solving", "Correctness & complexity"]
-
-
-# --- a real terminal: tmux -------------------------------------------------------------------
-
-
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
-def test_cli_start_in_a_real_terminal_shows_the_countdown_and_progress(
-    project: Path, tmp_path: Path
-) -> None:
-    socket = f"kata-test-{os.getpid()}"
-    tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
-    env = {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "TERM": "xterm-256color",
-        cat.ENV_ROOT: str(project / "katas"),
-        "XDG_STATE_HOME": str(tmp_path / "xdg-state"),
-        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-    }
-    command = " ".join(
-        [
-            "env",
-            *(f"{k}={v}" for k, v in env.items()),
-            *_kata_command(),
-            "start calc 1 --minutes 2 --no-prompt --poll 0.2; echo KATA_EXIT=$?; sleep 60",
-        ]
-    )
-
-    def screen() -> str:
-        shown = subprocess.run(
-            [*tmux, "capture-pane", "-p", "-t", "kata"], capture_output=True, text=True, check=False
-        )
-        return shown.stdout
-
-    def wait_for(text: str, timeout: float = 30) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            shown = screen()
-            if text in shown:
-                return shown
-            time.sleep(0.1)
-        raise AssertionError(f"{text!r} never appeared on the screen:\n{screen()}")
-
-    subprocess.run(
-        [*tmux, "new-session", "-d", "-s", "kata", "-x", "120", "-y", "30", command], check=True
-    )
-    try:
-        first = wait_for("0/2 passed")
-        assert "━" in first and "left of 02:00" in first, first
-        countdown = next(ln for ln in first.splitlines() if "left of 02:00" in ln)
-        time.sleep(1.5)
-        later = next(ln for ln in screen().splitlines() if "left of 02:00" in ln)
-        assert later != countdown, f"the countdown did not move: {countdown!r}"
-        subprocess.run([*tmux, "send-keys", "-t", "kata", "h"], check=True)
-        wait_for("HINT_ONE_MARK")
-        _solve(project)
-        final = wait_for("KATA_EXIT=")
-        assert "2/2 passed" in final and "green in" in final, final
-        assert "KATA_EXIT=0" in final, final
-    finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True, check=False)
-    attempts = json.loads((tmp_path / "xdg-state" / "infra-katas" / "state.json").read_text())
-    assert [a["result"] for a in attempts["attempts"]] == ["green"]
 
 
 def test_cli_test_still_runs_with_a_corrupted_state_and_says_it_did_not_record(

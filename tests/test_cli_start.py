@@ -1,18 +1,25 @@
-"""The pieces under ``kata start``: the suite run that goes on while the session reads keys
-(:class:`~katas._kit.suites.SuiteProcess`), the failure detail the report carries, alike
-failures shown once.
+"""``kata start`` end to end, and the pieces under it: the suite run that goes on while the
+session reads keys (:class:`~katas._kit.suites.SuiteProcess`), the failure detail the
+report carries, alike failures shown once, the next step after green, bad configuration.
 
 Everything runs against a tiny kata, ``calc``, made in a temporary folder (``KATA_ROOT``),
-with progress in a temporary state directory.
+with progress in a temporary state directory. Sessions run on a ManualClock driven by a
+scripted terminal; a run in progress is either a real pytest subprocess (the clock stands
+still while it runs, so it takes no scripted time) or a scripted run whose waiting moves
+the clock. Two tests run a real session in tmux and read the screen.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import shutil
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +27,22 @@ import pytest
 from _support import (
     CALC_SOLUTION,
     CALC_SUITE,
+    ScriptedTerminal,
     calc_project,
     private_state,
     write,
 )
+from rich.console import Console
 
+from katas._kit import catalog as cat
 from katas._kit.cli import main
+from katas._kit.cli_start import _after_stage
+from katas._kit.cliutil import Context
+from katas._kit.clock import NS_PER_S, ManualClock
+from katas._kit.practice import SoloOutcome, SoloSession
 from katas._kit.pytest_plugin import assertion_detail
-from katas._kit.suites import SuiteRun, run_suite, start_suite
+from katas._kit.suites import SuiteRun, TestResult, run_suite, start_suite
+from katas._kit.watch import Watcher
 
 #: A hard deadline for anything a test waits for in real time.
 DEADLINE_S = 30.0
@@ -178,6 +193,17 @@ def _attempts(project: Path) -> list[dict[str, Any]]:
 
 def _solve(project: Path, text: str = CALC_SOLUTION) -> Callable[[], None]:
     return lambda: write(_stage_file(project), text)
+
+
+def _run(
+    argv: list[str],
+    events: Sequence[tuple[float, str | Callable[[], None]]] = (),
+    answers: list[str] | None = None,
+) -> tuple[int, ScriptedTerminal]:
+    clock = ManualClock()
+    terminal = ScriptedTerminal(clock, list(events), answers)
+    code = main(argv, clock=clock, terminal=terminal, wall=lambda: 1_800_000_000.0)
+    return code, terminal
 
 
 def _alive(pid: int) -> bool:
@@ -357,3 +383,465 @@ def test_cli_test_shows_a_syntax_error_once_with_its_line(
     assert line in out and out.count("SyntaxError") == 1, out
     assert "    def mul(self, a: int, b: int) -> int\n" in out, out
     assert "0/4 passed" in out, out
+
+
+def test_cli_start_view_shows_details_and_a_syntax_error_once(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(_stage_file(project), OFF_BY_ONE)
+    code, _ = _run(
+        ["start", "calc", "1", "--no-prompt"],
+        events=[(10, _solve(project, SYNTAX_ERROR)), (20, "q")],
+    )
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "[00:00] 1/3 passed" in out and "\n      expected 5, got 6\n" in out, out
+    assert "[00:10] 0/3 passed" in out, out
+    assert out.count("SyntaxError") == 1, out
+    assert "! SyntaxError: expected ':' (stage1.py, line 5) — in all 3 tests" in out, out
+
+
+def test_cli_start_shows_a_syntax_error_that_stops_collection_once_and_goes_on(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A suite that imports the stage file itself: a syntax error there stops collection,
+    so there are no results at all; the line is found in pytest's output."""
+    importing = "import os, sys\nsys.path.insert(0, os.path.dirname(__file__))\nimport stage1\n"
+    write(_suite(project), importing + SUITE)
+    write(_stage_file(project), SYNTAX_ERROR)
+    code, _ = _run(["start", "calc", "1", "--no-prompt"], events=[(30, _solve(project))])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "[00:00] 0/0 passed" in out, out
+    assert "! SyntaxError: expected ':' (stage1.py, line 5) — pytest could not collect" in out
+    assert out.count("SyntaxError") == 1, out
+    assert "green in 00:30" in out, out
+
+
+# --- a session while tests run: scripted runs -------------------------------------------------
+
+
+def _result(*outcomes: str) -> SuiteRun:
+    results = tuple(
+        TestResult(f"t.py::test_{i}", o, None if o == "passed" else "assertion", "")
+        for i, o in enumerate(outcomes)
+    )
+    return SuiteRun(1 if "failed" in outcomes else 0, results, "", 1.0)
+
+
+class ScriptedRun:
+    """A run that finishes ``takes_s`` of clock time after it starts (None: never); waiting
+    for it moves the clock, as real time passes while a real run goes on."""
+
+    def __init__(self, clock: ManualClock, result: SuiteRun, takes_s: float | None) -> None:
+        self.clock = clock
+        self.result = result
+        self.done_ns = None if takes_s is None else clock.now_ns() + int(takes_s * NS_PER_S)
+        self.killed = False
+
+    def wait(self, timeout_s: float | None = None) -> SuiteRun | None:
+        assert not self.killed, "waited for a killed run"
+        now = self.clock.now_ns()
+        if self.done_ns is not None and self.done_ns <= now:
+            return self.result
+        step = round((timeout_s or 0) * NS_PER_S)
+        if self.done_ns is not None and self.done_ns <= now + step:
+            self.clock.advance(self.done_ns - now)
+            return self.result
+        self.clock.advance(step)
+        return None
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+@contextlib.contextmanager
+def _scripted_session(
+    tmp_path: Path,
+    runs: Sequence[tuple[SuiteRun, float | None]],
+    events: Sequence[tuple[float, str | Callable[[], None]]],
+    timebox_s: float = 600,
+) -> Iterator[tuple[SoloSession, list[ScriptedRun], list[tuple[SuiteRun, int]], io.StringIO]]:
+    clock = ManualClock()
+    started: list[ScriptedRun] = []
+    finished: list[tuple[SuiteRun, int]] = []
+    script = list(runs)
+
+    def start_run() -> ScriptedRun:
+        result, takes_s = script.pop(0)
+        started.append(ScriptedRun(clock, result, takes_s))
+        return started[-1]
+
+    out = io.StringIO()
+    write(tmp_path / "kata" / "stage1.py", "")
+    session = SoloSession(
+        clock=clock,
+        terminal=ScriptedTerminal(clock, events),
+        console=Console(file=out, width=100),
+        timebox_ns=int(timebox_s * NS_PER_S),
+        watcher=Watcher([tmp_path / "kata"]),
+        start_run=start_run,
+        on_result=lambda result, ns: finished.append((result, ns)),
+        on_hint=lambda: None,
+    )
+    yield session, started, finished, out
+
+
+def _seconds(outcome: SoloOutcome) -> float:
+    return outcome.elapsed_ns / NS_PER_S
+
+
+def test_session_q_while_a_run_goes_on_ends_at_once_and_kills_it(tmp_path: Path) -> None:
+    with _scripted_session(tmp_path, [(_result("passed"), None)], [(5, "q")]) as scripted:
+        session, started, finished, _ = scripted
+        outcome = session.run()
+    assert outcome.result == "stopped" and 5 <= _seconds(outcome) <= 5.1, outcome
+    assert [run.killed for run in started] == [True] and finished == []
+    assert outcome.runs == 0 and outcome.last is None
+
+
+def test_session_ctrl_c_while_a_run_goes_on_kills_it(tmp_path: Path) -> None:
+    with _scripted_session(tmp_path, [(_result("passed"), None)], [(3, "^C")]) as scripted:
+        session, started, _, _ = scripted
+        outcome = session.run()
+    assert outcome.result == "interrupted" and [run.killed for run in started] == [True]
+
+
+def test_session_r_and_a_save_while_a_run_goes_on_start_a_fresh_one(tmp_path: Path) -> None:
+    failing, green = _result("failed", "passed"), _result("passed", "passed")
+    runs = [(failing, None), (failing, None), (green, 2)]
+    events: list[tuple[float, str | Callable[[], None]]] = [
+        (3, "r"),
+        (7, lambda: write(tmp_path / "kata" / "stage1.py", "x = 1\n")),
+    ]
+    with _scripted_session(tmp_path, runs, events) as (session, started, finished, out):
+        outcome = session.run()
+    assert [run.killed for run in started] == [True, True, False]
+    assert outcome.result == "green" and outcome.restarts == 2, outcome
+    assert finished == [(green, finished[0][1])] and outcome.runs == 1
+    assert 7 <= (outcome.green_ns or 0) / NS_PER_S <= 7.6, outcome  # the save's run
+    shown = out.getvalue()
+    assert "[00:03] restarted: run now" in shown and "restarted: saved stage1.py" in shown, shown
+
+
+def test_session_timebox_ends_during_a_run(tmp_path: Path) -> None:
+    runs = [(_result("failed"), 2), (_result("passed"), None)]
+    with _scripted_session(tmp_path, runs, [(4, "r")], timebox_s=10) as scripted:
+        session, started, finished, _ = scripted
+        outcome = session.run()
+    assert outcome.result == "timeout" and _seconds(outcome) == 10, outcome
+    assert [run.killed for run in started] == [False, True]
+    assert outcome.last is finished[0][0] and outcome.runs == 1  # the run that finished
+
+
+def test_session_keeps_watching_after_green_if_asked(tmp_path: Path) -> None:
+    core, whole = _result("passed"), _result("passed", "passed")
+    runs = [(core, 1), (_result("passed", "failed"), 1), (whole, 1)]
+    with _scripted_session(tmp_path, runs, [(30, "r")]) as (session, _, finished, _):
+        greens: list[int] = []
+
+        def on_green(result: SuiteRun, ns: int) -> str | None:
+            greens.append(ns)
+            return "the whole suite" if len(greens) == 1 else None
+
+        session.on_green = on_green
+        outcome = session.run()
+    assert outcome.result == "green" and outcome.green is core and outcome.last is whole
+    assert outcome.green_ns == 0 and greens == [0, 30 * NS_PER_S], outcome
+    assert [r for r, _ in finished] == [core, runs[1][0], whole]
+
+
+# --- green: the next step ---------------------------------------------------------------------
+
+
+def test_cli_start_summarises_the_prompt_and_offers_the_extended_part(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, terminal = _run(["start", "calc", "1"], events=[(90, _solve(project))])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "Calculator — stage 1: Add and multiply · timebox 10 min" in out, out
+    assert "core: Calc.add, Calc.mul · extended: Calc.sub" in out, out
+    assert "STAGE1_MARK" in out and "STAGE1_SECOND_MARK" not in out, out  # its first paragraph
+    assert "INTRO_MARK" not in out and "kata show calc 1" in out, out
+    assert "0/3 passed" in out and "3/3 passed" in out, out  # the core: add, mul, symmetric
+    assert "green in 01:30 (the core)" in out, out
+    assert terminal.asked == [
+        "Keep going on the extended part (Calc.sub) with the whole suite? [y/N] "
+    ]
+    assert "Next: kata start calc 1 --full (the extended part), or kata start calc 2" in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "green" and attempt["mode"] == "solo"
+    assert 90 <= float(attempt["green_seconds"]) <= 91, attempt
+    assert attempt["timebox_minutes"] == 10 and attempt["runs"] == 2
+    assert attempt["passed"] == 3 and attempt["total"] == 3 and attempt["hints_used"] == 0
+    assert attempt["core_only"] is True and "whole_green_seconds" not in attempt
+
+    # `list` now shows the stage passed, with its best time and one attempt
+    assert main(["list"]) == 0
+    row = next(ln for ln in capsys.readouterr().out.splitlines() if "Add and multiply" in ln)
+    assert "passed" in row and "01:30" in row and row.rstrip().endswith("1"), row
+
+
+def test_cli_start_goes_on_with_the_whole_suite_and_then_names_the_next_stage(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sub_wrong = CALC_SOLUTION.replace("return a - b", "return b - a")
+    code, terminal = _run(
+        ["start", "calc", "1", "--no-prompt"],
+        events=[(60, _solve(project, sub_wrong)), (100, _solve(project))],
+        answers=["y"],
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert len(terminal.asked) == 1, terminal.asked
+    assert "green in 01:00 (the core)" in out and "Watching the whole suite now" in out, out
+    assert "3/4 passed" in out and "test_stage1_sub" in out, out  # the whole suite: sub fails
+    assert "the whole suite is green too, at 01:40" in out, out
+    assert "Next: kata start calc 2 (stage 2: Divide)" in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "green" and attempt["core_only"] is True
+    assert 60 <= attempt["green_seconds"] <= 61 and 100 <= attempt["whole_green_seconds"] <= 101
+    assert attempt["passed"] == attempt["total"] == 4, attempt
+
+
+def test_cli_start_a_green_core_kept_when_the_whole_suite_runs_out_of_time(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sub_wrong = CALC_SOLUTION.replace("return a - b", "return b - a")
+    code, _ = _run(
+        ["start", "calc", "1", "--no-prompt", "--minutes", "2"],
+        events=[(60, _solve(project, sub_wrong))],
+        answers=["y", "n"],
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "time is up" in out and "test_stage1_sub" in out, out
+    assert "The core went green at 01:00: that is what is recorded." in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "green" and attempt["whole_green_seconds"] is None
+    assert attempt["passed"] == attempt["total"] == 3, attempt  # the core's run
+
+
+def test_cli_start_at_timeout_shows_what_fails_and_offers_the_next_hint(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, terminal = _run(["start", "calc", "1", "--minutes", "2", "--no-prompt"], answers=["y"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "STAGE1_MARK" not in out
+    assert "time is up" in out and "Still failing" in out, out
+    assert "not implemented yet: Calc.add, Calc.mul" in out, out
+    assert terminal.asked == ["Show hint 1 of 2? [y/N] "]
+    assert "HINT_ONE_MARK" in out and "HINT_TWO_MARK" not in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "timeout" and attempt["green_seconds"] is None
+    assert attempt["seconds"] == 120 and attempt["hints_used"] == 1
+    assert json.loads(_state_file(project).read_text())["hints"] == {"calc/1": 1}
+
+
+def test_cli_start_keys_run_now_hint_and_ctrl_c_records_the_attempt(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _ = _run(
+        ["start", "calc", "1", "--no-prompt", "--full"],
+        events=[(10, "h"), (20, "r"), (30, "^C")],
+    )
+    out = capsys.readouterr().out
+    assert code == 130, out
+    assert "HINT_ONE_MARK" in out, out
+    assert out.count("0/4 passed") == 2, out  # the first run and "run now"; --full: 4 tests
+    assert "interrupted after 00:30" in out, out
+    (attempt,) = _attempts(project)
+    assert attempt["result"] == "interrupted" and attempt["runs"] == 2
+    assert attempt["hints_used"] == 1 and attempt["core_only"] is False
+
+    # a second attempt counts separately and `progress` lists both
+    code, _ = _run(["start", "calc", "1", "--no-prompt"], events=[(5, "q")])
+    assert code == 1
+    capsys.readouterr()
+    assert main(["progress"]) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "stopped" in out, out
+    assert "failing" in out, out
+
+
+def test_cli_watcher_sees_saves_creations_and_deletions(tmp_path: Path) -> None:
+    write(tmp_path / "a.py", "x = 1\n")
+    watcher = Watcher([tmp_path])
+    assert watcher.poll() == []
+    write(tmp_path / "a.py", "x = 22\n")
+    write(tmp_path / "__pycache__" / "a.cpython.py", "ignored")
+    write(tmp_path / "notes.txt", "ignored")
+    assert watcher.poll() == [tmp_path / "a.py"]
+    write(tmp_path / "b.py", "")
+    (tmp_path / "a.py").unlink()
+    assert watcher.poll() == [tmp_path / "a.py", tmp_path / "b.py"]
+    assert watcher.poll() == []
+
+
+def test_after_the_last_stage_comes_the_next_kata(project: Path) -> None:
+    write(project / "katas" / "zeta" / "kata.toml", TOML.replace("Calculator", "Zeta"))
+    catalog = cat.Catalog.discover()
+    kata = catalog.get("calc")
+    ctx = Context(catalog, Console(file=io.StringIO()))
+    assert _after_stage(ctx, kata, kata.stage(1)) == "kata start calc 2 (stage 2: Divide)"
+    assert _after_stage(ctx, kata, kata.stage(2)).startswith("kata start zeta 1 (the next kata")
+    zeta = catalog.get("zeta")
+    assert _after_stage(ctx, zeta, zeta.stage(2)) == ""
+
+
+# --- bad configuration: one line, no attempt ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("KATA_PROFILE", "bogus", "KATA_PROFILE must be one of dev, ci, thorough, mutant"),
+        ("KATA_IMPL", "/nope", "--impl must be 'katas', 'solutions' or a directory"),
+    ],
+)
+def test_cli_start_with_a_bad_environment_is_one_line_and_no_attempt(
+    project: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    value: str,
+    expected: str,
+) -> None:
+    monkeypatch.setenv(name, value)
+    code, _ = _run(["start", "calc", "1"])
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("kata start: error: ") and expected in line and repr(value) in line
+    assert captured.out == ""  # before the clock starts: no prompt, no countdown
+    assert not _state_file(project).exists()
+
+
+def test_cli_start_stops_if_the_first_run_cannot_run_at_all(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unmarked = "\n\ndef test_stage1_unmarked(stage_module):\n    pass\n"
+    write(_suite(project), SUITE + unmarked)
+    code, _ = _run(["start", "calc", "1", "--no-prompt"])
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    (line,) = captured.err.strip().splitlines()
+    assert "pytest could not run the suite (exit code 4)" in line, line
+    assert "must be marked @pytest.mark.core or @pytest.mark.extended" in line, line
+    assert not _state_file(project).exists()
+
+
+# --- a real terminal: tmux ---------------------------------------------------------------------
+
+
+class Tmux:
+    """One ``kata start`` in a detached tmux session of its own, read off the screen."""
+
+    def __init__(self, project: Path, tmp_path: Path, args: str) -> None:
+        self.state = tmp_path / "xdg-state"
+        self.tmux = ["tmux", "-L", f"kata-start-{os.getpid()}-{tmp_path.name}", "-f", "/dev/null"]
+        env = {
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "TERM": "xterm-256color",
+            cat.ENV_ROOT: str(project / "katas"),
+            "XDG_STATE_HOME": str(self.state),
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        }
+        script = Path(sys.executable).with_name("kata")
+        kata = [str(script)] if script.exists() else [sys.executable, "-m", "katas._kit.cli"]
+        settings = [f"{k}={v}" for k, v in env.items()]
+        command = " ".join(["env", "-i", *settings, *kata, args, "; echo KATA_EXIT=$?; sleep 60"])
+        subprocess.run(
+            [*self.tmux, "new-session", "-d", "-s", "kata", "-x", "120", "-y", "40", command],
+            check=True,
+        )
+
+    def screen(self) -> str:
+        shown = subprocess.run(
+            [*self.tmux, "capture-pane", "-p", "-J", "-S", "-200", "-t", "kata"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return shown.stdout
+
+    def wait_for(self, text: str, timeout_s: float = DEADLINE_S) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            shown = self.screen()
+            if text in shown:
+                return shown
+            time.sleep(0.05)
+        raise AssertionError(f"{text!r} never appeared on the screen:\n{self.screen()}")
+
+    def press(self, key: str) -> None:
+        subprocess.run([*self.tmux, "send-keys", "-t", "kata", key], check=True)
+
+    def close(self) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)
+
+    def attempts(self) -> list[dict[str, Any]]:
+        path = self.state / "infra-katas" / "state.json"
+        attempts: list[dict[str, Any]] = json.loads(path.read_text())["attempts"]
+        return attempts
+
+
+@pytest.fixture
+def tmux_session(project: Path, tmp_path: Path) -> Iterator[Callable[[str], Tmux]]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not on PATH")
+    sessions: list[Tmux] = []
+
+    def start(args: str) -> Tmux:
+        sessions.append(Tmux(project, tmp_path, args))
+        return sessions[-1]
+
+    yield start
+    for session in sessions:
+        session.close()
+
+
+def test_tmux_r_restarts_and_q_stops_an_endless_run_at_once(
+    project: Path, tmux_session: Callable[[str], Tmux]
+) -> None:
+    write(_stage_file(project), ENDLESS)
+    tmux = tmux_session("start calc 1 --no-prompt --poll 0.2")
+    first = tmux.wait_for("running 1s… (start)")  # the countdown ticks while it runs
+    countdown = next(line for line in first.splitlines() if "left of 10:00" in line)
+    tmux.press("r")
+    tmux.wait_for("restarted: run now")
+    later = tmux.wait_for("running 1s… (run now)")
+    assert countdown not in later, later
+    pressed = time.monotonic()
+    tmux.press("q")
+    final = tmux.wait_for("KATA_EXIT=", timeout_s=5)
+    assert time.monotonic() - pressed < 3, final
+    assert "Attempt stopped after" in final and "KATA_EXIT=1" in final, final
+    (attempt,) = tmux.attempts()
+    assert attempt["result"] == "stopped" and attempt["runs"] == 0, attempt
+
+
+def test_tmux_shows_expected_and_got_a_syntax_error_once_a_hint_and_the_next_step(
+    project: Path, tmux_session: Callable[[str], Tmux]
+) -> None:
+    write(_stage_file(project), OFF_BY_ONE)
+    tmux = tmux_session("start calc 1 --poll 0.2")
+    shown = tmux.wait_for("1/3 passed in")
+    assert "STAGE1_MARK" in shown and "kata show calc 1" in shown, shown
+    assert "expected 5, got 6" in shown and "━" in shown, shown
+    write(_stage_file(project), SYNTAX_ERROR)
+    shown = tmux.wait_for("— in all 3 tests")
+    assert shown.count("SyntaxError: expected ':' (stage1.py, line 5)") == 1, shown
+    tmux.press("h")
+    tmux.wait_for("HINT_ONE_MARK")
+    _solve(project)()
+    shown = tmux.wait_for("with the whole suite? [y/N]")
+    assert "3/3 passed" in shown and "green in" in shown, shown
+    tmux.press("Enter")  # no: the suggestions, and the attempt ends green
+    final = tmux.wait_for("KATA_EXIT=")
+    assert "Next: kata start calc 1 --full" in final and "KATA_EXIT=0" in final, final
+    (attempt,) = tmux.attempts()
+    assert attempt["result"] == "green" and attempt["hints_used"] == 1, attempt

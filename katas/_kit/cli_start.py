@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+from collections.abc import Callable
 
 from rich.markdown import Markdown
 from rich.rule import Rule
 from rich.text import Text
 
-from katas._kit.catalog import Kata, Stage, display_path
+from katas._kit.catalog import CatalogError, Kata, Stage, display_path
 from katas._kit.cli_sessions import (
     NS_PER_MIN,
     add_session_arguments,
@@ -25,18 +27,23 @@ from katas._kit.cliutil import (
     Command,
     Context,
     UserError,
+    check_profile,
+    failure_lines,
     is_learners_code,
+    markdown_sections,
     not_implemented_names,
     print_summary,
-    read_text,
-    stage_prompt,
+    stage_file_or_error,
     suite_or_error,
 )
 from katas._kit.clock import NS_PER_S
+from katas._kit.notes import is_section
 from katas._kit.practice import SoloSession, clock_text, tally
 from katas._kit.state import Attempt, StateError
-from katas._kit.suites import SuiteRun, run_suite
+from katas._kit.suites import SuiteProcess, SuiteRun, start_suite
 from katas._kit.watch import Watcher
+
+YES = ("y", "yes")
 
 
 def _poll_seconds(text: str) -> float:
@@ -50,15 +57,10 @@ def _poll_seconds(text: str) -> float:
 
 
 def _failing_lines(ctx: Context, result: SuiteRun, limit: int = 3) -> None:
-    """The first few real failures, then the not-implemented ones on one line."""
-    real = result.failures("assertion") + result.failures("error")
-    for failure in real[:limit]:
-        line = Text("  ✗ ", style="red")
-        line.append(failure.test_id, style="bold")
-        line.append(f" — {failure.message}")
-        ctx.out.print(line, overflow="ellipsis", no_wrap=True)
-    if len(real) > limit:
-        ctx.out.print(f"  … and {len(real) - limit} more failing", style="dim")
+    """The first few real failures (alike ones once), then the not-implemented ones."""
+    width = max(20, ctx.out.width - 2)
+    for line in failure_lines(result, limit=limit, width=width):
+        ctx.out.print(Text("  ") + line, overflow="ellipsis", no_wrap=True)
     missing = result.failures("not_implemented")
     if missing:
         names = not_implemented_names(missing)
@@ -70,6 +72,100 @@ def _failing_lines(ctx: Context, result: SuiteRun, limit: int = 3) -> None:
         )
 
 
+# --- before the clock starts -----------------------------------------------------------------
+
+
+def _first_paragraph(text: str, stage: Stage) -> str:
+    """The first paragraph of the stage's section of the prompt (under its sub-headings)."""
+    for heading, chunk in markdown_sections(text):
+        if not is_section(heading, stage.section):
+            continue
+        body = chunk.split("\n", 1)[1] if "\n" in chunk else ""
+        for paragraph in re.split(r"\n[ \t]*>?[ \t]*\n", body):
+            paragraph = paragraph.strip()
+            if paragraph and not paragraph.startswith(("#", "```", "|", "<!--")):
+                return paragraph
+    return ""
+
+
+def _print_prompt_summary(ctx: Context, kata: Kata, stage: Stage) -> None:
+    """What the stage asks, in a few lines, and where to read all of it."""
+    head = Text(f"{kata.title} — stage {stage.number}: {stage.title}", style="bold")
+    head.append(f" · timebox {stage.timebox_minutes} min", style="dim")
+    ctx.out.print(head)
+    part = Text("core: ", style="dim")
+    part.append(stage.core)
+    if stage.extended:
+        part.append(" · extended: ", style="dim")
+        part.append(stage.extended)
+    ctx.out.print(part)
+    try:
+        paragraph = _first_paragraph(kata.prompt.read_text(encoding="utf-8"), stage)
+    except (OSError, UnicodeDecodeError):
+        paragraph = ""
+    if paragraph:
+        ctx.out.print(Markdown(paragraph))
+    ctx.out.print(
+        f"The whole prompt: kata show {kata.name} {stage.number} "
+        f'(or {display_path(kata.prompt)}, "## {stage.section}")',
+        style="dim",
+        highlight=False,
+    )
+
+
+def _check_configuration(ctx: Context, kata: Kata, stage: Stage) -> str:
+    """What stops an attempt before its clock starts, each as one line: a missing suite or
+    stage file, a bad ``KATA_IMPL`` or ``KATA_PROFILE``. Returns the impl to test."""
+    suite_or_error(kata, stage)
+    stage_file_or_error(kata, stage)
+    impl = learners_impl(ctx)
+    check_profile()
+    return impl
+
+
+# --- after green -----------------------------------------------------------------------------
+
+
+def _after_stage(ctx: Context, kata: Kata, stage: Stage) -> str:
+    """The command for what comes after a green stage: the next stage, else the next kata
+    ("" after the last stage of the last kata)."""
+    later = [s for s in kata.stages if s.number == stage.number + 1]
+    if later:
+        return (
+            f"kata start {kata.name} {later[0].number} (stage {later[0].number}: {later[0].title})"
+        )
+    try:
+        names = [k.name for k in ctx.catalog.katas()]
+    except CatalogError:
+        names = []
+    after = names[names.index(kata.name) + 1 :] if kata.name in names else []
+    if after:
+        return f"kata start {after[0]} 1 (the next kata: that was the last stage of {kata.name})"
+    return ""
+
+
+class _CoreElseWhole:
+    """A run of the selected part; if no test is marked core, the whole suite's instead."""
+
+    def __init__(self, start: Callable[[bool], SuiteProcess], selection: dict[str, bool]) -> None:
+        self._start = start
+        self._selection = selection
+        self._run = start(selection["core"])
+
+    def wait(self, timeout_s: float | None = None) -> SuiteRun | None:
+        result = self._run.wait(timeout_s)
+        if result is None:
+            return None
+        if self._selection["core"] and result.returncode == 5 and not result.results:
+            self._selection["core"] = False  # no test is marked core: the whole suite it is
+            self._run = self._start(False)
+            return None
+        return result
+
+    def kill(self) -> None:
+        self._run.kill()
+
+
 # --- kata start ------------------------------------------------------------------------------
 
 
@@ -77,16 +173,13 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
     suite = suite_or_error(kata, stage)
-    if not kata.stub_path(stage).is_file():
-        raise UserError(f"{display_path(kata.stub_path(stage))} does not exist (your stage file)")
-    impl = learners_impl(ctx)
+    impl = _check_configuration(ctx, kata, stage)
     state = ctx.state()  # an unusable state file stops us before the clock starts
     number = len(state.attempts_of(kata.name, stage.number)) + 1
     minutes = args.minutes if args.minutes is not None else stage.timebox_minutes
     timebox_ns = int(minutes * NS_PER_MIN)
     if not args.no_prompt:
-        text = read_text(kata.prompt, f"the prompt of {kata.name}")
-        ctx.out.print(Markdown(stage_prompt(text, kata, stage, kata.prompt)))
+        _print_prompt_summary(ctx, kata, stage)
     core_only = not args.full
     part = "the core tests" if core_only else "the whole suite"
     ctx.out.print(
@@ -99,26 +192,36 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     )
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # a save within a second never runs stale
     selection = {"core": core_only}
+    greens: list[tuple[int, bool]] = []  # (time to green, whether of the core only)
+    finished = [0]
 
-    def run_tests() -> SuiteRun:
-        result = run_suite(
-            suite, impl=impl, base=args.base, core_only=selection["core"], env=env, timeout_s=None
-        )
-        if selection["core"] and result.returncode == 5 and not result.results:
-            selection["core"] = False  # no test is marked core: the whole suite it is
-            result = run_suite(suite, impl=impl, base=args.base, env=env, timeout_s=None)
-        return result
+    def start_part(core: bool) -> SuiteProcess:
+        return start_suite(suite, impl=impl, base=args.base, core_only=core, env=env)
+
+    def start_run() -> _CoreElseWhole:
+        return _CoreElseWhole(start_part, selection)
 
     def on_result(result: SuiteRun, elapsed_ns: int) -> None:
+        finished[0] += 1
+        if finished[0] == 1 and result.run_error:  # nothing the learner's code can fix
+            raise UserError(result.run_error)
         passed, ran = tally(result)
         line = Text(f"[{clock_text(elapsed_ns)}] ", style="dim")
         line.append(f"{passed}/{ran} passed", style="bold " + ("green" if result.ok else "red"))
         line.append(f" in {result.seconds:.1f}s")
         ctx.out.print(line)
-        if not result.results and result.output:
-            ctx.out.print(Text(result.output.rstrip()[-2000:]))
-        elif not result.ok:
-            _failing_lines(ctx, result)
+        if result.results:
+            if not result.ok:
+                _failing_lines(ctx, result)
+        elif result.collection_error:
+            error = Text("  ! ", style="red bold")
+            error.append(result.collection_error)
+            error.append(" — pytest could not collect the suite", style="dim")
+            ctx.out.print(error, overflow="ellipsis", no_wrap=True)
+        elif result.returncode == 5:
+            ctx.out.print("  No tests were selected.", style="yellow", highlight=False)
+        elif result.run_error:
+            ctx.out.print(Text(f"  ! {result.run_error}", style="red"))
 
     def on_hint() -> None:
         try:
@@ -127,22 +230,60 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
         except (UserError, StateError) as exc:
             ctx.out.print(f"no hint: {exc}", style="yellow")
 
+    def on_green(result: SuiteRun, green_ns: int) -> str | None:
+        greens.append((green_ns, selection["core"]))
+        if len(greens) > 1:
+            ctx.out.print(
+                Text(
+                    f"✓ the whole suite is green too, at {clock_text(green_ns)}", style="bold green"
+                )
+            )
+            return None
+        best = state.best_seconds(kata.name, stage.number)
+        note = ""
+        if best is not None:
+            note = (
+                " — a new best!"
+                if green_ns / NS_PER_S < best
+                else f" (best {clock_text(int(best * NS_PER_S))})"
+            )
+        what = " (the core)" if selection["core"] and stage.extended else ""
+        ctx.out.print(Text(f"✓ green in {clock_text(green_ns)}{what}{note}", style="bold green"))
+        if not (selection["core"] and stage.extended):
+            return None
+        answer = ctx.terminal.ask(
+            f"Keep going on the extended part ({stage.extended}) with the whole suite? [y/N] "
+        )
+        if answer is None or answer.strip().lower() not in YES:
+            return None
+        selection["core"] = False
+        ctx.out.print(
+            "Watching the whole suite now; the time to green of the core is kept.",
+            style="dim",
+            highlight=False,
+        )
+        return "the whole suite"
+
     session = SoloSession(
         clock=ctx.clock,
         terminal=ctx.terminal,
         console=ctx.out,
         timebox_ns=timebox_ns,
         watcher=Watcher([kata.path]),
-        run_tests=run_tests,
+        start_run=start_run,
         on_result=on_result,
         on_hint=on_hint,
+        on_green=on_green,
         title=f"{kata.name} stage {stage.number}",
         poll_ns=int(args.poll * NS_PER_S),
     )
     started_wall = ctx.wall()
     outcome = session.run()
     last = outcome.last
-    passed, ran = tally(last) if last is not None else (0, 0)
+    # What the attempt is measured on: the run that first went green (the core's, when the
+    # learner went on to the whole suite), unless the whole suite went green too.
+    recorded = last if outcome.result == "green" or outcome.green is None else outcome.green
+    passed, ran = tally(recorded) if recorded is not None else (0, 0)
     attempt: Attempt = {
         "kata": kata.name,
         "stage": stage.number,
@@ -151,28 +292,29 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
         "seconds": outcome.elapsed_ns / NS_PER_S,
         "timebox_minutes": minutes,
         "green_seconds": None if outcome.green_ns is None else outcome.green_ns / NS_PER_S,
-        "result": outcome.result,
+        "result": "green" if outcome.green_ns is not None else outcome.result,
         "passed": passed,
         "total": ran,
         "runs": outcome.runs,
-        "core_only": selection["core"],
+        "core_only": greens[0][1] if greens else selection["core"],
         "base": args.base or "own",
         "learners_code": is_learners_code(None),
         "_hints_before": state.hints_revealed(kata.name, stage.number),
     }
-    if outcome.result == "green" and outcome.green_ns is not None:
-        best = state.best_seconds(kata.name, stage.number)
-        note = ""
-        if best is not None:
-            note = (
-                " — a new best!"
-                if outcome.green_ns / NS_PER_S < best
-                else f" (best {clock_text(int(best * NS_PER_S))})"
-            )
-        ctx.out.print(Text(f"✓ green in {clock_text(outcome.green_ns)}{note}", style="bold green"))
+    continued = bool(greens) and not selection["core"] and greens[0][1]
+    if continued:
+        attempt["whole_green_seconds"] = greens[1][0] / NS_PER_S if len(greens) > 1 else None
+    if outcome.result == "green":
+        after = _after_stage(ctx, kata, stage)
+        if selection["core"] and stage.extended:  # the extended part is still to do
+            extended = f"kata start {kata.name} {stage.number} --full (the extended part)"
+            ctx.out.print(f"Next: {extended}" + (f", or {after}" if after else ""), highlight=False)
+        elif after:
+            ctx.out.print(f"Next: {after}", highlight=False)
+        else:
+            ctx.out.print("That was the last stage of the last kata: kata progress shows them all.")
         ctx.out.print(
-            f"Next: kata test {kata.name} {stage.number} (the extended part), "
-            f"kata reveal {kata.name} {stage.number} (reference and common mistakes).",
+            f"Reference and common mistakes: kata reveal {kata.name} {stage.number}",
             style="dim",
             highlight=False,
         )
@@ -181,6 +323,8 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
         if last is not None:
             ctx.out.print("Still failing:")
             print_summary(ctx.out, last, kata, stage, notes=["core"] if selection["core"] else [])
+        else:
+            ctx.out.print("No run finished in the timebox.")
         try:
             _offer_hint(ctx, kata, stage)
         except KeyboardInterrupt:  # the attempt is still recorded below
@@ -188,11 +332,16 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     else:
         how = "interrupted" if outcome.result == "interrupted" else "stopped"
         ctx.out.print(f"Attempt {how} after {clock_text(outcome.elapsed_ns)}.")
-    if save_attempt(ctx, attempt, last, kata, stage):
+    if outcome.result != "green" and outcome.green_ns is not None:
+        ctx.out.print(
+            f"The core went green at {clock_text(outcome.green_ns)}: that is what is recorded.",
+            highlight=False,
+        )
+    if save_attempt(ctx, attempt, recorded, kata, stage):
         ctx.out.print(f"Recorded: kata progress {kata.name}", style="dim", highlight=False)
-    if outcome.result == "green":
-        return 0
-    return 130 if outcome.result == "interrupted" else 1
+    if outcome.result == "interrupted":
+        return 130
+    return 0 if outcome.green_ns is not None else 1
 
 
 def _offer_hint(ctx: Context, kata: Kata, stage: Stage) -> None:
@@ -209,7 +358,7 @@ def _offer_hint(ctx: Context, kata: Kata, stage: Stage) -> None:
             f"The next hint: kata hint {kata.name} {stage.number} ({shown + 1} of {total})",
             highlight=False,
         )
-    elif answer.strip().lower() in ("y", "yes"):
+    elif answer.strip().lower() in YES:
         reveal_next_hint(ctx, kata, stage)
 
 
@@ -226,7 +375,11 @@ def _configure_start(parser: argparse.ArgumentParser) -> None:
         help="re-run the whole stage suite, not only its core tests (time to green is then "
         "measured on the whole suite)",
     )
-    parser.add_argument("--no-prompt", action="store_true", help="do not print the prompt first")
+    parser.add_argument(
+        "--no-prompt",
+        action="store_true",
+        help="do not print the stage's summary first (kata show prints the whole prompt)",
+    )
     parser.add_argument(
         "--poll",
         type=_poll_seconds,
@@ -240,12 +393,15 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "start",
         "a timed practice attempt at a stage",
-        "Start a timed attempt: print the stage's prompt, count down its timebox (from "
-        "kata.toml, or --minutes), and re-run the stage's core tests every time you save a "
-        "file in the kata folder (polling; press r to run now), with passed/total as a "
-        "progress bar. When the tests go green the time to green is recorded; at the end "
-        "of the timebox you see what still fails and are offered the next hint. q or "
-        "Ctrl-C ends the attempt, which is recorded too (kata progress).\n\n"
+        "Start a timed attempt: print what the stage asks (its title, core, timebox and the "
+        "first paragraph of its prompt; kata show prints all of it), count down its timebox "
+        "(from kata.toml, or --minutes), and re-run the stage's core tests every time you "
+        "save a file in the kata folder (polling; press r to run now), with passed/total as "
+        "a progress bar. Keys act at once, also while tests run: r starts a fresh run, q "
+        "stops. When the tests go green the time to green is recorded and the next step "
+        "offered (the extended part, or the next stage); at the end of the timebox you see "
+        "what still fails and are offered the next hint. q or Ctrl-C ends the attempt, "
+        "which is recorded too (kata progress).\n\n"
         "exit code: 0 green, 1 not green (time up or stopped), 2 bad input, 130 Ctrl-C",
         _configure_start,
         run_start,

@@ -1,10 +1,11 @@
 """The timed loops behind ``kata start`` (solo practice) and ``kata pair`` (interviewing).
 
 Both read time only from an injected clock (``now_ns()``, integer nanoseconds) and wait
-only through a :class:`~katas._kit.terminal.Terminal`, so tests run a 45-minute session
-in milliseconds with a :class:`~katas._kit.clock.ManualClock` and a scripted terminal.
-The live line (countdown, progress bar, keys) is a renderable that reads the clock each
-time it is drawn, so in a real terminal it keeps ticking while a suite runs.
+only through a :class:`~katas._kit.terminal.Terminal` or, while tests run, the run in
+progress (:class:`RunningSuite`), so tests run a 45-minute session in milliseconds with a
+:class:`~katas._kit.clock.ManualClock`, a scripted terminal and scripted runs. The live
+line (countdown, progress bar, keys) is a renderable that reads the clock each time it is
+drawn, so in a real terminal it keeps ticking while a suite runs.
 """
 
 from __future__ import annotations
@@ -93,16 +94,34 @@ def _countdown(left_ns: int, timebox_ns: int, title: str) -> tuple[Text, Table]:
 
 # --- kata start ------------------------------------------------------------------------------
 
+#: How long a session waits at a time for a run in progress before it reads keys and the
+#: clock again: at most this long, ``q`` or ``r`` takes to act while tests run.
+RUN_WAIT_NS = NS_PER_S // 20
+
+
+class RunningSuite(Protocol):
+    """A suite run in progress, as :func:`~katas._kit.suites.start_suite` starts one."""
+
+    def wait(self, timeout_s: float | None = None) -> SuiteRun | None:
+        """Wait at most ``timeout_s`` for the result; None if it is not there yet."""
+        ...
+
+    def kill(self) -> None:
+        """End the run now (and whatever it started)."""
+        ...
+
 
 @dataclass
 class SoloOutcome:
     """How a practice attempt ended."""
 
-    result: str  # green | timeout | stopped | interrupted
+    result: str  # how it ended: green | timeout | stopped | interrupted
     elapsed_ns: int
-    green_ns: int | None  # time to green: from the start to the save that turned it green
-    last: SuiteRun | None
-    runs: int
+    green_ns: int | None  # time to (first) green: from the start to the save that turned it so
+    last: SuiteRun | None  # the last run that finished
+    runs: int  # runs that finished
+    green: SuiteRun | None = None  # the run that first went green
+    restarts: int = 0  # runs cancelled for a fresher one (a save or r while tests ran)
 
 
 @dataclass
@@ -113,10 +132,12 @@ class _SoloView:
     title: str
     last: SuiteRun | None = None
     running: str | None = None  # why a run is in progress ("saved stage1.py")
+    running_since_ns: int = 0
     runs: int = 0
 
     def __rich__(self) -> RenderableType:
-        left = self.started_ns + self.timebox_ns - self.clock.now_ns()
+        now = self.clock.now_ns()
+        left = self.started_ns + self.timebox_ns - now
         head, grid = _countdown(left, self.timebox_ns, self.title)
         if self.last is None:
             passed, ran = 0, 0
@@ -127,80 +148,147 @@ class _SoloView:
         )
         status = Text(f"{passed}/{ran} passed" if self.last else "not run yet", style="bold")
         if self.running:
-            status.append(f"  running… ({self.running})", style="yellow")
+            took = (now - self.running_since_ns) // NS_PER_S
+            status.append(f"  running {took}s… ({self.running})", style="yellow")
         grid.add_row(bar, status)
-        keys = Text("r run now · h next hint · q stop · Ctrl-C stop", style="dim")
+        run_key = "r restart" if self.running else "r run now"
+        keys = Text(f"{run_key} · h next hint · q stop · Ctrl-C stop", style="dim")
         return Group(head, grid, keys)
 
 
 @dataclass
+class _SoloState:
+    """What one attempt knows between its stretches of watching."""
+
+    view: _SoloView
+    trigger: str | None = "start"  # why the next run starts now (None: no run to start)
+    trigger_ns: int = 0  # when the run in progress was asked for (elapsed)
+    running: RunningSuite | None = None
+    next_poll_ns: int = 0
+    green_ns: int | None = None
+    green: SuiteRun | None = None
+    restarts: int = 0
+
+
+@dataclass
 class SoloSession:
-    """One practice attempt: countdown, watching, re-running, time to green."""
+    """One practice attempt: countdown, watching, re-running, time to green.
+
+    A run goes on while the session reads keys and watches files: ``q`` (or Ctrl-C, or
+    the end of the timebox) kills it and ends the attempt at once, ``r`` or a save starts
+    a fresh run in its place. When a run goes green, ``on_green`` (outside the live line,
+    so it may ask a question) returns why to go on watching, or None to end the attempt.
+    """
 
     clock: Clock
     terminal: Terminal
     console: Console
     timebox_ns: int
     watcher: Watcher
-    run_tests: Callable[[], SuiteRun]
-    on_result: Callable[[SuiteRun, int], None]  # (result, elapsed_ns)
+    start_run: Callable[[], RunningSuite]
+    on_result: Callable[[SuiteRun, int], None]  # (result, elapsed_ns) of each finished run
     on_hint: Callable[[], None]
+    on_green: Callable[[SuiteRun, int], str | None] | None = None  # (result, time to green)
     title: str = ""
     poll_ns: int = POLL_NS
+    run_wait_ns: int = RUN_WAIT_NS
 
-    def _elapsed(self, started: int) -> int:
-        return self.clock.now_ns() - started
+    def _elapsed(self, state: _SoloState) -> int:
+        return self.clock.now_ns() - state.view.started_ns
 
-    def _run(self, view: _SoloView, live: _Refresh, why: str, started: int) -> SuiteRun:
-        view.running = why
+    def _start(self, state: _SoloState, live: _Refresh) -> None:
+        why = state.trigger or "run now"
+        if state.running is not None:  # stale: the files changed, or r asked for a fresh run
+            state.running.kill()
+            state.running = None
+            state.restarts += 1
+            self.console.print(
+                Text(f"[{clock_text(self._elapsed(state))}] restarted: {why}", style="dim")
+            )
+        state.trigger = None
+        state.trigger_ns = self._elapsed(state)
+        state.running = self.start_run()
+        state.view.running = why
+        state.view.running_since_ns = self.clock.now_ns()
         live.refresh()
-        try:
-            result = self.run_tests()
-        finally:
-            view.running = None
-        view.last = result
-        view.runs += 1
-        self.on_result(result, self._elapsed(started))
-        live.refresh()
-        return result
 
-    def run(self) -> SoloOutcome:
-        started = self.clock.now_ns()
-        view = _SoloView(self.clock, started, self.timebox_ns, self.title)
-        result = "stopped"
-        green: int | None = None
-        try:
-            with self.terminal.keys(), live_line(self.console, view) as live:
-                trigger: str | None = "start"
+    def _finished(self, state: _SoloState, result: SuiteRun) -> None:
+        state.running = None
+        state.view.running = None
+        state.view.last = result
+        state.view.runs += 1
+        self.on_result(result, self._elapsed(state))
+
+    def _watch(self, state: _SoloState) -> str:
+        """Watch until a run goes green, the timebox ends or ``q``: how it ended."""
+        with self.terminal.keys(), live_line(self.console, state.view) as live:
+            try:
                 while True:
-                    if trigger is not None:
-                        trigger_ns = self._elapsed(started)
-                        if self._run(view, live, trigger, started).ok:
-                            green = trigger_ns
-                            result = "green"
-                            break
-                        trigger = None
-                    left = started + self.timebox_ns - self.clock.now_ns()
+                    if state.trigger is not None:
+                        self._start(state, live)
+                    now = self.clock.now_ns()
+                    left = state.view.started_ns + self.timebox_ns - now
                     if left <= 0:
-                        result = "timeout"
-                        break
-                    key = self.terminal.wait_key(min(self.poll_ns, left))
-                    if key is not None:
-                        key = key.lower()
+                        return "timeout"
+                    if state.running is not None:
+                        finished = state.running.wait(min(self.run_wait_ns, left) / NS_PER_S)
+                        key = self.terminal.wait_key(0)
+                        if finished is not None:
+                            self._finished(state, finished)
+                            if finished.ok:
+                                return "green"
+                    else:
+                        key = self.terminal.wait_key(min(self.poll_ns, left))
+                    key = key.lower() if key is not None else None
                     if key in QUIT_KEYS:
-                        break
+                        return "stopped"
                     if key in HINT_KEYS:
                         self.on_hint()
-                    changed = self.watcher.poll()
+                    now = self.clock.now_ns()
+                    if state.running is None or now >= state.next_poll_ns:
+                        state.next_poll_ns = now + self.poll_ns
+                        changed = self.watcher.poll()
+                    else:
+                        changed = []
                     if changed:
                         names = sorted({p.name for p in changed})
-                        trigger = "saved " + ", ".join(names[:3]) + ("…" if len(names) > 3 else "")
+                        more = "…" if len(names) > 3 else ""
+                        state.trigger = "saved " + ", ".join(names[:3]) + more
                     elif key in RUN_KEYS:
-                        trigger = "run now"
+                        state.trigger = "run now"
                     live.refresh()
+            finally:
+                if state.running is not None:  # q, the timebox, Ctrl-C: the run goes too
+                    state.running.kill()
+                    state.running = None
+                    state.view.running = None
+
+    def run(self) -> SoloOutcome:
+        view = _SoloView(self.clock, self.clock.now_ns(), self.timebox_ns, self.title)
+        state = _SoloState(view)
+        result = "stopped"
+        try:
+            while True:
+                result = self._watch(state)
+                if result != "green" or view.last is None:
+                    break
+                if state.green_ns is None:
+                    state.green_ns, state.green = state.trigger_ns, view.last
+                again = self.on_green(view.last, state.trigger_ns) if self.on_green else None
+                if again is None:
+                    break
+                state.trigger = again
         except KeyboardInterrupt:
             result = "interrupted"
-        return SoloOutcome(result, self._elapsed(started), green, view.last, view.runs)
+        return SoloOutcome(
+            result,
+            self._elapsed(state),
+            state.green_ns,
+            view.last,
+            view.runs,
+            state.green,
+            state.restarts,
+        )
 
 
 # --- kata pair -------------------------------------------------------------------------------
@@ -302,8 +390,10 @@ class PairSession:
 
 __all__ = [
     "POLL_NS",
+    "RUN_WAIT_NS",
     "PairOutcome",
     "PairSession",
+    "RunningSuite",
     "SessionKey",
     "SoloOutcome",
     "SoloSession",
