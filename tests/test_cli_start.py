@@ -39,8 +39,8 @@ from katas._kit.cli import main
 from katas._kit.cli_start import _after_stage
 from katas._kit.cliutil import Context
 from katas._kit.clock import NS_PER_S, ManualClock
+from katas._kit.failures import assertion_detail
 from katas._kit.practice import SoloOutcome, SoloSession
-from katas._kit.pytest_plugin import assertion_detail
 from katas._kit.suites import SuiteRun, TestResult, run_suite, start_suite
 from katas._kit.watch import Watcher
 

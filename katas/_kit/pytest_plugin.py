@@ -2,7 +2,11 @@
 
 - ``--impl katas|solutions|PATH`` (or ``KATA_IMPL``) and ``--base own|reference`` choose
   what is tested; tests receive stage modules only through the ``kata`` fixture.
-- A stub's ``NotImplementedError`` becomes one line: ``not implemented yet: ...``.
+- A stub's ``NotImplementedError`` becomes one line: ``not implemented yet: ...``, reported
+  as a failure of the test even where a fixture met it; a run of nothing but those ends
+  with where to start. A test past its deadline is one line too.
+- A failing test quotes the rules of the prompt it checks (``@pytest.mark.rule``), and
+  its traceback leaves out hypothesis's engine and the harness.
 - ``--kata-report FILE`` writes each test's outcome and failure kind as JSON, which the
   repository's own checks and the ``kata`` command read.
 """
@@ -10,16 +14,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import json
 import os
-import re
 import signal
 import sys
-import sysconfig
 import threading
-import traceback
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
@@ -29,10 +31,12 @@ import pytest
 
 from katas._kit import impl as _impl
 from katas._kit import profiles
-from katas._kit.impl import NOT_IMPLEMENTED
+from katas._kit.catalog import CatalogError, load_kata
+from katas._kit.failures import classify, failure_detail, is_noise, start_hint
+from katas._kit.rules import Rule, all_rules
 
 if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
+    pass
 
 #: The Redis fixtures come with the harness, also when it is loaded with ``-p``.
 pytest_plugins = ["katas._kit.redis"]
@@ -101,6 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _selection_key = pytest.StashKey[_impl.Selection]()
 _report_key = pytest.StashKey[dict[str, dict[str, Any]]]()
+_stages_key = pytest.StashKey[set[tuple[str, int]]]()  # (kata, stage) of the selected tests
 
 
 class _ShrinkHooks:
@@ -166,133 +171,55 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-def _walk(exc: BaseException) -> Iterator[BaseException]:
-    """The exception, its causes/contexts and the members of exception groups."""
-    seen: set[int] = set()
-    stack = [exc]
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        yield e
-        if isinstance(e, BaseExceptionGroup):
-            stack.extend(e.exceptions)
-        for linked in (e.__cause__, e.__context__):
-            if linked is not None:
-                stack.append(linked)
+@functools.cache
+def _prompt_rules(kata_dir: Path) -> dict[int, dict[str, Rule]]:
+    """The rules of the kata in ``kata_dir`` by stage ({} if it has no readable prompt)."""
+    try:
+        kata = load_kata(kata_dir)
+        text = kata.prompt.read_text(encoding="utf-8")
+        return all_rules(text, {stage.number: stage.section for stage in kata.stages})
+    except (CatalogError, OSError, ValueError):
+        return {}
 
 
-def classify(exc: BaseException) -> tuple[str, str]:
-    """``(kind, message)``: kind is ``not_implemented``, ``assertion`` or ``error``."""
-    for e in _walk(exc):
-        if isinstance(e, NotImplementedError):
-            return "not_implemented", NOT_IMPLEMENTED + (str(e) or type(e).__name__)
-    top = exc
-    if isinstance(top, BaseExceptionGroup):
-        leaves = [e for e in _walk(top) if not isinstance(e, BaseExceptionGroup)]
-        if leaves and all(isinstance(e, AssertionError | pytest.fail.Exception) for e in leaves):
-            return "assertion", str(leaves[0]).splitlines()[0] if str(leaves[0]) else "assert"
-    if isinstance(top, AssertionError | pytest.fail.Exception):
-        text = str(top)
-        return "assertion", text.splitlines()[0] if text else "assertion failed"
-    return "error", f"{type(top).__name__}: {top}".splitlines()[0]
+def rules_of(item: pytest.Item) -> list[str]:
+    """The rules ``item`` declares, quoted from its stage of the prompt."""
+    stage = item.get_closest_marker("stage")
+    if stage is None:
+        return []
+    number = int(stage.args[0])
+    known = _prompt_rules(item.path.parent).get(number, {})
+    ids = dict.fromkeys(str(a) for m in item.iter_markers("rule") for a in m.args)
+    return [known[i].quote(number) if i in known else f"rule §{i} (stage {number})" for i in ids]
 
 
-#: Where the report's ``detail`` is cut: one line a learner reads, not a wall of text.
-DETAIL_CHARS = 400
-#: A line saying both what was expected and what came instead.
-_EXPECTED_GOT = re.compile(r"\bexpected\b.*\bgot\b|\bgot\b.*\bexpected\b", re.IGNORECASE)
-_EXPECTED_OR_GOT = re.compile(r"\b(?:expected|got)\b", re.IGNORECASE)
-#: What pytest appends to a long explanation (a suite may quote one in its message).
-_PYTEST_NOTES = ("...Full output truncated, use '-vv' to show", "Use -v to get more diff")
-#: pytest's explanation of an ``assert a == b``: the difference itself.
-_PYTEST_DIFF = re.compile(
-    r"^(?:At index \d+ diff: .+|(?:Left|Right) contains .+|[\w.]+: .+ != .+)$"
-)
+def _quiet_tracebacks(item: pytest.Item) -> None:
+    """Leave hypothesis's engine and the harness out of ``item``'s tracebacks (a learner
+    reads their code and the test; nothing is left out if nothing else remains)."""
+    original = item._traceback_filter
 
+    def filtered(excinfo: pytest.ExceptionInfo[BaseException]) -> Any:
+        kept = original(excinfo)
+        entries = [entry for entry in kept if not is_noise(str(entry.path))]
+        # hypothesis's @given calls the test from a frame of the same name at its
+        # decorators: keep the frame of the body only
+        entries = [
+            entry
+            for i, entry in enumerate(entries)
+            if not any(
+                later.path == entry.path and later.name == entry.name for later in entries[i + 1 :]
+            )
+        ]
+        return type(kept)(entries) if entries else kept
 
-def assertion_detail(text: str) -> str:
-    """The line of an assertion's text a learner needs besides its first one.
-
-    Suites write ``stage 1: <invariant>``, then the steps taken, then what was expected
-    and what came (``=> remaining: expected 0, got -1``, a line with both words, or an
-    ``expected X`` line above a ``got Y`` one); pytest adds its ``assert 3 == 4``. In that
-    order of preference; the first line's own expected/got part if it says it (a narrow
-    screen cuts long first lines off before it); "" if nothing says more.
-    """
-    for note in _PYTEST_NOTES:
-        text = text.replace(note, "")
-    lines = [" ".join(line.split()) for line in text.splitlines()]
-    lines = [line for line in lines if line]
-    if not lines:
-        return ""
-    head, rest = lines[0], lines[1:]
-    for line in rest:
-        if line.startswith("=>"):
-            return line.removeprefix("=>").strip()
-    for line in rest:
-        if _EXPECTED_GOT.search(line) and not line.startswith(("assert ", "+ ")):
-            return line[1:-1] if line.startswith("(") and line.endswith(")") else line
-    for i in range(1, len(rest)):
-        if rest[i - 1].startswith("expected ") and rest[i].startswith("got "):
-            return f"{rest[i - 1]}, {rest[i]}"
-    if _EXPECTED_GOT.search(head):
-        found = _EXPECTED_OR_GOT.search(head)
-        return head[found.start() :] if found else head
-    diffs = [line for line in rest if _PYTEST_DIFF.match(line)]
-    if head.startswith("assert "):  # a bare assert: pytest's line is the message already
-        return diffs[0] if diffs else ""
-    compared = next((line for line in rest if line.startswith("assert ")), "")
-    if "..." in compared and diffs:  # pytest abbreviated both sides; its diff says more
-        return diffs[0]
-    return compared
-
-
-_LIBRARIES = {Path(p).resolve() for p in (sysconfig.get_paths()["stdlib"], sys.prefix)}
-_HARNESS = Path(__file__).resolve().parent
-
-
-def _learners_frame(exc: BaseException) -> str:
-    """``stage1.py:12 in add: return a + None``: the innermost frame of the traceback
-    outside the harness, the standard library and installed packages (the learner's code,
-    else the test), or ""."""
-    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if frame.filename.startswith("<"):
-            continue
-        path = Path(frame.filename).resolve()
-        if _HARNESS in path.parents or any(lib in path.parents for lib in _LIBRARIES):
-            continue
-        line = f": {frame.line.strip()}" if frame.line and frame.line.strip() else ""
-        return f"{path.name}:{frame.lineno} in {frame.name}{line}"
-    return ""
-
-
-def failure_detail(exc: BaseException, kind: str) -> str:
-    """The report's ``detail`` of a failure :func:`classify` called ``kind``: for an
-    assertion :func:`assertion_detail`; for an error where it was raised (a syntax error:
-    the offending line); "" for a stub's NotImplementedError. At most DETAIL_CHARS."""
-    if kind == "not_implemented":
-        return ""
-    focus = exc
-    if isinstance(exc, BaseExceptionGroup):  # what classify read the message from
-        leaves = [e for e in _walk(exc) if not isinstance(e, BaseExceptionGroup)]
-        if leaves:
-            focus = leaves[0]
-    if kind == "assertion":
-        detail = assertion_detail(str(focus))
-    elif isinstance(focus, SyntaxError):
-        detail = " ".join((focus.text or "").split())
-    else:
-        where = _learners_frame(focus)
-        detail = where if focus is exc else f"{type(focus).__name__}: {focus} — {where}"
-    if len(detail) > DETAIL_CHARS:
-        detail = detail[: DETAIL_CHARS - 1] + "…"
-    return detail
+    setattr(item, "_traceback_filter", filtered)  # noqa: B010  (a private hook of pytest)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every kata test says which part of its stage it belongs to: core or extended."""
+    for item in items:
+        if item.get_closest_marker("stage") is not None and hasattr(item, "_traceback_filter"):
+            _quiet_tracebacks(item)
     unmarked = [
         item.nodeid
         for item in items
@@ -326,6 +253,11 @@ def _collected(items: list[pytest.Item]) -> dict[str, dict[str, Any]]:
 def pytest_collection_finish(session: pytest.Session) -> None:
     """``--base=reference`` covers one stage: checked on what ``-k``/``-m`` kept, so
     ``pytest katas/K -k "stage2 and core" --base=reference`` runs as the README says."""
+    session.config.stash[_stages_key] = {
+        (item.path.parent.name, int(m.args[0]))
+        for item in session.items
+        if (m := item.get_closest_marker("stage"))
+    }
     path = session.config.getoption("--kata-collected")
     if path:
         Path(path).write_text(json.dumps(_collected(session.items), indent=1))
@@ -403,16 +335,55 @@ def pytest_runtest_makereport(
     record = item.config.stash[_report_key]
     if call.excinfo is not None and report.failed:
         kind, message = classify(call.excinfo.value)
-        if kind == "not_implemented":
+        if kind in ("not_implemented", "timeout"):
             report.longrepr = message  # one clear line instead of a traceback wall
-        detail = failure_detail(call.excinfo.value, kind)
-        record[item.nodeid] = {"outcome": "failed", "kind": kind, "message": message}
-        record[item.nodeid]["detail"] = detail
+            if call.when == "setup":  # a fixture met the stub: the test's own failure
+                report.when = "call"
+        rules = rules_of(item) if kind != "not_implemented" else []
+        if rules:
+            title = "the rule it checks" if len(rules) == 1 else "the rules it checks"
+            report.sections.append((title, "\n".join(rules)))
+        record[item.nodeid] = {
+            "outcome": "failed",
+            "kind": kind,
+            "message": message,
+            "detail": failure_detail(call.excinfo.value, kind),
+            "rules": rules,
+            "part": "core" if item.get_closest_marker("core") else "extended",
+        }
     elif call.when == "call" or (report.skipped and item.nodeid not in record):
         record.setdefault(
             item.nodeid, {"outcome": report.outcome, "kind": None, "message": "", "detail": ""}
         )
     return report
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(
+    terminalreporter: Any, config: pytest.Config
+) -> Generator[None, None, None]:
+    """A run whose failures are all "not implemented yet" ends saying where to start
+    (after pytest's short summary, just above its count)."""
+    yield
+    _where_to_start(terminalreporter, config)
+
+
+def _where_to_start(terminalreporter: Any, config: pytest.Config) -> None:
+    record = config.stash.get(_report_key, {})
+    failed = [r for r in record.values() if r["outcome"] == "failed"]
+    missing = [(r["part"], r["message"]) for r in failed if r["kind"] == "not_implemented"]
+    if not missing or len(missing) != len(failed):
+        return
+    stages = config.stash.get(_stages_key, set())
+    if len(stages) != 1:
+        return
+    kata, stage = next(iter(stages))
+    home = Path(config.stash[_selection_key].spec)
+    with contextlib.suppress(ValueError):  # a PATH under the working directory: shown short
+        home = home.resolve().relative_to(Path.cwd()) if home.is_absolute() else home
+    terminalreporter.write_line(
+        start_hint(missing, stage, kata, home.as_posix()), yellow=True, bold=True
+    )
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

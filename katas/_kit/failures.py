@@ -1,0 +1,200 @@
+"""Reading a failed kata test: what kind of failure it is, the one line that says it, the
+line a learner needs besides it, and the rule of the prompt it broke.
+
+The pytest plugin (:mod:`katas._kit.pytest_plugin`) writes these into the
+``--kata-report`` JSON and into pytest's own failure report; the ``kata`` command shows
+them. Kinds: ``not_implemented`` (a stub's NotImplementedError), ``timeout`` (the test ran
+past its profile's deadline), ``assertion`` and ``error``. Nothing here names a kata.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import sysconfig
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from katas._kit import profiles
+from katas._kit.impl import NOT_IMPLEMENTED
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+
+def _walk(exc: BaseException) -> Iterator[BaseException]:
+    """The exception, its causes/contexts and the members of exception groups."""
+    seen: set[int] = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        yield e
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(e.exceptions)
+        for linked in (e.__cause__, e.__context__):
+            if linked is not None:
+                stack.append(linked)
+
+
+def classify(exc: BaseException) -> tuple[str, str]:
+    """``(kind, message)``: kind is ``not_implemented``, ``timeout``, ``assertion`` or
+    ``error``."""
+    for e in _walk(exc):
+        if isinstance(e, profiles.TestTimedOut):
+            return "timeout", str(e)
+    for e in _walk(exc):
+        if isinstance(e, NotImplementedError):
+            return "not_implemented", NOT_IMPLEMENTED + (str(e) or type(e).__name__)
+    top = exc
+    if isinstance(top, BaseExceptionGroup):
+        leaves = [e for e in _walk(top) if not isinstance(e, BaseExceptionGroup)]
+        if leaves and all(isinstance(e, AssertionError | pytest.fail.Exception) for e in leaves):
+            return "assertion", str(leaves[0]).splitlines()[0] if str(leaves[0]) else "assert"
+    if isinstance(top, AssertionError | pytest.fail.Exception):
+        text = str(top)
+        return "assertion", text.splitlines()[0] if text else "assertion failed"
+    return "error", f"{type(top).__name__}: {top}".splitlines()[0]
+
+
+#: Where the report's ``detail`` is cut: one line a learner reads, not a wall of text.
+DETAIL_CHARS = 400
+#: A line saying both what was expected and what came instead.
+_EXPECTED_GOT = re.compile(r"\bexpected\b.*\bgot\b|\bgot\b.*\bexpected\b", re.IGNORECASE)
+_EXPECTED_OR_GOT = re.compile(r"\b(?:expected|got)\b", re.IGNORECASE)
+#: What pytest appends to a long explanation (a suite may quote one in its message).
+_PYTEST_NOTES = ("...Full output truncated, use '-vv' to show", "Use -v to get more diff")
+#: pytest's explanation of an ``assert a == b``: the difference itself.
+_PYTEST_DIFF = re.compile(
+    r"^(?:At index \d+ diff: .+|(?:Left|Right) contains .+|[\w.]+: .+ != .+)$"
+)
+
+
+def assertion_detail(text: str) -> str:
+    """The line of an assertion's text a learner needs besides its first one.
+
+    Suites write ``stage 1: <invariant>``, then the steps taken, then what was expected
+    and what came (``=> remaining: expected 0, got -1``, a line with both words, or an
+    ``expected X`` line above a ``got Y`` one); pytest adds its ``assert 3 == 4``. In that
+    order of preference; the first line's own expected/got part if it says it (a narrow
+    screen cuts long first lines off before it); "" if nothing says more.
+    """
+    for note in _PYTEST_NOTES:
+        text = text.replace(note, "")
+    lines = [" ".join(line.split()) for line in text.splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return ""
+    head, rest = lines[0], lines[1:]
+    for line in rest:
+        if line.startswith("=>"):
+            return line.removeprefix("=>").strip()
+    for line in rest:
+        if _EXPECTED_GOT.search(line) and not line.startswith(("assert ", "+ ")):
+            return line[1:-1] if line.startswith("(") and line.endswith(")") else line
+    for i in range(1, len(rest)):
+        if rest[i - 1].startswith("expected ") and rest[i].startswith("got "):
+            return f"{rest[i - 1]}, {rest[i]}"
+    if _EXPECTED_GOT.search(head):
+        found = _EXPECTED_OR_GOT.search(head)
+        return head[found.start() :] if found else head
+    diffs = [line for line in rest if _PYTEST_DIFF.match(line)]
+    if head.startswith("assert "):  # a bare assert: pytest's line is the message already
+        return diffs[0] if diffs else ""
+    compared = next((line for line in rest if line.startswith("assert ")), "")
+    if "..." in compared and diffs:  # pytest abbreviated both sides; its diff says more
+        return diffs[0]
+    return compared
+
+
+_LIBRARIES = {Path(p).resolve() for p in (sysconfig.get_paths()["stdlib"], sys.prefix)}
+_HARNESS = Path(__file__).resolve().parent
+
+
+def _learners_frame(exc: BaseException) -> str:
+    """``stage1.py:12 in add: return a + None``: the innermost frame of the traceback
+    outside the harness, the standard library and installed packages (the learner's code,
+    else the test), or ""."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename.startswith("<"):
+            continue
+        path = Path(frame.filename).resolve()
+        if _HARNESS in path.parents or any(lib in path.parents for lib in _LIBRARIES):
+            continue
+        line = f": {frame.line.strip()}" if frame.line and frame.line.strip() else ""
+        return f"{path.name}:{frame.lineno} in {frame.name}{line}"
+    return ""
+
+
+def failure_detail(exc: BaseException, kind: str) -> str:
+    """The report's ``detail`` of a failure :func:`classify` called ``kind``: for an
+    assertion :func:`assertion_detail`; for an error where it was raised (a syntax error:
+    the offending line); "" for a stub's NotImplementedError. At most DETAIL_CHARS."""
+    if kind in ("not_implemented", "timeout"):  # the message is the whole story
+        return ""
+    focus = exc
+    if isinstance(exc, BaseExceptionGroup):  # what classify read the message from
+        leaves = [e for e in _walk(exc) if not isinstance(e, BaseExceptionGroup)]
+        if leaves:
+            focus = leaves[0]
+    if kind == "assertion":
+        detail = assertion_detail(str(focus))
+    elif isinstance(focus, SyntaxError):
+        detail = " ".join((focus.text or "").split())
+    else:
+        where = _learners_frame(focus)
+        detail = where if focus is exc else f"{type(focus).__name__}: {focus} — {where}"
+    if len(detail) > DETAIL_CHARS:
+        detail = detail[: DETAIL_CHARS - 1] + "…"
+    return detail
+
+
+# --- tracebacks --------------------------------------------------------------------------
+
+_HYPOTHESIS = ("hypothesis", "_hypothesis_pytestplugin", "pluggy", "_pytest")
+
+
+def is_noise(path: str | Path) -> bool:
+    """A traceback frame a learner never needs: hypothesis's engine and this harness."""
+    parts = Path(path).parts
+    return _HARNESS in Path(path).resolve().parents or any(p in _HYPOTHESIS for p in parts)
+
+
+# --- where to start ----------------------------------------------------------------------
+
+_STAGE_OF = re.compile(r"\bstage (\d+)\b")
+_NAME = re.compile(r"[A-Za-z_][\w]*")
+
+
+def start_hint(missing: list[tuple[str, str]], suite_stage: int, kata: str, home: str) -> str:
+    """The line that ends a run whose failures are all "not implemented yet".
+
+    ``missing`` holds ``(part, message)`` of each such failure in test order (part:
+    ``core`` or ``extended``). It names the first core thing of the suite's own stage to
+    write and its file; when the core stops in an earlier stage it points at that stage,
+    or at ``--base=reference``. ``home`` is the folder of the tested implementation.
+    """
+
+    def stage_of(message: str) -> int:
+        found = _STAGE_OF.search(message)
+        return int(found[1]) if found else suite_stage
+
+    count = f"{len(missing)} test{'s' if len(missing) != 1 else ''} not implemented yet"
+    core = [m for part, m in missing if part == "core"] or [m for _, m in missing]
+    earlier = sorted({stage_of(m) for m in core if stage_of(m) < suite_stage})
+    own = [m for m in core if stage_of(m) >= suite_stage]
+    if not own:  # the core of this stage cannot start: an earlier stage is missing
+        return (
+            f"{count}, and they stop in stage {'/'.join(map(str, earlier))}: write that "
+            f"first, or add --base=reference to run stage {suite_stage} on the reference's"
+        )
+    first = own[0].removeprefix(NOT_IMPLEMENTED)
+    found = _NAME.match(first)
+    thing = found.group(0) if found else first
+    part = "core" if any(part == "core" for part, _ in missing) else "extended"
+    return f"{count} — start with {thing} ({part}) in {home}/{kata}/stage{suite_stage}.py"
