@@ -5,9 +5,11 @@ Each check runs ``pytest`` on a real kata in a subprocess, the way a learner typ
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 from _support import KATA_ENV, embedded_env
@@ -74,3 +76,67 @@ def test_base_reference_over_several_stages_is_refused_in_one_line() -> None:
 def test_help_works_with_a_bad_profile() -> None:
     run = learner_pytest("--help", env={"KATA_PROFILE": "bogus"})
     assert run.returncode == 0 and "--impl" in run.stdout
+
+
+# --- how a red run reads ---------------------------------------------------------------------
+
+
+def test_an_untouched_stub_fails_every_test_and_says_where_to_start() -> None:
+    run = learner_pytest("katas/rate_limiter", "-k", "stage1", "--tb=line", "-rfE")
+    out = run.stdout + run.stderr
+    lines = out.splitlines()
+    assert run.returncode == 1, out[-2000:]
+    assert not [ln for ln in lines if ln.startswith("ERROR ")], "stub tests are FAILED, never ERROR"
+    assert "start with TokenBucket (core) in katas/rate_limiter/stage1.py" in lines[-2], lines[-3:]
+    assert " failed" in lines[-1] and "error" not in lines[-1], lines[-1]
+
+
+def test_a_stage_2_stub_on_an_unwritten_stage_1_points_at_base_reference() -> None:
+    run = learner_pytest("katas/rate_limiter", "-k", "stage2 and core", "--tb=no")
+    assert "stop in stage 1: write that first, or add --base=reference" in run.stdout
+
+
+def _looping_copy(tmp_path: Path) -> Path:
+    """A copy of the reference whose token bucket never returns from a decision."""
+    impl = tmp_path / "impl"
+    shutil.copytree(REPO_ROOT / "solutions", impl, ignore=shutil.ignore_patterns("*.so", "csrc"))
+    stage1 = impl / "rate_limiter" / "stage1.py"
+    text = stage1.read_text()
+    decide = text.index("    def _decide(", text.index("class TokenBucket"))
+    body = text.index("\n", decide) + 1
+    stage1.write_text(text[:body] + "        while cost > 0:\n            pass\n" + text[body:])
+    return impl
+
+
+def test_a_test_past_its_deadline_is_one_line_naming_it_the_profile_and_the_place(
+    tmp_path: Path,
+) -> None:
+    impl = _looping_copy(tmp_path)
+    run = learner_pytest(
+        "katas/rate_limiter/test_stage1.py",
+        f"--impl={impl}",
+        "-k",
+        "token_bucket_matches_exact_model or token_bucket_example_from_the_prompt",
+        env={"KATA_TEST_TIMEOUT": "1"},
+    )
+    out = run.stdout + run.stderr
+    timeouts = [ln for ln in out.splitlines() if ln.startswith("timeout: ")]
+    assert run.returncode == 1 and len(timeouts) == 2, out[-3000:]
+    for line in timeouts:
+        assert "ran past 1 s under the dev profile" in line, line
+        assert "stage1.py:" in line and "in _decide" in line, f"says where the code was: {line}"
+    assert "Flaky" not in out and "Traceback" not in out and "+++ Timeout" not in out, out[-3000:]
+
+
+def test_a_failing_test_quotes_the_rules_it_checks(tmp_path: Path) -> None:
+    impl = _looping_copy(tmp_path)
+    stage1 = impl / "rate_limiter" / "stage1.py"
+    stage1.write_text(stage1.read_text().replace("        while cost > 0:\n            pass\n", ""))
+    bucket = stage1.read_text()
+    stage1.write_text(bucket.replace("or cost < 1:", "or cost < 0:", 1))  # cost 0 accepted
+    assert stage1.read_text() != bucket, "the reference changed: pick another one-line bug"
+    run = learner_pytest("katas/rate_limiter/test_stage1.py", f"--impl={impl}", "-k", "bad_cost")
+    out = run.stdout
+    assert run.returncode == 1, out[-3000:]
+    assert "the rule it checks" in out or "the rules it checks" in out, out[-3000:]
+    assert "rule §" in out and "(stage 1): " in out, out[-3000:]
