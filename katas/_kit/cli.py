@@ -330,13 +330,21 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
     if not result.results:
         if result.returncode == 5:
             ctx.out.print("No tests were selected.", style="yellow", highlight=False)
-        else:
-            if result.output:
+        else:  # one line for why (a syntax error with its line), the whole output with -v
+            why = result.collection_error or result.run_error
+            if result.output and (args.verbose or why is None):
                 ctx.out.print(Text(result.output.rstrip()))
             ctx.out.print(
-                f"pytest could not run {display_path(suite)} (exit code {result.returncode}).",
+                f"pytest could not run {display_path(suite)} (exit code {result.returncode})"
+                + (f": {why}" if why else ".")
+                + (
+                    ""
+                    if args.verbose or why is None
+                    else f" Details: {shlex.join(rerun_argv(args, kata, stage))} -v"
+                ),
                 style="red",
                 highlight=False,
+                soft_wrap=True,
             )
         return 1
     notes = [

@@ -53,6 +53,14 @@ class Selection:
         return self._modules[key]
 
 
+def bad_impl(named: str, spec: str) -> str:
+    """The one line for an ``--impl`` (or ``KATA_IMPL``) that names nothing to test."""
+    return (
+        f"{named} must be 'katas', 'solutions' or a directory laid out like solutions/, "
+        f"got {spec!r}"
+    )
+
+
 def _import_path_package(path: Path) -> str:
     """Import the directory ``path`` as a fresh top-level package; return its name."""
     digest = hashlib.sha1(str(path).encode()).hexdigest()[:10]
@@ -77,6 +85,7 @@ def _import_path_package(path: Path) -> str:
 
 def resolve(spec: str | None = None, base: str | None = None) -> Selection:
     """Resolve ``--impl`` / ``KATA_IMPL`` (default ``katas``) to a :class:`Selection`."""
+    named = "--impl" if spec else ENV_IMPL
     spec = spec or os.environ.get(ENV_IMPL) or "katas"
     base = base or os.environ.get(ENV_BASE) or None
     if base not in (None, "own", "reference"):
@@ -85,10 +94,7 @@ def resolve(spec: str | None = None, base: str | None = None) -> Selection:
         return Selection(spec, spec, base if base == "reference" else None)
     path = Path(spec).expanduser().resolve()
     if not path.is_dir():
-        raise ValueError(
-            f"--impl must be 'katas', 'solutions' or a directory laid out like solutions/, "
-            f"got {spec!r}"
-        )
+        raise ValueError(bad_impl(named, spec))
     return Selection(str(path), _import_path_package(path), base if base == "reference" else None)
 
 

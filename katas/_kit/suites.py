@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from katas._kit.catalog import PACKAGE_ROOT, Catalog
-from katas._kit.impl import ENV_IMPL, ENV_PROFILE
+from katas._kit.impl import ENV_IMPL, ENV_PROFILE, bad_impl
 
 PLUGIN = "katas._kit.pytest_plugin"
 
@@ -142,6 +142,7 @@ def resolve_impl(spec: str | None, root: Path) -> str:
     checkout). ValueError if a PATH is not a directory.
     """
     catalog = Catalog(root.resolve())
+    named = "--impl" if spec else ENV_IMPL
     spec = spec or os.environ.get(ENV_IMPL) or ("katas" if catalog.is_package else "")
     if not spec:  # a folder of katas outside the package: its own stage files are the impl
         return str(catalog.root)
@@ -149,10 +150,7 @@ def resolve_impl(spec: str | None, root: Path) -> str:
         return spec
     path = Path(spec).expanduser().resolve()
     if not path.is_dir():
-        raise ValueError(
-            "--impl must be 'katas', 'solutions' or a directory laid out like solutions/, "
-            f"got {spec!r}"
-        )
+        raise ValueError(bad_impl(named, spec))
     return str(path)
 
 
