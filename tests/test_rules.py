@@ -1,0 +1,145 @@
+"""Every rule of every stage's prompt has a test, and every test says which rules it checks.
+
+A rule is a list item of a stage's section of ``katas/<kata>/README.md`` that starts with
+``§id`` (see :mod:`katas._kit.rules`); a test declares what it checks with
+``@pytest.mark.rule("id", ...)``. The suites are collected once (``--collect-only``), with
+each test's stage and rules written by the plugin's ``--kata-collected``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _support import embedded_env, stage_suites
+
+from katas._kit.catalog import Catalog
+from katas._kit.impl import REPO_ROOT
+from katas._kit.rules import ID_PATTERN, Rule, all_rules, plain, stage_rules
+
+SUITES = stage_suites()
+CATALOG = Catalog(REPO_ROOT / "katas")
+
+
+def _rules(kata: str) -> dict[int, dict[str, Rule]]:
+    entry = CATALOG.get(kata)
+    text = entry.prompt.read_text(encoding="utf-8")
+    return all_rules(text, {s.number: s.section for s in entry.stages})
+
+
+@pytest.fixture(scope="module")
+def collected() -> Iterator[dict[str, dict[str, Any]]]:
+    """``{nodeid: {kata, stage, part, rules}}`` of every kata test."""
+    with tempfile.TemporaryDirectory(prefix="kata-rules-") as tmp:
+        out = Path(tmp) / "collected.json"
+        run = subprocess.run(
+            [
+                *(sys.executable, "-m", "pytest", "katas", "--collect-only", "-q"),
+                *("-p", "no:cacheprovider", "--impl=solutions", "--kata-collected", str(out)),
+            ],
+            cwd=REPO_ROOT,
+            env=embedded_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert run.returncode == 0, f"collecting the suites failed:\n{run.stdout[-3000:]}"
+        yield json.loads(out.read_text())
+
+
+CASES = [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in SUITES]
+
+
+@pytest.mark.parametrize(("kata", "stage"), CASES)
+def test_every_rule_of_the_prompt_has_a_test(
+    kata: str, stage: int, collected: dict[str, dict[str, Any]]
+) -> None:
+    rules = _rules(kata).get(stage, {})
+    assert rules, f"katas/{kata}/README.md: stage {stage} has no rules marked with §id"
+    declared = {r for t in collected.values() if t["kata"] == kata for r in t["rules"]}
+    untested = [rule.quote(stage) for rule_id, rule in rules.items() if rule_id not in declared]
+    assert not untested, (
+        f"{kata} stage {stage}: rules no test declares (@pytest.mark.rule):\n  "
+        + "\n  ".join(untested)
+    )
+
+
+@pytest.mark.parametrize(("kata", "stage"), CASES)
+def test_every_test_declares_rules_of_its_own_stage(
+    kata: str, stage: int, collected: dict[str, dict[str, Any]]
+) -> None:
+    rules = _rules(kata).get(stage, {})
+    mine = {n: t for n, t in collected.items() if t["kata"] == kata and t["stage"] == stage}
+    assert mine, f"{kata} stage {stage}: no test collected"
+    bare = sorted({n.split("[")[0] for n, t in mine.items() if not t["rules"]})
+    assert not bare, (
+        f"{kata} stage {stage}: tests that declare no rule (@pytest.mark.rule):\n  "
+        + "\n  ".join(bare)
+    )
+    unknown = sorted(
+        {f"{n.split('[')[0]}: §{r}" for n, t in mine.items() for r in t["rules"] if r not in rules}
+    )
+    assert not unknown, (
+        f"{kata} stage {stage}: tests declare rules that are not in stage {stage} of "
+        f"katas/{kata}/README.md:\n  " + "\n  ".join(unknown)
+    )
+
+
+# --- the parser ----------------------------------------------------------------------------
+
+PROMPT = """\
+# A kata
+
+- §not-a-rule **outside every stage** is ignored.
+
+## Stage 1 — Single-threaded
+
+### The rules (each one has a test)
+
+- §fresh **A new key is fresh**: a full bucket,
+  an empty log.
+- §exact-retry **Exact retry.** `retry_after_ns` rounds *up*.
+  - a nested note stays with its rule
+- A plain item is not a rule.
+
+```text
+- §in-a-fence is not a rule
+```
+
+## Stage 2
+
+- §stage-two Only in stage 2.
+"""
+
+
+def test_rules_are_list_items_that_start_with_their_id() -> None:
+    rules = stage_rules(PROMPT, "Stage 1")
+    assert list(rules) == ["fresh", "exact-retry"]
+    assert rules["fresh"].text == "A new key is fresh: a full bucket, an empty log."
+    assert rules["exact-retry"].text == (
+        "Exact retry. retry_after_ns rounds up. - a nested note stays with its rule"
+    )
+    assert list(stage_rules(PROMPT, "Stage 2")) == ["stage-two"]
+    assert rules["fresh"].quote(1) == (
+        "rule §fresh (stage 1): A new key is fresh: a full bucket, an empty log."
+    )
+
+
+def test_a_repeated_rule_id_is_an_error() -> None:
+    with pytest.raises(ValueError, match="§fresh appears twice"):
+        stage_rules("## Stage 1\n\n- §fresh one\n- §fresh two\n", "Stage 1")
+    with pytest.raises(ValueError, match="§x appears in stages 1 and 2"):
+        two = "## Stage 1\n\n- §x one\n\n## Stage 2\n\n- §x two\n"
+        all_rules(two, {1: "Stage 1", 2: "Stage 2"})
+
+
+def test_plain_text_drops_markdown_emphasis() -> None:
+    assert plain("**bold** and *it* and `code`  \n more") == "bold and it and code more"
+    assert ID_PATTERN.match("exact-retry") and not ID_PATTERN.match("Exact_retry")
