@@ -74,9 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [m for m in mutants.load() if args.only in m.name]
     stages = sorted({(m.kata, m.stage) for m in chosen})
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        green = dict(
-            zip(stages, pool.map(lambda ks: timed_run(*ks, "solutions"), stages), strict=False)
-        )
+        greens = pool.map(lambda ks: timed_run(ks[0], ks[1], "solutions"), stages)
+        green = dict(zip(stages, greens, strict=True))
         for (kata, stage), g in green.items():
             print(
                 f"green {kata} stage {stage}: {g.seconds:.1f}s "
