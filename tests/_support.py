@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 import pytest
 
 from katas._kit.catalog import ENV_ROOT
+from katas._kit.cli import main
 from katas._kit.clock import NS_PER_S, ManualClock
 from katas._kit.impl import REPO_ROOT
 
@@ -106,6 +110,128 @@ def selected(request: pytest.FixtureRequest, test: str) -> list[dict[str, Any]]:
 
 # --- a tiny kata for the ``kata`` command's checks ------------------------------------------
 
+#: The fake ``calc`` kata's kata.toml: one stage, add and mul core, sub extended. A check that
+#: needs a second stage adds one after (``CALC_TOML + CALC_TOML_STAGE2``).
+CALC_TOML = """\
+title = "Calculator"
+summary = "A kata that exists only for the CLI's own tests."
+
+[[stages]]
+number = 1
+title = "Add and multiply"
+timebox_minutes = 10
+core = "Calc.add, Calc.mul"
+extended = "Calc.sub"
+"""
+
+#: A second stage for ``CALC_TOML``.
+CALC_TOML_STAGE2 = """\
+
+[[stages]]
+number = 2
+title = "Divide"
+timebox_minutes = 10
+core = "Calc.div"
+"""
+
+#: The prompt: ``kata start`` summarises stage 1 by its first paragraph (STAGE1_MARK, not
+#: STAGE1_SECOND_MARK); ``kata pair``'s p shows all of it (PROMPT_MARK too). A check that
+#: needs a second stage adds ``CALC_README_STAGE2`` after.
+CALC_README = """\
+# Calculator
+
+INTRO_MARK
+
+## Stage 1
+
+### The problem
+
+STAGE1_MARK: add and multiply.
+
+STAGE1_SECOND_MARK: the rest of the prompt.
+
+PROMPT_MARK: integers only.
+"""
+
+#: The prompt of ``CALC_TOML_STAGE2``.
+CALC_README_STAGE2 = """\
+
+## Stage 2
+
+STAGE2_MARK
+"""
+
+#: Two hints for stage 1, revealed one at a time.
+CALC_HINTS = """\
+# Calculator — hints
+
+## Stage 1
+
+### Hint 1
+
+HINT_ONE_MARK: use `+`.
+
+### Hint 2
+
+HINT_TWO_MARK: use `*`.
+"""
+
+#: The interviewer's notes; ``kata pair`` pages them, one mark a part.
+CALC_INTERVIEWER = """\
+# Calculator — interviewer notes
+
+## How to run a session
+
+Be kind.
+
+## The follow-up ladder
+
+LADDER_MARK: now with fractions.
+
+## Stage 1 — Add and multiply
+
+ABOUT_MARK: the candidate edits calc/stage1.py.
+
+### Timebox: 10 minutes
+
+TIMEBOX_MARK
+
+### Read aloud
+
+> READ_ALOUD_MARK: build a calculator.
+
+### Clarifying questions and the answers to give
+
+| a strong candidate asks | answer |
+|---|---|
+| CLARIFY_MARK: negative numbers? | Yes. |
+
+### Follow-ups for this stage
+
+FOLLOWUP_MARK
+
+### Rubric
+
+| axis | strong | acceptable | weak |
+|---|---|---|---|
+| Problem solving | asks first | asks some | asks none |
+| Communication | narrates | explains | silent |
+"""
+
+#: The pristine stub ``stage1.py`` the learner starts from (a docstring is still a stub).
+CALC_STUB = '''\
+class Calc:
+    def add(self, a: int, b: int) -> int:
+        """a + b"""
+        raise NotImplementedError("Calc.add — stage 1, see calc/README.md")
+
+    def mul(self, a: int, b: int) -> int:
+        raise NotImplementedError("Calc.mul — stage 1, see calc/README.md")
+
+    def sub(self, a: int, b: int) -> int:
+        raise NotImplementedError("Calc.sub — stage 1, see calc/README.md")
+'''
+
 #: The reference ``stage1.py`` of the fake ``calc`` kata; a kata's checks may add methods after.
 CALC_SOLUTION = """\
 class Calc:
@@ -143,6 +269,18 @@ def test_stage1_sub(stage_module):
     assert got == 2, f"sub(5, 3) must be 2, got {got}"
 """
 
+#: The files of ``katas/calc`` for the practice commands' checks; a check changes or adds
+#: some with ``{**CALC_KATA, "kata.toml": CALC_TOML + CALC_TOML_STAGE2}``.
+CALC_KATA: Mapping[str, str] = MappingProxyType(
+    {
+        "kata.toml": CALC_TOML,
+        "README.md": CALC_README,
+        "HINTS.md": CALC_HINTS,
+        "INTERVIEWER.md": CALC_INTERVIEWER,
+        "stage1.py": CALC_STUB,
+        "test_stage1.py": CALC_SUITE,
+    }
+)
 
 #: What the ``kata`` command and the fake suite read from the environment: cleared for a check.
 KATA_ENV = ("KATA_IMPL", "KATA_BASE", "KATA_PROFILE", "EXPECT_PROFILE", "PYTEST_ADDOPTS")
@@ -166,15 +304,16 @@ def calc_project(
     project: Path,
     monkeypatch: pytest.MonkeyPatch,
     *,
-    kata: Mapping[str, str],
-    solution: str,
+    kata: Mapping[str, str] = CALC_KATA,
+    solution: str = CALC_SOLUTION,
     mutants: Mapping[str, str] | None = None,
 ) -> Path:
     """A project with one kata, ``calc``, that the ``kata`` command is pointed at (KATA_ROOT).
 
     ``kata`` holds the files of ``<project>/katas/calc`` (kata.toml, README.md, stage1.py,
-    test_stage1.py, …; ``__init__.py`` is added), ``solution`` is the reference's
-    ``solutions/calc/stage1.py`` and ``mutants`` the bug catalogue in ``tests/mutants/calc``.
+    test_stage1.py, …; ``__init__.py`` is added; ``CALC_KATA`` unless told), ``solution`` is
+    the reference's ``solutions/calc/stage1.py`` (``CALC_SOLUTION``) and ``mutants`` the bug
+    catalogue in ``tests/mutants/calc``.
     The environment variables the command reads are cleared and the console is wide.
     Returns ``<project>/katas``.
     """
@@ -190,6 +329,57 @@ def calc_project(
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("COLUMNS", "200")
     return root
+
+
+def practice_project(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    kata: Mapping[str, str] = CALC_KATA,
+    mutants: Mapping[str, str] | None = None,
+) -> Path:
+    """The :func:`calc_project` ``tmp_path/proj`` with the reference ``CALC_SOLUTION`` and
+    progress in :func:`private_state`, so :func:`state` reads it. Returns the project."""
+    project = tmp_path / "proj"
+    calc_project(project, monkeypatch, kata=kata, mutants=mutants)
+    private_state(tmp_path, monkeypatch)
+    return project
+
+
+def state_file(project: Path) -> Path:
+    """The ``kata`` command's progress of a :func:`practice_project`."""
+    return project.parent / "xdg-state" / "infra-katas" / "state.json"
+
+
+def state(project: Path) -> dict[str, Any]:
+    """The progress of a :func:`practice_project`, as the ``kata`` command wrote it."""
+    data: dict[str, Any] = json.loads(state_file(project).read_text())
+    return data
+
+
+def attempts(project: Path) -> list[dict[str, Any]]:
+    """The timed attempts in the progress of a :func:`practice_project`, oldest first."""
+    found: list[dict[str, Any]] = state(project)["attempts"]
+    return found
+
+
+def kata_command() -> list[str]:
+    """The ``kata`` command of this environment, to run as a process."""
+    script = Path(sys.executable).with_name("kata")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "katas._kit.cli"]
+
+
+def kata_process(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``kata ARGS`` as a process in ``cwd`` with no terminal (stdin is /dev/null)."""
+    return subprocess.run(
+        [*kata_command(), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 # --- a scripted terminal and clock for the ``kata`` command's timed sessions ----------------
@@ -247,6 +437,23 @@ class ScriptedTerminal:
         if self.answers is None:
             return None
         return self.answers.pop(0) if self.answers else ""
+
+
+def run_kata(
+    argv: list[str],
+    events: Sequence[tuple[float, str | Callable[[], None]]] = (),
+    answers: list[str] | None = None,
+    *,
+    wall: float = 1_800_000_000.0,
+    screen: Callable[[], str] | None = None,
+) -> tuple[int, ScriptedTerminal]:
+    """Run ``kata *argv`` in this process on a ManualClock and a :class:`ScriptedTerminal`
+    (``events``, ``answers``, ``screen``) with the wall clock at ``wall``; its exit code
+    and the terminal."""
+    clock = ManualClock()
+    terminal = ScriptedTerminal(clock, events, answers, screen)
+    code = main(argv, clock=clock, terminal=terminal, wall=lambda: wall)
+    return code, terminal
 
 
 def git(cwd: Path, *args: str) -> None:

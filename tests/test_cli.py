@@ -704,8 +704,7 @@ def test_cli_list_in_an_80_column_terminal(tmp_path: Path) -> None:
     """``kata list`` in a real 80×24 terminal: nothing wraps, and "Next:" is on screen."""
     socket = f"kata-list-{os.getpid()}"
     tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
-    script = Path(sys.executable).with_name("kata")
-    kata = str(script) if script.exists() else f"{sys.executable} -m katas._kit.cli"
+    kata = shlex.join(_support.kata_command())
     env = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),

@@ -7,90 +7,21 @@ scripted terminal, so a 10-minute interview takes as long as its one suite run.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _support import (
     CALC_SOLUTION,
-    CALC_SUITE,
     ScriptedTerminal,
-    calc_project,
-    private_state,
+    attempts,
+    practice_project,
+    run_kata,
     write,
 )
 
 from katas._kit import cli_pair
 from katas._kit.cli import main
-from katas._kit.clock import ManualClock
-
-TOML = """\
-title = "Calculator"
-summary = "A kata that exists only for the CLI's own tests."
-
-[[stages]]
-number = 1
-title = "Add and multiply"
-timebox_minutes = 10
-core = "Calc.add, Calc.mul"
-"""
-
-README = "# Calculator\n\nINTRO_MARK\n\n## Stage 1\n\nPROMPT_MARK: add and multiply.\n"
-
-INTERVIEWER = """\
-# Calculator — interviewer notes
-
-## How to run a session
-
-Be kind.
-
-## The follow-up ladder
-
-LADDER_MARK: now with fractions.
-
-## Stage 1 — Add and multiply
-
-ABOUT_MARK: the candidate edits calc/stage1.py.
-
-### Timebox: 10 minutes
-
-TIMEBOX_MARK
-
-### Read aloud
-
-> READ_ALOUD_MARK: build a calculator.
-
-### Clarifying questions and the answers to give
-
-| a strong candidate asks | answer |
-|---|---|
-| CLARIFY_MARK: negative numbers? | Yes. |
-
-### Follow-ups for this stage
-
-FOLLOWUP_MARK
-
-### Rubric
-
-| axis | strong | acceptable | weak |
-|---|---|---|---|
-| Problem solving | asks first | asks some | asks none |
-| Communication | narrates | explains | silent |
-"""
-
-STUB = """\
-class Calc:
-    def add(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.add — stage 1, see calc/README.md")
-
-    def mul(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.mul — stage 1, see calc/README.md")
-
-    def sub(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.sub — stage 1, see calc/README.md")
-"""
 
 #: The marks of the notes' pages in the order the interviewer sees them.
 PAGES = [
@@ -106,27 +37,7 @@ PAGES = [
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    project = tmp_path / "proj"
-    calc_project(
-        project,
-        monkeypatch,
-        kata={
-            "kata.toml": TOML,
-            "README.md": README,
-            "INTERVIEWER.md": INTERVIEWER,
-            "stage1.py": STUB,
-            "test_stage1.py": CALC_SUITE,
-        },
-        solution=CALC_SOLUTION,
-    )
-    private_state(tmp_path, monkeypatch)
-    return project
-
-
-def _attempts(project: Path) -> list[dict[str, Any]]:
-    state = project.parent / "xdg-state" / "infra-katas" / "state.json"
-    attempts: list[dict[str, Any]] = json.loads(state.read_text())["attempts"]
-    return attempts
+    return practice_project(tmp_path, monkeypatch)
 
 
 def _pair(
@@ -142,9 +53,7 @@ def _pair(
         printed.append(capsys.readouterr().out)
         return printed[-1]
 
-    clock = ManualClock()
-    terminal = ScriptedTerminal(clock, events, answers, screen)
-    code = main(["pair", *argv], clock=clock, terminal=terminal, wall=lambda: 1_800_000_000.0)
+    code, terminal = run_kata(["pair", *argv], events, answers, screen=screen)
     screen()
     return code, terminal, "".join(printed)
 
@@ -172,7 +81,7 @@ def test_cli_pair_pages_the_notes_then_times_swaps_and_saves_the_rubric_sheet(
     assert "Time is up" in session and "0/3 passed" in session, session
     axes = [q.split(":")[0] for q in terminal.asked[len(PAGES) :]]
     assert axes == ["Problem solving"] * 2 + ["Communication"] * 2
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert attempt["mode"] == "pair" and attempt["swaps"] == 2 and attempt["seconds"] == 180
     assert attempt["rubric"] == [
         {"axis": "Problem solving", "score": "strong", "evidence": "asked about negatives first"},
@@ -216,7 +125,7 @@ def test_cli_pair_without_a_terminal_prints_every_note_at_once_and_a_blank_sheet
     assert positions == sorted(positions), notes
     assert terminal.asked[0].startswith("Enter: clarifying questions")  # answered None
     assert all(q.startswith(("Enter:", "Problem solving", "Communication")) for q in terminal.asked)
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert [row["score"] for row in attempt["rubric"]] == ["", ""]
 
 
@@ -228,7 +137,7 @@ def test_cli_pair_exit_code_is_0_when_the_candidates_suite_passes(
     assert code == 0, out
     assert "READ_ALOUD_MARK" not in out and "swap" not in out.lower().replace("--swap", "")
     assert "Session ended" in out and "3/3 passed" in out, out
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert attempt["result"] == "stopped" and 125 <= float(attempt["seconds"]) <= 126
 
 
@@ -251,7 +160,7 @@ def test_cli_pair_an_invalid_score_is_asked_again_and_enter_skips(
         "Problem solving: evidence (a line they wrote or said): ",
         "Communication: strong/acceptable/weak",  # Enter: no evidence asked
     ]
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert attempt["rubric"] == [
         {"axis": "Problem solving", "score": "acceptable", "evidence": "asked some"},
         {"axis": "Communication", "score": "", "evidence": ""},

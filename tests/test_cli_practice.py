@@ -8,113 +8,29 @@ state directory (``XDG_STATE_HOME``). Questions are answered by a scripted termi
 
 from __future__ import annotations
 
-import contextlib
-import json
-import subprocess
-import sys
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
-from _support import CALC_SOLUTION, CALC_SUITE, calc_project, private_state, write
+from _support import (
+    CALC_KATA,
+    CALC_SOLUTION,
+    CALC_STUB,
+    git,
+    kata_process,
+    practice_project,
+    run_kata,
+    state,
+    state_file,
+    write,
+)
 
 from katas._kit import catalog as cat
 from katas._kit.cli import main
-from katas._kit.clock import NS_PER_S, ManualClock
 from katas._kit.notes import hints, rubric_axes
 from katas._kit.pristine import looks_like_stub
 from katas._kit.state import StateStore
 
 REPO = Path(__file__).resolve().parents[1]
-
-TOML = """\
-title = "Calculator"
-summary = "A kata that exists only for the CLI's own tests."
-
-[[stages]]
-number = 1
-title = "Add and multiply"
-timebox_minutes = 10
-core = "Calc.add, Calc.mul"
-extended = "Calc.sub"
-"""
-
-README = """\
-# Calculator
-
-INTRO_MARK
-
-## Stage 1
-
-STAGE1_MARK: add and multiply.
-"""
-
-HINTS = """\
-# Calculator — hints
-
-## Stage 1
-
-### Hint 1
-
-HINT_ONE_MARK: use `+`.
-
-### Hint 2
-
-HINT_TWO_MARK: use `*`.
-"""
-
-INTERVIEWER = """\
-# Calculator — interviewer notes
-
-## How to run a session
-
-Be kind.
-
-## The follow-up ladder
-
-LADDER_MARK: now with fractions.
-
-## Stage 1 — Add and multiply
-
-### Timebox: 10 minutes
-
-Fast.
-
-### Read aloud
-
-> READ_ALOUD_MARK: build a calculator.
-
-### Clarifying questions and the answers to give
-
-| a strong candidate asks | answer |
-|---|---|
-| CLARIFY_MARK: negative numbers? | Yes. |
-
-### Follow-ups for this stage
-
-FOLLOWUP_MARK
-
-### Rubric
-
-| axis | strong | acceptable | weak |
-|---|---|---|---|
-| Problem solving | asks first | asks some | asks none |
-| Communication | narrates | explains | silent |
-"""
-
-STUB = '''\
-class Calc:
-    def add(self, a: int, b: int) -> int:
-        """a + b"""
-        raise NotImplementedError("Calc.add — stage 1, see calc/README.md")
-
-    def mul(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.mul — stage 1, see calc/README.md")
-
-    def sub(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.sub — stage 1, see calc/README.md")
-'''
 
 BENCH = """\
 import pytest
@@ -141,127 +57,19 @@ MUTANT = """\
 """
 
 
-def _git(cwd: Path, *args: str) -> None:
-    subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false", *args],
-        cwd=cwd,
-        check=True,
-        capture_output=True,
-    )
-
-
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A project with one kata: ``<project>/katas/calc``, ``solutions/``, ``tests/mutants``."""
-    project = tmp_path / "proj"
-    calc_project(
-        project,
+    return practice_project(
+        tmp_path,
         monkeypatch,
-        kata={
-            "kata.toml": TOML,
-            "README.md": README,
-            "HINTS.md": HINTS,
-            "INTERVIEWER.md": INTERVIEWER,
-            "stage1.py": STUB,
-            "test_stage1.py": CALC_SUITE,
-            "bench_stage1.py": BENCH,
-        },
-        solution=CALC_SOLUTION,
+        kata={**CALC_KATA, "bench_stage1.py": BENCH},
         mutants={"stage1_sub_swapped.diff": MUTANT},
     )
-    private_state(tmp_path, monkeypatch)
-    return project
-
-
-def _state_file(project: Path) -> Path:
-    return project.parent / "xdg-state" / "infra-katas" / "state.json"
-
-
-def _state(project: Path) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(_state_file(project).read_text())
-    return data
-
-
-def _attempts(project: Path) -> list[dict[str, Any]]:
-    attempts: list[dict[str, Any]] = _state(project)["attempts"]
-    return attempts
 
 
 def _solve(project: Path) -> None:
     write(project / "katas" / "calc" / "stage1.py", CALC_SOLUTION)
-
-
-class ScriptedTerminal:
-    """Keys and saves at given (ManualClock) times; waiting moves the clock, never sleeps."""
-
-    def __init__(
-        self,
-        clock: ManualClock,
-        events: Sequence[tuple[float, str | Callable[[], None]]] = (),
-        answers: list[str] | None = None,
-    ) -> None:
-        self.clock = clock
-        self.start = clock.now_ns()
-        self.events = sorted(events, key=lambda e: e[0])
-        self.answers = answers
-        self.asked: list[str] = []
-        self.waits = 0
-
-    @property
-    def interactive(self) -> bool:
-        return self.answers is not None
-
-    def keys(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
-
-    def wait_key(self, timeout_ns: int) -> str | None:
-        self.waits += 1
-        assert self.waits < 100_000, "the session never ended"
-        self.clock.advance(max(0, timeout_ns))
-        elapsed = (self.clock.now_ns() - self.start) / NS_PER_S
-        while self.events and self.events[0][0] <= elapsed:
-            _, action = self.events.pop(0)
-            if isinstance(action, str):
-                if action == "^C":
-                    raise KeyboardInterrupt
-                return action
-            action()
-        return None
-
-    def ask(self, question: str) -> str | None:
-        self.asked.append(question)
-        if self.answers is None:
-            return None
-        return self.answers.pop(0) if self.answers else ""
-
-
-def _run(
-    argv: list[str],
-    events: Sequence[tuple[float, str | Callable[[], None]]] = (),
-    answers: list[str] | None = None,
-    wall: float = 1_800_000_000.0,
-) -> tuple[int, ScriptedTerminal]:
-    clock = ManualClock()
-    terminal = ScriptedTerminal(clock, list(events), answers)
-    code = main(argv, clock=clock, terminal=terminal, wall=lambda: wall)
-    return code, terminal
-
-
-def _kata_command() -> list[str]:
-    script = Path(sys.executable).with_name("kata")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "katas._kit.cli"]
-
-
-def _kata(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*_kata_command(), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 # --- hint, reveal, reset, bench, progress ----------------------------------------------------
@@ -270,7 +78,7 @@ def _kata(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
 def test_cli_hint_reveals_one_at_a_time_and_remembers(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    proc = _kata("hint", "calc", "1")
+    proc = kata_process("hint", "calc", "1")
     assert proc.returncode == 0, proc.stderr
     assert "HINT_ONE_MARK" in proc.stdout and "HINT_TWO_MARK" not in proc.stdout
     assert "1 more hint" in proc.stdout
@@ -282,7 +90,7 @@ def test_cli_hint_reveals_one_at_a_time_and_remembers(
     assert main(["hint", "calc", "1", "--again"]) == 0
     out = capsys.readouterr().out
     assert "HINT_ONE_MARK" in out and "HINT_TWO_MARK" in out
-    assert _state(project)["hints"] == {"calc/1": 2}
+    assert state(project)["hints"] == {"calc/1": 2}
 
     assert main(["hint", "calc", "1", "--all"]) == 2  # not passed yet
     assert "--all shows every hint once calc stage 1 has passed" in capsys.readouterr().err
@@ -317,7 +125,7 @@ def test_cli_test_on_another_impl_is_not_progress(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["test", "calc", "1", "--impl", str(project / "solutions")]) == 0
-    assert not _state_file(project).exists()
+    assert not state_file(project).exists()
     assert main(["reveal", "calc", "1"]) == 2
 
 
@@ -325,28 +133,28 @@ def test_cli_reset_restores_the_pristine_stub_and_archives_yours(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     stub = project / "katas" / "calc" / "stage1.py"
-    _git(project, "init", "-q")
-    _git(project, "add", "-A")
-    _git(project, "commit", "-qm", "stubs")
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "stubs")
     _solve(project)
-    _git(project, "commit", "-qam", "my work, committed")  # HEAD is not pristine any more
+    git(project, "commit", "-qam", "my work, committed")  # HEAD is not pristine any more
     write(stub, CALC_SOLUTION + "# more work\n")
 
-    code, terminal = _run(["reset", "calc", "1"], answers=["n"])
+    code, terminal = run_kata(["reset", "calc", "1"], answers=["n"])
     assert code == 1 and stub.read_text().endswith("# more work\n")
     assert "Nothing was changed" in capsys.readouterr().out
     assert "Your version is kept in" in terminal.asked[0]
 
-    code, _ = _run(["reset", "calc"], answers=None)  # no terminal, no --yes: refuses
+    code, _ = run_kata(["reset", "calc"], answers=None)  # no terminal, no --yes: refuses
     assert code == 2
     assert "--yes" in capsys.readouterr().err
 
-    proc = _kata("reset", "calc", "--yes")
+    proc = kata_process("reset", "calc", "--yes")
     assert proc.returncode == 0, proc.stderr
-    assert stub.read_text() == STUB
+    assert stub.read_text() == CALC_STUB
     archived = list((project.parent / "xdg-state" / "infra-katas" / "archive" / "calc").glob("*/*"))
     assert [p.read_text() for p in archived] == [CALC_SOLUTION + "# more work\n"]
-    proc = _kata("reset", "calc", "1", "--yes")
+    proc = kata_process("reset", "calc", "1", "--yes")
     assert proc.returncode == 0 and "already the pristine stub" in proc.stdout
 
 
@@ -360,7 +168,7 @@ def test_cli_reset_outside_git_is_one_line(
 
 
 def test_cli_pristine_stub_detection() -> None:
-    assert looks_like_stub(STUB)
+    assert looks_like_stub(CALC_STUB)
     assert not looks_like_stub(CALC_SOLUTION)
     assert not looks_like_stub("x = 1\n")
 
@@ -381,9 +189,9 @@ def test_cli_state_lives_in_xdg_state_home_not_in_the_repository(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["hint", "calc", "1"]) == 0
-    assert _state_file(project).is_file()
+    assert state_file(project).is_file()
     assert not list(project.rglob("state.json"))
-    leftovers = [p.name for p in _state_file(project).parent.iterdir()]
+    leftovers = [p.name for p in state_file(project).parent.iterdir()]
     assert sorted(leftovers) == ["state.json", "state.lock"], leftovers  # no temporary files
 
 
@@ -393,7 +201,7 @@ def test_cli_state_lives_in_xdg_state_home_not_in_the_repository(
 def test_cli_corrupted_state_is_one_line_and_never_overwritten(
     project: Path, capsys: pytest.CaptureFixture[str], content: str
 ) -> None:
-    path = _state_file(project)
+    path = state_file(project)
     write(path, content)
     for argv in (["list"], ["hint", "calc", "1"], ["progress"], ["start", "calc", "1"]):
         assert main(argv) == 2, argv
@@ -402,7 +210,7 @@ def test_cli_corrupted_state_is_one_line_and_never_overwritten(
         assert len(err.splitlines()) == 1 and "Traceback" not in err, err
         assert str(path) in err and "nothing was changed" in err, err
         assert path.read_text() == content
-    proc = _kata("progress")
+    proc = kata_process("progress")
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert path.read_text() == content
 
@@ -486,7 +294,7 @@ def test_cli_notes_of_every_real_kata_parse() -> None:
 def test_cli_test_still_runs_with_a_corrupted_state_and_says_it_did_not_record(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = _state_file(project)
+    path = state_file(project)
     write(path, "{not json")
     assert main(["test", "calc", "1", "--core"]) == 1
     captured = capsys.readouterr()

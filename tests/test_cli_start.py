@@ -13,23 +13,29 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _support import (
+    CALC_KATA,
+    CALC_README,
+    CALC_README_STAGE2,
     CALC_SOLUTION,
     CALC_SUITE,
+    CALC_TOML,
+    CALC_TOML_STAGE2,
     ScriptedTerminal,
-    calc_project,
-    private_state,
+    attempts,
+    kata_command,
+    practice_project,
+    run_kata,
+    state,
+    state_file,
     write,
 )
 from rich.console import Console
@@ -47,67 +53,10 @@ from katas._kit.watch import Watcher
 #: A hard deadline for anything a test waits for in real time.
 DEADLINE_S = 30.0
 
-TOML = """\
-title = "Calculator"
-summary = "A kata that exists only for the CLI's own tests."
+#: calc with a second stage, so that green names the next one.
+TOML = CALC_TOML + CALC_TOML_STAGE2
 
-[[stages]]
-number = 1
-title = "Add and multiply"
-timebox_minutes = 10
-core = "Calc.add, Calc.mul"
-extended = "Calc.sub"
-
-[[stages]]
-number = 2
-title = "Divide"
-timebox_minutes = 10
-core = "Calc.div"
-"""
-
-README = """\
-# Calculator
-
-INTRO_MARK
-
-## Stage 1
-
-### The problem
-
-STAGE1_MARK: add and multiply.
-
-STAGE1_SECOND_MARK: the rest of the prompt.
-
-## Stage 2
-
-STAGE2_MARK
-"""
-
-HINTS = """\
-# Calculator — hints
-
-## Stage 1
-
-### Hint 1
-
-HINT_ONE_MARK: use `+`.
-
-### Hint 2
-
-HINT_TWO_MARK: use `*`.
-"""
-
-STUB = """\
-class Calc:
-    def add(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.add — stage 1, see calc/README.md")
-
-    def mul(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.mul — stage 1, see calc/README.md")
-
-    def sub(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.sub — stage 1, see calc/README.md")
-"""
+README = CALC_README + CALC_README_STAGE2
 
 #: The stage-1 suite with one more core test that fails the way real suites do: the
 #: invariant first, expected and got below it.
@@ -157,21 +106,8 @@ class Calc:
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A project with one kata, ``calc`` (two stages in kata.toml, a suite for stage 1)."""
-    project = tmp_path / "proj"
-    calc_project(
-        project,
-        monkeypatch,
-        kata={
-            "kata.toml": TOML,
-            "README.md": README,
-            "HINTS.md": HINTS,
-            "stage1.py": STUB,
-            "test_stage1.py": SUITE,
-        },
-        solution=CALC_SOLUTION,
-    )
-    private_state(tmp_path, monkeypatch)
-    return project
+    kata = {**CALC_KATA, "kata.toml": TOML, "README.md": README, "test_stage1.py": SUITE}
+    return practice_project(tmp_path, monkeypatch, kata=kata)
 
 
 def _stage_file(project: Path) -> Path:
@@ -182,28 +118,8 @@ def _suite(project: Path) -> Path:
     return project / "katas" / "calc" / "test_stage1.py"
 
 
-def _state_file(project: Path) -> Path:
-    return project.parent / "xdg-state" / "infra-katas" / "state.json"
-
-
-def _attempts(project: Path) -> list[dict[str, Any]]:
-    attempts: list[dict[str, Any]] = json.loads(_state_file(project).read_text())["attempts"]
-    return attempts
-
-
 def _solve(project: Path, text: str = CALC_SOLUTION) -> Callable[[], None]:
     return lambda: write(_stage_file(project), text)
-
-
-def _run(
-    argv: list[str],
-    events: Sequence[tuple[float, str | Callable[[], None]]] = (),
-    answers: list[str] | None = None,
-) -> tuple[int, ScriptedTerminal]:
-    clock = ManualClock()
-    terminal = ScriptedTerminal(clock, list(events), answers)
-    code = main(argv, clock=clock, terminal=terminal, wall=lambda: 1_800_000_000.0)
-    return code, terminal
 
 
 def _alive(pid: int) -> bool:
@@ -389,7 +305,7 @@ def test_cli_start_view_shows_details_and_a_syntax_error_once(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write(_stage_file(project), OFF_BY_ONE)
-    code, _ = _run(
+    code, _ = run_kata(
         ["start", "calc", "1", "--no-prompt"],
         events=[(10, _solve(project, SYNTAX_ERROR)), (20, "q")],
     )
@@ -409,7 +325,7 @@ def test_cli_start_shows_a_syntax_error_that_stops_collection_once_and_goes_on(
     importing = "import os, sys\nsys.path.insert(0, os.path.dirname(__file__))\nimport stage1\n"
     write(_suite(project), importing + SUITE)
     write(_stage_file(project), SYNTAX_ERROR)
-    code, _ = _run(["start", "calc", "1", "--no-prompt"], events=[(30, _solve(project))])
+    code, _ = run_kata(["start", "calc", "1", "--no-prompt"], events=[(30, _solve(project))])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "[00:00] 0/0 passed" in out, out
@@ -557,7 +473,7 @@ def test_session_keeps_watching_after_green_if_asked(tmp_path: Path) -> None:
 def test_cli_start_summarises_the_prompt_and_offers_the_extended_part(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, terminal = _run(["start", "calc", "1"], events=[(90, _solve(project))])
+    code, terminal = run_kata(["start", "calc", "1"], events=[(90, _solve(project))])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "Calculator — stage 1: Add and multiply · timebox 10 min" in out, out
@@ -570,7 +486,7 @@ def test_cli_start_summarises_the_prompt_and_offers_the_extended_part(
         "Keep going on the extended part (Calc.sub) with the whole suite? [y/N] "
     ]
     assert "Next: kata start calc 1 --full (the extended part), or kata start calc 2" in out, out
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert attempt["result"] == "green" and attempt["mode"] == "solo"
     assert 90 <= float(attempt["green_seconds"]) <= 91, attempt
     assert attempt["timebox_minutes"] == 10 and attempt["runs"] == 2
@@ -587,7 +503,7 @@ def test_cli_start_goes_on_with_the_whole_suite_and_then_names_the_next_stage(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sub_wrong = CALC_SOLUTION.replace("return a - b", "return b - a")
-    code, terminal = _run(
+    code, terminal = run_kata(
         ["start", "calc", "1", "--no-prompt"],
         events=[(60, _solve(project, sub_wrong)), (100, _solve(project))],
         answers=["y"],
@@ -599,7 +515,7 @@ def test_cli_start_goes_on_with_the_whole_suite_and_then_names_the_next_stage(
     assert "3/4 passed" in out and "test_stage1_sub" in out, out  # the whole suite: sub fails
     assert "the whole suite is green too, at 01:40" in out, out
     assert "Next: kata start calc 2 (stage 2: Divide)" in out, out
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert attempt["result"] == "green" and attempt["core_only"] is True
     assert 60 <= attempt["green_seconds"] <= 61 and 100 <= attempt["whole_green_seconds"] <= 101
     assert attempt["passed"] == attempt["total"] == 4, attempt
@@ -609,7 +525,7 @@ def test_cli_start_a_green_core_kept_when_the_whole_suite_runs_out_of_time(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sub_wrong = CALC_SOLUTION.replace("return a - b", "return b - a")
-    code, _ = _run(
+    code, _ = run_kata(
         ["start", "calc", "1", "--no-prompt", "--minutes", "2"],
         events=[(60, _solve(project, sub_wrong))],
         answers=["y", "n"],
@@ -618,7 +534,7 @@ def test_cli_start_a_green_core_kept_when_the_whole_suite_runs_out_of_time(
     assert code == 0, out
     assert "time is up" in out and "test_stage1_sub" in out, out
     assert "The core went green at 01:00: that is what is recorded." in out, out
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert attempt["result"] == "green" and attempt["whole_green_seconds"] is None
     assert attempt["passed"] == attempt["total"] == 3, attempt  # the core's run
 
@@ -626,7 +542,9 @@ def test_cli_start_a_green_core_kept_when_the_whole_suite_runs_out_of_time(
 def test_cli_start_at_timeout_shows_what_fails_and_offers_the_next_hint(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, terminal = _run(["start", "calc", "1", "--minutes", "2", "--no-prompt"], answers=["y"])
+    code, terminal = run_kata(
+        ["start", "calc", "1", "--minutes", "2", "--no-prompt"], answers=["y"]
+    )
     out = capsys.readouterr().out
     assert code == 1, out
     assert "STAGE1_MARK" not in out
@@ -634,16 +552,16 @@ def test_cli_start_at_timeout_shows_what_fails_and_offers_the_next_hint(
     assert "not implemented yet: Calc.add, Calc.mul" in out, out
     assert terminal.asked == ["Show hint 1 of 2? [y/N] "]
     assert "HINT_ONE_MARK" in out and "HINT_TWO_MARK" not in out, out
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert attempt["result"] == "timeout" and attempt["green_seconds"] is None
     assert attempt["seconds"] == 120 and attempt["hints_used"] == 1
-    assert json.loads(_state_file(project).read_text())["hints"] == {"calc/1": 1}
+    assert state(project)["hints"] == {"calc/1": 1}
 
 
 def test_cli_start_keys_run_now_hint_and_ctrl_c_records_the_attempt(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _ = _run(
+    code, _ = run_kata(
         ["start", "calc", "1", "--no-prompt", "--full"],
         events=[(10, "h"), (20, "r"), (30, "^C")],
     )
@@ -652,12 +570,12 @@ def test_cli_start_keys_run_now_hint_and_ctrl_c_records_the_attempt(
     assert "HINT_ONE_MARK" in out, out
     assert out.count("0/4 passed") == 2, out  # the first run and "run now"; --full: 4 tests
     assert "interrupted after 00:30" in out, out
-    (attempt,) = _attempts(project)
+    (attempt,) = attempts(project)
     assert attempt["result"] == "interrupted" and attempt["runs"] == 2
     assert attempt["hints_used"] == 1 and attempt["core_only"] is False
 
     # a second attempt counts separately and `progress` lists both
-    code, _ = _run(["start", "calc", "1", "--no-prompt"], events=[(5, "q")])
+    code, _ = run_kata(["start", "calc", "1", "--no-prompt"], events=[(5, "q")])
     assert code == 1
     capsys.readouterr()
     assert main(["progress"]) == 0
@@ -710,13 +628,13 @@ def test_cli_start_with_a_bad_environment_is_one_line_and_no_attempt(
     expected: str,
 ) -> None:
     monkeypatch.setenv(name, value)
-    code, _ = _run(["start", "calc", "1"])
+    code, _ = run_kata(["start", "calc", "1"])
     captured = capsys.readouterr()
     assert code == 2, captured
     (line,) = captured.err.strip().splitlines()
     assert line.startswith("kata start: error: ") and expected in line and repr(value) in line
     assert captured.out == ""  # before the clock starts: no prompt, no countdown
-    assert not _state_file(project).exists()
+    assert not state_file(project).exists()
 
 
 def test_cli_start_stops_if_the_first_run_cannot_run_at_all(
@@ -724,13 +642,13 @@ def test_cli_start_stops_if_the_first_run_cannot_run_at_all(
 ) -> None:
     unmarked = "\n\ndef test_stage1_unmarked(stage_module):\n    pass\n"
     write(_suite(project), SUITE + unmarked)
-    code, _ = _run(["start", "calc", "1", "--no-prompt"])
+    code, _ = run_kata(["start", "calc", "1", "--no-prompt"])
     captured = capsys.readouterr()
     assert code == 2, captured
     (line,) = captured.err.strip().splitlines()
     assert "pytest could not run the suite (exit code 4)" in line, line
     assert "must be marked @pytest.mark.core or @pytest.mark.extended" in line, line
-    assert not _state_file(project).exists()
+    assert not state_file(project).exists()
 
 
 # --- a real terminal: tmux ---------------------------------------------------------------------
@@ -740,19 +658,17 @@ class Tmux:
     """One ``kata start`` in a detached tmux session of its own, read off the screen."""
 
     def __init__(self, project: Path, tmp_path: Path, args: str) -> None:
-        self.state = tmp_path / "xdg-state"
         self.tmux = ["tmux", "-L", f"kata-start-{os.getpid()}-{tmp_path.name}", "-f", "/dev/null"]
         env = {
             "PATH": os.environ["PATH"],
             "HOME": str(tmp_path),
             "TERM": "xterm-256color",
             cat.ENV_ROOT: str(project / "katas"),
-            "XDG_STATE_HOME": str(self.state),
+            "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],  # the project's private state
             "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
         }
-        script = Path(sys.executable).with_name("kata")
-        kata = [str(script)] if script.exists() else [sys.executable, "-m", "katas._kit.cli"]
         settings = [f"{k}={v}" for k, v in env.items()]
+        kata = kata_command()
         command = " ".join(["env", "-i", *settings, *kata, args, "; echo KATA_EXIT=$?; sleep 60"])
         subprocess.run(
             [*self.tmux, "new-session", "-d", "-s", "kata", "-x", "120", "-y", "40", command],
@@ -782,11 +698,6 @@ class Tmux:
 
     def close(self) -> None:
         subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)
-
-    def attempts(self) -> list[dict[str, Any]]:
-        path = self.state / "infra-katas" / "state.json"
-        attempts: list[dict[str, Any]] = json.loads(path.read_text())["attempts"]
-        return attempts
 
 
 @pytest.fixture
@@ -820,7 +731,7 @@ def test_tmux_r_restarts_and_q_stops_an_endless_run_at_once(
     final = tmux.wait_for("KATA_EXIT=", timeout_s=5)
     assert time.monotonic() - pressed < 3, final
     assert "Attempt stopped after" in final and "KATA_EXIT=1" in final, final
-    (attempt,) = tmux.attempts()
+    (attempt,) = attempts(project)
     assert attempt["result"] == "stopped" and attempt["runs"] == 0, attempt
 
 
@@ -843,5 +754,5 @@ def test_tmux_shows_expected_and_got_a_syntax_error_once_a_hint_and_the_next_ste
     tmux.press("Enter")  # no: the suggestions, and the attempt ends green
     final = tmux.wait_for("KATA_EXIT=")
     assert "Next: kata start calc 1 --full" in final and "KATA_EXIT=0" in final, final
-    (attempt,) = tmux.attempts()
+    (attempt,) = attempts(project)
     assert attempt["result"] == "green" and attempt["hints_used"] == 1, attempt
