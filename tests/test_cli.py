@@ -610,7 +610,7 @@ def test_cli_a_version_1_state_file_still_loads(
             for command in ("test", "pair", "bench")
         ),
         ({}, ["test", "calc", "1", "--impl=solution"], "--impl must be 'katas', 'solutions' or"),
-        ({"KATA_IMPL": "/nope"}, ["test", "calc", "1"], "got '/nope'"),
+        ({"KATA_IMPL": "/nope"}, ["test", "calc", "1"], "KATA_IMPL must be 'katas', 'solutions'"),
         ({"KATA_IMPL": "/nope"}, ["pair", "calc", "1"], "got '/nope'"),
     ],
 )

@@ -616,7 +616,7 @@ def test_after_the_last_stage_comes_the_next_kata(project: Path) -> None:
     ("name", "value", "expected"),
     [
         ("KATA_PROFILE", "bogus", "KATA_PROFILE must be one of dev, ci, thorough, mutant"),
-        ("KATA_IMPL", "/nope", "--impl must be 'katas', 'solutions' or a directory"),
+        ("KATA_IMPL", "/nope", "KATA_IMPL must be 'katas', 'solutions' or a directory"),
     ],
 )
 def test_cli_start_with_a_bad_environment_is_one_line_and_no_attempt(
