@@ -49,7 +49,7 @@ settings.register_profile(
 #: green one, so ``dev`` shrinks the first failures of a run — the ones read first — for a
 #: second (the big deletions come first, so the sequence is short by then) and the rest
 #: briefly. What was found stays in the example database, where a rerun resumes.
-SHRINK_SECONDS = {"dev": (1.0, 0.25), "ci": (10.0, 10.0), "thorough": (300.0, 300.0)}
+SHRINK_SECONDS = {"dev": (1.0, 0.1), "ci": (10.0, 10.0), "thorough": (300.0, 300.0)}
 SHRINK_SECONDS["mutant"] = (0.0, 0.0)  # its phases leave shrinking out anyway
 #: How many failing tests of a run get the first, longer shrinking time.
 FIRST_FAILURES = 3
