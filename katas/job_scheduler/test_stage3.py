@@ -564,6 +564,8 @@ def test_stage3_run_at_is_rounded_up_to_a_whole_microsecond(redis_env: RedisEnv)
         f"stage 3: run_at_ns = server now + 1 ns must be rounded UP to the next whole µs "
         f"({now + 1000}), never down to now (the job would run 1 ns early); got {job.run_at_ns}"
     )
+    if not redis_env.time_is_controlled:  # a real server's clock has moved on meanwhile
+        return
     assert queue.claim("w") is None, "stage 3: a job due 1 ns from now was claimed now"
     redis_env.pass_time(1000)
     assert claim(queue).job_id == job_id, "stage 3: at its rounded run time the job is READY"
