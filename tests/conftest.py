@@ -45,5 +45,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if left_out:
         terminalreporter.write_line(
             f"{left_out} bug-catalogue checks were not run: `pytest --catalogue` adds them "
-            "(one stage-suite run per entry, about 15 minutes on 2 cores)"
+            "(one stage-suite run per entry, about 14 minutes more on 2 cores)"
         )
