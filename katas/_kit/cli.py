@@ -38,6 +38,7 @@ from katas._kit.cliutil import (
     add_kata,
     add_kata_stage,
     check_profile,
+    impl_or_error,
     is_learners_code,
     markdown_sections,
     print_summary,
@@ -53,7 +54,7 @@ from katas._kit.clock import NS_PER_S
 from katas._kit.impl import ENV_IMPL, ENV_PROFILE
 from katas._kit.practice import Clock, clock_text
 from katas._kit.state import ENV_STATE_DIR, State, StateError, StateStore, stage_key
-from katas._kit.suites import resolve_impl, run_suite
+from katas._kit.suites import run_suite
 from katas._kit.terminal import Terminal
 
 # --- the parser --------------------------------------------------------------------------
@@ -297,10 +298,7 @@ def rerun_argv(args: argparse.Namespace, kata: Kata, stage: Stage) -> list[str]:
 def run_test(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
-    try:
-        impl = resolve_impl(args.impl, ctx.catalog.root)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    impl = impl_or_error(args.impl, ctx)
     if not args.thorough:  # --thorough sets the profile itself
         check_profile()
     suite = suite_or_error(kata, stage)

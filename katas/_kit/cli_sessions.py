@@ -9,11 +9,11 @@ import argparse
 import sys
 
 from katas._kit.catalog import Kata, Stage
-from katas._kit.cliutil import Context, UserError, add_kata_stage
+from katas._kit.cliutil import Context, add_kata_stage, impl_or_error
 from katas._kit.clock import NS_PER_S
 from katas._kit.practice import tally
 from katas._kit.state import Attempt, StateError
-from katas._kit.suites import SuiteRun, resolve_impl
+from katas._kit.suites import SuiteRun
 
 NS_PER_MIN = 60 * NS_PER_S
 
@@ -30,10 +30,7 @@ def minutes_arg(text: str) -> float:
 
 def learners_impl(ctx: Context) -> str:
     """The learner's code (or ``KATA_IMPL``), as :func:`resolve_impl` gives it to pytest."""
-    try:
-        return resolve_impl(None, ctx.catalog.root)
-    except ValueError as exc:  # a KATA_IMPL that is not a directory
-        raise UserError(str(exc)) from None
+    return impl_or_error(None, ctx)
 
 
 def add_session_arguments(parser: argparse.ArgumentParser, length: str) -> None:

@@ -29,6 +29,7 @@ from katas._kit.cliutil import (
     UserError,
     add_kata_stage,
     check_profile,
+    impl_or_error,
     print_summary,
     read_text,
 )
@@ -37,7 +38,7 @@ from katas._kit.notes import Part, hints
 from katas._kit.practice import clock_text
 from katas._kit.pristine import PristineError, pristine_stub
 from katas._kit.state import Attempt, State, StateError
-from katas._kit.suites import resolve_impl, run_suite
+from katas._kit.suites import run_suite
 
 # --- kata hint -------------------------------------------------------------------------------
 
@@ -271,10 +272,7 @@ def run_bench(args: argparse.Namespace, ctx: Context) -> int:
     bench = bench_file(kata, stage)
     if not bench.is_file():
         raise UserError(f"{kata.name} stage {stage.number} has no benchmarks ({bench.name})")
-    try:
-        impl = resolve_impl(args.impl, ctx.catalog.root)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    impl = impl_or_error(args.impl, ctx)
     check_profile()
     with ExitStack() as stack:
         if not args.verbose:

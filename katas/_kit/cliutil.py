@@ -24,7 +24,7 @@ from katas._kit.impl import ENV_IMPL, NOT_IMPLEMENTED, profile_name
 from katas._kit.notes import is_section, sections
 from katas._kit.practice import Clock
 from katas._kit.state import State, StateStore
-from katas._kit.suites import SuiteRun, TestResult
+from katas._kit.suites import SuiteRun, TestResult, resolve_impl
 from katas._kit.terminal import KeyboardTerminal, Terminal
 
 
@@ -271,6 +271,15 @@ def stage_file_or_error(kata: Kata, stage: Stage) -> Path:
             f"restore the stub with: kata reset {kata.name} {stage.number}"
         )
     return path
+
+
+def impl_or_error(spec: str | None, ctx: Context) -> str:
+    """``--impl`` (or ``KATA_IMPL``) as :func:`resolve_impl` gives it to pytest, or a
+    :class:`UserError` naming what is wrong with it."""
+    try:
+        return resolve_impl(spec, ctx.catalog.root)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
 
 
 def check_profile() -> str:
