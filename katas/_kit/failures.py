@@ -15,6 +15,7 @@ import sysconfig
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 
@@ -116,19 +117,33 @@ _LIBRARIES = {Path(p).resolve() for p in (sysconfig.get_paths()["stdlib"], sys.p
 _HARNESS = Path(__file__).resolve().parent
 
 
+def _is_learners(filename: str) -> bool:
+    """Whether code in ``filename`` is the learner's or a test's: not the harness, the
+    standard library or an installed package, nor generated code."""
+    if filename.startswith("<"):
+        return False
+    path = Path(filename).resolve()
+    return _HARNESS not in path.parents and not any(lib in path.parents for lib in _LIBRARIES)
+
+
 def _learners_frame(exc: BaseException) -> str:
     """``stage1.py:12 in add: return a + None``: the innermost frame of the traceback
-    outside the harness, the standard library and installed packages (the learner's code,
-    else the test), or ""."""
+    that :func:`_is_learners` (the learner's code, else the test), or ""."""
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        if frame.filename.startswith("<"):
-            continue
-        path = Path(frame.filename).resolve()
-        if _HARNESS in path.parents or any(lib in path.parents for lib in _LIBRARIES):
-            continue
-        line = f": {frame.line.strip()}" if frame.line and frame.line.strip() else ""
-        return f"{path.name}:{frame.lineno} in {frame.name}{line}"
+        if _is_learners(frame.filename):
+            line = f": {frame.line.strip()}" if frame.line and frame.line.strip() else ""
+            return f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}{line}"
     return ""
+
+
+def running_place(frame: FrameType) -> str:
+    """``stage1.py:145 in _decide``: where a running thread is, by the same rule — its
+    innermost frame that :func:`_is_learners`, else the innermost one."""
+    found: FrameType | None = frame
+    while found is not None and not _is_learners(found.f_code.co_filename):
+        found = found.f_back
+    found = found or frame
+    return f"{Path(found.f_code.co_filename).name}:{found.f_lineno} in {found.f_code.co_name}"
 
 
 def failure_detail(exc: BaseException, kind: str) -> str:

@@ -32,7 +32,7 @@ import pytest
 from katas._kit import impl as _impl
 from katas._kit import profiles
 from katas._kit.catalog import CatalogError, load_kata
-from katas._kit.failures import classify, failure_detail, is_noise, start_hint
+from katas._kit.failures import classify, failure_detail, is_noise, running_place, start_hint
 from katas._kit.rules import Rule, all_rules
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -270,19 +270,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         )
 
 
-def _where(frame: FrameType) -> str:
-    """``stage1.py:145 in _decide``: the innermost frame outside the harness and libraries
-    (the learner's code, else the test), or the innermost one."""
-    innermost = frame
-    while frame is not None:
-        path = Path(frame.f_code.co_filename)
-        if "site-packages" not in path.parts and "_kit" not in path.parts:
-            break
-        frame = frame.f_back  # type: ignore[assignment]
-    found = frame or innermost
-    return f"{Path(found.f_code.co_filename).name}:{found.f_lineno} in {found.f_code.co_name}"
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """A kata test's hard deadline (:func:`profiles.test_seconds`: the profile's, or
@@ -304,7 +291,7 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     )
 
     def expire(signum: int, frame: FrameType | None) -> None:
-        where = f" — it was at {_where(frame)}" if frame is not None else ""
+        where = f" — it was at {running_place(frame)}" if frame is not None else ""
         raise profiles.TestTimedOut(message + where)
 
     def stuck() -> None:  # the test never returned to Python: nothing else can end it
