@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from _support import KATA_ENV, embedded_env
+from _support import CALC_SOLUTION, KATA_ENV, calc_project, embedded_env
 
 from katas._kit.impl import REPO_ROOT
+from katas._kit.suites import run_suite
 
 
 def learner_pytest(
@@ -140,3 +141,23 @@ def test_a_failing_test_quotes_the_rules_it_checks(tmp_path: Path) -> None:
     assert run.returncode == 1, out[-3000:]
     assert "the rule it checks" in out or "the rules it checks" in out, out[-3000:]
     assert "rule §" in out and "(stage 1): " in out, out[-3000:]
+
+
+def test_a_failed_comparison_is_explained_once_and_tagged_by_its_stage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message that says what was expected and what came is not followed by pytest's
+    ``assert 8 == 2`` of the same values; a bare assert keeps it (it is the only place the
+    values appear). Both start with the stage the test's marker names, typed nowhere."""
+    wrong = CALC_SOLUTION.replace("a + b", "a * b").replace("a - b", "a + b")
+    root = calc_project(tmp_path / "proj", monkeypatch, solution=wrong)
+    reference = str(root.parent / "solutions")
+    run = run_suite(
+        root / "calc" / "test_stage1.py", impl=reference, pytest_args=["-k", "add or sub"]
+    )
+    out = run.output
+    assert "AssertionError: stage 1: sub(5, 3) must be 2, got 8" in out, out
+    assert "assert 8 == 2" not in out, f"the explanation is printed twice:\n{out}"
+    assert "AssertionError: stage 1: assert 6 == 5" in out, out
+    messages = {r.name: r.message for r in run.failures()}
+    assert messages["test_stage1_sub"] == "stage 1: sub(5, 3) must be 2, got 8", messages

@@ -63,6 +63,43 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", f"{type(top).__name__}: {top}".splitlines()[0]
 
 
+def _assertions(exc: BaseException) -> Iterator[BaseException]:
+    """The assertion failures ``exc`` stands for: itself, or the leaves of its group."""
+    if isinstance(exc, BaseExceptionGroup):
+        for e in exc.exceptions:
+            yield from _assertions(e)
+    elif isinstance(exc, AssertionError | pytest.fail.Exception):
+        yield exc
+
+
+def explained_once(text: str) -> str:
+    """An assertion's text, said once: a suite's message that already states what was
+    expected and what came loses pytest's rewritten comparison of the same objects
+    (``assert <repr> == <repr>`` and its ``+ where`` lines); one that does not keeps it,
+    since then it is the only place the values are shown."""
+    lines = text.splitlines()
+    cut = next((i for i, line in enumerate(lines) if i and line.startswith("assert ")), None)
+    if cut is None or not _EXPECTED_OR_GOT.search("\n".join(lines[:cut])):
+        return text
+    return "\n".join(lines[:cut])
+
+
+def tell_once(exc: BaseException, stage: int) -> None:
+    """Rewrite, in place, the messages of the assertions that failed a stage's test: each
+    tagged ``stage N:`` (from the test's marker, not typed into every message) and
+    :func:`explained_once`. Called before pytest formats the failure."""
+    tag = f"stage {stage}: "
+    for e in _assertions(exc):
+        if isinstance(e, pytest.fail.Exception):
+            msg = e.msg or ""
+            e.msg = msg if msg.startswith(tag) else tag + msg
+        elif e.args and isinstance(e.args[0], str):
+            text = explained_once(e.args[0])
+            e.args = (text if text.startswith(tag) else tag + text, *e.args[1:])
+        elif not e.args:  # a bare ``raise AssertionError``
+            e.args = (tag + "assertion failed",)
+
+
 #: Where the report's ``detail`` is cut: one line a learner reads, not a wall of text.
 DETAIL_CHARS = 400
 #: A line saying both what was expected and what came instead.
@@ -79,9 +116,10 @@ _PYTEST_DIFF = re.compile(
 def assertion_detail(text: str) -> str:
     """The line of an assertion's text a learner needs besides its first one.
 
-    Suites write ``stage 1: <invariant>``, then the steps taken, then what was expected
-    and what came (``=> remaining: expected 0, got -1``, a line with both words, or an
-    ``expected X`` line above a ``got Y`` one); pytest adds its ``assert 3 == 4``. In that
+    A failure reads ``stage 1: <invariant>`` (the tag is :func:`tell_once`'s), then the
+    steps taken, then what was expected and what came (``=> remaining: expected 0, got
+    -1``, a line with both words, or an ``expected X`` line above a ``got Y`` one); pytest
+    adds its ``assert 3 == 4`` where the message does not say the values. In that
     order of preference; the first line's own expected/got part if it says it (a narrow
     screen cuts long first lines off before it); "" if nothing says more.
     """

@@ -11,6 +11,9 @@ what the network does:
 - ``drop_replies()``: requests still reach the server, which applies them, but every
   reply is discarded, so the client times out not knowing its write happened (the
   ambiguous failure a retry with an idempotency key must survive);
+- ``busy()``: every command is answered ``-BUSY …`` without reaching the server, as a
+  server busy with a long script answers (``busy-reply-threshold``); the stream stays in
+  step, so ``heal()`` keeps the connections;
 - ``set_latency_ns(ns)``: every client→server chunk is delayed (real time);
 - ``heal()``: forward again. Connections that lost bytes in a blackhole or lost
   replies in ``drop_replies`` are reset, as their protocol stream is no longer in step.
@@ -33,9 +36,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-Fault = Literal["none", "outage", "blackhole", "drop_replies"]
+Fault = Literal["none", "outage", "blackhole", "drop_replies", "busy"]
 _FORWARDING: tuple[Fault, ...] = ("none", "drop_replies")  # faults that still reach the server
 
+#: What a server running a script past ``busy-reply-threshold`` answers every command.
+BUSY_REPLY = (
+    b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.\r\n"
+)
 _POLL_S = 0.02  # how often blocked threads look at the stop flag
 _JOIN_DEADLINE_S = 5.0
 _CONNECT_TIMEOUT_S = 5.0
@@ -149,6 +156,14 @@ class _Link:
             if not data:
                 break
             fault = self.proxy.fault
+            if fault == "busy":  # answered here, one error per command: still in step
+                commands = self.proxy._count(self, data)
+                self.awaiting_reply = False
+                try:
+                    self.client.sendall(BUSY_REPLY * commands)
+                except OSError:
+                    break
+                continue
             if fault not in _FORWARDING or self.upstream is None:
                 self.tainted = True  # swallowed: never answered
                 continue
@@ -235,6 +250,10 @@ class FaultProxy:
         """Forward requests (the server applies them) but discard replies, until ``heal()``."""
         self.fault = "drop_replies"
 
+    def busy(self) -> None:
+        """Answer every command ``-BUSY …`` without forwarding it, until ``heal()``."""
+        self.fault = "busy"
+
     def heal(self) -> None:
         """Forward again; connections that lost bytes meanwhile are reset."""
         self.fault = "none"
@@ -261,13 +280,15 @@ class FaultProxy:
             self._commands.clear()
             self._connections = 0
 
-    def _count(self, link: _Link, data: bytes) -> None:
+    def _count(self, link: _Link, data: bytes) -> int:
+        """Count what ``data`` completes; how many commands it completes."""
         names = link.parser.feed(data)
         with self._lock:
             if not link.awaiting_reply:
                 self._round_trips += 1
                 link.awaiting_reply = True
             self._commands.extend(names)
+        return len(names)
 
     # -- plumbing --------------------------------------------------------------------
     def _close_links(self, which: Callable[[_Link], bool]) -> None:

@@ -75,7 +75,7 @@ def linearization(calls: Sequence[Call], initial: Hashable, step: Step) -> list[
     return order if search(0, initial) else None
 
 
-def check_per_key(calls: Iterable[Call], initial: Hashable, step: Step, tag: str) -> None:
+def check_per_key(calls: Iterable[Call], initial: Hashable, step: Step) -> None:
     """Assert that every key's sub-history is linearizable; explain the first that is not."""
     by_key: dict[Hashable, list[Call]] = {}
     for c in calls:
@@ -88,7 +88,7 @@ def check_per_key(calls: Iterable[Call], initial: Hashable, step: Step, tag: str
                 for c in sorted(sub, key=lambda c: c.invoked)
             )
             raise AssertionError(
-                f"{tag}: the calls on key {key!r} are not linearizable — no order consistent "
+                f"the calls on key {key!r} are not linearizable — no order consistent "
                 f"with real time explains every result (a lost update, a torn read, or a "
                 f"stale value):\n{lines}"
             )

@@ -18,8 +18,10 @@ thread holds whatever lock it took around the call. Every wait has a hard deadli
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Callable, Collection
+import time
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
 from katas._kit.waiting import DEADLINE_S
@@ -36,9 +38,8 @@ class Gate:
     ``limit`` arrivals; later ones pass at once.
     """
 
-    def __init__(self, name: str, *, tag: str = "stage 2", limit: int | None = None) -> None:
+    def __init__(self, name: str, *, limit: int | None = None) -> None:
         self.name = name
-        self.tag = tag
         self.limit = limit
         self.arrivals = 0
         self._opened = threading.Event()
@@ -51,7 +52,7 @@ class Gate:
             self._changed.notify_all()
         if parked and not self._opened.wait(DEADLINE_S):
             raise AssertionError(
-                f"{self.tag}: a thread waited at the gate '{self.name}' for "
+                f"a thread waited at the gate '{self.name}' for "
                 f"{DEADLINE_S:.0f} real seconds: the test never opened it"
             )
 
@@ -69,7 +70,7 @@ class Gate:
         with self._changed:
             ok = self._changed.wait_for(lambda: self.arrivals >= count, DEADLINE_S)
         assert ok, (
-            f"{self.tag}: within {DEADLINE_S:.0f} real seconds, expected {count} thread(s) "
+            f"within {DEADLINE_S:.0f} real seconds, expected {count} thread(s) "
             f"at '{self.name}', saw {self.arrivals}"
         )
 
@@ -84,42 +85,77 @@ class Gate:
 class Parked:
     """Stands in for ``inner``: calls to the methods in ``at`` pass through ``gate`` first.
 
-    Every other attribute is ``inner``'s own. :attr:`inside` counts calls in progress on
-    any method, so a test can see whether two threads are ever inside at once.
+    Every other attribute is ``inner``'s own; ``len()``, ``in`` and iteration are calls
+    like the others. :attr:`inside` counts calls in progress, :attr:`most_inside` the most
+    ever at once, and :attr:`overlaps` names each call that began while another was inside
+    (with ``let_in``, each call first gives other threads the chance to come in: a missing
+    lock shows up on every run). Names in ``ignore`` (the inner object's own callables, like
+    a ``weigh`` function) are handed out as they are.
     """
 
-    def __init__(self, inner: Any, gate: Gate, at: Collection[str]) -> None:
-        object.__setattr__(self, "_inner", inner)
-        object.__setattr__(self, "_gate", gate)
-        object.__setattr__(self, "_at", frozenset(at))
-        object.__setattr__(self, "_count", threading.Lock())
-        object.__setattr__(self, "inside", 0)
-        object.__setattr__(self, "most_inside", 0)
+    def __init__(
+        self,
+        inner: Any,
+        gate: Gate | None = None,
+        at: Collection[str] = (),
+        *,
+        let_in: bool = False,
+        ignore: Collection[str] = (),
+    ) -> None:
+        state = dict(
+            _inner=inner,
+            _gate=gate,
+            _at=frozenset(at),
+            _let_in=let_in,
+            _ignore=frozenset(ignore),
+            _changed=threading.Condition(),
+            inside=0,
+            most_inside=0,
+            overlaps=[],
+        )
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    def wait_overlaps(self, count: int, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` until ``count`` calls overlapped another (no failure:
+        the caller asserts on :attr:`overlaps`)."""
+        with self._changed:
+            self._changed.wait_for(lambda: len(self.overlaps) >= count, timeout_s)
+
+    def _call(self, name: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._changed:
+            if self.inside:
+                self.overlaps.append(name)
+                self._changed.notify_all()
+            object.__setattr__(self, "inside", self.inside + 1)
+            object.__setattr__(self, "most_inside", max(self.most_inside, self.inside))
+        try:
+            if self._let_in:
+                time.sleep(0)
+            if self._gate is not None and name in self._at:
+                self._gate.pass_through()
+            return fn(*args, **kwargs)
+        finally:
+            with self._changed:
+                object.__setattr__(self, "inside", self.inside - 1)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
-        if not callable(attr):
+        if not callable(attr) or name in self._ignore:
             return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            with self._count:
-                object.__setattr__(self, "inside", self.inside + 1)
-                object.__setattr__(self, "most_inside", max(self.most_inside, self.inside))
-            try:
-                if name in self._at:
-                    self._gate.pass_through()
-                return attr(*args, **kwargs)
-            finally:
-                with self._count:
-                    object.__setattr__(self, "inside", self.inside - 1)
-
-        return call
+        return functools.partial(self._call, name, attr)
 
     def __setattr__(self, name: str, value: Any) -> None:
         setattr(self._inner, name, value)
 
     def __len__(self) -> int:
-        return len(self._inner)
+        return int(self._call("__len__", self._inner.__len__))
+
+    def __contains__(self, key: object) -> bool:
+        return bool(self._call("__contains__", self._inner.__contains__, key))
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._call("__iter__", self._inner.__iter__))
 
 
 __all__ = ["Gate", "Parked"]

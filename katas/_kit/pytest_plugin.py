@@ -32,7 +32,14 @@ import pytest
 from katas._kit import impl as _impl
 from katas._kit import profiles
 from katas._kit.catalog import CatalogError, load_kata
-from katas._kit.failures import classify, failure_detail, is_noise, running_place, start_hint
+from katas._kit.failures import (
+    classify,
+    failure_detail,
+    is_noise,
+    running_place,
+    start_hint,
+    tell_once,
+)
 from katas._kit.rules import Rule, all_rules
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -318,6 +325,9 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    stage = item.get_closest_marker("stage")
+    if call.excinfo is not None and stage is not None:
+        tell_once(call.excinfo.value, int(stage.args[0]))  # before pytest formats it
     report = yield
     record = item.config.stash[_report_key]
     if call.excinfo is not None and report.failed:

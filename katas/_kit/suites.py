@@ -32,6 +32,16 @@ from katas._kit.catalog import PACKAGE_ROOT, Catalog
 from katas._kit.impl import ENV_IMPL, ENV_PROFILE, bad_impl
 
 PLUGIN = "katas._kit.pytest_plugin"
+#: The installed pytest plugins a suite run uses, loaded by name with autoload off. An
+#: autoloaded plugin has the asserts of every module of its distribution rewritten (about
+#: 120 modules of hypothesis, anyio and pytest-benchmark); where bytecode is not written
+#: (PYTHONDONTWRITEBYTECODE) that is redone by every run, 2 s of a 5 s suite.
+INSTALLED_PLUGINS = (
+    "_hypothesis_pytestplugin",
+    "anyio.pytest_plugin",
+    "pytest_timeout",
+    "pytest_benchmark.plugin",
+)
 
 
 @dataclass(frozen=True)
@@ -256,6 +266,9 @@ def _suite_command(
         run_env[ENV_PROFILE] = "thorough"
     cmd = [sys.executable, "-m", "pytest", str(suite.relative_to(cwd)), "-q"]
     cmd += ["-p", PLUGIN]  # a no-op in a checkout (conftest.py loads it); needed elsewhere
+    run_env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    for plugin in INSTALLED_PLUGINS:
+        cmd += ["-p", plugin]
     cmd += ["--impl", resolve_impl(impl, catalog.root)]
     if not cache:
         cmd += ["-p", "no:cacheprovider"]

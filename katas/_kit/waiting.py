@@ -2,8 +2,8 @@
 
 Tests sequence threads and tasks by observable state (a component's ``statistics()``),
 polling with :func:`eventually`; every wait ends by a deadline, so a deadlock fails the
-test in seconds instead of hanging the suite. Threads are daemons. Messages start with
-the stage tag (``"stage 2"``) so a learner sees which stage's rule broke.
+test in seconds instead of hanging the suite. Threads are daemons. Messages say what
+did not happen; the plugin adds the stage (from the test's marker).
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ def tiny_switch_interval() -> Iterator[None]:
 class Thread(threading.Thread):
     """A daemon thread running ``fn``; :meth:`outcome` joins it with a hard deadline."""
 
-    def __init__(self, fn: Callable[[], Any], name: str, tag: str = "stage 2") -> None:
+    def __init__(self, fn: Callable[[], Any], name: str) -> None:
         super().__init__(name=name, daemon=True)
         self._fn = fn
-        self._tag = tag
         self.result: Any = None
         self.error: BaseException | None = None
 
@@ -55,47 +54,47 @@ class Thread(threading.Thread):
         """Join (hard deadline); re-raise what ``fn`` raised, else return its result."""
         self.join(DEADLINE_S)
         assert not self.is_alive(), (
-            f"{self._tag}: {self.name} did not return within {DEADLINE_S:.0f} real seconds — {what}"
+            f"{self.name} did not return within {DEADLINE_S:.0f} real seconds — {what}"
         )
         if self.error is not None:
             raise self.error
         return self.result
 
 
-def spawn(fn: Callable[[], Any], name: str, tag: str = "stage 2") -> Thread:
+def spawn(fn: Callable[[], Any], name: str) -> Thread:
     """Start ``fn`` in a daemon :class:`Thread`."""
-    thread = Thread(fn, name, tag)
+    thread = Thread(fn, name)
     thread.start()
     return thread
 
 
-def eventually(pred: Callable[[], bool], what: str, tag: str = "stage 2") -> None:
+def eventually(pred: Callable[[], bool], what: str) -> None:
     """Wait (hard real-time deadline) until ``pred()``; polling only."""
     deadline = time.monotonic() + DEADLINE_S
     while not pred() and time.monotonic() < deadline:
         time.sleep(_POLL_S)
-    assert pred(), f"{tag}: within {DEADLINE_S:.0f} real seconds, expected {what}"
+    assert pred(), f"within {DEADLINE_S:.0f} real seconds, expected {what}"
 
 
-def stays(pred: Callable[[], bool], what: str, tag: str = "stage 2") -> None:
+def stays(pred: Callable[[], bool], what: str) -> None:
     """Watch for :data:`QUIET_S` that ``pred()`` keeps holding."""
     deadline = time.monotonic() + QUIET_S
     while time.monotonic() < deadline:
-        assert pred(), f"{tag}: expected {what} to keep holding, but it changed"
+        assert pred(), f"expected {what} to keep holding, but it changed"
         time.sleep(_POLL_S)
 
 
-async def eventually_async(pred: Callable[[], bool], what: str, tag: str = "stage 2") -> None:
+async def eventually_async(pred: Callable[[], bool], what: str) -> None:
     """Wait (hard real-time deadline) until ``pred()``, letting other tasks run."""
     with anyio.move_on_after(DEADLINE_S):
         while not pred():
             await anyio.sleep(_POLL_S)
-    assert pred(), f"{tag}: within {DEADLINE_S:.0f} real seconds, expected {what}"
+    assert pred(), f"within {DEADLINE_S:.0f} real seconds, expected {what}"
 
 
-async def stays_async(pred: Callable[[], bool], what: str, tag: str = "stage 2") -> None:
+async def stays_async(pred: Callable[[], bool], what: str) -> None:
     """Watch for :data:`QUIET_S` that ``pred()`` keeps holding, letting other tasks run."""
     with anyio.move_on_after(QUIET_S):
         while True:
-            assert pred(), f"{tag}: expected {what} to keep holding, but it changed"
+            assert pred(), f"expected {what} to keep holding, but it changed"
             await anyio.sleep(_POLL_S)

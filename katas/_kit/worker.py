@@ -10,6 +10,7 @@ event, flushed at once, so a test can follow it and strike at an exact point::
                                         failed, lost, released (see RedisWorker)
     EVENT unavailable - -               Redis could not be reached (the worker waits)
     HOLD <point> <job_id> <token>       --hold-at <point>: then it waits for a line on stdin
+    IDLE                                a claim found nothing (printed by this runner)
     EXIT <reason>                       max_jobs, or stopped (SIGTERM/SIGINT)
 
 ``--hold-at claimed|after_effect`` holds after that event until the test writes a line
@@ -20,7 +21,10 @@ dict: ``effect`` (what the job returns: its effect; default the payload itself),
 takes its worker down), ``fail`` (raise ``RuntimeError`` with that text).
 
 The test side (:class:`WorkerProcess`) starts one, waits for its lines with hard
-deadlines, and sends it real signals.
+deadlines, and sends it real signals. A test that knows a job is due says so
+(``idle_polls``): a worker that keeps finding nothing to claim then fails the wait at
+once, instead of when the deadline runs out — a lost job is a red run of a second, not
+of fifteen.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ from typing import Any
 
 #: Real seconds a test waits for a worker's line before it fails.
 LINE_DEADLINE_S = 15.0
+#: Empty claims in a row after which a worker that should have found a due job has failed.
+DUE_IDLE_POLLS = 25
+IDLE = "IDLE"
 HOLD_POINTS = ("claimed", "after_effect")
 
 
@@ -85,6 +92,19 @@ def handle(lease: Any, payload: Any) -> Any:
     return payload.get("effect", payload)
 
 
+def _claims_shown(queue_class: type) -> type:
+    """``queue_class``, unchanged except that a claim which finds nothing prints IDLE."""
+
+    class ClaimsShown(queue_class):  # type: ignore[misc]
+        def claim(self, *args: Any, **kwargs: Any) -> Any:
+            lease = super().claim(*args, **kwargs)
+            if lease is None:
+                _say(IDLE)
+            return lease
+
+    return ClaimsShown
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     import redis
@@ -102,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         socket_connect_timeout=args.socket_timeout,
         retry=Retry(NoBackoff(), 0),  # an outage shows up as one error, handled by the worker
     )
-    queue = stage3.RedisJobQueue(
+    queue = _claims_shown(stage3.RedisJobQueue)(
         client,
         lease_ns=args.lease_ns,
         retry=RetryPolicy(args.backoff_base_ns, args.backoff_cap_ns, args.jitter),
@@ -186,11 +206,52 @@ class WorkerProcess:
             return [line for line in self._lines if line.startswith(prefix)]
 
     def transcript(self, last: int = 40) -> str:
+        """The last ``last`` lines, each run of IDLE lines shown as one."""
+        shown: list[str] = []
+        idle = 0
         with self._cond:
-            return "\n".join(f"    {self.name}| {line}" for line in self._lines[-last:])
+            for line in [*self._lines, ""]:
+                if line == IDLE:
+                    idle += 1
+                    continue
+                if idle:
+                    shown.append(f"{IDLE} x{idle}  (claims that found nothing)")
+                    idle = 0
+                shown.append(line)
+        return "\n".join(f"    {self.name}| {line}" for line in shown[:-1][-last:])
 
-    def wait_for(self, prefix: str, *, count: int = 1, deadline_s: float = LINE_DEADLINE_S) -> str:
-        """Wait (hard deadline) until ``count`` lines start with ``prefix``; the last one."""
+    def idle_run(self) -> int:
+        """How many claims in a row, up to now, found nothing."""
+        with self._cond:
+            run = 0
+            for line in reversed(self._lines):
+                if line != IDLE:
+                    break
+                run += 1
+            return run
+
+    def _given_up(self, deadline: float, deadline_s: float, idle_polls: int | None) -> str:
+        """Why a wait ends unfulfilled now (its deadline passed, or a due job went unclaimed
+        ``idle_polls`` times in a row), or "" to wait on."""
+        if idle_polls is not None and self.idle_run() >= idle_polls:
+            return f"its last {idle_polls} claims found nothing, with a job due"
+        if time.monotonic() >= deadline:
+            return f"{deadline_s:.0f} real seconds passed"
+        return ""
+
+    def wait_for(
+        self,
+        prefix: str,
+        *,
+        count: int = 1,
+        deadline_s: float = LINE_DEADLINE_S,
+        idle_polls: int | None = None,
+    ) -> str:
+        """Wait (hard deadline) until ``count`` lines start with ``prefix``; the last one.
+
+        ``idle_polls``: a job is due for this worker, so ``idle_polls`` empty claims in a
+        row fail the wait at once.
+        """
         deadline = time.monotonic() + deadline_s
         with self._cond:
             while True:
@@ -198,14 +259,13 @@ class WorkerProcess:
                 if len(found) >= count:
                     return found[count - 1]
                 closed = "<closed>" in self._lines
-                left = deadline - time.monotonic()
-                if closed or left <= 0:
-                    why = "it exited" if closed else f"{deadline_s:.0f} real seconds passed"
+                why = "it exited" if closed else self._given_up(deadline, deadline_s, idle_polls)
+                if why:
                     raise AssertionError(
-                        f"stage 3: {self.name} never printed {prefix!r} (x{count}): {why}.\n"
+                        f"{self.name} never printed {prefix!r} (x{count}): {why}.\n"
                         f"  its output:\n{self.transcript()}"
                     )
-                self._cond.wait(min(left, 0.1))
+                self._cond.wait(0.05)
 
     def go(self) -> None:
         """Let a worker holding at a point go on."""
@@ -218,16 +278,20 @@ class WorkerProcess:
         if self._proc.poll() is None:
             os.kill(self._proc.pid, sig)
 
-    def wait(self, deadline_s: float = LINE_DEADLINE_S) -> int:
+    def wait(self, deadline_s: float = LINE_DEADLINE_S, *, idle_polls: int | None = None) -> int:
         """Wait (hard deadline) for the process to exit and its output to be read; its
-        return code."""
-        try:
-            code = self._proc.wait(deadline_s)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"stage 3: {self.name} did not exit within {deadline_s:.0f} real seconds.\n"
-                f"  its output:\n{self.transcript()}"
-            ) from None
+        return code. ``idle_polls`` as for :meth:`wait_for`."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                code = self._proc.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                why = self._given_up(deadline, deadline_s, idle_polls)
+                if why:
+                    raise AssertionError(
+                        f"{self.name} did not exit: {why}.\n  its output:\n{self.transcript()}"
+                    ) from None
         self._reader.join(deadline_s)  # every line it printed is in lines() now
         return code
 

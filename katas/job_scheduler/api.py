@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from katas._kit.clients import check_client, unavailable
 from katas._kit.clock import NS_PER_MS, NS_PER_S, Clock, ManualClock, MonotonicClock, WaitingClock
 
 
@@ -201,6 +202,8 @@ __all__ = [
     "RetryPolicy",
     "StaleLease",
     "WaitingClock",
+    "check_client",
+    "unavailable",
 ]
 
 

@@ -128,24 +128,23 @@ def claim(queue: Any, worker: str = "w") -> Lease:
     """``queue.claim(worker)``, which must return a lease here."""
     lease = queue.claim(worker)
     assert isinstance(lease, Lease), (
-        f"stage 1: claim({worker!r}) returned {lease!r}, but a job is READY here"
+        f"claim({worker!r}) returned {lease!r}, but a job is READY here"
     )
     return lease
 
 
 def rejects(error: type[Exception], call: Callable[[], Any], message: str) -> None:
     """``call()`` must raise ``error``; if it returns, fail with ``message``."""
-    text = message if message.startswith("stage 1") else f"stage 1: {message}"
     try:
         call()
     except error:
         return
     except (StaleLease, JobNotFound, QueueFull) as other:
         raise AssertionError(
-            f"{text.replace(' was accepted', '')}: expected {error.__name__}, got "
+            f"{message.replace(' was accepted', '')}: expected {error.__name__}, got "
             f"{type(other).__name__}: {other}"
         ) from None
-    raise AssertionError(f"{text} (expected {error.__name__})")
+    raise AssertionError(f"{message} (expected {error.__name__})")
 
 
 def held(queue: Any, job_id: str) -> Job | None:
@@ -181,7 +180,7 @@ class Story:
 
     def fail(self, invariant: str, detail: str) -> str:
         shown = self.lines if len(self.lines) <= 40 else ["    …", *self.lines[-40:]]
-        return f"stage 1: {invariant}\n  operations:\n" + "\n".join(shown) + f"\n  => {detail}"
+        return f"{invariant}\n  operations:\n" + "\n".join(shown) + f"\n  => {detail}"
 
 
 # --------------------------------------------------------------------------------------
@@ -194,9 +193,7 @@ class Story:
 def test_stage1_enqueue_claim_ack_runs_a_job_once() -> None:
     clock, queue = new_queue()
     job_id = queue.enqueue({"to": "ada"})
-    assert isinstance(job_id, str), (
-        f"stage 1: enqueue must return the job id (a str), got {job_id!r}"
-    )
+    assert isinstance(job_id, str), f"enqueue must return the job id (a str), got {job_id!r}"
     job = queue.get(job_id)
     assert (job.state, job.payload, job.attempts, job.seq, job.token) == (
         READY,
@@ -204,11 +201,10 @@ def test_stage1_enqueue_claim_ack_runs_a_job_once() -> None:
         0,
         1,
         0,
-    ), f"stage 1: a job enqueued with no run_at is READY at once, untouched: got {job}"
+    ), f"a job enqueued with no run_at is READY at once, untouched: got {job}"
     lease = queue.claim("worker-1")
     assert lease == Lease(job_id, 1, 1, START + LEASE, "worker-1"), (
-        f"stage 1: the first claim leases the job until now + lease_ns with token 1, attempt 1; "
-        f"got {lease}"
+        f"the first claim leases the job until now + lease_ns with token 1, attempt 1; got {lease}"
     )
     leased = queue.get(job_id)
     assert (leased.state, leased.attempts, leased.lease_expires_at_ns, leased.worker_id) == (
@@ -216,8 +212,8 @@ def test_stage1_enqueue_claim_ack_runs_a_job_once() -> None:
         1,
         START + LEASE,
         "worker-1",
-    ), f"stage 1: after claim the job is LEASED to worker-1 with 1 attempt, got {leased}"
-    assert queue.claim("worker-2") is None, "stage 1: a leased job must not be claimed again"
+    ), f"after claim the job is LEASED to worker-1 with 1 attempt, got {leased}"
+    assert queue.claim("worker-2") is None, "a leased job must not be claimed again"
     clock.advance(10)
     queue.ack(lease, result=42)
     done = queue.get(job_id)
@@ -226,17 +222,17 @@ def test_stage1_enqueue_claim_ack_runs_a_job_once() -> None:
         42,
         START + 10,
         None,
-    ), f"stage 1: ack finishes the job as SUCCEEDED with its result, got {done}"
+    ), f"ack finishes the job as SUCCEEDED with its result, got {done}"
     clock.advance(10 * LEASE)
-    assert queue.claim("worker-2") is None, "stage 1: a finished job is never claimed again"
+    assert queue.claim("worker-2") is None, "a finished job is never claimed again"
 
 
 @pytest.mark.rule("claim-order", "next-due")
 @core
 def test_stage1_claim_on_an_empty_queue_returns_none() -> None:
     _, queue = new_queue()
-    assert queue.claim("w") is None, "stage 1: claim() on an empty queue must return None"
-    assert queue.next_due_ns() is None, "stage 1: next_due_ns() on an empty queue is None"
+    assert queue.claim("w") is None, "claim() on an empty queue must return None"
+    assert queue.next_due_ns() is None, "next_due_ns() on an empty queue is None"
 
 
 @pytest.mark.rule("claim-order", "never-compared")
@@ -246,7 +242,7 @@ def test_stage1_equal_priority_jobs_come_out_in_enqueue_order() -> None:
     ids = [queue.enqueue(f"job {i}") for i in range(25)]
     got = [claim(queue, "w").job_id for _ in ids]
     assert got == ids, (
-        "stage 1: 25 jobs enqueued at one instant with one priority must be claimed in "
+        "25 jobs enqueued at one instant with one priority must be claimed in "
         f"enqueue order (ties broken by the sequence number, never by id or payload):\n"
         f"  enqueued {ids}\n  claimed  {got}"
     )
@@ -268,7 +264,7 @@ def test_stage1_higher_priority_first_then_due_time_then_enqueue_order() -> None
     names = {low: "low", late_high: "late high", high: "high", early_high: "early high"}
     names[future_top] = "future top"
     assert got == [early_high, high, late_high, low], (
-        "stage 1: among due jobs, larger priority first, then earlier due time, then enqueue "
+        "among due jobs, larger priority first, then earlier due time, then enqueue "
         "order; a job not yet due (priority 9, due in 10 000) waits without blocking the "
         f"others. Expected early high, high, late high, low; got {[names.get(i, i) for i in got]}"
     )
@@ -279,14 +275,14 @@ def test_stage1_higher_priority_first_then_due_time_then_enqueue_order() -> None
 def test_stage1_job_is_not_claimed_before_its_run_at() -> None:
     clock, queue = new_queue()
     job_id = queue.enqueue("later", run_at_ns=START + 500)
-    assert queue.get(job_id).state is SCHEDULED, "stage 1: a job due in the future is SCHEDULED"
+    assert queue.get(job_id).state is SCHEDULED, "a job due in the future is SCHEDULED"
     clock.advance(499)
-    assert queue.claim("w") is None, "stage 1: claimed 1 ns before its run_at_ns"
+    assert queue.claim("w") is None, "claimed 1 ns before its run_at_ns"
     clock.advance(1)
-    assert queue.get(job_id).state is READY, "stage 1: at its run_at_ns a job is READY"
+    assert queue.get(job_id).state is READY, "at its run_at_ns a job is READY"
     lease = queue.claim("w")
     assert lease is not None and lease.job_id == job_id, (
-        f"stage 1: at run_at_ns exactly the job must be claimable, got {lease}"
+        f"at run_at_ns exactly the job must be claimable, got {lease}"
     )
 
 
@@ -343,7 +339,7 @@ def test_stage1_expired_lease_costs_an_attempt_and_is_retried() -> None:
     job_id = queue.enqueue("crashy")
     first = claim(queue, "w1")
     clock.advance(LEASE - 1)
-    assert queue.get(job_id).state is LEASED, "stage 1: a lease is live until expires_at_ns"
+    assert queue.get(job_id).state is LEASED, "a lease is live until expires_at_ns"
     clock.advance(1)
     job = queue.get(job_id)
     assert (job.state, job.attempts, job.last_error, job.run_at_ns) == (
@@ -352,14 +348,14 @@ def test_stage1_expired_lease_costs_an_attempt_and_is_retried() -> None:
         LEASE_EXPIRED,
         first.expires_at_ns + BASE,
     ), (
-        "stage 1: at expires_at_ns the lease expires: the attempt stays counted, last_error is "
+        "at expires_at_ns the lease expires: the attempt stays counted, last_error is "
         f"LEASE_EXPIRED and the retry is due at expires_at + backoff ({BASE}); got {job}"
     )
     rejects(StaleLease, lambda: queue.ack(first), "ack of an expired lease was accepted")
     clock.advance(BASE)
     second = queue.claim("w2")
     assert second is not None and (second.token, second.attempt) == (2, 2), (
-        f"stage 1: the retry is claimed with the next token and attempt 2, got {second}"
+        f"the retry is claimed with the next token and attempt 2, got {second}"
     )
 
 
@@ -372,7 +368,7 @@ def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() ->
     clock.advance(LEASE + BASE)  # w1 stalls past its lease; the retry is due
     fresh = claim(queue, "w2")
     assert fresh is not None and fresh.token > zombie.token, (
-        f"stage 1: a reclaim must issue a larger fencing token: {zombie} then {fresh}"
+        f"a reclaim must issue a larger fencing token: {zombie} then {fresh}"
     )
     before = queue.get(job_id)
     for name, call in (
@@ -382,13 +378,13 @@ def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() ->
         rejects(StaleLease, call, f"{name} with the superseded token {zombie.token} was accepted")
         after = queue.get(job_id)
         assert after == before, (
-            f"stage 1: {name} with the superseded token {zombie.token} (live token "
+            f"{name} with the superseded token {zombie.token} (live token "
             f"{fresh.token}) must raise StaleLease and change nothing: {diff(before, after)}"
         )
     queue.ack(fresh, "done")
     assert queue.get(job_id).result == "done"
     rejects(StaleLease, lambda: queue.ack(fresh, "twice"), "a second ack was accepted")
-    assert queue.get(job_id).result == "done", "stage 1: a second ack must change nothing"
+    assert queue.get(job_id).result == "done", "a second ack must change nothing"
 
 
 @pytest.mark.rule("dead-at-max")
@@ -404,7 +400,7 @@ def test_stage1_job_is_dead_after_exactly_max_attempts() -> None:
         else:
             clock.advance(LEASE)  # the worker crashed: the lease expires
         assert queue.get(job_id).state is SCHEDULED, (
-            f"stage 1: after failed attempt {n} of max_attempts=3 the job is retried, "
+            f"after failed attempt {n} of max_attempts=3 the job is retried, "
             f"got {queue.get(job_id).state}"
         )
         clock.advance(delay_none(n))
@@ -417,9 +413,9 @@ def test_stage1_job_is_dead_after_exactly_max_attempts() -> None:
         3,
         "fail 3",
         clock.now_ns(),
-    ), f"stage 1: the failure of attempt max_attempts=3 makes the job DEAD at once, got {job}"
+    ), f"the failure of attempt max_attempts=3 makes the job DEAD at once, got {job}"
     clock.advance(100 * CAP)
-    assert queue.claim("w") is None, "stage 1: a DEAD job is never claimed"
+    assert queue.claim("w") is None, "a DEAD job is never claimed"
 
 
 @pytest.mark.rule("dead-at-max", "failed-attempt")
@@ -430,7 +426,7 @@ def test_stage1_poison_job_that_always_crashes_dies() -> None:
     first = claim(queue, "w")
     clock.advance(LEASE + BASE)
     second = queue.claim("w")
-    assert second is not None and second.attempt == 2, f"stage 1: got {second}"
+    assert second is not None and second.attempt == 2, f"got {second}"
     clock.advance(LEASE)
     job = queue.get(job_id)
     assert (job.state, job.attempts, job.finished_at_ns) == (
@@ -438,7 +434,7 @@ def test_stage1_poison_job_that_always_crashes_dies() -> None:
         2,
         second.expires_at_ns,
     ), (
-        "stage 1: a job whose worker crashes every time (two lease expiries, max_attempts=2) "
+        "a job whose worker crashes every time (two lease expiries, max_attempts=2) "
         f"must be DEAD at its last lease's expiry, not loop forever; got {job} "
         f"(first lease {first})"
     )
@@ -455,12 +451,12 @@ def test_stage1_retry_keeps_its_sequence_number() -> None:
     clock.advance(BASE)
     got = [claim(queue, "w").job_id, claim(queue, "w").job_id]
     assert got == [first, second], (
-        "stage 1: a retried job due at t ties with a job first due at t: the earlier "
+        "a retried job due at t ties with a job first due at t: the earlier "
         f"enqueue (smaller seq) comes first — a retry keeps its number. Got {got}, "
         f"expected {[first, second]}"
     )
     seqs = (queue.get(first).seq, queue.get(second).seq)
-    assert seqs == (1, 2), f"stage 1: seq is the enqueue order and a retry keeps it, got {seqs}"
+    assert seqs == (1, 2), f"seq is the enqueue order and a retry keeps it, got {seqs}"
 
 
 @pytest.mark.rule("backoff-from-failure")
@@ -473,7 +469,7 @@ def test_stage1_backoff_of_an_expired_lease_runs_from_the_expiry() -> None:
     clock.advance(5 * LEASE)  # nobody calls the queue until well after the expiry
     job = queue.get(job_id)
     assert job.run_at_ns == lease.expires_at_ns + twin[0], (
-        "stage 1: the retry after a lease expiry is due at expires_at + backoff, however late "
+        "the retry after a lease expiry is due at expires_at + backoff, however late "
         f"the queue notices: expected {lease.expires_at_ns + twin[0] - START}, got "
         f"{job.run_at_ns - START} (relative to start)"
     )
@@ -500,7 +496,7 @@ def test_stage1_expiries_are_applied_in_expiry_then_sequence_order() -> None:
     }
     got = {j: queue.get(j).run_at_ns for j in (a, b, c)}
     assert got == want, (
-        f"stage 1: expiries are applied in (expires_at, seq) order, one {policy.jitter}-jitter "
+        f"expiries are applied in (expires_at, seq) order, one {policy.jitter}-jitter "
         "draw each: a (seq 1) and b (seq 2) expire together before c; b was claimed first but "
         f"a draws first. Expected retry times {want}, got {got}"
     )
@@ -522,7 +518,7 @@ def test_stage1_every_call_applies_due_expiries_before_its_own_work() -> None:
     want_b = clock.now_ns() + rng.randrange(BASE + 1)
     got = (queue.get(a).run_at_ns, queue.get(b).run_at_ns)
     assert got == (want_a, want_b), (
-        "stage 1: nack(b) at the instant a's lease expires must first apply a's expiry (its "
+        "nack(b) at the instant a's lease expires must first apply a's expiry (its "
         "backoff draw), then b's nack: every public call settles due expiries first. "
         f"Expected retry times (a, b) = {(want_a - START, want_b - START)}, got "
         f"{(got[0] - START, got[1] - START)} (relative to start)"
@@ -535,18 +531,18 @@ def test_stage1_next_due_ns_tells_when_to_claim_next() -> None:
     clock, queue = new_queue()
     later = queue.enqueue("later", run_at_ns=START + 700)
     queue.enqueue("sooner", run_at_ns=START + 300)
-    assert queue.next_due_ns() == START + 300, "stage 1: the earliest run_at of scheduled jobs"
+    assert queue.next_due_ns() == START + 300, "the earliest run_at of scheduled jobs"
     clock.advance(300)
-    assert queue.next_due_ns() == clock.now_ns(), "stage 1: now, when a job is READY"
+    assert queue.next_due_ns() == clock.now_ns(), "now, when a job is READY"
     lease = claim(queue, "w")
     assert queue.next_due_ns() == START + 700, (
-        f"stage 1: with one job leased until {lease.expires_at_ns - START} and one due at 700, "
+        f"with one job leased until {lease.expires_at_ns - START} and one due at 700, "
         f"next_due_ns is 700, got {_rel(queue.next_due_ns())}"
     )
     clock.advance(400)
     assert claim(queue, "w").job_id == later
     assert queue.next_due_ns() == lease.expires_at_ns, (
-        "stage 1: with only leases out, next_due_ns is the earliest lease expiry (the job may "
+        "with only leases out, next_due_ns is the earliest lease expiry (the job may "
         f"come back then): expected {lease.expires_at_ns - START}, got {_rel(queue.next_due_ns())}"
     )
 
@@ -635,8 +631,8 @@ def test_stage1_bad_input_raises_naming_the_parameter_and_changes_nothing(
     with pytest.raises(exc, match=word):
         call(queue, lease, job_id)
     after = queue.get(job_id)
-    assert after == before, f"stage 1: {what} raised but changed the job: {diff(before, after)}"
-    assert queue.claim("w") is None, f"stage 1: {what} must change nothing (no job created)"
+    assert after == before, f"{what} raised but changed the job: {diff(before, after)}"
+    assert queue.claim("w") is None, f"{what} must change nothing (no job created)"
     queue.ack(lease)  # the lease is still live
 
 
@@ -672,7 +668,7 @@ def test_stage1_decorrelated_jitter_grows_from_the_capped_previous_delay() -> No
         clock.advance(got[-1])
     if got != want:
         raise AssertionError(
-            f"stage 1: decorrelated jitter draws rng.randrange(base, 3·prev + 1) with prev the "
+            f"decorrelated jitter draws rng.randrange(base, 3·prev + 1) with prev the "
             f"previous delay as applied, after the cap (base {base}, cap {cap}, "
             f"Random({seed})): expected delays {want}, got {got}"
             + (" — that is what an uncapped prev gives" if got == raw else "")
@@ -699,7 +695,7 @@ def test_stage1_a_job_that_dies_draws_no_backoff(how: str) -> None:
     died_at = clock.now_ns() if how == "nack" else last.expires_at_ns
     if (job.state, job.finished_at_ns) != (DEAD, died_at) or rng.getstate() != before:
         raise AssertionError(
-            f"stage 1: the failure ({how}) of attempt max_attempts=2 makes the job DEAD at "
+            f"the failure ({how}) of attempt max_attempts=2 makes the job DEAD at "
             f"once ({_rel(died_at)}) with no backoff drawn; got {job.state.value} at "
             f"{_rel(job.finished_at_ns)}, rng "
             + ("untouched" if rng.getstate() == before else "drawn from")
@@ -728,12 +724,12 @@ def live_until_its_expiry(method: str) -> None:
         if offset < 0:
             got = _call_at(method, queue, store, lease)
             if method == "is_current" and got is not True:
-                raise AssertionError(f"stage 1: {at}: the lease is live, is_current -> {got}")
+                raise AssertionError(f"{at}: the lease is live, is_current -> {got}")
             continue
         if method == "is_current":
             got = _call_at(method, queue, store, lease)
             if got is not False:
-                raise AssertionError(f"stage 1: {at}: the lease has expired, is_current -> {got}")
+                raise AssertionError(f"{at}: the lease has expired, is_current -> {got}")
         else:
             rejects(
                 StaleLease,
@@ -743,7 +739,7 @@ def live_until_its_expiry(method: str) -> None:
         job = queue.get(job_id)
         if (job.state, job.attempts, job.last_error) != (SCHEDULED, 1, LEASE_EXPIRED):
             raise AssertionError(
-                f"stage 1: {at}: the lease expired at expires_at_ns, so the call settles the "
+                f"{at}: the lease expired at expires_at_ns, so the call settles the "
                 f"expiry first (attempt counted, LEASE_EXPIRED, retry scheduled) and is refused; "
                 f"the job is {job.state.value}, attempts {job.attempts}, last_error "
                 f"{job.last_error!r}"
@@ -790,7 +786,7 @@ def test_stage1_calls_on_a_job_forgotten_after_its_retention() -> None:
     ):
         rejects(JobNotFound, act, f"{name} on a job forgotten after its retention (not StaleLease)")
     if queue.is_current(stale) is not False:
-        raise AssertionError("stage 1: is_current of a forgotten job's lease must be False")
+        raise AssertionError("is_current of a forgotten job's lease must be False")
     rejects(
         StaleLease,
         lambda: store.commit(stale, "late effect"),
@@ -1309,10 +1305,10 @@ def test_stage1_heartbeat_extends_a_live_lease() -> None:
     clock.advance(LEASE - 1)
     renewed = queue.heartbeat(lease)
     assert renewed == Lease(job_id, lease.token, 1, clock.now_ns() + LEASE, "w"), (
-        f"stage 1: heartbeat extends the lease to now + lease_ns, same token and attempt: {renewed}"
+        f"heartbeat extends the lease to now + lease_ns, same token and attempt: {renewed}"
     )
     clock.advance(LEASE - 1)
-    assert queue.get(job_id).state is LEASED, "stage 1: a heartbeat must keep the job leased"
+    assert queue.get(job_id).state is LEASED, "a heartbeat must keep the job leased"
     queue.ack(lease)  # the original lease object: same job, same token
     assert queue.get(job_id).state is SUCCEEDED
     queue.enqueue("crashes")
@@ -1378,13 +1374,13 @@ def test_stage1_release_refunds_the_attempt_and_keeps_the_place_in_line() -> Non
     queue.release(lease)  # graceful shutdown: hand it back
     job = queue.get(first)
     assert (job.state, job.attempts, job.run_at_ns, job.token) == (READY, 0, START, 1), (
-        f"stage 1: release makes the job READY at its old due time with the attempt refunded "
+        f"release makes the job READY at its old due time with the attempt refunded "
         f"(the token stays issued), got {job}"
     )
     rejects(StaleLease, lambda: queue.ack(lease), "ack of a released lease was accepted")
     again = queue.claim("w")
     assert again is not None and (again.job_id, again.attempt, again.token) == (first, 1, 2), (
-        f"stage 1: the released job keeps its place before {second!r}; its next claim is "
+        f"the released job keeps its place before {second!r}; its next claim is "
         f"attempt 1 again (max_attempts=1 is not used up) with token 2; got {again}"
     )
 
@@ -1440,7 +1436,7 @@ def test_stage1_cancel_makes_the_lease_stale_and_the_job_final() -> None:
     for j in (leased_id, ready_id, later_id):
         job = queue.get(j)
         assert (job.state, job.finished_at_ns) == (CANCELLED, START), (
-            f"stage 1: cancel makes any unfinished job CANCELLED now, got {job}"
+            f"cancel makes any unfinished job CANCELLED now, got {job}"
         )
     for name, call in (
         ("ack", lambda: queue.ack(lease)),
@@ -1449,10 +1445,10 @@ def test_stage1_cancel_makes_the_lease_stale_and_the_job_final() -> None:
         ("release", lambda: queue.release(lease)),
     ):
         rejects(StaleLease, call, f"{name} of a cancelled job's lease was accepted")
-    assert queue.get(leased_id).state is CANCELLED, "stage 1: a stale call changed the job"
+    assert queue.get(leased_id).state is CANCELLED, "a stale call changed the job"
     clock.advance(10 * LEASE)
-    assert queue.claim("w") is None, "stage 1: a cancelled job is never claimed"
-    assert queue.cancel(leased_id) is False, "stage 1: cancelling a finished job returns False"
+    assert queue.claim("w") is None, "a cancelled job is never claimed"
+    assert queue.cancel(leased_id) is False, "cancelling a finished job returns False"
     done = queue.enqueue("done")
     queue.ack(claim(queue, "w"))
     assert queue.cancel(done) is False and queue.get(done).state is SUCCEEDED
@@ -1507,7 +1503,7 @@ def test_stage1_dead_letters_are_listed_in_order_of_death_and_can_be_redriven() 
     queue.nack(lease_b, "b broke")
     clock.advance(LEASE)  # a's worker crashed
     assert [j.id for j in queue.dead_letters()] == [b, a], (
-        "stage 1: dead_letters() lists DEAD jobs in the order they died"
+        "dead_letters() lists DEAD jobs in the order they died"
     )
     assert queue.dead_letters()[1].last_error == LEASE_EXPIRED
     assert queue.redrive(a) is True
@@ -1517,15 +1513,15 @@ def test_stage1_dead_letters_are_listed_in_order_of_death_and_can_be_redriven() 
         0,
         clock.now_ns(),
         None,
-    ), f"stage 1: redrive returns a DEAD job to READY now with attempts zeroed, got {job}"
+    ), f"redrive returns a DEAD job to READY now with attempts zeroed, got {job}"
     assert [j.id for j in queue.dead_letters()] == [b]
     again = queue.claim("w")
     assert again is not None and (again.job_id, again.attempt, again.token) == (a, 1, 2), (
-        f"stage 1: a redriven job's next claim is attempt 1 with token 2 — tokens never reset, "
+        f"a redriven job's next claim is attempt 1 with token 2 — tokens never reset, "
         f"so the lease from before its death stays stale; got {again}"
     )
     rejects(StaleLease, lambda: queue.ack(lease_a), "the lease from before the death passed")
-    assert queue.redrive(a) is False, "stage 1: redrive of a job that is not DEAD returns False"
+    assert queue.redrive(a) is False, "redrive of a job that is not DEAD returns False"
     rejects(JobNotFound, lambda: queue.redrive("no-such-job"), "redrive of an unknown id")
 
 
@@ -1583,18 +1579,18 @@ def test_stage1_idempotency_key_returns_the_first_job_within_its_ttl() -> None:
     clock.advance(499)
     again = queue.enqueue("charge (retried)", idempotency_key="order-7", priority=3)
     assert again == first, (
-        f"stage 1: the same idempotency key within its TTL returns the first job's id "
+        f"the same idempotency key within its TTL returns the first job's id "
         f"{first!r}, got {again!r}"
     )
-    assert queue.statistics().ready == 1, "stage 1: a deduplicated enqueue creates nothing"
+    assert queue.statistics().ready == 1, "a deduplicated enqueue creates nothing"
     queue.ack(claim(queue, "w"))
     assert queue.enqueue("charge", idempotency_key="order-7") == first, (
-        "stage 1: the key dedups even after the first job finished"
+        "the key dedups even after the first job finished"
     )
     clock.advance(1)  # 500 after the first enqueue: the record has expired
     fresh = queue.enqueue("charge", idempotency_key="order-7")
     assert fresh != first and queue.get(fresh).state is READY, (
-        "stage 1: at first enqueue + dedup_ttl_ns the key is forgotten: a new job"
+        "at first enqueue + dedup_ttl_ns the key is forgotten: a new job"
     )
     assert queue.enqueue("other", idempotency_key="order-8") not in (first, fresh)
 
@@ -1655,15 +1651,15 @@ def test_stage1_finished_jobs_and_keys_are_forgotten_after_retention() -> None:
             lambda: queue.get(j),  # noqa: B023 - called at once
             f"{j!r} finished at 0 must be forgotten at retention_ns=2000",
         )
-    assert queue.dead_letters() == [], "stage 1: a forgotten dead letter is not listed"
-    assert queue.get(waiting).state is SCHEDULED, "stage 1: unfinished jobs are never forgotten"
+    assert queue.dead_letters() == [], "a forgotten dead letter is not listed"
+    assert queue.get(waiting).state is SCHEDULED, "unfinished jobs are never forgotten"
     stats = queue.statistics()
-    assert stats == QueueStatistics(1, 0, 0, 0, 0, 0, 1), f"stage 1: got {stats}"
+    assert stats == QueueStatistics(1, 0, 0, 0, 0, 0, 1), f"got {stats}"
     assert queue.enqueue("again", idempotency_key="k") == ok, (
-        "stage 1: the key outlives its job (TTL 3000 from the first enqueue)"
+        "the key outlives its job (TTL 3000 from the first enqueue)"
     )
     clock.advance(1_000)
-    assert queue.statistics().idempotency_keys == 0, "stage 1: keys are forgotten after their TTL"
+    assert queue.statistics().idempotency_keys == 0, "keys are forgotten after their TTL"
 
 
 @pytest.mark.rule("retention", "unfinished-kept")
@@ -1729,15 +1725,15 @@ def test_stage1_max_pending_bounds_unfinished_jobs() -> None:
     queue.enqueue("b", run_at_ns=START + 50)
     before = queue.statistics()
     rejects(QueueFull, lambda: queue.enqueue("c"), "a 3rd pending job with max_pending=2")
-    assert queue.statistics() == before, "stage 1: a refused enqueue must change nothing"
+    assert queue.statistics() == before, "a refused enqueue must change nothing"
     assert queue.enqueue("a again", idempotency_key="a") == a, (
-        "stage 1: a deduplicated enqueue creates nothing, so a full queue still answers it"
+        "a deduplicated enqueue creates nothing, so a full queue still answers it"
     )
     queue.nack(claim(queue, "w"), "x")
-    assert queue.get(a).state is DEAD, "stage 1: with max_attempts=1 a nacked job is DEAD"
+    assert queue.get(a).state is DEAD, "with max_attempts=1 a nacked job is DEAD"
     c = queue.enqueue("c")
     rejects(QueueFull, lambda: queue.redrive(a), "a redrive past max_pending=2")
-    assert queue.get(a).state is DEAD, "stage 1: a refused redrive must change nothing"
+    assert queue.get(a).state is DEAD, "a refused redrive must change nothing"
     queue.cancel(c)
     assert queue.redrive(a) is True
 
@@ -1756,7 +1752,7 @@ def test_stage1_statistics_count_jobs_per_state() -> None:
     claim(queue, "w")
     assert queue.statistics() == QueueStatistics(
         scheduled=1, ready=1, leased=1, succeeded=1, dead=1, cancelled=1, idempotency_keys=2
-    ), f"stage 1: got {queue.statistics()}"
+    ), f"got {queue.statistics()}"
     assert queue.statistics().pending == 3
     clock.advance(100)
     assert (queue.statistics().scheduled, queue.statistics().ready) == (0, 2)
@@ -1770,12 +1766,12 @@ def test_stage1_is_current_tells_a_worker_whether_its_lease_is_live() -> None:
     lease = claim(queue, "w")
     assert queue.is_current(lease) is True
     clock.advance(LEASE)
-    assert queue.is_current(lease) is False, "stage 1: an expired lease is not current"
+    assert queue.is_current(lease) is False, "an expired lease is not current"
     clock.advance(BASE)
     fresh = claim(queue, "w")
     assert (queue.is_current(lease), queue.is_current(fresh)) == (False, True)
     queue.ack(fresh)
-    assert queue.is_current(fresh) is False, "stage 1: an acked lease is not current"
+    assert queue.is_current(fresh) is False, "an acked lease is not current"
     assert queue.is_current(Lease("no-such-job", 1, 1, START + LEASE, "w")) is False
 
 
@@ -1790,7 +1786,7 @@ def test_stage1_effect_store_applies_each_effect_once_despite_crashes_and_zombie
     clock.advance(LEASE + BASE)  # w1 dies between effect and ack
     rerun = claim(queue, "w2")
     assert store.commit(rerun, "credited 10 again") is False, (
-        "stage 1: the re-run of a job whose effect is committed must not commit it again"
+        "the re-run of a job whose effect is committed must not commit it again"
     )
     queue.ack(rerun)
     assert store.effects() == {job_id: "credited 10"}
@@ -1801,10 +1797,10 @@ def test_stage1_effect_store_applies_each_effect_once_despite_crashes_and_zombie
     rejects(StaleLease, lambda: store.commit(zombie, "zombie credit"), "a zombie's effect")
     assert store.commit(live, "credited 5") is True
     assert store.effects() == {job_id: "credited 10", other: "credited 5"}, (
-        "stage 1: effects are keyed by job id and fenced by the live token"
+        "effects are keyed by job id and fenced by the live token"
     )
     store.effects().clear()
-    assert len(store.effects()) == 2, "stage 1: effects() returns a copy"
+    assert len(store.effects()) == 2, "effects() returns a copy"
 
 
 @pytest.mark.rule("effect-once", "effect-fenced")

@@ -127,11 +127,11 @@ def test_stage2_pool_runs_every_job_and_acks_its_result() -> None:
     for i, job_id in enumerate(ids):
         job = queue.get(job_id)
         assert (job.state, job.result) == (JobState.SUCCEEDED, 2 * i), (
-            f"stage 2: job of payload {i} ended {job.state} with result {job.result!r}; "
+            f"job of payload {i} ended {job.state} with result {job.result!r}; "
             f"the handler returned {2 * i}, which the pool must ack"
         )
     stats = pool.statistics()
-    assert (stats.claimed, stats.failed, stats.in_flight) == (10, 0, 0), f"stage 2: {stats}"
+    assert (stats.claimed, stats.failed, stats.in_flight) == (10, 0, 0), f"{stats}"
 
 
 @pytest.mark.rule("handler-error-nacked")
@@ -147,11 +147,11 @@ def test_stage2_handler_exception_nacks_the_job_with_the_error() -> None:
         pool.shutdown(0)
     job = queue.get(job_id)
     assert job.state is JobState.DEAD and job.attempts == 2, (
-        f"stage 2: a handler raising on every attempt (max_attempts 2) left the job "
+        f"a handler raising on every attempt (max_attempts 2) left the job "
         f"{job.state} after {job.attempts} attempts; expected DEAD after 2 (nacked each time)"
     )
     assert job.last_error is not None and "boom 7" in job.last_error, (
-        f"stage 2: the nack must carry the handler's error; last_error is {job.last_error!r}"
+        f"the nack must carry the handler's error; last_error is {job.last_error!r}"
     )
     assert pool.statistics().succeeded == 0
 
@@ -175,7 +175,7 @@ def test_stage2_handlers_run_concurrently_outside_the_lock() -> None:
             pool.submit(i)
         eventually(lambda: len(met) == 3, "3 handlers to return")
     assert met == [True] * 3, (
-        "stage 2: 3 workers with 3 jobs must run the 3 handlers at the same time (they "
+        "3 workers with 3 jobs must run the 3 handlers at the same time (they "
         f"meet at a barrier); got {met.count(True)} of 3 meeting — is the handler run "
         "under the pool's lock?"
     )
@@ -215,12 +215,12 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
         clock.advance(999)
         clock.settle(others, set())
         if pool.statistics().claimed != 0:
-            raise AssertionError("stage 2: a job was claimed 1 ns before its run_at_ns")
+            raise AssertionError("a job was claimed 1 ns before its run_at_ns")
         clock.advance(1)
         clock.settle(others, set())  # every thread asleep on the clock again: judge now
         if pool.statistics().succeeded != 1:
             raise AssertionError(
-                "stage 2: at the job's run_at_ns every worker went back to sleep without "
+                "at the job's run_at_ns every worker went back to sleep without "
                 "running it: idle workers must wait until the queue's next_due_ns (through "
                 f"the clock), not only for submit; {pool.statistics()}"
             )
@@ -244,7 +244,7 @@ def test_stage2_heartbeats_keep_a_long_job_leased() -> None:
         eventually(lambda: pool.statistics().in_flight == 0, "the long job's handler to return")
     stats = pool.statistics()
     assert (stats.claimed, stats.lost, stats.succeeded) == (1, 0, 1), (
-        f"stage 2: a job running 3x its lease (heartbeat_every_ns=300, lease {LEASE}) must "
+        f"a job running 3x its lease (heartbeat_every_ns=300, lease {LEASE}) must "
         f"keep its one lease and be acked; got claimed={stats.claimed}, lost={stats.lost}, "
         f"succeeded={stats.succeeded} (were its leases really extended?)"
     )
@@ -273,7 +273,7 @@ def test_stage2_without_timely_heartbeats_the_lease_expires_and_the_job_is_retri
         pool.shutdown(0)
     job = queue.get(job_id)
     assert (job.state, job.result, runs) == (JobState.SUCCEEDED, 2, [1, 2]), (
-        f"stage 2: a lease that expired must be retried and the stale ack refused; "
+        f"a lease that expired must be retried and the stale ack refused; "
         f"got {job.state}, result {job.result}, runs {runs}"
     )
 
@@ -294,7 +294,7 @@ def test_stage2_shutdown_lets_running_jobs_finish_within_the_grace_period() -> N
         stopper.outcome("shutdown with both running jobs finished")
     states = [queue.get(i).state for i in ids]
     assert states == [JobState.SUCCEEDED, JobState.SUCCEEDED, JobState.READY], (
-        f"stage 2: shutdown must let the 2 running jobs finish within the grace period and "
+        f"shutdown must let the 2 running jobs finish within the grace period and "
         f"claim nothing more; states {states}"
     )
     assert queue.statistics().leased == 0 and pool.statistics().released == 0
@@ -316,7 +316,7 @@ def test_stage2_shutdown_releases_jobs_still_running_at_the_deadline() -> None:
         stopper.outcome("shutdown at its grace deadline")
         job = queue.get(job_id)
         assert (job.state, job.attempts, queue.statistics().leased) == (JobState.READY, 0, 0), (
-            f"stage 2: a job still running at the grace deadline must be released (READY, "
+            f"a job still running at the grace deadline must be released (READY, "
             f"attempt refunded, no lease left); got {job.state}, attempts {job.attempts}, "
             f"leased {queue.statistics().leased}"
         )
@@ -350,7 +350,7 @@ def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
     with running(pool):
         with pytest.raises(ValueError, match="grace_ns"):
             pool.shutdown(-1)
-        assert not pool.statistics().stopping, "stage 2: a rejected shutdown must stop nothing"
+        assert not pool.statistics().stopping, "a rejected shutdown must stop nothing"
         pool.submit(1)
         eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
 
@@ -396,12 +396,11 @@ class WatchedClock(ManualClock):
             for t in threads
         )
 
-    def settle(self, others: set[threading.Thread], busy: set[int], tag: str = "stage 2") -> None:
+    def settle(self, others: set[threading.Thread], busy: set[int]) -> None:
         """Wait (hard deadline) until every thread of the component is parked on the clock."""
         eventually(
             lambda: self.parked(others, busy),
             "every worker and heartbeat thread asleep on the clock (none busy, none due)",
-            tag=tag,
         )
 
 
@@ -410,7 +409,7 @@ def beats_at_a_third(
     expiry: Callable[[], int | None],
     clock: WatchedClock,
     settle: Callable[[], None],
-    tag: str = "stage 2",
+    who: str = "the pool",
     lease: int = LONG_LEASE,
 ) -> None:
     """One job leased at the clock's start, its handler parked, heartbeat_every_ns=None:
@@ -424,7 +423,7 @@ def beats_at_a_third(
         settle()
         if heartbeats() != beat - 1:
             raise AssertionError(
-                f"{tag}: {heartbeats()} heartbeat(s) by {due - 1 - start} ns after the claim, "
+                f"{who}: {heartbeats()} heartbeat(s) by {due - 1 - start} ns after the claim, "
                 f"expected {beat - 1}: with heartbeat_every_ns=None the interval is a third "
                 f"of the lease ({lease} // 3 = {third} ns), so heartbeat {beat} is due at "
                 f"{due - start} ns and not before"
@@ -433,7 +432,7 @@ def beats_at_a_third(
         settle()
         if heartbeats() != beat:
             raise AssertionError(
-                f"{tag}: at {due - start} ns after the claim (= {beat} × lease // 3) "
+                f"{who}: at {due - start} ns after the claim (= {beat} × lease // 3) "
                 f"{heartbeats()} heartbeat(s) had happened, expected {beat}; every thread is "
                 f"asleep on the clock, so nothing more happens before the clock moves: the "
                 f"default interval (heartbeat_every_ns=None) must be a third of the lease, "
@@ -442,7 +441,7 @@ def beats_at_a_third(
         expires = expiry()
         if expires is not None and expires != due + lease:
             raise AssertionError(
-                f"{tag}: heartbeat {beat} at {due - start} ns must extend the lease to "
+                f"{who}: heartbeat {beat} at {due - start} ns must extend the lease to "
                 f"{due + lease - start} ns after the claim; it expires at "
                 f"{expires - start}"
             )
@@ -485,7 +484,7 @@ def test_stage2_starting_a_pool_twice_raises() -> None:
     with running(pool):
         with pytest.raises(RuntimeError):
             pool.start()
-            raise AssertionError("stage 2: a second start() must raise RuntimeError")
+            raise AssertionError("a second start() must raise RuntimeError")
         pool.submit(1)
         eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
 
@@ -520,7 +519,7 @@ def test_stage2_a_refused_heartbeat_stops_the_beats_and_the_job_is_lost() -> Non
         0,
         1,
     ), (
-        f"stage 2: a job whose heartbeat was refused (cancelled while running) is lost: its "
+        f"a job whose heartbeat was refused (cancelled while running) is lost: its "
         f"ack refused, counted in lost; got {job.state}, {stats}"
     )
 
@@ -577,18 +576,18 @@ def test_stage2_no_job_is_run_twice_at_once_and_every_job_finishes(
         stats = pool.statistics()
         if (stats.succeeded, stats.failed) != (wins, attempts - wins):
             raise AssertionError(
-                f"stage 2: {jobs} jobs, failing (payload, attempt) {sorted(failures)}, "
+                f"{jobs} jobs, failing (payload, attempt) {sorted(failures)}, "
                 f"max_attempts {max_attempts}: expected {wins} acks and {attempts - wins} nacks "
                 f"(a handler that raises is nacked), got {stats.succeeded} and {stats.failed}"
             )
         pool.shutdown(0)
     assert not doubles, (
-        f"stage 2: jobs {doubles} were in two handlers at once with {workers} workers: "
+        f"jobs {doubles} were in two handlers at once with {workers} workers: "
         "a job must be leased to one worker at a time"
     )
     got = {p: (queue.get(i).state, queue.get(i).attempts) for p, i in enumerate(ids)}
     assert got == expected, (
-        f"stage 2: {jobs} jobs, {workers} workers, max_attempts {max_attempts}, failing "
+        f"{jobs} jobs, {workers} workers, max_attempts {max_attempts}, failing "
         f"(payload, attempt) {sorted(failures)}: ended (state, attempts) {got}, expected {expected}"
     )
     assert queue.statistics().leased == 0
@@ -632,12 +631,12 @@ async def test_stage2_async_pool_acks_results_and_nacks_errors() -> None:
         job = queue.get(job_id)
         want = (JobState.DEAD, None) if i % 3 == 0 else (JobState.SUCCEEDED, i * 10)
         assert (job.state, job.result) == want, (
-            f"stage 2: async job {i} ended ({job.state}, {job.result!r}); expected {want}"
+            f"async job {i} ended ({job.state}, {job.result!r}); expected {want}"
         )
         if i % 3 == 0:
             assert job.last_error is not None and f"bad {i}" in job.last_error
     stats = pool.statistics()
-    assert (stats.succeeded, stats.failed) == (6, 3), f"stage 2: {stats}"
+    assert (stats.succeeded, stats.failed) == (6, 3), f"{stats}"
 
 
 @pytest.mark.rule("async-pool", "one-worker-per-job")
@@ -666,9 +665,9 @@ async def test_stage2_async_no_job_is_run_twice_at_once() -> None:
             "45 attempts (30 jobs, 15 of them retried once)",
         )
         await pool.shutdown(0)
-    assert not doubles, f"stage 2: jobs {doubles} were in two handlers at once"
+    assert not doubles, f"jobs {doubles} were in two handlers at once"
     states = {queue.get(i).state for i in ids}
-    assert states == {JobState.SUCCEEDED}, f"stage 2: every job must succeed; got {states}"
+    assert states == {JobState.SUCCEEDED}, f"every job must succeed; got {states}"
 
 
 @pytest.mark.rule("async-timeout")
@@ -694,13 +693,13 @@ async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> N
         await anyio.wait_all_tasks_blocked()  # nothing more happens until the clock moves
         if pool.statistics().timed_out != 1:
             raise AssertionError(
-                f"stage 2: at timeout_ns=500 after its claim the handler must be cancelled "
+                f"at timeout_ns=500 after its claim the handler must be cancelled "
                 f"and its job nacked with {TIMED_OUT!r}; {pool.statistics()}"
             )
         await pool.shutdown(0)
     job = queue.get(job_id)
     assert (job.state, job.last_error, seen) == (JobState.DEAD, TIMED_OUT, ["cancelled"]), (
-        f"stage 2: a handler past timeout_ns=500 must be cancelled and its job nacked with "
+        f"a handler past timeout_ns=500 must be cancelled and its job nacked with "
         f"{TIMED_OUT!r}; got {job.state}, last_error {job.last_error!r}, handler saw {seen}"
     )
     assert pool.statistics().failed == 1
@@ -734,7 +733,7 @@ async def test_stage2_async_heartbeats_keep_a_long_job_leased() -> None:
         await pool.shutdown(0)
     stats = pool.statistics()
     assert (stats.claimed, stats.lost, stats.succeeded) == (1, 0, 1), (
-        f"stage 2: a job running 3x its lease with heartbeats must keep its lease; {stats}"
+        f"a job running 3x its lease with heartbeats must keep its lease; {stats}"
     )
 
 
@@ -777,11 +776,11 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
     got = [queue.get(i).state for i in (quick_id, stuck_id, waiting_id)]
     stuck = queue.get(stuck_id)
     assert got == [JobState.SUCCEEDED, JobState.READY, JobState.READY] and stuck.attempts == 0, (
-        f"stage 2: shutdown(500) must let the quick job finish, cancel and release the stuck "
+        f"shutdown(500) must let the quick job finish, cancel and release the stuck "
         f"one (attempt refunded) and claim nothing more; states {got}, "
         f"stuck attempts {stuck.attempts}"
     )
-    assert seen == ["stuck"], f"stage 2: the stuck handler must be cancelled; saw {seen}"
+    assert seen == ["stuck"], f"the stuck handler must be cancelled; saw {seen}"
     assert queue.statistics().leased == 0 and pool.statistics().released == 1
 
 
@@ -815,7 +814,7 @@ async def test_stage2_async_negative_grace_is_rejected() -> None:
     _, _, pool = new_async_pool(handler, workers=1)
     with pytest.raises(ValueError, match="grace_ns"):
         await pool.shutdown(-1)
-    assert not pool.statistics().stopping, "stage 2: a rejected shutdown must stop nothing"
+    assert not pool.statistics().stopping, "a rejected shutdown must stop nothing"
 
 
 @pytest.mark.rule("heartbeat-default", "async-pool")
@@ -846,7 +845,7 @@ async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> N
                 beats.append(pool.statistics().heartbeats)
                 if beats[-1] != want:
                     raise AssertionError(
-                        f"stage 2: async pool, {beats[-1]} heartbeat(s) by {at - START} ns "
+                        f"async pool, {beats[-1]} heartbeat(s) by {at - START} ns "
                         f"after the claim, expected {want}: with heartbeat_every_ns=None the "
                         f"interval is a third of the lease ({LONG_LEASE} // 3 = {THIRD} ns), "
                         f"so heartbeat {beat} comes at {due - START} ns exactly"
@@ -854,7 +853,7 @@ async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> N
             expires = queue.get(job_id).lease_expires_at_ns
             if expires != due + LONG_LEASE:
                 raise AssertionError(
-                    f"stage 2: async heartbeat {beat} must extend the lease to "
+                    f"async heartbeat {beat} must extend the lease to "
                     f"{due + LONG_LEASE - START}; it expires at {_rel(expires)}"
                 )
         done.set()
@@ -875,7 +874,7 @@ async def test_stage2_async_running_a_pool_twice_raises() -> None:
         await eventually_async(lambda: pool.statistics().idle == 1, "the worker idle")
         with pytest.raises(RuntimeError):
             await pool.run()
-            raise AssertionError("stage 2: a second run() must raise RuntimeError")
+            raise AssertionError("a second run() must raise RuntimeError")
         await pool.shutdown(0)
 
 
@@ -958,13 +957,13 @@ class PoolMachine(RuleBasedStateMachine):
         got = now()
         if got != expected:
             raise AssertionError(
-                f"stage 2: (in_flight, succeeded, failed) expected {expected}, got {got}: a "
+                f"(in_flight, succeeded, failed) expected {expected}, got {got}: a "
                 f"handler that returns is acked (succeeded), one that raises is nacked (failed)"
             )
         with self.lock:
             started = sorted(self.started)
         assert started == sorted(self.running + [p for p in self.gates if self.gates[p][1]]), (
-            f"stage 2: handlers started for {started}; the model runs {self.running} "
+            f"handlers started for {started}; the model runs {self.running} "
             "(FIFO into the free slots) besides those finished"
         )
 
@@ -978,7 +977,7 @@ class PoolMachine(RuleBasedStateMachine):
                 return  # a step failed already: its explanation stands alone
             stats = self.pool.statistics()
             assert stats.released == in_flight and self.queue.statistics().leased == 0, (
-                f"stage 2: shutdown(0) with {in_flight} running must release them all and "
+                f"shutdown(0) with {in_flight} running must release them all and "
                 f"leave no lease; released {stats.released}, "
                 f"leased {self.queue.statistics().leased}"
             )

@@ -41,6 +41,7 @@ from katas._kit import impl
 from katas._kit.profiles import heavy_examples
 from katas._kit.redis import RedisEnv, RedisNode
 from katas._kit.waiting import DEADLINE_S, eventually, spawn, stays
+from katas._kit.worker import DUE_IDLE_POLLS as DUE
 from katas._kit.worker import WorkerProcess
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
@@ -120,14 +121,14 @@ def new_queue(
 def stamp(queue: Any, what: str) -> OpStamp:
     got = queue.last_op()
     assert isinstance(got, OpStamp), (
-        f"stage 3: after {what}, last_op() returned {got!r}; expected the OpStamp of that call"
+        f"after {what}, last_op() returned {got!r}; expected the OpStamp of that call"
     )
     return got
 
 
 def claim(queue: Any, worker: str = "w") -> Lease:
     lease = queue.claim(worker)
-    assert isinstance(lease, Lease), f"stage 3: claim() returned {lease!r}, but a job was due"
+    assert isinstance(lease, Lease), f"claim() returned {lease!r}, but a job was due"
     return lease
 
 
@@ -210,7 +211,7 @@ class Replay:
     def fail(self, invariant: str, detail: str) -> str:
         lines = "\n".join(f"    {c}" for c in self.history[-14:])
         return (
-            f"stage 3: {invariant}.\n  {self.header}\n  calls in the order Redis ran them "
+            f"{invariant}.\n  {self.header}\n  calls in the order Redis ran them "
             f"(last {min(14, len(self.history))}):\n{lines}\n  {detail}"
         )
 
@@ -332,21 +333,21 @@ def test_stage3_enqueue_claim_ack_runs_a_job_once(redis_env: RedisEnv) -> None:
     lease = claim(queue, "w1")
     after = node.time_us() * 1000
     assert lease.job_id == job_id and (lease.token, lease.attempt) == (1, 1), (
-        f"stage 3: the first claim of {job_id!r} should carry token 1, attempt 1; got {lease}"
+        f"the first claim of {job_id!r} should carry token 1, attempt 1; got {lease}"
     )
     assert before <= lease.expires_at_ns - LEASE <= after, (
-        f"stage 3: the lease must expire lease_ns after the claim on the SERVER's clock "
+        f"the lease must expire lease_ns after the claim on the SERVER's clock "
         f"(between {before} and {after} + lease_ns); got {lease.expires_at_ns}"
     )
-    assert queue.claim("w2") is None, "stage 3: a leased job was claimed a second time"
+    assert queue.claim("w2") is None, "a leased job was claimed a second time"
     queue.ack(lease, {"tokens": 12})
     job = queue.get(job_id)
     assert (job.state, job.result, job.attempts, job.payload) == (
         SUCCEEDED, {"tokens": 12}, 1, {"prompt": "hello"}
-    ), f"stage 3: after ack, get() should show SUCCEEDED with the result; got {job}"  # fmt: skip
+    ), f"after ack, get() should show SUCCEEDED with the result; got {job}"  # fmt: skip
     with pytest.raises(StaleLease):
         queue.ack(lease)
-        raise AssertionError("stage 3: a second ack of a finished job was accepted")
+        raise AssertionError("a second ack of a finished job was accepted")
 
 
 @pytest.mark.rule("server-time")
@@ -362,13 +363,13 @@ def test_stage3_every_time_is_the_servers_not_the_clients(redis_env: RedisEnv) -
     job = queue.get(job_id)
     stamp_now = stamp(queue, "get").server_now_ns
     assert abs(job.enqueued_at_ns - now) < 5_000 * MS and abs(stamp_now - now) < 5_000 * MS, (
-        f"stage 3: enqueued_at_ns {job.enqueued_at_ns} and last_op().server_now_ns "
+        f"enqueued_at_ns {job.enqueued_at_ns} and last_op().server_now_ns "
         f"{stamp_now} must be the server's TIME ({now}); this process's clock says "
         f"{time.time_ns()}"
     )
     lease = claim(queue)
     assert lease.expires_at_ns == stamp(queue, "claim").server_now_ns + LEASE, (
-        f"stage 3: expires_at_ns must be the claim's server time + lease_ns; got {lease}"
+        f"expires_at_ns must be the claim's server time + lease_ns; got {lease}"
     )
 
 
@@ -391,7 +392,7 @@ def test_stage3_claim_takes_highest_priority_then_earliest_due_then_oldest(
     order = [queue.get(claim(queue).job_id).payload for _ in ids]
     expected = ["urgent", "urgent-2", "normal-early", "normal-1", "normal-2", "low"]
     assert order == expected, (
-        f"stage 3: claims must take the highest priority first, then the earliest due "
+        f"claims must take the highest priority first, then the earliest due "
         f"time, then enqueue order (never comparing payloads or ids); expected {expected}, "
         f"got {order}"
     )
@@ -405,7 +406,7 @@ def test_stage3_equal_jobs_come_out_in_enqueue_order_past_the_ninth(redis_env: R
     ids = [queue.enqueue({"n": n}) for n in range(12)]
     got = [claim(queue).job_id for _ in ids]
     assert got == ids, (
-        f"stage 3: 12 equal jobs enqueued at one instant must be claimed in enqueue order "
+        f"12 equal jobs enqueued at one instant must be claimed in enqueue order "
         f"(ties broken by the sequence number, never by the id: 'job-10' < 'job-9' as "
         f"text); expected {ids}, got {got}"
     )
@@ -420,15 +421,14 @@ def test_stage3_job_is_not_claimed_before_its_run_at(redis_env: RedisEnv) -> Non
     later = queue.enqueue("later", delay_ns=200 * MS)
     due = queue.get(later).run_at_ns
     enqueued = stamp(queue, "get").server_now_ns
-    assert queue.claim("w") is None, "stage 3: a job was claimed before its delay_ns passed"
+    assert queue.claim("w") is None, "a job was claimed before its delay_ns passed"
     assert queue.next_due_ns() == due, (
-        f"stage 3: next_due_ns() should be the delayed job's run time {due}, "
-        f"got {queue.next_due_ns()}"
+        f"next_due_ns() should be the delayed job's run time {due}, got {queue.next_due_ns()}"
     )
     redis_env.pass_time(due - stamp(queue, "next_due_ns").server_now_ns + 1000)
     lease = claim(queue)
     assert lease.job_id == later and stamp(queue, "claim").server_now_ns >= due, (
-        f"stage 3: the job was due at {due} (enqueued at {enqueued}); got {lease}"
+        f"the job was due at {due} (enqueued at {enqueued}); got {lease}"
     )
 
 
@@ -445,14 +445,14 @@ def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
     redis_env.pass_time(100 * MS)  # the lease's expiry: no longer live
     second = claim(queue, "w2")
     assert (second.job_id, second.token, second.attempt) == (job_id, 2, 2), (
-        f"stage 3: after w1's lease expired, the job must come back with token 2 and "
+        f"after w1's lease expired, the job must come back with token 2 and "
         f"attempt 2 (the crash cost an attempt); got {second}"
     )
     for call in (queue.ack, queue.nack):
         args = (zombie, "late") if call == queue.nack else (zombie,)
         with pytest.raises(StaleLease):
             call(*args)
-            raise AssertionError(f"stage 3: the zombie's {call.__name__} was accepted")
+            raise AssertionError(f"the zombie's {call.__name__} was accepted")
     assert queue.get(job_id).state is LEASED and queue.get(job_id).worker_id == "w2"
     queue.ack(second, "w2's result")
     assert queue.get(job_id).result == "w2's result"
@@ -475,16 +475,16 @@ def test_stage3_nack_retries_after_backoff_then_dies_after_max_attempts(
         assert (job.state, job.run_at_ns, job.last_error) == (
             SCHEDULED, failed_at + delay, f"503 #{attempt}"
         ), (
-            f"stage 3: after attempt {attempt} failed at {failed_at}, the retry must wait "
+            f"after attempt {attempt} failed at {failed_at}, the retry must wait "
             f"min(cap, base·2^(n-1)) = {delay} ns; got {job}"
         )  # fmt: skip
-        assert queue.claim("w") is None, "stage 3: a retry was claimed before its backoff"
+        assert queue.claim("w") is None, "a retry was claimed before its backoff"
         redis_env.pass_time(delay)
     lease = claim(queue)
     queue.nack(lease, "503 #3")
     job = queue.get(job_id)
     assert (job.state, job.attempts) == (DEAD, 3), (
-        f"stage 3: after max_attempts=3 failed attempts the job is DEAD; got {job}"
+        f"after max_attempts=3 failed attempts the job is DEAD; got {job}"
     )
 
 
@@ -499,21 +499,37 @@ def test_stage3_effect_store_commits_once_per_job_and_refuses_stale_leases(
     store = stage().RedisEffectStore(queue)
     job_id = queue.enqueue("charge $5")
     first = claim(queue, "w1")
-    assert store.commit(first, "charged") is True, "stage 3: the first commit must commit"
+    assert store.commit(first, "charged") is True, "the first commit must commit"
     redis_env.pass_time(100 * MS)  # w1 dies between effect and ack: its lease expires
     with pytest.raises(StaleLease):
         store.commit(first, "charged again")
-        raise AssertionError("stage 3: the expired lease's commit was accepted")
+        raise AssertionError("the expired lease's commit was accepted")
     rerun = claim(queue, "w2")
     assert store.commit(rerun, "charged") is False, (
-        "stage 3: the re-run after a crash between effect and ack must find the effect "
+        "the re-run after a crash between effect and ack must find the effect "
         "committed (effects are keyed by job id, not by job and token), so commit returns "
         "False and the worker just acks"
     )
     queue.ack(rerun, "charged")
     assert store.effects() == {job_id: "charged"}, (
-        f"stage 3: exactly one effect per job; got {store.effects()}"
+        f"exactly one effect per job; got {store.effects()}"
     )
+
+
+@pytest.mark.rule("client-contract")
+@core
+def test_stage3_a_client_that_hangs_or_retries_is_refused(redis_env: RedisEnv) -> None:
+    # Nothing is sent (the port is closed): the check comes before any command.
+    for flaw, client, says in [
+        ("has no socket_timeout", redis.Redis(port=1), "socket_timeout"),
+        ("retries (redis-py's default)", redis.Redis(port=1, socket_timeout=0.2), "retr"),
+    ]:
+        with pytest.raises(ValueError, match="client") as refused:
+            new_queue(redis_env, client)
+        assert says in str(refused.value), (
+            f"RedisJobQueue over a client that {flaw} must be refused, the ValueError saying "
+            f"{says!r}: a lost reply must not run a script twice; got {refused.value}"
+        )
 
 
 @pytest.mark.rule("redis-unknown-id")
@@ -537,19 +553,19 @@ def test_stage3_unknown_job_raises_job_not_found(redis_env: RedisEnv) -> None:
             continue
         except StaleLease as e:
             raise AssertionError(
-                f"stage 3: {name} on an unknown job id must raise JobNotFound, got StaleLease: {e}"
+                f"{name} on an unknown job id must raise JobNotFound, got StaleLease: {e}"
             ) from None
-        raise AssertionError(f"stage 3: {name} on an unknown job id did not raise JobNotFound")
+        raise AssertionError(f"{name} on an unknown job id did not raise JobNotFound")
     try:
         stage().RedisEffectStore(queue).commit(ghost, "effect")
     except StaleLease:
         return
     except JobNotFound as e:
         raise AssertionError(
-            f"stage 3: commit with a lease of a job the queue does not hold must raise "
+            f"commit with a lease of a job the queue does not hold must raise "
             f"StaleLease (a zombie must stop, as in stage 1), got JobNotFound: {e}"
         ) from None
-    raise AssertionError("stage 3: commit with a lease of an unknown job was accepted")
+    raise AssertionError("commit with a lease of an unknown job was accepted")
 
 
 @pytest.mark.rule("run-at-server", "redis-never-early")
@@ -561,21 +577,21 @@ def test_stage3_run_at_is_rounded_up_to_a_whole_microsecond(redis_env: RedisEnv)
     job_id = queue.enqueue("soon", run_at_ns=now + 1)  # 1 ns past a whole µs
     job = queue.get(job_id)
     assert job.run_at_ns == now + 1000, (
-        f"stage 3: run_at_ns = server now + 1 ns must be rounded UP to the next whole µs "
+        f"run_at_ns = server now + 1 ns must be rounded UP to the next whole µs "
         f"({now + 1000}), never down to now (the job would run 1 ns early); got {job.run_at_ns}"
     )
     if not redis_env.time_is_controlled:  # a real server's clock has moved on meanwhile
         return
-    assert queue.claim("w") is None, "stage 3: a job due 1 ns from now was claimed now"
+    assert queue.claim("w") is None, "a job due 1 ns from now was claimed now"
     redis_env.pass_time(1000)
-    assert claim(queue).job_id == job_id, "stage 3: at its rounded run time the job is READY"
+    assert claim(queue).job_id == job_id, "at its rounded run time the job is READY"
 
 
 @pytest.mark.rule("op-counter")
 @core
 def test_stage3_last_op_is_the_calling_threads_own(redis_env: RedisEnv) -> None:
     queue = new_queue(redis_env)
-    assert queue.last_op() is None, "stage 3: last_op() before any call must be None"
+    assert queue.last_op() is None, "last_op() before any call must be None"
     queue.enqueue("a")
     mine = stamp(queue, "enqueue")
     seen: list[Any] = []
@@ -585,13 +601,13 @@ def test_stage3_last_op_is_the_calling_threads_own(redis_env: RedisEnv) -> None:
         queue.next_due_ns()
         seen.append(queue.last_op())
 
-    spawn(other_thread, "other", tag="stage 3").outcome("the other thread's two calls")
+    spawn(other_thread, "other").outcome("the other thread's two calls")
     assert seen[0] is None and isinstance(seen[1], OpStamp) and seen[1].op > mine.op, (
-        f"stage 3: last_op() is per thread: None on a thread that has made no call, then that "
+        f"last_op() is per thread: None on a thread that has made no call, then that "
         f"thread's own call's stamp (after {mine}); got {seen}"
     )
     assert queue.last_op() == mine, (
-        f"stage 3: another thread's call must not change this thread's last_op(): expected "
+        f"another thread's call must not change this thread's last_op(): expected "
         f"{mine}, got {queue.last_op()}"
     )
 
@@ -610,14 +626,14 @@ def test_stage3_values_travel_as_json_under_the_key_prefix(redis_env: RedisEnv) 
     got = (job.payload, job.result, store.effects())
     want = ({"pair": [1, 2], "n": None}, [3, 4], {job_id: ["charged", 5]})
     assert got == want, (
-        f"stage 3: payloads, results and effects come back as JSON gives them back (a tuple "
+        f"payloads, results and effects come back as JSON gives them back (a tuple "
         f"as a list): expected {want}, got {got}"
     )
     if redis_env.mode != "url":  # a private server holds only this test's keys
         admin = redis_env.server().client()
         outside = [_text(k) for k in admin.keys("*") if not _text(k).startswith(redis_env.prefix)]
         assert not outside, (
-            f"stage 3: every key of the queue must start with key_prefix "
+            f"every key of the queue must start with key_prefix "
             f"{redis_env.prefix!r}; these do not: {outside}"
         )
 
@@ -674,13 +690,13 @@ def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
     before = key_contents(redis_env)
     with pytest.raises((TypeError, ValueError)) as raised:
         call(redis_env, queue, lease)
-        raise AssertionError(f"stage 3: bad {parameter} was accepted")
+        raise AssertionError(f"bad {parameter} was accepted")
     assert parameter in str(raised.value), (
-        f"stage 3: the error for a bad {parameter} must name it; got {raised.value!r}"
+        f"the error for a bad {parameter} must name it; got {raised.value!r}"
     )
     after = key_contents(redis_env)
     assert after == before, (
-        f"stage 3: a call refused for its {parameter} must write nothing to Redis (validate "
+        f"a call refused for its {parameter} must write nothing to Redis (validate "
         f"before the script runs); keys changed: "
         f"{sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))}"
     )
@@ -714,12 +730,11 @@ def test_stage3_each_transition_is_one_round_trip(redis_env: RedisEnv) -> None:
         counts = proxy.counts()
         expected = 2 if name == "enqueue" else 1  # that step enqueues two jobs
         assert counts.round_trips == expected, (
-            f"stage 3: {name} must be ONE round trip (one EVALSHA of one script); it took "
+            f"{name} must be ONE round trip (one EVALSHA of one script); it took "
             f"{counts.round_trips}: {list(counts.commands)}"
         )
         assert all(c == "EVALSHA" for c in counts.commands), (
-            f"stage 3: {name} must run as one script, not as separate commands: "
-            f"{list(counts.commands)}"
+            f"{name} must run as one script, not as separate commands: {list(counts.commands)}"
         )
 
 
@@ -899,8 +914,8 @@ def test_stage3_concurrent_clients_are_explained_by_the_model_in_op_order(
         t.start()
     for t in threads:
         t.join(60)
-        assert not t.is_alive(), "stage 3: a client thread did not finish within 60 s"
-    assert len(calls) == 160, f"stage 3: a client thread failed ({len(calls)} of 160 calls)"
+        assert not t.is_alive(), "a client thread did not finish within 60 s"
+    assert len(calls) == 160, f"a client thread failed ({len(calls)} of 160 calls)"
     replay = Replay(model_for(options), f"4 threads on RedisJobQueue({options})")
     replay.check_real_time_order(calls)
     for c in sorted(calls, key=lambda c: c.stamp.op):
@@ -923,17 +938,17 @@ def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
     redis_env.pass_time(60 * MS)
     beat = queue.heartbeat(lease)
     assert beat.expires_at_ns == stamp(queue, "heartbeat").server_now_ns + 100 * MS, (
-        f"stage 3: a heartbeat extends the lease to the server's now + lease_ns; got {beat}"
+        f"a heartbeat extends the lease to the server's now + lease_ns; got {beat}"
     )
     redis_env.pass_time(60 * MS)  # past the first expiry, within the extended one
-    assert queue.get(job_id).state is LEASED, "stage 3: the heartbeaten lease expired early"
+    assert queue.get(job_id).state is LEASED, "the heartbeaten lease expired early"
     redis_env.pass_time(100 * MS)
     with pytest.raises(StaleLease):
         queue.heartbeat(beat)
-        raise AssertionError("stage 3: a heartbeat revived an expired lease")
+        raise AssertionError("a heartbeat revived an expired lease")
     job = queue.get(job_id)
     assert (job.state, job.last_error, job.attempts) == (READY, LEASE_EXPIRED, 1), (
-        f"stage 3: the expiry must have been applied (attempt counted, error {LEASE_EXPIRED!r})"
+        f"the expiry must have been applied (attempt counted, error {LEASE_EXPIRED!r})"
         f" before the heartbeat was refused; got {job}"
     )
 
@@ -983,20 +998,20 @@ def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
             "decorrelated": (base, min(cap, 3 * prev.get(job_id, base))),
         }[jitter]  # fmt: skip
         assert low <= delay <= high, (
-            f"stage 3 ({jitter} jitter, base {base}, cap {cap}): the retry of {job_id} after "
+            f"{jitter} jitter, base {base}, cap {cap}: the retry of {job_id} after "
             f"attempt {attempt} must wait within [{low}, {high}] ns; it waited {delay}"
         )
         prev[job_id] = delay
     if jitter != "none":
         firsts = {delay for _, attempt, delay in seen if attempt == 1}
         assert len(firsts) >= 4, (
-            f"stage 3 ({jitter} jitter): 12 first retries waited only {sorted(firsts)} — the "
+            f"{jitter} jitter: 12 first retries waited only {sorted(firsts)} — the "
             f"jitter is not drawn (12 jobs failing together retry together: a thundering herd)"
         )
     if redis_env.time_is_controlled:  # on a real server the order of claims varies
         again = delays(seed=7)
         assert again == seen, (
-            f"stage 3 ({jitter} jitter): the same calls with rng Random(7) must give the same "
+            f"{jitter} jitter: the same calls with rng Random(7) must give the same "
             f"delays: the randomness comes from the injected rng.\n  first:  {seen}\n  "
             f"second: {again}"
         )
@@ -1014,7 +1029,7 @@ def test_stage3_release_refunds_the_attempt_and_keeps_the_place_in_line(
     queue.release(lease)
     again = claim(queue)
     assert (again.job_id, again.attempt, again.token) == (first, 1, 2), (
-        f"stage 3: a released job is READY again in its old place with its attempt refunded "
+        f"a released job is READY again in its old place with its attempt refunded "
         f"(and a new token); expected {first!r} attempt 1 token 2, got {again}"
     )
     assert claim(queue).job_id == second
@@ -1030,10 +1045,10 @@ def test_stage3_cancel_stales_the_lease_and_the_job_stays_cancelled(
     leased, waiting = queue.enqueue("leased"), queue.enqueue("waiting", delay_ns=10**12)
     lease = claim(queue)
     assert queue.cancel(leased) is True and queue.cancel(waiting) is True
-    assert queue.cancel(leased) is False, "stage 3: cancelling a finished job returns False"
+    assert queue.cancel(leased) is False, "cancelling a finished job returns False"
     with pytest.raises(StaleLease):
         queue.ack(lease)
-        raise AssertionError("stage 3: ack of a cancelled job's lease turned it SUCCEEDED")
+        raise AssertionError("ack of a cancelled job's lease turned it SUCCEEDED")
     assert [queue.get(j).state for j in (leased, waiting)] == [CANCELLED, CANCELLED]
     assert queue.claim("w") is None and queue.next_due_ns() is None
 
@@ -1050,16 +1065,15 @@ def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     queue.nack(lb, "b failed")
     queue.nack(la, "a failed")
     dead = [job.id for job in queue.dead_letters()]
-    assert dead == [b, a], f"stage 3: dead letters in the order they died: {[b, a]}, got {dead}"
+    assert dead == [b, a], f"dead letters in the order they died: {[b, a]}, got {dead}"
     assert queue.redrive(a) is True and queue.redrive(a) is False
     again = claim(queue)
     assert (again.job_id, again.attempt, again.token) == (a, 1, 2), (
-        f"stage 3: redrive zeroes the attempts but never the token: expected attempt 1, "
-        f"token 2; got {again}"
+        f"redrive zeroes the attempts but never the token: expected attempt 1, token 2; got {again}"
     )
     with pytest.raises(StaleLease):
         queue.ack(la)
-        raise AssertionError("stage 3: a lease from before the death passed the fence")
+        raise AssertionError("a lease from before the death passed the fence")
     assert [job.id for job in queue.dead_letters()] == [b]
 
 
@@ -1074,11 +1088,11 @@ def test_stage3_idempotency_key_dedups_within_its_ttl_from_the_first_enqueue(
     first = queue.enqueue("req", idempotency_key="req-42")
     redis_env.pass_time(150 * MS)
     again = queue.enqueue("req (retry)", idempotency_key="req-42")
-    assert again == first, f"stage 3: a retry within the TTL returns {first!r}, got {again!r}"
+    assert again == first, f"a retry within the TTL returns {first!r}, got {again!r}"
     redis_env.pass_time(60 * MS)  # 210 ms after the FIRST enqueue: the key has expired
     fresh = queue.enqueue("req (new)", idempotency_key="req-42")
     assert fresh != first, (
-        "stage 3: the key's TTL counts from the first enqueue: 210 ms later a new job must "
+        "the key's TTL counts from the first enqueue: 210 ms later a new job must "
         "be created (a duplicate must not refresh the TTL)"
     )
     assert queue.statistics().pending == 2
@@ -1102,7 +1116,7 @@ def race(queues: list[Any], act: Callable[[Any, int], list[Any]]) -> list[Any]:
             t.start()
         for t in threads:
             t.join(30)
-            assert not t.is_alive(), "stage 3: a racing thread did not finish within 30 s"
+            assert not t.is_alive(), "a racing thread did not finish within 30 s"
     finally:
         sys.setswitchinterval(old)
     return [r for rs in results for r in rs]
@@ -1123,7 +1137,7 @@ def test_stage3_racing_producers_with_one_key_create_one_job(redis_env: RedisEnv
     created = {key: set(race(queues, produce(key))) for key in (f"order-{n}" for n in range(15))}
     dup = {k: v for k, v in created.items() if len(v) != 1}
     assert not dup, (
-        f"stage 3: 8 producers racing to enqueue one idempotency key must all get the same "
+        f"8 producers racing to enqueue one idempotency key must all get the same "
         f"job id; these keys created several jobs: {dup}"
     )
     assert queues[0].statistics().ready == 15
@@ -1148,7 +1162,7 @@ def test_stage3_racing_workers_never_claim_one_job_twice(redis_env: RedisEnv) ->
     claimed = race(queues, drain)
     twice = sorted({j for j in claimed if claimed.count(j) > 1})
     assert not twice and len(claimed) == 60, (
-        f"stage 3: 6 workers racing must claim each of 60 jobs exactly once (claim is one "
+        f"6 workers racing must claim each of 60 jobs exactly once (claim is one "
         f"atomic script); claimed {len(claimed)}, twice: {twice}"
     )
 
@@ -1170,18 +1184,18 @@ def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) ->
     forever = [k for k in keys if admin.pttl(k) < 0]
     bounded = [k for k in keys if admin.pttl(k) >= 0]
     assert len(forever) <= 16, (
-        f"stage 3: once 12 jobs have finished, their keys and their idempotency records "
+        f"once 12 jobs have finished, their keys and their idempotency records "
         f"must carry a TTL (set by the script that finishes or records them); "
         f"{len(forever)} keys have none: {forever[:20]}"
     )
     too_long = [k for k in bounded if admin.pttl(k) > 200 + 5]
-    assert not too_long, f"stage 3: TTLs must not exceed the retention (200 ms): {too_long}"
+    assert not too_long, f"TTLs must not exceed the retention (200 ms): {too_long}"
     redis_env.pass_time(201 * MS)
     assert queue.statistics() == QueueStatistics(0, 0, 0, 0, 0, 0, 0), queue.statistics()
     for job_id in ids:
         with pytest.raises(JobNotFound):
             queue.get(job_id)
-            raise AssertionError(f"stage 3: {job_id} outlived its retention")
+            raise AssertionError(f"{job_id} outlived its retention")
 
 
 @pytest.mark.rule("reap")
@@ -1198,10 +1212,10 @@ def test_stage3_the_reaper_retries_crashed_jobs_when_nobody_else_calls(
         claim(queue)  # three workers crash holding these
     redis_env.pass_time(100 * MS)
     reaped = queue.reap()
-    assert reaped == 3, f"stage 3: reap() must expire the 3 dead leases; it reported {reaped}"
+    assert reaped == 3, f"reap() must expire the 3 dead leases; it reported {reaped}"
     stats = queue.statistics()
-    assert (stats.ready, stats.leased) == (3, 0), f"stage 3: after reaping: {stats}"
-    assert queue.reap() == 0, "stage 3: reaping twice must change nothing the second time"
+    assert (stats.ready, stats.leased) == (3, 0), f"after reaping: {stats}"
+    assert queue.reap() == 0, "reaping twice must change nothing the second time"
 
 
 @pytest.mark.rule("scripts-reload")
@@ -1232,12 +1246,33 @@ def test_stage3_outage_raises_and_loses_nothing(redis_env: RedisEnv) -> None:
     proxy.outage()
     with pytest.raises(redis.ConnectionError):
         queue.claim("w")
-        raise AssertionError("stage 3: a claim during an outage must raise ConnectionError")
+        raise AssertionError("a claim during an outage must raise ConnectionError")
     proxy.heal()
     lease = claim(queue)
     assert lease.job_id == job_id and lease.attempt == 1, (
-        f"stage 3: the failed claim must have changed nothing; got {lease}"
+        f"the failed claim must have changed nothing; got {lease}"
     )
+
+
+@pytest.mark.rule("busy-unavailable", "worker-outage")
+@extended
+def test_stage3_a_busy_server_is_waited_out_by_the_worker(redis_env: RedisEnv) -> None:
+    """A server answering ``BUSY`` (a long script) is unavailable: the queue raises it as
+    it comes, the worker waits it out (``unavailable`` events) and goes on once it ends."""
+    proxy = redis_env.proxy()
+    client = redis_env.server().proxied_client(proxy)
+    queue, worker, clock, events = in_process_worker(
+        redis_env, lambda lease, payload: payload, poll_ns=1_000, client=client
+    )
+    job_id = queue.enqueue("after the script")
+    proxy.busy()
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: "unavailable" in [e for e, _ in events], "the worker to see BUSY")
+    assert thread.is_alive(), "a BUSY reply must not end the worker (it is an outage)"
+    proxy.heal()
+    clock.advance(1_000)
+    thread.outcome("the worker to run the job once the server answers again")
+    assert queue.get(job_id).state is SUCCEEDED, queue.get(job_id)
 
 
 @pytest.mark.rule("redis-idempotency", "fault-lost-reply")
@@ -1257,7 +1292,7 @@ def test_stage3_producer_retry_after_a_lost_reply_creates_one_job(redis_env: Red
     job_id = queue.enqueue({"order": 7}, idempotency_key="order-7")
     stats = queue.statistics()
     assert stats.ready == 2, (
-        f"stage 3: the retried enqueue must find the first attempt's job by its key: "
+        f"the retried enqueue must find the first attempt's job by its key: "
         f"expected 2 jobs (warm-up and order 7), the queue holds {stats.ready}"
     )
     assert queue.get(job_id).payload == {"order": 7}
@@ -1274,14 +1309,17 @@ def in_process_worker(
     redis_env: RedisEnv,
     handler: Callable[[Lease, Any], Any],
     clock: ManualClock | None = None,
+    client: redis.Redis | None = None,
     **options: Any,
 ) -> tuple[Any, Any, ManualClock, list[tuple[str, str | None]]]:
-    """(queue, worker, its clock, the events it reported) on a queue of this test."""
+    """(queue, worker, its clock, the events it reported) on a queue of this test; the
+    worker reaches Redis through ``client`` if given (a proxied one)."""
     queue = new_queue(redis_env, lease_ns=WORKER_LEASE, max_attempts=1)
     clock = ManualClock(10**12) if clock is None else clock
     events: list[tuple[str, str | None]] = []
     worker = stage().RedisWorker(
-        new_queue(redis_env, lease_ns=WORKER_LEASE, max_attempts=1), handler, worker_id="w1",
+        new_queue(redis_env, client, lease_ns=WORKER_LEASE, max_attempts=1), handler,
+        worker_id="w1",
         clock=clock, on_event=lambda e, lease: events.append((e, lease and lease.job_id)),
         **options,
     )  # fmt: skip
@@ -1289,7 +1327,7 @@ def in_process_worker(
 
 
 def run_in_thread(worker: Any, max_jobs: int) -> Any:
-    return spawn(lambda: worker.run(max_jobs=max_jobs), "redis-worker", tag="stage 3")
+    return spawn(lambda: worker.run(max_jobs=max_jobs), "redis-worker")
 
 
 @pytest.mark.rule("worker-heartbeat-default", "worker-heartbeats")
@@ -1308,19 +1346,19 @@ def test_stage3_worker_default_heartbeat_is_every_third_of_the_lease(redis_env: 
     queue.enqueue("long")
     others = set(threading.enumerate())
     thread = run_in_thread(worker, 1)
-    eventually(lambda: len(busy) == 1, "the job's handler running", tag="stage 3")
+    eventually(lambda: len(busy) == 1, "the job's handler running")
     beats_at_a_third(
         lambda: worker.statistics().heartbeats,
         lambda: None,  # the lease's expiry is on the server's clock, not this one
         clock,
-        lambda: clock.settle(others | {thread}, busy, tag="stage 3"),
-        tag="stage 3: RedisWorker",
+        lambda: clock.settle(others | {thread}, busy),
+        who="RedisWorker",
         lease=WORKER_LEASE,
     )
     release.set()
     thread.outcome("the worker to finish its one job")
     stats = worker.statistics()
-    assert (stats.succeeded, stats.lost) == (1, 0), f"stage 3: {stats}"
+    assert (stats.succeeded, stats.lost) == (1, 0), f"{stats}"
 
 
 @pytest.mark.rule("worker-nack", "worker-events", "worker-run")
@@ -1334,15 +1372,15 @@ def test_stage3_worker_nacks_a_failing_handler_with_its_error(redis_env: RedisEn
     run_in_thread(worker, 1).outcome("the worker to handle its one job")
     job = queue.get(job_id)
     assert (job.state, job.last_error) == (DEAD, "ValueError: bad payload 7"), (
-        f"stage 3: a handler's exception nacks the job with '<ExceptionType>: <message>' "
+        f"a handler's exception nacks the job with '<ExceptionType>: <message>' "
         f"(max_attempts=1: DEAD); got {job.state.value}, last_error {job.last_error!r}"
     )
     stats = worker.statistics()
     assert (stats.workers, stats.claimed, stats.failed, stats.succeeded) == (1, 1, 1, 0), (
-        f"stage 3: the worker's statistics after one failed job: {stats}"
+        f"the worker's statistics after one failed job: {stats}"
     )
     assert [e for e, _ in events] == ["claimed", "failed"], (
-        f"stage 3: a failed job reports 'claimed' then 'failed'; got {events}"
+        f"a failed job reports 'claimed' then 'failed'; got {events}"
     )
     assert stage().RedisEffectStore(queue).effects() == {}, "a failed handler committed"
 
@@ -1354,19 +1392,18 @@ def test_stage3_idle_worker_polls_claim_every_poll_ns(redis_env: RedisEnv) -> No
         redis_env, lambda lease, payload: {"done": payload}, poll_ns=1_000
     )
     thread = run_in_thread(worker, 1)
-    eventually(lambda: worker.statistics().idle == 1, "the worker idle", tag="stage 3")
+    eventually(lambda: worker.statistics().idle == 1, "the worker idle")
     job_id = queue.enqueue("arrives while the worker sleeps")
     clock.advance(999)
     stays(
         lambda: worker.statistics().claimed == 0,
         "no claim 1 ns before the next poll (poll_ns=1000 on the worker's clock)",
-        tag="stage 3",
     )
     clock.advance(1)
     thread.outcome("the worker to claim at its next poll and finish the job")
     job = queue.get(job_id)
     assert (job.state, job.result) == (SUCCEEDED, {"done": job.payload}), (
-        f"stage 3: the worker commits the handler's return value and acks with it; got {job}"
+        f"the worker commits the handler's return value and acks with it; got {job}"
     )
     assert stage().RedisEffectStore(queue).effects() == {job_id: {"done": job.payload}}
     assert [e for e, _ in events] == ["claimed", "committed", "after_effect", "acked"], events
@@ -1430,13 +1467,24 @@ def workers(redis_env: RedisEnv, impl_selection: impl.Selection) -> Iterator[Wor
 
 
 def wait_until(
-    pred: Callable[[], bool], what: str, workers: Workers, deadline_s: float = 15.0
+    pred: Callable[[], bool],
+    what: str,
+    workers: Workers,
+    deadline_s: float = 15.0,
+    *,
+    busy: WorkerProcess | None = None,
 ) -> None:
+    """Wait (hard deadline) until ``pred()``. ``busy``: a worker that has a due job until
+    then, so a run of empty claims fails the wait at once (a lost job)."""
     deadline = time.monotonic() + deadline_s
     while not pred():
-        assert time.monotonic() < deadline, (
-            f"stage 3: within {deadline_s:.0f} real seconds, expected {what}.\n"
-            f"  the workers' output:\n{workers.transcripts()}"
+        why = f"{deadline_s:.0f} real seconds passed" if time.monotonic() >= deadline else ""
+        if busy is not None and busy.idle_run() >= DUE:
+            if pred():  # its empty claims came after everything it finished
+                return
+            why = f"{busy.name} found nothing to claim {DUE} times in a row"
+        assert not why, (
+            f"expected {what}, but {why}.\n  the workers' output:\n{workers.transcripts()}"
         )
         time.sleep(0.01)
 
@@ -1465,16 +1513,15 @@ def applied_once(
     for job_id in ids:
         job = queue.get(job_id)
         assert job.state is SUCCEEDED, (
-            f"stage 3: {job_id} ended {job.state.value}, expected succeeded: {job}\n"
-            f"{workers.transcripts()}"
+            f"{job_id} ended {job.state.value}, expected succeeded: {job}\n{workers.transcripts()}"
         )
         seen = committed.count(job_id)
         assert seen == 1 or (lost_replies and seen == 0 and job_id in duplicate), (
-            f"stage 3: {job_id}'s effect was committed {committed.count(job_id)} times; "
+            f"{job_id}'s effect was committed {committed.count(job_id)} times; "
             f"each job's effect must be applied exactly once.\n{workers.transcripts()}"
         )
         assert effects.get(job_id) == job.payload["effect"], (
-            f"stage 3: the effect store holds {effects.get(job_id)!r} for {job_id}, "
+            f"the effect store holds {effects.get(job_id)!r} for {job_id}, "
             f"expected {job.payload['effect']!r}"
         )
 
@@ -1490,20 +1537,20 @@ def sigkill_mid_job(workers: Workers, point: str) -> None:
     queue = workers.queue()
     job_id = queue.enqueue({"effect": "charged $5"})
     victim = workers.start("--hold-at", point)
-    victim.wait_for(f"HOLD {point} {job_id}")
+    victim.wait_for(f"HOLD {point} {job_id}", idle_polls=DUE)
     victim.send(signal.SIGKILL)
     assert victim.wait() == -signal.SIGKILL
     pass_lease(workers)
     rescuer = workers.start("--max-jobs", "1")
-    rescuer.wait_for("EXIT")
+    rescuer.wait_for("EXIT", idle_polls=DUE)  # the job is due again: it must take it
     applied_once(workers, queue, [job_id])
     job = queue.get(job_id)
     assert (job.attempts, job.token) == (2, 2), (
-        f"stage 3: the SIGKILLed attempt counts: expected attempts 2, token 2; got {job}"
+        f"the SIGKILLed attempt counts: expected attempts 2, token 2; got {job}"
     )
     if point == "after_effect":
         assert workers.events("duplicate") == [f"{job_id} 2"], (
-            "stage 3: the re-run must find the killed worker's effect committed "
+            "the re-run must find the killed worker's effect committed "
             f"(commit returns False) and just ack.\n{workers.transcripts()}"
         )
 
@@ -1532,16 +1579,16 @@ def test_stage3_sigstop_past_the_lease_then_sigcont_the_zombie_is_fenced(
     queue = workers.queue()
     job_id = queue.enqueue({"effect": "the real one"})
     zombie = workers.start("--hold-at", "claimed", "--max-jobs", "1")
-    zombie.wait_for(f"HOLD claimed {job_id} 1")
+    zombie.wait_for(f"HOLD claimed {job_id} 1", idle_polls=DUE)
     zombie.send(signal.SIGSTOP)  # a GC pause, a VM migration: it does not know
     pass_lease(workers)
     other = workers.start("--max-jobs", "1")
-    other.wait_for("EXIT")
+    other.wait_for("EXIT", idle_polls=DUE)
     zombie.send(signal.SIGCONT)
     zombie.go()
     zombie.wait_for("EXIT")
     assert workers.events("lost") == [f"{job_id} 1"], (
-        "stage 3: the zombie woke up after its lease was taken over: its commit must be "
+        "the zombie woke up after its lease was taken over: its commit must be "
         f"refused (StaleLease) and the job dropped.\n{workers.transcripts()}"
     )
     applied_once(workers, queue, [job_id])
@@ -1556,12 +1603,13 @@ def test_stage3_poison_job_that_kills_every_worker_is_dead_lettered(workers: Wor
     job_id = queue.enqueue({"crash": True})
     for attempt in range(1, workers.max_attempts + 1):
         victim = workers.start("--max-jobs", "1")
-        assert victim.wait() == -signal.SIGKILL, f"attempt {attempt}: the poison job did not crash"
+        code = victim.wait(idle_polls=DUE)
+        assert code == -signal.SIGKILL, f"attempt {attempt}: the poison job did not crash"
         pass_lease(workers)
         queue.reap()
     job = queue.get(job_id)
     assert (job.state, job.attempts, job.last_error) == (DEAD, 3, LEASE_EXPIRED), (
-        f"stage 3: a job that kills its worker every time must be DEAD after max_attempts=3 "
+        f"a job that kills its worker every time must be DEAD after max_attempts=3 "
         f"crashes (each lease expiry counts an attempt); got {job}"
     )
     assert [j.id for j in queue.dead_letters()] == [job_id]
@@ -1582,7 +1630,7 @@ def test_stage3_a_job_three_leases_long_keeps_its_lease_by_heartbeats(workers: W
     worker.wait_for(f"EVENT acked {job_id} 1")
     applied_once(workers, queue, [job_id])
     assert queue.get(job_id).attempts == 1, (
-        f"stage 3: heartbeats every lease/3 must keep the lease of a job three leases long: "
+        f"heartbeats every lease/3 must keep the lease of a job three leases long: "
         f"one attempt; got {queue.get(job_id)}\n{workers.transcripts()}"
     )
 
@@ -1599,7 +1647,7 @@ def test_stage3_a_job_three_leases_long_without_heartbeats_loses_every_attempt(
     wait_until(lambda: len(workers.events("lost")) == 2, "both attempts lost", workers)
     job = queue.get(job_id)
     assert (job.state, job.last_error) == (DEAD, LEASE_EXPIRED), (
-        f"stage 3: without heartbeats a job 3 leases long loses its lease every attempt: "
+        f"without heartbeats a job 3 leases long loses its lease every attempt: "
         f"DEAD after 2, no effect; got {job}"
     )
     assert stage().RedisEffectStore(queue).effects() == {}, "an expired attempt committed"
@@ -1625,25 +1673,25 @@ def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
     for w in burst:
         w.send(signal.SIGTERM)
     for w in burst:
-        assert w.wait() == 0, f"stage 3: SIGTERM must stop a worker cleanly:\n{w.transcript()}"
+        assert w.wait() == 0, f"SIGTERM must stop a worker cleanly:\n{w.transcript()}"
         assert w.lines("EXIT stopped"), w.transcript()
     stats = queue.statistics()
     assert stats.leased == 0, (
-        f"stage 3: after SIGTERM no lease may be left behind (finish within the grace, or "
+        f"after SIGTERM no lease may be left behind (finish within the grace, or "
         f"release): {stats}\n{workers.transcripts()}"
     )
     for job_id in ids:
         job = queue.get(job_id)
         assert job.state is SUCCEEDED or (job.state is READY and job.attempts == 0), (
-            f"stage 3: a job interrupted by SIGTERM must be finished, or back with its attempt "
+            f"a job interrupted by SIGTERM must be finished, or back with its attempt "
             f"refunded: {job}"
         )
     assert queue.get(long_job).state is READY, (
-        f"stage 3: the job still running when the 250 ms grace ran out must be released "
+        f"the job still running when the 250 ms grace ran out must be released "
         f"(READY again, attempt refunded): {queue.get(long_job)}\n{workers.transcripts()}"
     )
     left = sum(queue.get(j).state is READY for j in ids)
-    workers.start("--max-jobs", str(left)).wait_for("EXIT")
+    workers.start("--max-jobs", str(left)).wait_for("EXIT", idle_polls=DUE)
     applied_once(workers, queue, ids)
 
 
@@ -1666,7 +1714,7 @@ def test_stage3_workers_ride_out_a_redis_outage(workers: Workers) -> None:
     applied_once(workers, queue, ids, lost_replies=True)
     crashed = [w.name for w in fleet if w.lines("<closed>")]
     assert not crashed, (
-        f"stage 3: a worker must wait out an outage, not crash: {crashed}\n{workers.transcripts()}"
+        f"a worker must wait out an outage, not crash: {crashed}\n{workers.transcripts()}"
     )
 
 
@@ -1704,16 +1752,16 @@ def test_stage3_under_random_crashes_every_job_finishes_and_applies_its_effect_o
         if point is None:
             continue
         victim = workers.start("--hold-at", point)
-        victim.wait_for(f"HOLD {point}")
+        victim.wait_for(f"HOLD {point}", idle_polls=DUE)  # no job dies: one is always due
         victim.send(signal.SIGKILL)
         victim.wait()
         pass_lease(workers)
     drain = workers.start()
-    # Server time is frozen, so the drain finishes three due jobs in well under a second
-    # once it runs; a short deadline keeps a red run (which hypothesis then shrinks, one
-    # process fleet per example) within the suite's time.
+    # No job ran out of attempts, so the drain has a due job until all three succeeded: a
+    # run of empty claims is a lost job, and fails the example at once (hypothesis then
+    # shrinks it, one process fleet per example, within the suite's time).
     wait_until(
-        lambda: queue.statistics().succeeded == 3, "all 3 jobs succeeded", workers, deadline_s=8
+        lambda: queue.statistics().succeeded == 3, "all 3 jobs succeeded", workers, busy=drain
     )
     drain.send(signal.SIGTERM)
     drain.wait()
@@ -1760,12 +1808,12 @@ def test_stage3_skewed_worker_clocks_change_nothing(redis_env: RedisEnv) -> None
         t.start()
     for t in threads:
         t.join(20)
-        assert not t.is_alive(), "stage 3: a worker with a skewed clock never finished"
+        assert not t.is_alive(), "a worker with a skewed clock never finished"
     stats = [w.statistics() for w in fleet]
     assert [queue.get(j).state for j in ids] == [SUCCEEDED] * 4 and all(
         s.lost == 0 and s.heartbeats >= 2 for s in stats
     ), (
-        f"stage 3: with clocks skewed ±1 h, both workers must keep their leases by "
+        f"with clocks skewed ±1 h, both workers must keep their leases by "
         f"heartbeats and finish every job once: {stats}, "
         f"{[queue.get(j) for j in ids]}"
     )

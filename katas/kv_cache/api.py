@@ -12,6 +12,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from katas._kit.clients import check_client, unavailable
 from katas._kit.clock import NS_PER_MS, NS_PER_S, Clock, ManualClock, MonotonicClock
 
 
@@ -94,6 +95,8 @@ __all__ = [
     "OnEvict",
     "RemovalCause",
     "Weigher",
+    "check_client",
+    "unavailable",
 ]
 
 

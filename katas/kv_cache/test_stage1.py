@@ -83,12 +83,11 @@ def test_stage1_evicts_the_least_recently_used(kind: str) -> None:
     assert cache.get("a") == "A"  # a is now the most recently used: b is the coldest
     cache.put("d", "D")
     assert log.take() == [("b", "B", EVICTED)], (
-        "stage 1: with a, b, c held and a just read, putting d must evict b (the least "
+        "with a, b, c held and a just read, putting d must evict b (the least "
         f"recently used); on_evict heard {log.taken}"
     )
     assert list(cache) == ["c", "a", "d"], (
-        f"stage 1: keys in recency order, least recent first: expected ['c', 'a', 'd'], "
-        f"got {list(cache)}"
+        f"keys in recency order, least recent first: expected ['c', 'a', 'd'], got {list(cache)}"
     )
 
 
@@ -100,12 +99,12 @@ def test_stage1_holds_exactly_maxsize_entries(kind: str) -> None:
     for n in range(3):
         cache.put(n, n)
     assert len(cache) == 3 and cache.stats().evictions == 0, (
-        f"stage 1: a cache of maxsize 3 holds 3 entries without evicting; it holds "
+        f"a cache of maxsize 3 holds 3 entries without evicting; it holds "
         f"{len(cache)} after {cache.stats().evictions} evictions"
     )
     cache.put(3, 3)
     assert len(cache) == 3 and list(cache) == [1, 2, 3], (
-        f"stage 1: the 4th put evicts exactly one entry, the oldest: {list(cache)}"
+        f"the 4th put evicts exactly one entry, the oldest: {list(cache)}"
     )
 
 
@@ -119,12 +118,12 @@ def test_stage1_update_is_not_an_insert(kind: str) -> None:
     cache.put("b", 2)
     cache.put("a", 10)  # full, but a is already here: replace, refresh, evict nothing
     assert log.take() == [("a", 1, REPLACED)] and list(cache) == ["b", "a"], (
-        "stage 1: putting an existing key replaces its value (on_evict hears REPLACED), "
+        "putting an existing key replaces its value (on_evict hears REPLACED), "
         f"makes it the most recent and evicts nothing; heard {log.taken}, "
         f"keys {list(cache)}"
     )
     cache.put("c", 3)
-    assert log.take() == [("b", 2, EVICTED)], "stage 1: b was the least recently used"
+    assert log.take() == [("b", 2, EVICTED)], "b was the least recently used"
     assert cache.get("a") == 10
 
 
@@ -136,7 +135,7 @@ def test_stage1_falsy_values_are_hits(kind: str, value: Any) -> None:
     cache = make(kind, 2)
     cache.put("k", value)
     assert cache.get("k", "missing") == value and "k" in cache, (
-        f"stage 1: a stored {value!r} must be found (a hit), not treated as a miss"
+        f"a stored {value!r} must be found (a hit), not treated as a miss"
     )
     assert (cache.stats().hits, cache.stats().misses) == (1, 0), cache.stats()
 
@@ -151,10 +150,10 @@ def test_stage1_contains_len_and_iteration_do_not_refresh_recency(kind: str) -> 
     assert "a" in cache and len(cache) == 2 and list(cache) == ["a", "b"]
     cache.put("c", 3)
     assert "a" not in cache and "b" in cache, (
-        "stage 1: `in`, len() and iteration are observations: checking `'a' in cache` must "
+        "`in`, len() and iteration are observations: checking `'a' in cache` must "
         "not make a recently used, so c evicts a"
     )
-    assert cache.stats().hits == 0, "stage 1: observations are not gets: no hit counted"
+    assert cache.stats().hits == 0, "observations are not gets: no hit counted"
 
 
 @core
@@ -188,7 +187,7 @@ def test_stage1_stats_are_consistent(kind: str) -> None:
     stats = cache.stats()
     evicted = sum(c is EVICTED for _, _, c in log.calls)
     assert stats == CacheStats(1, 6, evicted, 0, 2, 2) and evicted == 4, (
-        f"stage 1: 7 gets (1 hit: the second a), 6 puts into 2 slots (4 evictions): "
+        f"7 gets (1 hit: the second a), 6 puts into 2 slots (4 evictions): "
         f"expected hits 1, misses 6, evictions 4, size 2; got {stats}"
     )
 
@@ -205,7 +204,7 @@ def test_stage1_only_evictions_count_as_evictions(kind: str) -> None:
     cache.put("c", 4)
     cache.put("d", 5)  # EVICTED: a
     assert cache.stats().evictions == 1, (
-        f"stage 1: evictions counts removals to make room only — not replacements or "
+        f"evictions counts removals to make room only — not replacements or "
         f"deletes; one eviction happened, stats say {cache.stats()}"
     )
 
@@ -217,14 +216,14 @@ def test_stage1_ttl_entry_is_gone_exactly_at_its_deadline() -> None:
     cache = make("TTLCache", 4, clock, ttl_ns=TTL, on_evict=log)
     cache.put("k", "v")
     clock.advance(TTL - 1)
-    assert cache.get("k") == "v" and "k" in cache, "stage 1: alive 1 ns before the deadline"
+    assert cache.get("k") == "v" and "k" in cache, "alive 1 ns before the deadline"
     clock.advance(1)
     assert "k" not in cache and len(cache) == 0 and list(cache) == [], (
-        "stage 1: an entry written at t is live iff now < t + ttl_ns: at the deadline it is "
+        "an entry written at t is live iff now < t + ttl_ns: at the deadline it is "
         "gone from `in`, len() and iteration"
     )
     assert cache.get("k", "gone") == "gone" and log.take() == [("k", "v", EXPIRED)], (
-        "stage 1: get at the deadline misses, and on_evict hears EXPIRED once"
+        "get at the deadline misses, and on_evict hears EXPIRED once"
     )
     assert cache.stats().expirations == 1 and cache.stats().misses == 1
 
@@ -238,12 +237,12 @@ def test_stage1_ttl_update_restarts_the_deadline() -> None:
     clock.advance(TTL - 10)
     cache.put("k", 2)
     clock.advance(TTL - 1)
-    assert cache.get("k") == 2, "stage 1: an update restarts the entry's time to live"
+    assert cache.get("k") == 2, "an update restarts the entry's time to live"
     clock.advance(1)
     assert cache.get("k") is None
     stats = cache.stats()
     assert (stats.hits, stats.misses, stats.expirations) == (1, 1, 1), (
-        f"stage 1: a get that finds only an expired entry is a miss, and the entry expires: {stats}"
+        f"a get that finds only an expired entry is a miss, and the entry expires: {stats}"
     )
 
 
@@ -256,7 +255,7 @@ def test_stage1_a_put_over_an_expired_key_is_not_a_replacement() -> None:
     clock.advance(TTL)  # "old" has expired, unobserved
     cache.put("k", "new")
     assert log.take() == [("k", "old", EXPIRED)], (
-        "stage 1: the old value had expired before the put: on_evict must hear it as "
+        "the old value had expired before the put: on_evict must hear it as "
         f"EXPIRED (it was never replaced while live); heard {log.taken}"
     )
     assert cache.get("k") == "new" and cache.stats().expirations == 1
@@ -277,7 +276,7 @@ def test_stage1_a_full_ttl_cache_drops_expired_entries_before_evicting_a_live_on
     assert [c for _, _, c in log.take()] == [EXPIRED] and list(cache) == [
         "live-1", "live-2", "new"
     ], (
-        "stage 1: when room is needed, expired entries go first: no live entry may be "
+        "when room is needed, expired entries go first: no live entry may be "
         f"evicted while an expired one takes a slot; keys {list(cache)}"
     )  # fmt: skip
 
@@ -292,7 +291,7 @@ def test_stage1_ttl_survives_a_clock_stepping_back() -> None:
     cache.put("b", 2)  # deadline START - 4 TTL: earlier than a's
     clock.set(START)
     assert "b" not in cache and cache.get("a") == 1, (
-        "stage 1: deadlines are written_at + ttl_ns on the injected clock, even when the "
+        "deadlines are written_at + ttl_ns on the injected clock, even when the "
         "clock steps back: b (written 5 TTL earlier on the clock) is expired, a is live"
     )
     assert len(cache) == 1
@@ -314,8 +313,8 @@ def test_stage1_bad_parameters_raise_naming_them(
 ) -> None:
     with pytest.raises(error) as raised:
         call()
-        raise AssertionError(f"stage 1: a bad {name} was accepted")
-    assert name in str(raised.value), f"stage 1: the error must name {name}: {raised.value!r}"
+        raise AssertionError(f"a bad {name} was accepted")
+    assert name in str(raised.value), f"the error must name {name}: {raised.value!r}"
 
 
 @core
@@ -328,9 +327,9 @@ def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
     cache.put("b", 2)
     with pytest.raises(TypeError):
         cache.put(["not", "hashable"], 3)
-        raise AssertionError("stage 1: an unhashable key was accepted")
+        raise AssertionError("an unhashable key was accepted")
     assert list(cache) == ["a", "b"] and log.calls == [], (
-        f"stage 1: a refused put must change nothing: keys {list(cache)}, heard {log.calls}"
+        f"a refused put must change nothing: keys {list(cache)}, heard {log.calls}"
     )
 
 
@@ -348,7 +347,7 @@ def test_stage1_weight_update_subtracts_the_old_weight(kind: str) -> None:
     cache.put("b", "zzzz")  # 7
     cache.put("c", "www")  # 10: exactly full
     assert [c for _, _, c in log.calls] == [REPLACED] and cache.stats().weight == 10, (
-        f"stage 1: replacing a value of weight 3 by one of weight 3 leaves the total at 3, "
+        f"replacing a value of weight 3 by one of weight 3 leaves the total at 3, "
         f"so b (4) and c (3) fit exactly; heard {log.calls}, {cache.stats()}"
     )
 
@@ -363,7 +362,7 @@ def test_stage1_a_heavy_value_evicts_as_many_entries_as_needed(kind: str) -> Non
         cache.put(key, "xxx")  # 9 in all
     cache.put("d", "x" * 8)  # 17: a, b and c must go
     assert [k for k, _, c in log.calls if c is EVICTED] == ["a", "b", "c"], (
-        f"stage 1: one heavy value may need several evictions, coldest first; heard {log.calls}"
+        f"one heavy value may need several evictions, coldest first; heard {log.calls}"
     )
     assert list(cache) == ["d"] and cache.stats().weight == 8
 
@@ -379,10 +378,10 @@ def test_stage1_an_oversize_value_raises_and_changes_nothing(kind: str) -> None:
     for key in ("c", "a"):  # a new key, and an existing one
         with pytest.raises(ValueError) as raised:
             cache.put(key, "z" * 11)
-            raise AssertionError("stage 1: a value heavier than max_weight was accepted")
+            raise AssertionError("a value heavier than max_weight was accepted")
         assert "max_weight" in str(raised.value), raised.value
     assert log.calls == [] and list(cache) == ["a", "b"] and cache.get("a") == "xxx", (
-        f"stage 1: a value heavier than max_weight must raise BEFORE anything changes (no "
+        f"a value heavier than max_weight must raise BEFORE anything changes (no "
         f"flush, no replacement): heard {log.calls}, keys {list(cache)}"
     )
 
@@ -396,7 +395,7 @@ def test_stage1_a_bad_weight_raises_and_changes_nothing(kind: str, weight: Any) 
     cache = make(kind, 10, max_weight=10, weigh=lambda v: weight, on_evict=log)
     with pytest.raises(ValueError) as raised:
         cache.put("a", 1)
-        raise AssertionError(f"stage 1: weigh returning {weight!r} was accepted")
+        raise AssertionError(f"weigh returning {weight!r} was accepted")
     assert "weigh" in str(raised.value), raised.value
     assert len(cache) == 0 and cache.stats().weight == 0 and log.calls == []
 
@@ -421,7 +420,7 @@ def test_stage1_lfu_evicts_the_least_frequent_then_least_recently_accessed() -> 
     assert [cache.frequency(k) for k in "abc"] == [3, 2, 2]
     cache.put("d", "d")
     assert log.take() == [("b", "b", EVICTED)], (
-        f"stage 1: b and c tie at frequency 2; b was accessed less recently (though "
+        f"b and c tie at frequency 2; b was accessed less recently (though "
         f"inserted after c), so b goes; heard {log.taken}"
     )
     cache.put("e", "e")  # d has frequency 1: the least frequent
@@ -439,7 +438,7 @@ def test_stage1_lfu_observations_do_not_count_as_accesses() -> None:
     for _ in range(5):
         assert "a" in cache and len(cache) == 2 and list(cache)
     cache.put("c", 3)
-    assert "a" not in cache, "stage 1: `in` must not raise a's frequency"
+    assert "a" not in cache, "`in` must not raise a's frequency"
 
 
 @extended
@@ -459,7 +458,7 @@ def test_stage1_expired_entries_never_pile_up() -> None:
         if sum(reclaimed) == 500:
             break
     assert sum(reclaimed) == 500 and all(1 <= r <= 64 for r in reclaimed), (
-        f"stage 1: 500 expired entries must be reclaimed by later puts, at least 1 and at "
+        f"500 expired entries must be reclaimed by later puts, at least 1 and at "
         f"most 64 per put; reclaimed per put: {reclaimed[:20]}… in all {sum(reclaimed)}"
     )
 
@@ -523,7 +522,7 @@ def test_stage1_ttl_every_path_at_the_deadline(op: str, offset: int) -> None:
     when = f"at deadline{offset:+d} ns" if offset else "at the deadline exactly"
     expect(
         got == want,
-        f"stage 1: put('k', 'v') at t with ttl_ns={TTL}; {op} {when} must give {want!r} "
+        f"put('k', 'v') at t with ttl_ns={TTL}; {op} {when} must give {want!r} "
         f"(live iff now < t + ttl_ns); got {got!r}",
     )
     heard = log.take()
@@ -532,20 +531,20 @@ def test_stage1_ttl_every_path_at_the_deadline(op: str, offset: int) -> None:
         want_heard = _HEARD[op][0 if alive else 1]
         expect(
             heard == want_heard,
-            f"stage 1: {op} {when}: on_evict must hear {want_heard} (an entry at or past "
+            f"{op} {when}: on_evict must hear {want_heard} (an entry at or past "
             f"its deadline leaves as EXPIRED, a live one as EXPLICIT/REPLACED); heard {heard}",
         )
     else:  # an observation may reclaim the expired entry, as EXPIRED, at most once
         expect(
             heard == expired_heard and len(heard) <= (0 if alive else 1),
-            f"stage 1: {op} {when} is an observation: it may only reclaim an expired entry "
+            f"{op} {when} is an observation: it may only reclaim an expired entry "
             f"(EXPIRED, once); heard {heard}",
         )
     stats = cache.stats()
     log.take()
     expect(
         stats.expirations == (0 if alive else 1),
-        f"stage 1: {op} {when}: expirations must be {0 if alive else 1}; {stats}",
+        f"{op} {when}: expirations must be {0 if alive else 1}; {stats}",
     )
 
 
@@ -559,7 +558,7 @@ def test_stage1_ttl_delete_at_the_deadline() -> None:
         cause = EXPLICIT if offset < 0 else EXPIRED
         expect(
             got is (offset < 0) and log.take() == [("k", "v", cause)],
-            f"stage 1: delete('k') at deadline{offset:+d} ns must return {offset < 0} and report "
+            f"delete('k') at deadline{offset:+d} ns must return {offset < 0} and report "
             f"{cause.name} (live iff now < deadline; an expired entry leaves as EXPIRED); got "
             f"{got!r}, heard {log.taken}",
         )
@@ -575,7 +574,7 @@ def test_stage1_ttl_a_full_cache_at_the_deadline(offset: int) -> None:
     want = [("k", "v", EVICTED if offset < 0 else EXPIRED)]
     expect(
         log.take() == want,
-        f"stage 1: a full TTLCache(1) holding k, put of another key at deadline{offset:+d}: "
+        f"a full TTLCache(1) holding k, put of another key at deadline{offset:+d}: "
         f"k must leave as {want[0][2].name} (expired entries go before live ones, and k is "
         f"expired from its deadline on); heard {log.taken}",
     )
@@ -594,13 +593,13 @@ def test_stage1_ttl_clear_reports_expired_entries_as_expired() -> None:
     heard = sorted(log.take(), key=lambda c: str(c[0]))
     expect(
         heard == [("live", 2, EXPLICIT), ("old", 1, EXPIRED)],
-        "stage 1: clear() on a TTL cache reports an entry already expired as EXPIRED (its "
+        "clear() on a TTL cache reports an entry already expired as EXPIRED (its "
         f"time ran out before clear came) and a live one as EXPLICIT; heard {heard}",
     )
     stats = cache.stats()
     expect(
         (stats.expirations, stats.evictions, stats.size) == (1, 0, 0),
-        f"stage 1: after clear() the expired entry is counted in expirations: {stats}",
+        f"after clear() the expired entry is counted in expirations: {stats}",
     )
 
 
@@ -653,7 +652,7 @@ def _expect_consistent(cases: list[tuple[str, bool]]) -> None:
     problems = [p for kind, weighted in cases for p in _consistency_problems(kind, weighted)]
     expect(
         not problems,
-        "stage 1: on_evict must run only once the cache is consistent again (the victim "
+        "on_evict must run only once the cache is consistent again (the victim "
         "gone, within capacity):\n  " + "\n  ".join(problems),
     )
 
@@ -698,22 +697,22 @@ def _check_put_weight(kind: str, weight: Any, names: str) -> None:
         try:
             cache.put(key, "y", weight=weight)
         except ValueError as e:
-            expect(names in str(e), f"stage 1: {kind}: the ValueError must name {names}: {e!r}")
+            expect(names in str(e), f"{kind}: the ValueError must name {names}: {e!r}")
         else:
             raise AssertionError(
-                f"stage 1: {kind}(10, max_weight=10).put({key!r}, 'y', weight={weight!r}) must "
+                f"{kind}(10, max_weight=10).put({key!r}, 'y', weight={weight!r}) must "
                 f"raise ValueError naming {names}: a weight given to put is validated like "
                 f"weigh's result"
             )
     expect(
         log.calls == [] and list(cache) == ["a"] and cache.stats().weight == 1,
-        f"stage 1: {kind}: a refused weight={weight!r} changes nothing: heard {log.calls}, "
+        f"{kind}: a refused weight={weight!r} changes nothing: heard {log.calls}, "
         f"keys {list(cache)}, {cache.stats()}",
     )
     cache.put("f", "ffff", weight=5)
     expect(
         weighed == [] and cache.stats().weight == 6,
-        f"stage 1: {kind}: put('f', 'ffff', weight=5) takes the weight given (total 1 + 5 = 6) "
+        f"{kind}: put('f', 'ffff', weight=5) takes the weight given (total 1 + 5 = 6) "
         f"and does not call weigh; weigh saw {weighed}, {cache.stats()}",
     )
 
@@ -728,7 +727,7 @@ def test_stage1_without_max_weight_a_weight_is_ignored(kind: str) -> None:
     stats = cache.stats()
     expect(
         (stats.size, stats.weight) == (2, 2) and list(cache) == ["a", "b"],
-        f"stage 1: without max_weight every entry weighs 1 (weight= is ignored): {stats}",
+        f"without max_weight every entry weighs 1 (weight= is ignored): {stats}",
     )
 
 
@@ -744,13 +743,13 @@ def test_stage1_on_evict_can_be_assigned_later(kind: str) -> None:
     cache.delete("b")
     expect(
         log.take() == [("a", 1, EVICTED), ("b", 2, REPLACED), ("b", 3, EXPLICIT)],
-        f"stage 1: on_evict is a plain attribute read at each removal: a callback assigned "
+        f"on_evict is a plain attribute read at each removal: a callback assigned "
         f"after the cache was built hears every later removal; heard {log.taken}",
     )
     cache.on_evict = None
     cache.put("c", 1)
     cache.put("d", 1)
-    expect(log.calls == [], f"stage 1: on_evict = None silences it; heard {log.calls}")
+    expect(log.calls == [], f"on_evict = None silences it; heard {log.calls}")
 
 
 @extended
@@ -761,21 +760,21 @@ def test_stage1_lfu_a_key_that_comes_back_starts_at_one() -> None:
     for _ in range(3):
         cache.get("a")
     cache.put("a", 2)
-    expect(cache.frequency("a") == 5, f"stage 1: 1 + 3 hits + 1 update: {cache.frequency('a')}")
-    expect(cache.frequency("zz") == 0, "stage 1: frequency of a key not held is 0")
+    expect(cache.frequency("a") == 5, f"1 + 3 hits + 1 update: {cache.frequency('a')}")
+    expect(cache.frequency("zz") == 0, "frequency of a key not held is 0")
     cache.delete("a")
-    expect(cache.frequency("a") == 0, "stage 1: a deleted key has frequency 0")
+    expect(cache.frequency("a") == 0, "a deleted key has frequency 0")
     cache.put("a", 3)
     expect(
         cache.frequency("a") == 1,
-        f"stage 1: a key that leaves and comes back starts again at 1; got {cache.frequency('a')}",
+        f"a key that leaves and comes back starts again at 1; got {cache.frequency('a')}",
     )
     cache.put("b", 1)
     cache.get("b")
     cache.put("c", 1)  # a (1) is the victim, not b (2)
     expect(
         list(cache) == ["c", "b"],
-        f"stage 1: a's old count is forgotten, so a (frequency 1) was evicted: {list(cache)}",
+        f"a's old count is forgotten, so a (frequency 1) was evicted: {list(cache)}",
     )
 
 
@@ -805,7 +804,7 @@ def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entrie
         tracemalloc.stop()
     expect(
         grown < 256 * 1024,
-        f"stage 1: 20 000 updates of one key grew the cache's memory by {grown // 1024} KiB: "
+        f"20 000 updates of one key grew the cache's memory by {grown // 1024} KiB: "
         "the stale deadlines of updated keys must be reclaimed (in proportion to the live "
         "entries), not kept until they expire",
     )
@@ -813,18 +812,18 @@ def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entrie
     clock.set(START + ttl - 1)
     expect(
         cache.expire() == 0 and len(cache) == 11,
-        f"stage 1: 1 ns before their deadline all 11 keys are live: len {len(cache)}",
+        f"1 ns before their deadline all 11 keys are live: len {len(cache)}",
     )
     clock.set(START + ttl)
     gone = cache.expire()
     expect(
         (gone, len(cache), list(cache), cache.stats().expirations) == (10, 1, ["hot"], 10),
-        f"stage 1: at their deadline the 10 keys written first expire (expire() -> 10, "
+        f"at their deadline the 10 keys written first expire (expire() -> 10, "
         f"'hot' stays); got expire() -> {gone}, keys {list(cache)}, {cache.stats()} — the "
         "deadline bookkeeping lost track of them while it reclaimed the stale ones",
     )
     heard = sorted(k for k, _, c in log.take() if c is EXPIRED)
-    expect(heard == list(range(10)), f"stage 1: EXPIRED heard for 0..9; heard {heard}")
+    expect(heard == list(range(10)), f"EXPIRED heard for 0..9; heard {heard}")
 
 
 # --------------------------------------------------------------------------- the model
@@ -952,7 +951,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     def fail(self, what: str) -> str:
         steps = "\n".join(f"    {h}" for h in self.history[-15:])
-        return f"stage 1: {what}\n  the last steps:\n{steps}"
+        return f"{what}\n  the last steps:\n{steps}"
 
     def heard(self, expected: list[tuple[Any, Any, Any]]) -> None:
         calls = self.log.take()

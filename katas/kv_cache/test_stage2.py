@@ -25,7 +25,7 @@ import anyio
 import pytest
 
 from katas._kit.history import Call, check_per_key
-from katas._kit.interleave import Gate
+from katas._kit.interleave import Gate, Parked
 from katas._kit.waiting import (
     DEADLINE_S,
     eventually,
@@ -69,7 +69,7 @@ def concurrent(maxsize: int = 100, kind: str = "LRUCache", **kw: Any) -> Any:
 
 def loads(cache: Any) -> LoadStatistics:
     stats = cache.statistics()
-    assert isinstance(stats, LoadStatistics), f"stage 2: statistics() returned {stats!r}"
+    assert isinstance(stats, LoadStatistics), f"statistics() returned {stats!r}"
     return stats
 
 
@@ -118,12 +118,12 @@ def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
             w.outcome("racing gets and puts must finish")
     stats = cache.stats()
     assert stats.hits + stats.misses == gets_per_thread * threads, (
-        f"stage 2: {threads} threads made {gets_per_thread * threads} gets, but hits + misses "
+        f"{threads} threads made {gets_per_thread * threads} gets, but hits + misses "
         f"= {stats.hits} + {stats.misses} = {stats.hits + stats.misses}: counts were lost "
         f"(an unlocked `+= 1` is a read, an add and a write)"
     )
     assert stats.evictions == len(evicted) and len(cache) <= 32 and stats.size == len(cache), (
-        f"stage 2: after the race, evictions {stats.evictions} must equal the EVICTED "
+        f"after the race, evictions {stats.evictions} must equal the EVICTED "
         f"callbacks ({len(evicted)}) and the cache must hold at most 32: {stats}"
     )
 
@@ -133,7 +133,7 @@ def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
 def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() -> None:
     cache, loader = concurrent(), Loader()
     threads = [spawn(lambda: cache.get_or_load("k", loader), "leader")]
-    assert loader.entered.wait(DEADLINE_S), "stage 2: a miss in get_or_load must call the loader"
+    assert loader.entered.wait(DEADLINE_S), "a miss in get_or_load must call the loader"
     # Only now the 15 others: each finds the load in flight and must join it at once.
     threads += [spawn(lambda: cache.get_or_load("k", loader), f"t{i}") for i in range(15)]
     eventually(
@@ -144,17 +144,17 @@ def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() ->
     if loader.calls > 1:
         loader.release.set()
         raise AssertionError(
-            f"stage 2: a miss of a key whose load is running must join that flight; the loader "
+            f"a miss of a key whose load is running must join that flight; the loader "
             f"was called {loader.calls} times for one key (single-flight: once)"
         )
     loader.release.set()
     results = [t.outcome("a waiter must get the loaded value") for t in threads]
     assert loader.calls == 1, (
-        f"stage 2: 16 concurrent misses of one key must run the loader ONCE (single-flight); "
+        f"16 concurrent misses of one key must run the loader ONCE (single-flight); "
         f"it ran {loader.calls} times — a stampede on the backend"
     )
     assert all(r is results[0] for r in results) and cache.get("k") is results[0], (
-        "stage 2: every caller of the flight receives the very same object, and it is cached"
+        "every caller of the flight receives the very same object, and it is cached"
     )
     assert loads(cache) == LoadStatistics(1, 0, 0, 0), loads(cache)
 
@@ -183,15 +183,15 @@ def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> N
     eventually(lambda: loads(cache).waiters == 4 or len(calls) > 1, "4 callers waiting")
     if len(calls) > 1:
         release.set()
-        raise AssertionError(f"stage 2: 5 misses of one key called the loader {len(calls)} times")
+        raise AssertionError(f"5 misses of one key called the loader {len(calls)} times")
     release.set()
     errors = [t.outcome("a waiter of a failed load must return") for t in threads]
     assert all(e is boom for e in errors) and len(calls) == 1, (
-        f"stage 2: the loader's exception must reach every caller of its flight (one call); "
+        f"the loader's exception must reach every caller of its flight (one call); "
         f"got {errors}, {len(calls)} calls"
     )
     assert "k" not in cache and cache.get_or_load("k", lambda: "fine") == "fine", (
-        "stage 2: a failure is not cached: the next call loads again"
+        "a failure is not cached: the next call loads again"
     )
     assert loads(cache).failures == 1 and loads(cache).loads == 2, loads(cache)
 
@@ -207,7 +207,7 @@ def test_stage2_misses_of_different_keys_load_in_parallel() -> None:
             time.sleep(0.001)
         expect(
             loader.calls == 4,
-            f"stage 2: 4 misses of 4 different keys must load in parallel — the loader must not "
+            f"4 misses of 4 different keys must load in parallel — the loader must not "
             f"run under the cache's lock (that serialises every miss); within 1 s only "
             f"{loader.calls} of the 4 loads had started",
         )
@@ -241,7 +241,7 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
     cache.put("a", 1)
     cache.put("b", 2)  # evicts a
     assert not blocked, (
-        f"stage 2: {blocked} ran while the cache's lock was held: another thread's get "
+        f"{blocked} ran while the cache's lock was held: another thread's get "
         "blocked. Call weigh before taking the lock, and run on_evict after releasing it"
     )
 
@@ -252,7 +252,7 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
 def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> None:
     cache, loader = concurrent(), Loader(lambda n: "loaded (stale)")
     leader = spawn(lambda: cache.get_or_load("k", loader), "leader")
-    assert loader.entered.wait(DEADLINE_S), "stage 2: a miss in get_or_load calls the loader"
+    assert loader.entered.wait(DEADLINE_S), "a miss in get_or_load calls the loader"
     if write == "put":
         cache.put("k", "written meanwhile")
     elif write == "delete":
@@ -263,7 +263,7 @@ def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> 
     assert leader.outcome("the leader returns") == "loaded (stale)"
     expected = "written meanwhile" if write == "put" else None
     assert cache.get("k") == expected, (
-        f"stage 2: a {write} while the key's load was in flight is newer than the load: "
+        f"a {write} while the key's load was in flight is newer than the load: "
         f"the loaded value goes to its callers but must not be cached over the {write}; "
         f"the cache holds {cache.get('k')!r}"
     )
@@ -277,7 +277,7 @@ def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
     cache.delete("k")
     got = cache.get_or_load("k", lambda: 2)
     assert got == 2 and loads(cache).in_flight == 0, (
-        f"stage 2: after its load finished and the key was deleted, the next miss must load "
+        f"after its load finished and the key was deleted, the next miss must load "
         f"again (a finished flight is unregistered); got {got!r}, {loads(cache)}"
     )
 
@@ -287,50 +287,8 @@ def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
 def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None:
     """A turnstile around the inner cache: every call on it must hold the lock."""
     inner = _MODULES["s1"].LRUCache(16)
-    overlaps: list[str] = []
-
-    class Turnstile:
-        """Stands in for the inner cache; notes any call made while another is inside."""
-
-        def __init__(self) -> None:
-            self._inside = 0
-            self._count = threading.Lock()
-
-        def __getattr__(self, name: str) -> Any:
-            attr = getattr(inner, name)
-            if not callable(attr) or name in ("weigh",):
-                return attr
-
-            def call(*args: Any, **kw: Any) -> Any:
-                with self._count:
-                    self._inside += 1
-                    if self._inside > 1:
-                        overlaps.append(name)
-                time.sleep(0)  # let another thread in, if nothing keeps it out
-                try:
-                    return attr(*args, **kw)
-                finally:
-                    with self._count:
-                        self._inside -= 1
-
-            return call
-
-        def __setattr__(self, name: str, value: Any) -> None:
-            if name.startswith("_"):
-                object.__setattr__(self, name, value)
-            else:
-                setattr(inner, name, value)
-
-        def __len__(self) -> int:
-            return int(self.__getattr__("__len__")())
-
-        def __contains__(self, key: object) -> bool:
-            return bool(self.__getattr__("__contains__")(key))
-
-        def __iter__(self) -> Any:
-            return self.__getattr__("__iter__")()
-
-    cache = _MODULES["s2"].ConcurrentCache(Turnstile())
+    turnstile = Parked(inner, let_in=True, ignore={"weigh"})
+    cache = _MODULES["s2"].ConcurrentCache(turnstile)
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
@@ -342,8 +300,9 @@ def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None
     with tiny_switch_interval():
         for t in [spawn(partial(work, n), f"t{n}") for n in range(4)]:
             t.outcome("racing threads must finish")
+    overlaps = turnstile.overlaps
     assert not overlaps, (
-        f"stage 2: two threads were inside the inner cache at once ({len(overlaps)} times, "
+        f"two threads were inside the inner cache at once ({len(overlaps)} times, "
         f"e.g. in {sorted(set(overlaps))[:5]}): every call on it must hold the lock"
     )
 
@@ -384,7 +343,7 @@ def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
             return op[1], None
         return "MISS", state != "MISS"
 
-    check_per_key(calls, "MISS", register, "stage 2")
+    check_per_key(calls, "MISS", register)
 
 
 @core
@@ -392,7 +351,7 @@ def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
 def test_stage2_bad_input_is_refused() -> None:
     with pytest.raises(TypeError):
         _MODULES["s2"].ConcurrentCache(object())
-        raise AssertionError("stage 2: wrapping something that is not a cache was accepted")
+        raise AssertionError("wrapping something that is not a cache was accepted")
 
 
 def expect(ok: bool, message: str) -> None:
@@ -416,13 +375,13 @@ def test_stage2_get_or_load_on_a_hit_never_calls_the_loader() -> None:
     second = cache.get_or_load("fresh", loader)
     expect(
         (first, second, len(calls)) == ("cached", "loaded", 1),
-        f"stage 2: get_or_load on a hit returns the cached value and never calls the loader: "
+        f"get_or_load on a hit returns the cached value and never calls the loader: "
         f"a put value and a loaded one must both be hits; got {first!r} and {second!r} with "
         f"{len(calls)} loader calls (expected 1: the first miss of 'fresh')",
     )
     expect(
         loads(cache).loads == 1 and cache.stats().hits == 2,
-        f"stage 2: two hits, one load: {loads(cache)}, {cache.stats()}",
+        f"two hits, one load: {loads(cache)}, {cache.stats()}",
     )
 
 
@@ -443,7 +402,7 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
     first, second = Loader(lambda n: "first load"), Loader(lambda n: "second load")
     second.release.set()
     leader = spawn(lambda: cache.get_or_load("k", first), "leader")
-    assert first.entered.wait(DEADLINE_S), "stage 2: a miss in get_or_load calls the loader"
+    assert first.entered.wait(DEADLINE_S), "a miss in get_or_load calls the loader"
     cache.put("k", "written meanwhile")  # the load is stale now: it will not be cached
     clock.advance(1_000)  # ... and the write has expired: the next caller misses
     racer = spawn(lambda: cache.get_or_load("k", second), "racer")
@@ -453,7 +412,7 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
     if not gate.arrivals:
         first.release.set()
         raise AssertionError(
-            f"stage 2: get_or_load('k') over an expired k returned {racer.outcome('')!r} without "
+            f"get_or_load('k') over an expired k returned {racer.outcome('')!r} without "
             f"looking in the cache (the expired entry was never found, no EXPIRED reported); "
             f"the second loader ran {second.calls} times"
         )
@@ -463,7 +422,7 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
     got = racer.outcome("the racer returns")
     expect(
         second.calls == 0 and got == "first load",
-        "stage 2: steps: a load of k is in flight; k is written and expires; a second caller "
+        "steps: a load of k is in flight; k is written and expires; a second caller "
         "checks the cache and misses — and before it goes on, the load lands. A miss joins "
         "the key's flight in the same step as its check (under one lock), so it receives "
         f"'first load' and the loader runs once; got {got!r}, {second.calls} second loads",
@@ -476,7 +435,7 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
     """Park one thread inside the inner cache's put (holding the lock), then try every
     other method from other threads: none may reach the inner cache until it is released."""
     gate = Gate("inside the inner cache's put", limit=1)
-    inner = Watched(_MODULES["s1"].LRUCache(16), gate, at={"put"})
+    inner = Parked(_MODULES["s1"].LRUCache(16), gate, at={"put"})
     cache = _MODULES["s2"].ConcurrentCache(inner)
     writer = spawn(lambda: cache.put("b", 2), "writer")
     gate.wait_arrived()
@@ -492,7 +451,7 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
         "get_or_load": lambda: cache.get_or_load("x", lambda: 0),
     }
     others = [spawn(fn, name) for name, fn in calls.items()]
-    inner.wait_entered(len(calls), GRACE_S)  # only an unlocked call gets in: a short wait
+    inner.wait_overlaps(len(calls), GRACE_S)  # only an unlocked call gets in: a short wait
     entered = list(inner.overlaps)
     gate.open()
     writer.outcome("the parked put returns")
@@ -500,7 +459,7 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
         t.outcome("every call returns once the put is done")
     expect(
         not entered,
-        f"stage 2: while one thread was inside the inner cache's put (holding the lock), "
+        f"while one thread was inside the inner cache's put (holding the lock), "
         f"these calls went into the inner cache too: {sorted(set(entered))} — every call on "
         f"the inner cache (get, put, delete, clear, in, len(), iteration, stats()) must hold "
         f"the lock",
@@ -524,7 +483,7 @@ def test_stage2_get_or_load_weighs_outside_the_lock() -> None:
     assert cache.get_or_load("k", lambda: "loaded") == "loaded"
     expect(
         not blocked and cache.get("k") == "loaded",
-        f"stage 2: get_or_load on a weighted cache called {blocked} while holding the lock: "
+        f"get_or_load on a weighted cache called {blocked} while holding the lock: "
         "another thread's get blocked. Weigh the loaded value before taking the lock to "
         "store it",
     )
@@ -538,67 +497,17 @@ def test_stage2_a_loaded_value_too_heavy_to_cache_is_still_returned() -> None:
     eventually(lambda: loads(cache).waiters == 2 or loader.calls > 1, "2 callers waiting")
     loader.release.set()
     got = [t.outcome("a caller of the heavy load returns") for t in threads]
-    expect(loader.calls == 1, f"stage 2: 3 misses, {loader.calls} loader calls (single flight)")
+    expect(loader.calls == 1, f"3 misses, {loader.calls} loader calls (single flight)")
     expect(
         got == ["x" * 10] * 3 and "k" not in cache,
-        f"stage 2: a loaded value heavier than max_weight=5 is still the answer for every "
+        f"a loaded value heavier than max_weight=5 is still the answer for every "
         f"caller of its flight, it is just not cached; got {got}, cached: {'k' in cache}",
     )
-    expect(loads(cache).failures == 0, f"stage 2: not a failure: {loads(cache)}")
+    expect(loads(cache).failures == 0, f"not a failure: {loads(cache)}")
 
 
 #: How long a test gives a thread to get past a lock it must not get past.
 GRACE_S = 0.2
-
-
-class Watched:
-    """Stands in for an inner cache: notes every call made while another is inside it,
-    and parks the calls to the methods in ``at`` at ``gate`` (inside the call)."""
-
-    def __init__(self, inner: Any, gate: Gate, at: set[str]) -> None:
-        object.__setattr__(self, "_w", (inner, gate, at, threading.Condition(), [0], []))
-
-    @property
-    def overlaps(self) -> list[str]:
-        return list(self._w[5])
-
-    def wait_entered(self, count: int, timeout: float) -> None:
-        cond, overlaps = self._w[3], self._w[5]
-        with cond:
-            cond.wait_for(lambda: len(overlaps) >= count, timeout)
-
-    def _call(self, name: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        _, gate, at, cond, inside, overlaps = self._w
-        with cond:
-            if inside[0]:
-                overlaps.append(name)
-                cond.notify_all()
-            inside[0] += 1
-        try:
-            if name in at:
-                gate.pass_through()
-            return fn(*args, **kw)
-        finally:
-            with cond:
-                inside[0] -= 1
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._w[0], name)
-        if not callable(attr):
-            return attr
-        return lambda *args, **kw: self._call(name, attr, *args, **kw)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._w[0], name, value)
-
-    def __len__(self) -> int:
-        return int(self._call("__len__", self._w[0].__len__))
-
-    def __contains__(self, key: object) -> bool:
-        return bool(self._call("__contains__", self._w[0].__contains__, key))
-
-    def __iter__(self) -> Any:
-        return self._call("__iter__", self._w[0].__iter__)
 
 
 # --------------------------------------------------------------------------- async
@@ -638,7 +547,7 @@ async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
             )
             loader.release.set()
     assert loader.calls == 1 and len(results) == 10 and all(r is results[0] for r in results), (
-        f"stage 2: 10 tasks missing one key must await the loader once and share its "
+        f"10 tasks missing one key must await the loader once and share its "
         f"result; the loader ran {loader.calls} times"
     )
 
@@ -671,7 +580,7 @@ async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> Non
             await eventually_async(lambda: loads(cache).waiters == 1, "another waiter")
             loader.release.set()
     assert loader.calls == 1 and len(results) == 2 and results[0] is results[1], (
-        f"stage 2: a cancelled waiter must just leave: the load goes on for the others "
+        f"a cancelled waiter must just leave: the load goes on for the others "
         f"(loader calls: {loader.calls}, results: {len(results)})"
     )
 
@@ -701,7 +610,7 @@ async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> 
             )
             loader.release.set()
     assert len(results) == 3 and all(r is results[0] for r in results), (
-        f"stage 2: after the leader was cancelled, one waiter must load again and all three "
+        f"after the leader was cancelled, one waiter must load again and all three "
         f"waiters get that value; got {len(results)} results, loader calls {loader.calls}"
     )
     assert loads(cache).failures == 1, loads(cache)
@@ -734,7 +643,7 @@ async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
             )
             release.set()
     assert len(errors) == 4 and all(e is errors[0] for e in errors) and "k" not in cache, (
-        f"stage 2: the loader's exception reaches all 4 tasks and nothing is cached: {errors}"
+        f"the loader's exception reaches all 4 tasks and nothing is cached: {errors}"
     )
 
 
@@ -754,7 +663,7 @@ async def test_stage2_async_get_or_load_on_a_hit_never_calls_the_loader() -> Non
     second = await cache.get_or_load("fresh", loader)
     expect(
         (first, second, len(calls)) == ("cached", "loaded", 1),
-        f"stage 2: AsyncCache.get_or_load on a hit returns the cached value and never awaits "
+        f"AsyncCache.get_or_load on a hit returns the cached value and never awaits "
         f"the loader; got {first!r} and {second!r} with {len(calls)} loader calls "
         f"(expected 1: the first miss of 'fresh')",
     )
@@ -790,7 +699,7 @@ async def _async_write_during_a_load(write: str) -> None:
     got = cache.get("k")
     expect(
         got == expected and len(results) == 1 and results[0] is not None,
-        f"stage 2: AsyncCache: a {write} while the key's load was in flight is newer than "
+        f"AsyncCache: a {write} while the key's load was in flight is newer than "
         f"the load: the loaded value goes to its caller but must not be cached over the "
         f"{write}; the cache holds {got!r}",
     )

@@ -137,11 +137,11 @@ def test_stage3_preference_list_is_distinct_nodes_clockwise() -> None:
     for key in KEYS[:500]:
         full = r.nodes_for(key, 4)
         assert sorted(full) == ["a", "b", "c", "d"], (
-            f"stage 3: nodes_for({key!r}, 4) on a 4-node ring is every node once; got {full}"
+            f"nodes_for({key!r}, 4) on a 4-node ring is every node once; got {full}"
         )
         for m in (1, 2, 3):
             assert r.nodes_for(key, m) == full[:m], (
-                f"stage 3: a preference list is one walk round the ring, so "
+                f"a preference list is one walk round the ring, so "
                 f"nodes_for({key!r}, {m}) is a prefix of nodes_for({key!r}, 4)={full}; "
                 f"got {r.nodes_for(key, m)}"
             )
@@ -167,7 +167,7 @@ def test_stage3_ring_rejects_bad_input() -> None:
     for n in (0, -2):
         with pytest.raises(ValueError, match="n"):
             r.nodes_for("k", n)
-    assert r.nodes == ["a", "b"], "stage 3: a refused add/remove changes nothing"
+    assert r.nodes == ["a", "b"], "a refused add/remove changes nothing"
 
 
 @core
@@ -192,7 +192,7 @@ def test_stage3_load_is_balanced_with_160_vnodes(n: int) -> None:
     mean = len(KEYS) / n
     worst, count = max(load.items(), key=lambda item: item[1])
     assert count <= 1.25 * mean, (
-        f"stage 3: with 160 vnodes no node may hold more than 1.25x the mean share; over "
+        f"with 160 vnodes no node may hold more than 1.25x the mean share; over "
         f"{len(KEYS)} keys on {n} nodes the mean is {mean:.0f} but {worst} holds {count} "
         f"({count / mean:.2f}x) — are the virtual nodes really spread over the ring? "
         f"load: {dict(sorted(load.items()))}"
@@ -211,12 +211,12 @@ def test_stage3_adding_a_node_moves_a_fair_share_only_onto_it(n: int) -> None:
     moved = [(k, a, b) for k, a, b in zip(KEYS, before, after, strict=True) if a != b]
     elsewhere = [m for m in moved if m[2] != f"node-{n}"]
     assert not elsewhere, (
-        f"stage 3: adding node-{n} may move keys only onto node-{n}; "
+        f"adding node-{n} may move keys only onto node-{n}; "
         f"{len(elsewhere)} moved elsewhere, e.g. {elsewhere[:3]} (modulo hashing?)"
     )
     share = len(moved) / len(KEYS) * (n + 1)
     assert 0.8 <= share <= 1.2, (
-        f"stage 3: adding an {n + 1}th node should move about 1/{n + 1} of the keys "
+        f"adding an {n + 1}th node should move about 1/{n + 1} of the keys "
         f"(0.8x..1.2x); it moved {len(moved)} of {len(KEYS)} = {share:.2f}x that share"
     )
 
@@ -233,7 +233,7 @@ def test_stage3_removing_a_node_moves_only_its_keys(n: int) -> None:
     wrong = [(k, a, b) for k, a, b in zip(KEYS, before, after, strict=True) if a != b]
     wrong = [m for m in wrong if m[1] != "node-1"]
     assert not wrong, (
-        f"stage 3: removing node-1 may move only the keys node-1 held; {len(wrong)} others "
+        f"removing node-1 may move only the keys node-1 held; {len(wrong)} others "
         f"moved, e.g. {wrong[:3]}"
     )
     assert "node-1" not in after
@@ -252,7 +252,7 @@ def test_stage3_placement_ignores_the_order_nodes_joined() -> None:
         got = [other.nodes_for(k, 3) for k in KEYS[:2_000]]
         diff = [(k, a, b) for k, a, b in zip(KEYS, reference, got, strict=False) if a != b]
         assert not diff, (
-            f"stage 3: placement must depend on the set of nodes only, not on the order "
+            f"placement must depend on the set of nodes only, not on the order "
             f"they joined; {len(diff)} keys differ, e.g. {diff[:2]}"
         )
 
@@ -297,7 +297,7 @@ def test_stage3_placement_is_identical_across_processes(impl_selection: impl.Sel
         there = json.loads(done.stdout)
         diff = [(k, a, b) for k, a, b in zip(keys, here, there, strict=True) if a != b]
         assert not diff, (
-            f"stage 3: every process must place every key on the same nodes; with "
+            f"every process must place every key on the same nodes; with "
             f"PYTHONHASHSEED={seed} {len(diff)} of {len(keys)} keys differ, e.g. {diff[:2]} — "
             f"Python's hash() of a str is salted per process: use hashlib"
         )
@@ -329,7 +329,7 @@ def test_stage3_property_adding_a_node_moves_keys_only_onto_it(
     for key, b, a in zip(PROPERTY_KEYS, before, after, strict=True):
         rest = [m for m in a if m != new]
         assert rest == b[: len(rest)], (
-            f"stage 3: adding {new!r} to {names} may only insert {new!r} into a key's "
+            f"adding {new!r} to {names} may only insert {new!r} into a key's "
             f"preference list; {key!r}: before {b}, after {a}"
         )
         moved += a[0] != b[0]
@@ -337,7 +337,7 @@ def test_stage3_property_adding_a_node_moves_keys_only_onto_it(
     share = moved / len(PROPERTY_KEYS) * (n + 1)
     tolerance = SIGMAS * sigma(vnodes, n + 1, len(PROPERTY_KEYS))
     assert abs(share - 1) <= tolerance, (
-        f"stage 3: adding a {n + 1}th node with {vnodes} vnodes should move about 1/{n + 1} "
+        f"adding a {n + 1}th node with {vnodes} vnodes should move about 1/{n + 1} "
         f"of the keys (within {tolerance:.2f} of it); it moved {share:.2f}x that share"
     )
 
@@ -356,12 +356,12 @@ def test_stage3_property_removing_a_node_moves_only_its_keys(
     for key, b, a in zip(PROPERTY_KEYS, before, after, strict=True):
         kept = [m for m in b if m != gone]
         assert a[: len(kept)] == kept and gone not in a, (
-            f"stage 3: removing {gone!r} from {names} may only drop it from a key's "
+            f"removing {gone!r} from {names} may only drop it from a key's "
             f"preference list; {key!r}: before {b}, after {a}"
         )
     r.add(gone)
     back = [r.nodes_for(k, 2) for k in PROPERTY_KEYS]
-    assert back == before, "stage 3: removing a node and adding it back restores placement"
+    assert back == before, "removing a node and adding it back restores placement"
 
 
 @core
@@ -374,7 +374,7 @@ def test_stage3_property_load_is_within_the_spread_of_vnodes(names: list[str], v
     bound = mean * (1 + SIGMAS * sigma(vnodes, n, len(PROPERTY_KEYS)))
     worst, count = max(load.items(), key=lambda item: item[1])
     assert count <= bound, (
-        f"stage 3: with {vnodes} vnodes a node's share spreads by about 1/sqrt({vnodes}); "
+        f"with {vnodes} vnodes a node's share spreads by about 1/sqrt({vnodes}); "
         f"on {names} the mean is {mean:.0f} keys but {worst!r} holds {count} "
         f"(bound {bound:.0f}): load {dict(load)}"
     )
@@ -401,14 +401,13 @@ def test_stage3_put_get_delete_round_trip_as_json(redis_env: RedisEnv) -> None:
     for key, value in values.items():
         got = cache.get(key, MISS)
         assert got == value and got is not MISS, (
-            f"stage 3: get({key!r}) returns what put stored (falsy values and None included); "
-            f"got {got!r}"
+            f"get({key!r}) returns what put stored (falsy values and None included); got {got!r}"
         )
     assert cache.get("never-written") is None and cache.get("never-written", 5) == 5
     cache.put("int", 8)
     assert cache.get("int") == 8, "a put replaces the value on every replica"
     assert cache.delete("int") is True
-    assert cache.get("int", MISS) is MISS, "stage 3: a deleted key is gone from every replica"
+    assert cache.get("int", MISS) is MISS, "a deleted key is gone from every replica"
     assert cache.delete("int") is False, "delete of an absent key: False"
 
 
@@ -424,18 +423,18 @@ def test_stage3_each_key_lives_on_exactly_its_replicas(redis_env: RedisEnv, repl
     for key in keys:
         want = expected_ring.nodes_for(key, replicas)
         assert cache.replicas_for(key) == want, (
-            f"stage 3: a key's replicas are the first {replicas} nodes of its preference "
+            f"a key's replicas are the first {replicas} nodes of its preference "
             f"list on HashRing({list(NODES)}, vnodes=160): {key!r} -> {want}, "
             f"got {cache.replicas_for(key)}"
         )
         got = holders(nodes, redis_env, prefix, key)
         assert got == set(want), (
-            f"stage 3: {key!r} must be written to exactly its {replicas} replicas {want}; "
+            f"{key!r} must be written to exactly its {replicas} replicas {want}; "
             f"it is on {sorted(got)}"
         )
         for name in want:
             assert cache.key_name(name, key) == f"{prefix}0:{key}", (
-                "stage 3: key names are f'{key_prefix}{epoch}:{key}', every epoch starting at 0"
+                "key names are f'{key_prefix}{epoch}:{key}', every epoch starting at 0"
             )
             raw = nodes[name].client().get(f"{prefix}0:{key}")
             assert raw is not None and json.loads(raw) == {"k": key}, "values are stored as JSON"
@@ -451,7 +450,7 @@ def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv) -> None:
     for name in cache.replicas_for("session"):
         pttl = nodes[name].client().pttl(cache.key_name(name, "session"))
         assert 0 < pttl <= 5_000, (
-            f"stage 3: ttl_ns=5 s puts a 5 000 ms TTL on every replica; {name}: PTTL {pttl}"
+            f"ttl_ns=5 s puts a 5 000 ms TTL on every replica; {name}: PTTL {pttl}"
         )
     untimed, nodes2, _ = make_cache(redis_env)
     untimed.put("forever", 1)
@@ -477,7 +476,24 @@ def test_stage3_cache_rejects_bad_arguments(redis_env: RedisEnv) -> None:
     for what, build in bad:
         with pytest.raises(ValueError):
             build()
-            pytest.fail(f"stage 3: ShardedCache({what}) must raise ValueError")
+            pytest.fail(f"ShardedCache({what}) must raise ValueError")
+
+
+@core
+@pytest.mark.rule("client-contract")
+def test_stage3_a_node_client_that_hangs_or_retries_is_refused(redis_env: RedisEnv) -> None:
+    good = {name: node.client() for name, node in zip(NODES, redis_env.servers(3), strict=True)}
+    # Nothing is sent to the refused client (its port is closed): the check comes first.
+    for flaw, client in [
+        ("has no socket_timeout", redis.Redis(port=1)),
+        ("retries failed commands (redis-py's default)", redis.Redis(port=1, socket_timeout=0.2)),
+    ]:
+        with pytest.raises(ValueError) as refused:
+            stage().ShardedCache({**good, "c": client}, replicas=2)
+        assert "nodes['c']" in str(refused.value), (
+            f"a node's client that {flaw} must be refused with a ValueError naming the node "
+            f"(nodes['c']); got {refused.value}"
+        )
 
 
 # --------------------------------------------------------------------------- cache: faults
@@ -502,14 +518,14 @@ def test_stage3_reads_fail_over_when_a_node_stops(redis_env: RedisEnv) -> None:
         try:
             got = cache.get(key, MISS)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            pytest.fail(f"stage 3: a read must fail over, not raise, when a node is down: {exc!r}")
+            pytest.fail(f"a read must fail over, not raise, when a node is down: {exc!r}")
         assert got == key.upper(), (
-            f"stage 3: with n0 down, {key!r} (replicas {cache.replicas_for(key)}) must be read "
+            f"with n0 down, {key!r} (replicas {cache.replicas_for(key)}) must be read "
             f"from a live replica; got {got!r}"
         )
     s = _stats(cache, "n0")
     assert s.errors >= 1 and s.down and s.failovers >= 1, (
-        f"stage 3: n0 failed, so it is marked down and reads failed over: {s}"
+        f"n0 failed, so it is marked down and reads failed over: {s}"
     )
     first = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
     assert first and s.failovers >= len(first), s
@@ -527,14 +543,14 @@ def test_stage3_writes_need_one_reachable_replica(redis_env: RedisEnv) -> None:
         if set(cache.replicas_for(key)) == {"n0", "n1"}:
             with pytest.raises(NoReplicaAvailable):
                 cache.put(key, 1)
-                pytest.fail(f"stage 3: {key!r}: all replicas down, so put must raise")
+                pytest.fail(f"{key!r}: all replicas down, so put must raise")
             with pytest.raises(NoReplicaAvailable):
                 cache.delete(key)
             assert cache.get(key, MISS) is MISS, "no replica reachable: get returns default"
         else:
             cache.put(key, 2)
             assert cache.get(key) == 2, (
-                f"stage 3: {key!r} has a live replica (n2): put skips the down ones and "
+                f"{key!r} has a live replica (n2): put skips the down ones and "
                 f"get reads the live one"
             )
             assert cache.delete(key) is True
@@ -557,17 +573,17 @@ def test_stage3_rejoining_node_never_serves_what_it_missed(redis_env: RedisEnv) 
     for key in keys:
         got = cache.get(key, MISS)
         assert got != "old", (
-            f"stage 3: n0 missed the write of {key!r} while it was down and still holds "
+            f"n0 missed the write of {key!r} while it was down and still holds "
             f"'old'; when it comes back it must never serve it (take a new epoch); got "
             f"{got!r} (replicas {cache.replicas_for(key)})"
         )
         assert got == "new", (
-            f"stage 3: {key!r}: n0 is back under a new epoch, where it holds nothing yet; "
+            f"{key!r}: n0 is back under a new epoch, where it holds nothing yet; "
             f"its miss must fall through to the next replica, which has 'new'; got "
             f"{'MISS' if got is MISS else repr(got)} (replicas {cache.replicas_for(key)})"
         )
     s = _stats(cache, "n0")
-    assert not s.down and s.epoch >= 1, f"stage 3: n0 is back, under a new epoch: {s}"
+    assert not s.down and s.epoch >= 1, f"n0 is back, under a new epoch: {s}"
     for key in keys:
         cache.put(key, "newer")
     for key in keys:
@@ -578,7 +594,7 @@ def test_stage3_rejoining_node_never_serves_what_it_missed(redis_env: RedisEnv) 
             assert fresh != old_names[key], "a new epoch means new key names"
             raw = nodes["n0"].client().get(fresh)
             assert raw is not None and json.loads(raw) == "newer", (
-                f"stage 3: once back, n0 receives writes again ({key!r} under {fresh!r})"
+                f"once back, n0 receives writes again ({key!r} under {fresh!r})"
             )
 
 
@@ -595,12 +611,12 @@ def test_stage3_killed_and_restarted_node_falls_back_or_misses(redis_env: RedisE
         try:
             got = cache.get(key, MISS)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            pytest.fail(f"stage 3: after a node restart reads must not raise: {exc!r}")
-        assert got in (key, MISS), f"stage 3: {key!r}: the value or a miss; got {got!r}"
+            pytest.fail(f"after a node restart reads must not raise: {exc!r}")
+        assert got in (key, MISS), f"{key!r}: the value or a miss; got {got!r}"
     for key in keys:
         cache.put(key, key + "!")
     for key in keys:
-        assert cache.get(key) == key + "!", "stage 3: writes after the restart read back"
+        assert cache.get(key) == key + "!", "writes after the restart read back"
 
 
 @core
@@ -619,16 +635,16 @@ def test_stage3_a_down_node_is_probed_only_after_the_interval(redis_env: RedisEn
     assert cache.get(key) == "v"
     s = _stats(cache, "n0")
     assert (s.errors, s.hits + s.misses, s.down) == (1, 0, True), (
-        f"stage 3: a node marked down is skipped for probe_interval_ns (1 s) — not even "
+        f"a node marked down is skipped for probe_interval_ns (1 s) — not even "
         f"tried, so a dead node costs no socket timeout per request: {s}"
     )
     clock.advance(1)
     assert cache.get(key) == "v", (
-        "stage 3: n0 is back but under a new epoch: it misses, and the next replica answers"
+        "n0 is back but under a new epoch: it misses, and the next replica answers"
     )
     s = _stats(cache, "n0")
     assert (s.hits + s.misses, s.down, s.epoch) == (1, False, 1), (
-        f"stage 3: after probe_interval_ns n0 is tried again, answers, and takes epoch 1: {s}"
+        f"after probe_interval_ns n0 is tried again, answers, and takes epoch 1: {s}"
     )
 
 
@@ -658,21 +674,56 @@ def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEn
     reader.daemon = True
     reader.start()
     reader.join(10)
-    assert not reader.is_alive(), "stage 3: reads hung on a node that never answers"
+    assert not reader.is_alive(), "reads hung on a node that never answers"
     assert got == keys, (
-        f"stage 3: a node that times out (redis.TimeoutError) is failed over like one that "
+        f"a node that times out (redis.TimeoutError) is failed over like one that "
         f"refuses connections; got {got}"
     )
     s = _stats(cache, "n0")
     assert (s.errors, s.down, s.failovers) == (1, True, len(keys)), (
-        f"stage 3: the first read pays one socket timeout and marks n0 down; the other "
+        f"the first read pays one socket timeout and marks n0 down; the other "
         f"{len(keys) - 1} skip it for probe_interval_ns instead of each waiting again: {s}"
     )
     proxy.heal()
     clock.advance(NS_PER_S)
     assert cache.get(keys[0]) == keys[0]
     s = _stats(cache, "n0")
-    assert not s.down and s.epoch >= 1, f"stage 3: n0 answers again, under a new epoch: {s}"
+    assert not s.down and s.epoch >= 1, f"n0 answers again, under a new epoch: {s}"
+
+
+@core
+@pytest.mark.rule("busy-unavailable")
+def test_stage3_a_busy_node_is_failed_over_like_a_down_one(redis_env: RedisEnv) -> None:
+    """A node answering ``BUSY`` (a long script running there) is unavailable: skipped for
+    the probe interval, its replicas answer; nothing raises."""
+    servers = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    proxy = redis_env.proxy(servers["n0"])
+    clients = {name: node.client() for name, node in servers.items()}
+    clients["n0"] = servers["n0"].proxied_client(proxy)
+    clock = ManualClock()
+    cache = stage().ShardedCache(
+        clients,
+        replicas=2,
+        key_prefix=redis_env.fresh_prefix(),
+        probe_interval_ns=NS_PER_S,
+        clock=clock,
+    )
+    key = next(k for k in KEYS if cache.replicas_for(k)[0] == "n0")
+    cache.put(key, "v")
+    proxy.busy()
+    try:
+        got = cache.get(key, MISS)
+        cache.put(key, "w")
+    except redis.ResponseError as exc:
+        pytest.fail(f"a BUSY reply is an unavailability, failed over, not raised: {exc!r}")
+    s = _stats(cache, "n0")
+    expect(
+        got == "v" and (s.errors, s.down) == (1, True),
+        f"n0 answered BUSY: one error, n0 down, the next replica's value; got {got!r}, {s}",
+    )
+    proxy.heal()
+    clock.advance(NS_PER_S)
+    assert cache.get(key) == "w", "after the probe interval n0 is tried again"
 
 
 def expect(ok: bool, message: str) -> None:
@@ -704,7 +755,7 @@ def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> N
         s = _stats(cache, "n0")
         expect(
             (s.errors, s.down) == (errors, True),
-            f"stage 3: after probe_interval_ns a {what} probes the down node n0, which is still "
+            f"after probe_interval_ns a {what} probes the down node n0, which is still "
             f"stopped: one more error ({errors}), still down; got {s}",
         )
         clock.advance(NS_PER_S - 1)
@@ -712,7 +763,7 @@ def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> N
         s = _stats(cache, "n0")
         expect(
             s.errors == errors,
-            f"stage 3: a failed probe starts another probe_interval_ns: 1 ns before it ends, "
+            f"a failed probe starts another probe_interval_ns: 1 ns before it ends, "
             f"a {what} must not try n0 again (errors stay {errors}); got {s} — without a new "
             f"interval a dead node costs every request a timeout again",
         )
@@ -721,8 +772,7 @@ def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> N
         errors += 1
         expect(
             _stats(cache, "n0").errors == errors,
-            f"stage 3: at the end of the new interval a {what} probes n0 again: "
-            f"{_stats(cache, 'n0')}",
+            f"at the end of the new interval a {what} probes n0 again: {_stats(cache, 'n0')}",
         )
 
 
@@ -743,14 +793,14 @@ def test_stage3_an_error_that_is_not_an_outage_propagates(redis_env: RedisEnv) -
         pass
     else:
         raise AssertionError(
-            f"stage 3: a WRONGTYPE reply from {first} is not an outage: get must raise "
+            f"a WRONGTYPE reply from {first} is not an outage: get must raise "
             f"redis.ResponseError, not fail over; it returned "
             f"{'MISS' if got is MISS else repr(got)}"
         )
     s = _stats(cache, first)
     expect(
         (s.down, s.errors) == (False, 0),
-        f"stage 3: only ConnectionError and TimeoutError mark a node down; {first}: {s}",
+        f"only ConnectionError and TimeoutError mark a node down; {first}: {s}",
     )
 
 
@@ -762,14 +812,13 @@ def test_stage3_a_ttl_is_whole_milliseconds_rounded_up(redis_env: RedisEnv) -> N
         cache.put("blink", 1)
     except redis.ResponseError as e:
         raise AssertionError(
-            f"stage 3: ttl_ns=1 is 1 ms (whole ms, rounded up), never 0: put raised {e!r}"
+            f"ttl_ns=1 is 1 ms (whole ms, rounded up), never 0: put raised {e!r}"
         ) from e
     for name in cache.replicas_for("blink"):
         pttl = nodes[name].client().pttl(cache.key_name(name, "blink"))
         expect(
             pttl in (-2, 0, 1),
-            f"stage 3: ttl_ns=1 gives every replica's copy a 1 ms TTL (rounded up); "
-            f"{name}: PTTL {pttl}",
+            f"ttl_ns=1 gives every replica's copy a 1 ms TTL (rounded up); {name}: PTTL {pttl}",
         )
 
 
@@ -853,7 +902,7 @@ class ShardedCacheMachine(RuleBasedStateMachine):
         want, exact = self.model.get(key, (MISS, True))
         allowed = [want] if exact else [want, MISS]
         assert any(got is a or got == a for a in allowed), (
-            f"stage 3: one client's reads return its last write or, after a fault on a "
+            f"one client's reads return its last write or, after a fault on a "
             f"replica, a miss — never an older value. {key!r}: expected "
             f"{'MISS' if want is MISS else repr(want)}{'' if exact else ' or MISS'}, got "
             f"{'MISS' if got is MISS else repr(got)}. Steps:\n  " + "\n  ".join(self.log[-15:])
@@ -1005,7 +1054,6 @@ class NearFleet:
             eventually(
                 lambda: near.subscribed == set(NODES),
                 "a started near cache to subscribe the channel of all three nodes",
-                "stage 3",
             )
         else:
             for name in NODES:
@@ -1026,7 +1074,6 @@ class NearFleet:
             lambda: near_stats(near).invalidations >= since + messages,
             f"{messages} invalidation messages (one per replica written by the put of "
             f"{value!r}{' and the earlier ones' if also else ''}) to be applied",
-            "stage 3 (near)",
         )
 
     def copies(self, key: str, value: Any) -> int:
@@ -1056,13 +1103,13 @@ def held_read(fleet: NearFleet, near: Any, taps: dict[str, Tap], key: str) -> tu
     tap = taps[fleet.writer.replicas_for(key)[0]]
     tap.arm()
     reader = spawn(lambda: near.get(key), "reader")
-    assert tap.reached.wait(DEADLINE_S), "stage 3 (near): a miss must GET from Redis"
+    assert tap.reached.wait(DEADLINE_S), "near cache: a miss must GET from Redis"
     return tap, reader
 
 
 def near_stats(near: Any) -> NearStatistics:
     stats = near.statistics()
-    assert isinstance(stats, NearStatistics), f"stage 3: statistics() returned {stats!r}"
+    assert isinstance(stats, NearStatistics), f"statistics() returned {stats!r}"
     return stats
 
 
@@ -1093,18 +1140,18 @@ def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
         sent = proxy.counts().commands
         if name in replicas:
             assert sent in (("EVALSHA",), ("EVAL",)), (
-                f"stage 3 (near): put on a ShardedCache with channel= sends each replica ONE "
+                f"near cache: put on a ShardedCache with channel= sends each replica ONE "
                 f"script (SET and PUBLISH together, atomically); replica {name} got {sent}"
             )
             message = listeners[name].get_message(timeout=DEADLINE_S)
             assert message is not None and message["data"] in (key, key.encode()), (
-                f"stage 3 (near): the script publishes the key on {fleet.channel!r} of each "
+                f"near cache: the script publishes the key on {fleet.channel!r} of each "
                 f"replica it writes; {name} published {message}"
             )
             raw = fleet.nodes[name].client().get(writer.key_name(name, key))
             assert raw is not None and json.loads(raw) == {"tokens": [1, 2]}
         else:
-            assert sent == (), f"stage 3 (near): {name} is not a replica of {key!r}: got {sent}"
+            assert sent == (), f"near cache: {name} is not a replica of {key!r}: got {sent}"
             assert listeners[name].get_message(timeout=0.1) is None
     for p in proxies.values():
         p.reset_counts()
@@ -1112,7 +1159,7 @@ def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
     for name in replicas:
         sent = proxies[name].counts().commands
         assert sent in (("EVALSHA",), ("EVAL",)), (
-            f"stage 3 (near): delete is one script per replica too (DEL and PUBLISH); "
+            f"near cache: delete is one script per replica too (DEL and PUBLISH); "
             f"replica {name} got {sent}"
         )
         message = listeners[name].get_message(timeout=DEADLINE_S)
@@ -1154,11 +1201,11 @@ def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
         assert near.get("k") == [1, 2, 3]
     sent = {name: p.counts().commands for name, p in proxies.items()}
     assert all(not c for c in sent.values()), (
-        f"stage 3 (near): a key read once (channels subscribed) is served from the local "
+        f"near cache: a key read once (channels subscribed) is served from the local "
         f"cache; 5 more gets sent {sent}"
     )
     s = near_stats(near)
-    assert (s.hits, s.misses) == (5, 1), f"stage 3 (near): 1 miss then 5 hits: {s}"
+    assert (s.hits, s.misses) == (5, 1), f"near cache: 1 miss then 5 hits: {s}"
 
 
 @extended
@@ -1179,16 +1226,16 @@ def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet)
     assert near.get("short") == "abc" and near.get("short") == "abc"
     got = [near.get("long"), near.get("long")]
     assert got == ["abcdefgh", "abcdefgh"], (
-        "stage 3 (near): a value heavier than the local cache's max_weight is still the "
+        "near cache: a value heavier than the local cache's max_weight is still the "
         f"answer, just not kept near; got {got}"
     )
     assert all(isinstance(v, str) for v in weighed), (
-        f"stage 3 (near): the user's weigh must only ever see values, never a placeholder "
+        f"near cache: the user's weigh must only ever see values, never a placeholder "
         f"(store placeholders with weight=0); it saw {weighed}"
     )
     s = near_stats(near)
     assert (s.hits, s.misses) == (1, 3), (
-        f"stage 3 (near): 'short' is cached (1 miss, 1 hit), 'long' is not (2 misses): {s}"
+        f"near cache: 'short' is cached (1 miss, 1 hit), 'long' is not (2 misses): {s}"
     )
 
 
@@ -1203,12 +1250,12 @@ def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
     near.put("k", "v2")
     got = near.get("k")
     assert got == "v2", (
-        f"stage 3 (near): put('k', 'v2') returned, so this client's get must see 'v2' at once "
+        f"near cache: put('k', 'v2') returned, so this client's get must see 'v2' at once "
         f"(read-your-writes) — not its cached 'v1', and not after some message; got {got!r}"
     )
     assert near.delete("k") is True
     got = near.get("k", MISS)
-    assert got is MISS, f"stage 3 (near): after its own delete the key is gone; got {got!r}"
+    assert got is MISS, f"near cache: after its own delete the key is gone; got {got!r}"
     near.put("k", "v3")
     assert near.get("k") == "v3" and near.get("k") == "v3"
 
@@ -1222,7 +1269,7 @@ def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) 
     fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
     got = near.get("k")
     assert got == "v2", (
-        "stage 3 (near): 'v1' was cached; another client put 'v2' and its invalidations "
+        "near cache: 'v1' was cached; another client put 'v2' and its invalidations "
         f"were applied, so get('k') must be 'v2'; got {got!r}"
     )
     assert near.get("k") == "v2"
@@ -1231,7 +1278,6 @@ def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) 
         lambda: near.get("k", MISS) is MISS,
         "another client's delete('k') to reach this near cache by an invalidation message "
         "(it held 'v2')",
-        "stage 3 (near)",
     )
 
 
@@ -1247,7 +1293,7 @@ def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFl
     assert reader.outcome("the held read must finish") == "v1"
     got = near.get("k")
     assert got == "v2", (
-        "stage 3 (near): steps: get('k') misses and reads 'v1' from Redis; before that reply "
+        "near cache: steps: get('k') misses and reads 'v1' from Redis; before that reply "
         "is stored, another client puts 'v2' and its invalidation arrives; then the reply "
         f"lands. It must be discarded (its placeholder is gone), so get('k') == 'v2'; got "
         f"{got!r} — the near cache stored a reply the invalidation had overtaken"
@@ -1264,14 +1310,14 @@ def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) 
     before = near_stats(near).invalidations
     taps[last].arm()
     writer = spawn(lambda: near.put("k", "v1"), "writer")
-    assert taps[last].reached.wait(DEADLINE_S), "stage 3 (near): put runs a script per replica"
+    assert taps[last].reached.wait(DEADLINE_S), "near cache: put runs a script per replica"
     # 'v1' is on every replica, the last reply on the wire: another client overwrites it.
     fleet.put_heard(near, "k", "v2", since=before, also=fleet.copies("k", "v1"))
     taps[last].release.set()
     writer.outcome("the held put must finish")
     got = near.get("k")
     assert got == "v2", (
-        "stage 3 (near): steps: put('k', 'v1') writes both replicas; before it returns, "
+        "near cache: steps: put('k', 'v1') writes both replicas; before it returns, "
         "another client puts 'v2' and every invalidation has arrived; then put returns. "
         f"Redis holds 'v2', so get('k') == 'v2'; got {got!r} — a writer must not store the "
         "value it wrote (a later write's invalidation may already have come and gone)"
@@ -1285,7 +1331,6 @@ def _cut(proxies: dict[str, Any], near: Any) -> None:
     eventually(
         lambda: not near.subscribed and near_stats(near).flushes > before,
         "the near cache to notice its channels dropped (subscribed() empty, a flush counted)",
-        "stage 3 (near)",
     )
 
 
@@ -1295,7 +1340,6 @@ def _heal(proxies: dict[str, Any], near: Any) -> None:
     eventually(
         lambda: near.subscribed == set(NODES),
         "the near cache to subscribe its channels again after they came back",
-        "stage 3 (near)",
     )
 
 
@@ -1310,24 +1354,24 @@ def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
     fleet.writer.put("k", "v2")  # its invalidation cannot reach the near cache
     got = near.get("k")
     assert got == "v2", (
-        "stage 3 (near): steps: 'v1' cached; every invalidation channel drops; another client "
+        "near cache: steps: 'v1' cached; every invalidation channel drops; another client "
         f"puts 'v2' (the message is lost). get('k') must be 'v2' — got {got!r}: a dropped "
         "channel means lost messages, so the whole local cache must be flushed"
     )
     fleet.writer.put("k", "v3")
     got = near.get("k")
     assert got == "v3", (
-        "stage 3 (near): while the channels are down nothing may be cached (no message would "
+        "near cache: while the channels are down nothing may be cached (no message would "
         f"invalidate it): after another put of 'v3', get('k') must be 'v3'; got {got!r}"
     )
     _heal(proxies, near)
     hits = near_stats(near).hits
     assert near.get("k") == "v3" and near.get("k") == "v3"
     assert near_stats(near).hits == hits + 1, (
-        "stage 3 (near): once the channels are subscribed again, reads are cached again"
+        "near cache: once the channels are subscribed again, reads are cached again"
     )
     fleet.writer.put("k", "v4")
-    eventually(lambda: near.get("k") == "v4", "invalidations to flow again", "stage 3 (near)")
+    eventually(lambda: near.get("k") == "v4", "invalidations to flow again")
 
 
 @extended
@@ -1344,7 +1388,7 @@ def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFle
     assert reader.outcome("the held read must finish") == "v1"
     got = near.get("k")
     assert got == "v2", (
-        "stage 3 (near): steps: get('k') reads 'v1'; before the reply is stored the channels "
+        "near cache: steps: get('k') reads 'v1'; before the reply is stored the channels "
         "drop, another client puts 'v2' (message lost), the channels come back; then the "
         f"reply lands. It must be discarded (the flush took its placeholder); got {got!r}"
     )
@@ -1363,21 +1407,19 @@ def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
     eventually(
         lambda: "n0" not in near.subscribed,
         "the near cache to notice n0's channel dropped when n0 stopped",
-        "stage 3 (near)",
     )
     for key in keys:
         fleet.writer.put(key, "new")
     for key in keys:
         got = near.get(key)
         assert got == "new", (
-            f"stage 3 (near): n0 died (its channel with it), other nodes took the write of "
+            f"near cache: n0 died (its channel with it), other nodes took the write of "
             f"{key!r}; the near cache must not serve 'old'; got {got!r}"
         )
     fleet.nodes["n0"].start()
     eventually(
         lambda: near.subscribed == set(NODES),
         "the near cache to subscribe n0's channel again after n0 restarted",
-        "stage 3 (near)",
     )
     for key in keys:
         assert near.get(key) == "new"
@@ -1409,7 +1451,7 @@ class Holds:
     def wait(self, count: int) -> None:
         with self._cond:
             ok = self._cond.wait_for(lambda: len(self.held) >= count, DEADLINE_S)
-        assert ok, f"stage 3 (near): expected {count} GET replies held, saw {len(self.held)}"
+        assert ok, f"near cache: expected {count} GET replies held, saw {len(self.held)}"
 
     def release_all(self) -> None:
         self.armed = False
@@ -1443,7 +1485,7 @@ def test_stage3_near_caches_a_key_only_while_all_its_replicas_are_subscribed(
         s = near_stats(near)
         expect(
             got == ["v", "v"] and s.hits == 0,
-            f"stage 3 (near): {key!r} lives on {replicas}; with only {sorted(ready)} "
+            f"near cache: {key!r} lives on {replicas}; with only {sorted(ready)} "
             f"subscribed a write could reach a replica whose channel nobody hears, so get "
             f"reads through and caches nothing: two gets, 0 hits; got {got}, {s}",
         )
@@ -1452,7 +1494,7 @@ def test_stage3_near_caches_a_key_only_while_all_its_replicas_are_subscribed(
     got = [near.get(key), near.get(key)]
     expect(
         got == ["v", "v"] and near_stats(near).hits == 1,
-        f"stage 3 (near): with both replicas {replicas} subscribed (only {other} lost) the "
+        f"near cache: with both replicas {replicas} subscribed (only {other} lost) the "
         f"key is cached: the second get is a hit; got {got}, {near_stats(near)}",
     )
 
@@ -1485,12 +1527,12 @@ def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearF
     got = near.get(key)
     expect(
         got == "v2",
-        "stage 3 (near): steps: a get reads 'v1'; another client puts 'v2' and its message "
+        "near cache: steps: a get reads 'v1'; another client puts 'v2' and its message "
         "removes that read's placeholder; a second get puts its own placeholder and reads "
         "'v2'; the 'v1' reply lands, then the 'v2' one. A reply is stored only over its own "
         f"placeholder, so 'v1' is discarded and 'v2' kept; get('k') must be 'v2', got {got!r}",
     )
-    expect(near_stats(near).discarded == 1, f"stage 3 (near): one discarded: {near_stats(near)}")
+    expect(near_stats(near).discarded == 1, f"near cache: one discarded: {near_stats(near)}")
 
 
 @extended
@@ -1507,7 +1549,7 @@ def test_stage3_near_a_ttl_local_cache_bounds_a_silent_channel(fleet: NearFleet)
     fresh = near.get("k")
     expect(
         (stale, fresh) == ("v1", "v2"),
-        f"stage 3 (near): with a TTLCache(ttl_ns=10 s) as the local cache and no message ever "
+        f"near cache: with a TTLCache(ttl_ns=10 s) as the local cache and no message ever "
         f"delivered, 'v1' may be served until 10 s after it was fetched, and not at 10 s: "
         f"expected 'v1' then 'v2', got {stale!r} then {fresh!r}",
     )
@@ -1590,7 +1632,7 @@ class NearCacheMachine(RuleBasedStateMachine):
         value = f"{key}-v{self.counter}"
         self.near.put(key, value)
         self.floor[key] = self._wrote(key, value)
-        self.log.append(f"near: put({key!r}, {value!r})")
+        self.log.append(f"near cache: put({key!r}, {value!r})")
 
     @precondition(lambda self: bool(self.queued))
     @rule(data=st.data())
@@ -1616,7 +1658,7 @@ class NearCacheMachine(RuleBasedStateMachine):
 
     def _check(self, key: str, got: Any, allowed: list[Any], what: str) -> None:
         assert any(got is a or got == a for a in allowed), (
-            f"stage 3 (near): {what} {key!r} returned {self._show(got)}; allowed (no older "
+            f"near cache: {what} {key!r} returned {self._show(got)}; allowed (no older "
             f"than the last delivered invalidation, own write or flush): "
             f"{[self._show(a) for a in allowed]}. Steps:\n  " + "\n  ".join(self.log[-20:])
         )
@@ -1626,7 +1668,7 @@ class NearCacheMachine(RuleBasedStateMachine):
         if self.held is not None and self.held[0] == key:
             return  # the held read's placeholder is what this race is about
         got = self.near.get(key, MISS)
-        self.log.append(f"near: get({key!r}) -> {self._show(got)}")
+        self.log.append(f"near cache: get({key!r}) -> {self._show(got)}")
         self._check(key, got, self.versions[key][self.floor[key] :], "get")
 
     @precondition(lambda self: self.held is None)
@@ -1637,12 +1679,12 @@ class NearCacheMachine(RuleBasedStateMachine):
         self.taps[node].arm()
         thread = spawn(lambda: self.near.get(key, MISS), f"held-{key}")
         assert self.taps[node].reached.wait(DEADLINE_S), (
-            f"stage 3 (near): a get right after an invalidation of {key!r} must GET it from "
+            f"near cache: a get right after an invalidation of {key!r} must GET it from "
             f"its first replica {node}"
         )
         version = len(self.versions[key]) - 1
         self.held = (key, node, version, thread)
-        self.log.append(f"near: get({key!r}) reads version {version} from Redis; reply held")
+        self.log.append(f"near cache: get({key!r}) reads version {version} from Redis; reply held")
 
     @precondition(lambda self: self.held is not None)
     @rule()

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from katas._kit.clients import check_client, unavailable
 from katas._kit.clock import NS_PER_S, Clock, ManualClock, MonotonicClock, WaitingClock
 
 
@@ -76,6 +77,8 @@ __all__ = [
     "MonotonicClock",
     "RateLimiter",
     "WaitingClock",
+    "check_client",
+    "unavailable",
 ]
 
 

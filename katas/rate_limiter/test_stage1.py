@@ -533,7 +533,7 @@ class Story:
         self.lines.append(f"  t=+{self.clock.now_ns() - START_NS:<14} {text}")
 
     def fail(self, invariant: str, detail: str) -> str:
-        return "\n".join([f"stage 1: {invariant}", *self.lines, f"  => {detail}"])
+        return "\n".join([f"{invariant}", *self.lines, f"  => {detail}"])
 
 
 def run_against_model(
@@ -628,7 +628,7 @@ def expect(got: object, want: object, what: str) -> None:
     __tracebackhide__ = True  # the assertion message tells the story
     if got != want:
         raise AssertionError(
-            f"stage 1: {what}\n  expected {want}\n  got      {got}\n  ({diff_fields(want, got)})"
+            f"{what}\n  expected {want}\n  got      {got}\n  ({diff_fields(want, got)})"
         )
 
 
@@ -1073,10 +1073,10 @@ def test_stage1_retry_after_header_is_the_ceiling_of_the_wait(
     stage_module: ModuleType, wait_ns: int
 ) -> None:
     got = stage_module.retry_after_header(D(False, 1, 0, wait_ns, wait_ns))
-    assert isinstance(got, str) and got.isdigit(), f"stage 1: header must be digits, got {got!r}"
+    assert isinstance(got, str) and got.isdigit(), f"header must be digits, got {got!r}"
     seconds = int(got)
     assert seconds * NS_PER_S >= wait_ns > (seconds - 1) * NS_PER_S, (
-        f"stage 1: Retry-After for a wait of {wait_ns} ns must be the least whole number of "
+        f"Retry-After for a wait of {wait_ns} ns must be the least whole number of "
         f"seconds that is not shorter, got {got!r}"
     )
 
@@ -1331,7 +1331,7 @@ def check_bucket_envelope(stage: ModuleType, data: st.DataObject, algo: Algo) ->
             total += cost
             bound = setup.limit + setup.rate * Fraction(end - start, NS_PER_S)
             assert total <= bound, (
-                f"stage 1: {setup} admitted {total} units in [{start - START_NS}, "
+                f"{setup} admitted {total} units in [{start - START_NS}, "
                 f"{end - START_NS}] ns, more than capacity + rate·d = {float(bound):.3f}\n"
                 f"  admitted (t, cost): {[(t - START_NS, c) for t, c in admitted]}"
             )
@@ -1370,7 +1370,7 @@ def test_stage1_sliding_log_admits_at_most_limit_in_every_window(
     for end, _ in admitted:
         inside = [(t, c) for t, c in admitted if end - setup.window_ns < t <= end]
         assert sum(c for _, c in inside) <= setup.limit, (
-            f"stage 1: {setup} admitted {sum(c for _, c in inside)} units in the window "
+            f"{setup} admitted {sum(c for _, c in inside)} units in the window "
             f"({end - setup.window_ns - START_NS}, {end - START_NS}] ns: "
             f"{[(t - START_NS, c) for t, c in inside]}"
         )
@@ -1397,7 +1397,7 @@ def test_stage1_fixed_window_admits_at_most_limit_per_window(
             start = opened
         per_window[start] = per_window.get(start, 0) + cost
         assert per_window[start] <= setup.limit, (
-            f"stage 1: {setup} admitted {per_window[start]} units in the window starting "
+            f"{setup} admitted {per_window[start]} units in the window starting "
             f"at {start - START_NS} ns (2x the limit across a boundary is by design, "
             f"within one window it is a bug): {[(a - START_NS, c) for a, c in admitted]}"
         )
@@ -1420,7 +1420,7 @@ def test_stage1_sliding_window_counter_estimate_never_exceeds_limit(
         curr = sum(c for a, c in admitted if a // w == index and a <= t)
         estimate = Fraction(prev * (w - into), w) + curr
         assert estimate <= setup.limit, (
-            f"stage 1: {setup} admitted a request at {t - START_NS} ns that brought the "
+            f"{setup} admitted a request at {t - START_NS} ns that brought the "
             f"estimate prev·(W - e)/W + curr to {estimate} > limit: "
             f"{[(a - START_NS, c) for a, c in admitted]}"
         )
@@ -1447,20 +1447,20 @@ def test_stage1_retry_after_is_exact(
         denied = limiter.try_acquire(key, cost)
         if not denied.allowed:
             break
-        assert denied.retry_after_ns == 0, f"stage 1: an admitted request has retry 0: {denied}"
-    assert not denied.allowed, f"stage 1: {setup} admitted {setup.limit + 1} x {cost} at once"
+        assert denied.retry_after_ns == 0, f"an admitted request has retry 0: {denied}"
+    assert not denied.allowed, f"{setup} admitted {setup.limit + 1} x {cost} at once"
     wait = denied.retry_after_ns
-    assert wait is not None and wait > 0, f"stage 1: a cost <= limit always fits later: {denied}"
+    assert wait is not None and wait > 0, f"a cost <= limit always fits later: {denied}"
     clock.advance(wait - 1)
     early = limiter.peek(key, cost)
     assert not early.allowed and early.retry_after_ns == 1, (
-        f"stage 1: {setup}: try_acquire({key!r}, {cost}) was denied with retry_after_ns="
+        f"{setup}: try_acquire({key!r}, {cost}) was denied with retry_after_ns="
         f"{wait}; 1 ns before that it must still be denied with 1 ns to go, got {early}"
     )
     clock.advance(1)
     on_time = limiter.try_acquire(key, cost)
     assert on_time.allowed, (
-        f"stage 1: {setup}: denied with retry_after_ns={wait}, the same request must be "
+        f"{setup}: denied with retry_after_ns={wait}, the same request must be "
         f"admitted exactly then (no other traffic), got {on_time}"
     )
 
@@ -1512,7 +1512,7 @@ def test_stage1_impossible_cost_is_denied_forever_and_changes_nothing(
         want = state_of(b, key, setup.limit)
         if got != want or got.allowed or got.retry_after_ns is not None:
             raise AssertionError(
-                f"stage 1: {setup}: cost {cost} > limit {setup.limit} can never fit: denied, "
+                f"{setup}: cost {cost} > limit {setup.limit} can never fit: denied, "
                 f"retry_after_ns None, remaining/reset as they stand ({want}), got {got}"
             )
     ca.advance(100 * setup.recovery_ns)
@@ -1580,7 +1580,7 @@ def test_stage1_idle_keys_recover_at_reset_after(
             clock.set(t0 + reset - 1)
             early = limiter.peek(key, setup.limit)
             assert not early.allowed, (
-                f"stage 1: {setup}: {key} reported reset_after_ns={reset}; 1 ns before, it "
+                f"{setup}: {key} reported reset_after_ns={reset}; 1 ns before, it "
                 f"is not fresh yet, so a full-limit request is denied, got {early}"
             )
         clock.set(max(clock.now_ns(), t0 + reset))
@@ -1600,7 +1600,7 @@ def drain(limiter: RateLimiter, setup: Setup) -> int:
     for admitted in range(setup.limit + 1):
         if not limiter.try_acquire("alice", 1).allowed:
             return admitted
-    raise AssertionError(f"stage 1: {setup} admitted more than its limit at one instant")
+    raise AssertionError(f"{setup} admitted more than its limit at one instant")
 
 
 @pytest.mark.rule("clock-step-back")
@@ -1619,7 +1619,7 @@ def test_stage1_clock_step_back_neither_mints_nor_burns(
         if not decision.allowed:
             assert decision.retry_after_ns is not None
             clock.advance(decision.retry_after_ns)
-            assert limiter.try_acquire("alice", 1).allowed, "stage 1: retry_after is exact"
+            assert limiter.try_acquire("alice", 1).allowed, "retry_after is exact"
     costs = range(1, setup.limit + 2)
     before = [a.peek("alice", c) for c in costs]
     back = data.draw(st.integers(1, 3 * setup.scale_ns), label="step back (ns)")
@@ -1702,7 +1702,7 @@ def test_stage1_refund_is_capped_and_undoes_an_admission(
         limiter.refund(key, 10**9)
         after = state_of(limiter, key, setup.limit)
         assert after.remaining <= setup.limit, (
-            f"stage 1: {setup}: a refund never lifts a key above a fresh key's allowance "
+            f"{setup}: a refund never lifts a key above a fresh key's allowance "
             f"({setup.limit}), got remaining={after.remaining}"
         )
     fresh = setup.build(stage_module, ca)
@@ -1726,7 +1726,7 @@ def test_stage1_auto_sweep_bounds_memory_by_recent_keys(
     expect(limiter.tracked_keys(), 0, "every one-off user is idle again")
     left = limiter.sweep()
     assert left <= n // 2, (
-        f"stage 1: {setup} with auto_sweep=True: after {n} one-off users, each idle since, "
+        f"{setup} with auto_sweep=True: after {n} one-off users, each idle since, "
         f"a sweep still found {left} stored keys — the limiter must forget idle keys by "
         "itself (say, each time the key count doubles), or memory grows with every key ever "
         "seen"

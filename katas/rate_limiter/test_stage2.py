@@ -192,7 +192,7 @@ def test_stage2_no_over_admission_under_threads() -> None:
             for k in range(keys):
                 admitted = sum(counts[k] for counts in per_thread)
                 assert admitted == capacity, (
-                    f"stage 2: {threads} threads × {attempts} try_acquire('k{k}') at one frozen "
+                    f"{threads} threads × {attempts} try_acquire('k{k}') at one frozen "
                     f"instant on a bucket of capacity {capacity} admitted {admitted} (round "
                     f"{round_no}); exactly {capacity} must be. Check-then-act on a key must be "
                     "atomic: hold the key's stripe lock around the inner limiter's decision"
@@ -224,12 +224,12 @@ def test_stage2_burst_conserves_units_and_never_denies_what_fits(
     spent = sum(cost for cost, ok in decided if ok)
     left = units_left(limiter, "k")
     assert spent + left == capacity, (
-        f"stage 2: a frozen-instant burst of {plans} (cost lists per thread) on capacity "
+        f"a frozen-instant burst of {plans} (cost lists per thread) on capacity "
         f"{capacity}: admitted {spent} units and {left} remain — they must add up to {capacity}"
     )
     wrongly_denied = [cost for cost, ok in decided if not ok and cost <= left]
     assert not wrongly_denied, (
-        f"stage 2: costs {wrongly_denied} were denied although {left} units were still left "
+        f"costs {wrongly_denied} were denied although {left} units were still left "
         f"at the end of the burst {plans} (units only decrease at a frozen instant)"
     )
 
@@ -260,7 +260,7 @@ def test_stage2_waiters_are_admitted_in_fifo_order() -> None:
             tuple(workers),
         )
         assert admitted == expected, (
-            f"stage 2: waiters queued on one key in order 0, 1, 2 (costs {costs}) were "
+            f"waiters queued on one key in order 0, 1, 2 (costs {costs}) were "
             f"admitted as {admitted}; FIFO means {expected} at this point"
         )
     for w in workers:
@@ -277,19 +277,19 @@ def test_stage2_try_acquire_does_not_overtake_a_waiter() -> None:
     clock.advance(NS_PER_S)  # 1 unit on hand, the waiter needs 2
     decision = limiter.try_acquire("k", 1)
     assert not decision.allowed, (
-        "stage 2: try_acquire('k', 1) was admitted while a waiter (cost 2) was queued on 'k': "
+        "try_acquire('k', 1) was admitted while a waiter (cost 2) was queued on 'k': "
         "while a key has waiters, try_acquire on it must be denied (no overtaking)"
     )
     assert decision.retry_after_ns is not None and decision.retry_after_ns > 0, (
-        f"stage 2: a denied decision needs a positive retry_after_ns, got {decision}"
+        f"a denied decision needs a positive retry_after_ns, got {decision}"
     )
-    assert not limiter.peek("k", 1).allowed, "stage 2: peek must agree with try_acquire"
-    assert limiter.try_acquire("other").allowed, "stage 2: a queue on 'k' must not block 'other'"
+    assert not limiter.peek("k", 1).allowed, "peek must agree with try_acquire"
+    assert limiter.try_acquire("other").allowed, "a queue on 'k' must not block 'other'"
     clock.advance(NS_PER_S)
     assert head.outcome("the waiter, once 2 units refilled") is True
     after = limiter.peek("k", 1)
     assert after.retry_after_ns == NS_PER_S, (
-        f"stage 2: after the waiter took both units the bucket must be empty (retry 1 s), "
+        f"after the waiter took both units the bucket must be empty (retry 1 s), "
         f"got {after}: the denied try_acquire consumed something"
     )
 
@@ -305,15 +305,15 @@ def test_stage2_timed_out_waiter_consumes_nothing_and_unblocks_the_queue() -> No
     patient = enqueue(limiter, "k", lambda: limiter.acquire("k", 1), "patient (cost 1)")
     clock.advance(NS_PER_S)  # the impatient head times out; 1 unit is there for the next
     assert impatient.outcome("the waiter whose timeout passed") is False, (
-        "stage 2: acquire('k', 2, timeout_ns=1 s) needed 2 s and must return False"
+        "acquire('k', 2, timeout_ns=1 s) needed 2 s and must return False"
     )
     assert patient.outcome("the waiter behind the one that timed out") is True, (
-        "stage 2: the waiter behind a timed-out one must be admitted with the unit on hand"
+        "the waiter behind a timed-out one must be admitted with the unit on hand"
     )
     assert limiter.statistics().waiters == 0
     after = limiter.peek("k", 1)
     assert after.retry_after_ns == NS_PER_S, (
-        f"stage 2: after the patient waiter took the one unit, the next unit is 1 s away; got "
+        f"after the patient waiter took the one unit, the next unit is 1 s away; got "
         f"{after}: the timed-out waiter must consume nothing"
     )
 
@@ -327,14 +327,14 @@ def test_stage2_acquire_deadline_is_exact() -> None:
     eventually(lambda: waiters_on(limiter, "k") == 1, "one waiter", (late,))
     clock.advance(NS_PER_S - 1)
     assert late.outcome("a waiter whose deadline passed") is False, (
-        "stage 2: the unit comes back after exactly 1 s; a 1 s - 1 ns timeout must fail"
+        "the unit comes back after exactly 1 s; a 1 s - 1 ns timeout must fail"
     )
-    assert limiter.peek("k").retry_after_ns == 1, "stage 2: the timed-out waiter consumed units"
+    assert limiter.peek("k").retry_after_ns == 1, "the timed-out waiter consumed units"
     on_time = start(lambda: limiter.acquire("k", timeout_ns=1), "timeout 1 ns")
     eventually(lambda: waiters_on(limiter, "k") == 1, "one waiter", (on_time,))
     clock.advance(1)
     assert on_time.outcome("a waiter whose unit arrives at its deadline") is True, (
-        "stage 2: a request that fits exactly at now + timeout_ns must be admitted"
+        "a request that fits exactly at now + timeout_ns must be admitted"
     )
 
 
@@ -360,12 +360,12 @@ def test_stage2_impossible_cost_and_zero_timeout_return_at_once() -> None:
     _, limiter = bucket_limiter(2, refill_per_s=1)
     never = start(lambda: limiter.acquire("k", 3), "acquire(cost > capacity)")
     assert never.outcome("acquire of a cost above capacity, which can never fit") is False
-    assert units_left(limiter, "k") == 2, "stage 2: an impossible cost must change nothing"
+    assert units_left(limiter, "k") == 2, "an impossible cost must change nothing"
     assert limiter.try_acquire("k", 2).allowed
     zero = start(lambda: limiter.acquire("k", timeout_ns=0), "acquire(timeout_ns=0)")
     assert zero.outcome("acquire(timeout_ns=0) on an empty bucket") is False
     assert limiter.statistics().waiters == 0
-    assert limiter.peek("k").retry_after_ns == NS_PER_S, "stage 2: a failed acquire consumed"
+    assert limiter.peek("k").retry_after_ns == NS_PER_S, "a failed acquire consumed"
 
 
 BAD_CALLS: dict[str, tuple[Callable[[Any, Any, Any], Any], str]] = {
@@ -397,7 +397,7 @@ def test_stage2_bad_arguments_name_the_parameter(case: str) -> None:
     assert limiter.try_acquire("k").allowed
     with pytest.raises((ValueError, TypeError), match=param):
         call(inner, clock, limiter)
-    assert units_left(limiter, "k") == 1, "stage 2: a rejected call must change nothing"
+    assert units_left(limiter, "k") == 1, "a rejected call must change nothing"
     assert limiter.statistics().waiters == 0
 
 
@@ -409,7 +409,7 @@ def test_stage2_sweep_forgets_idle_keys_and_runs_by_itself() -> None:
         assert limiter.try_acquire(f"k{i}").allowed
     assert limiter.tracked_keys() == 100
     clock.advance(NS_PER_S)  # every key is full again: idle
-    assert limiter.sweep() == 100, "stage 2: sweep() must forget the 100 idle keys"
+    assert limiter.sweep() == 100, "sweep() must forget the 100 idle keys"
     assert limiter.tracked_keys() == 0
     # Nobody calls sweep() now: the wrapper must sweep by itself (the inner cannot).
     for i in range(20_000):
@@ -418,7 +418,7 @@ def test_stage2_sweep_forgets_idle_keys_and_runs_by_itself() -> None:
     assert limiter.tracked_keys() <= 10
     forgotten = limiter.sweep()
     assert forgotten <= 10_000, (
-        f"stage 2: after 20 000 requests on distinct keys, each idle 1 s later, sweep() still "
+        f"after 20 000 requests on distinct keys, each idle 1 s later, sweep() still "
         f"found {forgotten} idle keys to forget: memory grows with every key ever seen. The "
         "inner limiter never sweeps (auto_sweep=False), so the wrapper must, amortised"
     )
@@ -467,7 +467,7 @@ def test_stage2_mixed_operations_neither_deadlock_nor_over_admit() -> None:
         refunded = sum(r[1][key] for r in results)
         bound = capacity + elapsed * per_s // NS_PER_S + refunded
         assert spent <= bound, (
-            f"stage 2: key {key!r} admitted {spent} units in {elapsed} ns of mixed traffic; "
+            f"key {key!r} admitted {spent} units in {elapsed} ns of mixed traffic; "
             f"capacity {capacity} + refill {per_s}/s + {refunded} refunded allow at most {bound}"
         )
     assert limiter.statistics().waiters == 0
@@ -553,7 +553,7 @@ def test_stage2_a_newcomer_acquire_joins_the_back_of_the_queue() -> None:
     clock.advance(NS_PER_S)  # 1 unit on hand: the head needs 2, a newcomer 1
     got = limiter.acquire("k", 1, timeout_ns=0)
     assert got is False, (
-        "stage 2: acquire('k', 1, timeout_ns=0) returned True while a waiter (cost 2) was "
+        "acquire('k', 1, timeout_ns=0) returned True while a waiter (cost 2) was "
         "queued on 'k' with 1 unit on hand: a newcomer joins the back of the queue, so with "
         "timeout_ns=0 it gives up at once — the unit belongs to the head"
     )
@@ -567,7 +567,7 @@ def test_stage2_a_newcomer_acquire_joins_the_back_of_the_queue() -> None:
     stays(lambda: late.is_alive(), "the newcomer still waiting: the head took both units")
     clock.advance(NS_PER_S)
     assert late.outcome("the newcomer, 1 s after the head") is True
-    assert limiter.peek("k").retry_after_ns == NS_PER_S, "stage 2: the newcomer took 1 unit"
+    assert limiter.peek("k").retry_after_ns == NS_PER_S, "the newcomer took 1 unit"
 
 
 class _BucketModel:
@@ -634,9 +634,7 @@ class ThreadSafeLimiterMachine(RuleBasedStateMachine):
     def check(self, what: str, got: object, expected: object) -> None:
         now = self.clock.now_ns()
         if got != expected:
-            raise AssertionError(
-                f"stage 2: {what} at t={now}:\n  expected {expected}\n  got      {got}"
-            )
+            raise AssertionError(f"{what} at t={now}:\n  expected {expected}\n  got      {got}")
 
     @rule(key=KEYS, cost=st.integers(1, 7))
     def try_acquire(self, key: str, cost: int) -> None:
@@ -726,7 +724,7 @@ async def test_stage2_async_burst_admits_exactly_capacity() -> None:
             "every task decided or queued",
         )
         assert got.count(True) == 10, (
-            f"stage 2: 45 tasks at one frozen instant on capacity 10 got {got.count(True)} "
+            f"45 tasks at one frozen instant on capacity 10 got {got.count(True)} "
             "admitted; exactly 10 must be"
         )
         for step in range(1, 3):
@@ -771,7 +769,7 @@ async def test_stage2_async_waiters_are_admitted_in_fifo_order() -> None:
                 f"{len(expected)} task(s) admitted after {step + 2} s",
             )
             assert admitted == expected, (
-                f"stage 2: tasks queued in order 0, 1, 2 (costs {costs}) were admitted as "
+                f"tasks queued in order 0, 1, 2 (costs {costs}) were admitted as "
                 f"{admitted}; FIFO means {expected}"
             )
 
@@ -804,12 +802,12 @@ async def test_stage2_async_cancelled_waiter_consumes_nothing_and_unblocks_the_q
         clock.advance(NS_PER_S)
         await eventually_async(lambda: bool(outcome), "the task behind to be admitted")
     assert outcome == ["behind: True"], (
-        f"stage 2: after cancelling the head (cost 2) and 1 s, the task behind (cost 1) must be "
+        f"after cancelling the head (cost 2) and 1 s, the task behind (cost 1) must be "
         f"admitted and nothing else; got {outcome}"
     )
     denied = limiter.try_acquire("k")
     assert denied.retry_after_ns == NS_PER_S, (
-        f"stage 2: the only unit went to the task behind; got {denied}: the cancelled waiter "
+        f"the only unit went to the task behind; got {denied}: the cancelled waiter "
         "must consume nothing"
     )
 
@@ -834,10 +832,10 @@ async def test_stage2_async_timed_out_waiter_consumes_nothing() -> None:
         clock.advance(NS_PER_S)
         await eventually_async(lambda: len(results) == 2, "both waiters to finish")
     assert results == {"impatient": False, "patient": True}, (
-        f"stage 2: the head timed out after 1 s (needed 2), the one behind fits the unit on "
+        f"the head timed out after 1 s (needed 2), the one behind fits the unit on "
         f"hand; got {results}"
     )
-    assert limiter.try_acquire("k").retry_after_ns == NS_PER_S, "stage 2: the timeout consumed"
+    assert limiter.try_acquire("k").retry_after_ns == NS_PER_S, "the timeout consumed"
 
 
 @pytest.mark.rule("async-fifo")
@@ -855,7 +853,7 @@ async def test_stage2_async_try_acquire_does_not_overtake_a_waiter() -> None:
         await enqueue_async(tg, limiter, "k", head)
         clock.advance(NS_PER_S)
         assert not limiter.try_acquire("k", 1).allowed, (
-            "stage 2: try_acquire('k', 1) overtook a task waiting on 'k' for 2 units"
+            "try_acquire('k', 1) overtook a task waiting on 'k' for 2 units"
         )
         assert limiter.try_acquire("other").allowed
         clock.advance(NS_PER_S)
@@ -876,9 +874,9 @@ async def test_stage2_async_limit_spends_units_on_entry() -> None:
     with pytest.raises(KeyError):
         async with limiter.limit("k"):
             entered.append("first")
-            assert not limiter.try_acquire("k").allowed, "stage 2: limit() must spend on entry"
+            assert not limiter.try_acquire("k").allowed, "limit() must spend on entry"
             raise KeyError("the body fails")
-    assert not limiter.try_acquire("k").allowed, "stage 2: leaving limit() gives nothing back"
+    assert not limiter.try_acquire("k").allowed, "leaving limit() gives nothing back"
     async with anyio.create_task_group() as tg:
         await enqueue_async(tg, limiter, "k", second)
         assert entered == ["first"]
@@ -887,7 +885,7 @@ async def test_stage2_async_limit_spends_units_on_entry() -> None:
     with pytest.raises(ValueError, match="cost"):
         async with limiter.limit("k", 2):  # capacity 1: can never be admitted
             entered.append("impossible")
-    assert entered == ["first", "second"], "stage 2: limit() ran its body unadmitted"
+    assert entered == ["first", "second"], "limit() ran its body unadmitted"
 
 
 @pytest.mark.rule("async-refund-wakes")
@@ -918,7 +916,7 @@ async def test_stage2_async_bad_arguments_name_the_parameter() -> None:
         limiter.try_acquire("k", True)
     with pytest.raises((ValueError, TypeError), match="timeout_ns"):
         await limiter.acquire("k", 1, timeout_ns=-5)
-    assert limiter.try_acquire("k", 2).allowed, "stage 2: rejected calls must change nothing"
+    assert limiter.try_acquire("k", 2).allowed, "rejected calls must change nothing"
 
 
 @pytest.mark.extended
@@ -940,7 +938,7 @@ async def test_stage2_async_newcomer_acquire_joins_the_back_of_the_queue() -> No
         clock.advance(NS_PER_S)  # 1 unit on hand: the head needs 2
         now = await limiter.acquire("k", 1, timeout_ns=0)
         assert now is False, (
-            "stage 2: acquire('k', 1, timeout_ns=0) returned True while a task waited on 'k' "
+            "acquire('k', 1, timeout_ns=0) returned True while a task waited on 'k' "
             "for 2 units with 1 on hand: a newcomer joins the back of the queue"
         )
         await enqueue_async(tg, limiter, "k", newcomer)
@@ -964,17 +962,17 @@ async def test_stage2_async_acquire_in_a_cancelled_scope_consumes_nothing() -> N
         await limiter.acquire("k", 1)  # the units are on hand, but the caller is cancelled
         reached.append("after acquire")
     assert not reached, (
-        "stage 2: acquire() in a scope already cancelled must raise the cancellation (it is a "
+        "acquire() in a scope already cancelled must raise the cancellation (it is a "
         "cancellation point), not return"
     )
     assert limiter.try_acquire("k", 2).allowed, (
-        "stage 2: an acquire in an already-cancelled scope consumed units: check for "
+        "an acquire in an already-cancelled scope consumed units: check for "
         "cancellation before taking anything"
     )
     with anyio.CancelScope() as scope:
         scope.cancel()
         await limiter.acquire("k", 1)  # now it would have to wait
-    assert limiter.statistics().waiters == 0, "stage 2: the cancelled caller left no waiter"
+    assert limiter.statistics().waiters == 0, "the cancelled caller left no waiter"
 
 
 # --- ConcurrencyLimiter (extended) ----------------------------------------------------
@@ -999,11 +997,11 @@ def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
 
             leases = [lease for got in run_together(threads, burst) for lease in got]
             assert len(leases) == cap, (
-                f"stage 2: {threads} threads × {attempts} try_acquire('k') with "
+                f"{threads} threads × {attempts} try_acquire('k') with "
                 f"max_in_flight={cap} got {len(leases)} leases (round {round_no}); exactly "
                 f"{cap} must be granted"
             )
-            assert len({lease.id for lease in leases}) == cap, "stage 2: lease ids must be unique"
+            assert len({lease.id for lease in leases}) == cap, "lease ids must be unique"
             assert limiter.in_flight("k") == cap
 
             def release(i: int, limiter: Any = limiter, leases: list[Any] = leases) -> list[bool]:
@@ -1020,14 +1018,14 @@ def test_stage2_concurrency_release_is_idempotent() -> None:
     _, limiter = concurrency(2)
     a, b = limiter.try_acquire("k"), limiter.try_acquire("k")
     assert isinstance(a, Lease) and isinstance(b, Lease) and a.id != b.id
-    assert limiter.try_acquire("k") is None, "stage 2: max_in_flight=2 and 2 leases are held"
+    assert limiter.try_acquire("k") is None, "max_in_flight=2 and 2 leases are held"
     assert limiter.release(a) is True
-    assert limiter.release(a) is False, "stage 2: releasing a lease twice must return False"
+    assert limiter.release(a) is False, "releasing a lease twice must return False"
     c = limiter.try_acquire("k")
-    assert c is not None, "stage 2: a released slot must be reusable"
+    assert c is not None, "a released slot must be reusable"
     extra = limiter.try_acquire("k")
     assert extra is None, (
-        "stage 2: leases b and c are held with max_in_flight=2, yet a third was granted: the "
+        "leases b and c are held with max_in_flight=2, yet a third was granted: the "
         "second release(a) freed someone else's slot — release must be idempotent"
     )
     assert limiter.in_flight("k") == 2
@@ -1042,20 +1040,19 @@ def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
     assert lease is not None and lease.key == "k"
     assert lease.expires_at_ns == clock.now_ns() + 5 * NS_PER_S
     clock.advance(5 * NS_PER_S - 1)
-    assert limiter.try_acquire("k") is None, "stage 2: the lease is still valid 1 ns before expiry"
+    assert limiter.try_acquire("k") is None, "the lease is still valid 1 ns before expiry"
     clock.advance(1)
     fresh = limiter.try_acquire("k")
     assert fresh is not None, (
-        "stage 2: a lease whose holder vanished must expire lease_ns after it was granted, "
-        "freeing the slot"
+        "a lease whose holder vanished must expire lease_ns after it was granted, freeing the slot"
     )
     assert limiter.statistics().expired == 1
-    assert limiter.release(lease) is False, "stage 2: releasing an expired lease returns False"
+    assert limiter.release(lease) is False, "releasing an expired lease returns False"
     assert limiter.try_acquire("k") is None, (
-        "stage 2: releasing the expired lease freed the slot of the lease that replaced it"
+        "releasing the expired lease freed the slot of the lease that replaced it"
     )
     assert limiter.release(fresh) is True
-    assert limiter.statistics().in_flight_by_key == {}, "stage 2: idle keys must be forgotten"
+    assert limiter.statistics().in_flight_by_key == {}, "idle keys must be forgotten"
 
 
 @pytest.mark.rule("lease-bad-arguments")
@@ -1101,7 +1098,7 @@ def test_stage2_concurrency_reads_reclaim_expired_leases_by_themselves() -> None
                 want = ConcurrencyStatistics(n, {"k": n} if n else {}, expired)
             if got != want:
                 raise AssertionError(
-                    f"stage 2: leases granted at 0 and 1 s for 5 s; with no other call, "
+                    f"leases granted at 0 and 1 s for 5 s; with no other call, "
                     f"{read}() at {(at - t1) / NS_PER_S + 5:.9f} s must count the leases "
                     f"whose expires_at_ns has not come yet (reclaiming the others):\n"
                     f"  expected {want}\n  got      {got}"
@@ -1138,9 +1135,9 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
         self.expire()
         lease = self.limiter.try_acquire(key)
         if self.held(key) >= self.cap:
-            assert lease is None, f"stage 2: {key!r} holds {self.cap} = max leases, got {lease}"
+            assert lease is None, f"{key!r} holds {self.cap} = max leases, got {lease}"
         else:
-            assert lease is not None, f"stage 2: {key!r} holds {self.held(key)} < {self.cap}"
+            assert lease is not None, f"{key!r} holds {self.held(key)} < {self.cap}"
             assert lease.id not in self.live and lease.key == key
             assert lease.expires_at_ns == self.clock.now_ns() + self.lease_ns
             self.live[lease.id] = (key, lease.expires_at_ns)
@@ -1153,7 +1150,7 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
         got = self.limiter.release(lease) if lease is not None else False
         if got != expected:
             raise AssertionError(
-                f"stage 2: release({lease}) returned {got}, expected {expected} (True only for "
+                f"release({lease}) returned {got}, expected {expected} (True only for "
                 "a lease still held: not released before, not expired)"
             )
         if expected:
@@ -1174,7 +1171,7 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
             len(self.live),
             by_key,
             self.expired,
-        ), f"stage 2: statistics {stats}, expected in flight {by_key}, expired {self.expired}"
+        ), f"statistics {stats}, expected in flight {by_key}, expired {self.expired}"
         for key in by_key:
             assert self.limiter.in_flight(key) == by_key[key]
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import ModuleType
@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import pytest
 import redis
+import redis.asyncio
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -276,7 +277,7 @@ def run_stream(
             after = server.time_us()
             assert isinstance(d, StampedDecision), f"{op}: Redis was up, got unstamped {d}"
             assert before <= d.server_time_us <= after, (
-                f"stage 3: decisions must use the server's clock (TIME), not a node's: {op} was "
+                f"decisions must use the server's clock (TIME), not a node's: {op} was "
                 f"stamped {d.server_time_us} µs but the server read {before}..{after} µs around "
                 f"it ({(d.server_time_us - before) / 1e6:+.3f} s off)"
             )
@@ -299,7 +300,7 @@ def replay(records: Sequence[Record], algorithm: str, limit: int, window_us: int
             continue
         refunds_before[i] = waiting.pop(r.key, [])
         assert isinstance(r.decision, StampedDecision), (
-            f"stage 3: with Redis up every decision comes from the script, stamped with "
+            f"with Redis up every decision comes from the script, stamped with "
             f"op and server time; node {r.node} got {r.decision}"
         )
 
@@ -325,7 +326,7 @@ def replay(records: Sequence[Record], algorithm: str, limit: int, window_us: int
                 f" -> allowed={d.allowed} remaining={d.remaining} retry={d.retry_after_ns}"
             )
             assert plain(d) == want, (
-                f"stage 3 ({algorithm}, limit={limit}, window={window_us} µs): the nodes must "
+                f"{algorithm}, limit={limit}, window={window_us} µs: the nodes must "
                 f"decide exactly as one limiter would. Replaying key {key!r} in Redis order "
                 f"(server time, op):\n" + "\n".join(history[-12:]) + f"\nexpected {want}\n"
                 f"got      {plain(d)}"
@@ -353,7 +354,7 @@ def burst_from_threads(nodes: Sequence[Any], *, threads_per_node: int, each: int
         t.start()
     for t in threads:
         t.join(30)
-        assert not t.is_alive(), "stage 3: a node's decision hung (deadlock or no timeout?)"
+        assert not t.is_alive(), "a node's decision hung (deadlock or no timeout?)"
     return records
 
 
@@ -395,14 +396,14 @@ def test_stage3_two_nodes_share_one_token_bucket(
     elapsed_us = denied.server_time_us - first.server_time_us
     # A token takes 250 ms to refill, and refilling began when node A left 1 of 4.
     assert not denied.allowed and denied.retry_after_ns == (250_000 - elapsed_us) * 1000, (
-        f"stage 3: the bucket is empty; one token refills 250 ms after node A's request, "
+        f"the bucket is empty; one token refills 250 ms after node A's request, "
         f"{elapsed_us} µs of server time ago, so retry_after_ns must be "
         f"{(250_000 - elapsed_us) * 1000}; got {denied}"
     )
     redis_env.pass_time(denied.retry_after_ns)
     again = a.try_acquire("alice")
     assert again.allowed, (
-        f"stage 3: after waiting retry_after_ns={denied.retry_after_ns} the request must be "
+        f"after waiting retry_after_ns={denied.retry_after_ns} the request must be "
         f"admitted (by any node), got {again}"
     )
 
@@ -421,7 +422,7 @@ def test_stage3_same_instant_requests_all_count_in_the_sliding_log(
     allowed = [r.decision is not None and r.decision.allowed for r in records]
     if redis_env.time_is_controlled:
         assert allowed == [True, True, True, False, False], (
-            "stage 3: a sliding log of 3 must admit exactly 3 same-instant requests from 3 "
+            "a sliding log of 3 must admit exactly 3 same-instant requests from 3 "
             f"nodes; got {allowed}. Are log members unique per request (not the timestamp)?"
         )
     replay(records, "sliding_log", 3, 10_000_000)
@@ -442,7 +443,7 @@ def test_stage3_denial_consumes_nothing(stage_module: ModuleType, redis_env: Red
             assert not d.allowed, f"{algorithm}: the limit is used up, got {d}"
             due.add(d.server_time_us * 1000 + d.retry_after_ns)
         assert len(due) == 1, (
-            f"stage 3 ({algorithm}): a denial must consume nothing, so every denial names the "
+            f"{algorithm}: a denial must consume nothing, so every denial names the "
             f"same moment (server time + retry_after); got {sorted(due)}"
         )
 
@@ -461,8 +462,7 @@ def test_stage3_cost_above_limit_never_fits(stage_module: ModuleType, redis_env:
         )
         d = node.try_acquire("alice", 4)
         assert not d.allowed and d.retry_after_ns is None, (
-            f"stage 3 ({algorithm}): cost 4 > limit 3 can never fit: retry_after_ns is None, "
-            f"got {d}"
+            f"{algorithm}: cost 4 > limit 3 can never fit: retry_after_ns is None, got {d}"
         )
         full = node.try_acquire("alice", 3)
         assert full.allowed, f"{algorithm}: the impossible request consumed quota: {full}"
@@ -483,25 +483,25 @@ def test_stage3_refund_gives_back_unused_units_capped(
         b.refund("alice", 5)  # the call used 3 of the 8 estimated; any node may refund
         fits, too_many = a.peek("alice", 7), a.peek("alice", 8)
         assert fits.allowed and fits.remaining == 0 and not too_many.allowed, (
-            f"stage 3 ({algorithm}, 10 per hour): 8 taken, 5 refunded, so exactly 7 are "
+            f"{algorithm}, 10 per hour: 8 taken, 5 refunded, so exactly 7 are "
             f"available: peek(7) must be allowed with 0 remaining ({fits}), peek(8) denied "
             f"({too_many})"
         )
         b.refund("alice", 100)  # far more than was ever taken
         whole = a.peek("alice", 10)
         assert whole.allowed and whole.remaining == 0, (
-            f"stage 3 ({algorithm}): a refund is capped at a fresh key's allowance — after "
+            f"{algorithm}: a refund is capped at a fresh key's allowance — after "
             f"refunding 100 the key holds 10 of 10, no more; peek(10) gave {whole}"
         )
         assert a.try_acquire("alice", 10).allowed
         burst = a.try_acquire("alice")
         assert not burst.allowed, (
-            f"stage 3 ({algorithm}): 10 of 10 were just taken, yet the 11th was admitted: "
+            f"{algorithm}: 10 of 10 were just taken, yet the 11th was admitted: "
             f"the over-refund lifted the key above its limit ({burst})"
         )
         b.refund("bob", 3)
         assert not [name for name in redis_env.keys(prefix) if "bob" in name], (
-            f"stage 3 ({algorithm}): a refund for a key with no state (never seen, or "
+            f"{algorithm}: a refund for a key with no state (never seen, or "
             "expired) has nothing to give back and must write nothing"
         )
         assert a.peek("bob", 10).allowed
@@ -536,7 +536,7 @@ def test_stage3_refund_takes_the_newest_units_out_of_the_sliding_log(
         leaves_us * 1000,
         leaves_us * 1000,
     ), (
-        f"stage 3: a sliding-log refund removes the newest units still in the window, as if "
+        f"a sliding-log refund removes the newest units still in the window, as if "
         f"the request had cost less: only the unit from 400 ms earlier is left, so peek(3) "
         f"waits for it to leave in {leaves_us} µs (retry and reset); got {d}"
     )
@@ -561,11 +561,11 @@ def test_stage3_refund_for_a_window_that_has_rolled_is_dropped(
     assert first.allowed and first.remaining == 0, first
     redis_env.pass_time(first.reset_after_ns)  # into the next window
     d = node.try_acquire("alice")
-    assert d.allowed and d.remaining == 2, f"stage 3: a new window starts empty: {d}"
+    assert d.allowed and d.remaining == 2, f"a new window starts empty: {d}"
     node.refund("alice", 3)  # for the previous window's request: its window is gone
     after = node.peek("alice", 3)
     assert after.allowed and after.remaining == 0, (
-        f"stage 3: the current window holds 1 unit, so a refund gives back at most that one "
+        f"the current window holds 1 unit, so a refund gives back at most that one "
         f"(the previous window's units left with it): 3 of 3 available, not more; got {after}"
     )
 
@@ -600,18 +600,18 @@ def test_stage3_refund_during_an_outage_is_counted_and_dropped_or_local(
         local.append(limiter.try_acquire("bob"))
         fallbacks += 4
         assert [d.allowed for d in local] == [True, False, True], (
-            f"stage 3: in 'local' mode a refund Redis cannot take goes to the local limiter "
+            f"in 'local' mode a refund Redis cannot take goes to the local limiter "
             f"(share 4 // 2 = 2): take 2, deny 1, refund 1, then 1 fits; got {local}"
         )
     stats = limiter.stats()
     assert stats.fallback_decisions == fallbacks and stats.redis_errors >= 1, (
-        f"stage 3: a refund that cannot reach Redis is counted as a fallback: {stats}"
+        f"a refund that cannot reach Redis is counted as a fallback: {stats}"
     )
     proxy.heal()
     clock.advance(NS_PER_S)  # the next probe is due
     back = limiter.peek("alice")
     assert isinstance(back, StampedDecision) and back.remaining == 0, (
-        f"stage 3: the refund made while Redis was down was dropped, not replayed: Redis "
+        f"the refund made while Redis was down was dropped, not replayed: Redis "
         f"still holds 1 of 4, so peek(1) leaves 0; got {back}"
     )
 
@@ -635,10 +635,10 @@ def test_stage3_keys_of_one_user_share_a_cluster_hash_slot(
     )
     assert node.try_acquire("user42", 2).allowed
     names = redis_env.keys(prefix)
-    assert len(names) == 2, f"stage 3: a sliding log keeps a state key and a log key: {names}"
+    assert len(names) == 2, f"a sliding log keeps a state key and a log key: {names}"
     tags = {name: hash_tag(name) for name in names}
     assert set(tags.values()) == {"user42"}, (
-        f"stage 3: both keys of user 'user42' must carry the hash tag {{user42}} (e.g. "
+        f"both keys of user 'user42' must carry the hash tag {{user42}} (e.g. "
         f"'rl:{{user42}}:m' and 'rl:{{user42}}:l') so Redis Cluster puts them in one slot; "
         f"the tags Cluster would hash are {tags}"
     )
@@ -798,7 +798,7 @@ def test_stage3_concurrent_nodes_admit_exactly_as_one(
         admitted = sum(r.decision is not None and r.decision.allowed for r in records)
         if redis_env.time_is_controlled:
             assert admitted == 10, (
-                f"stage 3 ({algorithm}): 90 concurrent requests from {NODES} nodes at one "
+                f"{algorithm}: 90 concurrent requests from {NODES} nodes at one "
                 f"instant on a limit of 10 must admit exactly 10, admitted {admitted}"
             )
         replay(records, algorithm, 10, 10_000_000)
@@ -854,7 +854,7 @@ def test_stage3_every_key_has_a_ttl_within_the_bound(
         done.append(op)
         for name in redis_env.keys(prefix):
             owner = [k for k in KEYS if k in name[len(prefix) :]]
-            assert owner, f"stage 3: key {name!r} does not name the user key it limits"
+            assert owner, f"key {name!r} does not name the user key it limits"
             ttl_ms = admin.pttl(name)
             if ttl_ms == -2 and not redis_env.time_is_controlled:
                 continue  # a real server's clock moved on and the key expired meanwhile
@@ -866,7 +866,7 @@ def test_stage3_every_key_has_a_ttl_within_the_bound(
             low = fresh_us // 1000 if redis_env.time_is_controlled else 0
             if not low <= ttl_ms <= fresh_ms + 1000:
                 raise AssertionError(
-                    f"stage 3 ({algorithm}, limit={limit}, window={window_us} µs): every key "
+                    f"{algorithm}, limit={limit}, window={window_us} µs: every key "
                     f"must expire once its state is fresh again, and not before: time-to-fresh "
                     f"<= TTL <= time-to-fresh + 1 s. Key {name!r} has PTTL {ttl_ms} ms, "
                     f"time-to-fresh {fresh_ms} ms, after {done} (-1 = no TTL: was it set in "
@@ -893,7 +893,7 @@ def test_stage3_each_decision_is_one_round_trip(
             getattr(limiter, name)(KEYS[i % 2], 1)
         counts = proxy.counts()
         assert counts.round_trips == len(calls), (
-            f"stage 3 ({algorithm}): each decision and each refund must be exactly one round "
+            f"{algorithm}: each decision and each refund must be exactly one round "
             f"trip (one script call: read, decide, write and expire together); {calls} took "
             f"{counts.round_trips} round trips: {counts.commands}"
         )
@@ -903,12 +903,15 @@ def test_stage3_each_decision_is_one_round_trip(
 # --------------------------------------------------------------------------- faults
 
 
-@pytest.mark.rule("failure-modes", "fallback-counted", "probe-interval")
+@pytest.mark.rule("failure-modes", "fallback-counted", "probe-interval", "busy-unavailable")
 @pytest.mark.core
+@pytest.mark.parametrize("fault", ["outage", "busy"])
 @pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_outage_honours_failure_mode_and_recovers(
-    stage_module: ModuleType, redis_env: RedisEnv, mode: str
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str, fault: str
 ) -> None:
+    """``outage``: connections refused; ``busy``: every command answered ``BUSY`` (a long
+    script runs on the server) — both an unavailability, for the failure mode."""
     proxy = redis_env.proxy()
     clock = ManualClock()
     limiter = make_limiter(
@@ -924,13 +927,13 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
         clock=clock,
     )
     assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
-    proxy.outage()
+    getattr(proxy, fault)()
     burst = [limiter.try_acquire("bob") for _ in range(5)]  # must not raise
     allowed = [d.allowed for d in burst]
     want = {"open": [True] * 5, "closed": [False] * 5, "local": [True, True, False, False, False]}
     assert allowed == want[mode], (
-        f"stage 3: with Redis down, failure_mode={mode!r} must decide {want[mode]} for a burst "
-        f"of 5 (local: limit 4 // expected_nodes 2 = 2 on this node); got {allowed}"
+        f"with Redis unavailable ({fault}), failure_mode={mode!r} must decide {want[mode]} "
+        f"for a burst of 5 (local: limit 4 // expected_nodes 2 = 2 on this node); got {allowed}"
     )
     assert not any(isinstance(d, StampedDecision) for d in burst), "Redis did not decide these"
     if mode == "closed":
@@ -939,12 +942,12 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
     assert isinstance(stats, RedisLimiterStats)
     assert (
         stats.fallback_decisions == 5 and stats.redis_decisions == 1 and stats.redis_errors >= 1
-    ), f"stage 3: every fallback decision is counted: {stats}"
+    ), f"every fallback decision is counted: {stats}"
     proxy.heal()
     clock.advance(NS_PER_S)  # the next probe is due
     back = limiter.try_acquire("alice")
     assert isinstance(back, StampedDecision) and back.allowed and back.remaining == 2, (
-        f"stage 3: once Redis answers again the limiter must use it, without a restart, and "
+        f"once Redis answers again the limiter must use it, without a restart, and "
         f"with the state Redis kept (1 of 4 used before the outage); got {back}"
     )
     assert limiter.stats().redis_decisions == 2, limiter.stats()
@@ -974,7 +977,7 @@ def test_stage3_blackholed_redis_does_not_hang_a_decision(
     t.start()
     t.join(10)
     assert not t.is_alive(), (
-        "stage 3: Redis accepted the connection and never answered, and the decision hung: "
+        "Redis accepted the connection and never answered, and the decision hung: "
         "the client needs a socket timeout"
     )
     assert got and got[0].allowed and not isinstance(got[0], StampedDecision), got
@@ -1012,7 +1015,7 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
         did_try = limiter.stats().redis_errors > errors
         if did_try != tried or (retry is not None and d.retry_after_ns != retry):
             raise AssertionError(
-                "stage 3: after a failure Redis is skipped for probe_interval_ns (1 s) from that "
+                "after a failure Redis is skipped for probe_interval_ns (1 s) from that "
                 "failure, then probed; a probe that fails starts a new interval, and a "
                 "'closed' denial's retry_after_ns is the time until the next probe. Redis "
                 f"went down at t=+0; at the last step Redis must{'' if tried else ' not'} be "
@@ -1029,15 +1032,15 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
     step(NS_PER_S + 1, tried=False, retry=NS_PER_S - 1)
     proxy.heal()
     d = step(2 * NS_PER_S - 1, tried=False, retry=1)  # healed, but not due yet
-    assert not isinstance(d, StampedDecision), f"stage 3: Redis was not due yet: {d}"
+    assert not isinstance(d, StampedDecision), f"Redis was not due yet: {d}"
     clock.set(t0 + 2 * NS_PER_S)
     back = limiter.try_acquire("alice")
     assert isinstance(back, StampedDecision), (
-        f"stage 3: at +2 s the next probe is due and Redis answers: {back}\n" + "\n".join(story)
+        f"at +2 s the next probe is due and Redis answers: {back}\n" + "\n".join(story)
     )
     stats = limiter.stats()
     assert (stats.redis_decisions, stats.fallback_decisions, stats.redis_errors) == (2, 5, 2), (
-        f"stage 3: 2 Redis decisions, 5 fallbacks, 2 Redis errors (two failed tries): {stats}"
+        f"2 Redis decisions, 5 fallbacks, 2 Redis errors (two failed tries): {stats}"
     )
 
 
@@ -1070,12 +1073,12 @@ def test_stage3_a_script_error_is_raised_not_sent_to_the_failure_mode(
             limiter.refund("alice", 1)
         stats = limiter.stats()
         assert (stats.fallback_decisions, stats.redis_errors) == (0, 0), (
-            f"stage 3 (failure_mode={mode!r}): a script error (here WRONGTYPE) is a bug, not "
+            f"failure_mode={mode!r}: a script error (here WRONGTYPE) is a bug, not "
             f"an outage: it is raised, and neither a fallback nor a Redis error; {stats}"
         )
         d = limiter.try_acquire("bob")
         assert isinstance(d, StampedDecision), (
-            f"stage 3 (failure_mode={mode!r}): after a script error Redis is not skipped: the "
+            f"failure_mode={mode!r}: after a script error Redis is not skipped: the "
             f"next decision is Redis's, got {d}"
         )
 
@@ -1085,7 +1088,7 @@ def _decide_or_fail(limiter: Any, key: str, what: str) -> Decision:
         return limiter.try_acquire(key)  # type: ignore[no-any-return]
     except redis.ResponseError as exc:
         pytest.fail(
-            f"stage 3: after {what} the limiter raised {exc!r}: a NOSCRIPT reply must "
+            f"after {what} the limiter raised {exc!r}: a NOSCRIPT reply must "
             "reload the script (redis-py's Script does) and retry"
         )
 
@@ -1104,12 +1107,12 @@ def test_stage3_script_flush_and_server_restart_are_survived(
     node.script_flush()
     d = _decide_or_fail(limiter, "alice", "SCRIPT FLUSH")
     assert isinstance(d, StampedDecision) and d.remaining == 1, (
-        f"stage 3: SCRIPT FLUSH loses the script, not the data: the 2nd of 3 leaves 1; got {d}"
+        f"SCRIPT FLUSH loses the script, not the data: the 2nd of 3 leaves 1; got {d}"
     )
     node.restart()
     d = _decide_or_fail(limiter, "alice", "a server restart")
     assert isinstance(d, StampedDecision) and d.allowed and d.remaining == 2, (
-        f"stage 3: after a restart without persistence the key is fresh (3 of 3), and the "
+        f"after a restart without persistence the key is fresh (3 of 3), and the "
         f"limiter reconnects and reloads its script by itself; got {d}"
     )
     assert limiter.stats().fallback_decisions == 0, limiter.stats()
@@ -1150,7 +1153,7 @@ class RedisLimiterMachine(RuleBasedStateMachine):
             self.model.refund(key, back, d.server_time_us)
         want = self.model.decide(key, cost, d.server_time_us, commit=acquire)
         assert plain(d) == want, (
-            f"stage 3 ({self.algorithm}, limit 3 per {self.window_us} µs): after "
+            f"{self.algorithm}, limit 3 per {self.window_us} µs: after "
             f"{self.log[-10:]} expected {want}, got {plain(d)}"
         )
 
@@ -1281,7 +1284,7 @@ def test_stage3_async_outage_falls_back_and_recovers(
     (up, down, back), stats = asyncio.run(main())
     assert isinstance(up, StampedDecision) and up.allowed, up
     assert not down.allowed and not isinstance(down, StampedDecision), (
-        f"stage 3: failure_mode='closed' denies while Redis is down (no exception); got {down}"
+        f"failure_mode='closed' denies while Redis is down (no exception); got {down}"
     )
     assert isinstance(back, StampedDecision) and back.allowed and back.remaining == 0, back
     assert (stats.redis_decisions, stats.fallback_decisions) == (2, 1), stats
@@ -1295,6 +1298,34 @@ def test_stage3_client_without_socket_timeout_is_refused(
     with pytest.raises(ValueError, match="socket_timeout"):
         make_limiter(
             stage_module, redis_env.client(socket_timeout=None), "token_bucket", 1, 1_000_000
+        )
+
+
+@pytest.mark.rule("no-client-retries")
+@pytest.mark.extended
+def test_stage3_a_client_that_retries_is_refused(stage_module: ModuleType) -> None:
+    # redis-py's defaults retry; nothing is sent (the port is closed), the check comes first
+    made: dict[str, Callable[[], Any]] = {
+        "RedisRateLimiter": lambda: make_limiter(
+            stage_module, redis.Redis(port=1, socket_timeout=0.2), "token_bucket", 1, 1000
+        ),
+        "RedisConcurrencyLimiter": lambda: stage_module.RedisConcurrencyLimiter(
+            redis.Redis(port=1, socket_timeout=0.2), max_in_flight=1, lease_ns=1_000_000
+        ),
+        "AsyncRedisRateLimiter": lambda: stage_module.AsyncRedisRateLimiter(
+            redis.asyncio.Redis(port=1, socket_timeout=0.2),
+            algorithm="token_bucket",
+            limit=1,
+            window_ns=1_000_000,
+            clock=ManualClock(),
+        ),
+    }
+    for name, make in made.items():
+        with pytest.raises(ValueError, match="client") as refused:
+            make()
+        assert "retr" in str(refused.value), (
+            f"{name} over a client with redis-py's default retries: the ValueError must say "
+            f"the client retries (a lost reply would run the script twice); got {refused.value}"
         )
 
 
@@ -1340,8 +1371,7 @@ def test_stage3_concurrency_limiter_caps_leases_across_nodes(
         if acquire or not leases:
             lease = nodes[node].try_acquire(key)
             assert (lease is not None) == (len(held) < 2), (
-                f"stage 3: at most 2 leases on {key!r} across all nodes; held {len(held)}, "
-                f"got {lease}"
+                f"at most 2 leases on {key!r} across all nodes; held {len(held)}, got {lease}"
             )
             if lease is not None:
                 assert lease.key == key and lease.id not in held, lease
@@ -1351,7 +1381,7 @@ def test_stage3_concurrency_limiter_caps_leases_across_nodes(
             lease = leases[pick % len(leases)]
             was_held = lease.id in model.held[lease.key]
             assert nodes[node].release(lease) is was_held, (
-                f"stage 3: release is idempotent: True the first time, then False ({lease})"
+                f"release is idempotent: True the first time, then False ({lease})"
             )
             model.held[lease.key].discard(lease.id)
         for k in KEYS:
@@ -1374,7 +1404,7 @@ def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: Re
     redis_env.pass_time(150 * NS_PER_MS)
     again = limiter.try_acquire("alice")
     assert again is not None, (
-        "stage 3: a lease whose holder vanished must expire after lease_ns, freeing its slot"
+        "a lease whose holder vanished must expire after lease_ns, freeing its slot"
     )
     assert limiter.release(lost) is False, "the expired lease is no longer held"
     assert limiter.release(again) is True
@@ -1395,13 +1425,13 @@ def test_stage3_in_flight_reclaims_a_lease_at_its_expiry(
     assert lease is not None
     start_ns = redis_env.server().time_us() * 1000
     assert lease.expires_at_ns == start_ns + 100 * NS_PER_MS, (
-        f"stage 3: expires_at_ns is the server's now + lease_ns: {lease}, server at {start_ns}"
+        f"expires_at_ns is the server's now + lease_ns: {lease}, server at {start_ns}"
     )
     redis_env.pass_time(lease.expires_at_ns - start_ns - 1000)  # 1 µs before it expires
-    assert limiter.in_flight("alice") == 1, "stage 3: the lease still holds 1 µs before expiry"
+    assert limiter.in_flight("alice") == 1, "the lease still holds 1 µs before expiry"
     redis_env.pass_time(1000)
     held = limiter.in_flight("alice")
     assert held == 0, (
-        f"stage 3: at expires_at_ns the lease is reclaimed, and in_flight() (with no "
+        f"at expires_at_ns the lease is reclaimed, and in_flight() (with no "
         f"try_acquire in between) must not count it; got {held}"
     )

@@ -47,13 +47,14 @@ from katas.job_scheduler.api import (
     RetryPolicy,
     StaleLease,
     WaitingClock,
+    check_client,
+    unavailable,
 )
 
 from . import _redis_scripts as lua
 from .stage1 import _check_int, _check_str
 
 #: What "Redis is unavailable" means to a worker; a script error is a bug and is raised.
-UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 _MAX_DUE_US = 10**16 - 1  # the ready set's member has 16 digits of due time
 
 
@@ -99,6 +100,7 @@ class RedisJobQueue:
     ) -> None:
         if not isinstance(client, redis.Redis):
             raise TypeError(f"client must be a redis.Redis, got {client!r}")
+        check_client(client)  # a socket timeout, and no retry that runs a script twice
         if not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {retry!r}")
         if rng is not None and not isinstance(rng, random.Random):
@@ -450,7 +452,9 @@ class RedisWorker:
         while True:
             try:
                 return call()
-            except UNAVAILABLE:
+            except redis.RedisError as error:
+                if not unavailable(error):  # a bug (a script error) is raised
+                    raise
                 self._event("unavailable", None)
                 if self._stopping and self._lease is None:
                     return None
@@ -512,14 +516,20 @@ class RedisWorker:
                         try:
                             self._queue.release(lease)
                             self._event("released", lease, "released")
-                        except (StaleLease, JobNotFound, *UNAVAILABLE):
+                        except (StaleLease, JobNotFound):
+                            self._event("lost", lease, "lost")
+                        except redis.RedisError as error:
+                            if not unavailable(error):
+                                raise
                             self._event("lost", lease, "lost")
                     elif now >= next_beat:
                         try:
                             self._queue.heartbeat(lease)
                             self._counts["heartbeats"] += 1
                             next_beat = now + self._every
-                        except UNAVAILABLE:
+                        except redis.RedisError as error:
+                            if not unavailable(error):  # a bug (a script error) is raised
+                                raise
                             next_beat = now + self._poll  # soon again: the lease runs out
                         except (StaleLease, JobNotFound):
                             next_beat = _NEVER  # too late; its commit will be refused

@@ -65,12 +65,14 @@ from katas.kv_cache.api import (
     NearStatistics,
     NodeStatistics,
     NoReplicaAvailable,
+    check_client,
+    unavailable,
 )
 
 T = TypeVar("T")
 
-#: What makes a node "down": it did not answer (refused, reset, or timed out).
-UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+#: What ends a near cache's subscription: the connection refused, reset, or timed out.
+DISCONNECTED = (redis.ConnectionError, redis.TimeoutError, OSError)
 
 _MISSING: Any = object()
 _log = logging.getLogger(__name__)
@@ -202,6 +204,8 @@ class ShardedCache:
     ) -> None:
         if not nodes:
             raise ValueError("nodes must name at least one Redis node")
+        for name, client in nodes.items():  # a socket timeout; no retry that writes twice
+            check_client(client, f"nodes[{name!r}]")
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
             raise ValueError(f"replicas must be an int >= 1, got {replicas!r}")
         if replicas > len(nodes):
@@ -264,7 +268,9 @@ class ShardedCache:
             epoch = node.epoch + 1 if probing else node.epoch
         try:
             result = op(node.client, f"{self._prefix}{epoch}:{key}")
-        except UNAVAILABLE:
+        except redis.RedisError as error:
+            if not unavailable(error):  # a bug (a script error) is raised
+                raise
             with self._lock:
                 node.errors += 1
                 node.down = True
@@ -492,14 +498,14 @@ class NearCache:
                     elif message["type"] == "message":
                         data = message["data"]
                         self.invalidate(data.decode() if isinstance(data, bytes) else data)
-            except (*UNAVAILABLE, OSError):
+            except DISCONNECTED:
                 pass
             except Exception:  # a bug must not end the listener silently: log, resubscribe
                 _log.exception("near-cache listener of node %r failed", node)
             finally:
                 if ready:
                     self.channel_lost(node)
-                with contextlib.suppress(*UNAVAILABLE, OSError):
+                with contextlib.suppress(*DISCONNECTED):
                     pubsub.close()
             self._stopping.wait(self._reconnect_s)
 

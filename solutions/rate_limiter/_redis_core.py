@@ -10,8 +10,6 @@ import threading
 from fractions import Fraction
 from typing import Any
 
-import redis
-
 from katas.rate_limiter.api import (
     NS_PER_S,
     Clock,
@@ -21,6 +19,7 @@ from katas.rate_limiter.api import (
     RedisAlgorithm,
     RedisLimiterStats,
     StampedDecision,
+    check_client,
 )
 
 from . import _redis_scripts as lua
@@ -28,8 +27,6 @@ from . import _redis_scripts as lua
 _ALGORITHMS = ("token_bucket", "sliding_log", "fixed_window")
 _FAILURE_MODES = ("open", "closed", "local")
 _MAX_SCALED = 2**51  # limit × window_us: the scripts' doubles stay exact below 2^53
-#: What "Redis is unavailable" means; a script error is a bug and is raised.
-UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
 
 
 def positive_int(name: str, value: object) -> int:
@@ -38,15 +35,6 @@ def positive_int(name: str, value: object) -> int:
     if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value}")
     return value
-
-
-def check_timeout(client: Any) -> None:
-    kwargs = client.get_connection_kwargs() if hasattr(client, "get_connection_kwargs") else {}
-    if kwargs.get("socket_timeout") is None:
-        raise ValueError(
-            "client must have a socket_timeout: without one a blackholed Redis hangs every "
-            "decision (e.g. redis.Redis(..., socket_timeout=0.2))"
-        )
 
 
 class RedisCore:
@@ -82,7 +70,7 @@ class RedisCore:
             raise ValueError(f"probe_interval_ns must be an int >= 0, got {probe_interval_ns!r}")
         if not callable(getattr(clock, "now_ns", None)):
             raise TypeError(f"clock must have now_ns(), got {clock!r}")
-        check_timeout(client)
+        check_client(client)  # a socket timeout, and no retry that runs a script twice
         self._client = client
         self._algorithm = algorithm
         self._window_ns = window_ns

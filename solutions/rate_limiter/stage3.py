@@ -38,10 +38,12 @@ from katas.rate_limiter.api import (
     Lease,
     RedisAlgorithm,
     RedisLimiterStats,
+    check_client,
+    unavailable,
 )
 
 from . import _redis_scripts as lua
-from ._redis_core import UNAVAILABLE, RedisCore, check_timeout, positive_int
+from ._redis_core import RedisCore, positive_int
 
 
 class RedisRateLimiter(RedisCore):
@@ -77,7 +79,9 @@ class RedisRateLimiter(RedisCore):
         if self._should_try():
             try:
                 return self._decided(self._script(keys=keys, args=args, client=self._client))
-            except UNAVAILABLE:
+            except redis.RedisError as error:
+                if not unavailable(error):  # a bug (a script error) is raised
+                    raise
                 self._failed()
         return self._fallback(key, cost, acquire=mode == b"a")
 
@@ -96,7 +100,9 @@ class RedisRateLimiter(RedisCore):
             try:
                 self._decided(self._script(keys=keys, args=args, client=self._client))
                 return
-            except UNAVAILABLE:
+            except redis.RedisError as error:
+                if not unavailable(error):  # a bug (a script error) is raised
+                    raise
                 self._failed()
         self._refund_fallback(key, cost)
 
@@ -105,7 +111,9 @@ class RedisRateLimiter(RedisCore):
         keys = self._keys(key)
         try:
             self._client.delete(*keys)
-        except UNAVAILABLE:
+        except redis.RedisError as error:
+            if not unavailable(error):  # a bug (a script error) is raised
+                raise
             self._failed()
         if self._local is not None:
             with self._lock:
@@ -149,7 +157,9 @@ class AsyncRedisRateLimiter(RedisCore):
         if self._should_try():
             try:
                 return self._decided(await self._script(keys=keys, args=args, client=self._client))
-            except UNAVAILABLE:
+            except redis.RedisError as error:
+                if not unavailable(error):  # a bug (a script error) is raised
+                    raise
                 self._failed()
         return self._fallback(key, cost, acquire=mode == b"a")
 
@@ -168,7 +178,9 @@ class AsyncRedisRateLimiter(RedisCore):
             try:
                 self._decided(await self._script(keys=keys, args=args, client=self._client))
                 return
-            except UNAVAILABLE:
+            except redis.RedisError as error:
+                if not unavailable(error):  # a bug (a script error) is raised
+                    raise
                 self._failed()
         self._refund_fallback(key, cost)
 
@@ -177,7 +189,9 @@ class AsyncRedisRateLimiter(RedisCore):
         keys = self._keys(key)
         try:
             await self._client.delete(*keys)
-        except UNAVAILABLE:
+        except redis.RedisError as error:
+            if not unavailable(error):  # a bug (a script error) is raised
+                raise
             self._failed()
         if self._local is not None:
             self._local.reset(key)
@@ -198,7 +212,7 @@ class RedisConcurrencyLimiter:
             raise ValueError(f"lease_ns must be a whole number of µs (Redis TIME), got {lease_ns}")
         if not isinstance(key_prefix, str) or not key_prefix:
             raise ValueError(f"key_prefix must be a non-empty str, got {key_prefix!r}")
-        check_timeout(client)
+        check_client(client)
         self._client = client
         self._lease_us = lease_ns // 1000
         self._prefix = key_prefix

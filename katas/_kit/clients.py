@@ -1,0 +1,53 @@
+"""The Redis client a stage-3 component accepts: one that fails a lost reply fast, once.
+
+A stage-3 call is one script. If the client resends a command whose reply was lost (the
+script ran, the answer did not arrive), the script runs again: a rate-limit request is
+charged twice, a job enqueued twice, a lease granted that no worker knows of. redis-py
+retries by default, so the contract is explicit: a ``socket_timeout`` (a blackholed server
+must not hang the caller) and no automatic retries. Whether a call is retried, and how it
+is made safe to repeat, is then the component's decision, in the open.
+
+Imported by the kata ``api`` modules, for the stage-3 stubs and references alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: How a server that is up but cannot serve now answers: busy with a long script (BUSY),
+#: loading its data (LOADING), a replica cut off from its master (MASTERDOWN), a cluster
+#: slot moving or down (TRYAGAIN, CLUSTERDOWN).
+UNAVAILABLE_REPLIES = ("BUSY ", "LOADING ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTERDOWN ")
+
+#: The client the prompts show, which this accepts.
+EXAMPLE = "redis.Redis(..., socket_timeout=0.2, retry=Retry(NoBackoff(), 0))"
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says Redis cannot serve now — the connection refused or reset, a
+    timeout, or a reply of :data:`UNAVAILABLE_REPLIES` — which a component's failure mode
+    handles, rather than a bug (a script error, a wrong type), which is raised."""
+    import redis  # here, so that importing a kata's api does not import redis
+
+    if isinstance(error, redis.ConnectionError | redis.TimeoutError):
+        return True
+    return isinstance(error, redis.ResponseError) and str(error).startswith(UNAVAILABLE_REPLIES)
+
+
+def check_client(client: Any, name: str = "client") -> None:
+    """ValueError naming ``name`` unless ``client`` (redis-py or fakeredis, sync or async)
+    has a socket timeout and makes no automatic retries."""
+    kwargs = client.get_connection_kwargs() if hasattr(client, "get_connection_kwargs") else {}
+    if kwargs.get("socket_timeout") is None:
+        raise ValueError(
+            f"{name} must have a socket_timeout: without one a blackholed Redis hangs every "
+            f"call (e.g. {EXAMPLE})"
+        )
+    retry = client.get_retry() if hasattr(client, "get_retry") else None
+    retries = retry.get_retries() if retry is not None else 0
+    if retries:
+        raise ValueError(
+            f"{name} retries failed commands ({retries} retries): a script whose reply was "
+            f"lost would run again — charged, enqueued or leased twice. Pass "
+            f"retry=Retry(NoBackoff(), 0) (e.g. {EXAMPLE})"
+        )

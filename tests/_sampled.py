@@ -1,0 +1,41 @@
+"""A pytest plugin for the catalogue's suite runs (``-p _sampled``): the named tests, and a
+seeded sample of the others.
+
+An entry is proved by its named tests, which always run. The others only show that the
+entry is a realistic bug rather than a crash (most of them still pass), and a sample of
+them shows that as well as all of them would, at a fraction of a whole suite's run.
+
+``KATA_SAMPLE_KEEP``: the names to keep (test functions or stateful classes, space
+separated); ``KATA_SAMPLE_OTHERS``: how many others; ``KATA_SAMPLE_SEED``: the seed (the
+entry's name, so one entry always meets the same sample).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+KEEP, OTHERS, SEED = "KATA_SAMPLE_KEEP", "KATA_SAMPLE_OTHERS", "KATA_SAMPLE_SEED"
+
+
+def _name(item: pytest.Item) -> str:
+    """What a catalogue entry names: the test function, or the stateful test's class."""
+    return item.nodeid.split("::")[1].split("[")[0]
+
+
+@pytest.hookimpl(trylast=True)  # after every other selection (-k, -m)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if OTHERS not in os.environ:
+        return
+    keep = set(os.environ.get(KEEP, "").split())
+    others = [item for item in items if _name(item) not in keep]
+    sample = random.Random(os.environ.get(SEED, "")).sample(
+        others, min(len(others), int(os.environ[OTHERS]))
+    )
+    chosen = {id(item) for item in sample}
+    dropped = [item for item in others if id(item) not in chosen]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if id(item) not in {id(d) for d in dropped}]
