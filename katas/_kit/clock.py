@@ -16,6 +16,11 @@ NS_PER_S = 1_000_000_000
 NS_PER_MS = 1_000_000
 NS_PER_US = 1_000
 
+#: The longest single wait the platform takes (``threading.TIMEOUT_MAX``, about 292 years
+#: on 64-bit Linux), in ns. A deadline further off (a job due at ``now + 2**200``) is waited
+#: for in waits of at most this, instead of an OverflowError in the waiting thread.
+MAX_WAIT_NS = int(threading.TIMEOUT_MAX) * NS_PER_S
+
 #: How long (real seconds) a ManualClock waiter may wait for a test to move time
 #: before the test is failed instead of hanging.
 HARD_DEADLINE_S = 20.0
@@ -53,11 +58,15 @@ class MonotonicClock:
     def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
         if deadline_ns is None:
             cond.wait()
-        else:
-            cond.wait(max(0, deadline_ns - time.monotonic_ns()) / NS_PER_S)
+        else:  # returning early is allowed: the caller re-checks
+            cond.wait(min(max(0, deadline_ns - time.monotonic_ns()), MAX_WAIT_NS) / NS_PER_S)
 
     async def sleep_until_ns_async(self, deadline_ns: int) -> None:
-        await anyio.sleep(max(0, deadline_ns - time.monotonic_ns()) / NS_PER_S)
+        while True:  # each sleep a cancellation point, even when already due
+            left = deadline_ns - time.monotonic_ns()
+            await anyio.sleep(min(max(0, left), MAX_WAIT_NS) / NS_PER_S)
+            if left <= MAX_WAIT_NS:
+                return
 
 
 class ManualClock:

@@ -39,7 +39,14 @@ from katas._kit.waiting import (
     stays_async,
     tiny_switch_interval,
 )
-from katas.job_scheduler.api import TIMED_OUT, JobState, Lease, ManualClock, RetryPolicy
+from katas.job_scheduler.api import (
+    TIMED_OUT,
+    JobState,
+    Lease,
+    ManualClock,
+    MonotonicClock,
+    RetryPolicy,
+)
 
 pytestmark = [pytest.mark.stage(2)]
 
@@ -224,6 +231,32 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
                 "running it: idle workers must wait until the queue's next_due_ns (through "
                 f"the clock), not only for submit; {pool.statistics()}"
             )
+
+
+@pytest.mark.rule("no-busy-waiting", "shutdown-grace")
+@core
+def test_stage2_a_job_due_in_the_far_future_leaves_the_workers_alive() -> None:
+    """On the real clock, a job due at now + 2**200 ns: idle workers wait for it without
+    an OverflowError (the platform's longest wait is ~292 years), a due job still runs,
+    and shutdown(grace_ns=2**200) returns at once with nothing running."""
+    clock = MonotonicClock()
+    queue = _MODULES["s1"].JobQueue(
+        clock=clock, lease_ns=60 * 10**9, retry=RetryPolicy(0, 0, "none"), max_attempts=1
+    )
+    queue.enqueue("far", run_at_ns=clock.now_ns() + 2**200)
+    pool = _MODULES["s2"].ThreadWorkerPool(
+        queue, lambda lease, payload: payload, workers=2, clock=clock
+    )
+    with running(pool):
+        pool.submit("now")
+        eventually(lambda: pool.statistics().succeeded == 1, "the due job to run")
+        pool.submit("and another")
+        eventually(
+            lambda: pool.statistics().succeeded == 2,
+            "the workers to be alive after waiting for a job 2**200 ns away",
+        )
+        done = spawn(lambda: pool.shutdown(2**200), "shutdown")
+        done.outcome("shutdown(grace_ns=2**200) with nothing running returns at once")
 
 
 @pytest.mark.rule("heartbeats")

@@ -652,6 +652,15 @@ def _bad_calls() -> list[Any]:
         ("backoff not whole µs", ctor(retry=RetryPolicy(1_500, 3_000, "none")), "base_ns"),
         ("negative retention", ctor(retention_ns=-1000), "retention_ns"),
         ("negative dedup TTL", ctor(dedup_ttl_ns=-1000), "dedup_ttl_ns"),
+        # Beyond what a Lua double holds exactly once added to the server's time (2^52 µs):
+        ("max_attempts 2^63 - 1", ctor(max_attempts=2**63 - 1), "max_attempts"),
+        ("max_pending 2^63", ctor(max_pending=2**63), "max_pending"),
+        ("lease_ns 10^22", ctor(lease_ns=10**22), "lease_ns"),
+        ("retention_ns 10^25", ctor(retention_ns=10**25), "retention_ns"),
+        ("dedup_ttl_ns 10^22", ctor(dedup_ttl_ns=10**22), "dedup_ttl_ns"),
+        ("backoff cap 10^22", ctor(retry=RetryPolicy(1000, 10**22, "none")), "cap_ns"),
+        ("delay_ns 10^22", lambda env, q, le: q.enqueue(1, delay_ns=10**22), "delay_ns"),
+        ("run_at_ns 10^22", lambda env, q, le: q.enqueue(1, run_at_ns=10**22), "run_at_ns"),
         ("a set as payload", lambda env, q, le: q.enqueue({1, 2}), "payload"),
         ("NaN as payload", lambda env, q, le: q.enqueue(float("nan")), "payload"),
         ("an object as payload", lambda env, q, le: q.enqueue(object()), "payload"),
@@ -677,7 +686,7 @@ def _bad_calls() -> list[Any]:
     return [pytest.param(call, name, id=case) for case, call, name in cases]
 
 
-@pytest.mark.rule("redis-bad-input", "whole-us", "json")
+@pytest.mark.rule("redis-bad-input", "whole-us", "json", "lua-bounds")
 @core
 @pytest.mark.parametrize(("call", "parameter"), _bad_calls())
 def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
@@ -1196,6 +1205,32 @@ def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) ->
         with pytest.raises(JobNotFound):
             queue.get(job_id)
             raise AssertionError(f"{job_id} outlived its retention")
+
+
+@pytest.mark.rule("ttl-retention", "redis-extended")
+@extended
+def test_stage3_dead_letters_after_a_thousand_deaths_pass_their_retention(
+    redis_env: RedisEnv,
+) -> None:
+    """1 005 jobs die at one instant and pass their retention together: Redis expires
+    their hashes at once, while a queue may settle its indexes a bounded number at a time.
+    dead_letters() must still answer (with what is held), never trip on a job it lost."""
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, retention_ns=100 * MS, max_attempts=1)
+    for i in range(1005):
+        queue.enqueue(i)
+        queue.nack(claim(queue), "boom")
+    assert len(queue.dead_letters()) == 1005
+    redis_env.pass_time(101 * MS)
+    try:
+        held = queue.dead_letters()
+    except Exception as e:
+        raise AssertionError(
+            f"dead_letters() raised {type(e).__name__}: {e} — after 1 005 dead jobs passed "
+            f"their retention at once (their hashes expired by TTL), it must return the "
+            f"DEAD jobs still held: none"
+        ) from None
+    assert held == [], f"every dead job is past its retention; dead_letters() gave {len(held)}"
 
 
 @pytest.mark.rule("reap")

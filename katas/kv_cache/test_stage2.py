@@ -160,6 +160,24 @@ def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() ->
 
 
 @core
+@pytest.mark.rule("load-reentrant", "load-error")
+def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
+    cache = concurrent()
+
+    def loader() -> Any:
+        return cache.get_or_load("k", lambda: "inner")  # waits for itself, if allowed
+
+    caller = spawn(lambda: cache.get_or_load("k", loader), "caller")
+    with pytest.raises(RuntimeError):
+        caller.outcome("a loader that calls get_or_load for its own key must not hang")
+        raise AssertionError("get_or_load from inside its own loader returned: RuntimeError")
+    expect(
+        cache.get_or_load("k", lambda: "later") == "later",
+        "after the refused reentrant call the key must be free: the next miss loads again",
+    )
+
+
+@core
 @pytest.mark.rule("load-error", "statistics")
 def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> None:
     cache = concurrent()
@@ -550,6 +568,30 @@ async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
         f"10 tasks missing one key must await the loader once and share its "
         f"result; the loader ran {loader.calls} times"
     )
+
+
+@extended
+@pytest.mark.rule("load-reentrant", "async-single-flight")
+@pytest.mark.anyio
+async def test_stage2_async_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
+    cache = async_cache()
+
+    async def loader() -> Any:
+        async def inner() -> str:
+            return "inner"
+
+        return await cache.get_or_load("k", inner)  # waits for itself, if allowed
+
+    with anyio.fail_after(DEADLINE_S):
+        with pytest.raises(RuntimeError):
+            await cache.get_or_load("k", loader)
+            raise AssertionError("get_or_load from inside its own loader returned: RuntimeError")
+
+        async def later() -> str:
+            return "later"
+
+        got = await cache.get_or_load("k", later)
+    expect(got == "later", "after the refused reentrant call the next miss loads again")
 
 
 @extended

@@ -154,7 +154,7 @@ def test_stage3_preference_list_is_distinct_nodes_clockwise() -> None:
 @core
 @pytest.mark.rule("ring-bad-input")
 def test_stage3_ring_rejects_bad_input() -> None:
-    for bad in (0, -1):
+    for bad in (0, -1, 2**16 + 1, 2**63):  # 2^63 would allocate until the process died
         with pytest.raises(ValueError, match="vnodes"):
             ring(["a"], vnodes=bad)
     with pytest.raises(ValueError, match="'a'"):
@@ -470,6 +470,7 @@ def test_stage3_cache_rejects_bad_arguments(redis_env: RedisEnv) -> None:
         ("replicas=4 on 3 nodes", lambda: cls(clients, replicas=4)),
         ("ttl_ns=0", lambda: cls(clients, ttl_ns=0)),
         ("ttl_ns=-1", lambda: cls(clients, ttl_ns=-1)),
+        ("ttl_ns=10^25 (past 2^52 ms)", lambda: cls(clients, ttl_ns=10**25)),
         ("vnodes=0", lambda: cls(clients, vnodes=0)),
         ("probe_interval_ns=-1", lambda: cls(clients, probe_interval_ns=-1)),
     ]

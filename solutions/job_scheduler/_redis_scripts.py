@@ -355,7 +355,12 @@ return {op, now, 'ok', best}
 DEAD_LETTERS = r"""
 local out = {}
 for _, m in ipairs(redis.call('ZRANGE', K_DEAD, 0, -1)) do
-  out[#out + 1] = redis.call('HGETALL', job_key(tonumber(m)))
+  local fields = redis.call('HGETALL', job_key(tonumber(m)))
+  if #fields > 0 then
+    out[#out + 1] = fields
+  else  -- past its retention: Redis expired the hash before a settle step reached it
+    redis.call('ZREM', K_DEAD, m)
+  end
 end
 return {op, now, 'ok', out}
 """

@@ -55,12 +55,24 @@ from . import _redis_scripts as lua
 from .stage1 import _check_int, _check_str
 
 #: What "Redis is unavailable" means to a worker; a script error is a bug and is raised.
-_MAX_DUE_US = 10**16 - 1  # the ready set's member has 16 digits of due time
+#: The largest number a script is given. Lua numbers are doubles, exact below 2^53, and a
+#: duration is added to the server's time (about 2^50.6 µs since 1970): with every duration,
+#: time and count at most 2^52 (µs: 142 years) every sum a script makes stays exact — and a
+#: due time fits the ready set's 16-digit member.
+LUA_MAX = 2**52
+
+
+def _bounded(name: str, value: object, minimum: int, maximum: int = LUA_MAX) -> int:
+    """An int in ``[minimum, maximum]``: the bound a Lua double holds exactly."""
+    n = _check_int(name, value, minimum)
+    if n > maximum:
+        raise ValueError(f"{name} must be at most {maximum} (exact in a Lua double), got {n}")
+    return n
 
 
 def _us(name: str, value: object, minimum: int = 0) -> int:
     """A duration in whole µs (what Redis TIME can express), from nanoseconds."""
-    ns = _check_int(name, value, minimum)
+    ns = _bounded(name, value, minimum, LUA_MAX * 1000)
     if ns % 1000:
         raise ValueError(f"{name} must be a whole number of µs (Redis TIME), got {ns}")
     return ns // 1000
@@ -113,7 +125,7 @@ class RedisJobQueue:
         self._lease_ns = _us("lease_ns", lease_ns, 1000) * 1000
         common = (
             self._lease_ns // 1000,
-            _check_int("max_attempts", max_attempts, 1),
+            _bounded("max_attempts", max_attempts, 1),
             _us("retry.base_ns", retry.base_ns),
             _us("retry.cap_ns", retry.cap_ns),
             retry.jitter,
@@ -122,7 +134,7 @@ class RedisJobQueue:
         )
         self._settings = " ".join(str(v) for v in common).encode()  # ARGV[1], encoded once
         self._max_pending = (
-            b"" if max_pending is None else b"%d" % _check_int("max_pending", max_pending, 1)
+            b"" if max_pending is None else b"%d" % _bounded("max_pending", max_pending, 1)
         )
         self._jitters = retry.jitter != "none"
         self._rng = random.Random() if rng is None else rng
@@ -161,12 +173,9 @@ class RedisJobQueue:
         if run_at_ns is not None:
             if delay_ns is not None:
                 raise ValueError("give run_at_ns or delay_ns, not both")
-            due_us = -(-_check_int("run_at_ns", run_at_ns, 0) // 1000)
-            if due_us > _MAX_DUE_US:
-                raise ValueError(f"run_at_ns must be below 10^19, got {run_at_ns}")
-            run_at = b"%d" % due_us
+            run_at = b"%d" % -(-_bounded("run_at_ns", run_at_ns, 0, LUA_MAX * 1000) // 1000)
         elif delay_ns is not None:
-            delay = b"%d" % -(-_check_int("delay_ns", delay_ns, 0) // 1000)
+            delay = b"%d" % -(-_bounded("delay_ns", delay_ns, 0, LUA_MAX * 1000) // 1000)
         key = b"" if idempotency_key is None else _check_str("idempotency_key", idempotency_key)
         reply = self._call("enqueue", _json("payload", payload), priority, run_at, delay, key,
                            self._max_pending)  # fmt: skip

@@ -45,14 +45,24 @@ _E = TypeVar("_E", threading.Event, anyio.Event)
 class _Flight(Generic[_E]):
     """One load in progress: what its waiters receive when it lands."""
 
-    __slots__ = ("done", "error", "retry", "stale", "value")
+    __slots__ = ("done", "error", "leader", "retry", "stale", "value")
 
-    def __init__(self, done: _E) -> None:
+    def __init__(self, done: _E, leader: object) -> None:
         self.done: _E = done
+        self.leader = leader  # the thread or task running the loader
         self.value: Any = None
         self.error: BaseException | None = None
         self.stale = False  # the key was written meanwhile: do not cache this value
         self.retry = False  # async: the leader was cancelled; a waiter loads again
+
+
+def _not_its_own_loader(key: Any, flight: _Flight[Any], caller: object) -> None:
+    """A loader that asks for its own key would wait for itself for ever, and every later
+    caller of the key with it: refuse. (The loader then fails, and so does its flight.)"""
+    if flight.leader == caller:
+        raise RuntimeError(
+            f"get_or_load({key!r}) was called from inside its own loader: it would wait for itself"
+        )
 
 
 class _Wrapper(Generic[_E]):
@@ -192,9 +202,10 @@ class ConcurrentCache(_Wrapper[threading.Event]):
             return value, None, False
         flight = self._flights.get(key)
         if flight is not None:
+            _not_its_own_loader(key, flight, threading.get_ident())
             self._waiters += 1
             return value, flight, False
-        flight = self._flights[key] = _Flight(threading.Event())
+        flight = self._flights[key] = _Flight(threading.Event(), threading.get_ident())
         self._loads += 1
         return value, flight, True
 
@@ -226,6 +237,7 @@ class AsyncCache(_Wrapper[anyio.Event]):
             flight = self._flights.get(key)
             if flight is None:
                 return await self._lead(key, loader)
+            _not_its_own_loader(key, flight, anyio.get_current_task().id)
             self._waiters += 1
             try:
                 await flight.done.wait()  # a cancelled waiter just leaves
@@ -238,7 +250,7 @@ class AsyncCache(_Wrapper[anyio.Event]):
             # The leader was cancelled: loop, and the first waiter to get here leads.
 
     async def _lead(self, key: Any, loader: Callable[[], Awaitable[Any]]) -> Any:
-        flight = self._flights[key] = _Flight(anyio.Event())
+        flight = self._flights[key] = _Flight(anyio.Event(), anyio.get_current_task().id)
         self._loads += 1
         try:
             value = await loader()

@@ -98,12 +98,18 @@ def _point(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+#: Virtual nodes per node at most: beyond it a ring costs memory, not balance.
+MAX_VNODES = 2**16
+#: The longest TTL: the put script reads it as a Lua double, exact below 2^53 (ms).
+MAX_TTL_MS = 2**52
+
+
 class HashRing:
     """A consistent-hash ring with ``vnodes`` virtual nodes per node (stable across processes)."""
 
     def __init__(self, nodes: Iterable[str], *, vnodes: int = 160) -> None:
-        if isinstance(vnodes, bool) or not isinstance(vnodes, int) or vnodes < 1:
-            raise ValueError(f"vnodes must be an int >= 1, got {vnodes!r}")
+        if isinstance(vnodes, bool) or not isinstance(vnodes, int) or not 1 <= vnodes <= MAX_VNODES:
+            raise ValueError(f"vnodes must be an int in [1, {MAX_VNODES}], got {vnodes!r}")
         self._vnodes = vnodes
         self._ring: list[tuple[int, str]] = []  # (point, node), sorted
         self._nodes: set[str] = set()
@@ -211,9 +217,13 @@ class ShardedCache:
         if replicas > len(nodes):
             raise ValueError(f"replicas={replicas} exceeds the {len(nodes)} nodes given")
         if ttl_ns is not None and (
-            isinstance(ttl_ns, bool) or not isinstance(ttl_ns, int) or ttl_ns <= 0
+            isinstance(ttl_ns, bool)
+            or not isinstance(ttl_ns, int)
+            or not 0 < ttl_ns <= MAX_TTL_MS * NS_PER_MS
         ):
-            raise ValueError(f"ttl_ns must be a positive int or None, got {ttl_ns!r}")
+            raise ValueError(
+                f"ttl_ns must be a positive int of at most 2^52 ms, or None, got {ttl_ns!r}"
+            )
         if (
             isinstance(probe_interval_ns, bool)
             or not isinstance(probe_interval_ns, int)
