@@ -67,7 +67,7 @@ SUITE = (
 @pytest.mark.core
 def test_stage1_add_is_symmetric(stage_module):
     got = stage_module.Calc().add(3, 2)
-    assert got == 5, f"stage 1: add(3, 2) is add(2, 3)\\n  expected 5\\n  got      {got}"
+    assert got == 5, f"add(3, 2) is add(2, 3)\\n  expected 5\\n  got      {got}"
 """
 )
 
@@ -204,7 +204,7 @@ def test_suite_process_result_reads_like_run_suite(project: Path) -> None:
     assert result.results == blocking.results
     assert "failed" in result.output
     by_name = {r.test_id: r for r in result.results}
-    assert by_name["test_stage1_add"].message == "assert 6 == 5"
+    assert by_name["test_stage1_add"].message == "stage 1: assert 6 == 5"  # tagged by the plugin
     assert by_name["test_stage1_add_is_symmetric"].detail == "expected 5, got 6"
     assert by_name["test_stage1_sub"].outcome == "passed"
 
@@ -270,7 +270,7 @@ def test_cli_test_summary_shows_details_and_collapses_alike_failures(
     assert main(["test", "calc", "1"]) == 1
     out = capsys.readouterr().out
     assert "✗ test_stage1_add — assert 6 == 5" in out, out
-    assert "✗ test_stage1_add_is_symmetric — stage 1: add(3, 2) is add(2, 3)" in out, out
+    assert "✗ test_stage1_add_is_symmetric — add(3, 2) is add(2, 3)" in out, out
     assert "\n    expected 5, got 6\n" in out, out
     assert "! test_stage1_mul — ValueError: boom\n    stage1.py:6 in mul: raise" in out, out
 

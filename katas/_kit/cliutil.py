@@ -175,6 +175,10 @@ def not_implemented_names(failures: Sequence[TestResult]) -> list[str]:
     return list(names)
 
 
+#: The tag the plugin puts before a failed assertion's message (``stage 1: ``).
+_STAGE_TAG = re.compile(r"^stage \d+: ")
+
+
 def failure_lines(
     result: SuiteRun, *, limit: int | None = None, width: int | None = None
 ) -> list[Text]:
@@ -189,17 +193,21 @@ def failure_lines(
     """
     groups = result.failure_groups()
     ran = len(result.by_outcome("passed")) + len(result.failures())
+
+    def said(message: str) -> str:  # the run's own line names the stage; once is enough
+        return _STAGE_TAG.sub("", message, count=1)
+
     lines: list[Text] = []
     for group in groups if limit is None else groups[:limit]:
         first = group[0]
         line = Text("✗ " if first.kind == "assertion" else "! ", style="red bold")
         everywhere = 1 < len(group) == ran
         if everywhere:
-            line.append(first.message)
+            line.append(said(first.message))
             line.append(f" — in all {len(group)} tests", style="bold")
         else:
             line.append(first.test_id, style="bold")
-            line.append(f" — {first.message}")
+            line.append(f" — {said(first.message)}")
         lines.append(line)
         hidden = width is not None and line.cell_len > width
         if first.detail and (first.detail not in first.message or hidden):
