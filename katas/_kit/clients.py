@@ -7,11 +7,16 @@ retries by default, so the contract is explicit: a ``socket_timeout`` (a blackho
 must not hang the caller) and no automatic retries. Whether a call is retried, and how it
 is made safe to repeat, is then the component's decision, in the open.
 
+What a component sends is JSON, and JSON must not change it silently: :func:`to_json`
+refuses what it would drop or could not encode.
+
 Imported by the kata ``api`` modules, for the stage-3 stubs and references alike.
 """
 
 from __future__ import annotations
 
+import json
+import reprlib
 from typing import Any
 
 #: How a server that is up but cannot serve now answers: busy with a long script (BUSY),
@@ -21,6 +26,36 @@ UNAVAILABLE_REPLIES = ("BUSY ", "LOADING ", "MASTERDOWN ", "TRYAGAIN ", "CLUSTER
 
 #: The client the prompts show, which this accepts.
 EXAMPLE = "redis.Redis(..., socket_timeout=0.2, retry=Retry(NoBackoff(), 0))"
+
+
+#: Nesting deeper than this is refused: JSON (and the reader's stack) would give out.
+MAX_JSON_DEPTH = 100
+
+
+def to_json(name: str, value: Any) -> str:
+    """``value`` as compact JSON; ``TypeError`` naming ``name`` for what JSON would refuse
+    or change: a dict key that is not a str (``{1: 'a', '1': 'b'}`` would lose an entry),
+    NaN, a set or an object, nesting deeper than :data:`MAX_JSON_DEPTH`. (A tuple is
+    encoded, and comes back as a list.)"""
+    stack = [(value, 0)]
+    while stack:  # iterative: a deep value must not exhaust the stack here either
+        item, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise TypeError(f"{name} nests deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(item, dict):
+            for key, inner in item.items():
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"{name} has the dict key {key!r}, not a str: JSON would make it "
+                        f"{json.dumps(str(key))}, merging it with any key of that name"
+                    )
+                stack.append((inner, depth + 1))
+        elif isinstance(item, list | tuple):
+            stack.extend((inner, depth + 1) for inner in item)
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be JSON for Redis, got {reprlib.repr(value)}: {e}") from None
 
 
 def unavailable(error: BaseException) -> bool:

@@ -10,7 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from katas._kit.clients import check_client, unavailable
+from katas._kit.clients import check_client, to_json, unavailable
 from katas._kit.clock import NS_PER_MS, NS_PER_S, Clock, ManualClock, MonotonicClock, WaitingClock
 
 
@@ -203,6 +203,7 @@ __all__ = [
     "StaleLease",
     "WaitingClock",
     "check_client",
+    "to_json",
     "unavailable",
 ]
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from katas._kit.clients import check_client, unavailable
+from katas._kit.clients import check_client, to_json, unavailable
 from katas._kit.clock import NS_PER_MS, NS_PER_S, Clock, ManualClock, MonotonicClock
 
 
@@ -96,6 +96,7 @@ __all__ = [
     "RemovalCause",
     "Weigher",
     "check_client",
+    "to_json",
     "unavailable",
 ]
 

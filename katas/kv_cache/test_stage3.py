@@ -167,7 +167,16 @@ def test_stage3_ring_rejects_bad_input() -> None:
     for n in (0, -2):
         with pytest.raises(ValueError, match="n"):
             r.nodes_for("k", n)
+    placed = {key: r.nodes_for(key, 2) for key in KEYS[:50]}
+    with pytest.raises(ValueError, match="node"):
+        r.add("\ud800")  # a lone surrogate: UTF-8 cannot encode it, so it cannot be hashed
+    with pytest.raises(TypeError, match="key"):
+        r.nodes_for(1, 1)
     assert r.nodes == ["a", "b"], "a refused add/remove changes nothing"
+    moved = [key for key in placed if r.nodes_for(key, 2) != placed[key]]
+    assert not moved, f"a refused add must leave no virtual node behind: {moved[:5]} moved"
+    with pytest.raises(TypeError, match="nodes"):
+        ring("abc")  # type: ignore[arg-type]  # three nodes 'a', 'b', 'c'? A mistake: refuse
 
 
 @core
@@ -381,6 +390,28 @@ def test_stage3_property_load_is_within_the_spread_of_vnodes(names: list[str], v
 
 
 # --------------------------------------------------------------------------- cache: examples
+
+
+@core
+@pytest.mark.rule("round-trip", "cache-bad-input")
+def test_stage3_a_value_json_would_change_or_refuse_is_refused_before_any_write(
+    redis_env: RedisEnv,
+) -> None:
+    cache, nodes, prefix = make_cache(redis_env)
+    deep: Any = "leaf"
+    for _ in range(5000):
+        deep = [deep]
+    bad = {
+        "int and str keys": {1: "a", "1": "b"},  # JSON would keep one of the two
+        "a set": {1, 2},
+        "NaN": float("nan"),
+        "5 000 levels deep": deep,  # json would raise RecursionError
+    }
+    for what, value in bad.items():
+        with pytest.raises(TypeError, match="value"):
+            cache.put("k", value)
+            raise AssertionError(f"put of {what} was accepted")
+    assert not holders(nodes, redis_env, prefix, "k"), "a refused put writes nothing"
 
 
 @core

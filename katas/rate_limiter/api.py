@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from katas._kit.clients import check_client, unavailable
+from katas._kit.clients import check_client, to_json, unavailable
 from katas._kit.clock import NS_PER_S, Clock, ManualClock, MonotonicClock, WaitingClock
 
 
@@ -78,6 +78,7 @@ __all__ = [
     "RateLimiter",
     "WaitingClock",
     "check_client",
+    "to_json",
     "unavailable",
 ]
 

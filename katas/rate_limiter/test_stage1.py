@@ -1156,6 +1156,24 @@ def test_stage1_bad_cost_is_rejected_and_changes_nothing(
     expect(limiter.tracked_keys(), 1, "only alice is tracked")
 
 
+@core
+@pytest.mark.rule("bad-key")
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_a_key_that_is_not_a_str_is_refused(stage_module: ModuleType, algo: Algo) -> None:
+    clock = ManualClock(START_NS)
+    limiter = Setup(algo, limit=3).build(stage_module, clock)
+    for bad in (1, True, 1.0, None, b"alice", ("alice",)):
+        for name, args in (("try_acquire", (1,)), ("peek", (1,)), ("refund", (1,)), ("reset", ())):
+            with pytest.raises(TypeError, match="key"):
+                getattr(limiter, name)(bad, *args)
+                raise AssertionError(f"{name}({bad!r}) was accepted: a key must be a str")
+    expect(limiter.tracked_keys(), 0, "refused keys change nothing")
+    multi = stage_module.MultiLimiter({"requests": limiter})
+    with pytest.raises(TypeError, match="costs"):
+        multi.try_acquire("alice", None)
+        raise AssertionError("MultiLimiter.try_acquire('alice', None) was accepted")
+
+
 # --------------------------------------------------------------------------------------
 # Differential: whole Decisions equal an exact model, step by step
 # --------------------------------------------------------------------------------------

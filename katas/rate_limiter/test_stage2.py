@@ -373,6 +373,10 @@ BAD_CALLS: dict[str, tuple[Callable[[Any, Any, Any], Any], str]] = {
         lambda inner, clock, lim: s2().ThreadSafeLimiter(inner, clock=clock, stripes=0),
         "stripes",
     ),
+    "stripes2**63": (  # would allocate locks until the process dies
+        lambda inner, clock, lim: s2().ThreadSafeLimiter(inner, clock=clock, stripes=2**63),
+        "stripes",
+    ),
     "stripesTrue": (
         lambda inner, clock, lim: s2().ThreadSafeLimiter(inner, clock=clock, stripes=True),
         "stripes",

@@ -35,7 +35,9 @@ leased) are left behind on leaving it rather than deleted: the reader ignores th
 - ``forget``: every finished job, scored by when it finished (retention trims it);
   ``succeeded``/``cancelled``: sets; ``dead``: sorted by a death counter (the order of
   death, for ``dead_letters``); ``idemx``: idempotency records by expiry (for counting).
-- A job's hash: ``p`` payload (JSON), ``pr`` priority, ``due``, ``seq``, ``att``
+- ``gen``: the store's generation, the server's µs when it was created (job ids carry
+  it: ``job-7@1764640000123456``, so a store lost and started again never reissues one).
+- A job's hash: ``id``, ``p`` payload (JSON), ``pr`` priority, ``due``, ``seq``, ``att``
   attempts, ``tok`` fencing token, ``st`` state, ``max`` max_attempts, ``enq``,
   ``exp``/``wid`` (while leased), ``fin`` (while finished), ``err``, ``res`` (JSON),
   ``prev`` (decorrelated jitter's previous delay), ``eff`` (the committed effect, JSON).
@@ -75,12 +77,19 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local op = redis.call('INCR', K_OPS)
 local wake = tonumber(redis.call('GET', K_WAKE) or 0)  -- missing (new, or flushed): settle
+local K_GEN = P .. 'gen'
+local GEN = redis.call('GET', K_GEN) or ''  -- the store's generation (see job_id)
 
 local function int(x) return string.format('%d', x) end
 local function pad(x, w) return string.format('%0' .. w .. 'd', x) end
 local function member(seq) return pad(seq, 12) end
 local function ready_member(due, seq) return pad(due, 16) .. ':' .. pad(seq, 12) end
-local function job_key(seq) return P .. 'job:job-' .. int(seq) end
+-- A job's id carries the store's generation: the server's time (µs) when the store was
+-- created. A store that was lost (a restart without persistence) starts again at job 1,
+-- but under a new generation, so a zombie's lease on an old job-7 never fence-checks
+-- against the new one: its id names no job any more.
+local function job_id(seq) return 'job-' .. int(seq) .. '@' .. GEN end
+local function job_key(seq) return P .. 'job:' .. job_id(seq) end
 local function num(jk, field) return tonumber(redis.call('HGET', jk, field)) end
 
 -- Park–Miller (minimal standard): products stay below 2^47, exact in doubles.
@@ -140,7 +149,7 @@ local function finish(jk, seq, state, at)
   elseif state == 'succeeded' then redis.call('SADD', K_SUCCEEDED, member(seq))
   else redis.call('SADD', K_CANCELLED, member(seq)) end
   -- Redis forgets the hash by itself; settle drops the indexes' entry at the same instant.
-  redis.call('PEXPIREAT', P .. 'job:job-' .. int(seq), int(math.ceil((at + RETENTION) / 1000)))
+  redis.call('PEXPIREAT', job_key(seq), int(math.ceil((at + RETENTION) / 1000)))
 end
 
 -- A leased attempt failed at `at`: retry after backoff, or die after max_attempts.
@@ -223,13 +232,14 @@ if ikey ~= '' then
   end
 end
 if max_pending ~= '' and pending() >= tonumber(max_pending) then return {op, now, 'full'} end
+if GEN == '' then GEN = int(now); redis.call('SET', K_GEN, GEN) end  -- a new store
 local seq = redis.call('INCR', K_SEQ)
-local id = 'job-' .. int(seq)
+local id = job_id(seq)
 local jk = P .. 'job:' .. id
 local due = now
 if run_at ~= '' then due = tonumber(run_at) elseif delay ~= '' then due = now + tonumber(delay) end
-redis.call('HSET', jk, 'p', payload, 'pr', int(priority), 'seq', int(seq), 'att', 0, 'tok', 0,
-           'max', int(MAX_ATT), 'enq', int(now))
+redis.call('HSET', jk, 'id', id, 'p', payload, 'pr', int(priority), 'seq', int(seq),
+           'att', 0, 'tok', 0, 'max', int(MAX_ATT), 'enq', int(now))
 schedule(jk, seq, due)
 if ikey ~= '' and DEDUP > 0 then
   -- The record's expiry is counted from the first enqueue only; SET ... PX writes the
@@ -254,7 +264,7 @@ redis.call('HSET', jk, 'st', 'leased', 'att', attempt, 'tok', token, 'exp', int(
            'wid', ARGV[3])
 redis.call('ZADD', K_LEASES, expires, member(seq))
 due_at(expires)
-return {op, now, 'ok', 'job-' .. int(seq), token, attempt, expires}
+return {op, now, 'ok', job_id(seq), token, attempt, expires}
 """
 
 # ARGV[3..]: job id, token, result JSON.
@@ -392,7 +402,7 @@ EFFECTS = r"""
 local out = {}
 local function collect(seq)
   local e = redis.call('HGET', job_key(seq), 'eff')
-  if e then out[#out + 1] = 'job-' .. int(seq); out[#out + 1] = e end
+  if e then out[#out + 1] = job_id(seq); out[#out + 1] = e end
 end
 for _, k in ipairs({K_READY, K_DELAYED, K_LEASES, K_DEAD}) do
   for _, m in ipairs(redis.call('ZRANGE', k, 0, -1)) do collect(tonumber(string.sub(m, -12))) end

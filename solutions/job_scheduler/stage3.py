@@ -48,6 +48,7 @@ from katas.job_scheduler.api import (
     StaleLease,
     WaitingClock,
     check_client,
+    to_json,
     unavailable,
 )
 
@@ -76,13 +77,6 @@ def _us(name: str, value: object, minimum: int = 0) -> int:
     if ns % 1000:
         raise ValueError(f"{name} must be a whole number of µs (Redis TIME), got {ns}")
     return ns // 1000
-
-
-def _json(name: str, value: Any) -> str:
-    try:
-        return json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as e:
-        raise TypeError(f"{name} must be JSON-serialisable for Redis, got {value!r}: {e}") from e
 
 
 def _text(value: Any) -> str:
@@ -177,7 +171,7 @@ class RedisJobQueue:
         elif delay_ns is not None:
             delay = b"%d" % -(-_bounded("delay_ns", delay_ns, 0, LUA_MAX * 1000) // 1000)
         key = b"" if idempotency_key is None else _check_str("idempotency_key", idempotency_key)
-        reply = self._call("enqueue", _json("payload", payload), priority, run_at, delay, key,
+        reply = self._call("enqueue", to_json("payload", payload), priority, run_at, delay, key,
                            self._max_pending)  # fmt: skip
         if reply[0] == "full":
             raise QueueFull(f"the queue holds max_pending={int(self._max_pending)} unfinished jobs")
@@ -193,7 +187,7 @@ class RedisJobQueue:
 
     def ack(self, lease: Lease, result: Any = None) -> None:
         """Finish the leased job as SUCCEEDED with ``result``; StaleLease if not live."""
-        self._leased("ack", lease, _json("result", result))
+        self._leased("ack", lease, to_json("result", result))
 
     def nack(self, lease: Lease, error: str) -> None:
         """Fail this attempt: retry after backoff, or DEAD after max_attempts attempts."""
@@ -306,7 +300,7 @@ def _snapshot(job_id: str | None, flat: list[Any]) -> Job:
         return int(f[field]) * 1000 if field in f else None
 
     return Job(
-        id=job_id or f"job-{f['seq']}",
+        id=job_id or f["id"],
         payload=json.loads(f["p"]),
         state=state,
         priority=int(f["pr"]),
@@ -335,7 +329,7 @@ class RedisEffectStore:
     def commit(self, lease: Lease, effect: Any) -> bool:
         """Record ``effect`` iff the job has none and ``lease`` is live (else StaleLease)."""
         try:
-            reply = self._queue._leased("commit", lease, _json("effect", effect))
+            reply = self._queue._leased("commit", lease, to_json("effect", effect))
         except JobNotFound:
             # A forgotten job's lease is not live either: the zombie must stop, as in stage 1.
             raise StaleLease(

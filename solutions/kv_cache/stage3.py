@@ -66,6 +66,7 @@ from katas.kv_cache.api import (
     NodeStatistics,
     NoReplicaAvailable,
     check_client,
+    to_json,
     unavailable,
 )
 
@@ -98,6 +99,17 @@ def _point(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+def _name(what: str, value: object) -> str:
+    """A node name or a key: a str that UTF-8 can encode (the ring hashes its bytes)."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {value!r}")
+    try:
+        value.encode()
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} must be encodable as UTF-8, got {value!r}: {e}") from None
+    return value
+
+
 #: Virtual nodes per node at most: beyond it a ring costs memory, not balance.
 MAX_VNODES = 2**16
 #: The longest TTL: the put script reads it as a Lua double, exact below 2^53 (ms).
@@ -110,6 +122,8 @@ class HashRing:
     def __init__(self, nodes: Iterable[str], *, vnodes: int = 160) -> None:
         if isinstance(vnodes, bool) or not isinstance(vnodes, int) or not 1 <= vnodes <= MAX_VNODES:
             raise ValueError(f"vnodes must be an int in [1, {MAX_VNODES}], got {vnodes!r}")
+        if isinstance(nodes, str):
+            raise TypeError(f"nodes must be an iterable of node names, not the str {nodes!r}")
         self._vnodes = vnodes
         self._ring: list[tuple[int, str]] = []  # (point, node), sorted
         self._nodes: set[str] = set()
@@ -134,10 +148,12 @@ class HashRing:
     def add(self, node: str) -> None:
         if not isinstance(node, str) or not node:
             raise ValueError(f"a node name must be a non-empty str, got {node!r}")
+        _name("a node name", node)
         if node in self._nodes:
             raise ValueError(f"node {node!r} is already on the ring")
+        points = [(_point(f"{node}#{i}"), node) for i in range(self._vnodes)]  # before any change
         self._nodes.add(node)
-        self._ring.extend((_point(f"{node}#{i}"), node) for i in range(self._vnodes))
+        self._ring.extend(points)
         self._ring.sort()
 
     def remove(self, node: str) -> None:
@@ -147,6 +163,7 @@ class HashRing:
         self._ring = [entry for entry in self._ring if entry[1] != node]
 
     def nodes_for(self, key: str, n: int) -> list[str]:
+        _name("key", key)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         want = min(n, len(self._nodes))
@@ -310,7 +327,7 @@ class ShardedCache:
         return default
 
     def put(self, key: str, value: Any) -> None:
-        data = json.dumps(value)  # a value JSON cannot encode fails before any write
+        data = to_json("value", value)  # what JSON cannot encode, or would change: refused
         px, channel = self._px, self._channel
 
         def write(node: _Node) -> Any:

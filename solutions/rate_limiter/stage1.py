@@ -45,6 +45,13 @@ def _check_count(name: str, value: object) -> int:
     return value
 
 
+def _check_key(key: object) -> str:
+    # 1, True and 1.0 are equal dict keys: allowed, they would share one bucket.
+    if type(key) is not str:
+        raise TypeError(f"key must be a str, got {key!r} ({type(key).__name__})")
+    return key
+
+
 def _check_rate(name: str, value: object) -> Fraction:
     if type(value) is not int and not isinstance(value, Fraction):
         raise TypeError(
@@ -82,15 +89,15 @@ class _Keys(Generic[S]):
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` units now, or deny and consume nothing."""
-        return self._decide(key, cost, commit=True)
+        return self._decide(_check_key(key), cost, commit=True)
 
     def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, changing nothing."""
-        return self._decide(key, cost, commit=False)
+        return self._decide(_check_key(key), cost, commit=False)
 
     def reset(self, key: str) -> None:
         """Return ``key`` to its fresh state."""
-        self._keys.pop(key, None)
+        self._keys.pop(_check_key(key), None)
 
     def tracked_keys(self) -> int:
         """Keys whose state differs from fresh."""
@@ -174,6 +181,7 @@ class TokenBucket(_Keys[list[int]]):
         return Decision(allowed, self._limit, level // unit, retry, reset)
 
     def refund(self, key: str, cost: int) -> None:
+        _check_key(key)
         back = _check_count("cost", cost) * self._unit
         state, level, eff = self._level(key, self._clock.now_ns())
         if state is not None:  # a key not stored is already full
@@ -235,6 +243,7 @@ class GCRA(_Keys[list[int]]):
         return Decision(allowed, self._limit, remaining, retry, reset)
 
     def refund(self, key: str, cost: int) -> None:
+        _check_key(key)
         back = _check_count("cost", cost) * self._interval
         state, tat, eff = self._tat(key, self._clock.now_ns())
         if state is not None:  # the TAT never moves before now: that would overfill
@@ -331,6 +340,7 @@ class SlidingLog(_Keys[_Log]):
         return Decision(allowed, self._limit, self._limit - count, retry, reset)
 
     def refund(self, key: str, cost: int) -> None:
+        _check_key(key)
         back = _check_count("cost", cost)
         log = self._keys.get(key)
         if log is None:
@@ -414,6 +424,7 @@ class FixedWindow(_Keys[list[int]]):
         return Decision(allowed, self._limit, self._limit - count, retry, reset)
 
     def refund(self, key: str, cost: int) -> None:
+        _check_key(key)
         back = _check_count("cost", cost)
         state = self._keys.get(key)
         if state is not None:  # only the current window's units come back
@@ -492,6 +503,7 @@ class SlidingWindowCounter(_Keys[list[int]]):
         return Decision(allowed, self._limit, (self._limit * w - used) // w, retry, reset)
 
     def refund(self, key: str, cost: int) -> None:
+        _check_key(key)
         back = _check_count("cost", cost)
         state = self._keys.get(key)
         if state is not None:  # only the current window's units come back
@@ -513,6 +525,8 @@ class MultiLimiter:
         self._limits = dict(limits)
 
     def _charges(self, costs: Mapping[str, int], *, at_least_one: bool) -> dict[str, int]:
+        if not isinstance(costs, Mapping):
+            raise TypeError(f"costs must be a mapping of limit name to cost, got {costs!r}")
         charges = {}
         for name, cost in costs.items():
             if name not in self._limits:

@@ -35,6 +35,10 @@ from katas.rate_limiter.api import (
 _SWEEP_MIN_OPS = 1024
 
 
+#: More stripes than this buys no parallelism, only memory (2^63 would never finish).
+MAX_STRIPES = 2**16
+
+
 def _check_int(name: str, value: object, minimum: int) -> None:
     # bool is an int subclass, but True as a cost or a count is always a mistake.
     if isinstance(value, bool) or not isinstance(value, int):
@@ -99,6 +103,8 @@ class ThreadSafeLimiter:
 
     def __init__(self, inner: SweepableLimiter, *, clock: WaitingClock, stripes: int = 64) -> None:
         _check_int("stripes", stripes, 1)
+        if stripes > MAX_STRIPES:
+            raise ValueError(f"stripes must be at most {MAX_STRIPES}, got {stripes}")
         self._inner = inner
         self._clock = clock
         # A stripe guards the inner state of its keys *and* their waiter queues, so a
