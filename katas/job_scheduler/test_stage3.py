@@ -541,11 +541,12 @@ def test_stage3_a_store_lost_and_started_again_never_fences_a_zombie_onto_a_new_
         f"the emptied store gave bob's job the id of alice's ({bob}): a zombie's lease on "
         "the old job would pass the fence on the new one"
     )
-    for what, call in [
+    zombie_calls: list[tuple[str, Callable[[], Any]]] = [
         ("commit", lambda: store.commit(zombie, "alice's effect")),
         ("ack", lambda: queue.ack(zombie, "alice's result")),
         ("heartbeat", lambda: queue.heartbeat(zombie)),
-    ]:
+    ]
+    for what, call in zombie_calls:
         with pytest.raises((StaleLease, JobNotFound)):
             call()
             raise AssertionError(
