@@ -680,15 +680,13 @@ def test_stage3_a_down_node_is_probed_only_after_the_interval(redis_env: RedisEn
     )
 
 
-@core
-@pytest.mark.rule("one-timeout")
-@pytest.mark.realtime
-def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEnv) -> None:
-    """A blackholed node (accepts, never answers): one socket timeout, then skipped."""
+def behind_a_proxy(redis_env: RedisEnv, **client: Any) -> tuple[Any, Any, ManualClock]:
+    """A cache over three nodes, ``n0`` reached through a fault proxy (``client``: its
+    client's options); a 1 s probe interval on a ManualClock. (cache, proxy, clock)."""
     servers = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
     proxy = redis_env.proxy(servers["n0"])
     clients = {name: node.client() for name, node in servers.items()}
-    clients["n0"] = servers["n0"].proxied_client(proxy, socket_timeout=0.2)
+    clients["n0"] = servers["n0"].proxied_client(proxy, **client)
     clock = ManualClock()
     cache = stage().ShardedCache(
         clients,
@@ -697,6 +695,15 @@ def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEn
         probe_interval_ns=NS_PER_S,
         clock=clock,
     )
+    return cache, proxy, clock
+
+
+@core
+@pytest.mark.rule("one-timeout")
+@pytest.mark.realtime
+def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEnv) -> None:
+    """A blackholed node (accepts, never answers): one socket timeout, then skipped."""
+    cache, proxy, clock = behind_a_proxy(redis_env, socket_timeout=0.2)
     keys = [k for k in KEYS[:300] if cache.replicas_for(k)[0] == "n0"][:10]
     for key in keys:
         cache.put(key, key)
@@ -728,18 +735,7 @@ def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEn
 def test_stage3_a_busy_node_is_failed_over_like_a_down_one(redis_env: RedisEnv) -> None:
     """A node answering ``BUSY`` (a long script running there) is unavailable: skipped for
     the probe interval, its replicas answer; nothing raises."""
-    servers = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
-    proxy = redis_env.proxy(servers["n0"])
-    clients = {name: node.client() for name, node in servers.items()}
-    clients["n0"] = servers["n0"].proxied_client(proxy)
-    clock = ManualClock()
-    cache = stage().ShardedCache(
-        clients,
-        replicas=2,
-        key_prefix=redis_env.fresh_prefix(),
-        probe_interval_ns=NS_PER_S,
-        clock=clock,
-    )
+    cache, proxy, clock = behind_a_proxy(redis_env)
     key = next(k for k in KEYS if cache.replicas_for(k)[0] == "n0")
     cache.put(key, "v")
     proxy.busy()
