@@ -168,6 +168,14 @@ def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -
         return cache.get_or_load("k", lambda: "inner")  # waits for itself, if allowed
 
     caller = spawn(lambda: cache.get_or_load("k", loader), "caller")
+    # A leader that joins its own flight shows as a waiter of it: waiting for itself.
+    eventually(lambda: not caller.is_alive() or loads(cache).waiters > 0, "the caller to return")
+    expect(
+        not (caller.is_alive() and loads(cache).waiters > 0),
+        "get_or_load('k') from inside the loader of 'k' joined that very flight as a waiter: "
+        "it waits for itself, for ever, and so will every later caller of 'k' — raise "
+        "RuntimeError instead",
+    )
     with pytest.raises(RuntimeError):
         caller.outcome("a loader that calls get_or_load for its own key must not hang")
         raise AssertionError("get_or_load from inside its own loader returned: RuntimeError")
