@@ -92,6 +92,42 @@ class Loader:
         return self._result(n)
 
 
+def stats_now(cache: Any) -> Any:
+    """``statistics()``, or None if the cache's lock is held past :data:`GRACE_S`."""
+    probe = spawn(lambda: loads(cache), "probe")
+    probe.join(GRACE_S)
+    return None if probe.is_alive() else probe.result
+
+
+def waiting_now(cache: Any) -> bool:
+    """Some caller waits for a flight (False if the lock cannot be had at once)."""
+    stats = stats_now(cache)
+    return stats is not None and stats.waiters > 0
+
+
+def free_while(cache: Any, release: Callable[[], None], what: str) -> None:
+    """User code is running (``what``): the cache's lock must be free (``statistics()``
+    takes it). If it is held, fail now, after letting the user code go, rather than let
+    every later step of the test wait out its deadline behind it."""
+    if stats_now(cache) is None:
+        release()
+        raise AssertionError(
+            f"while {what}, statistics() could not take the cache's lock: user code runs "
+            "under it, so every miss of any key, and every get and put, queues behind it"
+        )
+
+
+def free_while_loading(cache: Any, release: Callable[[], None]) -> None:
+    """A loader is running: the cache's lock must be free (see :func:`free_while`)."""
+    free_while(cache, release, "the loader ran")
+
+
+def loading(cache: Any, loader: Loader) -> None:
+    """Wait (hard deadline) until ``loader`` runs for a miss, and check the lock is free."""
+    assert loader.entered.wait(DEADLINE_S), "a miss in get_or_load must call the loader"
+    free_while_loading(cache, loader.release.set)
+
+
 # --------------------------------------------------------------------------- core
 
 
@@ -133,7 +169,7 @@ def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
 def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() -> None:
     cache, loader = concurrent(), Loader()
     threads = [spawn(lambda: cache.get_or_load("k", loader), "leader")]
-    assert loader.entered.wait(DEADLINE_S), "a miss in get_or_load must call the loader"
+    loading(cache, loader)
     # Only now the 15 others: each finds the load in flight and must join it at once.
     threads += [spawn(lambda: cache.get_or_load("k", loader), f"t{i}") for i in range(15)]
     eventually(
@@ -168,11 +204,10 @@ def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -
         return cache.get_or_load("k", lambda: "inner")  # waits for itself, if allowed
 
     caller = spawn(lambda: cache.get_or_load("k", loader), "caller")
-    # A leader that joins its own flight shows as a waiter of it: waiting for itself.
-    eventually(lambda: not caller.is_alive() or loads(cache).waiters > 0, "the caller to return")
+    caller.join(PROMPTLY_S)  # the refusal takes microseconds; a deadlock never ends
     expect(
-        not (caller.is_alive() and loads(cache).waiters > 0),
-        "get_or_load('k') from inside the loader of 'k' joined that very flight as a waiter: "
+        not caller.is_alive(),
+        f"get_or_load('k') from inside the loader of 'k' had not returned after {PROMPTLY_S} s: "
         "it waits for itself, for ever, and so will every later caller of 'k' — raise "
         "RuntimeError instead",
     )
@@ -206,6 +241,8 @@ def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> N
         return None
 
     threads = [spawn(call, f"t{i}") for i in range(5)]
+    eventually(lambda: len(calls) >= 1, "a miss to call the loader")
+    free_while_loading(cache, release.set)
     eventually(lambda: loads(cache).waiters == 4 or len(calls) > 1, "4 callers waiting")
     if len(calls) > 1:
         release.set()
@@ -278,7 +315,7 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
 def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> None:
     cache, loader = concurrent(), Loader(lambda n: "loaded (stale)")
     leader = spawn(lambda: cache.get_or_load("k", loader), "leader")
-    assert loader.entered.wait(DEADLINE_S), "a miss in get_or_load calls the loader"
+    loading(cache, loader)
     if write == "put":
         cache.put("k", "written meanwhile")
     elif write == "delete":
@@ -428,13 +465,17 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
     first, second = Loader(lambda n: "first load"), Loader(lambda n: "second load")
     second.release.set()
     leader = spawn(lambda: cache.get_or_load("k", first), "leader")
-    assert first.entered.wait(DEADLINE_S), "a miss in get_or_load calls the loader"
+    loading(cache, first)
     cache.put("k", "written meanwhile")  # the load is stale now: it will not be cached
     clock.advance(1_000)  # ... and the write has expired: the next caller misses
     racer = spawn(lambda: cache.get_or_load("k", second), "racer")
     # The racer finds k expired and is parked in that entry's on_evict — unless it never
     # looked in the cache at all, and then it is done at once.
-    eventually(lambda: gate.arrivals >= 1 or not racer.is_alive(), "the racer at the gate")
+    # (Or it joined the flight without looking: then it waits, and the counters say so.)
+    eventually(
+        lambda: gate.arrivals >= 1 or not racer.is_alive() or waiting_now(cache),
+        "the racer at the gate",
+    )
     if not gate.arrivals:
         first.release.set()
         raise AssertionError(
@@ -442,6 +483,14 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
             f"looking in the cache (the expired entry was never found, no EXPIRED reported); "
             f"the second loader ran {second.calls} times"
         )
+
+    # The racer is parked in on_evict, user code: the lock must be free, or the leader
+    # could never land its load.
+    def let_go() -> None:
+        first.release.set()
+        gate.open()
+
+    free_while(cache, let_go, "on_evict ran")
     first.release.set()
     assert leader.outcome("the leader returns") == "first load"  # it has landed
     gate.open()
@@ -520,6 +569,7 @@ def test_stage2_get_or_load_weighs_outside_the_lock() -> None:
 def test_stage2_a_loaded_value_too_heavy_to_cache_is_still_returned() -> None:
     cache, loader = concurrent(4, max_weight=5, weigh=len), Loader(lambda n: "x" * 10)
     threads = [spawn(lambda: cache.get_or_load("k", loader), f"t{i}") for i in range(3)]
+    loading(cache, loader)
     eventually(lambda: loads(cache).waiters == 2 or loader.calls > 1, "2 callers waiting")
     loader.release.set()
     got = [t.outcome("a caller of the heavy load returns") for t in threads]
@@ -534,6 +584,8 @@ def test_stage2_a_loaded_value_too_heavy_to_cache_is_still_returned() -> None:
 
 #: How long a test gives a thread to get past a lock it must not get past.
 GRACE_S = 0.2
+#: How long a call that needs no other thread gets before it counts as stuck.
+PROMPTLY_S = 1.0
 
 
 # --------------------------------------------------------------------------- async
