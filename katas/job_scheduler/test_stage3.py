@@ -1269,6 +1269,43 @@ def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) ->
             raise AssertionError(f"{job_id} outlived its retention")
 
 
+@pytest.mark.rule("bounded-memory")
+@extended
+@pytest.mark.realtime
+def test_stage3_an_idle_queue_shrinks_to_its_live_jobs(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, retention_ns=100 * MS, dedup_ttl_ns=100 * MS, max_attempts=1)
+    for i in range(60):
+        queue.enqueue({"n": i}, idempotency_key=f"k{i}")
+        lease = claim(queue)
+        [queue.ack, lambda le: queue.nack(le, "x"), lambda le: queue.cancel(le.job_id)][i % 3](
+            lease
+        )
+    live = [queue.enqueue("ready"), queue.enqueue("ready"),
+            queue.enqueue("later", delay_ns=3_600_000 * MS)]
+    redis_env.pass_time(101 * MS)  # and no call: nothing settles the history away
+    admin = redis_env.client()
+    held: dict[str, int] = {}
+    for key in redis_env.keys():
+        kind = _text(admin.type(key))
+        size = {"set": admin.scard, "zset": admin.zcard, "hash": admin.hlen,
+                "list": admin.llen}.get(kind, lambda k: 1)(key)
+        held[key] = size if kind in ("set", "zset", "list") else 1
+    members = sum(n for k, n in held.items() if _text(admin.type(k)) in ("set", "zset", "list"))
+    assert len(held) <= 16 and members <= 2 * len(live), (
+        f"60 jobs finished and passed their retention (100 ms) with no call since; the queue "
+        f"keeps {len(live)} live jobs: expected their keys and a few counters (at most 16 "
+        f"keys, {2 * len(live)} index members), got {len(held)} keys and {members} members: "
+        + ", ".join(
+            f"{k.removeprefix(redis_env.prefix)} ({n})"
+            for k, n in sorted(held.items(), key=lambda kv: -kv[1])[:6]
+        )
+        + " — an index of finished jobs or records needs a TTL of its own"
+    )
+    for job_id in live:
+        assert queue.get(job_id).state in (JobState.READY, JobState.SCHEDULED), job_id
+
+
 @pytest.mark.rule("ttl-retention", "redis-extended")
 @extended
 def test_stage3_dead_letters_after_a_thousand_deaths_pass_their_retention(

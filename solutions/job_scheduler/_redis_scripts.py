@@ -46,7 +46,9 @@ leased) are left behind on leaving it rather than deleted: the reader ignores th
 
 Retention by TTL, set by the script that finishes a job (``PEXPIREAT`` at finish +
 retention) or records a key (``SET … PX``): a crash between two calls can never leave
-one behind forever. Pending jobs have no TTL — they are the queue.
+one behind forever. The indexes of finished jobs and of records expire when their newest
+member does, so an idle queue holds its live jobs and four counters (``seq``, ``gen``,
+``ops``, ``wake``), nothing more. Pending jobs have no TTL — they are the queue.
 
 Jitter needs randomness the server can reproduce: the client draws one seed from its
 injected ``rng`` per call (only when the policy jitters) and the script expands it with
@@ -141,15 +143,26 @@ local function schedule(jk, seq, due)
   end
 end
 
+local function expire_at(k, us) redis.call('PEXPIREAT', k, int(math.ceil(us / 1000))) end
+
 local function finish(jk, seq, state, at)
   redis.call('HSET', jk, 'st', state, 'fin', int(at))
   redis.call('ZADD', K_FORGET, at, member(seq))
   due_at(at + RETENTION)
-  if state == 'dead' then redis.call('ZADD', K_DEAD, redis.call('INCR', K_DEATHS), member(seq))
-  elseif state == 'succeeded' then redis.call('SADD', K_SUCCEEDED, member(seq))
-  else redis.call('SADD', K_CANCELLED, member(seq)) end
+  local index = K_CANCELLED
+  if state == 'dead' then
+    index = K_DEAD
+    redis.call('ZADD', K_DEAD, redis.call('INCR', K_DEATHS), member(seq))
+    expire_at(K_DEATHS, now + RETENTION)
+  elseif state == 'succeeded' then index = K_SUCCEEDED; redis.call('SADD', index, member(seq))
+  else redis.call('SADD', index, member(seq)) end
   -- Redis forgets the hash by itself; settle drops the indexes' entry at the same instant.
-  redis.call('PEXPIREAT', job_key(seq), int(math.ceil((at + RETENTION) / 1000)))
+  expire_at(jk, at + RETENTION)
+  -- Every member of these indexes finished at or before now, so at now + RETENTION all of
+  -- them are past their retention: the index goes then too, and a queue left idle shrinks
+  -- to its live jobs with no call to settle it.
+  expire_at(K_FORGET, now + RETENTION)
+  expire_at(index, now + RETENTION)
 end
 
 -- A leased attempt failed at `at`: retry after backoff, or die after max_attempts.
@@ -247,6 +260,7 @@ if ikey ~= '' and DEDUP > 0 then
   redis.call('SET', ik, id .. ' ' .. int(now + DEDUP), 'PX', int(math.ceil(DEDUP / 1000)))
   redis.call('ZREMRANGEBYSCORE', K_IDEMX, '-inf', now)  -- the index of live records only
   redis.call('ZADD', K_IDEMX, now + DEDUP, ikey)
+  expire_at(K_IDEMX, now + DEDUP)  -- the newest record outlives every other one
 end
 return {op, now, 'ok', id}
 """
