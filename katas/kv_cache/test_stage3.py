@@ -631,6 +631,35 @@ def test_stage3_rejoining_node_never_serves_what_it_missed(redis_env: RedisEnv) 
 
 
 @core
+@pytest.mark.rule("reclaim-old-epochs")
+@pytest.mark.redis_faults
+def test_stage3_copies_under_an_abandoned_epoch_are_reclaimed(redis_env: RedisEnv) -> None:
+    cache, nodes, prefix = make_cache(redis_env)  # ttl_ns=None: nothing expires by itself
+    keys = [f"doc:{i}" for i in range(60)]
+    first_on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
+    held = sum("n0" in cache.replicas_for(k) for k in keys)
+    for _ in range(5):
+        for key in keys:
+            cache.put(key, "v")
+        nodes["n0"].stop()
+        cache.get(first_on_n0[0])  # n0 is marked down
+        nodes["n0"].start()
+        cache.get(first_on_n0[0])  # ... and back, under the next epoch
+    for i in range(100):
+        cache.get(first_on_n0[i % len(first_on_n0)])
+    epoch = _stats(cache, "n0").epoch
+    assert epoch == 5, f"n0 was stopped and started 5 times: expected epoch 5, got {epoch}"
+    current = f"{prefix}{epoch}:"
+    stale = [k for k in redis_env.keys(prefix, node=nodes["n0"]) if not k.startswith(current)]
+    assert not stale, (
+        f"n0 rejoined 5 times; each time it held {held} keys under the epoch it left, never "
+        f"read again (ttl_ns=None). After 100 more calls on n0, expected no key of an older "
+        f"epoch (reclaimed a batch per call), got {len(stale)}: "
+        f"{[k.removeprefix(prefix) for k in stale[:4]]}"
+    )
+
+
+@core
 @pytest.mark.rule("restarted-node")
 @pytest.mark.redis_faults
 def test_stage3_killed_and_restarted_node_falls_back_or_misses(redis_env: RedisEnv) -> None:

@@ -19,9 +19,11 @@ Design (see katas/kv_cache/README.md):
   must not cost every request a socket timeout — and then tried again.
 - Epochs: while a node is down this client's writes skip it, so when it comes back its
   copies may be stale. The first successful call after a node was marked down bumps
-  the node's epoch, so its old key names are never read again (they linger until
-  their TTL, or until Redis's eviction policy reclaims them) and the next replica
-  answers until new writes reach it.
+  the node's epoch, so its old key names are never read again and the next replica
+  answers until new writes reach it. The abandoned copies are then deleted a batch at
+  a time (one ``SCAN … MATCH <prefix><old epoch>:*`` page and an ``UNLINK`` after each
+  later call on that node), so memory follows live keys even with ``ttl_ns=None``, and
+  no call pays for more than one page, however large the node.
 - ``NearCache`` (extended): a stage-1 cache in this process in front of a
   ``ShardedCache`` whose writes publish invalidations. Every write runs one script per
   replica that does SET (or DEL) and PUBLISH of the key together — atomically, so no
@@ -52,7 +54,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis
@@ -114,6 +116,12 @@ def _name(what: str, value: object) -> str:
 MAX_VNODES = 2**16
 #: The longest TTL: the put script reads it as a Lua double, exact below 2^53 (ms).
 MAX_TTL_MS = 2**52
+#: Keys one sweep step asks SCAN for: a page costs the server about as much as a GET.
+SWEEP_COUNT = 256
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 class HashRing:
@@ -193,6 +201,9 @@ class _Node:
     put_script: Any = None  # redis Script objects, when writes publish
     delete_script: Any = None
     epoch: int = 0
+    retired: list[int] = field(default_factory=list)  # epochs whose copies remain
+    cursor: int = 0  # the sweep's SCAN cursor in retired[0]
+    sweeping: bool = False
     down: bool = False
     retry_at_ns: int = 0
     hits: int = 0
@@ -298,15 +309,44 @@ class ShardedCache:
         except redis.RedisError as error:
             if not unavailable(error):  # a bug (a script error) is raised
                 raise
-            with self._lock:
-                node.errors += 1
-                node.down = True
-                node.retry_at_ns = self._clock.now_ns() + self._probe_ns
+            self._mark_down(node)
             return _MISSING
         with self._lock:
             if node.down and node.epoch + 1 == epoch:  # back: its old copies are retired
+                node.retired.append(node.epoch)
                 node.epoch, node.down = epoch, False
+            sweep = bool(node.retired) and not node.sweeping
+            node.sweeping |= sweep
+        if sweep:
+            self._sweep_step(node)
         return result
+
+    def _sweep_step(self, node: _Node) -> None:
+        """Delete one SCAN page of the oldest retired epoch's copies on ``node``."""
+        epoch, cursor = node.retired[0], node.cursor
+        pattern = f"{_glob_escape(self._prefix)}{epoch}:*"
+        try:
+            cursor, names = node.client.scan(cursor, match=pattern, count=SWEEP_COUNT)
+            if names:
+                node.client.unlink(*names)
+        except redis.RedisError as error:
+            with self._lock:
+                node.sweeping = False
+            if not unavailable(error):
+                raise
+            self._mark_down(node)  # the page is tried again once the node is back
+            return
+        with self._lock:
+            node.sweeping = False
+            node.cursor = cursor
+            if cursor == 0:  # the whole keyspace was walked: that epoch is gone
+                node.retired.pop(0)
+
+    def _mark_down(self, node: _Node) -> None:
+        with self._lock:
+            node.errors += 1
+            node.down = True
+            node.retry_at_ns = self._clock.now_ns() + self._probe_ns
 
     # -- the cache -------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
