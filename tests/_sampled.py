@@ -5,9 +5,10 @@ An entry is proved by its named tests, which always run. The others only show th
 entry is a realistic bug rather than a crash (most of them still pass), and a sample of
 them shows that as well as all of them would, at a fraction of a whole suite's run.
 
-``KATA_SAMPLE_KEEP``: the names to keep (test functions or stateful classes, space
-separated); ``KATA_SAMPLE_OTHERS``: how many others; ``KATA_SAMPLE_SEED``: the seed (the
-entry's name, so one entry always meets the same sample).
+``KATA_SAMPLE_KEEP``: the names to keep (test functions or stateful classes, or one
+parametrization as ``test_x[id]``; space separated); ``KATA_SAMPLE_OTHERS``: how many
+others; ``KATA_SAMPLE_SEED``: the seed (the entry's name, so one entry always meets the
+same sample).
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import pytest
 KEEP, OTHERS, SEED = "KATA_SAMPLE_KEEP", "KATA_SAMPLE_OTHERS", "KATA_SAMPLE_SEED"
 
 
-def _name(item: pytest.Item) -> str:
-    """What a catalogue entry names: the test function, or the stateful test's class."""
-    return item.nodeid.split("::")[1].split("[")[0]
+def _names(item: pytest.Item) -> set[str]:
+    """What a catalogue entry may name: the test function (or the stateful test's class),
+    or one of its parametrizations (``test_x[full]``)."""
+    test_id = item.nodeid.split("::", 1)[1]
+    return {test_id, test_id.split("::")[0].split("[")[0]}
 
 
 @pytest.hookimpl(trylast=True)  # after every other selection (-k, -m)
@@ -30,7 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if OTHERS not in os.environ:
         return
     keep = set(os.environ.get(KEEP, "").split())
-    others = [item for item in items if _name(item) not in keep]
+    others = [item for item in items if not _names(item) & keep]
     sample = random.Random(os.environ.get(SEED, "")).sample(
         others, min(len(others), int(os.environ[OTHERS]))
     )

@@ -51,7 +51,7 @@ def _run(mutant: mutants.Mutant) -> Runs:
     named = set(mutant.catches)
 
     def part(keep: bool) -> SuiteRun:
-        results = tuple(r for r in run.results if (r.name in named) == keep)
+        results = tuple(r for r in run.results if bool({r.name, r.test_id} & named) == keep)
         return dataclasses.replace(run, results=results)
 
     return part(True), part(False)

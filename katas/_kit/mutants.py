@@ -5,10 +5,11 @@ unified diff whose paths are relative to ``solutions/`` (``a/<kata>/stageN.py``)
 
     # bug: the one-line "common mistake" a learner reads
     # why: what goes wrong, and when
-    # catches: test_stage1_name test_stage1_other
+    # catches: test_stage1_name test_stage1_other test_stage1_param[one]
 
 The repository's checks apply each entry to a copy of ``solutions/`` and require every
-named test to fail by assertion while the mutant still passes most other tests.
+named test (every parametrization, or only the one named with its id) to fail by
+assertion while the mutant still passes most other tests.
 """
 
 from __future__ import annotations

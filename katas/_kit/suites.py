@@ -82,8 +82,9 @@ class SuiteRun:
         return [r for r in self.results if r.outcome == outcome]
 
     def named(self, name: str) -> list[TestResult]:
-        """Results of the test function or stateful class ``name`` (all parametrizations)."""
-        return [r for r in self.results if r.name == name]
+        """Results of the test function or stateful class ``name`` (all parametrizations),
+        or of one parametrization, named with its id (``test_x[full]``)."""
+        return [r for r in self.results if r.name == name or r.test_id == name]
 
     def failures(self, kind: str | None = None) -> list[TestResult]:
         return [r for r in self.by_outcome("failed") if kind is None or r.kind == kind]

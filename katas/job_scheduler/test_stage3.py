@@ -1031,8 +1031,9 @@ def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
     base, cap = 10 * MS, 60 * MS
     policy = RetryPolicy(base, cap, jitter)  # type: ignore[arg-type]
 
-    def delays(seed: int) -> list[tuple[str, int, int]]:
-        """(job id, attempt, delay) of 12 jobs failing twice each, in the order they failed."""
+    def delays(seed: int, noisy: bool = False) -> list[tuple[str, int, int]]:
+        """(job id, attempt, delay) of 12 jobs failing twice each, in the order they failed;
+        ``noisy``: with reads and refused calls between the failures."""
         queue = new_queue(
             redis_env, prefix=redis_env.fresh_prefix(), retry=policy, max_attempts=3,
             rng=random.Random(seed),
@@ -1048,6 +1049,10 @@ def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
             if lease.attempt > 2:  # measured twice already (real time runs on)
                 queue.ack(lease)
                 continue
+            if noisy:
+                queue.get(lease.job_id), queue.statistics(), queue.next_due_ns()
+                with pytest.raises(StaleLease):
+                    queue.nack(replace(lease, token=lease.token + 1), "stale")
             queue.nack(lease, "503")
             failed_at = stamp(queue, "nack").server_now_ns
             delay = queue.get(lease.job_id).run_at_ns - failed_at
@@ -1085,6 +1090,16 @@ def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
             f"{jitter} jitter: the same calls with rng Random(7) must give the same "
             f"delays: the randomness comes from the injected rng.\n  first:  {seen}\n  "
             f"second: {again}"
+        )
+        noisy = delays(seed=7, noisy=True)
+        pairs = zip(shape(seen), shape(noisy), strict=False)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), 0)
+        assert shape(noisy) == shape(seen), (
+            f"{jitter} jitter: the same failures with rng Random(7), with a get(), "
+            f"statistics(), next_due_ns() and a refused (stale) nack before each, must give "
+            f"the same delays: only a retry draws (stage 1's one-draw rule). Failure "
+            f"#{first + 1} (job, attempt, delay ns): expected {shape(seen)[first]}, "
+            f"got {shape(noisy)[first]}"
         )
 
 
@@ -1281,17 +1296,22 @@ def test_stage3_an_idle_queue_shrinks_to_its_live_jobs(redis_env: RedisEnv) -> N
         [queue.ack, lambda le: queue.nack(le, "x"), lambda le: queue.cancel(le.job_id)][i % 3](
             lease
         )
-    live = [queue.enqueue("ready"), queue.enqueue("ready"),
-            queue.enqueue("later", delay_ns=3_600_000 * MS)]
+    live = [
+        queue.enqueue("ready"),
+        queue.enqueue("ready"),
+        queue.enqueue("later", delay_ns=3_600_000 * MS),
+    ]
     redis_env.pass_time(101 * MS)  # and no call: nothing settles the history away
     admin = redis_env.client()
-    held: dict[str, int] = {}
-    for key in redis_env.keys():
-        kind = _text(admin.type(key))
-        size = {"set": admin.scard, "zset": admin.zcard, "hash": admin.hlen,
-                "list": admin.llen}.get(kind, lambda k: 1)(key)
-        held[key] = size if kind in ("set", "zset", "list") else 1
-    members = sum(n for k, n in held.items() if _text(admin.type(k)) in ("set", "zset", "list"))
+    sizes: dict[str, Callable[[str], int]] = {
+        "set": admin.scard, "zset": admin.zcard, "list": admin.llen,
+    }  # fmt: skip
+    held: dict[str, int] = {}  # key -> its members (1 for a string or a hash)
+    members = 0
+    for key in redis_env.keys(redis_env.prefix):
+        size = sizes.get(_text(admin.type(key)))
+        held[key] = 1 if size is None else size(key)
+        members += 0 if size is None else held[key]
     assert len(held) <= 16 and members <= 2 * len(live), (
         f"60 jobs finished and passed their retention (100 ms) with no call since; the queue "
         f"keeps {len(live)} live jobs: expected their keys and a few counters (at most 16 "
@@ -1323,16 +1343,23 @@ def test_stage3_dead_letters_after_a_thousand_deaths_pass_their_retention(
         queue.enqueue(i)
         queue.nack(claim(queue), "boom")
     assert len(queue.dead_letters()) == 1005, "every death is held until its retention"
-    redis_env.pass_time(retention + MS)
+    redis_env.pass_time(retention // 2)
+    last = queue.enqueue("the last")
+    queue.nack(claim(queue), "boom")  # one more death keeps the dead index alive
+    redis_env.pass_time(retention // 2 + MS)
     try:
         held = queue.dead_letters()
     except Exception as e:
         raise AssertionError(
             f"dead_letters() raised {type(e).__name__}: {e} — after 1 005 dead jobs passed "
             f"their retention at once (their hashes expired by TTL), it must return the "
-            f"DEAD jobs still held: none"
+            f"DEAD jobs still held: the one that died {retention // 2} ns later"
         ) from None
-    assert held == [], f"every dead job is past its retention; dead_letters() gave {len(held)}"
+    got = [job.id for job in held]
+    assert got == [last], (
+        f"1 005 dead jobs are past their retention, one is not: expected dead_letters() to "
+        f"give [{last!r}], got {len(got)} jobs {got[:3]}"
+    )
 
 
 @pytest.mark.rule("reap")

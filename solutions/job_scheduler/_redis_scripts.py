@@ -17,8 +17,9 @@ Stage 1's rules, restated on Redis. Every script starts the same way (``PRELUDE`
 Keys share the hash tag of the queue's name (``q:{jobs}:…``), so in Redis Cluster one
 queue lives in one slot and a script may touch all of them. ``KEYS[1]`` is that prefix
 (it routes the call to the slot); every key is derived from it. ``ARGV[1]`` is the
-queue's settings, encoded once as one string; ``ARGV[2]`` the call's rng seed. Each
-argument costs the client an encode and the server a parse, on every call.
+queue's settings, encoded once as one string; ``ARGV[2]`` the client's seed for the
+queue's generator (below). Each argument costs the client an encode and the server a
+parse, on every call.
 
 Cost. A script is cheap next to its round trip only if it does little: a call with
 nothing due must not scan. ``wake`` holds a lower bound on the earliest time anything
@@ -47,12 +48,14 @@ leased) are left behind on leaving it rather than deleted: the reader ignores th
 Retention by TTL, set by the script that finishes a job (``PEXPIREAT`` at finish +
 retention) or records a key (``SET … PX``): a crash between two calls can never leave
 one behind forever. The indexes of finished jobs and of records expire when their newest
-member does, so an idle queue holds its live jobs and four counters (``seq``, ``gen``,
-``ops``, ``wake``), nothing more. Pending jobs have no TTL — they are the queue.
+member does, so an idle queue holds its live jobs and five small keys (``seq``, ``gen``,
+``ops``, ``wake``, ``rng``), nothing more. Pending jobs have no TTL — they are the queue.
 
-Jitter needs randomness the server can reproduce: the client draws one seed from its
-injected ``rng`` per call (only when the policy jitters) and the script expands it with
-a Park–Miller generator, exact in doubles.
+Jitter needs randomness the server can reproduce: a Park–Miller generator (exact in
+doubles) whose state the queue keeps in ``rng``. It is seeded from the injected ``rng``
+of the client whose call draws first (each client draws its seed once, when built), and
+only a backoff advances it — so, as in stage 1, a read or a refused call draws nothing,
+and a run's delays depend on its retries alone.
 """
 
 from __future__ import annotations
@@ -71,7 +74,6 @@ local LEASE, MAX_ATT, BASE, CAP, JITTER, RETENTION, DEDUP =
   string.match(ARGV[1], '^(%d+) (%d+) (%d+) (%d+) (%a+) (%d+) (%d+)$')
 LEASE, MAX_ATT, BASE, CAP = tonumber(LEASE), tonumber(MAX_ATT), tonumber(BASE), tonumber(CAP)
 RETENTION, DEDUP = tonumber(RETENTION), tonumber(DEDUP)
-local seed = tonumber(ARGV[2])
 local LIMIT = 1000  -- the most of each kind one call settles
 local NEVER = 9000000000000000  -- µs, in the year 2255: "nothing is due, ever"
 
@@ -94,8 +96,15 @@ local function job_id(seq) return 'job-' .. int(seq) .. '@' .. GEN end
 local function job_key(seq) return P .. 'job:' .. job_id(seq) end
 local function num(jk, field) return tonumber(redis.call('HGET', jk, field)) end
 
--- Park–Miller (minimal standard): products stay below 2^47, exact in doubles.
-local function rnd31() seed = (seed * 48271) % 2147483647; return seed end
+-- Park–Miller (minimal standard): products stay below 2^47, exact in doubles. Its state
+-- lives in the store, read on the first draw and written back after each one.
+local K_RNG, seed = P .. 'rng', nil
+local function rnd31()
+  seed = seed or tonumber(redis.call('GET', K_RNG) or ARGV[2])
+  seed = (seed * 48271) % 2147483647
+  redis.call('SET', K_RNG, int(seed))
+  return seed
+end
 local function randrange(lo, hi)  -- an integer in [lo, hi)
   local n = hi - lo
   if n <= 1 then return lo end

@@ -130,9 +130,11 @@ class RedisJobQueue:
         self._max_pending = (
             b"" if max_pending is None else b"%d" % _bounded("max_pending", max_pending, 1)
         )
-        self._jitters = retry.jitter != "none"
-        self._rng = random.Random() if rng is None else rng
-        self._rng_lock = threading.Lock()
+        # The seed of the queue's generator, used if this client is the first to draw
+        # (the generator's state lives in Redis): one draw per client, none if no jitter.
+        jitters = retry.jitter != "none"
+        rng = random.Random() if rng is None else rng
+        self._seed = b"%d" % rng.randrange(1, 2**31 - 1) if jitters else b"1"
         self._client = client
         # KEYS[1]: the prefix every key derives from; {name} puts them in one Cluster slot.
         self._keys = [f"{key_prefix}{{{name}}}:"]
@@ -255,13 +257,8 @@ class RedisJobQueue:
 
     def _call(self, script: str, *args: Any) -> list[Any]:
         """Run one script (one round trip); return its reply after ``op`` and ``now``."""
-        if self._jitters:
-            with self._rng_lock:  # one draw per call; the script expands it
-                seed = b"%d" % self._rng.randrange(1, 2**31 - 1)
-        else:
-            seed = b"1"
         reply = self._scripts[script](
-            keys=self._keys, args=[self._settings, seed, *args], client=self._client
+            keys=self._keys, args=[self._settings, self._seed, *args], client=self._client
         )
         self._local.stamp = OpStamp(int(reply[0]), int(reply[1]) * 1000)
         return [_text(reply[2]), *reply[3:]]
