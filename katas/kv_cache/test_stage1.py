@@ -325,12 +325,25 @@ def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
     cache = make(kind, 2, on_evict=log)
     cache.put("a", 1)
     cache.put("b", 2)
-    with pytest.raises(TypeError):
-        cache.put(["not", "hashable"], 3)
-        raise AssertionError("an unhashable key was accepted")
+    before = cache.stats()
+    calls: dict[str, Callable[[Any], object]] = {
+        "put": lambda k: cache.put(k, 3), "get": cache.get, "delete": cache.delete,
+        "in": lambda k: k in cache,
+    }  # fmt: skip
+    for name, call in calls.items():
+        try:
+            call(["not", "hashable"])
+        except TypeError as e:
+            assert "key" in str(e), (
+                f"{name} with the key ['not', 'hashable'] must raise a TypeError naming the "
+                f"parameter key; got TypeError: {e}"
+            )
+        else:
+            raise AssertionError(f"{name} accepted the unhashable key ['not', 'hashable']")
     assert list(cache) == ["a", "b"] and log.calls == [], (
-        f"a refused put must change nothing: keys {list(cache)}, heard {log.calls}"
+        f"a refused call must change nothing: keys {list(cache)}, heard {log.calls}"
     )
+    assert cache.stats() == before, f"a refused call counts nothing: {before} -> {cache.stats()}"
 
 
 # --------------------------------------------------------------------------- extended

@@ -47,8 +47,14 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+def _unhashable(key: object) -> TypeError:
+    return TypeError(f"key must be hashable, got {type(key).__name__} {key!r}")
+
+
 class _Cache:
     """What the three caches share: capacity, weights, stats and removal callbacks."""
+
+    _data: dict[Any, Any]  # each cache's entries
 
     def __init__(
         self,
@@ -88,7 +94,10 @@ class _Cache:
 
     def _weight_of(self, key: Hashable, value: Any, weight: int | None) -> int:
         """The value's weight, validated before anything changes."""
-        hash(key)  # an unhashable key fails here, before any change: TypeError
+        try:
+            hash(key)  # an unhashable key fails here, before any change
+        except TypeError:
+            raise _unhashable(key) from None
         if self._max_weight is None:
             return 0
         if weight is None:
@@ -100,6 +109,13 @@ class _Cache:
                 f"value for key {key!r} weighs {weight}, more than max_weight={self._max_weight}"
             )
         return weight
+
+    def _held(self, key: object) -> bool:
+        """Whether ``key`` is in the structure (live or not); TypeError naming ``key``."""
+        try:
+            return key in self._data
+        except TypeError:
+            raise _unhashable(key) from None
 
     def _over(self, size: int) -> bool:
         return size > self._maxsize or (
@@ -148,8 +164,12 @@ class LRUCache(_Cache):
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value for ``key`` (a hit: now the most recently used), or ``default``."""
-        # The hot path: one lookup, no exception on a miss (raising costs ~10 lookups).
-        value = self._data.get(key, _MISSING)
+        # The hot path: one lookup, no exception on a miss (raising costs ~10 lookups; a
+        # try block costs nothing until it catches).
+        try:
+            value = self._data.get(key, _MISSING)
+        except TypeError:
+            raise _unhashable(key) from None
         if value is _MISSING:
             self._misses += 1
             return default
@@ -166,7 +186,10 @@ class LRUCache(_Cache):
             self._put_weighted(key, value, self._weight_of(key, value, weight))
             return
         data = self._data
-        old = data.get(key, _MISSING)  # an unhashable key raises here, before any change
+        try:
+            old = data.get(key, _MISSING)  # an unhashable key raises here, before any change
+        except TypeError:
+            raise _unhashable(key) from None
         data[key] = value  # a new key goes last: the most recently used
         if old is not _MISSING:
             data.move_to_end(key)
@@ -196,7 +219,10 @@ class LRUCache(_Cache):
 
     def delete(self, key: Hashable) -> bool:
         """Remove ``key``; True if it was there."""
-        value = self._data.pop(key, _MISSING)
+        try:
+            value = self._data.pop(key, _MISSING)
+        except TypeError:
+            raise _unhashable(key) from None
         if value is _MISSING:
             return False
         self._removal(key, value, EXPLICIT)
@@ -213,7 +239,7 @@ class LRUCache(_Cache):
         return len(self._data)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._data
+        return self._held(key)
 
     def __iter__(self) -> Iterator[Any]:
         """Keys, least recently used first (a snapshot)."""
@@ -251,7 +277,10 @@ class TTLCache(LRUCache):
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value for ``key`` if live (a hit), else ``default`` (an expired one goes)."""
-        value = self._data.get(key, _MISSING)
+        try:
+            value = self._data.get(key, _MISSING)
+        except TypeError:
+            raise _unhashable(key) from None
         if value is _MISSING:
             self._misses += 1
             return default
@@ -296,7 +325,7 @@ class TTLCache(LRUCache):
 
     def delete(self, key: Hashable) -> bool:
         """Remove ``key`` if held; True if it was live (an expired one goes as EXPIRED)."""
-        if key not in self._data:
+        if not self._held(key):
             return False
         live = self._deadline[key][0] > self._clock.now_ns()
         self._drop(key, EXPLICIT if live else EXPIRED)
@@ -323,7 +352,10 @@ class TTLCache(LRUCache):
         return len(self._data)
 
     def __contains__(self, key: object) -> bool:
-        entry = self._deadline.get(key)
+        try:
+            entry = self._deadline.get(key)
+        except TypeError:
+            raise _unhashable(key) from None
         return entry is not None and entry[0] > self._clock.now_ns()
 
     def __iter__(self) -> Iterator[Any]:
@@ -379,7 +411,10 @@ class LFUCache(_Cache):
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value for ``key`` (a hit: its frequency grows by 1), or ``default``."""
-        value = self._data.get(key, _MISSING)
+        try:
+            value = self._data.get(key, _MISSING)
+        except TypeError:
+            raise _unhashable(key) from None
         if value is _MISSING:
             self._misses += 1
             return default
@@ -411,7 +446,7 @@ class LFUCache(_Cache):
 
     def delete(self, key: Hashable) -> bool:
         """Remove ``key``; True if it was there."""
-        if key not in self._data:
+        if not self._held(key):
             return False
         self._unlink_key(key)
         self._removal(key, self._data.pop(key), EXPLICIT)
@@ -427,14 +462,15 @@ class LFUCache(_Cache):
 
     def frequency(self, key: Hashable) -> int:
         """How often ``key`` was written or hit since it entered (0 if not held)."""
-        bucket = self._bucket_of.get(key)
-        return 0 if bucket is None else bucket.freq
+        if not self._held(key):
+            return 0
+        return self._bucket_of[key].freq
 
     def __len__(self) -> int:
         return len(self._data)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._data
+        return self._held(key)
 
     def __iter__(self) -> Iterator[Any]:
         """Keys in eviction order: lowest frequency first, then least recently accessed."""
