@@ -1,3 +1,3 @@
 """Loads the kata harness (with its Redis fixtures) for every pytest run inside the repository."""
 
-pytest_plugins = ["katas._kit.pytest_plugin"]
+pytest_plugins = ["katas._harness.pytest_plugin"]

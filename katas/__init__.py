@@ -1,1 +1,2 @@
-"""The learner's working copy: one package per kata, plus the shared harness in ``_kit``."""
+"""The learner's working copy: one package per kata, over the shared ``_runtime``
+(what api.py imports), ``_registry``, ``_harness`` (pytest) and ``_cli`` (the kata command)."""

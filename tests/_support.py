@@ -16,10 +16,10 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
-from katas._kit.catalog import ENV_ROOT
-from katas._kit.cli import main
-from katas._kit.clock import NS_PER_S, ManualClock
-from katas._kit.impl import REPO_ROOT
+from katas._cli.cli import main
+from katas._registry.catalog import ENV_ROOT
+from katas._registry.impl import REPO_ROOT
+from katas._runtime.clock import NS_PER_S, ManualClock
 
 T = TypeVar("T")
 REDIS_ENV = ("KATA_REDIS_SERVER", "KATA_REDIS_URL")
@@ -366,7 +366,7 @@ def attempts(project: Path) -> list[dict[str, Any]]:
 def kata_command() -> list[str]:
     """The ``kata`` command of this environment, to run as a process."""
     script = Path(sys.executable).with_name("kata")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "katas._kit.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "katas._cli.cli"]
 
 
 def kata_process(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:

@@ -25,8 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _support import embedded_env
 
-from katas._kit import mutants
-from katas._kit.suites import SuiteRun, run_suite, suite_file
+from katas._registry import mutants
+from katas._registry.suites import SuiteRun, run_suite, suite_file
 
 MAX_RATIO = 3.0
 MAX_TEST_S = 30.0

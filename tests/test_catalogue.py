@@ -21,8 +21,8 @@ import _sampled
 import pytest
 from _support import Pool, embedded_env, selected
 
-from katas._kit import mutants
-from katas._kit.suites import SuiteRun, run_suite, suite_file
+from katas._registry import mutants
+from katas._registry.suites import SuiteRun, run_suite, suite_file
 
 CATALOGUE = mutants.load()
 OTHERS_MUST_PASS = 0.8

@@ -21,12 +21,12 @@ import _support
 import pytest
 from _support import calc_project, private_state, write
 
-from katas._kit import catalog as cat
-from katas._kit import cli
-from katas._kit.cli import main, markdown_sections
-from katas._kit.cliutil import shorten
-from katas._kit.state import StateStore
-from katas._kit.suites import SuiteRun, run_suite
+from katas._cli import cli
+from katas._cli.cli import main, markdown_sections
+from katas._cli.cliutil import shorten
+from katas._cli.state import StateStore
+from katas._registry import catalog as cat
+from katas._registry.suites import SuiteRun, run_suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -289,7 +289,7 @@ def test_cli_test_thorough_profile_and_pytest_arguments(
 
 def test_cli_runs_as_a_module(kata_root: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "katas._kit.cli", "test", "calc", "1", "--", "-k", "add"],
+        [sys.executable, "-m", "katas._cli.cli", "test", "calc", "1", "--", "-k", "add"],
         cwd=REPO,
         capture_output=True,
         text=True,

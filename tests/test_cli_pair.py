@@ -20,8 +20,8 @@ from _support import (
     write,
 )
 
-from katas._kit import cli_pair
-from katas._kit.cli import main
+from katas._cli import cli_pair
+from katas._cli.cli import main
 
 #: The marks of the notes' pages in the order the interviewer sees them.
 PAGES = [

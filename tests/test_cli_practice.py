@@ -24,11 +24,11 @@ from _support import (
     write,
 )
 
-from katas._kit import catalog as cat
-from katas._kit.cli import main
-from katas._kit.notes import hints, rubric_axes
-from katas._kit.pristine import looks_like_stub
-from katas._kit.state import StateStore
+from katas._cli.cli import main
+from katas._cli.pristine import looks_like_stub
+from katas._cli.state import StateStore
+from katas._registry import catalog as cat
+from katas._registry.notes import hints, rubric_axes
 
 REPO = Path(__file__).resolve().parents[1]
 

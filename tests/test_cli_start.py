@@ -1,5 +1,5 @@
 """``kata start`` end to end, and the pieces under it: the suite run that goes on while the
-session reads keys (:class:`~katas._kit.suites.SuiteProcess`), the failure detail the
+session reads keys (:class:`~katas._registry.suites.SuiteProcess`), the failure detail the
 report carries, alike failures shown once, the next step after green, bad configuration.
 
 Everything runs against a tiny kata, ``calc``, made in a temporary folder (``KATA_ROOT``),
@@ -40,15 +40,15 @@ from _support import (
 )
 from rich.console import Console
 
-from katas._kit import catalog as cat
-from katas._kit.cli import main
-from katas._kit.cli_start import _after_stage
-from katas._kit.cliutil import Context
-from katas._kit.clock import NS_PER_S, ManualClock
-from katas._kit.failures import assertion_detail
-from katas._kit.practice import SoloOutcome, SoloSession
-from katas._kit.suites import SuiteRun, TestResult, run_suite, start_suite
-from katas._kit.watch import Watcher
+from katas._cli.cli import main
+from katas._cli.cli_start import _after_stage
+from katas._cli.cliutil import Context
+from katas._cli.practice import SoloOutcome, SoloSession
+from katas._cli.watch import Watcher
+from katas._harness.failures import assertion_detail
+from katas._registry import catalog as cat
+from katas._registry.suites import SuiteRun, TestResult, run_suite, start_suite
+from katas._runtime.clock import NS_PER_S, ManualClock
 
 #: A hard deadline for anything a test waits for in real time.
 DEADLINE_S = 30.0

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from katas._kit.impl import REPO_ROOT
+from katas._registry.impl import REPO_ROOT
 
 try:
     from katas.dynamic_batcher import _hotpath as stub

@@ -7,9 +7,9 @@ import threading
 import pytest
 from hypothesis import given, settings
 
-from katas._kit.interleave import Gate, Parked
-from katas._kit.strategies import around, near, sizes
-from katas._kit.waiting import spawn
+from katas._harness.interleave import Gate, Parked
+from katas._harness.strategies import around, near, sizes
+from katas._harness.waiting import spawn
 
 
 def test_a_gate_parks_a_thread_until_it_opens() -> None:
@@ -53,7 +53,7 @@ def test_parked_holds_the_chosen_methods_and_counts_who_is_inside() -> None:
 
 
 def test_a_gate_that_is_never_opened_fails_in_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("katas._kit.interleave.DEADLINE_S", 0.01)
+    monkeypatch.setattr("katas._harness.interleave.DEADLINE_S", 0.01)
     with pytest.raises(AssertionError, match="never opened it"):
         Gate("forgotten").pass_through()
 

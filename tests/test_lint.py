@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from katas._kit.impl import REPO_ROOT
+from katas._registry.impl import REPO_ROOT
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:

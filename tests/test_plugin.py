@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from _support import CALC_SOLUTION, KATA_ENV, calc_project, embedded_env
 
-from katas._kit.impl import REPO_ROOT
-from katas._kit.suites import run_suite
+from katas._registry.impl import REPO_ROOT
+from katas._registry.suites import run_suite
 
 
 def learner_pytest(

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from katas._kit.faultproxy import RespCommandParser
-from katas._kit.redis import FROZEN_START_NS, ProcessNode, RedisEnv
+from katas._harness.faultproxy import RespCommandParser
+from katas._harness.redis import FROZEN_START_NS, ProcessNode, RedisEnv
 
 SERVER_CMD = shlex.split(os.environ.get("KATA_REDIS_SERVER") or "redis-server")
 needs_server = pytest.mark.skipif(

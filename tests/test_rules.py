@@ -1,7 +1,7 @@
 """Every rule of every stage's prompt has a test, and every test says which rules it checks.
 
 A rule is a list item of a stage's section of ``katas/<kata>/README.md`` that starts with
-``§id`` (see :mod:`katas._kit.rules`); a test declares what it checks with
+``§id`` (see :mod:`katas._registry.rules`); a test declares what it checks with
 ``@pytest.mark.rule("id", ...)``. The suites are collected once (``--collect-only``), with
 each test's stage and rules written by the plugin's ``--kata-collected``.
 """
@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from _support import embedded_env, stage_suites
 
-from katas._kit.catalog import Catalog
-from katas._kit.impl import REPO_ROOT
-from katas._kit.rules import ID_PATTERN, Rule, all_rules, plain, stage_rules
+from katas._registry.catalog import Catalog
+from katas._registry.impl import REPO_ROOT
+from katas._registry.rules import ID_PATTERN, Rule, all_rules, plain, stage_rules
 
 SUITES = stage_suites()
 CATALOG = Catalog(REPO_ROOT / "katas")

@@ -21,7 +21,7 @@ from _support import (
     uses_redis,
 )
 
-from katas._kit.suites import SuiteRun, run_suite, suite_file
+from katas._registry.suites import SuiteRun, run_suite, suite_file
 
 SUITES = stage_suites()
 #: A test here waits for a whole suite run that shares the machine with others.

@@ -1,8 +1,7 @@
-"""Checks 4 and 5 (part): public-surface parity and the rules the suites live by."""
+"""Check 4: public-surface parity of stubs and references (the import rules: test_layout)."""
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 from types import ModuleType
@@ -11,7 +10,7 @@ from typing import Any
 import pytest
 from _support import stage_suites
 
-from katas._kit.impl import REPO_ROOT
+from katas._registry.impl import REPO_ROOT
 
 STAGES = [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in stage_suites()]
 
@@ -71,31 +70,3 @@ def test_stub_marks_where_the_learner_works(kata: str, stage: int) -> None:
         f"katas/{kata}/stage{stage}.py lacks # TODO(stage{stage})"
     )
     assert "NotImplementedError" in text
-
-
-def _imports(path: str) -> list[str]:
-    tree = ast.parse((REPO_ROOT / path).read_text())
-    names: list[str] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = "." * node.level + (node.module or "")
-            names += [base] + [f"{base}.{a.name}" for a in node.names]
-    return names
-
-
-SUITE_FILES = sorted(
-    p.relative_to(REPO_ROOT).as_posix()
-    for p in list(REPO_ROOT.glob("katas/*/test_*.py")) + list(REPO_ROOT.glob("katas/*/bench_*.py"))
-)
-
-
-@pytest.mark.parametrize("path", SUITE_FILES)
-def test_suites_reach_stage_modules_only_through_the_harness(path: str) -> None:
-    for name in _imports(path):
-        assert not name.startswith(("solutions", ".")), f"{path} imports {name}"
-        parts = name.split(".")
-        assert not (len(parts) >= 3 and parts[0] == "katas" and parts[2].startswith("stage")), (
-            f"{path} imports {name}: use the `kata` or `stage_module` fixture"
-        )

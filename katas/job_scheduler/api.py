@@ -10,8 +10,15 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from katas._kit.clients import check_client, to_json, unavailable
-from katas._kit.clock import NS_PER_MS, NS_PER_S, Clock, ManualClock, MonotonicClock, WaitingClock
+from katas._runtime.clients import check_client, to_json, unavailable
+from katas._runtime.clock import (
+    NS_PER_MS,
+    NS_PER_S,
+    Clock,
+    ManualClock,
+    MonotonicClock,
+    WaitingClock,
+)
 
 
 class JobState(enum.Enum):

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
-from katas._kit import impl as _impl
-from katas._kit.bench import report
+from katas._harness.bench import report
+from katas._registry import impl as _impl
 from katas.job_scheduler.api import NS_PER_S, RetryPolicy
 
 pytestmark = [pytest.mark.stage(1), pytest.mark.core]

@@ -6,7 +6,7 @@ Collected only when this file is named on the command line (the suites are
     KATA_REDIS_SERVER=redis-server \\
         pytest katas/job_scheduler/bench_stage3.py --impl=solutions --benchmark-only -q
 
-The Redis is the suites' (``katas/_kit/redis.py``): **fakeredis by default**, where
+The Redis is the suites' (``katas/_harness/redis.py``): **fakeredis by default**, where
 this file is only a smoke run with small sizes — its cost is fakeredis's Python and
 Lua emulation, not a server, so its numbers and ratios mean nothing.
 ``KATA_REDIS_SERVER=redis-server`` starts a private real server for the file (the only
@@ -22,7 +22,7 @@ and on stdout (printed even without ``-s``). The spec's targets — informationa
 benchmarks never fail CI (nothing here asserts a ratio or a count):
 
 - one round trip per transition — enqueue, claim, heartbeat, commit, ack, nack —
-  counted by a :class:`~katas._kit.faultproxy.FaultProxy` after a warm-up cycle that
+  counted by a :class:`~katas._harness.faultproxy.FaultProxy` after a warm-up cycle that
   loads the scripts: exactly 1.00 each.
 - claim + ack with 1 000 jobs queued: >= 0.8x the cycles/s of a bare floor of two
   trivial ``EVALSHA`` calls per cycle (an ``INCR``, then an ``HSET`` of its result —
@@ -51,9 +51,9 @@ from typing import Any
 import pytest
 import redis
 
-from katas._kit import impl as _impl
-from katas._kit.bench import Contender, interleaved, report, say
-from katas._kit.redis import RedisEnv
+from katas._harness.bench import Contender, interleaved, report, say
+from katas._harness.redis import RedisEnv
+from katas._registry import impl as _impl
 from katas.job_scheduler.api import NS_PER_S, Lease, RetryPolicy
 
 pytestmark = [pytest.mark.stage(3)]

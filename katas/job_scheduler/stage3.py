@@ -3,7 +3,7 @@
 Core: :class:`RedisJobQueue` — stage 1's semantics with the state in Redis, every
 transition one atomic Lua script (one round trip) on the server's clock — and
 :class:`RedisEffectStore`, where workers apply effects once, fenced by the live token.
-Extended: :class:`RedisWorker`, one worker's loop, which ``python -m katas._kit.worker``
+Extended: :class:`RedisWorker`, one worker's loop, which ``python -m katas._harness.worker``
 runs as a separate OS process so that the suite can SIGKILL, SIGSTOP and SIGTERM it for
 real. The prompt is katas/job_scheduler/README.md; run the suite with
 ``pytest katas/job_scheduler -k stage3`` (``-k "stage3 and core"`` for the core).

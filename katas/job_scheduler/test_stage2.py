@@ -19,7 +19,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from functools import partial
-from types import ModuleType
 from typing import Any
 
 import anyio
@@ -29,8 +28,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from katas._kit.profiles import heavy_examples
-from katas._kit.waiting import (
+from katas._harness.profiles import heavy_examples
+from katas._harness.stages import stage
+from katas._harness.waiting import (
     DEADLINE_S,
     eventually,
     eventually_async,
@@ -39,6 +39,7 @@ from katas._kit.waiting import (
     stays_async,
     tiny_switch_interval,
 )
+from katas.job_scheduler._testing.clocks import LONG_LEASE, WatchedClock, beats_at_a_third
 from katas.job_scheduler.api import (
     TIMED_OUT,
     JobState,
@@ -56,27 +57,18 @@ extended = pytest.mark.extended
 START = 1_000_000
 LEASE = 1_000
 
-_MODULES: dict[str, ModuleType] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _stages(kata: Any) -> None:
-    """Stage 2 first: with ``--base=reference`` it brings the reference's stage 1."""
-    _MODULES["s2"] = kata.stage(2)
-    _MODULES["s1"] = kata.stage(1)
-
 
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs() -> None:
     """Build a pool first: on a stub this fails at once with "not implemented yet"."""
     _, queue = new_queue()
-    _MODULES["s2"].ThreadWorkerPool(queue, lambda lease, payload: None, workers=1)
+    stage(2).ThreadWorkerPool(queue, lambda lease, payload: None, workers=1)
 
 
 def new_queue(max_attempts: int = 1, clock: ManualClock | None = None) -> tuple[ManualClock, Any]:
     """A stage-1 queue on a frozen clock: lease 1000 ns, retries due at once."""
     clock = ManualClock(START) if clock is None else clock
-    queue = _MODULES["s1"].JobQueue(
+    queue = stage(1).JobQueue(
         clock=clock, lease_ns=LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=max_attempts
     )
     return clock, queue
@@ -86,7 +78,7 @@ def new_pool(
     handler: Callable[[Lease, Any], Any], *, workers: int, max_attempts: int = 1, **kw: Any
 ) -> tuple[ManualClock, Any, Any]:
     clock, queue = new_queue(max_attempts)
-    pool = _MODULES["s2"].ThreadWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
+    pool = stage(2).ThreadWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
     return clock, queue, pool
 
 
@@ -217,9 +209,7 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
     # Enqueued before the pool starts, so that nothing but the clock can wake a worker:
     # once every thread sleeps on the clock, nothing happens until it moves.
     queue.enqueue("later", run_at_ns=START + 1_000)
-    pool = _MODULES["s2"].ThreadWorkerPool(
-        queue, lambda lease, payload: payload, workers=2, clock=clock
-    )
+    pool = stage(2).ThreadWorkerPool(queue, lambda lease, payload: payload, workers=2, clock=clock)
     others = set(threading.enumerate())
     with running(pool):
         clock.advance(999)
@@ -243,13 +233,11 @@ def test_stage2_a_job_due_in_the_far_future_leaves_the_workers_alive() -> None:
     an OverflowError (the platform's longest wait is ~292 years), a due job still runs,
     and shutdown(grace_ns=2**200) returns at once with nothing running."""
     clock = MonotonicClock()
-    queue = _MODULES["s1"].JobQueue(
+    queue = stage(1).JobQueue(
         clock=clock, lease_ns=60 * 10**9, retry=RetryPolicy(0, 0, "none"), max_attempts=1
     )
     queue.enqueue("far", run_at_ns=clock.now_ns() + 2**200)
-    pool = _MODULES["s2"].ThreadWorkerPool(
-        queue, lambda lease, payload: payload, workers=2, clock=clock
-    )
+    pool = stage(2).ThreadWorkerPool(queue, lambda lease, payload: payload, workers=2, clock=clock)
     with running(pool):
         pool.submit("now")
         eventually(lambda: pool.statistics().succeeded == 1, "the due job to run")
@@ -376,7 +364,7 @@ def test_stage2_shutdown_releases_jobs_still_running_at_the_deadline() -> None:
 def test_stage2_bad_arguments_name_the_parameter(kwargs: dict[str, Any], param: str) -> None:
     _, queue = new_queue()
     with pytest.raises(ValueError, match=param):
-        _MODULES["s2"].ThreadWorkerPool(queue, lambda lease, payload: None, **kwargs)
+        stage(2).ThreadWorkerPool(queue, lambda lease, payload: None, **kwargs)
 
 
 @pytest.mark.rule("pool-bad-input")
@@ -391,96 +379,11 @@ def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
         eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
 
 
-#: A lease a third of which is a whole number: the default heartbeat interval (lease // 3).
-LONG_LEASE = 3_000
 THIRD = LONG_LEASE // 3
 
 
 def _rel(t: int | None) -> int | None:
     return None if t is None else t - START
-
-
-class WatchedClock(ManualClock):
-    """A ManualClock that knows which threads sleep on it, and until when: so a test can
-    tell when every thread of a pool is parked — nothing can happen until the clock
-    moves — instead of watching for a while that nothing happens."""
-
-    def __init__(self, start_ns: int) -> None:
-        super().__init__(start_ns)
-        self._asleep: dict[int, int | None] = {}
-        self._watch = threading.Lock()
-
-    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
-        me = threading.get_ident()
-        with self._watch:
-            self._asleep[me] = deadline_ns
-        try:
-            super().wait_until_ns(cond, deadline_ns)
-        finally:
-            with self._watch:
-                self._asleep.pop(me, None)
-
-    def parked(self, others: set[threading.Thread], busy: set[int]) -> bool:
-        """Every thread not in ``others`` (those alive before the test) and not ``busy``
-        (held by the test, e.g. in a handler) sleeps here with a deadline after now."""
-        now = self.now_ns()
-        with self._watch:
-            asleep = dict(self._asleep)
-        threads = [t for t in threading.enumerate() if t not in others and t.ident not in busy]
-        return all(
-            t.ident in asleep and (asleep[t.ident] is None or asleep[t.ident] > now)  # type: ignore[operator]
-            for t in threads
-        )
-
-    def settle(self, others: set[threading.Thread], busy: set[int]) -> None:
-        """Wait (hard deadline) until every thread of the component is parked on the clock."""
-        eventually(
-            lambda: self.parked(others, busy),
-            "every worker and heartbeat thread asleep on the clock (none busy, none due)",
-        )
-
-
-def beats_at_a_third(
-    heartbeats: Callable[[], int],
-    expiry: Callable[[], int | None],
-    clock: WatchedClock,
-    settle: Callable[[], None],
-    who: str = "the pool",
-    lease: int = LONG_LEASE,
-) -> None:
-    """One job leased at the clock's start, its handler parked, heartbeat_every_ns=None:
-    no heartbeat at claim + lease // 3 - 1; one at that instant exactly (extending the
-    lease to then + lease, where ``expiry`` can tell); the next a third later again.
-    ``settle()`` returns once nothing can happen until the clock moves."""
-    start, third = clock.now_ns(), lease // 3
-    for beat in (1, 2):
-        due = start + beat * third
-        clock.set(due - 1)
-        settle()
-        if heartbeats() != beat - 1:
-            raise AssertionError(
-                f"{who}: {heartbeats()} heartbeat(s) by {due - 1 - start} ns after the claim, "
-                f"expected {beat - 1}: with heartbeat_every_ns=None the interval is a third "
-                f"of the lease ({lease} // 3 = {third} ns), so heartbeat {beat} is due at "
-                f"{due - start} ns and not before"
-            )
-        clock.set(due)
-        settle()
-        if heartbeats() != beat:
-            raise AssertionError(
-                f"{who}: at {due - start} ns after the claim (= {beat} × lease // 3) "
-                f"{heartbeats()} heartbeat(s) had happened, expected {beat}; every thread is "
-                f"asleep on the clock, so nothing more happens before the clock moves: the "
-                f"default interval (heartbeat_every_ns=None) must be a third of the lease, "
-                f"{third} ns"
-            )
-        expires = expiry()
-        if expires is not None and expires != due + lease:
-            raise AssertionError(
-                f"{who}: heartbeat {beat} at {due - start} ns must extend the lease to "
-                f"{due + lease - start} ns after the claim; it expires at "
-                f"{expires - start}"
-            )
 
 
 @pytest.mark.rule("heartbeat-default", "heartbeats")
@@ -495,10 +398,10 @@ def test_stage2_default_heartbeat_is_every_third_of_the_lease() -> None:
         return payload
 
     clock = WatchedClock(START)
-    queue = _MODULES["s1"].JobQueue(
+    queue = stage(1).JobQueue(
         clock=clock, lease_ns=LONG_LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
     )
-    pool = _MODULES["s2"].ThreadWorkerPool(queue, handler, workers=1, clock=clock)
+    pool = stage(2).ThreadWorkerPool(queue, handler, workers=1, clock=clock)
     others = set(threading.enumerate())
     with running(pool):
         job_id = pool.submit("long")
@@ -644,7 +547,7 @@ def new_async_pool(
     **kw: Any,
 ) -> tuple[ManualClock, Any, Any]:
     clock, queue = new_queue(max_attempts)
-    pool = _MODULES["s2"].AsyncWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
+    pool = stage(2).AsyncWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
     return clock, queue, pool
 
 
@@ -841,7 +744,7 @@ def test_stage2_async_bad_arguments_name_the_parameter(kwargs: dict[str, Any], p
         return None
 
     with pytest.raises(ValueError, match=param):
-        _MODULES["s2"].AsyncWorkerPool(queue, handler, **kwargs)
+        stage(2).AsyncWorkerPool(queue, handler, **kwargs)
 
 
 @pytest.mark.rule("pool-bad-input")
@@ -868,10 +771,10 @@ async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> N
         return "done"
 
     clock = WatchedClock(START)
-    queue = _MODULES["s1"].JobQueue(
+    queue = stage(1).JobQueue(
         clock=clock, lease_ns=LONG_LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
     )
-    pool = _MODULES["s2"].AsyncWorkerPool(queue, handler, workers=1, clock=clock)
+    pool = stage(2).AsyncWorkerPool(queue, handler, workers=1, clock=clock)
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
         job_id = pool.submit("long")

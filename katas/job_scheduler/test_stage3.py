@@ -1,12 +1,12 @@
 """Stage 3 suite: the queue on Redis, with real crashes (see katas/job_scheduler/README.md).
 
 Runs on fakeredis by default; ``KATA_REDIS_SERVER=redis-server`` runs it on private real
-servers, ``KATA_REDIS_URL=redis://…`` on an external one (see katas/_kit/redis.py).
+servers, ``KATA_REDIS_URL=redis://…`` on an external one (see katas/_harness/redis.py).
 
 Core: ``RedisJobQueue`` (enqueue, claim, ack, nack, get, next_due_ns, last_op) and
 ``RedisEffectStore``. Extended: heartbeats, release, cancel, dead letters, redrive,
 idempotency keys, retention by TTL, the reaper, and ``RedisWorker`` run as separate OS
-processes (``python -m katas._kit.worker``) that the tests SIGKILL, SIGSTOP and SIGTERM.
+processes (``python -m katas._harness.worker``) that the tests SIGKILL, SIGSTOP and SIGTERM.
 
 How exactness is checked: every call returns an ``OpStamp`` (``queue.last_op()``): the
 queue's operation counter and the server time its script ran at. Sorting any run's
@@ -37,12 +37,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from katas._kit import impl
-from katas._kit.profiles import heavy_examples
-from katas._kit.redis import RedisEnv, RedisNode
-from katas._kit.waiting import DEADLINE_S, eventually, spawn, stays
-from katas._kit.worker import DUE_IDLE_POLLS as DUE
-from katas._kit.worker import WorkerProcess
+from katas._harness.child import ChildProcess
+from katas._harness.profiles import heavy_examples
+from katas._harness.redis import RedisEnv, RedisNode
+from katas._harness.stages import stage
+from katas._harness.waiting import DEADLINE_S, eventually, spawn, stays
+from katas._registry import impl
+from katas.job_scheduler._testing.clocks import WatchedClock, beats_at_a_third
+from katas.job_scheduler._testing.model import Model
+from katas.job_scheduler._testing.worker import DUE_IDLE_POLLS as DUE
+from katas.job_scheduler._testing.worker import IDLE, TARGET
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
     JobNotFound,
@@ -56,8 +60,6 @@ from katas.job_scheduler.api import (
     RetryPolicy,
     StaleLease,
 )
-from katas.job_scheduler.test_stage1 import Model
-from katas.job_scheduler.test_stage2 import WatchedClock, beats_at_a_third
 
 pytestmark = [pytest.mark.stage(3)]
 
@@ -80,18 +82,11 @@ heavy = settings(
     deadline=None,
 )
 
-_STAGE: dict[str, ModuleType] = {}
-
-
-def stage() -> ModuleType:
-    return _STAGE["module"]
-
 
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
     """Build one queue before anything else: on a stub this fails at once with "not
     implemented yet: ..." (state machines also find the stage module here)."""
-    _STAGE["module"] = stage_module
     stage_module.RedisJobQueue(
         fakeredis.FakeRedis(), lease_ns=LEASE, retry=NO_RETRY_DELAY, max_attempts=1
     )
@@ -1586,12 +1581,11 @@ class Workers:
     url: str
     lease_ns: int
     max_attempts: int = 3
-    started: list[WorkerProcess] = field(default_factory=list)
+    started: list[ChildProcess] = field(default_factory=list)
 
-    def start(self, *extra: str, name: str | None = None) -> WorkerProcess:
+    def start(self, *extra: str, name: str | None = None) -> ChildProcess:
         name = name or f"worker-{len(self.started) + 1}"
         argv = [
-            *impl.worker_argv(self.selection),
             "--url", self.url,
             "--key-prefix", self.env.prefix,
             "--worker-id", name,
@@ -1599,7 +1593,7 @@ class Workers:
             "--max-attempts", str(self.max_attempts),
             *extra,
         ]  # fmt: skip
-        process = WorkerProcess(argv, name=name)
+        process = ChildProcess(TARGET, self.selection, argv, name=name, idle=IDLE)
         self.started.append(process)
         process.wait_for("READY")
         return process
@@ -1636,7 +1630,7 @@ def wait_until(
     workers: Workers,
     deadline_s: float = 15.0,
     *,
-    busy: WorkerProcess | None = None,
+    busy: ChildProcess | None = None,
 ) -> None:
     """Wait (hard deadline) until ``pred()``. ``busy``: a worker that has a due job until
     then, so a run of empty claims fails the wait at once (a lost job)."""
@@ -1749,7 +1743,7 @@ def test_stage3_sigstop_past_the_lease_then_sigcont_the_zombie_is_fenced(
     other = workers.start("--max-jobs", "1")
     other.wait_for("EXIT", idle_polls=DUE)
     zombie.send(signal.SIGCONT)
-    zombie.go()
+    zombie.tell()
     zombie.wait_for("EXIT")
     assert workers.events("lost") == [f"{job_id} 1"], (
         "the zombie woke up after its lease was taken over: its commit must be "

@@ -12,8 +12,8 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from katas._kit.clients import check_client, to_json, unavailable
-from katas._kit.clock import NS_PER_MS, NS_PER_S, Clock, ManualClock, MonotonicClock
+from katas._runtime.clients import check_client, to_json, unavailable
+from katas._runtime.clock import NS_PER_MS, NS_PER_S, Clock, ManualClock, MonotonicClock
 
 
 class RemovalCause(enum.Enum):

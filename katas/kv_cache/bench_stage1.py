@@ -49,9 +49,9 @@ from typing import Any
 
 import pytest
 
-from katas._kit import bench
-from katas._kit import impl as _impl
-from katas._kit.bench import interleaved, report, say
+from katas._harness import bench
+from katas._harness.bench import interleaved, report, say
+from katas._registry import impl as _impl
 from katas.kv_cache.api import NS_PER_S, MonotonicClock, RemovalCause
 
 pytestmark = [pytest.mark.stage(1)]

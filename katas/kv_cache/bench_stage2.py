@@ -44,8 +44,8 @@ from typing import Any
 
 import pytest
 
-from katas._kit import impl as _impl
-from katas._kit.bench import say
+from katas._harness.bench import say
+from katas._registry import impl as _impl
 
 pytestmark = [pytest.mark.stage(2), pytest.mark.core]
 

@@ -6,7 +6,7 @@ Collected only when this file is named on the command line (the suites are
     KATA_REDIS_SERVER=redis-server \\
         pytest katas/kv_cache/bench_stage3.py --impl=solutions --benchmark-only -q
 
-The Redis is the suites' (``katas/_kit/redis.py``): **fakeredis by default**, where
+The Redis is the suites' (``katas/_harness/redis.py``): **fakeredis by default**, where
 the Redis-backed groups are only a smoke run with small sizes — their cost is
 fakeredis's Python (and Lua emulation, for the publishing scripts), not a server, so
 their ratios mean little. ``KATA_REDIS_SERVER=redis-server`` starts three private real
@@ -76,9 +76,9 @@ from typing import Any
 import pytest
 import redis
 
-from katas._kit import impl as _impl
-from katas._kit.bench import Contender, interleaved, report, say
-from katas._kit.redis import RedisEnv
+from katas._harness.bench import Contender, interleaved, report, say
+from katas._harness.redis import RedisEnv
+from katas._registry import impl as _impl
 
 pytestmark = [pytest.mark.stage(3)]
 

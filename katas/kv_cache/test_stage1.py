@@ -21,6 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from katas._harness.stages import stage
 from katas.kv_cache.api import CacheStats, ManualClock, RemovalCause
 
 pytestmark = [pytest.mark.stage(1)]
@@ -33,17 +34,10 @@ EXPLICIT, REPLACED = RemovalCause.EXPLICIT, RemovalCause.REPLACED
 START = 1_000_000
 TTL = 1_000
 
-_STAGE: dict[str, ModuleType] = {}
-
-
-def stage() -> ModuleType:
-    return _STAGE["module"]
-
 
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
     """Build a cache first: on a stub this fails at once with "not implemented yet"."""
-    _STAGE["module"] = stage_module
     stage_module.LRUCache(1)
 
 

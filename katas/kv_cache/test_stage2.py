@@ -18,15 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from types import ModuleType
 from typing import Any
 
 import anyio
 import pytest
 
-from katas._kit.history import Call, check_per_key
-from katas._kit.interleave import Gate, Parked
-from katas._kit.waiting import (
+from katas._harness.history import Call, check_per_key
+from katas._harness.interleave import Gate, Parked
+from katas._harness.stages import stage
+from katas._harness.waiting import (
     DEADLINE_S,
     eventually,
     eventually_async,
@@ -41,30 +41,22 @@ core = pytest.mark.core
 extended = pytest.mark.extended
 
 EVICTED, EXPIRED = RemovalCause.EVICTED, RemovalCause.EXPIRED
-_MODULES: dict[str, ModuleType] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _stages(kata: Any) -> None:
-    """Stage 2 first: with ``--base=reference`` it brings the reference's stage 1."""
-    _MODULES["s2"] = kata.stage(2)
-    _MODULES["s1"] = kata.stage(1)
 
 
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs() -> None:
     """Wrap a cache first: on a stub this fails at once with "not implemented yet"."""
-    _MODULES["s2"].ConcurrentCache(_MODULES["s1"].LRUCache(1))
+    stage(2).ConcurrentCache(stage(1).LRUCache(1))
 
 
 def concurrent(maxsize: int = 100, kind: str = "LRUCache", **kw: Any) -> Any:
-    cls = getattr(_MODULES["s1"], kind)
+    cls = getattr(stage(1), kind)
     inner = (
         cls(maxsize, 10**15, clock=ManualClock(), **kw)
         if kind == "TTLCache"
         else cls(maxsize, **kw)
     )
-    return _MODULES["s2"].ConcurrentCache(inner)
+    return stage(2).ConcurrentCache(inner)
 
 
 def loads(cache: Any) -> LoadStatistics:
@@ -349,9 +341,9 @@ def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
 @pytest.mark.rule("one-lock", "exact-under-threads")
 def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None:
     """A turnstile around the inner cache: every call on it must hold the lock."""
-    inner = _MODULES["s1"].LRUCache(16)
+    inner = stage(1).LRUCache(16)
     turnstile = Parked(inner, let_in=True, ignore={"weigh"})
-    cache = _MODULES["s2"].ConcurrentCache(turnstile)
+    cache = stage(2).ConcurrentCache(turnstile)
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
@@ -413,7 +405,7 @@ def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
 @pytest.mark.rule("not-a-cache")
 def test_stage2_bad_input_is_refused() -> None:
     with pytest.raises(TypeError):
-        _MODULES["s2"].ConcurrentCache(object())
+        stage(2).ConcurrentCache(object())
         raise AssertionError("wrapping something that is not a cache was accepted")
 
 
@@ -460,8 +452,8 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
         if cause is EXPIRED:
             gate.pass_through()
 
-    inner = _MODULES["s1"].TTLCache(100, 1_000, clock=clock, on_evict=on_evict)
-    cache = _MODULES["s2"].ConcurrentCache(inner)
+    inner = stage(1).TTLCache(100, 1_000, clock=clock, on_evict=on_evict)
+    cache = stage(2).ConcurrentCache(inner)
     first, second = Loader(lambda n: "first load"), Loader(lambda n: "second load")
     second.release.set()
     leader = spawn(lambda: cache.get_or_load("k", first), "leader")
@@ -510,8 +502,8 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
     """Park one thread inside the inner cache's put (holding the lock), then try every
     other method from other threads: none may reach the inner cache until it is released."""
     gate = Gate("inside the inner cache's put", limit=1)
-    inner = Parked(_MODULES["s1"].LRUCache(16), gate, at={"put"})
-    cache = _MODULES["s2"].ConcurrentCache(inner)
+    inner = Parked(stage(1).LRUCache(16), gate, at={"put"})
+    cache = stage(2).ConcurrentCache(inner)
     writer = spawn(lambda: cache.put("b", 2), "writer")
     gate.wait_arrived()
     calls: dict[str, Callable[[], Any]] = {
@@ -592,7 +584,7 @@ PROMPTLY_S = 1.0
 
 
 def async_cache() -> Any:
-    return _MODULES["s2"].AsyncCache(_MODULES["s1"].LRUCache(100))
+    return stage(2).AsyncCache(stage(1).LRUCache(100))
 
 
 class AsyncLoader:

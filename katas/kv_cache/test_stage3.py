@@ -27,9 +27,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
-import sys
-import textwrap
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -42,10 +39,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from katas._kit import impl
-from katas._kit.profiles import heavy_examples
-from katas._kit.redis import RedisEnv, RedisNode
-from katas._kit.waiting import DEADLINE_S, eventually, spawn
+from katas._harness.child import run_once
+from katas._harness.profiles import heavy_examples
+from katas._harness.redis import RedisEnv, RedisNode
+from katas._harness.stages import stage
+from katas._harness.waiting import DEADLINE_S, eventually, spawn
+from katas._registry import impl
+from katas.kv_cache._testing import placement
 from katas.kv_cache.api import (
     NS_PER_S,
     ManualClock,
@@ -69,7 +69,6 @@ NODES = ("n0", "n1", "n2")
 MISS: Any = object()  # a get's default: tells "absent" from a stored None
 MACHINE_KEYS = ("k0", "k1", "k2")
 
-_STAGE: dict[str, ModuleType] = {}
 
 heavy = settings(
     max_examples=heavy_examples(),
@@ -78,14 +77,9 @@ heavy = settings(
 )
 
 
-def stage() -> ModuleType:
-    return _STAGE["module"]
-
-
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
     """Build a ring first: on a stub this fails at once with "not implemented yet"."""
-    _STAGE["module"] = stage_module
     stage_module.HashRing(["a"])
 
 
@@ -266,23 +260,6 @@ def test_stage3_placement_ignores_the_order_nodes_joined() -> None:
         )
 
 
-_CHILD = textwrap.dedent(
-    """
-    import argparse, json, sys
-    from katas._kit.impl import resolve
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--impl")
-    parser.add_argument("--base", default=None)
-    args, rest = parser.parse_known_args()
-    stage = resolve(args.impl, args.base).stage("kv_cache", 3)
-    nodes, keys = json.loads(sys.stdin.read())
-    ring = stage.HashRing(nodes, vnodes=160)
-    print(json.dumps([ring.nodes_for(k, 3) for k in keys]))
-    """
-)
-
-
 @core
 @pytest.mark.rule("stable-hash")
 def test_stage3_placement_is_identical_across_processes(impl_selection: impl.Selection) -> None:
@@ -292,18 +269,10 @@ def test_stage3_placement_is_identical_across_processes(impl_selection: impl.Sel
     here = [mine.nodes_for(k, 3) for k in keys]
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        done = subprocess.run(
-            [sys.executable, "-c", _CHILD, *impl.worker_argv(impl_selection)],
-            input=json.dumps([nodes, keys]),
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=impl.REPO_ROOT,
-            env=env,
-            check=False,
+        placed = run_once(
+            placement.TARGET, impl_selection, stdin=json.dumps([nodes, keys]), env=env
         )
-        assert done.returncode == 0, f"the child process failed:\n{done.stderr[-2000:]}"
-        there = json.loads(done.stdout)
+        there = json.loads(placed)
         diff = [(k, a, b) for k, a, b in zip(keys, here, there, strict=True) if a != b]
         assert not diff, (
             f"every process must place every key on the same nodes; with "
@@ -892,13 +861,11 @@ class ShardedCacheMachine(RuleBasedStateMachine):
     one would be caught.
     """
 
-    stage: ModuleType  # bound by the _bind_stage fixture
-
     def __init__(self) -> None:
         super().__init__()
         self.env = RedisEnv.from_environment(faults=True, name="stage3-shard-machine")
         self.nodes = dict(zip(NODES, self.env.servers(len(NODES)), strict=True))
-        self.cache = self.stage.ShardedCache(
+        self.cache = stage().ShardedCache(
             {name: node.client() for name, node in self.nodes.items()},
             replicas=2,
             key_prefix=self.env.prefix,
@@ -1002,17 +969,8 @@ class ShardedCacheMachine(RuleBasedStateMachine):
         self.log.append(f"restart {name} (data lost)")
 
 
-@pytest.fixture
-def _bind_stage(stage_module: ModuleType) -> None:
-    ShardedCacheMachine.stage = stage_module
-
-
 TestStage3ShardedCacheModel = core(
-    pytest.mark.rule("never-older")(
-        pytest.mark.redis_faults(
-            pytest.mark.usefixtures("_bind_stage")(ShardedCacheMachine.TestCase)
-        )
-    )
+    pytest.mark.rule("never-older")(pytest.mark.redis_faults(ShardedCacheMachine.TestCase))
 )
 TestStage3ShardedCacheModel.settings = settings(heavy, stateful_step_count=30)
 
@@ -1062,22 +1020,15 @@ class Tap:
         return result
 
 
-@pytest.fixture
-def stage1(kata: Any) -> ModuleType:
-    """The stage-1 module: its LRUCache is the near cache's local cache."""
-    return kata.stage(1)  # type: ignore[no-any-return]
-
-
 class NearFleet:
     """Three nodes, a writer (``ShardedCache`` that publishes) and near caches to test."""
 
-    def __init__(self, redis_env: RedisEnv, stage1: ModuleType, replicas: int = 2) -> None:
+    def __init__(self, redis_env: RedisEnv, replicas: int = 2) -> None:
         self.env = redis_env
         self.nodes = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
         self.prefix = redis_env.fresh_prefix()
         self.channel = f"{self.prefix}invalidations"
         self.replicas = replicas
-        self.stage1 = stage1
         self._near: list[Any] = []
         self.writer = self.sharded({n: node.client() for n, node in self.nodes.items()})
 
@@ -1104,7 +1055,7 @@ class NearFleet:
                 via = self.nodes[name].proxied_client(proxy)
                 clients[name].pubsub = via.pubsub  # type: ignore[method-assign]
         tapped = {n: Tap(c, *taps) for n, c in clients.items()} if taps else {}
-        near = stage().NearCache(self.sharded(clients), self.stage1.LRUCache(1000))
+        near = stage().NearCache(self.sharded(clients), stage(1).LRUCache(1000))
         self._near.append(near)
         if started:
             near.start()
@@ -1148,8 +1099,8 @@ class NearFleet:
 
 
 @pytest.fixture
-def fleet(redis_env: RedisEnv, stage1: ModuleType) -> Any:
-    f = NearFleet(redis_env, stage1)
+def fleet(redis_env: RedisEnv) -> Any:
+    f = NearFleet(redis_env)
     yield f
     f.close()
 
@@ -1227,17 +1178,17 @@ def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
 
 @extended
 @pytest.mark.rule("near-bad-input")
-def test_stage3_near_rejects_bad_arguments(fleet: NearFleet, stage1: ModuleType) -> None:
+def test_stage3_near_rejects_bad_arguments(fleet: NearFleet) -> None:
     clients = {n: node.client() for n, node in fleet.nodes.items()}
     plain = stage().ShardedCache(clients, replicas=2, key_prefix=fleet.prefix)
     with pytest.raises(ValueError, match="remote"):
-        stage().NearCache(plain, stage1.LRUCache(10))
-    used = stage1.LRUCache(10)
+        stage().NearCache(plain, stage(1).LRUCache(10))
+    used = stage(1).LRUCache(10)
     used.put("k", 1)
     with pytest.raises(ValueError, match="local"):
         stage().NearCache(fleet.writer, used)
     with pytest.raises(ValueError, match="reconnect_ns"):
-        stage().NearCache(fleet.writer, stage1.LRUCache(10), reconnect_ns=-1)
+        stage().NearCache(fleet.writer, stage(1).LRUCache(10), reconnect_ns=-1)
     with pytest.raises(ValueError, match="channel"):
         stage().ShardedCache(clients, replicas=2, channel="")
 
@@ -1247,7 +1198,7 @@ def test_stage3_near_rejects_bad_arguments(fleet: NearFleet, stage1: ModuleType)
 def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
-    near = stage().NearCache(fleet.sharded(clients), fleet.stage1.LRUCache(100))
+    near = stage().NearCache(fleet.sharded(clients), stage(1).LRUCache(100))
     for name in NODES:
         near.channel_ready(name)
     fleet.writer.put("k", [1, 2, 3])
@@ -1274,7 +1225,7 @@ def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet)
         weighed.append(value)
         return len(value)
 
-    local = fleet.stage1.LRUCache(10, max_weight=5, weigh=weigh)
+    local = stage(1).LRUCache(10, max_weight=5, weigh=weigh)
     near = stage().NearCache(fleet.writer, local)
     for name in NODES:
         near.channel_ready(name)
@@ -1518,7 +1469,7 @@ class Holds:
 
 def _unstarted(fleet: NearFleet, ready: set[str], local: Any = None) -> Any:
     """A near cache that is not started, with ``channel_ready`` called for ``ready``."""
-    local = fleet.stage1.LRUCache(100) if local is None else local
+    local = stage(1).LRUCache(100) if local is None else local
     near = stage().NearCache(fleet.writer, local)
     for name in sorted(ready):
         near.channel_ready(name)
@@ -1563,7 +1514,7 @@ def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearF
     clients = {n: node.client() for n, node in fleet.nodes.items()}
     first = fleet.writer.replicas_for(key)[0]
     holds = Holds(clients[first], "GET")
-    near = stage().NearCache(fleet.sharded(clients), fleet.stage1.LRUCache(100))
+    near = stage().NearCache(fleet.sharded(clients), stage(1).LRUCache(100))
     for name in NODES:
         near.channel_ready(name)
     fleet.writer.put(key, "v1")
@@ -1596,7 +1547,7 @@ def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearF
 @pytest.mark.rule("near-ttl-bound")
 def test_stage3_near_a_ttl_local_cache_bounds_a_silent_channel(fleet: NearFleet) -> None:
     clock, ttl = ManualClock(), 10 * NS_PER_S
-    near = _unstarted(fleet, set(NODES), fleet.stage1.TTLCache(100, ttl, clock=clock))
+    near = _unstarted(fleet, set(NODES), stage(1).TTLCache(100, ttl, clock=clock))
     fleet.writer.put("k", "v1")
     assert near.get("k") == "v1"
     fleet.writer.put("k", "v2")  # its messages never come: a channel that died silently
@@ -1624,9 +1575,6 @@ class NearCacheMachine(RuleBasedStateMachine):
     that write, by this client's own write (read-your-writes) and by a flush.
     """
 
-    stage: ModuleType  # bound by the _bind_near fixture
-    stage1: ModuleType
-
     def __init__(self) -> None:
         super().__init__()
         self.env = RedisEnv.from_environment(faults=False, name="stage3-near-machine")
@@ -1634,7 +1582,7 @@ class NearCacheMachine(RuleBasedStateMachine):
         channel = f"{self.env.prefix}invalidations"
 
         def sharded(clients: dict[str, redis.Redis]) -> Any:
-            return self.stage.ShardedCache(
+            return stage().ShardedCache(
                 clients,
                 replicas=2,
                 key_prefix=self.env.prefix,
@@ -1644,7 +1592,7 @@ class NearCacheMachine(RuleBasedStateMachine):
         self.other = sharded({n: node.client() for n, node in self.nodes.items()})
         clients = {n: node.client() for n, node in self.nodes.items()}
         self.taps = {n: Tap(c, "GET") for n, c in clients.items()}
-        self.near = self.stage.NearCache(sharded(clients), self.stage1.LRUCache(100))
+        self.near = stage().NearCache(sharded(clients), stage(1).LRUCache(100))
         for name in NODES:
             self.near.channel_ready(name)
         self.versions: dict[str, list[Any]] = {k: [MISS] for k in MACHINE_KEYS}
@@ -1756,15 +1704,9 @@ class NearCacheMachine(RuleBasedStateMachine):
         self._check(key, got, self.versions[key][version:], "the held get")
 
 
-@pytest.fixture
-def _bind_near(stage_module: ModuleType, stage1: ModuleType) -> None:
-    NearCacheMachine.stage = stage_module
-    NearCacheMachine.stage1 = stage1
-
-
 TestStage3NearCacheAdversarialOrder = extended(
     pytest.mark.rule("near-guarantee", "near-placeholder", "near-read-your-writes")(
-        pytest.mark.usefixtures("_bind_near")(NearCacheMachine.TestCase)
+        NearCacheMachine.TestCase
     )
 )
 TestStage3NearCacheAdversarialOrder.settings = settings(heavy, stateful_step_count=40)

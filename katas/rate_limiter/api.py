@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from katas._kit.clients import check_client, to_json, unavailable
-from katas._kit.clock import NS_PER_S, Clock, ManualClock, MonotonicClock, WaitingClock
+from katas._runtime.clients import check_client, to_json, unavailable
+from katas._runtime.clock import NS_PER_S, Clock, ManualClock, MonotonicClock, WaitingClock
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from katas._kit import impl as _impl
-from katas._kit.bench import report
+from katas._harness.bench import report
+from katas._registry import impl as _impl
 from katas.rate_limiter.api import NS_PER_S, MonotonicClock
 
 pytestmark = [pytest.mark.stage(1), pytest.mark.core]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from katas._kit.redis import RedisEnv
+from katas._harness.redis import RedisEnv
 from katas.rate_limiter.api import NS_PER_S, ManualClock
 
 pytestmark = [pytest.mark.stage(3), pytest.mark.extended]  # collected only when named

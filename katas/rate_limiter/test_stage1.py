@@ -26,6 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from katas._harness.stages import stage
 from katas.rate_limiter.api import NS_PER_S, Decision, ManualClock, MultiDecision, RateLimiter
 
 pytestmark = [pytest.mark.stage(1)]
@@ -393,7 +394,6 @@ def setups(algo: Algo) -> st.SearchStrategy[Setup]:
 # --------------------------------------------------------------------------------------
 
 F = TypeVar("F", bound=Callable[..., Any])
-_STAGE: dict[str, ModuleType] = {}
 
 
 def needs(*parts: str) -> Callable[[F], F]:
@@ -437,7 +437,6 @@ def _fail_fast_on_stubs(request: pytest.FixtureRequest, stage_module: ModuleType
     hypothesis shrink a NotImplementedError. (State machines, being unittest classes,
     also find the stage module here.)
     """
-    _STAGE["module"] = stage_module
     parts = list(getattr(request.function, "kata_needs", ()))
     parts += getattr(request.cls, "kata_needs", ()) if request.cls is not None else ()
     callspec = getattr(request.node, "callspec", None)
@@ -1883,9 +1882,7 @@ class LimiterMachine(RuleBasedStateMachine):
     def build(self, data: st.DataObject) -> None:
         self.setup = data.draw(setups(self.algo), label="setup")
         self.steps_back = data.draw(st.booleans(), label="clock may step back")
-        self.limiter = self.setup.build(
-            _STAGE["module"], self.clock, auto_sweep=not self.steps_back
-        )
+        self.limiter = self.setup.build(stage(), self.clock, auto_sweep=not self.steps_back)
         self.model = self.setup.model()
         self.story = Story(f"{self.setup} (auto_sweep={not self.steps_back}):", self.clock)
 

@@ -20,7 +20,6 @@ from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
 from functools import partial
-from types import ModuleType
 from typing import Any
 
 import anyio
@@ -31,9 +30,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
-from katas._kit import waiting
-from katas._kit.interleave import Gate, Parked
-from katas._kit.waiting import (
+from katas._harness import waiting
+from katas._harness.interleave import Gate, Parked
+from katas._harness.stages import stage
+from katas._harness.waiting import (
     DEADLINE_S,
     Thread,
     eventually_async,
@@ -53,47 +53,26 @@ pytestmark = [pytest.mark.stage(2)]
 
 NS_PER_MS = 1_000_000
 
-_MODULES: dict[str, ModuleType] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _stages(kata: Any) -> None:
-    """The stage modules under test, also for the state machines (which take no fixtures).
-
-    Stage 2 first: with ``--base=reference`` importing it puts the reference's stage 1
-    in place of the learner's, and the inner limiters must come from that stage 1.
-    """
-    _MODULES["s2"] = kata.stage(2)
-    _MODULES["s1"] = kata.stage(1)
-
-
-def s1() -> ModuleType:
-    return _MODULES["s1"]
-
-
-def s2() -> ModuleType:
-    return _MODULES["s2"]
-
 
 def bucket_limiter(
     capacity: int, refill_per_s: int | Fraction = 1, *, stripes: int = 64
 ) -> tuple[ManualClock, Any]:
     """A ThreadSafeLimiter around a stage-1 TokenBucket (auto_sweep off), on a frozen clock."""
     clock = ManualClock()
-    inner = s1().TokenBucket(
+    inner = stage(1).TokenBucket(
         capacity=capacity, refill_per_s=refill_per_s, clock=clock, auto_sweep=False
     )
-    return clock, s2().ThreadSafeLimiter(inner, clock=clock, stripes=stripes)
+    return clock, stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=stripes)
 
 
 def async_limiter(capacity: int, refill_per_s: int = 1) -> tuple[ManualClock, Any]:
     clock = ManualClock()
-    inner = s1().TokenBucket(capacity=capacity, refill_per_s=refill_per_s, clock=clock)
-    return clock, s2().AsyncLimiter(inner, clock=clock)
+    inner = stage(1).TokenBucket(capacity=capacity, refill_per_s=refill_per_s, clock=clock)
+    return clock, stage(2).AsyncLimiter(inner, clock=clock)
 
 
 class Worker(Thread):
-    """A daemon :class:`~katas._kit.waiting.Thread` whose failure :func:`eventually` can
+    """A daemon :class:`~katas._harness.waiting.Thread` whose failure :func:`eventually` can
     re-raise while it waits; ``outcome()`` joins it with a hard deadline."""
 
     def raise_if_failed(self) -> None:
@@ -113,7 +92,7 @@ def start(fn: Callable[[], Any], name: str) -> Worker:
 
 
 def eventually(pred: Callable[[], bool], what: str, workers: tuple[Worker, ...] = ()) -> None:
-    """:func:`katas._kit.waiting.eventually`, re-raising at once what a ``workers`` thread
+    """:func:`katas._harness.waiting.eventually`, re-raising at once what a ``workers`` thread
     raised while ``pred()`` does not hold yet (instead of waiting out the deadline)."""
 
     def ready() -> bool:
@@ -370,15 +349,15 @@ def test_stage2_impossible_cost_and_zero_timeout_return_at_once() -> None:
 
 BAD_CALLS: dict[str, tuple[Callable[[Any, Any, Any], Any], str]] = {
     "stripes0": (
-        lambda inner, clock, lim: s2().ThreadSafeLimiter(inner, clock=clock, stripes=0),
+        lambda inner, clock, lim: stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=0),
         "stripes",
     ),
     "stripes2**63": (  # would allocate locks until the process dies
-        lambda inner, clock, lim: s2().ThreadSafeLimiter(inner, clock=clock, stripes=2**63),
+        lambda inner, clock, lim: stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=2**63),
         "stripes",
     ),
     "stripesTrue": (
-        lambda inner, clock, lim: s2().ThreadSafeLimiter(inner, clock=clock, stripes=True),
+        lambda inner, clock, lim: stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=True),
         "stripes",
     ),
     "cost0": (lambda inner, clock, lim: lim.try_acquire("k", 0), "cost"),
@@ -396,8 +375,8 @@ BAD_CALLS: dict[str, tuple[Callable[[Any, Any, Any], Any], str]] = {
 def test_stage2_bad_arguments_name_the_parameter(case: str) -> None:
     call, param = BAD_CALLS[case]
     clock = ManualClock()
-    inner = s1().TokenBucket(capacity=2, refill_per_s=1, clock=clock, auto_sweep=False)
-    limiter = s2().ThreadSafeLimiter(inner, clock=clock)
+    inner = stage(1).TokenBucket(capacity=2, refill_per_s=1, clock=clock, auto_sweep=False)
+    limiter = stage(2).ThreadSafeLimiter(inner, clock=clock)
     assert limiter.try_acquire("k").allowed
     with pytest.raises((ValueError, TypeError), match=param):
         call(inner, clock, limiter)
@@ -482,10 +461,10 @@ def parked_limiter(
 ) -> tuple[ManualClock, Any]:
     """A ThreadSafeLimiter whose inner bucket parks at ``gate`` in the methods ``at``."""
     clock = ManualClock()
-    inner = s1().TokenBucket(capacity=capacity, refill_per_s=1, clock=clock, auto_sweep=False)
+    inner = stage(1).TokenBucket(capacity=capacity, refill_per_s=1, clock=clock, auto_sweep=False)
     for key in holding:
         inner.try_acquire(key)  # state to refund to, before the gate is in the way
-    return clock, s2().ThreadSafeLimiter(Parked(inner, gate, at), clock=clock)
+    return clock, stage(2).ThreadSafeLimiter(Parked(inner, gate, at), clock=clock)
 
 
 PATHS: dict[str, Callable[[Any], Any]] = {
@@ -629,10 +608,10 @@ class ThreadSafeLimiterMachine(RuleBasedStateMachine):
     )
     def build(self, capacity: int, rate: Fraction, stripes: int) -> None:
         self.clock = ManualClock()
-        inner = s1().TokenBucket(
+        inner = stage(1).TokenBucket(
             capacity=capacity, refill_per_s=rate, clock=self.clock, auto_sweep=False
         )
-        self.limiter = s2().ThreadSafeLimiter(inner, clock=self.clock, stripes=stripes)
+        self.limiter = stage(2).ThreadSafeLimiter(inner, clock=self.clock, stripes=stripes)
         self.model = _BucketModel(capacity, rate)
 
     def check(self, what: str, got: object, expected: object) -> None:
@@ -984,7 +963,9 @@ async def test_stage2_async_acquire_in_a_cancelled_scope_consumes_nothing() -> N
 
 def concurrency(max_in_flight: int, lease_ns: int = 10 * NS_PER_S) -> tuple[ManualClock, Any]:
     clock = ManualClock()
-    limiter = s2().ConcurrencyLimiter(max_in_flight=max_in_flight, lease_ns=lease_ns, clock=clock)
+    limiter = stage(2).ConcurrencyLimiter(
+        max_in_flight=max_in_flight, lease_ns=lease_ns, clock=clock
+    )
     return clock, limiter
 
 
@@ -1075,7 +1056,7 @@ def test_stage2_concurrency_bad_arguments_name_the_parameter(
     kwargs: dict[str, Any], param: str
 ) -> None:
     with pytest.raises((ValueError, TypeError), match=param):
-        s2().ConcurrencyLimiter(clock=ManualClock(), **kwargs)
+        stage(2).ConcurrencyLimiter(clock=ManualClock(), **kwargs)
 
 
 @pytest.mark.extended
@@ -1118,7 +1099,7 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
     def build(self, cap: int, lease_s: int) -> None:
         self.clock = ManualClock()
         self.cap, self.lease_ns = cap, lease_s * NS_PER_S
-        self.limiter = s2().ConcurrencyLimiter(
+        self.limiter = stage(2).ConcurrencyLimiter(
             max_in_flight=cap, lease_ns=self.lease_ns, clock=self.clock
         )
         self.live: dict[int, tuple[str, int]] = {}  # id -> (key, expires_at)

@@ -1,7 +1,7 @@
 """Stage 3 — distributed: many limiter nodes sharing one Redis, with faults.
 
 Runs on fakeredis by default; ``KATA_REDIS_SERVER=redis-server`` runs it on private
-real servers, ``KATA_REDIS_URL=redis://…`` on an external one (see katas/_kit/redis.py).
+real servers, ``KATA_REDIS_URL=redis://…`` on an external one (see katas/_harness/redis.py).
 
 How exactness is checked: every decision Redis makes is a ``StampedDecision`` carrying
 the server time (µs) and the key's operation counter. Sorting one key's decisions by
@@ -40,8 +40,8 @@ from hypothesis.stateful import (
 )
 from redis.crc import key_slot
 
-from katas._kit.profiles import heavy_examples
-from katas._kit.redis import RedisEnv, RedisNode
+from katas._harness.profiles import heavy_examples
+from katas._harness.redis import RedisEnv, RedisNode
 from katas.rate_limiter.api import (
     NS_PER_S,
     Decision,

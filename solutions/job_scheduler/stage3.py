@@ -17,7 +17,7 @@ Design (see katas/job_scheduler/README.md and ``_redis_scripts.py``):
 - Payloads, results and effects travel as JSON: what cannot be encoded is refused
   before anything is sent.
 - :class:`RedisWorker` is one worker's loop (claim, handler, commit, ack; heartbeats;
-  graceful stop), what ``python -m katas._kit.worker`` runs as a separate OS process.
+  graceful stop), what ``python -m katas._harness.worker`` runs as a separate OS process.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reading a failed kata test: what kind of failure it is, the one line that says it, the
 line a learner needs besides it, and the rule of the prompt it broke.
 
-The pytest plugin (:mod:`katas._kit.pytest_plugin`) writes these into the
+The pytest plugin (:mod:`katas._harness.pytest_plugin`) writes these into the
 ``--kata-report`` JSON and into pytest's own failure report; the ``kata`` command shows
 them. Kinds: ``not_implemented`` (a stub's NotImplementedError), ``timeout`` (the test ran
 past its profile's deadline), ``assertion`` and ``error``. Nothing here names a kata.
@@ -19,8 +19,8 @@ from types import FrameType
 
 import pytest
 
-from katas._kit import profiles
-from katas._kit.impl import NOT_IMPLEMENTED
+from katas._harness import profiles
+from katas._registry.impl import NOT_IMPLEMENTED
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup

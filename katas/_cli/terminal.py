@@ -1,7 +1,7 @@
 """The keyboard side of a timed session: single key presses and yes/no questions.
 
 :class:`Terminal` is what the session loops use, so tests drive them with a scripted
-fake (and a :class:`~katas._kit.clock.ManualClock`) instead of a keyboard and real time.
+fake (and a :class:`~katas._runtime.clock.ManualClock`) instead of a keyboard and real time.
 :class:`KeyboardTerminal` reads the real one: with a terminal on stdin, keys arrive
 without Enter (cbreak mode, Ctrl-C still interrupts); without one, no key ever arrives
 and waiting is plain sleeping.
@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Protocol, TextIO
 
-from katas._kit.clock import NS_PER_S
+from katas._runtime.clock import NS_PER_S
 
 
 class Terminal(Protocol):

@@ -9,7 +9,7 @@ capture, so the numbers show even without ``-s``.
 
 The ``benchmark`` fixture is passed in, never imported: this module needs neither
 pytest nor pytest-benchmark at run time, so importing it stays as light as the rest of
-:mod:`katas._kit`.
+:mod:`katas._harness`.
 """
 
 from __future__ import annotations

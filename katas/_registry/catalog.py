@@ -21,7 +21,7 @@ kata. The file (every field is checked, unknown fields are errors so typos surfa
                                            # heading in README.md, HINTS.md, INTERVIEWER.md
 
 The root is the directory holding the kata folders: ``KATA_ROOT`` if set, else the
-checkout around the working directory (a directory with ``katas/_kit/``), else the
+checkout around the working directory (a directory with ``katas/_registry/``), else the
 directory of the installed ``katas`` package.
 """
 
@@ -268,7 +268,7 @@ def _checkout_around(start: Path) -> Path | None:
     """The ``katas`` directory of a checkout containing ``start``, if any."""
     for directory in (start, *start.parents):
         candidate = directory / "katas"
-        if (candidate / "_kit").is_dir() and (candidate / "__init__.py").is_file():
+        if (candidate / "_registry").is_dir() and (candidate / "__init__.py").is_file():
             return candidate
     return None
 

@@ -6,7 +6,7 @@ import os
 
 from hypothesis import HealthCheck, Phase, settings
 
-from katas._kit.impl import PROFILES, profile_name
+from katas._registry.impl import PROFILES, profile_name
 
 #: What every profile but the catalogue's runs: no ``explain`` phase (it reruns a failing
 #: example many more times only to comment which parts could vary).

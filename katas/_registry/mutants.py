@@ -20,7 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from katas._kit.impl import REPO_ROOT
+from katas._registry.impl import REPO_ROOT
 
 CATALOGUE = REPO_ROOT / "tests" / "mutants"
 _NAME = re.compile(r"stage(?P<stage>\d+)_(?P<slug>[a-z0-9_]+)\.diff")

@@ -22,7 +22,7 @@ from types import ModuleType
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_IMPL = "KATA_IMPL"
 ENV_PROFILE = "KATA_PROFILE"  # hypothesis profile: dev (default), ci, thorough
-#: The hypothesis profiles :mod:`katas._kit.profiles` registers (``mutant``: the catalogue's).
+#: The hypothesis profiles :mod:`katas._harness.profiles` registers (``mutant``: the catalogue's).
 PROFILES = ("dev", "ci", "thorough", "mutant")
 #: How a stub's NotImplementedError reads in a report: one line, no traceback.
 NOT_IMPLEMENTED = "not implemented yet: "
@@ -106,7 +106,7 @@ def profile_name() -> str:
     return name
 
 
-def worker_argv(selection: Selection) -> list[str]:
+def selection_argv(selection: Selection) -> list[str]:
     """The arguments that give a worker process the same selection as this process."""
     argv = ["--impl", selection.spec]
     if selection.base:

@@ -1,5 +1,5 @@
-"""What ``kata start`` (:mod:`katas._kit.cli_start`) and ``kata pair``
-(:mod:`katas._kit.cli_pair`) share: the session arguments, the implementation a session
+"""What ``kata start`` (:mod:`katas._cli.cli_start`) and ``kata pair``
+(:mod:`katas._cli.cli_pair`) share: the session arguments, the implementation a session
 tests, and recording an attempt with the progress it made.
 """
 
@@ -8,12 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from katas._kit.catalog import Kata, Stage
-from katas._kit.cliutil import Context, add_kata_stage, impl_or_error
-from katas._kit.clock import NS_PER_S
-from katas._kit.practice import tally
-from katas._kit.state import Attempt, StateError
-from katas._kit.suites import SuiteRun
+from katas._cli.cliutil import Context, add_kata_stage, impl_or_error
+from katas._cli.practice import tally
+from katas._cli.state import Attempt, StateError
+from katas._registry.catalog import Kata, Stage
+from katas._registry.suites import SuiteRun
+from katas._runtime.clock import NS_PER_S
 
 NS_PER_MIN = 60 * NS_PER_S
 

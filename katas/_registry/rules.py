@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from katas._kit.notes import section
+from katas._registry.notes import section
 
 #: ``- §fresh ...``: a rule's list item; the id is lowercase words joined by ``-``.
 _ITEM = re.compile(r"^(?P<indent>\s*)[-*]\s+§(?P<id>[a-z0-9]+(?:-[a-z0-9]+)*)\b\s*(?P<text>.*)$")

@@ -1,6 +1,6 @@
 """``kata start``: a timed practice attempt at a stage.
 
-The loop is :class:`~katas._kit.practice.SoloSession`; this module connects it to a
+The loop is :class:`~katas._cli.practice.SoloSession`; this module connects it to a
 kata's files, its suite and the recorded progress.
 """
 
@@ -15,15 +15,14 @@ from rich.markdown import Markdown
 from rich.rule import Rule
 from rich.text import Text
 
-from katas._kit.catalog import CatalogError, Kata, Stage, display_path
-from katas._kit.cli_sessions import (
+from katas._cli.cli_sessions import (
     NS_PER_MIN,
     add_session_arguments,
     learners_impl,
     save_attempt,
 )
-from katas._kit.cli_study import reveal_next_hint, stage_hints
-from katas._kit.cliutil import (
+from katas._cli.cli_study import reveal_next_hint, stage_hints
+from katas._cli.cliutil import (
     Command,
     Context,
     UserError,
@@ -36,12 +35,13 @@ from katas._kit.cliutil import (
     stage_file_or_error,
     suite_or_error,
 )
-from katas._kit.clock import NS_PER_S
-from katas._kit.notes import is_section
-from katas._kit.practice import SoloSession, clock_text, tally
-from katas._kit.state import Attempt, StateError
-from katas._kit.suites import SuiteProcess, SuiteRun, start_suite
-from katas._kit.watch import Watcher
+from katas._cli.practice import SoloSession, clock_text, tally
+from katas._cli.state import Attempt, StateError
+from katas._cli.watch import Watcher
+from katas._registry.catalog import CatalogError, Kata, Stage, display_path
+from katas._registry.notes import is_section
+from katas._registry.suites import SuiteProcess, SuiteRun, start_suite
+from katas._runtime.clock import NS_PER_S
 
 YES = ("y", "yes")
 

@@ -1,6 +1,6 @@
 """``kata pair``: an interview session — notes, a timer with swaps, a rubric sheet.
 
-The loop is :class:`~katas._kit.practice.PairSession`; this module connects it to a
+The loop is :class:`~katas._cli.practice.PairSession`; this module connects it to a
 kata's interviewer notes, its suite and the recorded progress.
 """
 
@@ -15,15 +15,14 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
-from katas._kit.catalog import Kata, Stage, display_path
-from katas._kit.cli_sessions import (
+from katas._cli.cli_sessions import (
     NS_PER_MIN,
     add_session_arguments,
     learners_impl,
     minutes_arg,
     save_attempt,
 )
-from katas._kit.cliutil import (
+from katas._cli.cliutil import (
     Command,
     Context,
     UserError,
@@ -36,8 +35,9 @@ from katas._kit.cliutil import (
     stage_prompt,
     suite_or_error,
 )
-from katas._kit.clock import NS_PER_S
-from katas._kit.notes import (
+from katas._cli.practice import PairSession, SessionKey, clock_text, tally
+from katas._registry.catalog import Kata, Stage, display_path
+from katas._registry.notes import (
     LADDER,
     InterviewerNotes,
     Part,
@@ -45,8 +45,8 @@ from katas._kit.notes import (
     is_section,
     rubric_axes,
 )
-from katas._kit.practice import PairSession, SessionKey, clock_text, tally
-from katas._kit.suites import SuiteRun, run_suite
+from katas._registry.suites import SuiteRun, run_suite
+from katas._runtime.clock import NS_PER_S
 
 
 def _swap_minutes(text: str) -> float:

@@ -1,7 +1,7 @@
 """What the ``kata`` subcommands share: the context, bad-input errors, text shortened to fit,
 reading a kata's files, the checks before a run, and the learner's summary of a suite run.
 
-Split out of :mod:`katas._kit.cli` so that the command modules (``cli_start``, ``cli_pair``,
+Split out of :mod:`katas._cli.cli` so that the command modules (``cli_start``, ``cli_pair``,
 ``cli_study``) and the command table can import it without importing each other.
 """
 
@@ -18,14 +18,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from katas._kit.catalog import Catalog, Kata, Stage, display_path
-from katas._kit.clock import MonotonicClock
-from katas._kit.impl import ENV_IMPL, NOT_IMPLEMENTED, profile_name
-from katas._kit.notes import is_section, sections
-from katas._kit.practice import Clock
-from katas._kit.state import State, StateStore
-from katas._kit.suites import SuiteRun, TestResult, resolve_impl
-from katas._kit.terminal import KeyboardTerminal, Terminal
+from katas._cli.practice import Clock
+from katas._cli.state import State, StateStore
+from katas._cli.terminal import KeyboardTerminal, Terminal
+from katas._registry.catalog import Catalog, Kata, Stage, display_path
+from katas._registry.impl import ENV_IMPL, NOT_IMPLEMENTED, profile_name
+from katas._registry.notes import is_section, sections
+from katas._registry.suites import SuiteRun, TestResult, resolve_impl
+from katas._runtime.clock import MonotonicClock
 
 
 class UserError(Exception):
@@ -60,7 +60,7 @@ class Context:
     wall: Callable[[], float] = time.time
 
     def state(self) -> State:
-        """The recorded progress (a :class:`~katas._kit.state.StateError` if unusable)."""
+        """The recorded progress (a :class:`~katas._cli.state.StateError` if unusable)."""
         return self.store.load()
 
 

@@ -1,9 +1,9 @@
 """The timed loops behind ``kata start`` (solo practice) and ``kata pair`` (interviewing).
 
 Both read time only from an injected clock (``now_ns()``, integer nanoseconds) and wait
-only through a :class:`~katas._kit.terminal.Terminal` or, while tests run, the run in
+only through a :class:`~katas._cli.terminal.Terminal` or, while tests run, the run in
 progress (:class:`RunningSuite`), so tests run a 45-minute session in milliseconds with a
-:class:`~katas._kit.clock.ManualClock`, a scripted terminal and scripted runs. The live
+:class:`~katas._runtime.clock.ManualClock`, a scripted terminal and scripted runs. The live
 line (countdown, progress bar, keys) is a renderable that reads the clock each time it is
 drawn, so in a real terminal it keeps ticking while a suite runs.
 """
@@ -21,10 +21,10 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from katas._kit.clock import NS_PER_S
-from katas._kit.suites import SuiteRun
-from katas._kit.terminal import Terminal
-from katas._kit.watch import Watcher
+from katas._cli.terminal import Terminal
+from katas._cli.watch import Watcher
+from katas._registry.suites import SuiteRun
+from katas._runtime.clock import NS_PER_S
 
 #: How often a session looks for saved files and redraws.
 POLL_NS = NS_PER_S // 2
@@ -100,7 +100,7 @@ RUN_WAIT_NS = NS_PER_S // 20
 
 
 class RunningSuite(Protocol):
-    """A suite run in progress, as :func:`~katas._kit.suites.start_suite` starts one."""
+    """A suite run in progress, as :func:`~katas._registry.suites.start_suite` starts one."""
 
     def wait(self, timeout_s: float | None = None) -> SuiteRun | None:
         """Wait at most ``timeout_s`` for the result; None if it is not there yet."""

@@ -21,9 +21,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from katas._kit import mutants
-from katas._kit.catalog import Kata, Stage, display_path
-from katas._kit.cliutil import (
+from katas._cli.cliutil import (
     Command,
     Context,
     UserError,
@@ -33,12 +31,14 @@ from katas._kit.cliutil import (
     print_summary,
     read_text,
 )
-from katas._kit.clock import NS_PER_S
-from katas._kit.notes import Part, hints
-from katas._kit.practice import clock_text
-from katas._kit.pristine import PristineError, pristine_stub
-from katas._kit.state import Attempt, State, StateError
-from katas._kit.suites import run_suite
+from katas._cli.practice import clock_text
+from katas._cli.pristine import PristineError, pristine_stub
+from katas._cli.state import Attempt, State, StateError
+from katas._registry import mutants
+from katas._registry.catalog import Kata, Stage, display_path
+from katas._registry.notes import Part, hints
+from katas._registry.suites import run_suite
+from katas._runtime.clock import NS_PER_S
 
 # --- kata hint -------------------------------------------------------------------------------
 

@@ -1,13 +1,13 @@
 """The ``kata`` command: list, show and test the katas described by kata.toml files, and
 practise them — timed attempts, hints, pairing sessions, progress.
 
-Everything a kata-specific command needs comes from :mod:`katas._kit.catalog`, so a new
+Everything a kata-specific command needs comes from :mod:`katas._registry.catalog`, so a new
 kata needs no change here. Each subcommand is a :class:`Command` (its arguments and a
 ``run`` function returning the exit code) in :data:`COMMANDS`; ``start`` lives in
-:mod:`katas._kit.cli_start`, ``pair`` in :mod:`katas._kit.cli_pair`, ``hint``, ``reveal``,
-``reset``, ``bench`` and ``progress`` in :mod:`katas._kit.cli_study`. A stage suite runs through
-:func:`katas._kit.suites.run_suite`, which prints nothing, so timed practice and watching
-reuse it. Progress lives in the user's state directory (:mod:`katas._kit.state`).
+:mod:`katas._cli.cli_start`, ``pair`` in :mod:`katas._cli.cli_pair`, ``hint``, ``reveal``,
+``reset``, ``bench`` and ``progress`` in :mod:`katas._cli.cli_study`. A stage suite runs through
+:func:`katas._registry.suites.run_suite`, which prints nothing, so timed practice and watching
+reuse it. Progress lives in the user's state directory (:mod:`katas._cli.state`).
 Exit codes: 0 success (for ``test``: every selected test passed), 1 tests failed or
 could not run, 2 bad input (including an unusable state file), 130 interrupted.
 """
@@ -29,9 +29,8 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from katas._kit import cli_pair, cli_start, cli_study
-from katas._kit.catalog import ENV_ROOT, Catalog, CatalogError, Kata, Stage, display_path
-from katas._kit.cliutil import (
+from katas._cli import cli_pair, cli_start, cli_study
+from katas._cli.cliutil import (
     Command,
     Context,
     UserError,
@@ -50,12 +49,13 @@ from katas._kit.cliutil import (
     stage_prompt,
     suite_or_error,
 )
-from katas._kit.clock import NS_PER_S
-from katas._kit.impl import ENV_IMPL, ENV_PROFILE
-from katas._kit.practice import Clock, clock_text
-from katas._kit.state import ENV_STATE_DIR, State, StateError, StateStore, stage_key
-from katas._kit.suites import run_suite
-from katas._kit.terminal import Terminal
+from katas._cli.practice import Clock, clock_text
+from katas._cli.state import ENV_STATE_DIR, State, StateError, StateStore, stage_key
+from katas._cli.terminal import Terminal
+from katas._registry.catalog import ENV_ROOT, Catalog, CatalogError, Kata, Stage, display_path
+from katas._registry.impl import ENV_IMPL, ENV_PROFILE
+from katas._registry.suites import run_suite
+from katas._runtime.clock import NS_PER_S
 
 # --- the parser --------------------------------------------------------------------------
 

@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from katas._kit.catalog import PACKAGE_ROOT, Catalog
-from katas._kit.impl import ENV_IMPL, ENV_PROFILE, bad_impl
+from katas._registry.catalog import PACKAGE_ROOT, Catalog
+from katas._registry.impl import ENV_IMPL, ENV_PROFILE, bad_impl
 
-PLUGIN = "katas._kit.pytest_plugin"
+PLUGIN = "katas._harness.pytest_plugin"
 #: The installed pytest plugins a suite run uses, loaded by name with autoload off. An
 #: autoloaded plugin has the asserts of every module of its distribution rewritten (about
 #: 120 modules of hypothesis, anyio and pytest-benchmark); where bytecode is not written

@@ -15,24 +15,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import json
 import os
 import signal
 import sys
 import threading
 from collections.abc import Generator
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
 import pytest
 
-from katas._kit import impl as _impl
-from katas._kit import profiles
-from katas._kit.catalog import CatalogError, load_kata
-from katas._kit.failures import (
+from katas._harness import profiles
+from katas._harness import stages as _stages
+from katas._harness.failures import (
     classify,
     failure_detail,
     is_noise,
@@ -40,13 +37,16 @@ from katas._kit.failures import (
     start_hint,
     tell_once,
 )
-from katas._kit.rules import Rule, all_rules
+from katas._harness.stages import Kata
+from katas._registry import impl as _impl
+from katas._registry.catalog import CatalogError, load_kata
+from katas._registry.rules import Rule, all_rules
 
 if sys.version_info < (3, 11):  # pragma: no cover
     pass
 
 #: The Redis fixtures come with the harness, also when it is loaded with ``-p``.
-pytest_plugins = ["katas._kit.redis"]
+pytest_plugins = ["katas._harness.redis"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -130,46 +130,42 @@ class _ShrinkHooks:
             self.budget.failed()
 
 
-@dataclass(frozen=True)
-class Kata:
-    """The stage modules of one kata, from the selected implementation.
-
-    With ``--base=reference``, stages below the suite's own come from the reference.
-    """
-
-    name: str
-    selection: _impl.Selection
-    suite_stage: int | None = None
-
-    def stage(self, n: int) -> ModuleType:
-        if self.selection.base == "reference" and self.suite_stage and n < self.suite_stage:
-            self.selection.stage(self.name, self.suite_stage)  # seeds the swap first
-            return importlib.import_module(f"solutions.{self.name}.stage{n}")
-        return self.selection.stage(self.name, n)
-
-
 @pytest.fixture(scope="session")
 def impl_selection(pytestconfig: pytest.Config) -> _impl.Selection:
     """The resolved ``--impl`` / ``--base`` choice."""
     return pytestconfig.stash[_selection_key]
 
 
+def _kata_of(node: pytest.Item | pytest.Collector, selection: _impl.Selection) -> Kata:
+    """The kata whose folder holds ``node``'s file, with the suite's stage."""
+    marker = node.get_closest_marker("stage")
+    return Kata(node.path.parent.name, selection, int(marker.args[0]) if marker else None)
+
+
 @pytest.fixture(scope="module")
 def kata(request: pytest.FixtureRequest, impl_selection: _impl.Selection) -> Kata:
     """The kata whose folder holds the requesting test file."""
-    marker = request.node.get_closest_marker("stage")
-    return Kata(
-        Path(request.path).parent.name, impl_selection, int(marker.args[0]) if marker else None
-    )
+    return _kata_of(request.node, impl_selection)
 
 
 @pytest.fixture(scope="module")
 def stage_module(request: pytest.FixtureRequest, kata: Kata) -> ModuleType:
-    """The stage module named by the test file's ``stage(N)`` marker."""
-    marker = next((m for m in request.node.iter_markers("stage")), None)
-    if marker is None:
+    """The stage module named by the test file's ``stage(N)`` marker: ``stage()``."""
+    if kata.suite_stage is None:
         raise pytest.UsageError(f"{request.path}: set pytestmark = [pytest.mark.stage(N)]")
-    return kata.stage(int(marker.args[0]))
+    return kata.stage(kata.suite_stage)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``stage()`` reaches this test's kata while it runs (fixtures included)."""
+    if item.get_closest_marker("stage") is not None:
+        _stages.running(_kata_of(item, item.config.stash[_selection_key]))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _stages.running(None)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
-from katas._kit.waiting import DEADLINE_S
+from katas._harness.waiting import DEADLINE_S
 
 T = TypeVar("T")
 

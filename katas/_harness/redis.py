@@ -16,7 +16,7 @@
    too, in which case private servers serve those tests (and multi-node tests) and the
    external server the rest.
 
-Faults: :meth:`RedisEnv.proxy` puts a :class:`~katas._kit.faultproxy.FaultProxy`
+Faults: :meth:`RedisEnv.proxy` puts a :class:`~katas._harness.faultproxy.FaultProxy`
 between a client and a node (outage, blackhole, dropped replies, latency, round-trip
 counting — it only
 affects the test's own connections, so it works in every mode); ``node.restart()``,
@@ -60,8 +60,8 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from katas._kit.clock import NS_PER_S
-from katas._kit.faultproxy import FaultProxy
+from katas._harness.faultproxy import FaultProxy
+from katas._runtime.clock import NS_PER_S
 
 ENV_SERVER = "KATA_REDIS_SERVER"
 ENV_URL = "KATA_REDIS_URL"

@@ -1,0 +1,53 @@
+"""The one way a suite reaches the code under test: ``stage()`` — also from helpers and
+hypothesis state machines, which cannot take fixtures.
+
+``stage()`` is the stage module of the suite now running (its ``stage(N)`` marker),
+``stage(n)`` another stage of the same kata — from the reference when ``--base=reference``
+and ``n`` is below the suite's stage. The plugin sets the running suite before each test
+and clears it after; outside a test, ``stage()`` is an error that says so.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+
+from katas._registry import impl
+
+
+@dataclass(frozen=True)
+class Kata:
+    """The stage modules of one kata, from the selected implementation.
+
+    With ``--base=reference``, stages below the suite's own come from the reference.
+    """
+
+    name: str
+    selection: impl.Selection
+    suite_stage: int | None = None
+
+    def stage(self, n: int) -> ModuleType:
+        if self.selection.base == "reference" and self.suite_stage and n < self.suite_stage:
+            self.selection.stage(self.name, self.suite_stage)  # seeds the swap first
+            return importlib.import_module(f"solutions.{self.name}.stage{n}")
+        return self.selection.stage(self.name, n)
+
+
+_running: list[Kata] = []
+
+
+def running(kata: Kata | None) -> None:
+    """Set (or, with None, clear) the kata of the test now running: the plugin's job."""
+    _running[:] = [] if kata is None else [kata]
+
+
+def stage(n: int | None = None) -> ModuleType:
+    """The stage module under test (``n``: another stage of the same kata)."""
+    if not _running:
+        raise RuntimeError("stage() reaches the code under test only while a kata test runs")
+    kata = _running[0]
+    number = kata.suite_stage if n is None else n
+    if number is None:
+        raise RuntimeError(f"{kata.name}: the suite has no stage(N) marker")
+    return kata.stage(number)

@@ -1,1 +1,0 @@
-"""The harness shared by every kata: clocks, implementation selection, Redis, CLI."""

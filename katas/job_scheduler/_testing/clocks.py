@@ -1,0 +1,96 @@
+"""Test clocks of the job scheduler's suites: a ManualClock that knows who sleeps on
+it, and the heartbeat check that stages 2 and 3 share."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from katas._harness.waiting import eventually
+from katas.job_scheduler.api import ManualClock
+
+#: A lease a third of which is a whole number: the default heartbeat interval (lease // 3).
+LONG_LEASE = 3_000
+
+
+class WatchedClock(ManualClock):
+    """A ManualClock that knows which threads sleep on it, and until when: so a test can
+    tell when every thread of a pool is parked — nothing can happen until the clock
+    moves — instead of watching for a while that nothing happens."""
+
+    def __init__(self, start_ns: int) -> None:
+        super().__init__(start_ns)
+        self._asleep: dict[int, int | None] = {}
+        self._watch = threading.Lock()
+
+    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        me = threading.get_ident()
+        with self._watch:
+            self._asleep[me] = deadline_ns
+        try:
+            super().wait_until_ns(cond, deadline_ns)
+        finally:
+            with self._watch:
+                self._asleep.pop(me, None)
+
+    def parked(self, others: set[threading.Thread], busy: set[int]) -> bool:
+        """Every thread not in ``others`` (those alive before the test) and not ``busy``
+        (held by the test, e.g. in a handler) sleeps here with a deadline after now."""
+        now = self.now_ns()
+        with self._watch:
+            asleep = dict(self._asleep)
+        threads = [t for t in threading.enumerate() if t not in others and t.ident not in busy]
+        return all(
+            t.ident in asleep and (asleep[t.ident] is None or asleep[t.ident] > now)  # type: ignore[operator]
+            for t in threads
+        )
+
+    def settle(self, others: set[threading.Thread], busy: set[int]) -> None:
+        """Wait (hard deadline) until every thread of the component is parked on the clock."""
+        eventually(
+            lambda: self.parked(others, busy),
+            "every worker and heartbeat thread asleep on the clock (none busy, none due)",
+        )
+
+
+def beats_at_a_third(
+    heartbeats: Callable[[], int],
+    expiry: Callable[[], int | None],
+    clock: WatchedClock,
+    settle: Callable[[], None],
+    who: str = "the pool",
+    lease: int = LONG_LEASE,
+) -> None:
+    """One job leased at the clock's start, its handler parked, heartbeat_every_ns=None:
+    no heartbeat at claim + lease // 3 - 1; one at that instant exactly (extending the
+    lease to then + lease, where ``expiry`` can tell); the next a third later again.
+    ``settle()`` returns once nothing can happen until the clock moves."""
+    start, third = clock.now_ns(), lease // 3
+    for beat in (1, 2):
+        due = start + beat * third
+        clock.set(due - 1)
+        settle()
+        if heartbeats() != beat - 1:
+            raise AssertionError(
+                f"{who}: {heartbeats()} heartbeat(s) by {due - 1 - start} ns after the claim, "
+                f"expected {beat - 1}: with heartbeat_every_ns=None the interval is a third "
+                f"of the lease ({lease} // 3 = {third} ns), so heartbeat {beat} is due at "
+                f"{due - start} ns and not before"
+            )
+        clock.set(due)
+        settle()
+        if heartbeats() != beat:
+            raise AssertionError(
+                f"{who}: at {due - start} ns after the claim (= {beat} × lease // 3) "
+                f"{heartbeats()} heartbeat(s) had happened, expected {beat}; every thread is "
+                f"asleep on the clock, so nothing more happens before the clock moves: the "
+                f"default interval (heartbeat_every_ns=None) must be a third of the lease, "
+                f"{third} ns"
+            )
+        expires = expiry()
+        if expires is not None and expires != due + lease:
+            raise AssertionError(
+                f"{who}: heartbeat {beat} at {due - start} ns must extend the lease to "
+                f"{due + lease - start} ns after the claim; it expires at "
+                f"{expires - start}"
+            )
