@@ -220,16 +220,19 @@ FOLLOWUP_MARK
 
 #: The pristine stub ``stage1.py`` the learner starts from (a docstring is still a stub).
 CALC_STUB = '''\
+from katas._runtime.todo import Todo
+
+
 class Calc:
     def add(self, a: int, b: int) -> int:
         """a + b"""
-        raise NotImplementedError("Calc.add — stage 1, see calc/README.md")
+        raise Todo()
 
     def mul(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.mul — stage 1, see calc/README.md")
+        raise Todo()
 
     def sub(self, a: int, b: int) -> int:
-        raise NotImplementedError("Calc.sub — stage 1, see calc/README.md")
+        raise Todo()
 '''
 
 #: The reference ``stage1.py`` of the fake ``calc`` kata; a kata's checks may add methods after.

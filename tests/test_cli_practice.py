@@ -104,7 +104,7 @@ def test_cli_reveal_only_after_passing_or_forced_and_lists_common_mistakes(
     assert "has not passed yet" in err and "--force" in err, err
     assert main(["reveal", "calc", "1", "--force"]) == 0
     out = capsys.readouterr().out
-    assert "+        raise NotImplementedError" in out and "-        return a + b" in out, out
+    assert "+        raise Todo()" in out and "-        return a + b" in out, out
     assert "MUTANT_MARK subtracts the wrong way round" in out, out
     assert "stage1_sub_swapped" in out
 

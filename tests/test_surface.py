@@ -69,4 +69,4 @@ def test_stub_marks_where_the_learner_works(kata: str, stage: int) -> None:
     assert f"# TODO(stage{stage})" in text, (
         f"katas/{kata}/stage{stage}.py lacks # TODO(stage{stage})"
     )
-    assert "NotImplementedError" in text
+    assert "raise Todo()" in text, f"katas/{kata}/stage{stage}.py: a stub raises Todo()"

@@ -2,7 +2,8 @@
 
 HEAD is not always pristine: a learner may commit their own work in their working copy.
 So the stub is the newest committed version of the file that still *looks* like a stub
-— every function's first statement (after its docstring) raises NotImplementedError —
+— every function's first statement (after its docstring) raises ``Todo`` (or, in a
+version from before the sentinel, NotImplementedError) —
 and, if no version does, the file's first committed version.
 """
 
@@ -21,7 +22,7 @@ class PristineError(Exception):
 
 
 def looks_like_stub(source: str) -> bool:
-    """Whether every function in ``source`` starts by raising NotImplementedError."""
+    """Whether every function in ``source`` starts by raising the stub sentinel."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -40,7 +41,7 @@ def looks_like_stub(source: str) -> bool:
             return False
         exc = body[0].exc
         target = exc.func if isinstance(exc, ast.Call) else exc
-        if not (isinstance(target, ast.Name) and target.id == "NotImplementedError"):
+        if not (isinstance(target, ast.Name) and target.id in ("Todo", "NotImplementedError")):
             return False
     return bool(functions)
 

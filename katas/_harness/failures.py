@@ -3,7 +3,7 @@ line a learner needs besides it, and the rule of the prompt it broke.
 
 The pytest plugin (:mod:`katas._harness.pytest_plugin`) writes these into the
 ``--kata-report`` JSON and into pytest's own failure report; the ``kata`` command shows
-them. Kinds: ``not_implemented`` (a stub's NotImplementedError), ``timeout`` (the test ran
+them. Kinds: ``not_implemented`` (a stub's ``Todo``), ``timeout`` (the test ran
 past its profile's deadline), ``assertion`` and ``error``. Nothing here names a kata.
 """
 
@@ -21,6 +21,7 @@ import pytest
 
 from katas._harness import profiles
 from katas._registry.impl import NOT_IMPLEMENTED
+from katas._runtime.todo import Todo
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -50,7 +51,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
         if isinstance(e, profiles.TestTimedOut):
             return "timeout", str(e)
     for e in _walk(exc):
-        if isinstance(e, NotImplementedError):
+        if isinstance(e, Todo):
             return "not_implemented", NOT_IMPLEMENTED + (str(e) or type(e).__name__)
     top = exc
     if isinstance(top, BaseExceptionGroup):
@@ -187,7 +188,7 @@ def running_place(frame: FrameType) -> str:
 def failure_detail(exc: BaseException, kind: str) -> str:
     """The report's ``detail`` of a failure :func:`classify` called ``kind``: for an
     assertion :func:`assertion_detail`; for an error where it was raised (a syntax error:
-    the offending line); "" for a stub's NotImplementedError. At most DETAIL_CHARS."""
+    the offending line); "" for a stub's ``Todo``. At most DETAIL_CHARS."""
     if kind in ("not_implemented", "timeout"):  # the message is the whole story
         return ""
     focus = exc

@@ -2,7 +2,7 @@
 
 - ``--impl katas|solutions|PATH`` (or ``KATA_IMPL``) and ``--base own|reference`` choose
   what is tested; tests receive stage modules only through the ``kata`` fixture.
-- A stub's ``NotImplementedError`` becomes one line: ``not implemented yet: ...``, reported
+- A stub's ``Todo`` becomes one line: ``not implemented yet: ...``, reported
   as a failure of the test even where a fixture met it; a run of nothing but those ends
   with where to start. A test past its deadline is one line too.
 - A failing test quotes the rules of the prompt it checks (``@pytest.mark.rule``), and
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from katas._harness import profiles
-from katas._harness import stages as _stages
+from katas._harness import under_test as _stages
 from katas._harness.failures import (
     classify,
     failure_detail,
@@ -37,7 +37,7 @@ from katas._harness.failures import (
     start_hint,
     tell_once,
 )
-from katas._harness.stages import Kata
+from katas._harness.under_test import Kata
 from katas._registry import impl as _impl
 from katas._registry.catalog import CatalogError, load_kata
 from katas._registry.rules import Rule, all_rules

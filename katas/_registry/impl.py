@@ -24,7 +24,7 @@ ENV_IMPL = "KATA_IMPL"
 ENV_PROFILE = "KATA_PROFILE"  # hypothesis profile: dev (default), ci, thorough
 #: The hypothesis profiles :mod:`katas._harness.profiles` registers (``mutant``: the catalogue's).
 PROFILES = ("dev", "ci", "thorough", "mutant")
-#: How a stub's NotImplementedError reads in a report: one line, no traceback.
+#: How a stub's ``Todo`` reads in a report: one line, no traceback.
 NOT_IMPLEMENTED = "not implemented yet: "
 ENV_BASE = "KATA_BASE"
 

@@ -46,10 +46,11 @@ Rules the queue follows (the suite checks each one):
 from __future__ import annotations
 
 # TODO(stage1): implement every class and method below; delete each
-# `raise NotImplementedError(...)` as you go.
+# `raise Todo()` as you go.
 import random
 from typing import Any
 
+from katas._runtime.todo import Todo
 from katas.job_scheduler.api import (
     DEFAULT_DEDUP_TTL_NS,
     DEFAULT_RETENTION_NS,
@@ -59,8 +60,6 @@ from katas.job_scheduler.api import (
     QueueStatistics,
     RetryPolicy,
 )
-
-_WHERE = "stage 1, see katas/job_scheduler/README.md"
 
 
 class JobQueue:
@@ -86,7 +85,7 @@ class JobQueue:
         retention_ns: int = DEFAULT_RETENTION_NS,
         max_pending: int | None = None,
     ) -> None:
-        raise NotImplementedError(f"JobQueue.__init__ — {_WHERE}")
+        raise Todo()
 
     # --- core -------------------------------------------------------------------------
 
@@ -105,7 +104,7 @@ class JobQueue:
         within ``dedup_ttl_ns`` of its first enqueue, return the first job's id and
         create nothing (even if that job is finished or forgotten).
         """
-        raise NotImplementedError(f"JobQueue.enqueue — {_WHERE}")
+        raise Todo()
 
     def claim(self, worker_id: str) -> Lease | None:
         """Lease the first READY job in order to ``worker_id``, or return None.
@@ -113,22 +112,22 @@ class JobQueue:
         Counts an attempt, issues the next fencing token, and leases the job until
         now + ``lease_ns``. ``worker_id`` is a non-empty str.
         """
-        raise NotImplementedError(f"JobQueue.claim — {_WHERE}")
+        raise Todo()
 
     def ack(self, lease: Lease, result: Any = None) -> None:
         """Finish the job as SUCCEEDED, keeping ``result``. StaleLease unless live."""
-        raise NotImplementedError(f"JobQueue.ack — {_WHERE}")
+        raise Todo()
 
     def nack(self, lease: Lease, error: str) -> None:
         """Fail this attempt with ``error`` (a str): retry after backoff, or DEAD.
 
         StaleLease unless ``lease`` is live.
         """
-        raise NotImplementedError(f"JobQueue.nack — {_WHERE}")
+        raise Todo()
 
     def get(self, job_id: str) -> Job:
         """A snapshot of the job now. JobNotFound if unknown or forgotten."""
-        raise NotImplementedError(f"JobQueue.get — {_WHERE}")
+        raise Todo()
 
     def next_due_ns(self) -> int | None:
         """When the next claim can succeed, as far as the queue knows now.
@@ -137,7 +136,7 @@ class JobQueue:
         live leases' expiry times (an expiry may bring its job back); None if there is
         neither. Before that time, ``claim`` returns None.
         """
-        raise NotImplementedError(f"JobQueue.next_due_ns — {_WHERE}")
+        raise Todo()
 
     # --- extended ---------------------------------------------------------------------
 
@@ -147,14 +146,14 @@ class JobQueue:
         StaleLease if the lease is not live — an expired lease is never revived, even if
         no other worker has claimed the job since.
         """
-        raise NotImplementedError(f"JobQueue.heartbeat — {_WHERE}")
+        raise Todo()
 
     def release(self, lease: Lease) -> None:
         """Hand the job back unfinished: READY again, in its old place, attempt refunded.
 
         For graceful shutdown. StaleLease unless ``lease`` is live.
         """
-        raise NotImplementedError(f"JobQueue.release — {_WHERE}")
+        raise Todo()
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a job that is not finished: CANCELLED now, its lease (if any) stale.
@@ -162,11 +161,11 @@ class JobQueue:
         Return True if cancelled, False if the job was already finished (nothing
         changes). JobNotFound if unknown.
         """
-        raise NotImplementedError(f"JobQueue.cancel — {_WHERE}")
+        raise Todo()
 
     def dead_letters(self) -> list[Job]:
         """Snapshots of the DEAD jobs held, in the order they died (oldest first)."""
-        raise NotImplementedError(f"JobQueue.dead_letters — {_WHERE}")
+        raise Todo()
 
     def redrive(self, job_id: str) -> bool:
         """Return a DEAD job to READY now, attempts zeroed (its token is not reset).
@@ -174,15 +173,15 @@ class JobQueue:
         Return True if redriven, False if the job is not DEAD (nothing changes).
         JobNotFound if unknown; QueueFull if ``max_pending`` jobs are pending.
         """
-        raise NotImplementedError(f"JobQueue.redrive — {_WHERE}")
+        raise Todo()
 
     def is_current(self, lease: Lease) -> bool:
         """Whether ``lease`` is its job's live lease now (False for a forgotten job)."""
-        raise NotImplementedError(f"JobQueue.is_current — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> QueueStatistics:
         """How many jobs are held in each state, and how many idempotency records."""
-        raise NotImplementedError(f"JobQueue.statistics — {_WHERE}")
+        raise Todo()
 
 
 class MemoryEffectStore:
@@ -195,7 +194,7 @@ class MemoryEffectStore:
     """
 
     def __init__(self, queue: JobQueue) -> None:
-        raise NotImplementedError(f"MemoryEffectStore.__init__ — {_WHERE}")
+        raise Todo()
 
     def commit(self, lease: Lease, effect: Any) -> bool:
         """Record ``effect`` for ``lease.job_id`` iff it has none and the lease is live.
@@ -204,8 +203,8 @@ class MemoryEffectStore:
         earlier attempt); nothing changes. StaleLease if the lease is not live (checked
         first: a zombie learns it is one).
         """
-        raise NotImplementedError(f"MemoryEffectStore.commit — {_WHERE}")
+        raise Todo()
 
     def effects(self) -> dict[str, Any]:
         """Every committed effect, by job id (a copy)."""
-        raise NotImplementedError(f"MemoryEffectStore.effects — {_WHERE}")
+        raise Todo()

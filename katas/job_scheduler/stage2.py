@@ -38,18 +38,17 @@ Rules the pool follows (the suite checks each one):
 from __future__ import annotations
 
 # TODO(stage2): implement every class and method below; delete each
-# `raise NotImplementedError(...)` as you go.
+# `raise Todo()` as you go.
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from katas._runtime.todo import Todo
 from katas.job_scheduler.api import Lease, PoolStatistics, WaitingClock
 
 from .stage1 import JobQueue
 
 Handler = Callable[[Lease, Any], Any]
 AsyncHandler = Callable[[Lease, Any], Awaitable[Any]]
-
-_WHERE = "stage 2, see katas/job_scheduler/README.md"
 
 
 class ThreadWorkerPool:
@@ -71,27 +70,27 @@ class ThreadWorkerPool:
         heartbeat_every_ns: int | None = None,
         max_in_flight: int | None = None,
     ) -> None:
-        raise NotImplementedError(f"ThreadWorkerPool.__init__ — {_WHERE}")
+        raise Todo()
 
     def start(self) -> None:
         """Start the worker threads and the heartbeat thread (daemons); RuntimeError if
         already started."""
-        raise NotImplementedError(f"ThreadWorkerPool.start — {_WHERE}")
+        raise Todo()
 
     def submit(self, payload: Any, **options: Any) -> str:
         """Enqueue a job (``options`` as for ``JobQueue.enqueue``) under the pool's lock
         and wake the idle workers; return the job id."""
-        raise NotImplementedError(f"ThreadWorkerPool.submit — {_WHERE}")
+        raise Todo()
 
     def shutdown(self, grace_ns: int) -> None:
         """Stop claiming; wait up to ``grace_ns`` for running jobs, then release the rest.
 
         Returns once no job of this pool holds a lease."""
-        raise NotImplementedError(f"ThreadWorkerPool.shutdown — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> PoolStatistics:
         """A snapshot of the pool's counters (see ``PoolStatistics``); ``timed_out`` is 0."""
-        raise NotImplementedError(f"ThreadWorkerPool.statistics — {_WHERE}")
+        raise Todo()
 
 
 class AsyncWorkerPool:
@@ -114,22 +113,22 @@ class AsyncWorkerPool:
         max_in_flight: int | None = None,
         timeout_ns: int | None = None,
     ) -> None:
-        raise NotImplementedError(f"AsyncWorkerPool.__init__ — {_WHERE}")
+        raise Todo()
 
     async def run(self) -> None:
         """Run the worker tasks and the heartbeat task; return once ``shutdown`` has
         finished. RuntimeError if already running."""
-        raise NotImplementedError(f"AsyncWorkerPool.run — {_WHERE}")
+        raise Todo()
 
     def submit(self, payload: Any, **options: Any) -> str:
         """Enqueue a job (``options`` as for ``JobQueue.enqueue``) and wake idle workers."""
-        raise NotImplementedError(f"AsyncWorkerPool.submit — {_WHERE}")
+        raise Todo()
 
     async def shutdown(self, grace_ns: int) -> None:
         """Stop claiming; wait up to ``grace_ns`` for running jobs, then cancel the
         handlers still running and release their jobs (attempts refunded)."""
-        raise NotImplementedError(f"AsyncWorkerPool.shutdown — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> PoolStatistics:
         """A snapshot of the pool's counters (see ``PoolStatistics``)."""
-        raise NotImplementedError(f"AsyncWorkerPool.statistics — {_WHERE}")
+        raise Todo()

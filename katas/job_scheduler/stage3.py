@@ -37,13 +37,14 @@ Rules the suite checks:
 from __future__ import annotations
 
 # TODO(stage3): implement every class and method below; delete each
-# `raise NotImplementedError(...)` as you go.
+# `raise Todo()` as you go.
 import random
 from collections.abc import Callable
 from typing import Any
 
 import redis
 
+from katas._runtime.todo import Todo
 from katas.job_scheduler.api import (
     DEFAULT_DEDUP_TTL_NS,
     DEFAULT_RETENTION_NS,
@@ -59,8 +60,6 @@ from katas.job_scheduler.api import (
 
 Handler = Callable[[Lease, Any], Any]
 EventHook = Callable[[str, Lease | None], None]
-
-_WHERE = "stage 3, see katas/job_scheduler/README.md"
 
 
 class RedisJobQueue:
@@ -85,12 +84,12 @@ class RedisJobQueue:
         name: str = "jobs",
         key_prefix: str = "q:",
     ) -> None:
-        raise NotImplementedError(f"RedisJobQueue.__init__ — {_WHERE}")
+        raise Todo()
 
     @property
     def lease_ns(self) -> int:
         """How long a claim or heartbeat leases a job for."""
-        raise NotImplementedError(f"RedisJobQueue.lease_ns — {_WHERE}")
+        raise Todo()
 
     def enqueue(
         self,
@@ -104,66 +103,66 @@ class RedisJobQueue:
         """Add a job (one script); return its id — the first job's id for a key seen
         within its TTL. ``run_at_ns`` is on the server's clock; ``delay_ns`` counts
         from the server's now (give one or neither). QueueFull past ``max_pending``."""
-        raise NotImplementedError(f"RedisJobQueue.enqueue — {_WHERE}")
+        raise Todo()
 
     def claim(self, worker_id: str) -> Lease | None:
         """Lease the best due job to ``worker_id`` (counting an attempt, bumping the
         token), or None — one script."""
-        raise NotImplementedError(f"RedisJobQueue.claim — {_WHERE}")
+        raise Todo()
 
     def ack(self, lease: Lease, result: Any = None) -> None:
         """Finish the leased job as SUCCEEDED with ``result``; StaleLease if not live."""
-        raise NotImplementedError(f"RedisJobQueue.ack — {_WHERE}")
+        raise Todo()
 
     def nack(self, lease: Lease, error: str) -> None:
         """Fail this attempt: retry after backoff, or DEAD after max_attempts attempts."""
-        raise NotImplementedError(f"RedisJobQueue.nack — {_WHERE}")
+        raise Todo()
 
     def get(self, job_id: str) -> Job:
         """A snapshot of the job; JobNotFound if unknown or forgotten."""
-        raise NotImplementedError(f"RedisJobQueue.get — {_WHERE}")
+        raise Todo()
 
     def next_due_ns(self) -> int | None:
         """The server's now if a job is READY; else the next run time or lease expiry
         (server time); else None."""
-        raise NotImplementedError(f"RedisJobQueue.next_due_ns — {_WHERE}")
+        raise Todo()
 
     def heartbeat(self, lease: Lease) -> Lease:
         """Extend a live lease to now + lease_ns; StaleLease if it has expired."""
-        raise NotImplementedError(f"RedisJobQueue.heartbeat — {_WHERE}")
+        raise Todo()
 
     def release(self, lease: Lease) -> None:
         """Hand the job back unfinished: READY again in its old place, attempt refunded."""
-        raise NotImplementedError(f"RedisJobQueue.release — {_WHERE}")
+        raise Todo()
 
     def cancel(self, job_id: str) -> bool:
         """Cancel an unfinished job (its lease goes stale); False if already finished."""
-        raise NotImplementedError(f"RedisJobQueue.cancel — {_WHERE}")
+        raise Todo()
 
     def dead_letters(self) -> list[Job]:
         """Snapshots of the DEAD jobs still held, in the order they died."""
-        raise NotImplementedError(f"RedisJobQueue.dead_letters — {_WHERE}")
+        raise Todo()
 
     def redrive(self, job_id: str) -> bool:
         """Return a DEAD job to READY with attempts zeroed; False if it is not DEAD."""
-        raise NotImplementedError(f"RedisJobQueue.redrive — {_WHERE}")
+        raise Todo()
 
     def is_current(self, lease: Lease) -> bool:
         """Whether ``lease`` is its job's live lease now."""
-        raise NotImplementedError(f"RedisJobQueue.is_current — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> QueueStatistics:
         """Jobs held per state, and idempotency records held (one script)."""
-        raise NotImplementedError(f"RedisJobQueue.statistics — {_WHERE}")
+        raise Todo()
 
     def reap(self) -> int:
         """Apply what is due (lease expiries first); return how many leases expired."""
-        raise NotImplementedError(f"RedisJobQueue.reap — {_WHERE}")
+        raise Todo()
 
     def last_op(self) -> OpStamp | None:
         """This thread's last call on the queue: the operation counter and the server
         time its script returned (None before the first call)."""
-        raise NotImplementedError(f"RedisJobQueue.last_op — {_WHERE}")
+        raise Todo()
 
 
 class RedisEffectStore:
@@ -175,15 +174,15 @@ class RedisEffectStore:
     """
 
     def __init__(self, queue: RedisJobQueue) -> None:
-        raise NotImplementedError(f"RedisEffectStore.__init__ — {_WHERE}")
+        raise Todo()
 
     def commit(self, lease: Lease, effect: Any) -> bool:
         """Record ``effect`` iff the job has none and ``lease`` is live (else StaleLease)."""
-        raise NotImplementedError(f"RedisEffectStore.commit — {_WHERE}")
+        raise Todo()
 
     def effects(self) -> dict[str, Any]:
         """Every committed effect of a job the queue still holds, by job id."""
-        raise NotImplementedError(f"RedisEffectStore.effects — {_WHERE}")
+        raise Todo()
 
 
 class RedisWorker:
@@ -213,17 +212,17 @@ class RedisWorker:
         poll_ns: int = 20 * NS_PER_MS,
         on_event: EventHook | None = None,
     ) -> None:
-        raise NotImplementedError(f"RedisWorker.__init__ — {_WHERE}")
+        raise Todo()
 
     def run(self, *, max_jobs: int | None = None) -> None:
         """Work until :meth:`stop`, or until ``max_jobs`` jobs were handled."""
-        raise NotImplementedError(f"RedisWorker.run — {_WHERE}")
+        raise Todo()
 
     def stop(self, grace_ns: int = 0) -> None:
         """Stop claiming; the running job has ``grace_ns`` to finish, then it is released
         (attempt refunded, its handler's result dropped). Safe from a signal handler."""
-        raise NotImplementedError(f"RedisWorker.stop — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> PoolStatistics:
         """This worker's counters (``workers`` is 1; ``timed_out`` is always 0)."""
-        raise NotImplementedError(f"RedisWorker.statistics — {_WHERE}")
+        raise Todo()

@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from katas._harness.stages import stage
+from katas._harness.under_test import stage
 from katas.job_scheduler._testing.model import Model
 from katas.job_scheduler.api import (
     JITTERS,
@@ -63,7 +63,7 @@ SEED = 20240601
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
     """Build one queue before anything else: on a stub this fails at once with "not
-    implemented yet: ..." instead of letting hypothesis shrink a NotImplementedError.
+    implemented yet: ..." instead of letting hypothesis shrink a Todo.
     (State machines, being unittest classes, also find the stage module here.)"""
     stage_module.JobQueue(
         clock=ManualClock(START), lease_ns=LEASE, retry=RetryPolicy(BASE, CAP), max_attempts=1

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from katas._harness.profiles import heavy_examples
-from katas._harness.stages import stage
+from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
     eventually,

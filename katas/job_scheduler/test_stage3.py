@@ -40,7 +40,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from katas._harness.child import ChildProcess
 from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv, RedisNode
-from katas._harness.stages import stage
+from katas._harness.under_test import stage
 from katas._harness.waiting import DEADLINE_S, eventually, spawn, stays
 from katas._registry import impl
 from katas.job_scheduler._testing.clocks import WatchedClock, beats_at_a_third

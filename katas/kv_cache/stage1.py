@@ -36,13 +36,12 @@ Rules every cache follows (the suite checks each one):
 from __future__ import annotations
 
 # TODO(stage1): implement every class and method below; delete each
-# `raise NotImplementedError(...)` as you go.
+# `raise Todo()` as you go.
 from collections.abc import Hashable, Iterator
 from typing import Any
 
+from katas._runtime.todo import Todo
 from katas.kv_cache.api import CacheStats, Clock, OnEvict, Weigher
-
-_WHERE = "stage 1, see katas/kv_cache/README.md"
 
 
 class LRUCache:
@@ -63,52 +62,52 @@ class LRUCache:
         weigh: Weigher | None = None,
         on_evict: OnEvict | None = None,
     ) -> None:
-        raise NotImplementedError(f"LRUCache.__init__ — {_WHERE}")
+        raise Todo()
 
     @property
     def maxsize(self) -> int:
-        raise NotImplementedError(f"LRUCache.maxsize — {_WHERE}")
+        raise Todo()
 
     @property
     def max_weight(self) -> int | None:
-        raise NotImplementedError(f"LRUCache.max_weight — {_WHERE}")
+        raise Todo()
 
     @property
     def weigh(self) -> Weigher | None:
         """The weigher (None: every entry weighs 1)."""
-        raise NotImplementedError(f"LRUCache.weigh — {_WHERE}")
+        raise Todo()
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value for ``key`` (a hit: now the most recently used), or ``default``."""
-        raise NotImplementedError(f"LRUCache.get — {_WHERE}")
+        raise Todo()
 
     def put(self, key: Hashable, value: Any, *, weight: int | None = None) -> None:
         """Insert or replace; evict least recently used entries until within capacity.
 
         ``weight``: the value's weight computed beforehand (``weigh`` is then not called).
         """
-        raise NotImplementedError(f"LRUCache.put — {_WHERE}")
+        raise Todo()
 
     def delete(self, key: Hashable) -> bool:
         """Remove ``key`` (cause EXPLICIT); True if it was there."""
-        raise NotImplementedError(f"LRUCache.delete — {_WHERE}")
+        raise Todo()
 
     def clear(self) -> None:
         """Remove every entry (cause EXPLICIT)."""
-        raise NotImplementedError(f"LRUCache.clear — {_WHERE}")
+        raise Todo()
 
     def __len__(self) -> int:
-        raise NotImplementedError(f"LRUCache.__len__ — {_WHERE}")
+        raise Todo()
 
     def __contains__(self, key: object) -> bool:
-        raise NotImplementedError(f"LRUCache.__contains__ — {_WHERE}")
+        raise Todo()
 
     def __iter__(self) -> Iterator[Any]:
         """Keys, least recently used first."""
-        raise NotImplementedError(f"LRUCache.__iter__ — {_WHERE}")
+        raise Todo()
 
     def stats(self) -> CacheStats:
-        raise NotImplementedError(f"LRUCache.stats — {_WHERE}")
+        raise Todo()
 
 
 class TTLCache(LRUCache):
@@ -125,44 +124,44 @@ class TTLCache(LRUCache):
         weigh: Weigher | None = None,
         on_evict: OnEvict | None = None,
     ) -> None:
-        raise NotImplementedError(f"TTLCache.__init__ — {_WHERE}")
+        raise Todo()
 
     @property
     def ttl_ns(self) -> int:
-        raise NotImplementedError(f"TTLCache.ttl_ns — {_WHERE}")
+        raise Todo()
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value for ``key`` if live (a hit), else ``default`` (an expired one goes,
         cause EXPIRED, and counts as a miss)."""
-        raise NotImplementedError(f"TTLCache.get — {_WHERE}")
+        raise Todo()
 
     def put(self, key: Hashable, value: Any, *, weight: int | None = None) -> None:
         """Insert or replace (the deadline restarts); expired entries go before live ones."""
-        raise NotImplementedError(f"TTLCache.put — {_WHERE}")
+        raise Todo()
 
     def delete(self, key: Hashable) -> bool:
         """Remove ``key``; True if it was live (an expired one goes as EXPIRED: False)."""
-        raise NotImplementedError(f"TTLCache.delete — {_WHERE}")
+        raise Todo()
 
     def clear(self) -> None:
         """Remove every entry (EXPIRED for expired ones, EXPLICIT for the rest)."""
-        raise NotImplementedError(f"TTLCache.clear — {_WHERE}")
+        raise Todo()
 
     def expire(self) -> int:
         """Reclaim every expired entry now; return how many went."""
-        raise NotImplementedError(f"TTLCache.expire — {_WHERE}")
+        raise Todo()
 
     def __len__(self) -> int:
-        raise NotImplementedError(f"TTLCache.__len__ — {_WHERE}")
+        raise Todo()
 
     def __contains__(self, key: object) -> bool:
-        raise NotImplementedError(f"TTLCache.__contains__ — {_WHERE}")
+        raise Todo()
 
     def __iter__(self) -> Iterator[Any]:
-        raise NotImplementedError(f"TTLCache.__iter__ — {_WHERE}")
+        raise Todo()
 
     def stats(self) -> CacheStats:
-        raise NotImplementedError(f"TTLCache.stats — {_WHERE}")
+        raise Todo()
 
 
 class LFUCache:
@@ -181,47 +180,47 @@ class LFUCache:
         weigh: Weigher | None = None,
         on_evict: OnEvict | None = None,
     ) -> None:
-        raise NotImplementedError(f"LFUCache.__init__ — {_WHERE}")
+        raise Todo()
 
     @property
     def maxsize(self) -> int:
-        raise NotImplementedError(f"LFUCache.maxsize — {_WHERE}")
+        raise Todo()
 
     @property
     def max_weight(self) -> int | None:
-        raise NotImplementedError(f"LFUCache.max_weight — {_WHERE}")
+        raise Todo()
 
     @property
     def weigh(self) -> Weigher | None:
-        raise NotImplementedError(f"LFUCache.weigh — {_WHERE}")
+        raise Todo()
 
     def get(self, key: Hashable, default: Any = None) -> Any:
         """The value for ``key`` (a hit: its frequency grows by 1), or ``default``."""
-        raise NotImplementedError(f"LFUCache.get — {_WHERE}")
+        raise Todo()
 
     def put(self, key: Hashable, value: Any, *, weight: int | None = None) -> None:
         """Insert (frequency 1) or replace (frequency + 1); evict the least frequent."""
-        raise NotImplementedError(f"LFUCache.put — {_WHERE}")
+        raise Todo()
 
     def delete(self, key: Hashable) -> bool:
-        raise NotImplementedError(f"LFUCache.delete — {_WHERE}")
+        raise Todo()
 
     def clear(self) -> None:
-        raise NotImplementedError(f"LFUCache.clear — {_WHERE}")
+        raise Todo()
 
     def frequency(self, key: Hashable) -> int:
         """How often ``key`` was written or hit since it entered (0 if not held)."""
-        raise NotImplementedError(f"LFUCache.frequency — {_WHERE}")
+        raise Todo()
 
     def __len__(self) -> int:
-        raise NotImplementedError(f"LFUCache.__len__ — {_WHERE}")
+        raise Todo()
 
     def __contains__(self, key: object) -> bool:
-        raise NotImplementedError(f"LFUCache.__contains__ — {_WHERE}")
+        raise Todo()
 
     def __iter__(self) -> Iterator[Any]:
         """Keys in eviction order: lowest frequency first, then least recently accessed."""
-        raise NotImplementedError(f"LFUCache.__iter__ — {_WHERE}")
+        raise Todo()
 
     def stats(self) -> CacheStats:
-        raise NotImplementedError(f"LFUCache.stats — {_WHERE}")
+        raise Todo()

@@ -30,89 +30,88 @@ Rules the suite checks:
 from __future__ import annotations
 
 # TODO(stage2): implement every class and method below; delete each
-# `raise NotImplementedError(...)` as you go.
+# `raise Todo()` as you go.
 from collections.abc import Awaitable, Callable, Hashable, Iterator
 from typing import Any
 
+from katas._runtime.todo import Todo
 from katas.kv_cache.api import CacheStats, LoadStatistics
-
-_WHERE = "stage 2, see katas/kv_cache/README.md"
 
 
 class ConcurrentCache:
     """Any stage-1 cache (``inner``), safe for many threads, with single-flight loads."""
 
     def __init__(self, inner: Any) -> None:
-        raise NotImplementedError(f"ConcurrentCache.__init__ — {_WHERE}")
+        raise Todo()
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        raise NotImplementedError(f"ConcurrentCache.get — {_WHERE}")
+        raise Todo()
 
     def put(self, key: Hashable, value: Any) -> None:
         """Insert or replace (``weigh`` and ``on_evict`` run outside the lock)."""
-        raise NotImplementedError(f"ConcurrentCache.put — {_WHERE}")
+        raise Todo()
 
     def delete(self, key: Hashable) -> bool:
-        raise NotImplementedError(f"ConcurrentCache.delete — {_WHERE}")
+        raise Todo()
 
     def clear(self) -> None:
-        raise NotImplementedError(f"ConcurrentCache.clear — {_WHERE}")
+        raise Todo()
 
     def get_or_load(self, key: Hashable, loader: Callable[[], Any]) -> Any:
         """The cached value, or ``loader()``'s — run once for all concurrent misses."""
-        raise NotImplementedError(f"ConcurrentCache.get_or_load — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> LoadStatistics:
-        raise NotImplementedError(f"ConcurrentCache.statistics — {_WHERE}")
+        raise Todo()
 
     def stats(self) -> CacheStats:
         """The inner cache's stats."""
-        raise NotImplementedError(f"ConcurrentCache.stats — {_WHERE}")
+        raise Todo()
 
     def __len__(self) -> int:
-        raise NotImplementedError(f"ConcurrentCache.__len__ — {_WHERE}")
+        raise Todo()
 
     def __contains__(self, key: object) -> bool:
-        raise NotImplementedError(f"ConcurrentCache.__contains__ — {_WHERE}")
+        raise Todo()
 
     def __iter__(self) -> Iterator[Any]:
-        raise NotImplementedError(f"ConcurrentCache.__iter__ — {_WHERE}")
+        raise Todo()
 
 
 class AsyncCache:
     """Any stage-1 cache for the tasks of one anyio event loop, with single-flight loads."""
 
     def __init__(self, inner: Any) -> None:
-        raise NotImplementedError(f"AsyncCache.__init__ — {_WHERE}")
+        raise Todo()
 
     def get(self, key: Hashable, default: Any = None) -> Any:
-        raise NotImplementedError(f"AsyncCache.get — {_WHERE}")
+        raise Todo()
 
     def put(self, key: Hashable, value: Any) -> None:
-        raise NotImplementedError(f"AsyncCache.put — {_WHERE}")
+        raise Todo()
 
     def delete(self, key: Hashable) -> bool:
-        raise NotImplementedError(f"AsyncCache.delete — {_WHERE}")
+        raise Todo()
 
     def clear(self) -> None:
-        raise NotImplementedError(f"AsyncCache.clear — {_WHERE}")
+        raise Todo()
 
     async def get_or_load(self, key: Hashable, loader: Callable[[], Awaitable[Any]]) -> Any:
         """The cached value, or ``await loader()``'s — awaited once for concurrent misses;
         a cancelled leader's waiters load again."""
-        raise NotImplementedError(f"AsyncCache.get_or_load — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> LoadStatistics:
-        raise NotImplementedError(f"AsyncCache.statistics — {_WHERE}")
+        raise Todo()
 
     def stats(self) -> CacheStats:
-        raise NotImplementedError(f"AsyncCache.stats — {_WHERE}")
+        raise Todo()
 
     def __len__(self) -> int:
-        raise NotImplementedError(f"AsyncCache.__len__ — {_WHERE}")
+        raise Todo()
 
     def __contains__(self, key: object) -> bool:
-        raise NotImplementedError(f"AsyncCache.__contains__ — {_WHERE}")
+        raise Todo()
 
     def __iter__(self) -> Iterator[Any]:
-        raise NotImplementedError(f"AsyncCache.__iter__ — {_WHERE}")
+        raise Todo()

@@ -57,12 +57,13 @@ Extended — :class:`NearCache`, a local stage-1 cache in front of a ``ShardedCa
 from __future__ import annotations
 
 # TODO(stage3): implement every class and method below; delete each
-# `raise NotImplementedError(...)` as you go.
+# `raise Todo()` as you go.
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis
 
+from katas._runtime.todo import Todo
 from katas.kv_cache.api import (
     NS_PER_MS,
     NS_PER_S,
@@ -71,8 +72,6 @@ from katas.kv_cache.api import (
     NodeStatistics,
     NoReplicaAvailable,
 )
-
-_WHERE = "stage 3, see katas/kv_cache/README.md"
 
 
 class HashRing:
@@ -83,41 +82,41 @@ class HashRing:
     """
 
     def __init__(self, nodes: Iterable[str], *, vnodes: int = 160) -> None:
-        raise NotImplementedError(f"HashRing.__init__ — {_WHERE}")
+        raise Todo()
 
     @property
     def vnodes(self) -> int:
-        raise NotImplementedError(f"HashRing.vnodes — {_WHERE}")
+        raise Todo()
 
     @property
     def nodes(self) -> list[str]:
         """The nodes on the ring, sorted by name."""
-        raise NotImplementedError(f"HashRing.nodes — {_WHERE}")
+        raise Todo()
 
     def __len__(self) -> int:
-        raise NotImplementedError(f"HashRing.__len__ — {_WHERE}")
+        raise Todo()
 
     def __contains__(self, node: object) -> bool:
-        raise NotImplementedError(f"HashRing.__contains__ — {_WHERE}")
+        raise Todo()
 
     def add(self, node: str) -> None:
         """Put ``node``'s ``vnodes`` points on the ring (``ValueError`` if it is there)."""
-        raise NotImplementedError(f"HashRing.add — {_WHERE}")
+        raise Todo()
 
     def remove(self, node: str) -> None:
         """Take ``node``'s points off the ring (``ValueError`` if it is not there)."""
-        raise NotImplementedError(f"HashRing.remove — {_WHERE}")
+        raise Todo()
 
     def nodes_for(self, key: str, n: int) -> list[str]:
         """The ``min(n, len(self))`` distinct nodes clockwise from ``key``'s point.
 
         ``n < 1`` raises ``ValueError``; an empty ring gives ``[]``.
         """
-        raise NotImplementedError(f"HashRing.nodes_for — {_WHERE}")
+        raise Todo()
 
     def node_for(self, key: str) -> str:
         """The first node of ``key``'s preference list (``LookupError`` on an empty ring)."""
-        raise NotImplementedError(f"HashRing.node_for — {_WHERE}")
+        raise Todo()
 
 
 class ShardedCache:
@@ -146,46 +145,46 @@ class ShardedCache:
         clock: Clock | None = None,
         channel: str | None = None,
     ) -> None:
-        raise NotImplementedError(f"ShardedCache.__init__ — {_WHERE}")
+        raise Todo()
 
     @property
     def ring(self) -> HashRing:
         """The ring this cache places keys with."""
-        raise NotImplementedError(f"ShardedCache.ring — {_WHERE}")
+        raise Todo()
 
     @property
     def channel(self) -> str | None:
         """The channel every write publishes its key on (None: writes do not publish)."""
-        raise NotImplementedError(f"ShardedCache.channel — {_WHERE}")
+        raise Todo()
 
     @property
     def clients(self) -> dict[str, redis.Redis]:
         """Each node's client, by node name."""
-        raise NotImplementedError(f"ShardedCache.clients — {_WHERE}")
+        raise Todo()
 
     def replicas_for(self, key: str) -> list[str]:
         """The nodes that hold ``key``, in preference order."""
-        raise NotImplementedError(f"ShardedCache.replicas_for — {_WHERE}")
+        raise Todo()
 
     def key_name(self, node: str, key: str) -> str:
         """The Redis key under which ``node`` holds ``key`` now: ``f"{prefix}{epoch}:{key}"``."""
-        raise NotImplementedError(f"ShardedCache.key_name — {_WHERE}")
+        raise Todo()
 
     def get(self, key: str, default: Any = None) -> Any:
         """The first hit among ``key``'s live replicas, in preference order, or ``default``."""
-        raise NotImplementedError(f"ShardedCache.get — {_WHERE}")
+        raise Todo()
 
     def put(self, key: str, value: Any) -> None:
         """Write ``value`` (JSON) to every reachable replica (``NoReplicaAvailable``: none)."""
-        raise NotImplementedError(f"ShardedCache.put — {_WHERE}")
+        raise Todo()
 
     def delete(self, key: str) -> bool:
         """Remove ``key`` from every reachable replica; True if one of them held it."""
-        raise NotImplementedError(f"ShardedCache.delete — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> dict[str, NodeStatistics]:
         """Per node: hits, misses, errors, failovers, epoch, and whether it is marked down."""
-        raise NotImplementedError(f"ShardedCache.statistics — {_WHERE}")
+        raise Todo()
 
 
 class NearCache:
@@ -201,58 +200,58 @@ class NearCache:
     def __init__(
         self, remote: ShardedCache, local: Any, *, reconnect_ns: int = 50 * NS_PER_MS
     ) -> None:
-        raise NotImplementedError(f"NearCache.__init__ — {_WHERE}")
+        raise Todo()
 
     @property
     def remote(self) -> ShardedCache:
-        raise NotImplementedError(f"NearCache.remote — {_WHERE}")
+        raise Todo()
 
     @property
     def subscribed(self) -> frozenset[str]:
         """The nodes whose invalidation channel is subscribed now."""
-        raise NotImplementedError(f"NearCache.subscribed — {_WHERE}")
+        raise Todo()
 
     def get(self, key: str, default: Any = None) -> Any:
         """A local hit, or the remote value (cached if no invalidation overtook it)."""
-        raise NotImplementedError(f"NearCache.get — {_WHERE}")
+        raise Todo()
 
     def put(self, key: str, value: Any) -> None:
         """Write through to the remote cache; this client's next get sees it."""
-        raise NotImplementedError(f"NearCache.put — {_WHERE}")
+        raise Todo()
 
     def delete(self, key: str) -> bool:
         """Delete through to the remote cache; True if a replica held it."""
-        raise NotImplementedError(f"NearCache.delete — {_WHERE}")
+        raise Todo()
 
     def statistics(self) -> NearStatistics:
         """Hits, misses, invalidations applied, flushes, replies discarded."""
-        raise NotImplementedError(f"NearCache.statistics — {_WHERE}")
+        raise Todo()
 
     def invalidate(self, key: str) -> None:
         """A write to ``key`` happened somewhere: drop it, or the read in flight."""
-        raise NotImplementedError(f"NearCache.invalidate — {_WHERE}")
+        raise Todo()
 
     def channel_lost(self, node: str) -> None:
         """``node``'s channel dropped: messages may be lost, so flush everything."""
-        raise NotImplementedError(f"NearCache.channel_lost — {_WHERE}")
+        raise Todo()
 
     def channel_ready(self, node: str) -> None:
         """``node``'s channel is subscribed: keys on it may be cached again."""
-        raise NotImplementedError(f"NearCache.channel_ready — {_WHERE}")
+        raise Todo()
 
     def start(self) -> NearCache:
         """Start one listener thread per node (``RuntimeError`` if already started)."""
-        raise NotImplementedError(f"NearCache.start — {_WHERE}")
+        raise Todo()
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stop the listeners (join each with ``timeout_s``)."""
-        raise NotImplementedError(f"NearCache.close — {_WHERE}")
+        raise Todo()
 
     def __enter__(self) -> NearCache:
-        raise NotImplementedError(f"NearCache.__enter__ — {_WHERE}")
+        raise Todo()
 
     def __exit__(self, *exc_info: object) -> None:
-        raise NotImplementedError(f"NearCache.__exit__ — {_WHERE}")
+        raise Todo()
 
 
 __all__ = ["HashRing", "NearCache", "NoReplicaAvailable", "ShardedCache"]

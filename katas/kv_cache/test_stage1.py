@@ -21,7 +21,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from katas._harness.stages import stage
+from katas._harness.under_test import stage
 from katas.kv_cache.api import CacheStats, ManualClock, RemovalCause
 
 pytestmark = [pytest.mark.stage(1)]

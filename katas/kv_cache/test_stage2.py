@@ -25,7 +25,7 @@ import pytest
 
 from katas._harness.history import Call, check_per_key
 from katas._harness.interleave import Gate, Parked
-from katas._harness.stages import stage
+from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
     eventually,

@@ -42,7 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from katas._harness.child import run_once
 from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv, RedisNode
-from katas._harness.stages import stage
+from katas._harness.under_test import stage
 from katas._harness.waiting import DEADLINE_S, eventually, spawn
 from katas._registry import impl
 from katas.kv_cache._testing import placement

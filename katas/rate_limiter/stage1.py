@@ -42,10 +42,11 @@ Rules every limiter here follows (the suite checks each one):
 from __future__ import annotations
 
 # TODO(stage1): implement every class and function below; delete each
-# `raise NotImplementedError(...)` as you go.
+# `raise Todo()` as you go.
 from collections.abc import Mapping
 from fractions import Fraction
 
+from katas._runtime.todo import Todo
 from katas.rate_limiter.api import (
     Clock,
     Decision,
@@ -53,8 +54,6 @@ from katas.rate_limiter.api import (
     MultiDecision,
     RateLimiter,
 )
-
-_WHERE = "stage 1, see katas/rate_limiter/README.md"
 
 
 class TokenBucket:
@@ -74,31 +73,31 @@ class TokenBucket:
         clock: Clock,
         auto_sweep: bool = True,
     ) -> None:
-        raise NotImplementedError(f"TokenBucket.__init__ — {_WHERE}")
+        raise Todo()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` units now, or deny and consume nothing."""
-        raise NotImplementedError(f"TokenBucket.try_acquire — {_WHERE}")
+        raise Todo()
 
     def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, changing nothing."""
-        raise NotImplementedError(f"TokenBucket.peek — {_WHERE}")
+        raise Todo()
 
     def refund(self, key: str, cost: int) -> None:
         """Put ``cost`` units back into the bucket, never above ``capacity``."""
-        raise NotImplementedError(f"TokenBucket.refund — {_WHERE}")
+        raise Todo()
 
     def reset(self, key: str) -> None:
         """Make ``key`` fresh: a full bucket."""
-        raise NotImplementedError(f"TokenBucket.reset — {_WHERE}")
+        raise Todo()
 
     def tracked_keys(self) -> int:
         """How many keys are not fresh now (a bucket below capacity, or a paused clock)."""
-        raise NotImplementedError(f"TokenBucket.tracked_keys — {_WHERE}")
+        raise Todo()
 
     def sweep(self) -> int:
         """Forget every key that is fresh now; return how many were forgotten."""
-        raise NotImplementedError(f"TokenBucket.sweep — {_WHERE}")
+        raise Todo()
 
 
 class SlidingLog:
@@ -113,31 +112,31 @@ class SlidingLog:
     def __init__(
         self, *, limit: int, window_ns: int, clock: Clock, auto_sweep: bool = True
     ) -> None:
-        raise NotImplementedError(f"SlidingLog.__init__ — {_WHERE}")
+        raise Todo()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` units now, or deny and consume nothing."""
-        raise NotImplementedError(f"SlidingLog.try_acquire — {_WHERE}")
+        raise Todo()
 
     def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, changing nothing."""
-        raise NotImplementedError(f"SlidingLog.peek — {_WHERE}")
+        raise Todo()
 
     def refund(self, key: str, cost: int) -> None:
         """Remove up to ``cost`` of the newest units still in the window."""
-        raise NotImplementedError(f"SlidingLog.refund — {_WHERE}")
+        raise Todo()
 
     def reset(self, key: str) -> None:
         """Make ``key`` fresh: an empty log."""
-        raise NotImplementedError(f"SlidingLog.reset — {_WHERE}")
+        raise Todo()
 
     def tracked_keys(self) -> int:
         """How many keys are not fresh now (units in the window, or a paused clock)."""
-        raise NotImplementedError(f"SlidingLog.tracked_keys — {_WHERE}")
+        raise Todo()
 
     def sweep(self) -> int:
         """Forget every key that is fresh now; return how many were forgotten."""
-        raise NotImplementedError(f"SlidingLog.sweep — {_WHERE}")
+        raise Todo()
 
 
 class GCRA:
@@ -153,31 +152,31 @@ class GCRA:
     def __init__(
         self, *, rate_per_s: int | Fraction, burst: int, clock: Clock, auto_sweep: bool = True
     ) -> None:
-        raise NotImplementedError(f"GCRA.__init__ — {_WHERE}")
+        raise Todo()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` units now, or deny and consume nothing."""
-        raise NotImplementedError(f"GCRA.try_acquire — {_WHERE}")
+        raise Todo()
 
     def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, changing nothing."""
-        raise NotImplementedError(f"GCRA.peek — {_WHERE}")
+        raise Todo()
 
     def refund(self, key: str, cost: int) -> None:
         """Move the TAT back by ``cost`` intervals, never before now."""
-        raise NotImplementedError(f"GCRA.refund — {_WHERE}")
+        raise Todo()
 
     def reset(self, key: str) -> None:
         """Make ``key`` fresh."""
-        raise NotImplementedError(f"GCRA.reset — {_WHERE}")
+        raise Todo()
 
     def tracked_keys(self) -> int:
         """How many keys are not fresh now."""
-        raise NotImplementedError(f"GCRA.tracked_keys — {_WHERE}")
+        raise Todo()
 
     def sweep(self) -> int:
         """Forget every key that is fresh now; return how many were forgotten."""
-        raise NotImplementedError(f"GCRA.sweep — {_WHERE}")
+        raise Todo()
 
 
 class FixedWindow:
@@ -200,31 +199,31 @@ class FixedWindow:
         align: FixedWindowAlign = "epoch",
         auto_sweep: bool = True,
     ) -> None:
-        raise NotImplementedError(f"FixedWindow.__init__ — {_WHERE}")
+        raise Todo()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` units now, or deny and consume nothing."""
-        raise NotImplementedError(f"FixedWindow.try_acquire — {_WHERE}")
+        raise Todo()
 
     def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, changing nothing."""
-        raise NotImplementedError(f"FixedWindow.peek — {_WHERE}")
+        raise Todo()
 
     def refund(self, key: str, cost: int) -> None:
         """Give back up to ``cost`` units counted in the current window."""
-        raise NotImplementedError(f"FixedWindow.refund — {_WHERE}")
+        raise Todo()
 
     def reset(self, key: str) -> None:
         """Make ``key`` fresh."""
-        raise NotImplementedError(f"FixedWindow.reset — {_WHERE}")
+        raise Todo()
 
     def tracked_keys(self) -> int:
         """How many keys are not fresh now."""
-        raise NotImplementedError(f"FixedWindow.tracked_keys — {_WHERE}")
+        raise Todo()
 
     def sweep(self) -> int:
         """Forget every key that is fresh now; return how many were forgotten."""
-        raise NotImplementedError(f"FixedWindow.sweep — {_WHERE}")
+        raise Todo()
 
 
 class SlidingWindowCounter:
@@ -241,31 +240,31 @@ class SlidingWindowCounter:
     def __init__(
         self, *, limit: int, window_ns: int, clock: Clock, auto_sweep: bool = True
     ) -> None:
-        raise NotImplementedError(f"SlidingWindowCounter.__init__ — {_WHERE}")
+        raise Todo()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` units now, or deny and consume nothing."""
-        raise NotImplementedError(f"SlidingWindowCounter.try_acquire — {_WHERE}")
+        raise Todo()
 
     def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, changing nothing."""
-        raise NotImplementedError(f"SlidingWindowCounter.peek — {_WHERE}")
+        raise Todo()
 
     def refund(self, key: str, cost: int) -> None:
         """Give back up to ``cost`` units counted in the current window."""
-        raise NotImplementedError(f"SlidingWindowCounter.refund — {_WHERE}")
+        raise Todo()
 
     def reset(self, key: str) -> None:
         """Make ``key`` fresh."""
-        raise NotImplementedError(f"SlidingWindowCounter.reset — {_WHERE}")
+        raise Todo()
 
     def tracked_keys(self) -> int:
         """How many keys are not fresh now."""
-        raise NotImplementedError(f"SlidingWindowCounter.tracked_keys — {_WHERE}")
+        raise Todo()
 
     def sweep(self) -> int:
         """Forget every key that is fresh now; return how many were forgotten."""
-        raise NotImplementedError(f"SlidingWindowCounter.sweep — {_WHERE}")
+        raise Todo()
 
 
 class MultiLimiter:
@@ -284,27 +283,27 @@ class MultiLimiter:
     """
 
     def __init__(self, limits: Mapping[str, RateLimiter]) -> None:
-        raise NotImplementedError(f"MultiLimiter.__init__ — {_WHERE}")
+        raise Todo()
 
     def peek(self, key: str, costs: Mapping[str, int]) -> MultiDecision:
         """The decision ``try_acquire`` would return now, changing nothing."""
-        raise NotImplementedError(f"MultiLimiter.peek — {_WHERE}")
+        raise Todo()
 
     def try_acquire(self, key: str, costs: Mapping[str, int]) -> MultiDecision:
         """Charge every named limit, or none of them."""
-        raise NotImplementedError(f"MultiLimiter.try_acquire — {_WHERE}")
+        raise Todo()
 
     def refund(self, key: str, costs: Mapping[str, int]) -> None:
         """Give units back to each named limit (say the tokens a call did not use)."""
-        raise NotImplementedError(f"MultiLimiter.refund — {_WHERE}")
+        raise Todo()
 
     def reset(self, key: str) -> None:
         """Make ``key`` fresh in every limit."""
-        raise NotImplementedError(f"MultiLimiter.reset — {_WHERE}")
+        raise Todo()
 
     def sweep(self) -> int:
         """Sweep every limit; return how many keys they forgot in total."""
-        raise NotImplementedError(f"MultiLimiter.sweep — {_WHERE}")
+        raise Todo()
 
 
 def retry_after_header(decision: Decision | MultiDecision) -> str | None:
@@ -316,4 +315,4 @@ def retry_after_header(decision: Decision | MultiDecision) -> str | None:
     (the header belongs on a 429, not on a success) and when ``retry_after_ns`` is
     ``None`` (the request can never fit: waiting would not help).
     """
-    raise NotImplementedError(f"retry_after_header — {_WHERE}")
+    raise Todo()

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+from katas._runtime.todo import Todo
 from katas.rate_limiter.api import (
     Clock,
     ConcurrencyStatistics,
@@ -34,8 +35,6 @@ from katas.rate_limiter.api import (
     SweepableLimiter,
     WaitingClock,
 )
-
-_SEE = "stage 2, see katas/rate_limiter/README.md"
 
 
 class ThreadSafeLimiter:
@@ -51,15 +50,15 @@ class ThreadSafeLimiter:
     """
 
     def __init__(self, inner: SweepableLimiter, *, clock: WaitingClock, stripes: int = 64) -> None:
-        raise NotImplementedError(f"ThreadSafeLimiter.__init__ — {_SEE}")
+        raise Todo()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit now or deny (consuming nothing); always denied while ``key`` has waiters."""
-        raise NotImplementedError(f"ThreadSafeLimiter.try_acquire — {_SEE}")
+        raise Todo()
 
     def peek(self, key: str, cost: int = 1) -> Decision:
         """What ``try_acquire`` would decide now, changing nothing."""
-        raise NotImplementedError(f"ThreadSafeLimiter.peek — {_SEE}")
+        raise Todo()
 
     def acquire(self, key: str, cost: int = 1, *, timeout_ns: int | None = None) -> bool:
         """Block until ``cost`` is admitted (True) or ``timeout_ns`` has passed (False).
@@ -70,27 +69,27 @@ class ThreadSafeLimiter:
         - A cost that can never fit returns False at once.
         - A caller that times out consumes nothing and does not hold up those behind it.
         """
-        raise NotImplementedError(f"ThreadSafeLimiter.acquire — {_SEE}")
+        raise Todo()
 
     def refund(self, key: str, cost: int) -> None:
         """Give back ``cost`` units (capped); waiters that now fit are admitted."""
-        raise NotImplementedError(f"ThreadSafeLimiter.refund — {_SEE}")
+        raise Todo()
 
     def reset(self, key: str) -> None:
         """Return ``key`` to its fresh state; its waiters look again."""
-        raise NotImplementedError(f"ThreadSafeLimiter.reset — {_SEE}")
+        raise Todo()
 
     def tracked_keys(self) -> int:
         """The inner limiter's ``tracked_keys()``, read consistently under every stripe."""
-        raise NotImplementedError(f"ThreadSafeLimiter.tracked_keys — {_SEE}")
+        raise Todo()
 
     def sweep(self) -> int:
         """Holding every stripe, forget idle keys now; return how many were forgotten."""
-        raise NotImplementedError(f"ThreadSafeLimiter.sweep — {_SEE}")
+        raise Todo()
 
     def statistics(self) -> LimiterStatistics:
         """Callers blocked in ``acquire``: in total and per key (keys with none absent)."""
-        raise NotImplementedError(f"ThreadSafeLimiter.statistics — {_SEE}")
+        raise Todo()
 
 
 class AsyncLimiter:
@@ -101,11 +100,11 @@ class AsyncLimiter:
     """
 
     def __init__(self, inner: RateLimiter, *, clock: WaitingClock) -> None:
-        raise NotImplementedError(f"AsyncLimiter.__init__ — {_SEE}")
+        raise Todo()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit now or deny (consuming nothing); always denied while ``key`` has waiters."""
-        raise NotImplementedError(f"AsyncLimiter.try_acquire — {_SEE}")
+        raise Todo()
 
     async def acquire(self, key: str, cost: int = 1, *, timeout_ns: int | None = None) -> bool:
         """Wait until ``cost`` is admitted (True) or ``timeout_ns`` has passed (False).
@@ -114,7 +113,7 @@ class AsyncLimiter:
         times out consumes nothing and lets those behind it go ahead. A cancellation
         point, like every blocking call in trio.
         """
-        raise NotImplementedError(f"AsyncLimiter.acquire — {_SEE}")
+        raise Todo()
 
     @asynccontextmanager
     async def limit(self, key: str, cost: int = 1) -> AsyncIterator[None]:
@@ -124,16 +123,16 @@ class AsyncLimiter:
         block gives nothing back. A cost that can never fit raises ValueError naming
         ``cost`` instead of running the body unadmitted.
         """
-        raise NotImplementedError(f"AsyncLimiter.limit — {_SEE}")
+        raise Todo()
         yield  # an async generator, so that @asynccontextmanager applies
 
     def refund(self, key: str, cost: int) -> None:
         """Give back ``cost`` units (capped); waiters that now fit are admitted."""
-        raise NotImplementedError(f"AsyncLimiter.refund — {_SEE}")
+        raise Todo()
 
     def statistics(self) -> LimiterStatistics:
         """Tasks waiting in ``acquire``: in total and per key (keys with none absent)."""
-        raise NotImplementedError(f"AsyncLimiter.statistics — {_SEE}")
+        raise Todo()
 
 
 class ConcurrencyLimiter:
@@ -146,14 +145,14 @@ class ConcurrencyLimiter:
     """
 
     def __init__(self, *, max_in_flight: int, lease_ns: int, clock: Clock) -> None:
-        raise NotImplementedError(f"ConcurrencyLimiter.__init__ — {_SEE}")
+        raise Todo()
 
     def try_acquire(self, key: str) -> Lease | None:
         """A lease for one request on ``key``, or None while ``max_in_flight`` are held.
 
         Never waits: like every non-blocking call here, its name says ``try_``.
         """
-        raise NotImplementedError(f"ConcurrencyLimiter.try_acquire — {_SEE}")
+        raise Todo()
 
     def release(self, lease: Lease) -> bool:
         """End ``lease``; True if it was still held.
@@ -161,12 +160,12 @@ class ConcurrencyLimiter:
         Idempotent: releasing twice, or after the lease expired, changes nothing and
         returns False (that slot may belong to another request by now).
         """
-        raise NotImplementedError(f"ConcurrencyLimiter.release — {_SEE}")
+        raise Todo()
 
     def in_flight(self, key: str) -> int:
         """Leases currently held on ``key`` (expired ones no longer count)."""
-        raise NotImplementedError(f"ConcurrencyLimiter.in_flight — {_SEE}")
+        raise Todo()
 
     def statistics(self) -> ConcurrencyStatistics:
         """Leases held in total and per key, and how many have expired so far."""
-        raise NotImplementedError(f"ConcurrencyLimiter.statistics — {_SEE}")
+        raise Todo()

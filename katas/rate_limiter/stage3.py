@@ -60,6 +60,7 @@ from __future__ import annotations
 import redis
 import redis.asyncio
 
+from katas._runtime.todo import Todo
 from katas.rate_limiter.api import (
     NS_PER_S,
     Clock,
@@ -69,8 +70,6 @@ from katas.rate_limiter.api import (
     RedisAlgorithm,
     RedisLimiterStats,
 )
-
-_SEE = "stage 3, see katas/rate_limiter/README.md"
 
 
 class RedisRateLimiter:
@@ -101,18 +100,18 @@ class RedisRateLimiter:
         probe_interval_ns: int = NS_PER_S,
     ) -> None:
         """Validate everything (ValueError/TypeError naming the parameter); no I/O."""
-        raise NotImplementedError(f"RedisRateLimiter.__init__ — {_SEE}")
+        raise Todo()
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` now, or deny and consume nothing: one script call.
 
         A ``StampedDecision`` when Redis decided; a plain ``Decision`` from the failure mode.
         """
-        raise NotImplementedError(f"RedisRateLimiter.try_acquire — {_SEE}")
+        raise Todo()
 
     def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, writing nothing (one script call)."""
-        raise NotImplementedError(f"RedisRateLimiter.peek — {_SEE}")
+        raise Todo()
 
     def refund(self, key: str, cost: int) -> None:
         """Give back ``cost`` units, capped at a fresh key's allowance (one script call).
@@ -123,15 +122,15 @@ class RedisRateLimiter:
         with no state is left alone. Redis unreachable: counted, dropped ("local": the
         local limiter gets the refund).
         """
-        raise NotImplementedError(f"RedisRateLimiter.refund — {_SEE}")
+        raise Todo()
 
     def reset(self, key: str) -> None:
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
-        raise NotImplementedError(f"RedisRateLimiter.reset — {_SEE}")
+        raise Todo()
 
     def stats(self) -> RedisLimiterStats:
         """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
-        raise NotImplementedError(f"RedisRateLimiter.stats — {_SEE}")
+        raise Todo()
 
 
 class AsyncRedisRateLimiter:
@@ -151,27 +150,27 @@ class AsyncRedisRateLimiter:
         probe_interval_ns: int = NS_PER_S,
     ) -> None:
         """Validate everything exactly as :class:`RedisRateLimiter` does; no I/O."""
-        raise NotImplementedError(f"AsyncRedisRateLimiter.__init__ — {_SEE}")
+        raise Todo()
 
     async def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` now, or deny and consume nothing (one round trip)."""
-        raise NotImplementedError(f"AsyncRedisRateLimiter.try_acquire — {_SEE}")
+        raise Todo()
 
     async def peek(self, key: str, cost: int = 1) -> Decision:
         """The decision ``try_acquire`` would return now, changing nothing."""
-        raise NotImplementedError(f"AsyncRedisRateLimiter.peek — {_SEE}")
+        raise Todo()
 
     async def refund(self, key: str, cost: int) -> None:
         """Give back ``cost`` units, capped, exactly as :meth:`RedisRateLimiter.refund`."""
-        raise NotImplementedError(f"AsyncRedisRateLimiter.refund — {_SEE}")
+        raise Todo()
 
     async def reset(self, key: str) -> None:
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
-        raise NotImplementedError(f"AsyncRedisRateLimiter.reset — {_SEE}")
+        raise Todo()
 
     def stats(self) -> RedisLimiterStats:
         """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
-        raise NotImplementedError(f"AsyncRedisRateLimiter.stats — {_SEE}")
+        raise Todo()
 
 
 class RedisConcurrencyLimiter:
@@ -186,19 +185,19 @@ class RedisConcurrencyLimiter:
         self, client: redis.Redis, *, max_in_flight: int, lease_ns: int, key_prefix: str = "cl:"
     ) -> None:
         """Validate everything (ValueError/TypeError naming the parameter); no I/O."""
-        raise NotImplementedError(f"RedisConcurrencyLimiter.__init__ — {_SEE}")
+        raise Todo()
 
     def try_acquire(self, key: str) -> Lease | None:
         """A lease (unique id, expiry in server ns) if fewer than the cap are held, else None."""
-        raise NotImplementedError(f"RedisConcurrencyLimiter.try_acquire — {_SEE}")
+        raise Todo()
 
     def release(self, lease: Lease) -> bool:
         """Give the slot back; False if it had already been released or had expired."""
-        raise NotImplementedError(f"RedisConcurrencyLimiter.release — {_SEE}")
+        raise Todo()
 
     def in_flight(self, key: str) -> int:
         """Leases currently held on ``key`` (expired ones do not count)."""
-        raise NotImplementedError(f"RedisConcurrencyLimiter.in_flight — {_SEE}")
+        raise Todo()
 
 
 __all__ = ["AsyncRedisRateLimiter", "RedisConcurrencyLimiter", "RedisRateLimiter"]

@@ -26,7 +26,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from katas._harness.stages import stage
+from katas._harness.under_test import stage
 from katas.rate_limiter.api import NS_PER_S, Decision, ManualClock, MultiDecision, RateLimiter
 
 pytestmark = [pytest.mark.stage(1)]
@@ -407,7 +407,7 @@ def needs(*parts: str) -> Callable[[F], F]:
 
 
 def smoke(stage: ModuleType, part: str) -> None:
-    """Call every public method once; a stub's NotImplementedError surfaces here."""
+    """Call every public method once; a stub's Todo surfaces here."""
     clock = ManualClock(START_NS)
     if part == "header":
         stage.retry_after_header(D(False, 1, 0, 1, 1))
@@ -434,7 +434,7 @@ def _fail_fast_on_stubs(request: pytest.FixtureRequest, stage_module: ModuleType
     """Before hypothesis searches, call what the test drives once.
 
     On a stub this fails at once with "not implemented yet: ..." instead of letting
-    hypothesis shrink a NotImplementedError. (State machines, being unittest classes,
+    hypothesis shrink a Todo. (State machines, being unittest classes,
     also find the stage module here.)
     """
     parts = list(getattr(request.function, "kata_needs", ()))

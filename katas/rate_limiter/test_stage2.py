@@ -32,7 +32,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from katas._harness import waiting
 from katas._harness.interleave import Gate, Parked
-from katas._harness.stages import stage
+from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
     Thread,
