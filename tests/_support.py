@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -17,7 +16,7 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from katas._cli.cli import main
-from katas._registry.catalog import ENV_ROOT
+from katas._registry.catalog import ENV_ROOT, Catalog
 from katas._registry.impl import REPO_ROOT
 from katas._runtime.clock import NS_PER_S, ManualClock
 
@@ -25,18 +24,23 @@ T = TypeVar("T")
 REDIS_ENV = ("KATA_REDIS_SERVER", "KATA_REDIS_URL")
 
 
+def _catalog() -> Catalog:
+    return Catalog(REPO_ROOT / "katas")
+
+
 def stage_suites() -> list[tuple[str, int]]:
-    """Every (kata, stage) that has a suite, in order."""
-    found = []
-    for path in sorted(REPO_ROOT.glob("katas/*/test_stage*.py")):
-        match = re.fullmatch(r"test_stage(\d+)\.py", path.name)
-        if match:
-            found.append((path.parent.name, int(match[1])))
-    return found
+    """Every (kata, stage) of the registry whose suite exists, in order."""
+    return [
+        (kata.name, stage.number)
+        for kata in sorted(_catalog().katas(), key=lambda k: k.name)
+        for stage in kata.stages
+        if kata.suite_path(stage).is_file()
+    ]
 
 
 def uses_redis(kata: str, stage: int) -> bool:
-    return "redis_env" in (REPO_ROOT / "katas" / kata / f"test_stage{stage}.py").read_text()
+    """What the stage's kata.toml says: its suite needs Redis."""
+    return _catalog().get(kata).stage(stage).redis
 
 
 def embedded_env() -> dict[str, str]:
@@ -54,13 +58,11 @@ def committed_stubs(dest: Path) -> Path:
     Files come from git's HEAD, so the check holds even in a learner's working copy
     where ``katas/`` has been edited; files git does not know yet come from the tree.
     """
-    for kata_dir in sorted(REPO_ROOT.glob("katas/*/")):
-        if kata_dir.name.startswith("_"):
-            continue
-        out = dest / kata_dir.name
+    for kata in _catalog().katas():
+        out = dest / kata.name
         out.mkdir(parents=True)
         (out / "__init__.py").write_text("")
-        for stub in sorted(kata_dir.glob("stage*.py")):
+        for stub in sorted({p for stage in kata.stages for p in kata.learner_paths(stage)}):
             rel = stub.relative_to(REPO_ROOT).as_posix()
             shown = subprocess.run(
                 ["git", "show", f"HEAD:{rel}"],
@@ -69,9 +71,9 @@ def committed_stubs(dest: Path) -> Path:
                 text=True,
                 check=False,
             )
-            (out / stub.name).write_text(
-                shown.stdout if shown.returncode == 0 else stub.read_text()
-            )
+            target = out / stub.relative_to(kata.path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(shown.stdout if shown.returncode == 0 else stub.read_text())
     return dest
 
 

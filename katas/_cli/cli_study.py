@@ -122,9 +122,9 @@ def _configure_hint(parser: argparse.ArgumentParser) -> None:
 # --- kata reveal -----------------------------------------------------------------------------
 
 
-def reference_file(ctx: Context, kata: Kata, stage: Stage) -> Path:
-    """The reference solution of the stage: ``solutions/<kata>/<stub>`` beside the katas."""
-    return ctx.catalog.project_root / "solutions" / kata.name / stage.stub
+def reference_file(ctx: Context, kata: Kata, path: Path) -> Path:
+    """The reference of the learner's file ``path``: the same place under ``solutions/``."""
+    return ctx.catalog.project_root / "solutions" / kata.name / path.relative_to(kata.path)
 
 
 def common_mistakes(ctx: Context, kata: Kata, stage: Stage) -> list[mutants.Mutant]:
@@ -147,23 +147,24 @@ def run_reveal(args: argparse.Namespace, ctx: Context) -> int:
             f"{kata.name} stage {stage.number} has not passed yet, so the reference stays "
             f"hidden; get it green (kata test {kata.name} {stage.number}) or use --force"
         )
-    reference = reference_file(ctx, kata, stage)
-    theirs = read_text(reference, "the reference solution")
-    mine = read_text(kata.stub_path(stage), "your stage file")
-    diff = list(
-        difflib.unified_diff(
-            theirs.splitlines(keepends=True),
-            mine.splitlines(keepends=True),
-            fromfile=f"reference {display_path(reference)}",
-            tofile=f"yours {display_path(kata.stub_path(stage))}",
-            n=args.context,
-        )
-    )
     ctx.out.print(Rule(f"{kata.name} stage {stage.number}: the reference (-) and yours (+)"))
-    if diff:
-        ctx.out.print(Syntax("".join(diff), "diff", theme="ansi_dark", word_wrap=True))
-    else:
-        ctx.out.print("Your file is identical to the reference.")
+    for path in kata.learner_paths(stage):
+        reference = reference_file(ctx, kata, path)
+        theirs = read_text(reference, "the reference solution")
+        mine = read_text(path, "your stage file")
+        diff = list(
+            difflib.unified_diff(
+                theirs.splitlines(keepends=True),
+                mine.splitlines(keepends=True),
+                fromfile=f"reference {display_path(reference)}",
+                tofile=f"yours {display_path(path)}",
+                n=args.context,
+            )
+        )
+        if diff:
+            ctx.out.print(Syntax("".join(diff), "diff", theme="ansi_dark", word_wrap=True))
+        else:
+            ctx.out.print(f"Your {display_path(path)} is identical to the reference.")
     found = common_mistakes(ctx, kata, stage)
     ctx.out.print(Rule(f"common mistakes in stage {stage.number} ({len(found)})"))
     if not found:
@@ -193,8 +194,7 @@ def run_reset(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stages = [kata.stage(args.stage)] if args.stage is not None else list(kata.stages)
     changes: list[tuple[Path, str, str]] = []  # (file, its pristine text, which commit)
-    for stage in stages:
-        path = kata.stub_path(stage)
+    for path in dict.fromkeys(p for stage in stages for p in kata.learner_paths(stage)):
         try:
             text, commit = pristine_stub(path)
         except PristineError as exc:
@@ -259,17 +259,10 @@ RATIO_LINE = re.compile(
 )
 
 
-def bench_file(kata: Kata, stage: Stage) -> Path:
-    """``bench_stageN.py`` next to the stage's suite (named after it: test_X → bench_X)."""
-    name = stage.suite
-    name = "bench_" + name.removeprefix("test_") if name.startswith("test_") else name
-    return kata.path / name
-
-
 def run_bench(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
-    bench = bench_file(kata, stage)
+    bench = kata.bench_path(stage)
     if not bench.is_file():
         raise UserError(f"{kata.name} stage {stage.number} has no benchmarks ({bench.name})")
     impl = impl_or_error(args.impl, ctx)

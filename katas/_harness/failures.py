@@ -225,13 +225,14 @@ _STAGE_OF = re.compile(r"\bstage (\d+)\b")
 _NAME = re.compile(r"[A-Za-z_][\w]*")
 
 
-def start_hint(missing: list[tuple[str, str]], suite_stage: int, kata: str, home: str) -> str:
+def start_hint(missing: list[tuple[str, str]], suite_stage: int, stage_file: str) -> str:
     """The line that ends a run whose failures are all "not implemented yet".
 
     ``missing`` holds ``(part, message)`` of each such failure in test order (part:
     ``core`` or ``extended``). It names the first core thing of the suite's own stage to
     write and its file; when the core stops in an earlier stage it points at that stage,
-    or at ``--base=reference``. ``home`` is the folder of the tested implementation.
+    or at ``--base=reference``. ``stage_file`` is the stage's file in the tested
+    implementation (``katas/rate_limiter/stage1.py``).
     """
 
     def stage_of(message: str) -> int:
@@ -251,4 +252,4 @@ def start_hint(missing: list[tuple[str, str]], suite_stage: int, kata: str, home
     found = _NAME.match(first)
     thing = found.group(0) if found else first
     part = "core" if any(part == "core" for part, _ in missing) else "extended"
-    return f"{count} — start with {thing} ({part}) in {home}/{kata}/stage{suite_stage}.py"
+    return f"{count} — start with {thing} ({part}) in {stage_file}"

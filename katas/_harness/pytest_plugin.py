@@ -112,7 +112,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 _selection_key = pytest.StashKey[_impl.Selection]()
 _report_key = pytest.StashKey[dict[str, dict[str, Any]]]()
-_stages_key = pytest.StashKey[set[tuple[str, int]]]()  # (kata, stage) of the selected tests
+_stages_key = pytest.StashKey[set[tuple[Path, int]]]()  # (kata folder, stage) of the selected
 
 
 class _ShrinkHooks:
@@ -257,7 +257,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """``--base=reference`` covers one stage: checked on what ``-k``/``-m`` kept, so
     ``pytest katas/K -k "stage2 and core" --base=reference`` runs as the README says."""
     session.config.stash[_stages_key] = {
-        (item.path.parent.name, int(m.args[0]))
+        (item.path.parent, int(m.args[0]))
         for item in session.items
         if (m := item.get_closest_marker("stage"))
     }
@@ -370,13 +370,15 @@ def _where_to_start(terminalreporter: Any, config: pytest.Config) -> None:
     stages = config.stash.get(_stages_key, set())
     if len(stages) != 1:
         return
-    kata, stage = next(iter(stages))
+    folder, stage = next(iter(stages))
+    kata = folder.name
     home = Path(config.stash[_selection_key].spec)
     with contextlib.suppress(ValueError):  # a PATH under the working directory: shown short
         home = home.resolve().relative_to(Path.cwd()) if home.is_absolute() else home
-    terminalreporter.write_line(
-        start_hint(missing, stage, kata, home.as_posix()), yellow=True, bold=True
-    )
+    with contextlib.suppress(CatalogError):  # a kata folder without kata.toml: no hint
+        found = load_kata(folder)
+        stage_file = f"{home.as_posix()}/{kata}/{found.stage(stage).stub}"
+        terminalreporter.write_line(start_hint(missing, stage, stage_file), yellow=True, bold=True)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -30,7 +30,9 @@ class Kata:
     def stage(self, n: int) -> ModuleType:
         if self.selection.base == "reference" and self.suite_stage and n < self.suite_stage:
             self.selection.stage(self.name, self.suite_stage)  # seeds the swap first
-            return importlib.import_module(f"solutions.{self.name}.stage{n}")
+            return importlib.import_module(
+                f"solutions.{self.name}.{impl.stage_module(self.name, n)}"
+            )
         return self.selection.stage(self.name, n)
 
 

@@ -15,8 +15,14 @@ kata. The file (every field is checked, unknown fields are errors so typos surfa
     timebox_minutes = 45
     core = "what a strong candidate finishes in the timebox (tests marked core)"
     extended = "what deepens the kata afterwards (tests marked extended)"   # optional
-    stub = "stage1.py"                     # optional, default stage<N>.py
+    stub = "stage1.py"                     # optional, default stage<N>.py: the stage's
+                                           # Python module, what the suite tests
+    files = ["stage1.py", "csrc/x.c"]      # optional, default [stub]: every file the
+                                           # learner edits (.py, .c, .h), which kata
+                                           # reset restores and kata reveal compares
     suite = "test_stage1.py"               # optional, default test_stage<N>.py
+    bench = "bench_stage1.py"              # optional, default bench_<suite without test_>
+    redis = true                           # optional, default false: the suite needs Redis
     section = "Stage 1"                    # optional, default "Stage <N>": the `## Stage 1`
                                            # heading in README.md, HINTS.md, INTERVIEWER.md
 
@@ -42,6 +48,8 @@ else:  # pragma: no cover - Python 3.10
 
 ENV_ROOT = "KATA_ROOT"
 MANIFEST = "kata.toml"
+#: What a learner's file may be: Python, or C and its headers.
+LEARNER_SUFFIXES = (".py", ".c", ".h")
 PROMPT = "README.md"
 HINTS = "HINTS.md"
 INTERVIEWER = "INTERVIEWER.md"
@@ -79,6 +87,14 @@ class Stage:
     stub: str
     suite: str
     section: str
+    files: tuple[str, ...] = ()
+    bench: str = ""
+    redis: bool = False
+
+    @property
+    def module(self) -> str:
+        """The stage module's name inside its kata package (``stage1``)."""
+        return self.stub.removesuffix(".py")
 
 
 @dataclass(frozen=True)
@@ -124,8 +140,15 @@ class Kata:
     def stub_path(self, stage: Stage) -> Path:
         return self.path / stage.stub
 
+    def learner_paths(self, stage: Stage) -> list[Path]:
+        """Every file of ``stage`` the learner edits, the stage module first."""
+        return [self.path / name for name in stage.files]
+
     def suite_path(self, stage: Stage) -> Path:
         return self.path / stage.suite
+
+    def bench_path(self, stage: Stage) -> Path:
+        return self.path / stage.bench
 
 
 # --- reading and validating one kata.toml -------------------------------------------------
@@ -138,6 +161,9 @@ _STAGE_FIELDS = {
     "core",
     "extended",
     "stub",
+    "files",
+    "bench",
+    "redis",
     "suite",
     "section",
 }
@@ -206,6 +232,28 @@ class _Fields:
             self.fail(name, f"must be a .py file name inside the kata folder, got {value!r}")
         return value
 
+    def learner_files(self, name: str, default: list[str]) -> tuple[str, ...]:
+        """Paths inside the kata folder, each a Python or C file."""
+        value: list[str] = self._get(
+            name,
+            default,
+            lambda v: isinstance(v, list) and bool(v) and all(isinstance(s, str) for s in v),
+            "a non-empty list of file paths",
+        )
+        for v in value:
+            path = Path(v)
+            if path.is_absolute() or ".." in path.parts or path.suffix not in LEARNER_SUFFIXES:
+                self.fail(
+                    name,
+                    f"must name files inside the kata folder ending in "
+                    f"{', '.join(LEARNER_SUFFIXES)}, got {v!r}",
+                )
+        return tuple(value)
+
+    def flag(self, name: str, default: bool) -> bool:
+        value: bool = self._get(name, default, lambda v: isinstance(v, bool), "true or false")
+        return value
+
 
 def load_kata(path: Path) -> Kata:
     """Read and validate ``path/kata.toml``; raise :class:`CatalogError` on any problem."""
@@ -244,11 +292,16 @@ def load_kata(path: Path) -> Kata:
                 timebox_minutes=fields.positive_int("timebox_minutes"),
                 core=fields.text("core"),
                 extended=fields.text("extended", ""),
-                stub=fields.file_name("stub", f"stage{number}.py"),
-                suite=fields.file_name("suite", f"test_stage{number}.py"),
+                stub=(stub := fields.file_name("stub", f"stage{number}.py")),
+                suite=(suite := fields.file_name("suite", f"test_stage{number}.py")),
                 section=fields.text("section", f"Stage {number}"),
+                files=fields.learner_files("files", [stub]),
+                bench=fields.file_name("bench", "bench_" + suite.removeprefix("test_")),
+                redis=fields.flag("redis", False),
             )
         )
+        if stages[-1].stub not in stages[-1].files:
+            fields.fail("files", f"must include the stage module {stages[-1].stub!r}")
     return Kata(
         name=name,
         path=path,

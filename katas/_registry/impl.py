@@ -9,6 +9,7 @@ modules keep working.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.machinery
@@ -18,6 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+
+from katas._registry.catalog import default_root, load_kata
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_IMPL = "KATA_IMPL"
@@ -47,10 +50,20 @@ class Selection:
                 # import ...``); relative imports resolve through sys.modules, so
                 # seeding the learner's earlier stages with the reference's swaps them.
                 for earlier in range(1, stage):
-                    name = f"{self.package}.{kata}.stage{earlier}"
-                    sys.modules[name] = importlib.import_module(f"solutions.{kata}.stage{earlier}")
-            self._modules[key] = importlib.import_module(f"{self.package}.{kata}.stage{stage}")
+                    name = f"{self.package}.{kata}.{stage_module(kata, earlier)}"
+                    sys.modules[name] = importlib.import_module(
+                        f"solutions.{kata}.{stage_module(kata, earlier)}"
+                    )
+            module = f"{self.package}.{kata}.{stage_module(kata, stage)}"
+            self._modules[key] = importlib.import_module(module)
         return self._modules[key]
+
+
+@functools.cache
+def stage_module(kata: str, stage: int) -> str:
+    """The module name of ``kata``'s stage ``stage`` (its kata.toml ``stub``, ``stage1``)."""
+    found = load_kata(default_root() / kata)
+    return found.stage(stage).module
 
 
 def bad_impl(named: str, spec: str) -> str:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from katas._registry.catalog import PACKAGE_ROOT, Catalog
+from katas._registry.catalog import PACKAGE_ROOT, Catalog, load_kata
 from katas._registry.impl import ENV_IMPL, ENV_PROFILE, bad_impl
 
 PLUGIN = "katas._harness.pytest_plugin"
@@ -121,8 +121,9 @@ class SuiteRun:
 
 
 def suite_file(kata: str, stage: int, root: Path = PACKAGE_ROOT) -> Path:
-    """The default suite of ``kata`` stage ``stage`` in the folder of katas ``root``."""
-    return root / kata / f"test_stage{stage}.py"
+    """The suite of ``kata`` stage ``stage`` in the folder of katas ``root`` (kata.toml)."""
+    found = load_kata(root / kata)
+    return found.suite_path(found.stage(stage))
 
 
 def read_report(path: Path) -> tuple[TestResult, ...]:
