@@ -68,10 +68,24 @@ def test_base_reference_runs_the_stage_that_k_selects() -> None:
     assert "ThreadSafeLimiter" in out and "TokenBucket" not in out.split("short test summary")[-1]
 
 
-def test_base_reference_over_several_stages_is_refused_in_one_line() -> None:
-    run = learner_pytest("katas/rate_limiter", "--base=reference")
-    assert run.returncode == 4, f"exit code {run.returncode}:\n{run.stdout}{run.stderr}"
-    assert "one stage's suite at a time" in run.stdout + run.stderr
+def test_base_reference_over_several_stages_tests_each_stage_over_the_references(
+    tmp_path: Path,
+) -> None:
+    """An implementation whose stage 1 is the stub and whose stage 2 is written: with
+    --base=reference, one run fails stage 1 (the implementation's own, untouched) and
+    passes stage 2 (over the reference's stage 1)."""
+    impl = tmp_path / "impl" / "rate_limiter"
+    shutil.copytree(REPO_ROOT / "solutions" / "rate_limiter", impl)
+    shutil.copy(REPO_ROOT / "katas" / "rate_limiter" / "stage1.py", impl / "stage1.py")
+    run = learner_pytest(
+        "katas/rate_limiter", "-k", "(stage1 or stage2) and core", f"--impl={impl.parent}",
+        "--base=reference", "-rf", "--tb=line",
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    failed = [ln for ln in out.splitlines() if ln.startswith("FAILED ")]
+    assert failed and all("test_stage1.py" in ln for ln in failed), out[-2000:]
+    assert "not implemented yet: TokenBucket" in out, out[-2000:]
+    assert " passed" in out.splitlines()[-1], out[-2000:]
 
 
 def test_help_works_with_a_bad_profile() -> None:

@@ -49,13 +49,13 @@ from katas._cli.cliutil import (
     stage_prompt,
     suite_or_error,
 )
-from katas._cli.practice import Clock, clock_text
+from katas._cli.practice import clock_text
 from katas._cli.state import ENV_STATE_DIR, State, StateError, StateStore, stage_key
 from katas._cli.terminal import Terminal
 from katas._registry.catalog import ENV_ROOT, Catalog, CatalogError, Kata, Stage, display_path
-from katas._registry.impl import ENV_IMPL, ENV_PROFILE
+from katas._registry.impl import ENV_IMPL, ENV_PROFILE, add_selection_options
 from katas._registry.suites import run_suite
-from katas._runtime.clock import NS_PER_S
+from katas._runtime.clock import NS_PER_S, Clock
 
 # --- the parser --------------------------------------------------------------------------
 
@@ -375,18 +375,7 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
 
 def _configure_test(parser: argparse.ArgumentParser) -> None:
     add_kata_stage(parser)
-    parser.add_argument(
-        "--impl",
-        metavar="katas|solutions|PATH",
-        help="what to test: your working copy 'katas' (default; env KATA_IMPL), the reference "
-        "'solutions', or a directory laid out like solutions/",
-    )
-    parser.add_argument(
-        "--base",
-        choices=["own", "reference"],
-        help="earlier stages come from the tested implementation (own, default) or from the "
-        "reference solutions",
-    )
+    add_selection_options(parser.add_argument)
     parser.add_argument(
         "--core", action="store_true", help="only the core tests (what the timebox is for)"
     )

@@ -36,6 +36,7 @@ from katas._cli.pristine import PristineError, pristine_stub
 from katas._cli.state import Attempt, State, StateError
 from katas._registry import mutants
 from katas._registry.catalog import Kata, Stage, display_path
+from katas._registry.impl import add_selection_options
 from katas._registry.notes import Part, hints
 from katas._registry.suites import run_suite
 from katas._runtime.clock import NS_PER_S
@@ -306,11 +307,7 @@ def run_bench(args: argparse.Namespace, ctx: Context) -> int:
 
 def _configure_bench(parser: argparse.ArgumentParser) -> None:
     add_kata_stage(parser)
-    parser.add_argument(
-        "--impl",
-        metavar="katas|solutions|PATH",
-        help="whose code is measured: yours (default), the reference, or a directory",
-    )
+    add_selection_options(parser.add_argument, base=False)
     parser.add_argument(
         "-v", "--verbose", action="store_true", help="show pytest-benchmark's own tables"
     )

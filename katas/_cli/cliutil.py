@@ -18,14 +18,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from katas._cli.practice import Clock
 from katas._cli.state import State, StateStore
 from katas._cli.terminal import KeyboardTerminal, Terminal
 from katas._registry.catalog import Catalog, Kata, Stage, display_path
 from katas._registry.impl import ENV_IMPL, NOT_IMPLEMENTED, profile_name
 from katas._registry.notes import is_section, sections
 from katas._registry.suites import SuiteRun, TestResult, resolve_impl
-from katas._runtime.clock import MonotonicClock
+from katas._runtime.clock import Clock, MonotonicClock
 
 
 class UserError(Exception):

@@ -24,17 +24,13 @@ from rich.text import Text
 from katas._cli.terminal import Terminal
 from katas._cli.watch import Watcher
 from katas._registry.suites import SuiteRun
-from katas._runtime.clock import NS_PER_S
+from katas._runtime.clock import NS_PER_S, Clock
 
 #: How often a session looks for saved files and redraws.
 POLL_NS = NS_PER_S // 2
 RUN_KEYS = ("r", " ", "\n", "\r")
 HINT_KEYS = ("h",)
 QUIT_KEYS = ("q",)
-
-
-class Clock(Protocol):
-    def now_ns(self) -> int: ...
 
 
 def clock_text(ns: int) -> str:

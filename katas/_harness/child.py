@@ -55,8 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m katas._harness.child", description=__doc__.split("\n\n")[1]
     )
     parser.add_argument("target", help="MODULE:FUNCTION, the kata's entry point")
-    parser.add_argument("--impl", default=None, help="katas, solutions, or a directory")
-    parser.add_argument("--base", default=None, choices=["own", "reference"])
+    impl.add_selection_options(parser.add_argument)
     args, rest = parser.parse_known_args(argv)
     selection = impl.resolve(args.impl, args.base)
     return _entry(args.target)(selection, rest)

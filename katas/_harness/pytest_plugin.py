@@ -37,7 +37,7 @@ from katas._harness.failures import (
     start_hint,
     tell_once,
 )
-from katas._harness.under_test import Kata
+from katas._harness.under_test import KataUnderTest
 from katas._registry import impl as _impl
 from katas._registry.catalog import CatalogError, load_kata
 from katas._registry.rules import Rule, all_rules
@@ -51,18 +51,7 @@ pytest_plugins = ["katas._harness.redis"]
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("kata")
-    group.addoption(
-        "--impl",
-        default=None,
-        help="implementation to test: katas (default), solutions, or a directory laid out "
-        "like solutions/ (env KATA_IMPL)",
-    )
-    group.addoption(
-        "--base",
-        default=None,
-        choices=["own", "reference"],
-        help="earlier stages: the tested implementation's own (default) or the reference's",
-    )
+    _impl.add_selection_options(group.addoption)
     group.addoption("--kata-report", default=None, help="write per-test outcomes as JSON here")
     group.addoption(
         "--kata-collected",
@@ -136,20 +125,20 @@ def impl_selection(pytestconfig: pytest.Config) -> _impl.Selection:
     return pytestconfig.stash[_selection_key]
 
 
-def _kata_of(node: pytest.Item | pytest.Collector, selection: _impl.Selection) -> Kata:
+def _kata_of(node: pytest.Item | pytest.Collector, selection: _impl.Selection) -> KataUnderTest:
     """The kata whose folder holds ``node``'s file, with the suite's stage."""
     marker = node.get_closest_marker("stage")
-    return Kata(node.path.parent.name, selection, int(marker.args[0]) if marker else None)
+    return KataUnderTest(node.path.parent.name, selection, int(marker.args[0]) if marker else None)
 
 
 @pytest.fixture(scope="module")
-def kata(request: pytest.FixtureRequest, impl_selection: _impl.Selection) -> Kata:
+def kata(request: pytest.FixtureRequest, impl_selection: _impl.Selection) -> KataUnderTest:
     """The kata whose folder holds the requesting test file."""
     return _kata_of(request.node, impl_selection)
 
 
 @pytest.fixture(scope="module")
-def stage_module(request: pytest.FixtureRequest, kata: Kata) -> ModuleType:
+def stage_module(request: pytest.FixtureRequest, kata: KataUnderTest) -> ModuleType:
     """The stage module named by the test file's ``stage(N)`` marker: ``stage()``."""
     if kata.suite_stage is None:
         raise pytest.UsageError(f"{request.path}: set pytestmark = [pytest.mark.stage(N)]")
@@ -254,8 +243,8 @@ def _collected(items: list[pytest.Item]) -> dict[str, dict[str, Any]]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """``--base=reference`` covers one stage: checked on what ``-k``/``-m`` kept, so
-    ``pytest katas/K -k "stage2 and core" --base=reference`` runs as the README says."""
+    """The stages of what ``-k``/``-m`` kept (the start hint names one), and the
+    ``--kata-collected`` file."""
     session.config.stash[_stages_key] = {
         (item.path.parent, int(m.args[0]))
         for item in session.items
@@ -264,13 +253,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     path = session.config.getoption("--kata-collected")
     if path:
         Path(path).write_text(json.dumps(_collected(session.items), indent=1))
-    selection = session.config.stash[_selection_key]
-    stages = {m.args[0] for item in session.items if (m := item.get_closest_marker("stage"))}
-    if selection.base == "reference" and len(stages) > 1:
-        raise pytest.UsageError(
-            "--base=reference runs one stage's suite at a time (select it with -k stageN): "
-            "it swaps the earlier stages for the reference's"
-        )
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -9,7 +9,6 @@ and clears it after; outside a test, ``stage()`` is an error that says so.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -17,7 +16,7 @@ from katas._registry import impl
 
 
 @dataclass(frozen=True)
-class Kata:
+class KataUnderTest:
     """The stage modules of one kata, from the selected implementation.
 
     With ``--base=reference``, stages below the suite's own come from the reference.
@@ -28,18 +27,14 @@ class Kata:
     suite_stage: int | None = None
 
     def stage(self, n: int) -> ModuleType:
-        if self.selection.base == "reference" and self.suite_stage and n < self.suite_stage:
-            self.selection.stage(self.name, self.suite_stage)  # seeds the swap first
-            return importlib.import_module(
-                f"solutions.{self.name}.{impl.stage_module(self.name, n)}"
-            )
-        return self.selection.stage(self.name, n)
+        """Stage ``n`` as this suite tests it (see :meth:`impl.Selection.stage`)."""
+        return self.selection.stage(self.name, n, top=max(n, self.suite_stage or n))
 
 
-_running: list[Kata] = []
+_running: list[KataUnderTest] = []
 
 
-def running(kata: Kata | None) -> None:
+def running(kata: KataUnderTest | None) -> None:
     """Set (or, with None, clear) the kata of the test now running: the plugin's job."""
     _running[:] = [] if kata is None else [kata]
 

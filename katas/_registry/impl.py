@@ -12,13 +12,16 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from katas._registry.catalog import default_root, load_kata
 
@@ -39,24 +42,108 @@ class Selection:
     spec: str  # what the user said: "katas", "solutions" or a path
     package: str  # the importable package holding <kata>/stageN.py
     base: str | None = None  # "reference": earlier stages come from ``solutions``
-    _modules: dict[tuple[str, int], ModuleType] = field(default_factory=dict, compare=False)
+    _modules: dict[tuple[str, int, int], ModuleType] = field(default_factory=dict, compare=False)
 
-    def stage(self, kata: str, stage: int) -> ModuleType:
-        """Import ``<package>.<kata>.stage<stage>`` (earlier stages from the base, if set)."""
-        key = (kata, stage)
+    def stage(self, kata: str, stage: int, top: int | None = None) -> ModuleType:
+        """The module of ``kata``'s stage ``stage``, as the suite of stage ``top`` (default
+        ``stage``) tests it: with ``base="reference"``, stage ``top`` is this
+        implementation's and every stage below it the reference's."""
+        top = stage if top is None else top
+        key = (kata, stage, top)
         if key not in self._modules:
-            if self.base == "reference" and self.package != "solutions":
-                # A stage file imports its previous stage relatively (``from .stage1
-                # import ...``); relative imports resolve through sys.modules, so
-                # seeding the learner's earlier stages with the reference's swaps them.
-                for earlier in range(1, stage):
-                    name = f"{self.package}.{kata}.{stage_module(kata, earlier)}"
-                    sys.modules[name] = importlib.import_module(
-                        f"solutions.{kata}.{stage_module(kata, earlier)}"
-                    )
-            module = f"{self.package}.{kata}.{stage_module(kata, stage)}"
-            self._modules[key] = importlib.import_module(module)
+            package = f"{self.package}.{kata}"
+            if self.base == "reference" and self.package != "solutions" and top > 1:
+                package = _based_package(self.package, kata, top)
+            self._modules[key] = importlib.import_module(f"{package}.{stage_module(kata, stage)}")
         return self._modules[key]
+
+
+class _Based(importlib.abc.MetaPathFinder):
+    """Finds the modules of the packages :func:`_based_package` names.
+
+    Such a package is one kata's stage ``top`` of an implementation over the reference's
+    earlier stages: its stage ``top`` is read from the implementation's folder, every
+    stage below from ``solutions/``, any other module (a helper) from the implementation's
+    folder first, then the reference's. A stage file imports the previous stage
+    relatively (``from .stage1 import …``), so it meets the reference's there, while the
+    implementation's own package stays untouched: a run may test stage 1 as written and
+    stage 2 over the reference's stage 1, side by side.
+    """
+
+    def __init__(self) -> None:
+        self.packages: dict[str, tuple[str, int, Path, Path]] = {}  # name -> kata, top, dirs
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname in self.packages:
+            spec = importlib.machinery.ModuleSpec(fullname, _EmptyPackage(), is_package=True)
+            spec.submodule_search_locations = []
+            return spec
+        parent, _, leaf = fullname.rpartition(".")
+        if parent not in self.packages:
+            return None
+        kata, top, own, reference = self.packages[parent]
+        stages = {stage_module(kata, n): n for n in range(1, top + 1)}
+        if leaf in stages:
+            folders = [own if stages[leaf] == top else reference]
+        else:
+            folders = [own, reference]
+        for folder in folders:
+            file = folder / f"{leaf}.py"
+            if file.is_file():
+                return importlib.util.spec_from_file_location(fullname, file)
+        return None
+
+
+class _EmptyPackage(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return None
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
+_BASED = _Based()
+
+
+def _based_package(package: str, kata: str, top: int) -> str:
+    """The package holding ``package``'s stage ``top`` of ``kata`` over the reference's."""
+    digest = hashlib.sha1(package.encode()).hexdigest()[:10]
+    name = f"_kata_based_{digest}_{kata}_{top}"
+    if name not in _BASED.packages:
+        own = Path(importlib.import_module(f"{package}.{kata}").__path__[0])
+        reference = Path(importlib.import_module(f"solutions.{kata}").__path__[0])
+        _BASED.packages[name] = (kata, top, own, reference)
+        if _BASED not in sys.meta_path:
+            sys.meta_path.insert(0, _BASED)
+    return name
+
+
+#: The options that choose what a run tests, declared once for every parser that takes
+#: them: pytest's (``group.addoption``), the child runner's and the kata command's
+#: (``parser.add_argument``).
+SELECTION_OPTIONS: dict[str, dict[str, Any]] = {
+    "--impl": {
+        "default": None,
+        "metavar": "katas|solutions|PATH",
+        "help": "what to test: your working copy 'katas' (default; env KATA_IMPL), the "
+        "reference 'solutions', or a directory laid out like solutions/",
+    },
+    "--base": {
+        "default": None,
+        "choices": ["own", "reference"],
+        "help": "earlier stages: the tested implementation's own (default) or the reference's "
+        "(env KATA_BASE)",
+    },
+}
+
+
+def add_selection_options(add: Callable[..., object], *, base: bool = True) -> None:
+    """Declare ``--impl`` (and ``--base``) with ``add`` (``add_argument``/``addoption``)."""
+    for name, options in SELECTION_OPTIONS.items():
+        if base or name != "--base":
+            add(name, **options)
 
 
 @functools.cache
@@ -96,19 +183,27 @@ def _import_path_package(path: Path) -> str:
     return name
 
 
-def resolve(spec: str | None = None, base: str | None = None) -> Selection:
-    """Resolve ``--impl`` / ``KATA_IMPL`` (default ``katas``) to a :class:`Selection`."""
+def implementation(spec: str | None, default: str = "katas") -> str:
+    """The one reading of ``--impl`` (else ``KATA_IMPL``, else ``default``): ``katas``,
+    ``solutions``, or a directory made absolute; ValueError, one line, for anything else."""
     named = "--impl" if spec else ENV_IMPL
-    spec = spec or os.environ.get(ENV_IMPL) or "katas"
-    base = base or os.environ.get(ENV_BASE) or None
-    if base not in (None, "own", "reference"):
-        raise ValueError(f"base must be 'own' or 'reference', got {base!r}")
+    spec = spec or os.environ.get(ENV_IMPL) or default
     if spec in ("katas", "solutions"):
-        return Selection(spec, spec, base if base == "reference" else None)
+        return spec
     path = Path(spec).expanduser().resolve()
     if not path.is_dir():
         raise ValueError(bad_impl(named, spec))
-    return Selection(str(path), _import_path_package(path), base if base == "reference" else None)
+    return str(path)
+
+
+def resolve(spec: str | None = None, base: str | None = None) -> Selection:
+    """Resolve ``--impl`` / ``KATA_IMPL`` (default ``katas``) to a :class:`Selection`."""
+    spec = implementation(spec)
+    base = base or os.environ.get(ENV_BASE) or None
+    if base not in (None, "own", "reference"):
+        raise ValueError(f"base must be 'own' or 'reference', got {base!r}")
+    package = spec if spec in ("katas", "solutions") else _import_path_package(Path(spec))
+    return Selection(spec, package, base if base == "reference" else None)
 
 
 def profile_name() -> str:

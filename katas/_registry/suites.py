@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from katas._registry.catalog import PACKAGE_ROOT, Catalog, load_kata
-from katas._registry.impl import ENV_IMPL, ENV_PROFILE, bad_impl
+from katas._registry.impl import ENV_PROFILE, implementation
 
 PLUGIN = "katas._harness.pytest_plugin"
 #: The installed pytest plugins a suite run uses, loaded by name with autoload off. An
@@ -154,16 +154,8 @@ def resolve_impl(spec: str | None, root: Path) -> str:
     checkout). ValueError if a PATH is not a directory.
     """
     catalog = Catalog(root.resolve())
-    named = "--impl" if spec else ENV_IMPL
-    spec = spec or os.environ.get(ENV_IMPL) or ("katas" if catalog.is_package else "")
-    if not spec:  # a folder of katas outside the package: its own stage files are the impl
-        return str(catalog.root)
-    if spec in ("katas", "solutions"):
-        return spec
-    path = Path(spec).expanduser().resolve()
-    if not path.is_dir():
-        raise ValueError(bad_impl(named, spec))
-    return str(path)
+    # A folder of katas outside the package: its own stage files are the implementation.
+    return implementation(spec, "katas" if catalog.is_package else str(catalog.root))
 
 
 class SuiteProcess:

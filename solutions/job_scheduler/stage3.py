@@ -381,6 +381,7 @@ class RedisWorker:
         # Re-entrant: stop() may run in a signal handler while this thread holds it.
         self._cond = threading.Condition(threading.RLock())
         self._lease: Lease | None = None  # the running job's lease (heartbeaten)
+        self._claimed_at = 0  # when it was claimed, on this worker's clock
         self._released = False
         self._stopping = False
         self._deadline = _NEVER  # stop's grace deadline, on the clock
@@ -463,6 +464,7 @@ class RedisWorker:
     def _work(self, lease: Lease) -> None:
         with self._cond:
             self._lease, self._released = lease, False
+            self._claimed_at = self._clock.now_ns()
             self._cond.notify_all()  # the heartbeat thread has a lease to keep
         self._event("claimed", lease, "claimed")
         try:
@@ -508,8 +510,9 @@ class RedisWorker:
             next_beat = _NEVER
             while not (self._stopping and self._lease is None):
                 lease, now = self._lease, self._clock.now_ns()
-                if lease is not beating:  # a new job: its first beat is one interval away
-                    beating, next_beat = lease, now + self._every
+                if lease is not beating:  # a new job: its first beat is one interval after
+                    # its claim, however late this thread wakes to notice it
+                    beating, next_beat = lease, self._claimed_at + self._every
                 if lease is not None and not self._released:
                     if now >= self._deadline:
                         self._released = True  # the handler's result will be dropped

@@ -20,13 +20,13 @@ class WatchedClock(ManualClock):
 
     def __init__(self, start_ns: int) -> None:
         super().__init__(start_ns)
-        self._asleep: dict[int, int | None] = {}
+        self._asleep: dict[int, tuple[int | None, threading.Condition]] = {}
         self._watch = threading.Lock()
 
     def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
         me = threading.get_ident()
         with self._watch:
-            self._asleep[me] = deadline_ns
+            self._asleep[me] = (deadline_ns, cond)
         try:
             super().wait_until_ns(cond, deadline_ns)
         finally:
@@ -40,10 +40,17 @@ class WatchedClock(ManualClock):
         with self._watch:
             asleep = dict(self._asleep)
         threads = [t for t in threading.enumerate() if t not in others and t.ident not in busy]
-        return all(
-            t.ident in asleep and (asleep[t.ident] is None or asleep[t.ident] > now)  # type: ignore[operator]
-            for t in threads
-        )
+        if not all(t.ident in asleep for t in threads):
+            return False
+        sleeping = [asleep[t.ident] for t in threads if t.ident is not None]
+        if any(deadline is not None and deadline <= now for deadline, _ in sleeping):
+            return False
+        # A thread notified (by the component, not the clock) but not yet running still
+        # shows as asleep here; its condition no longer counts it among its waiters.
+        on: dict[int, tuple[threading.Condition, int]] = {}
+        for _, cond in sleeping:
+            on[id(cond)] = (cond, on.get(id(cond), (cond, 0))[1] + 1)
+        return all(len(cond._waiters) >= n for cond, n in on.values())  # type: ignore[attr-defined]
 
     def settle(self, others: set[threading.Thread], busy: set[int]) -> None:
         """Wait (hard deadline) until every thread of the component is parked on the clock."""
