@@ -1,7 +1,8 @@
 """The pytest side of the harness, loaded by the repository's root ``conftest.py``.
 
 - ``--impl katas|solutions|PATH`` (or ``KATA_IMPL``) and ``--base own|reference`` choose
-  what is tested; tests receive stage modules only through the ``kata`` fixture.
+  what is tested; tests reach stage modules only through :func:`under_test.stage` (or
+  the ``kata`` and ``stage_module`` fixtures, which give the same modules).
 - A stub's ``Todo`` becomes one line: ``not implemented yet: ...``, reported
   as a failure of the test even where a fixture met it; a run of nothing but those ends
   with where to start. A test past its deadline is one line too.
@@ -41,9 +42,6 @@ from katas._harness.under_test import KataUnderTest
 from katas._registry import impl as _impl
 from katas._registry.catalog import CatalogError, load_kata
 from katas._registry.rules import Rule, all_rules
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    pass
 
 #: The Redis fixtures come with the harness, also when it is loaded with ``-p``.
 pytest_plugins = ["katas._harness.redis"]
