@@ -142,14 +142,14 @@ def get_put(get: Callable[[Any], Any], put: Callable[[Any, Any], object]) -> Con
 
 
 def ours(cache: Any) -> Contender:
-    """A cache of this kata: its misses are what ``stats()`` counts (so the agreement
+    """A cache of this kata: its misses are what ``statistics()`` counts (so the agreement
     with the other contenders checks the stats too)."""
     contender = get_put(cache.get, cache.put)
 
     def misses() -> int:
-        before = cache.stats().misses
+        before = cache.statistics().misses
         contender.run()
-        return int(cache.stats().misses - before)
+        return int(cache.statistics().misses - before)
 
     contender.misses = misses
     return contender
@@ -306,7 +306,7 @@ def test_bench_stage1_lfu_zipf(
 
 def cycling(cache: Any, stream: list[int]) -> tuple[Contender, Callable[[], float]]:
     """``(contender, hit_rate)``: each round runs the next OPS keys of ``stream`` (which
-    is warmed through once first); ``hit_rate`` is what ``stats()`` counted since."""
+    is warmed through once first); ``hit_rate`` is what ``statistics()`` counted since."""
     get, put = cache.get, cache.put
     chunks = [stream[i : i + OPS] for i in range(0, len(stream), OPS)]
     turn = [0]
@@ -320,10 +320,10 @@ def cycling(cache: Any, stream: list[int]) -> tuple[Contender, Callable[[], floa
 
     for _ in chunks:  # warm-up, untimed: the cache holds its steady state
         run()
-    start = cache.stats()
+    start = cache.statistics()
 
     def hit_rate() -> float:
-        now = cache.stats()
+        now = cache.statistics()
         hits, misses = now.hits - start.hits, now.misses - start.misses
         return float(hits / (hits + misses))
 

@@ -20,7 +20,7 @@ stdout (printed even without ``-s``):
   ``LRUCache`` (what a first attempt writes) and the reference wrapper, run in turn
   within every round (drift on a shared machine hits them alike), best round of each.
   Under the GIL, threads add no throughput: the numbers show what the wrapper costs.
-  The exactness of ``stats()`` under the racing threads is printed as a sanity line.
+  The exactness of ``statistics()`` under the racing threads is printed as a sanity line.
 
 Measured here (the reference; 2 shared cores, other jobs running): 1 loader call in
 every round and one object for all 16 callers; wall / loader time 1.05-1.13 (median)
@@ -126,7 +126,7 @@ def test_bench_stage2_single_flight_one_key(
 ) -> None:
     benchmark.group = "stage2 single flight (20 ms loader)"
     loads: list[int] = []
-    counted: list[int] = []  # statistics().loads, which must agree
+    counted: list[int] = []  # load_statistics().loads, which must agree
     objects: list[int] = []  # distinct objects the callers received
     walls: list[float] = []
 
@@ -148,7 +148,7 @@ def test_bench_stage2_single_flight_one_key(
 
         walls.append(together(CALLERS, work) / LOAD_S)
         loads.append(calls[0])
-        counted.append(cache.statistics().loads)
+        counted.append(cache.load_statistics().loads)
         objects.append(len({id(value) for value in got}))
 
     benchmark.pedantic(one_round, rounds=FLIGHT_ROUNDS, iterations=1)
@@ -158,7 +158,7 @@ def test_bench_stage2_single_flight_one_key(
     say(
         capsys,
         f"{CALLERS} callers, one key: loader calls per round {sorted(set(loads))} "
-        f"(target: 1), statistics().loads {sorted(set(counted))}, distinct results "
+        f"(target: 1), load_statistics().loads {sorted(set(counted))}, distinct results "
         f"{sorted(set(objects))} (target: 1), wall / loader time {spread(walls)} "
         f"({len(walls)} rounds)",
     )
@@ -185,7 +185,7 @@ def test_bench_stage2_distinct_keys_load_in_parallel(
             cache.get_or_load(f"key-{i}", loader)
 
         walls.append(together(DISTINCT, work) / LOAD_S)
-        loads.append(cache.statistics().loads)
+        loads.append(cache.load_statistics().loads)
 
     benchmark.pedantic(one_round, rounds=FLIGHT_ROUNDS, iterations=1)
     benchmark.extra_info["wall_over_loader_time_best"] = round(min(walls), 3)
@@ -193,7 +193,7 @@ def test_bench_stage2_distinct_keys_load_in_parallel(
     say(
         capsys,
         f"T={DISTINCT} distinct keys missed together: wall / loader time {spread(walls)} "
-        f"(target: ~1, not {DISTINCT}); statistics().loads {sorted(set(loads))} "
+        f"(target: ~1, not {DISTINCT}); load_statistics().loads {sorted(set(loads))} "
         f"(expect {DISTINCT})",
     )
 
@@ -216,9 +216,9 @@ class LockedLRU:
         with self._lock:
             self.inner.put(key, value)
 
-    def stats(self) -> Any:
+    def statistics(self) -> Any:
         with self._lock:
-            return self.inner.stats()
+            return self.inner.statistics()
 
 
 @dataclass
@@ -293,13 +293,13 @@ def test_bench_stage2_throughput_threads(
         say(capsys, f"{label} ({THREADS} threads) = {ours / best[other]:.3f}   (informational)")
     inexact = []
     for name, variant in variants.items():
-        stats = variant.cache.stats()
+        stats = variant.cache.statistics()
         benchmark.extra_info[f"hit_rate[{name}]"] = round(stats.hit_rate, 4)
         if stats.hits + stats.misses != variant.ops:
             inexact.append(f"{name}: {stats.hits + stats.misses:,} for {variant.ops:,} gets")
     benchmark.extra_info["stats_exact"] = not inexact
     say(
         capsys,
-        "stats() under racing threads, hits + misses = gets: "
+        "statistics() under racing threads, hits + misses = gets: "
         + ("exact in every variant" if not inexact else "NOT EXACT — " + "; ".join(inexact)),
     )

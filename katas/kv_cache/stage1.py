@@ -18,7 +18,7 @@ Rules every cache follows (the suite checks each one):
 - ``in`` and ``len()`` and iteration are pure observations: no recency or frequency
   change. Iteration yields live keys, least recently used first.
 - ``on_evict(key, value, cause)`` is called once per value that leaves, after the
-  cache is consistent again; ``stats()`` counts hits, misses, evictions (cause EVICTED
+  cache is consistent again; ``statistics()`` counts hits, misses, evictions (cause EVICTED
   only) and expirations (cause EXPIRED).
 - Stage 2 runs all user code outside its lock: ``on_evict`` is a plain attribute it may
   replace, ``weigh`` a property it may call itself, and ``put(…, weight=w)`` takes a
@@ -106,7 +106,7 @@ class LRUCache:
         """Keys, least recently used first."""
         raise Todo()
 
-    def stats(self) -> CacheStats:
+    def statistics(self) -> CacheStats:
         raise Todo()
 
 
@@ -160,7 +160,7 @@ class TTLCache(LRUCache):
     def __iter__(self) -> Iterator[Any]:
         raise Todo()
 
-    def stats(self) -> CacheStats:
+    def statistics(self) -> CacheStats:
         raise Todo()
 
 
@@ -222,5 +222,5 @@ class LFUCache:
         """Keys in eviction order: lowest frequency first, then least recently accessed."""
         raise Todo()
 
-    def stats(self) -> CacheStats:
+    def statistics(self) -> CacheStats:
         raise Todo()

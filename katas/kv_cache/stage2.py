@@ -20,7 +20,7 @@ Rules the suite checks:
   next call loads again. Misses of different keys load in parallel. A ``put`` or
   ``delete`` of the key while its load runs wins: the loaded value is returned to its
   callers but not cached over the newer write.
-- ``statistics()`` reports loads started, failures, loads in flight and waiters, so
+- ``load_statistics()`` reports loads started, failures, loads in flight and waiters, so
   tests sequence threads without sleeping.
 - Async (extended): the same on one event loop. A cancelled waiter just stops waiting
   (the load goes on for the others); a cancelled leader does not strand its waiters:
@@ -61,11 +61,11 @@ class ConcurrentCache:
         """The cached value, or ``loader()``'s — run once for all concurrent misses."""
         raise Todo()
 
-    def statistics(self) -> LoadStatistics:
+    def load_statistics(self) -> LoadStatistics:
         raise Todo()
 
-    def stats(self) -> CacheStats:
-        """The inner cache's stats."""
+    def statistics(self) -> CacheStats:
+        """The inner cache's statistics."""
         raise Todo()
 
     def __len__(self) -> int:
@@ -101,10 +101,10 @@ class AsyncCache:
         a cancelled leader's waiters load again."""
         raise Todo()
 
-    def statistics(self) -> LoadStatistics:
+    def load_statistics(self) -> LoadStatistics:
         raise Todo()
 
-    def stats(self) -> CacheStats:
+    def statistics(self) -> CacheStats:
         raise Todo()
 
     def __len__(self) -> int:

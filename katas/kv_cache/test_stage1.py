@@ -1,6 +1,6 @@
 """Stage 1 suite: caches with eviction (see katas/kv_cache/README.md).
 
-Core: ``LRUCache`` and ``TTLCache`` by count, with ``on_evict`` and ``stats()``.
+Core: ``LRUCache`` and ``TTLCache`` by count, with ``on_evict`` and ``statistics()``.
 Extended: weights (``max_weight``, ``weigh``) and ``LFUCache``.
 
 Examples read like the prompt; state machines compare every observable result — values,
@@ -92,9 +92,9 @@ def test_stage1_holds_exactly_maxsize_entries(kind: str) -> None:
     cache = make(kind, 3)
     for n in range(3):
         cache.put(n, n)
-    assert len(cache) == 3 and cache.stats().evictions == 0, (
+    assert len(cache) == 3 and cache.statistics().evictions == 0, (
         f"a cache of maxsize 3 holds 3 entries without evicting; it holds "
-        f"{len(cache)} after {cache.stats().evictions} evictions"
+        f"{len(cache)} after {cache.statistics().evictions} evictions"
     )
     cache.put(3, 3)
     assert len(cache) == 3 and list(cache) == [1, 2, 3], (
@@ -131,7 +131,7 @@ def test_stage1_falsy_values_are_hits(kind: str, value: Any) -> None:
     assert cache.get("k", "missing") == value and "k" in cache, (
         f"a stored {value!r} must be found (a hit), not treated as a miss"
     )
-    assert (cache.stats().hits, cache.stats().misses) == (1, 0), cache.stats()
+    assert (cache.statistics().hits, cache.statistics().misses) == (1, 0), cache.statistics()
 
 
 @core
@@ -147,7 +147,7 @@ def test_stage1_contains_len_and_iteration_do_not_refresh_recency(kind: str) -> 
         "`in`, len() and iteration are observations: checking `'a' in cache` must "
         "not make a recently used, so c evicts a"
     )
-    assert cache.stats().hits == 0, "observations are not gets: no hit counted"
+    assert cache.statistics().hits == 0, "observations are not gets: no hit counted"
 
 
 @core
@@ -178,7 +178,7 @@ def test_stage1_stats_are_consistent(kind: str) -> None:
     for key in ["a", "b", "a", "c", "b", "d", "a"]:
         if cache.get(key) is None:
             cache.put(key, key)
-    stats = cache.stats()
+    stats = cache.statistics()
     evicted = sum(c is EVICTED for _, _, c in log.calls)
     assert stats == CacheStats(1, 6, evicted, 0, 2, 2) and evicted == 4, (
         f"7 gets (1 hit: the second a), 6 puts into 2 slots (4 evictions): "
@@ -197,9 +197,9 @@ def test_stage1_only_evictions_count_as_evictions(kind: str) -> None:
     cache.delete("b")  # EXPLICIT
     cache.put("c", 4)
     cache.put("d", 5)  # EVICTED: a
-    assert cache.stats().evictions == 1, (
+    assert cache.statistics().evictions == 1, (
         f"evictions counts removals to make room only — not replacements or "
-        f"deletes; one eviction happened, stats say {cache.stats()}"
+        f"deletes; one eviction happened, stats say {cache.statistics()}"
     )
 
 
@@ -219,7 +219,7 @@ def test_stage1_ttl_entry_is_gone_exactly_at_its_deadline() -> None:
     assert cache.get("k", "gone") == "gone" and log.take() == [("k", "v", EXPIRED)], (
         "get at the deadline misses, and on_evict hears EXPIRED once"
     )
-    assert cache.stats().expirations == 1 and cache.stats().misses == 1
+    assert cache.statistics().expirations == 1 and cache.statistics().misses == 1
 
 
 @core
@@ -234,7 +234,7 @@ def test_stage1_ttl_update_restarts_the_deadline() -> None:
     assert cache.get("k") == 2, "an update restarts the entry's time to live"
     clock.advance(1)
     assert cache.get("k") is None
-    stats = cache.stats()
+    stats = cache.statistics()
     assert (stats.hits, stats.misses, stats.expirations) == (1, 1, 1), (
         f"a get that finds only an expired entry is a miss, and the entry expires: {stats}"
     )
@@ -252,7 +252,7 @@ def test_stage1_a_put_over_an_expired_key_is_not_a_replacement() -> None:
         "the old value had expired before the put: on_evict must hear it as "
         f"EXPIRED (it was never replaced while live); heard {log.taken}"
     )
-    assert cache.get("k") == "new" and cache.stats().expirations == 1
+    assert cache.get("k") == "new" and cache.statistics().expirations == 1
 
 
 @core
@@ -319,7 +319,7 @@ def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
     cache = make(kind, 2, on_evict=log)
     cache.put("a", 1)
     cache.put("b", 2)
-    before = cache.stats()
+    before = cache.statistics()
     calls: dict[str, Callable[[Any], object]] = {
         "put": lambda k: cache.put(k, 3), "get": cache.get, "delete": cache.delete,
         "in": lambda k: k in cache,
@@ -337,7 +337,9 @@ def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
     assert list(cache) == ["a", "b"] and log.calls == [], (
         f"a refused call must change nothing: keys {list(cache)}, heard {log.calls}"
     )
-    assert cache.stats() == before, f"a refused call counts nothing: {before} -> {cache.stats()}"
+    assert cache.statistics() == before, (
+        f"a refused call counts nothing: {before} -> {cache.statistics()}"
+    )
 
 
 # --------------------------------------------------------------------------- extended
@@ -353,9 +355,9 @@ def test_stage1_weight_update_subtracts_the_old_weight(kind: str) -> None:
     cache.put("a", "yyy")  # still 3 in all, not 6
     cache.put("b", "zzzz")  # 7
     cache.put("c", "www")  # 10: exactly full
-    assert [c for _, _, c in log.calls] == [REPLACED] and cache.stats().weight == 10, (
+    assert [c for _, _, c in log.calls] == [REPLACED] and cache.statistics().weight == 10, (
         f"replacing a value of weight 3 by one of weight 3 leaves the total at 3, "
-        f"so b (4) and c (3) fit exactly; heard {log.calls}, {cache.stats()}"
+        f"so b (4) and c (3) fit exactly; heard {log.calls}, {cache.statistics()}"
     )
 
 
@@ -371,7 +373,7 @@ def test_stage1_a_heavy_value_evicts_as_many_entries_as_needed(kind: str) -> Non
     assert [k for k, _, c in log.calls if c is EVICTED] == ["a", "b", "c"], (
         f"one heavy value may need several evictions, coldest first; heard {log.calls}"
     )
-    assert list(cache) == ["d"] and cache.stats().weight == 8
+    assert list(cache) == ["d"] and cache.statistics().weight == 8
 
 
 @extended
@@ -404,7 +406,7 @@ def test_stage1_a_bad_weight_raises_and_changes_nothing(kind: str, weight: Any) 
         cache.put("a", 1)
         raise AssertionError(f"weigh returning {weight!r} was accepted")
     assert "weigh" in str(raised.value), raised.value
-    assert len(cache) == 0 and cache.stats().weight == 0 and log.calls == []
+    assert len(cache) == 0 and cache.statistics().weight == 0 and log.calls == []
 
 
 @extended
@@ -499,7 +501,7 @@ _AT_DEADLINE: dict[str, tuple[Callable[[Any], Any], Any, Any]] = {
     "in": (lambda c: "k" in c, True, False),
     "len": (lambda c: len(c), 1, 0),
     "iter": (lambda c: list(c), ["k"], []),
-    "stats().size": (lambda c: c.stats().size, 1, 0),
+    "statistics().size": (lambda c: c.statistics().size, 1, 0),
     "delete": (lambda c: c.delete("k"), True, False),
     "expire()": (lambda c: c.expire(), 0, 1),
     "put over it": (lambda c: c.put("k", "w"), None, None),
@@ -547,7 +549,7 @@ def test_stage1_ttl_every_path_at_the_deadline(op: str, offset: int) -> None:
             f"{op} {when} is an observation: it may only reclaim an expired entry "
             f"(EXPIRED, once); heard {heard}",
         )
-    stats = cache.stats()
+    stats = cache.statistics()
     log.take()
     expect(
         stats.expirations == (0 if alive else 1),
@@ -603,7 +605,7 @@ def test_stage1_ttl_clear_reports_expired_entries_as_expired() -> None:
         "clear() on a TTL cache reports an entry already expired as EXPIRED (its "
         f"time ran out before clear came) and a live one as EXPLICIT; heard {heard}",
     )
-    stats = cache.stats()
+    stats = cache.statistics()
     expect(
         (stats.expirations, stats.evictions, stats.size) == (1, 0, 0),
         f"after clear() the expired entry is counted in expirations: {stats}",
@@ -624,8 +626,8 @@ def _consistency_problems(kind: str, weighted: bool) -> list[str]:
             problems.append(f"{cause.name} of {key!r}: it is still in the cache")
         if len(held) > cache.maxsize:
             problems.append(f"{cause.name} of {key!r}: {len(held)} keys > maxsize")
-        if weighted and kind != "TTLCache" and cache.stats().weight > cache.max_weight:
-            problems.append(f"{cause.name} of {key!r}: weight {cache.stats().weight} > max")
+        if weighted and kind != "TTLCache" and cache.statistics().weight > cache.max_weight:
+            problems.append(f"{cause.name} of {key!r}: weight {cache.statistics().weight} > max")
 
     kw: dict[str, Any] = {"on_evict": on_evict}
     if weighted:
@@ -712,15 +714,15 @@ def _check_put_weight(kind: str, weight: Any, names: str) -> None:
                 f"weigh's result"
             )
     expect(
-        log.calls == [] and list(cache) == ["a"] and cache.stats().weight == 1,
+        log.calls == [] and list(cache) == ["a"] and cache.statistics().weight == 1,
         f"{kind}: a refused weight={weight!r} changes nothing: heard {log.calls}, "
-        f"keys {list(cache)}, {cache.stats()}",
+        f"keys {list(cache)}, {cache.statistics()}",
     )
     cache.put("f", "ffff", weight=5)
     expect(
-        weighed == [] and cache.stats().weight == 6,
+        weighed == [] and cache.statistics().weight == 6,
         f"{kind}: put('f', 'ffff', weight=5) takes the weight given (total 1 + 5 = 6) "
-        f"and does not call weigh; weigh saw {weighed}, {cache.stats()}",
+        f"and does not call weigh; weigh saw {weighed}, {cache.statistics()}",
     )
 
 
@@ -731,7 +733,7 @@ def test_stage1_without_max_weight_a_weight_is_ignored(kind: str) -> None:
     cache = make(kind, 2)
     cache.put("a", 1, weight=7)
     cache.put("b", 2, weight=7)
-    stats = cache.stats()
+    stats = cache.statistics()
     expect(
         (stats.size, stats.weight) == (2, 2) and list(cache) == ["a", "b"],
         f"without max_weight every entry weighs 1 (weight= is ignored): {stats}",
@@ -824,9 +826,9 @@ def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entrie
     clock.set(START + ttl)
     gone = cache.expire()
     expect(
-        (gone, len(cache), list(cache), cache.stats().expirations) == (10, 1, ["hot"], 10),
+        (gone, len(cache), list(cache), cache.statistics().expirations) == (10, 1, ["hot"], 10),
         f"at their deadline the 10 keys written first expire (expire() -> 10, "
-        f"'hot' stays); got expire() -> {gone}, keys {list(cache)}, {cache.stats()} — the "
+        f"'hot' stays); got expire() -> {gone}, keys {list(cache)}, {cache.statistics()} — the "
         "deadline bookkeeping lost track of them while it reclaimed the stale ones",
     )
     heard = sorted(k for k, _, c in log.take() if c is EXPIRED)
@@ -1040,7 +1042,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.history.append(f"advance({ns})")
         self.clock.advance(ns)
 
-    # A rule, not an invariant: len() and stats() may reclaim expired entries, and
+    # A rule, not an invariant: len() and statistics() may reclaim expired entries, and
     # observing after every step would hide a get or put that mishandles one.
     @rule()
     def observations_agree(self) -> None:
@@ -1058,12 +1060,12 @@ class CacheMachine(RuleBasedStateMachine):
                 self.fail(f"{key!r} in cache: expected {key in keys}"),
             )
         self.heard([])  # observing may reclaim expired entries: EXPIRED calls only
-        stats = self.cache.stats()
+        stats = self.cache.statistics()
         self.heard([])
         m = self.model
         weight = sum(e.weight for e in m.entries) if self.weighted else len(keys)
         want = CacheStats(m.hits, m.misses, m.evictions, m.expirations, len(keys), weight)
-        expect(stats == want, self.fail(f"stats(): expected {want}, got {stats}"))
+        expect(stats == want, self.fail(f"statistics(): expected {want}, got {stats}"))
 
 
 def machine(kind: str, weighted: bool) -> type[RuleBasedStateMachine]:

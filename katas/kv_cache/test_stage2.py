@@ -5,7 +5,7 @@ linearizability, single-flight ``get_or_load``, user code outside the lock. Exte
 ``AsyncCache`` on asyncio and trio, with the cancellation rules.
 
 How these tests stay deterministic: loaders block on events the test sets, and the test
-sequences threads and tasks by ``statistics()`` (loads in flight, waiters) instead of
+sequences threads and tasks by ``load_statistics()`` (loads in flight, waiters) instead of
 sleeping; every wait has a hard real-time deadline and every thread is a daemon. Races
 are provoked with many threads under a tiny ``sys.setswitchinterval`` and judged by
 exact counts and by a linearizability search over the recorded history.
@@ -60,8 +60,8 @@ def concurrent(maxsize: int = 100, kind: str = "LRUCache", **kw: Any) -> Any:
 
 
 def loads(cache: Any) -> LoadStatistics:
-    stats = cache.statistics()
-    assert isinstance(stats, LoadStatistics), f"statistics() returned {stats!r}"
+    stats = cache.load_statistics()
+    assert isinstance(stats, LoadStatistics), f"load_statistics() returned {stats!r}"
     return stats
 
 
@@ -85,7 +85,7 @@ class Loader:
 
 
 def stats_now(cache: Any) -> Any:
-    """``statistics()``, or None if the cache's lock is held past :data:`GRACE_S`."""
+    """``load_statistics()``, or None if the cache's lock is held past :data:`GRACE_S`."""
     probe = spawn(lambda: loads(cache), "probe")
     probe.join(GRACE_S)
     return None if probe.is_alive() else probe.result
@@ -98,13 +98,13 @@ def waiting_now(cache: Any) -> bool:
 
 
 def free_while(cache: Any, release: Callable[[], None], what: str) -> None:
-    """User code is running (``what``): the cache's lock must be free (``statistics()``
+    """User code is running (``what``): the cache's lock must be free (``load_statistics()``
     takes it). If it is held, fail now, after letting the user code go, rather than let
     every later step of the test wait out its deadline behind it."""
     if stats_now(cache) is None:
         release()
         raise AssertionError(
-            f"while {what}, statistics() could not take the cache's lock: user code runs "
+            f"while {what}, load_statistics() could not take the cache's lock: user code runs "
             "under it, so every miss of any key, and every get and put, queues behind it"
         )
 
@@ -144,7 +144,7 @@ def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
         workers = [spawn(partial(work, s), f"t{s}") for s in range(threads)]
         for w in workers:
             w.outcome("racing gets and puts must finish")
-    stats = cache.stats()
+    stats = cache.statistics()
     assert stats.hits + stats.misses == gets_per_thread * threads, (
         f"{threads} threads made {gets_per_thread * threads} gets, but hits + misses "
         f"= {stats.hits} + {stats.misses} = {stats.hits + stats.misses}: counts were lost "
@@ -435,8 +435,8 @@ def test_stage2_get_or_load_on_a_hit_never_calls_the_loader() -> None:
         f"{len(calls)} loader calls (expected 1: the first miss of 'fresh')",
     )
     expect(
-        loads(cache).loads == 1 and cache.stats().hits == 2,
-        f"two hits, one load: {loads(cache)}, {cache.stats()}",
+        loads(cache).loads == 1 and cache.statistics().hits == 2,
+        f"two hits, one load: {loads(cache)}, {cache.statistics()}",
     )
 
 
@@ -514,7 +514,7 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
         "in": lambda: "a" in cache,
         "len": lambda: len(cache),
         "iter": lambda: list(cache),
-        "stats": lambda: cache.stats(),
+        "statistics": lambda: cache.statistics(),
         "get_or_load": lambda: cache.get_or_load("x", lambda: 0),
     }
     others = [spawn(fn, name) for name, fn in calls.items()]
@@ -528,7 +528,7 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
         not entered,
         f"while one thread was inside the inner cache's put (holding the lock), "
         f"these calls went into the inner cache too: {sorted(set(entered))} — every call on "
-        f"the inner cache (get, put, delete, clear, in, len(), iteration, stats()) must hold "
+        f"the inner cache (get, put, delete, clear, in, len(), iteration, statistics()) must hold "
         f"the lock",
     )
 

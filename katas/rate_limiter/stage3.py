@@ -44,7 +44,7 @@ The rules the tests hold you to:
   exception), "local" asks an in-process stage-1 limiter allowing
   ``max(1, limit // expected_nodes)``. After a failure skip Redis until
   ``clock.now_ns() >= failure + probe_interval_ns``, then try again (recovery without a
-  restart). Count everything in ``stats()``. A refund that cannot reach Redis is counted
+  restart). Count everything in ``statistics()``. A refund that cannot reach Redis is counted
   as a fallback and dropped — in "local" mode it is refunded to the local limiter.
 - No ``tracked_keys()``/``sweep()`` (a design decision, unlike stage 1): every key
   expires by its own TTL once it is fresh, so Redis forgets idle keys by itself, and
@@ -128,7 +128,7 @@ class RedisRateLimiter:
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
         raise Todo()
 
-    def stats(self) -> RedisLimiterStats:
+    def statistics(self) -> RedisLimiterStats:
         """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
         raise Todo()
 
@@ -168,7 +168,7 @@ class AsyncRedisRateLimiter:
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
         raise Todo()
 
-    def stats(self) -> RedisLimiterStats:
+    def statistics(self) -> RedisLimiterStats:
         """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
         raise Todo()
 

@@ -603,7 +603,7 @@ def test_stage3_refund_during_an_outage_is_counted_and_dropped_or_local(
             f"in 'local' mode a refund Redis cannot take goes to the local limiter "
             f"(share 4 // 2 = 2): take 2, deny 1, refund 1, then 1 fits; got {local}"
         )
-    stats = limiter.stats()
+    stats = limiter.statistics()
     assert stats.fallback_decisions == fallbacks and stats.redis_errors >= 1, (
         f"a refund that cannot reach Redis is counted as a fallback: {stats}"
     )
@@ -938,7 +938,7 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
     assert not any(isinstance(d, StampedDecision) for d in burst), "Redis did not decide these"
     if mode == "closed":
         assert all(d.retry_after_ns is not None and d.retry_after_ns > 0 for d in burst), burst
-    stats = limiter.stats()
+    stats = limiter.statistics()
     assert isinstance(stats, RedisLimiterStats)
     assert (
         stats.fallback_decisions == 5 and stats.redis_decisions == 1 and stats.redis_errors >= 1
@@ -950,7 +950,7 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
         f"once Redis answers again the limiter must use it, without a restart, and "
         f"with the state Redis kept (1 of 4 used before the outage); got {back}"
     )
-    assert limiter.stats().redis_decisions == 2, limiter.stats()
+    assert limiter.statistics().redis_decisions == 2, limiter.statistics()
 
 
 @pytest.mark.rule("socket-timeout", "failure-modes")
@@ -981,7 +981,7 @@ def test_stage3_blackholed_redis_does_not_hang_a_decision(
         "the client needs a socket timeout"
     )
     assert got and got[0].allowed and not isinstance(got[0], StampedDecision), got
-    assert limiter.stats().redis_errors == 1, limiter.stats()
+    assert limiter.statistics().redis_errors == 1, limiter.statistics()
 
 
 @pytest.mark.core
@@ -1009,10 +1009,10 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
 
     def step(at: int, *, tried: bool, retry: int | None) -> Decision:
         clock.set(t0 + at)
-        errors = limiter.stats().redis_errors
+        errors = limiter.statistics().redis_errors
         d: Decision = limiter.try_acquire("alice")
-        story.append(f"  t=+{at} ns: try_acquire('alice') -> {d}, {limiter.stats()}")
-        did_try = limiter.stats().redis_errors > errors
+        story.append(f"  t=+{at} ns: try_acquire('alice') -> {d}, {limiter.statistics()}")
+        did_try = limiter.statistics().redis_errors > errors
         if did_try != tried or (retry is not None and d.retry_after_ns != retry):
             raise AssertionError(
                 "after a failure Redis is skipped for probe_interval_ns (1 s) from that "
@@ -1038,7 +1038,7 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
     assert isinstance(back, StampedDecision), (
         f"at +2 s the next probe is due and Redis answers: {back}\n" + "\n".join(story)
     )
-    stats = limiter.stats()
+    stats = limiter.statistics()
     assert (stats.redis_decisions, stats.fallback_decisions, stats.redis_errors) == (2, 5, 2), (
         f"2 Redis decisions, 5 fallbacks, 2 Redis errors (two failed tries): {stats}"
     )
@@ -1071,7 +1071,7 @@ def test_stage3_a_script_error_is_raised_not_sent_to_the_failure_mode(
             limiter.peek("alice")
         with pytest.raises(redis.ResponseError):
             limiter.refund("alice", 1)
-        stats = limiter.stats()
+        stats = limiter.statistics()
         assert (stats.fallback_decisions, stats.redis_errors) == (0, 0), (
             f"failure_mode={mode!r}: a script error (here WRONGTYPE) is a bug, not "
             f"an outage: it is raised, and neither a fallback nor a Redis error; {stats}"
@@ -1115,7 +1115,7 @@ def test_stage3_script_flush_and_server_restart_are_survived(
         f"after a restart without persistence the key is fresh (3 of 3), and the "
         f"limiter reconnects and reloads its script by itself; got {d}"
     )
-    assert limiter.stats().fallback_decisions == 0, limiter.stats()
+    assert limiter.statistics().fallback_decisions == 0, limiter.statistics()
 
 
 # --------------------------------------------------------------------------- stateful
@@ -1277,7 +1277,7 @@ def test_stage3_async_outage_falls_back_and_recovers(
             proxy.heal()
             clock.advance(NS_PER_S)
             out.append(await asyncio.wait_for(limiter.try_acquire("alice"), 10))
-            return out, limiter.stats()
+            return out, limiter.statistics()
         finally:
             await client.aclose()
 

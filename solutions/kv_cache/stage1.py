@@ -245,7 +245,7 @@ class LRUCache(_Cache):
         """Keys, least recently used first (a snapshot)."""
         return iter(list(self._data))
 
-    def stats(self) -> CacheStats:
+    def statistics(self) -> CacheStats:
         return self._stats(len(self._data))
 
 
@@ -362,7 +362,7 @@ class TTLCache(LRUCache):
         now = self._clock.now_ns()
         return iter([k for k in self._data if self._deadline[k][0] > now])
 
-    def stats(self) -> CacheStats:
+    def statistics(self) -> CacheStats:
         self.expire()
         return self._stats(len(self._data))
 
@@ -481,7 +481,7 @@ class LFUCache(_Cache):
             bucket = bucket.next
         return iter(out)
 
-    def stats(self) -> CacheStats:
+    def statistics(self) -> CacheStats:
         return self._stats(len(self._data))
 
     def _link(self, freq: int, after: _Bucket) -> _Bucket:

@@ -70,7 +70,7 @@ class _Wrapper(Generic[_E]):
     counters, and every method but ``get_or_load``."""
 
     def __init__(self, inner: Any, lock: contextlib.AbstractContextManager[Any]) -> None:
-        for name in ("get", "put", "delete", "stats", "on_evict", "weigh", "max_weight"):
+        for name in ("get", "put", "delete", "statistics", "on_evict", "weigh", "max_weight"):
             if not hasattr(inner, name):
                 raise TypeError(f"inner must be a stage-1 cache (no {name!r}): {inner!r}")
         self._inner = inner
@@ -155,12 +155,12 @@ class _Wrapper(Generic[_E]):
     def clear(self) -> None:
         self._run(self._clear)
 
-    def statistics(self) -> LoadStatistics:
+    def load_statistics(self) -> LoadStatistics:
         with self._lock:
             return LoadStatistics(self._loads, self._failures, len(self._flights), self._waiters)
 
-    def stats(self) -> CacheStats:
-        stats: CacheStats = self._run(lambda: self._inner.stats())
+    def statistics(self) -> CacheStats:
+        stats: CacheStats = self._run(lambda: self._inner.statistics())
         return stats
 
     def __len__(self) -> int:

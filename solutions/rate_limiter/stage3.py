@@ -15,7 +15,7 @@ Design (see katas/rate_limiter/README.md):
   follows ``failure_mode`` — "open": admit; "closed": deny; "local": a stage-1 limiter
   in this process at ``limit // expected_nodes``. After a failure Redis is skipped for
   ``probe_interval_ns`` (a dead server must not cost every request a socket timeout),
-  then tried again: recovery needs no restart. Every fallback is counted in stats().
+  then tried again: recovery needs no restart. Every fallback is counted in statistics().
   A refund Redis does not get is counted and dropped ("local": the local limiter gets it).
 - Validation, key names, reply parsing and failure bookkeeping are shared by the sync
   and async limiters (``_redis_core.py``); they differ only in awaiting the script.
@@ -119,7 +119,7 @@ class RedisRateLimiter(RedisCore):
             with self._lock:
                 self._local.reset(key)
 
-    def stats(self) -> RedisLimiterStats:
+    def statistics(self) -> RedisLimiterStats:
         """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
         return self._stats()
 
@@ -196,7 +196,7 @@ class AsyncRedisRateLimiter(RedisCore):
         if self._local is not None:
             self._local.reset(key)
 
-    def stats(self) -> RedisLimiterStats:
+    def statistics(self) -> RedisLimiterStats:
         """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
         return self._stats()
 
