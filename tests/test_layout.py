@@ -51,7 +51,7 @@ ANY = None  # any third-party library
 #: Per layer: the shared packages it may import, and the third-party libraries.
 LAYERS: dict[str, tuple[set[str], set[str] | None]] = {
     "_runtime": ({"_runtime"}, {"anyio", "redis"}),
-    "_registry": ({"_registry"}, {"tomli"}),
+    "_registry": ({"_runtime", "_registry"}, {"tomli"}),
     "_harness": ({"_runtime", "_registry", "_harness"}, {*TEST_TOOLS, "exceptiongroup"}),
     "_cli": ({"_runtime", "_registry", "_cli"}, {"rich"}),
     "api": ({"_runtime"}, set()),

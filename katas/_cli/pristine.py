@@ -3,13 +3,15 @@
 HEAD is not always pristine: a learner may commit their own work in their working copy.
 So the stub is the newest committed version of the file that still *looks* like a stub
 — every function's first statement (after its docstring) raises ``Todo`` (or, in a
-version from before the sentinel, NotImplementedError) —
+version from before the sentinel, NotImplementedError); in C, every function body only
+discards its parameters and returns the ``…NOT_IMPLEMENTED`` code —
 and, if no version does, the file's first committed version.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 from pathlib import Path
 
@@ -21,8 +23,17 @@ class PristineError(Exception):
     """No committed stub can be found; ``str()`` is one line for the user."""
 
 
-def looks_like_stub(source: str) -> bool:
-    """Whether every function in ``source`` starts by raising the stub sentinel."""
+#: A C function definition's opening line, up to its brace: ``int f(int a) {``.
+_C_FUNCTION = re.compile(r"^[A-Za-z_][\w \t\*]*\([^;{}]*\)\s*\{", re.MULTILINE)
+_C_COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
+#: What a C stub's body may say: discard a parameter, return the not-implemented code.
+_C_STUB_STATEMENT = re.compile(r"\(void\)\s*\w+|return\s+\w*NOT_IMPLEMENTED")
+
+
+def looks_like_stub(source: str, suffix: str = ".py") -> bool:
+    """Whether every function in ``source`` (a ``suffix`` file) is a stub's."""
+    if suffix in (".c", ".h"):
+        return _c_looks_like_stub(source)
     try:
         tree = ast.parse(source)
     except SyntaxError:
@@ -44,6 +55,16 @@ def looks_like_stub(source: str) -> bool:
         if not (isinstance(target, ast.Name) and target.id in ("Todo", "NotImplementedError")):
             return False
     return bool(functions)
+
+
+def _c_looks_like_stub(source: str) -> bool:
+    code = _C_COMMENT.sub(" ", source)
+    for match in _C_FUNCTION.finditer(code):
+        body = code[match.end() : code.find("\n}", match.end())]
+        statements = [s.strip() for s in body.split(";") if s.strip()]
+        if not statements or not all(_C_STUB_STATEMENT.fullmatch(s) for s in statements):
+            return False
+    return True  # a header (no bodies) is as its kata left it
 
 
 def _git(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -74,7 +95,7 @@ def pristine_stub(path: Path) -> tuple[str, str]:
         shown = _git(root, "show", f"{commit}:{rel}")
         if shown.returncode != 0:  # deleted in that commit
             continue
-        if looks_like_stub(shown.stdout):
+        if looks_like_stub(shown.stdout, path.suffix):
             return shown.stdout, commit[:12]
         oldest = (shown.stdout, commit[:12])  # the log runs newest first
     if oldest is not None:

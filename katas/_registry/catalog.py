@@ -15,8 +15,11 @@ kata. The file (every field is checked, unknown fields are errors so typos surfa
     timebox_minutes = 45
     core = "what a strong candidate finishes in the timebox (tests marked core)"
     extended = "what deepens the kata afterwards (tests marked extended)"   # optional
-    stub = "stage1.py"                     # optional, default stage<N>.py: the stage's
-                                           # Python module, what the suite tests
+    stub = "stage1.py"                     # optional, default stage<N>.py: the file the
+                                           # stage's work starts in (.py or C)
+    module = "stage1"                      # optional, default the stub's name without .py
+                                           # (required for a C stub): the module the suite
+                                           # tests, a C extension module for C
     files = ["stage1.py", "csrc/x.c"]      # optional, default [stub]: every file the
                                            # learner edits (.py, .c, .h), which kata
                                            # reset restores and kata reveal compares
@@ -90,11 +93,9 @@ class Stage:
     files: tuple[str, ...] = ()
     bench: str = ""
     redis: bool = False
-
-    @property
-    def module(self) -> str:
-        """The stage module's name inside its kata package (``stage1``)."""
-        return self.stub.removesuffix(".py")
+    #: The module the suite tests, inside the kata package: ``stage1``, or a C extension
+    #: module (``_hotpath``) built from the stage's C files.
+    module: str = ""
 
 
 @dataclass(frozen=True)
@@ -161,6 +162,7 @@ _STAGE_FIELDS = {
     "core",
     "extended",
     "stub",
+    "module",
     "files",
     "bench",
     "redis",
@@ -232,14 +234,27 @@ class _Fields:
             self.fail(name, f"must be a .py file name inside the kata folder, got {value!r}")
         return value
 
-    def learner_files(self, name: str, default: list[str]) -> tuple[str, ...]:
+    def learner_file(self, name: str, default: str) -> str:
+        """One path inside the kata folder, a Python or C file."""
+        return self.learner_files(name, [default], one=True)[0]
+
+    def identifier(self, name: str, default: str) -> str:
+        value = self.text(name, default if default.isidentifier() else None)
+        if not value.isidentifier():
+            self.fail(name, f"must be a Python module name, got {value!r}")
+        return value
+
+    def learner_files(self, name: str, default: list[str], *, one: bool = False) -> tuple[str, ...]:
         """Paths inside the kata folder, each a Python or C file."""
-        value: list[str] = self._get(
-            name,
-            default,
-            lambda v: isinstance(v, list) and bool(v) and all(isinstance(s, str) for s in v),
-            "a non-empty list of file paths",
-        )
+        if one:
+            value = [self.text(name, default[0])]
+        else:
+            value = self._get(
+                name,
+                default,
+                lambda v: isinstance(v, list) and bool(v) and all(isinstance(s, str) for s in v),
+                "a non-empty list of file paths",
+            )
         for v in value:
             path = Path(v)
             if path.is_absolute() or ".." in path.parts or path.suffix not in LEARNER_SUFFIXES:
@@ -292,12 +307,13 @@ def load_kata(path: Path) -> Kata:
                 timebox_minutes=fields.positive_int("timebox_minutes"),
                 core=fields.text("core"),
                 extended=fields.text("extended", ""),
-                stub=(stub := fields.file_name("stub", f"stage{number}.py")),
+                stub=(stub := fields.learner_file("stub", f"stage{number}.py")),
                 suite=(suite := fields.file_name("suite", f"test_stage{number}.py")),
                 section=fields.text("section", f"Stage {number}"),
                 files=fields.learner_files("files", [stub]),
                 bench=fields.file_name("bench", "bench_" + suite.removeprefix("test_")),
                 redis=fields.flag("redis", False),
+                module=fields.identifier("module", stub.removesuffix(".py")),
             )
         )
         if stages[-1].stub not in stages[-1].files:

@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from katas._registry.catalog import default_root, load_kata
+from katas._runtime import native
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_IMPL = "KATA_IMPL"
@@ -93,6 +94,8 @@ class _Based(importlib.abc.MetaPathFinder):
             file = folder / f"{leaf}.py"
             if file.is_file():
                 return importlib.util.spec_from_file_location(fullname, file)
+            if native.declared(kata, leaf) and (folder / "csrc").is_dir():
+                return native.spec_for(fullname, folder)  # a C module, built from there
         return None
 
 

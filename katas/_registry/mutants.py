@@ -78,7 +78,7 @@ def load(kata: str | None = None) -> list[Mutant]:
 
 def materialise(mutant: Mutant, dest: Path, solutions: Path = REPO_ROOT / "solutions") -> Path:
     """Copy ``solutions/`` to ``dest`` and apply the mutant there; return ``dest``."""
-    shutil.copytree(solutions, dest, ignore=shutil.ignore_patterns("__pycache__", "*.so", "csrc"))
+    shutil.copytree(solutions, dest, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
     result = subprocess.run(
         ["patch", "-p1", "--batch", "--forward", "--silent", "-i", str(mutant.path)],
         cwd=dest,

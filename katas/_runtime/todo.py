@@ -22,9 +22,11 @@ class Todo(Exception):
     the stage and prompt of the file it is in — so a stub says only ``raise Todo()``.
     """
 
-    def __init__(self, what: str | None = None) -> None:
+    def __init__(self, what: str | None = None, where: str | None = None) -> None:
+        # A C binding names both (it has no Python frame of its own).
         frame = sys._getframe(1)
-        super().__init__(f"{what or _qualname(frame)} — {_where(Path(frame.f_code.co_filename))}")
+        what = what or _qualname(frame)
+        super().__init__(f"{what} — {where or _where(Path(frame.f_code.co_filename))}")
 
 
 def _qualname(frame: FrameType) -> str:

@@ -1,8 +1,10 @@
 /* The dynamic batcher's C hot path — yours to write (see hotpath.h for the contract).
  *
- * TODO(hotpath): implement every function below. Check your work with the C unit test:
- *   cmake -S . -B build && cmake --build build && ctest --test-dir build -C kata
- * (the rest of the dynamic-batcher kata, its prompt and Python suite, is coming).
+ * TODO(stage1): implement every function below (the prompt: katas/dynamic_batcher/README.md).
+ * Check your work with the Python suite, which builds this file when it imports it:
+ *   pytest katas/dynamic_batcher -k hotpath
+ * or with the C unit test:
+ *   cmake -S . -B build/dev && cmake --build build/dev && ctest --test-dir build/dev -C kata
  */
 #include "hotpath.h"
 

@@ -5,7 +5,7 @@
  * writable buffers. Arguments are checked here, each error naming its parameter; the GIL
  * is released around the C call, which checks the entries themselves (O(n), off the GIL).
  * The same file binds the stub and the reference: when the C returns HP_NOT_IMPLEMENTED
- * it raises NotImplementedError.
+ * it raises the stub sentinel, katas._runtime.todo.Todo.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -115,12 +115,30 @@ static int buffers_overlap(const Py_buffer *a, const Py_buffer *b) {
     return a->len > 0 && b->len > 0 && a0 < b0 + b->len && b0 < a0 + a->len;
 }
 
+/* Raise the stub sentinel katas._runtime.todo.Todo, as a Python stub does: the harness
+ * reports it as one "not implemented yet" line. */
+static void raise_todo(const char *function) {
+    PyObject *todo_module = PyImport_ImportModule("katas._runtime.todo");
+    if (todo_module == NULL) {
+        return;
+    }
+    PyObject *todo = PyObject_GetAttrString(todo_module, "Todo");
+    Py_DECREF(todo_module);
+    if (todo == NULL) {
+        return;
+    }
+    PyObject *exc = PyObject_CallFunction(todo, "ss", function, "see " CONTRACT);
+    if (exc != NULL) {
+        PyErr_SetObject(todo, exc);
+        Py_DECREF(exc);
+    }
+    Py_DECREF(todo);
+}
+
 /* Turn a return code other than HP_OK into a Python exception. */
 static void raise_for(int rc, const char *function) {
     if (rc == HP_NOT_IMPLEMENTED) {
-        /* The dash goes through %s: PyErr_Format wants an ASCII format string. */
-        PyErr_Format(PyExc_NotImplementedError, "dynamic_batcher._hotpath.%s %s hotpath, see %s",
-                     function, "\xe2\x80\x94", CONTRACT);
+        raise_todo(function);
     } else if (rc == HP_INVALID) {
         PyErr_Format(PyExc_ValueError, "%s rejected its arguments (HP_INVALID)", function);
     } else {
@@ -193,7 +211,7 @@ static PyObject *fill_token_budget(PyObject *self, PyObject *args, PyObject *kwa
         }
     }
     if (rc != HP_OK) {
-        raise_for(rc, "fill_token_budget");
+        raise_for(rc, "hp_fill_token_budget");
         goto done;
     }
     result = Py_BuildValue("(ii)", (int)seqs, (int)tokens);

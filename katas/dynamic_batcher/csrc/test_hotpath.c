@@ -67,7 +67,7 @@ static void expect_fill(const char *what, hp_int n, const hp_int *need, hp_int b
     }
     int rc = hp_fill_token_budget(n, need, budget, max_seqs, chunk, &seqs, &tokens);
     if (rc == HP_NOT_IMPLEMENTED) {
-        fprintf(stderr, "not implemented yet: hp_fill_token_budget \xe2\x80\x94 hotpath, see "
+        fprintf(stderr, "not implemented yet: hp_fill_token_budget \xe2\x80\x94 see "
                         "katas/dynamic_batcher/csrc/hotpath.h\n");
         exit(1);
     }
