@@ -7,9 +7,33 @@ stage suite per entry (about 175 entries, most of the machine's time): ``pytest
 
 from __future__ import annotations
 
+import textwrap
+import time
+from collections import defaultdict
+
 import pytest
 
 CATALOGUE_MARK = "catalogue"
+
+#: Each check's budget in seconds of wall time on CI's 2 cores, sized for five katas (CI
+#: must stay under 25 minutes with five; with three it takes well under 15). A check
+#: over its budget is reported at the end of the run, never failed: timings are the
+#: machine's, not the code's. The catalogue's budget is for ``--catalogue`` runs.
+BUDGETS_S = {
+    "test_catalogue": 900,
+    "test_suites": 240,
+    "test_cli_start": 90,
+    "test_cli_pair": 45,
+    "test_cli_practice": 45,
+    "test_cli": 60,
+    "test_rules": 30,
+    "test_lint": 60,
+    "test_redis_harness": 60,
+    "test_native": 30,
+    "test_plugin": 30,
+}
+#: Any other check.
+DEFAULT_BUDGET_S = 15
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,9 +62,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 _left_out_key = pytest.StashKey[int]()
+_spent_key = pytest.StashKey[dict[str, float]]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> object:
+    """Add each test's wall time (setup, call and teardown) to its check's."""
+    start = time.monotonic()
+    try:
+        return (yield)
+    finally:
+        spent = item.config.stash.setdefault(_spent_key, defaultdict(float))
+        spent[item.path.stem] += time.monotonic() - start
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    spent = terminalreporter.config.stash.get(_spent_key, {})
+    if spent:
+        figures = []
+        for check, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+            budget = BUDGETS_S.get(check, DEFAULT_BUDGET_S)
+            over = "  OVER BUDGET" if seconds > budget else ""
+            figures.append(f"{check} {seconds:.0f}/{budget}{over}")
+        text = "check budgets, s spent/budget: " + ", ".join(figures)
+        for line in textwrap.wrap(text, 100, subsequent_indent="  "):
+            terminalreporter.write_line(line)
     left_out = terminalreporter.config.stash.get(_left_out_key, 0)
     if left_out:
         terminalreporter.write_line(
