@@ -6,7 +6,9 @@ so these checks do not depend on the rate limiter's prompt or suites being writt
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
 import re
 import shlex
@@ -15,16 +17,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import _support
 import pytest
 from _support import calc_project, private_state, write
 
-from katas._cli import cli
+from katas._cli import cli, cli_study
 from katas._cli.cli import main, markdown_sections
 from katas._cli.cliutil import shorten
 from katas._cli.state import StateStore
+from katas._harness import bench
 from katas._registry import catalog as cat
 from katas._registry.suites import SuiteRun, run_suite
 
@@ -596,6 +599,114 @@ def test_cli_a_version_1_state_file_still_loads(
     assert state.passed("calc", 1) and state.best_seconds("calc", 1) == 90.0
     state.record_result("calc", 1, ok=True, passed=6, total=6, at=8.0)
     assert state.status("calc", 1) == "passed"
+
+
+# --- bench: the ratios come from the run's --benchmark-json ---------------------------------
+
+
+class _FakeBenchmark:
+    """What :func:`katas._harness.bench.report` uses of pytest-benchmark's fixture."""
+
+    def __init__(self) -> None:
+        self.extra_info: dict[str, Any] = {}
+
+
+class _CapturedCapsys:
+    """A ``capsys`` whose ``disabled()`` leaves the capture on, so a test reads what
+    :func:`katas._harness.bench.say` prints."""
+
+    def disabled(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+def test_cli_bench_reads_the_ratios_from_a_benchmark_json(tmp_path: Path) -> None:
+    path = tmp_path / "benchmarks.json"
+    extra = {
+        "ops_per_s[ours]": 123,  # not a ratio
+        "ratios": {
+            "speedup_vs_limits": {"value": 5.5, "target": ">= 5", "met": True},
+            "speed_vs_reference": {"value": 0.98, "target": "~1", "met": None},
+            "broken": {"target": "no value"},
+        },
+    }
+    path.write_text(
+        json.dumps(
+            {
+                "benchmarks": [
+                    {"name": "test_bench_stage1_a", "extra_info": extra},
+                    {"name": "test_bench_stage1_b[64x]", "extra_info": {}},
+                    {
+                        "name": "test_bench_stage1_c[64x]",
+                        "extra_info": {"ratios": {"cost": {"value": 4, "target": "<= 3"}}},
+                    },
+                    "not a benchmark",
+                ]
+            }
+        ),
+        encoding="utf-8",
+    )
+    assert cli_study.read_ratios(path) == [
+        cli_study.Ratio("test_bench_stage1_a", "speedup_vs_limits", 5.5, ">= 5", True),
+        cli_study.Ratio("test_bench_stage1_a", "speed_vs_reference", 0.98, "~1", None),
+        cli_study.Ratio("test_bench_stage1_c[64x]", "cost", 4.0, "<= 3", None),
+    ]
+    assert cli_study.read_ratios(tmp_path / "missing.json") == []
+    path.write_text("{not json", encoding="utf-8")
+    assert cli_study.read_ratios(path) == []
+    assert cli_study.bench_ratios([1, 2]) == []
+
+
+def test_cli_bench_reads_what_the_harness_records(capsys: pytest.CaptureFixture[str]) -> None:
+    """The writer (the harness, in the child) and the reader (the CLI) agree on the format."""
+    fake, captured = _FakeBenchmark(), cast(Any, _CapturedCapsys())
+    bench.report(fake, captured, "rate_vs_heapq", 0.2345, ">= 0.15")
+    bench.report(fake, captured, "cost_64k_over_1k", 3.5, "<= 3 (O(log n))")
+    bench.report(fake, captured, "round_trips", 1.0, "== 1")
+    bench.report(fake, captured, "speed_vs_reference", 1.02, "~1")
+    bench.report(fake, captured, "nothing_measured", math.nan, ">= 1")
+    printed = [ln.strip() for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert printed == [
+        "rate_vs_heapq = 0.234   (target: >= 0.15)   met",
+        "cost_64k_over_1k = 3.500   (target: <= 3 (O(log n)))   NOT MET",
+        "round_trips = 1.000   (target: == 1)   met",
+        "speed_vs_reference = 1.020   (target: ~1)",
+        "nothing_measured = nan   (target: >= 1)",
+    ]
+    data = json.loads(json.dumps({"benchmarks": [{"name": "t", "extra_info": fake.extra_info}]}))
+    got = [(r.label, r.value, r.met) for r in cli_study.bench_ratios(data)]
+    assert got[:4] == [
+        ("rate_vs_heapq", 0.234, True),
+        ("cost_64k_over_1k", 3.5, False),
+        ("round_trips", 1.0, True),
+        ("speed_vs_reference", 1.02, None),
+    ]
+    assert got[4][0] == "nothing_measured" and math.isnan(got[4][1]) and got[4][2] is None
+    assert cli_study.RATIOS == bench.RATIOS
+    assert cli_study.ENV_BENCH_ROUNDS == bench.ENV_ROUNDS
+
+
+def test_cli_bench_rounds_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(bench.ENV_ROUNDS, raising=False)
+    assert bench.capped_rounds(15) == 15
+    monkeypatch.setenv(bench.ENV_ROUNDS, "2")
+    assert bench.capped_rounds(15) == 2 and bench.capped_rounds(1) == 1
+    monkeypatch.setenv(bench.ENV_ROUNDS, "0")
+    with pytest.raises(ValueError, match="positive integer"):
+        bench.capped_rounds(15)
+
+
+def test_cli_bench_real_short_run(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``kata bench rate_limiter 2`` on the reference, one round: its ratios table."""
+    monkeypatch.delenv(cat.ENV_ROOT, raising=False)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.chdir(REPO)
+    assert main(["bench", "rate_limiter", "2", "--impl", "solutions", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "rate_limiter stage 2: ratios (at most 1 rounds: rough)" in out, out
+    row = next(ln for ln in out.splitlines() if "striped_speed_vs_global_lock" in ln)
+    assert re.search(r"\d+\.\d{3}\s+informational", row), row
 
 
 # --- test: one-line errors, and a Details command that reruns the same selection -------------

@@ -35,13 +35,17 @@ REPO = Path(__file__).resolve().parents[1]
 BENCH = """\
 import pytest
 
+from katas._harness.bench import report
+
 pytestmark = [pytest.mark.stage(1), pytest.mark.core]
 
 
-def test_bench_stage1_add(benchmark, stage_module):
+def test_bench_stage1_add(benchmark, stage_module, capsys):
     calc = stage_module.Calc()
     benchmark.pedantic(lambda: calc.add(1, 2), rounds=3, iterations=1)
-    print("\\n  speed_vs_reference = 1.25   (spec target: ~1)")
+    report(benchmark, capsys, "speed_vs_reference", 1.25, "~1")
+    report(benchmark, capsys, "speedup_vs_floor", 2.5, ">= 3")
+    print("\\n  printed_not_reported = 9.99   (target: ~1)")  # a printed line is not a ratio
 """
 
 MUTANT = """\
@@ -173,11 +177,18 @@ def test_cli_pristine_stub_detection() -> None:
     assert not looks_like_stub("x = 1\n")
 
 
-def test_cli_bench_prints_the_ratios(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_bench_prints_the_ratios(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "120")
     assert main(["bench", "calc", "1", "--impl", str(project / "solutions")]) == 0
     out = capsys.readouterr().out
-    row = next(ln for ln in out.splitlines() if "speed_vs_reference" in ln)
-    assert "1.25" in row and "~1" in row, out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("add ")]
+    assert rows == [
+        ["add", "speed_vs_reference", "1.250", "~1", "—"],
+        ["add", "speedup_vs_floor", "2.500", ">=", "3", "no"],
+    ], out
+    assert "printed_not_reported" not in out  # the ratios come from the JSON, not the output
     assert main(["bench", "calc", "1"]) == 1  # the stub: not implemented yet
     assert "not implemented yet: Calc.add" in capsys.readouterr().out
 

@@ -3,9 +3,17 @@
 A benchmark that compares contenders — the implementation under test, the reference,
 an anchor library, a floor — runs them with :func:`interleaved`: in turn within every
 round, so that drift on a shared machine hits them alike, and keeps each one's best
-round. :func:`report` records a ratio in the benchmark's ``extra_info`` (what
-``--benchmark-json`` writes) and prints it with :func:`say`, which writes past pytest's
-capture, so the numbers show even without ``-s``.
+round. Every ratio is measured inside the one benchmark test that ran its contenders
+(never from results a test before it left behind), so a ratio does not depend on which
+tests ran or in what order.
+
+:func:`report` records a ratio, its target and whether the target is met in the
+benchmark's ``extra_info`` (under :data:`RATIOS`, which ``--benchmark-json`` writes and
+``kata bench`` reads back: ``katas._cli.cli_study.bench_ratios``), and prints it as one
+line (:func:`ratio_line`) with :func:`say`, which writes past pytest's capture, so the
+numbers show even without ``-s``.
+``KATA_BENCH_ROUNDS`` (``kata bench --rounds N``) caps every benchmark's rounds, for a
+quick run whose numbers are rougher.
 
 The ``benchmark`` fixture is passed in, never imported: this module needs neither
 pytest nor pytest-benchmark at run time, so importing it stays as light as the rest of
@@ -15,6 +23,8 @@ pytest nor pytest-benchmark at run time, so importing it stays as light as the r
 from __future__ import annotations
 
 import math
+import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,16 +33,38 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pytest
 
+#: The ``extra_info`` key of a benchmark's ratios: ``{label: {"value", "target", "met"}}``.
+RATIOS = "ratios"
+#: Caps the rounds of every benchmark (a positive integer): a quick, rougher run.
+ENV_ROUNDS = "KATA_BENCH_ROUNDS"
+#: A target that can be checked: a comparison with a number, at the start of the text
+#: (``>= 5``, ``<= 1.5 here``, ``== 1``); anything else (``~1``, ``informational``) is
+#: read by eye.
+_TARGET = re.compile(r"^\s*(?P<op>>=|<=|==|≥|≤|>|<)\s*(?P<number>[-+]?\d+(?:\.\d*)?)")
+
+
+def capped_rounds(wanted: int) -> int:
+    """``wanted`` rounds, or ``KATA_BENCH_ROUNDS`` if that is fewer (ValueError if it is
+    not a positive integer)."""
+    cap = os.environ.get(ENV_ROUNDS, "").strip()
+    if not cap:
+        return wanted
+    if not cap.isdigit() or int(cap) < 1:
+        raise ValueError(f"{ENV_ROUNDS} must be a positive integer, not {cap!r}")
+    return min(wanted, int(cap))
+
 
 @dataclass
 class Contender:
     """One contender of :func:`interleaved`: ``run`` is its timed round of ``ops``
     operations; ``setup``, if any, runs untimed before every round (a top-up that keeps
-    the workload's size, say)."""
+    the workload's size, say). With ``self_timed``, ``run`` returns the seconds of the
+    part it timed itself (threads released together, their start not timed)."""
 
     run: Callable[[], object]
     ops: int
     setup: Callable[[], object] | None = None
+    self_timed: bool = False
 
 
 def interleaved(
@@ -42,8 +74,8 @@ def interleaved(
     one), so drift on a shared machine hits them alike; ``{name: seconds per op}`` of
     each one's best round, also recorded as ``extra_info["ops_per_s[name]"]``. Every
     contender's ``setup`` runs (untimed) before every round, the one warm-up round
-    included. Under ``--benchmark-disable`` (one round, nothing measured) every value
-    is NaN."""
+    included. ``rounds`` is capped by ``KATA_BENCH_ROUNDS``. Under
+    ``--benchmark-disable`` (one round, nothing measured) every value is NaN."""
     best = dict.fromkeys(contenders, math.inf)
     order = list(contenders.items())
     turn = [0]
@@ -58,10 +90,16 @@ def interleaved(
         turn[0] += 1
         for name, contender in order[first:] + order[:first]:
             start = time.perf_counter()
-            contender.run()
-            best[name] = min(best[name], time.perf_counter() - start)
+            took = contender.run()
+            seconds = time.perf_counter() - start
+            if contender.self_timed:
+                assert isinstance(took, float), f"{name}: a self-timed run returns seconds"
+                seconds = took
+            best[name] = min(best[name], seconds)
 
-    benchmark.pedantic(one_round, setup=setup, rounds=rounds, iterations=1, warmup_rounds=1)
+    benchmark.pedantic(
+        one_round, setup=setup, rounds=capped_rounds(rounds), iterations=1, warmup_rounds=1
+    )
     if benchmark.stats is None:  # --benchmark-disable: nothing was measured
         return dict.fromkeys(contenders, math.nan)
     per_op = {name: best[name] / contenders[name].ops for name in contenders}
@@ -76,9 +114,41 @@ def say(capsys: pytest.CaptureFixture[str], line: str) -> None:
         print(f"\n  {line}")
 
 
+def verdict(value: float, target: str) -> bool | None:
+    """Whether ``value`` meets ``target``: a bool if the target starts with a comparison
+    (``>= 5``, ``<= 1.5``, ``== 1``), else None (``~1``, ``informational``: by eye); None
+    for a value that is not a finite number."""
+    found = _TARGET.match(target)
+    if found is None or not math.isfinite(value):
+        return None
+    op, number = found["op"], float(found["number"])
+    if op in (">=", "≥"):
+        return value >= number
+    if op in ("<=", "≤"):
+        return value <= number
+    if op == ">":
+        return value > number
+    if op == "<":
+        return value < number
+    return math.isclose(value, number, rel_tol=1e-9, abs_tol=1e-9)
+
+
+def ratio_line(label: str, value: float, target: str, met: bool | None) -> str:
+    """The one line a ratio is printed as: ``speedup_vs_limits = 5.210   (target: >= 5)
+    met``."""
+    mark = "" if met is None else ("   met" if met else "   NOT MET")
+    return f"{label} = {value:.3f}   (target: {target}){mark}"
+
+
 def report(
     benchmark: Any, capsys: pytest.CaptureFixture[str], label: str, ratio: float, target: str
 ) -> None:
-    """Record ``ratio`` as ``extra_info[label]`` and print it beside the spec's target."""
-    benchmark.extra_info[label] = round(ratio, 3)
-    say(capsys, f"{label} = {ratio:.3f}   (target: {target})")
+    """Record ``ratio`` as ``extra_info["ratios"][label]`` (value, target, met) and print
+    it beside the target."""
+    met = verdict(ratio, target)
+    benchmark.extra_info.setdefault(RATIOS, {})[label] = {
+        "value": round(ratio, 3),
+        "target": target,
+        "met": met,
+    }
+    say(capsys, ratio_line(label, ratio, target, met))
