@@ -196,6 +196,10 @@ static void test_random_against_model(void) {
     expect_fill("entries at INT32_MAX", 3, huge, HP_INT_MAX, HP_INT_MAX);
     const hp_int ones[] = {1, 1, 1};
     expect_fill("budget at INT32_MAX", 3, ones, HP_INT_MAX, HP_INT_MAX);
+    /* A sum of granted tokens and the next need would overflow int32 here: count the
+     * budget down, never add up past it. */
+    const hp_int small_then_huge[] = {1, HP_INT_MAX};
+    expect_fill("a sum past INT32_MAX", 2, small_then_huge, HP_INT_MAX, 4);
 }
 
 int main(void) {
