@@ -1,0 +1,1 @@
+"""What the streaming-parser suites share: recorded streams, models, encoders."""

@@ -1,0 +1,110 @@
+"""The streaming-parser contract: types shared by stubs, solutions and tests. Do not edit.
+
+A ``text/event-stream`` body is bytes in, events out: :class:`ServerSentEvent` is one
+dispatched event, exactly as the WHATWG "event stream interpretation" algorithm defines
+it; :class:`ParseError` is input the parser refuses (a line or an event over its
+limit, a malformed chat chunk). The chat types are what a ``chat.completion.chunk``
+stream folds into.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: The default limits: a line of 1 MiB, an event's data of 8 MiB.
+DEFAULT_MAX_LINE_BYTES = 1 << 20
+DEFAULT_MAX_EVENT_BYTES = 1 << 23
+
+
+@dataclass(frozen=True)
+class ServerSentEvent:
+    """One dispatched event.
+
+    ``event`` is its type (``"message"`` unless an ``event:`` field set one); ``data``
+    the lines of its ``data:`` fields joined by LF; ``id`` the stream's last event ID as
+    this event's dispatch set it (``""`` if none); ``retry`` the reconnection time, in
+    milliseconds, that a valid ``retry:`` field of this event's block set (else None).
+    """
+
+    event: str = "message"
+    data: str = ""
+    id: str = ""
+    retry: int | None = None
+
+
+class ParseError(ValueError):
+    """Input the parser refuses; nothing it completed before is lost.
+
+    ``offset`` is the byte offset in the stream (counted from its first byte, a BOM
+    included) of the first byte past the limit, or of the line that broke it; None
+    for an error that is not about one byte (a malformed chat chunk). ``events`` holds
+    the events completed earlier in the same call, so a caller can still deliver them.
+    """
+
+    def __init__(
+        self, message: str, *, offset: int | None = None, events: Sequence[ServerSentEvent] = ()
+    ) -> None:
+        super().__init__(message)
+        self.offset = offset
+        self.events: tuple[ServerSentEvent, ...] = tuple(events)
+
+
+# --- what a chat.completion.chunk stream folds into ---------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of a choice: ``id`` and ``name`` arrive once, ``arguments`` (a JSON
+    text, possibly incomplete if the stream was cut) in pieces."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice, assembled: ``content`` and ``refusal`` stay None until a delta carries
+    a string for them (``""`` included), then concatenate every piece in order."""
+
+    index: int
+    role: str | None
+    content: str | None
+    refusal: str | None
+    tool_calls: tuple[ToolCall, ...]  # by their index
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The token counts of the final, usage-only chunk."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+@dataclass(frozen=True)
+class ChatCompletion:
+    """The state a stream has folded into so far: its choices by index, its usage once
+    reported, and whether ``data: [DONE]`` has ended it."""
+
+    id: str | None
+    model: str | None
+    choices: tuple[Choice, ...]
+    usage: Usage | None
+    done: bool
+
+
+__all__ = [
+    "DEFAULT_MAX_EVENT_BYTES",
+    "DEFAULT_MAX_LINE_BYTES",
+    "ChatCompletion",
+    "Choice",
+    "ParseError",
+    "ServerSentEvent",
+    "ToolCall",
+    "Usage",
+]

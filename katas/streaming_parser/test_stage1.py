@@ -1,0 +1,669 @@
+"""Stage 1: the sans-I/O SSE parser and the chat-delta assembler.
+
+Each rule of the prompt is checked at its boundary by an example — the split inside the
+CRLF, the byte past the limit — and all of them at once by a property: random bodies,
+split at random and at the awkward places, must give what the plain oracle
+(:func:`sse.interpret`) gives for the whole body.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from katas._harness.under_test import stage
+from katas.streaming_parser._testing import recorded, sse
+from katas.streaming_parser.api import (
+    DEFAULT_MAX_LINE_BYTES,
+    ChatCompletion,
+    ParseError,
+    ServerSentEvent,
+)
+
+pytestmark = [pytest.mark.stage(1)]
+core = pytest.mark.core
+extended = pytest.mark.extended
+
+E = ServerSentEvent
+
+
+def parser(**limits: int) -> Any:
+    return stage().EventStreamParser(**limits)
+
+
+def events_of(chunks: Sequence[bytes], **limits: int) -> list[ServerSentEvent]:
+    p = parser(**limits)
+    return [event for batch in sse.feed_all(p, chunks) for event in batch]
+
+
+def check(chunks: Sequence[bytes], expected: list[ServerSentEvent], why: str = "") -> None:
+    got = events_of(chunks)
+    assert got == expected, (
+        f"{why + ': ' if why else ''}feeding {list(chunks)!r}\n"
+        f"  expected events {expected}\n  got             {got}"
+    )
+
+
+def every_split(body: bytes) -> list[list[bytes]]:
+    """The body whole, byte by byte, and cut once at every offset."""
+    return [[body], [body[i : i + 1] for i in range(len(body))]] + [
+        [body[:i], body[i:]] for i in range(1, len(body))
+    ]
+
+
+# --- UTF-8 and the BOM --------------------------------------------------------------------
+
+
+@core
+@pytest.mark.rule("utf8")
+def test_stage1_a_character_split_between_chunks_is_one_character() -> None:
+    body = "data: é€😀\n\n".encode()
+    for chunks in every_split(body):
+        check(chunks, [E(data="é€😀")], "a multi-byte character split across chunks")
+
+
+@core
+@pytest.mark.rule("utf8")
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(b"\xff", id="never-valid"),
+        pytest.param(b"\x80x", id="lone-continuation"),
+        pytest.param(b"\xe2\x82", id="truncated-at-line-end"),
+        pytest.param(b"\xf0\x9f\x98x", id="truncated-before-ascii"),
+        pytest.param(b"\xc0\xaf", id="overlong"),
+        pytest.param(b"\xed\xa0\x80", id="surrogate"),
+    ],
+)
+def test_stage1_invalid_utf8_becomes_replacement_characters(raw: bytes) -> None:
+    body = b"data: <" + raw + b">\n\n"
+    want = [E(data="<" + raw.decode("utf-8", "replace") + ">")]
+    for chunks in ([body], [body[i : i + 1] for i in range(len(body))]):
+        check(chunks, want, f"invalid UTF-8 {raw!r} (one U+FFFD per maximal invalid part)")
+
+
+@core
+@pytest.mark.rule("bom")
+def test_stage1_one_bom_at_the_start_is_stripped_even_split() -> None:
+    body = sse.BOM + b"data: a\n\n"
+    for chunks in every_split(body):
+        check(chunks, [E(data="a")], "the BOM opens the stream")
+
+
+@core
+@pytest.mark.rule("bom")
+def test_stage1_only_the_first_bom_is_stripped() -> None:
+    # A second BOM is part of the first field's name ("\ufeffdata": unknown, ignored).
+    check([sse.BOM + sse.BOM + b"data: a\n\ndata: b\n\n"], [E(data="b")], "a second BOM")
+    # A BOM after the start is data.
+    check([b"data: a\n\n" + sse.BOM + b"data: b\n\n"], [E(data="a")], "a BOM mid-stream")
+    check([b"data: " + sse.BOM + b"x\n\n"], [E(data="\ufeffx")], "a BOM inside a value")
+
+
+# --- lines ----------------------------------------------------------------------------------
+
+
+@core
+@pytest.mark.rule("line-ends")
+@pytest.mark.parametrize("end", [b"\n", b"\r", b"\r\n"], ids=["LF", "CR", "CRLF"])
+def test_stage1_crlf_lf_and_cr_end_lines_alike(end: bytes) -> None:
+    lines = [b"event: x", b"data: a", b"data: b", b"", b"data: c", b""]
+    body = end.join(lines) + end
+    want = [E(event="x", data="a\nb"), E(data="c")]
+    for chunks in every_split(body):
+        check(chunks, want, f"lines ended by {end!r}")
+
+
+@core
+@pytest.mark.rule("line-ends")
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1e"])
+def test_stage1_other_line_separators_are_data(char: str) -> None:
+    body = f"data: a{char}b\n\n".encode()
+    check([body], [E(data=f"a{char}b")], f"{char!r} is not a line end (str.splitlines says it is)")
+
+
+@core
+@pytest.mark.rule("cr-at-once")
+def test_stage1_an_event_ending_in_cr_is_dispatched_by_the_same_feed() -> None:
+    p = parser()
+    got = p.feed(b"data: a\r\r")
+    assert got == [E(data="a")], f"feed(b'data: a\\r\\r') must dispatch at once, got {got}"
+    got = p.feed(b"\ndata: b\r\n\r\n")
+    assert got == [E(data="b")], (
+        f"the LF after the CR is that CRLF's, not a blank line: expected [b], got {got}"
+    )
+
+
+@core
+@pytest.mark.rule("cr-at-once")
+def test_stage1_the_lf_of_a_crlf_split_across_chunks_is_skipped() -> None:
+    # Were the LF a line of its own, it would dispatch "a" before "b" arrives.
+    check([b"data: a\r", b"\ndata: b\n\n"], [E(data="a\nb")], "CR | LF split across chunks")
+    check([b"data: a\r", b"", b"\ndata: b\n\n"], [E(data="a\nb")], "an empty chunk in between")
+    check([b"data: a\r", b"\n", b"\n"], [E(data="a")], "the LF alone, then a blank line")
+    # A lone CR followed by a CR is two line ends: the second one is the blank line.
+    check([b"data: a\r", b"\r"], [E(data="a")], "CR | CR")
+
+
+# --- fields and dispatch -------------------------------------------------------------------
+
+
+@core
+@pytest.mark.rule("fields")
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(b"data:x", [E(data="x")], id="no-space"),
+        pytest.param(b"data: x", [E(data="x")], id="one-space"),
+        pytest.param(b"data:  x", [E(data=" x")], id="two-spaces-one-kept"),
+        pytest.param(b"data:\tx", [E(data="\tx")], id="a-tab-is-not-a-space"),
+        pytest.param(b"data: a:b", [E(data="a:b")], id="first-colon-splits"),
+        pytest.param(b"data", [E(data="")], id="no-colon-empty-value"),
+        pytest.param(b"data:", [E(data="")], id="empty-value"),
+        pytest.param(b"Data: x", [], id="names-are-case-sensitive"),
+        pytest.param(b"data : x", [], id="a-space-before-the-colon-is-the-name"),
+        pytest.param(b": data: x", [], id="comment"),
+        pytest.param(b":", [], id="empty-comment"),
+        pytest.param(b"foo: x", [], id="unknown-field"),
+    ],
+)
+def test_stage1_a_line_is_a_comment_or_a_field_and_its_value(
+    line: bytes, expected: list[ServerSentEvent]
+) -> None:
+    check([line + b"\n\n"], expected, f"the line {line!r}")
+
+
+@core
+@pytest.mark.rule("dispatch")
+def test_stage1_a_blank_line_dispatches_data_joined_with_lf() -> None:
+    check([b"data: a\ndata: b\n\n"], [E(data="a\nb")], "two data lines")
+    check([b"data: a\ndata:\n\n"], [E(data="a\n")], "only the last LF is removed")
+    check([b"data\ndata\n\n"], [E(data="\n")], "two empty data lines")
+    check([b"event: x\nevent: y\ndata: a\n\n"], [E(event="y", data="a")], "the last type")
+    check(
+        [b"event: x\ndata: a\n\ndata: b\n\n"],
+        [E(event="x", data="a"), E(data="b")],
+        "the type starts over after a dispatch",
+    )
+    check([b"event:\ndata: a\n\n"], [E(data="a")], "an empty type is a message")
+
+
+@core
+@pytest.mark.rule("no-data")
+@pytest.mark.parametrize(
+    "block",
+    [b"event: x\n", b"id: 1\n", b"retry: 5\n", b": keepalive\n", b"foo: 1\n", b""],
+    ids=["event", "id", "retry", "comment", "unknown", "nothing"],
+)
+def test_stage1_a_block_without_data_dispatches_nothing(block: bytes) -> None:
+    check([block + b"\n"], [], f"the block {block!r} has no data line")
+    # And it leaves nothing behind for the next event but its id.
+    got = events_of([block + b"\ndata: a\n\n"])
+    assert [(e.event, e.data) for e in got] == [("message", "a")], (
+        f"after the data-less block {block!r}, expected one message 'a', got {got}"
+    )
+
+
+@core
+@pytest.mark.rule("id")
+def test_stage1_last_event_id_moves_only_at_a_blank_line() -> None:
+    p = parser()
+    p.feed(b"id: 1\ndata: a\n")
+    assert p.last_event_id == "", "last_event_id changed before the event's blank line arrived"
+    got = p.feed(b"\n")
+    assert got == [E(data="a", id="1")] and p.last_event_id == "1", (
+        f"expected [a with id 1] and last_event_id '1', got {got}, {p.last_event_id!r}"
+    )
+    got = p.feed(b"data: b\n\n")
+    assert got == [E(data="b", id="1")], f"a later event keeps the id: expected id 1, got {got}"
+    p.feed(b"id: 2\n\n")
+    assert p.last_event_id == "2", "a block of only id: still moves last_event_id"
+
+
+@core
+@pytest.mark.rule("id")
+@pytest.mark.parametrize(
+    ("line", "expected_id"),
+    [
+        pytest.param(b"id", "", id="no-colon-clears"),
+        pytest.param(b"id:", "", id="empty-clears"),
+        pytest.param(b"id: a\x00b", "7", id="nul-is-ignored"),
+        pytest.param(b"id:  8", " 8", id="one-space-removed"),
+        pytest.param(b"ID: 9", "7", id="case-sensitive"),
+    ],
+)
+def test_stage1_an_id_line_sets_clears_or_is_ignored(line: bytes, expected_id: str) -> None:
+    got = events_of([b"id: 7\ndata: a\n\n" + line + b"\ndata: b\n\n"])
+    assert [e.id for e in got] == ["7", expected_id], (
+        f"after id 7, the line {line!r}: expected ids ['7', {expected_id!r}], got {got}"
+    )
+
+
+@core
+@pytest.mark.rule("id", "close")
+def test_stage1_an_unterminated_id_never_becomes_the_last_event_id() -> None:
+    p = parser()
+    p.feed(b"id: 1\ndata: a\n\nid: 2\ndata: b\n")
+    p.close()
+    assert p.last_event_id == "1", (
+        f"event 2 never completed, so a resume must ask from 1; got {p.last_event_id!r}"
+    )
+
+
+@core
+@pytest.mark.rule("retry")
+def test_stage1_a_valid_retry_sets_retry_ms_and_the_events_retry() -> None:
+    p = parser()
+    got = p.feed(b"retry: 3000\ndata: a\n\ndata: b\n\n")
+    assert got == [E(data="a", retry=3000), E(data="b")], (
+        f"retry belongs to its own event: expected [a retry=3000, b retry=None], got {got}"
+    )
+    assert p.retry_ms == 3000, f"retry_ms must stay 3000, got {p.retry_ms}"
+    p.feed(b"retry: 0\n\n")
+    assert p.retry_ms == 0, "retry: 0 is valid"
+
+
+@core
+@pytest.mark.rule("retry")
+@pytest.mark.parametrize(
+    "value",
+    [b"1.5", b"-1", b"+5", b"5s", b"", b" 5", b"1_000", "٣".encode(), b"0x10", b"1 "],
+)
+def test_stage1_a_retry_that_is_not_ascii_digits_is_ignored(value: bytes) -> None:
+    p = parser()
+    got = p.feed(b"retry: 100\n\nretry: " + value + b"\ndata: a\n\n")
+    assert got == [E(data="a")] and p.retry_ms == 100, (
+        f"retry: {value!r} must be ignored: expected [a retry=None] and retry_ms 100, "
+        f"got {got} and {p.retry_ms}"
+    )
+
+
+# --- chunking and the end of a stream ----------------------------------------------------
+
+
+@core
+@pytest.mark.rule("no-holding")
+def test_stage1_each_event_comes_out_of_the_feed_that_completed_it() -> None:
+    body = b"data: a\n\nid: 1\ndata: b\r\n\r\nevent: x\rdata: c\r\r" + sse.BOM + b"data: d\n\n"
+    p = parser()
+    for i in range(len(body)):
+        got = p.feed(body[i : i + 1])
+        expected = sse.interpret(body[: i + 1]).events[len(sse.interpret(body[:i]).events) :]
+        assert got == expected, (
+            f"feeding byte {i} ({body[i : i + 1]!r}) after {body[:i]!r}: "
+            f"expected {expected}, got {got}"
+        )
+
+
+@core
+@pytest.mark.rule("no-holding", "line-ends", "utf8", "fields", "dispatch", "no-data", "id")
+@given(st.data())
+def test_stage1_any_split_gives_the_events_of_the_whole_body(data: st.DataObject) -> None:
+    body = data.draw(sse.bodies(), "body")
+    chunks = data.draw(sse.splits(body), "chunks")
+    want = sse.interpret(body)
+    p = parser()
+    got = [event for batch in sse.feed_all(p, chunks) for event in batch]
+    assert got == want.events, f"feeding {chunks!r}\n  expected {want.events}\n  got {got}"
+    assert (p.last_event_id, p.retry_ms) == (want.last_event_id, want.retry_ms), (
+        f"feeding {chunks!r}: expected last_event_id, retry_ms = "
+        f"{want.last_event_id!r}, {want.retry_ms}, got {p.last_event_id!r}, {p.retry_ms}"
+    )
+
+
+@core
+@pytest.mark.rule("close")
+def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() -> None:
+    p = parser()
+    p.feed(b"retry: 50\nid: 3\ndata: a\n\ndata: half")
+    assert p.close() == [], "close() must not dispatch the unterminated event"
+    assert (p.last_event_id, p.retry_ms) == ("3", 50), (
+        "close() keeps last_event_id and retry_ms for the reconnect"
+    )
+    # The next stream starts clean: its first bytes are not glued to "half", a BOM opens it.
+    got = p.feed(sse.BOM + b"data: b\n\n")
+    assert got == [E(data="b", id="3")], f"after close(): expected [b with id 3], got {got}"
+    p.feed(b"data: c\r")
+    p.close()
+    got = p.feed(b"\ndata: d\n\n")
+    assert got == [E(data="d", id="3")], (
+        f"a new stream's first LF is a blank line, not the old CR's LF: got {got}"
+    )
+
+
+# --- limits -----------------------------------------------------------------------------------
+
+
+def _refusal(chunks: Sequence[bytes], **limits: int) -> tuple[ParseError, Any]:
+    p = parser(**limits)
+    for chunk in chunks:
+        try:
+            p.feed(chunk)
+        except ParseError as exc:
+            return exc, p
+    raise AssertionError(f"feeding {list(chunks)!r} with {limits} must raise ParseError")
+
+
+@extended
+@pytest.mark.rule("limits")
+def test_stage1_a_line_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
+    got = events_of([b"data:abc\r\n\r\n"], max_line_bytes=8)
+    assert got == [E(data="abc")], f"an 8-byte line (line end not counted) fits: got {got}"
+    for chunks in ([b"data: 1\n\ndata:abcd\n"], [b"data: 1\n\nda", b"ta:ab", b"cd\n"]):
+        exc, _ = _refusal(chunks, max_line_bytes=8)
+        assert exc.offset == 9 + 8, (
+            f"the 9-byte line starts at offset 9: the first byte past the limit is at 17, "
+            f"got offset {exc.offset}"
+        )
+    exc, p = _refusal([b"data: 1\n\ndata: 2\n\ndata:abcd\n"], max_line_bytes=8)
+    assert exc.events == (E(data="1"), E(data="2")), (
+        f"the events completed before the error in the same feed are kept: got {exc.events}"
+    )
+    with pytest.raises(ParseError):
+        p.feed(b"data: 3\n\n")
+
+
+@extended
+@pytest.mark.rule("limits")
+def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
+    # Event size: the data values plus one LF each. "12345678" + LF = 9, "9" + LF = 2.
+    got = events_of([b"data: 12345678\ndata:\n\n"], max_event_bytes=10)
+    assert got == [E(data="12345678\n")], f"an event of exactly 10 bytes fits: got {got}"
+    exc, _ = _refusal([b"data: a\n\ndata: 12345678\ndata: 9\n\n"], max_event_bytes=10)
+    assert exc.offset == 24, (
+        f"the data line that breaks the limit starts at offset 24, got {exc.offset}"
+    )
+    assert exc.events == (E(data="a"),), f"expected the event before it kept, got {exc.events}"
+
+
+@extended
+@pytest.mark.rule("limits")
+def test_stage1_the_default_limits_take_a_mebibyte_line() -> None:
+    line = b"data:" + b"x" * (DEFAULT_MAX_LINE_BYTES - 5)
+    got = events_of([line + b"\n\n"])
+    assert len(got) == 1 and len(got[0].data) == DEFAULT_MAX_LINE_BYTES - 5
+    exc, _ = _refusal([line + b"x\n\n"])
+    assert exc.offset == DEFAULT_MAX_LINE_BYTES, f"got offset {exc.offset}"
+
+
+@extended
+@pytest.mark.rule("limits")
+@pytest.mark.parametrize(
+    ("piece", "limits"),
+    [
+        pytest.param(b"x" * 4096, {"max_line_bytes": 65_536}, id="endless-line"),
+        pytest.param(b"data: " + b"x" * 4090 + b"\n", {"max_event_bytes": 65_536}, id="event"),
+    ],
+)
+def test_stage1_a_hostile_stream_is_refused_once_past_its_limit(
+    piece: bytes, limits: dict[str, int]
+) -> None:
+    p = parser(**limits)
+    fed = 0
+    while fed < 1000:
+        fed += 1
+        try:
+            p.feed(piece)
+        except ParseError:
+            break
+    assert fed == 17, (
+        f"{len(piece)}-byte chunks against a limit of {limits}: the 17th chunk passes it, "
+        f"but the refusal came at chunk {fed}"
+    )
+
+
+@extended
+@pytest.mark.rule("limits")
+def test_stage1_keepalive_comments_never_reach_a_limit() -> None:
+    p = parser(max_line_bytes=64, max_event_bytes=64)
+    for _ in range(2000):
+        assert p.feed(b": keepalive\n") == []
+    assert p.feed(b"data: a\n\n") == [E(data="a")]
+
+
+def _feed_line(size: int, deadline: float) -> float:
+    """Seconds to feed one ``size``-byte line in 64-byte chunks; stops at ``deadline``."""
+    p = parser(max_line_bytes=size + 16)
+    chunk = b"x" * 64
+    start = time.perf_counter()
+    p.feed(b"data:")
+    for i in range(size // 64):
+        p.feed(chunk)
+        if i % 256 == 0 and time.perf_counter() > deadline:
+            return float("inf")
+    p.feed(b"\n\n")
+    return time.perf_counter() - start
+
+
+@extended
+@pytest.mark.rule("linear")
+def test_stage1_a_long_line_costs_linear_time_in_small_chunks() -> None:
+    # A ratio of two runs on one machine, each stopped early once it is clearly too slow:
+    # a quadratic buffer takes ~16x for 4x the bytes. First 256 KiB against 1 MiB (fails
+    # fast), then the prompt's 1 MiB against 4 MiB.
+    for small in (1 << 18, 1 << 20):
+        base = min(_feed_line(small, float("inf")) for _ in range(3))
+        big = _feed_line(4 * small, time.perf_counter() + 8 * base)
+        assert big <= 8 * base, (
+            f"a {4 * small >> 10} KiB line in 64-byte chunks took more than 8x the time of "
+            f"a {small >> 10} KiB one ({base * 1e3:.1f} ms): the work is not linear"
+        )
+
+
+@extended
+@pytest.mark.rule("bad-arguments")
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"max_line_bytes": 0}, ValueError, "max_line_bytes"),
+        ({"max_event_bytes": -1}, ValueError, "max_event_bytes"),
+        ({"max_line_bytes": "64"}, TypeError, "max_line_bytes"),
+        ({"max_event_bytes": True}, TypeError, "max_event_bytes"),
+        ({"max_line_bytes": 1.5}, TypeError, "max_line_bytes"),
+    ],
+)
+def test_stage1_a_bad_limit_is_refused_naming_it(
+    kwargs: dict[str, object], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        stage().EventStreamParser(**kwargs)
+
+
+@extended
+@pytest.mark.rule("bad-arguments")
+@pytest.mark.parametrize(
+    "data", ["data: a\n\n", None, 12, [10]], ids=["str", "None", "int", "list"]
+)
+def test_stage1_feed_refuses_what_is_not_bytes(data: object) -> None:
+    p = parser()
+    with pytest.raises(TypeError, match="data"):
+        p.feed(data)
+    assert p.feed(b"data: a\n\n") == [E(data="a")], "a refused feed must change nothing"
+    assert p.feed(bytearray(b"data: b\n\n")) == [E(data="b")], "a bytearray is bytes"
+
+
+# --- the assembler -------------------------------------------------------------------------
+
+
+def chunk(*choices: dict[str, object], usage: dict[str, int] | None = None) -> ServerSentEvent:
+    body: dict[str, object] = {"id": "c1", "model": "m", "choices": list(choices)}
+    if usage is not None:
+        body["usage"] = usage
+    return E(data=json.dumps(body))
+
+
+def delta(index: int, finish: str | None = None, **fields: object) -> dict[str, object]:
+    return {"index": index, "delta": fields, "finish_reason": finish}
+
+
+def call(
+    index: int, arguments: str, call_id: str | None = None, name: str | None = None
+) -> dict[str, object]:
+    function: dict[str, object] = {"arguments": arguments}
+    if name is not None:
+        function["name"] = name
+    out: dict[str, object] = {"index": index, "function": function}
+    if call_id is not None:
+        out |= {"id": call_id, "type": "function"}
+    return out
+
+
+def assemble(events: Sequence[ServerSentEvent]) -> ChatCompletion:
+    assembler = stage().ChatStreamAssembler()
+    for event in events:
+        assembler.add(event)
+    result: ChatCompletion = assembler.result()
+    return result
+
+
+@extended
+@pytest.mark.rule("deltas")
+def test_stage1_content_and_refusal_concatenate_from_the_first_string() -> None:
+    result = assemble(
+        [
+            chunk(delta(0, role="assistant", content=None, refusal=None)),
+            chunk(delta(0, content="")),
+            chunk(delta(0, content="Hel")),
+            chunk(delta(0, content="lo")),
+        ]
+    )
+    (choice,) = result.choices
+    assert (choice.role, choice.content, choice.refusal) == ("assistant", "Hello", None), (
+        f"expected role 'assistant', content 'Hello', refusal None (no string sent), got "
+        f"{choice.role!r}, {choice.content!r}, {choice.refusal!r}"
+    )
+    (choice,) = assemble([chunk(delta(0, content=None, refusal=""))]).choices
+    assert (choice.content, choice.refusal) == (None, ""), (
+        f"a refusal of '' is a string, a content of null is not: got {choice}"
+    )
+
+
+@extended
+@pytest.mark.rule("choices")
+def test_stage1_interleaved_choices_never_mix() -> None:
+    result = assemble(
+        [
+            chunk(delta(2, content="c")),
+            chunk(delta(0, content="a")),
+            chunk(delta(1, content="b"), delta(0, content="A")),
+            chunk(delta(2, content="C", finish="stop")),
+            chunk(delta(1, content="B", finish="length")),
+        ]
+    )
+    got = [(c.index, c.content, c.finish_reason) for c in result.choices]
+    assert got == [(0, "aA", None), (1, "bB", "length"), (2, "cC", "stop")], (
+        f"each delta goes to the choice its index names, listed by index: got {got}"
+    )
+
+
+@extended
+@pytest.mark.rule("tool-calls")
+def test_stage1_tool_call_fragments_join_their_own_call() -> None:
+    result = assemble(
+        [
+            chunk(delta(0, tool_calls=[call(0, "", "call_a", "get_weather")])),
+            chunk(delta(0, tool_calls=[call(0, '{"ci')])),
+            chunk(delta(0, tool_calls=[call(1, '{"t', "call_b", "get_stock")])),
+            chunk(delta(0, tool_calls=[call(0, 'ty": "X"}'), call(1, 'icker": "Y"}')])),
+            chunk(delta(0, finish="tool_calls")),
+        ]
+    )
+    got = [(t.index, t.id, t.name, t.arguments) for t in result.choices[0].tool_calls]
+    assert got == [
+        (0, "call_a", "get_weather", '{"city": "X"}'),
+        (1, "call_b", "get_stock", '{"ticker": "Y"}'),
+    ], f"fragments join the call their index names, in order: got {got}"
+
+
+@extended
+@pytest.mark.rule("finish")
+def test_stage1_usage_and_done_end_the_stream() -> None:
+    assembler = stage().ChatStreamAssembler()
+    for event in [
+        chunk(delta(0, content="x", finish="stop")),
+        chunk(usage={"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}),
+    ]:
+        assembler.add(event)
+    assert not assembler.done, "done only at data: [DONE]"
+    assembler.add(E(data="[DONE]"))
+    result = assembler.result()
+    assert result.done and result.usage is not None and result.usage.total_tokens == 4, result
+    assert result.choices[0].finish_reason == "stop"
+    with pytest.raises(ParseError, match="DONE"):
+        assembler.add(chunk(delta(0, content="late")))
+
+
+MALFORMED = [
+    pytest.param("not json", id="not-json"),
+    pytest.param("[1, 2]", id="not-an-object"),
+    pytest.param('{"choices": {}}', id="choices-not-a-list"),
+    pytest.param('{"choices": [{"delta": {"content": "x"}}]}', id="no-index"),
+    pytest.param('{"choices": [{"index": "0", "delta": {}}]}', id="index-not-int"),
+    pytest.param('{"choices": [{"index": 0, "delta": {"content": 5}}]}', id="content-not-str"),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"content": "ok"}}, {"index": 1, "delta": 3}]}',
+        id="second-choice-bad",
+    ),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"tool_calls": [{"function": {}}]}}]}',
+        id="tool-call-no-index",
+    ),
+    pytest.param('{"choices": [], "usage": {"total_tokens": "4"}}', id="usage-not-counts"),
+]
+
+
+@extended
+@pytest.mark.rule("chat-errors")
+@pytest.mark.parametrize("data", MALFORMED)
+def test_stage1_a_malformed_chunk_is_refused_naming_it_and_changes_nothing(data: str) -> None:
+    assembler = stage().ChatStreamAssembler()
+    assembler.add(chunk(delta(0, content="kept")))
+    before = assembler.result()
+    with pytest.raises(ParseError, match=r"event 2 \(id '42'\)"):
+        assembler.add(E(data=data, id="42"))
+    after = assembler.result()
+    assert after == before, f"a refused chunk changed the result:\n  {before}\n  {after}"
+
+
+@extended
+@pytest.mark.rule("chat-errors")
+def test_stage1_an_error_event_raises_and_other_types_are_ignored() -> None:
+    assembler = stage().ChatStreamAssembler()
+    assembler.add(E(event="ping", data="{}"))
+    assembler.add(chunk(delta(0, content="x")))
+    with pytest.raises(ParseError, match="overloaded"):
+        assembler.add(E(event="error", data='{"error": "overloaded"}'))
+    assert assembler.result().choices[0].content == "x"
+
+
+def _random_split(body: bytes, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    return sse.cut(body, [rng.randrange(1, len(body)) for _ in range(len(body) // 40)])
+
+
+CHUNKINGS: dict[str, Callable[[bytes], list[bytes]]] = {
+    "whole": lambda body: [body],
+    "bytewise": lambda body: [body[i : i + 1] for i in range(len(body))],
+    "random": lambda body: _random_split(body, len(body)),
+}
+
+
+@extended
+@pytest.mark.rule("recorded")
+@pytest.mark.parametrize("how", CHUNKINGS)
+@pytest.mark.parametrize("stream", recorded.recorded(), ids=lambda r: r.name.split(".")[0])
+def test_stage1_recorded_streams_assemble_to_their_expected_result(
+    stream: recorded.Recorded, how: str
+) -> None:
+    events = events_of(CHUNKINGS[how](stream.body))
+    got = recorded.summary(assemble(events))
+    assert got == stream.expected, (
+        f"{stream.name} fed {how}: expected\n  {stream.expected}\ngot\n  {got}"
+    )

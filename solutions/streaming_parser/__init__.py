@@ -1,0 +1,1 @@
+"""Reference solution of the streaming-parser kata."""

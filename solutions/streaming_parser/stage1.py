@@ -1,0 +1,409 @@
+"""Reference solution, stage 1: a sans-I/O Server-Sent Events parser, and chat deltas.
+
+:class:`EventStreamParser` is the WHATWG "event stream interpretation" algorithm over
+bytes: it owns no socket and no clock, so the same object serves a blocking client, an
+async one, or a test that feeds it one byte at a time. Lines are cut on the bytes CR
+and LF (never on what ``str.splitlines`` also splits on), then decoded whole: a CR or
+an LF is never part of a multi-byte UTF-8 sequence, so a character split between two
+chunks is decoded once, from both halves. Each chunk is scanned once and the pending
+partial line only ever grows at its end, so the work is linear in the input however it
+is chunked.
+
+:class:`ChatStreamAssembler` folds the events of an OpenAI-style
+``chat.completion.chunk`` stream into the final choices.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from katas.streaming_parser.api import (
+    DEFAULT_MAX_EVENT_BYTES,
+    DEFAULT_MAX_LINE_BYTES,
+    ChatCompletion,
+    Choice,
+    ParseError,
+    ServerSentEvent,
+    ToolCall,
+    Usage,
+)
+
+_BOM = b"\xef\xbb\xbf"
+#: A line's end: CRLF, a lone CR, or LF.
+_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+class EventStreamParser:
+    """Bytes of a ``text/event-stream`` body in, dispatched events out."""
+
+    def __init__(
+        self,
+        *,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+    ) -> None:
+        self._max_line = _positive("max_line_bytes", max_line_bytes)
+        self._max_event = _positive("max_event_bytes", max_event_bytes)
+        self._last_event_id = ""  # survives close(): what a reconnect sends
+        self._retry_ms: int | None = None
+        self._offset = 0  # bytes of the stream consumed before the pending line
+        self._broken: ParseError | None = None
+        self._new_stream()
+
+    def _new_stream(self) -> None:
+        self._pending = bytearray()  # the partial line awaiting its end
+        self._skip_lf = False  # the last line ended in CR: an LF next is its CRLF's
+        self._first_line = True  # a BOM may open it
+        self._data = bytearray()
+        self._type = b""
+        self._id = self._last_event_id
+        self._retry: int | None = None
+
+    # --- the public surface ---------------------------------------------------------
+
+    @property
+    def last_event_id(self) -> str:
+        """The ID of the last event dispatched in full (``""`` if none): what a client
+        resuming the stream sends as ``Last-Event-ID``."""
+        return self._last_event_id
+
+    @property
+    def retry_ms(self) -> int | None:
+        """The reconnection time the stream last set with a valid ``retry:`` (else None)."""
+        return self._retry_ms
+
+    def feed(self, data: bytes) -> list[ServerSentEvent]:
+        """Parse the next chunk; return the events it completed, in order."""
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"data must be bytes, got {type(data).__name__}")
+        if self._broken is not None:
+            raise self._broken
+        events: list[ServerSentEvent] = []
+        chunk = bytes(data)
+        if not chunk:
+            return events  # and a CR just before still waits for its LF
+        start = 0
+        if self._skip_lf and chunk[:1] == b"\n":
+            start, self._offset = 1, self._offset + 1
+        self._skip_lf = False
+        try:
+            if b"\r" not in chunk:
+                self._lines_lf(chunk, start, events)
+            else:
+                self._lines_any(chunk, start, events)
+        except ParseError as exc:
+            self._broken = ParseError(str(exc), offset=exc.offset)
+            raise ParseError(str(exc), offset=exc.offset, events=events) from None
+        return events
+
+    def close(self) -> list[ServerSentEvent]:
+        """End this stream: an unterminated event is discarded (it was never complete).
+
+        The parser is then ready for the next response of the same source, keeping
+        ``last_event_id`` and ``retry_ms``.
+        """
+        if self._broken is not None:
+            raise self._broken
+        self._offset = 0
+        self._new_stream()
+        return []
+
+    # --- cutting lines ----------------------------------------------------------------
+
+    def _lines_lf(self, chunk: bytes, start: int, events: list[ServerSentEvent]) -> None:
+        """The common case: LF-only line ends."""
+        end = chunk.find(b"\n", start)
+        if end < 0:
+            self._extend(chunk, start, len(chunk))
+            return
+        while end >= 0:
+            self._line(chunk, start, end, events)
+            self._offset += 1
+            start = end + 1
+            end = chunk.find(b"\n", start)
+        self._extend(chunk, start, len(chunk))
+
+    def _lines_any(self, chunk: bytes, start: int, events: list[ServerSentEvent]) -> None:
+        for match in _LINE_END.finditer(chunk, start):
+            self._line(chunk, start, match.start(), events)
+            self._offset += match.end() - match.start()
+            start = match.end()
+        # A CR at the very end may be the first half of a CRLF split across chunks.
+        self._skip_lf = chunk.endswith(b"\r")
+        self._extend(chunk, start, len(chunk))
+
+    def _extend(self, chunk: bytes, start: int, end: int) -> None:
+        """Keep ``chunk[start:end]``, the start of a line whose end has not arrived."""
+        if end - start + len(self._pending) > self._max_line:
+            raise ParseError(
+                f"a line is longer than max_line_bytes={self._max_line}",
+                offset=self._offset + self._max_line,
+            )
+        self._pending += chunk[start:end]
+
+    def _line(self, chunk: bytes, start: int, end: int, events: list[ServerSentEvent]) -> None:
+        if self._pending:
+            self._extend(chunk, start, end)
+            line = bytes(self._pending)
+            self._pending.clear()
+        else:
+            if end - start > self._max_line:
+                self._extend(chunk, start, end)  # raises
+            line = chunk[start:end]
+        line_offset = self._offset
+        self._offset += len(line)
+        if self._first_line:
+            self._first_line = False
+            if line.startswith(_BOM):
+                line = line[len(_BOM) :]
+        self._interpret(line, line_offset, events)
+
+    # --- interpreting lines (WHATWG) -------------------------------------------------
+
+    def _interpret(self, line: bytes, line_offset: int, events: list[ServerSentEvent]) -> None:
+        if not line:
+            self._dispatch(events)
+            return
+        colon = line.find(b":")
+        if colon == 0:
+            return  # a comment
+        if colon < 0:
+            name, value = line, b""
+        else:
+            name, value = line[:colon], line[colon + 1 :]
+            if value[:1] == b" ":
+                value = value[1:]  # one space, not all of them
+        if name == b"data":
+            if len(self._data) + len(value) + 1 > self._max_event:
+                raise ParseError(
+                    f"an event's data is longer than max_event_bytes={self._max_event}",
+                    offset=line_offset,
+                )
+            self._data += value
+            self._data += b"\n"
+        elif name == b"event":
+            self._type = value
+        elif name == b"id":
+            if b"\0" not in value:
+                self._id = value.decode("utf-8", "replace")
+        elif name == b"retry" and value.isdigit():
+            # ASCII digits only (bytes.isdigit): int() would also take " 5", "+5", "٥",
+            # "1_000"; an empty value is no digit.
+            self._retry = self._retry_ms = int(value)
+        # any other field is ignored
+
+    def _dispatch(self, events: list[ServerSentEvent]) -> None:
+        # The id is set even when nothing is dispatched: a block of only `id:` moves it.
+        self._last_event_id = self._id
+        if self._data:
+            events.append(
+                ServerSentEvent(
+                    event=self._type.decode("utf-8", "replace") or "message",
+                    data=self._data[:-1].decode("utf-8", "replace"),
+                    id=self._last_event_id,
+                    retry=self._retry,
+                )
+            )
+        self._data.clear()
+        self._type = b""
+        self._retry = None
+
+
+# --- chat deltas -------------------------------------------------------------------------
+
+
+class _Call:
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []
+
+
+class _Choice:
+    __slots__ = ("calls", "content", "finish_reason", "refusal", "role")
+
+    def __init__(self) -> None:
+        self.role: str | None = None
+        self.content: list[str] | None = None
+        self.refusal: list[str] | None = None
+        self.calls: dict[int, _Call] = {}
+        self.finish_reason: str | None = None
+
+
+class ChatStreamAssembler:
+    """Folds ``chat.completion.chunk`` events into the final choices."""
+
+    def __init__(self) -> None:
+        self._choices: dict[int, _Choice] = {}
+        self._id: str | None = None
+        self._model: str | None = None
+        self._usage: Usage | None = None
+        self._done = False
+        self._seen = 0
+
+    @property
+    def done(self) -> bool:
+        """Whether ``data: [DONE]`` has ended the stream."""
+        return self._done
+
+    def add(self, event: ServerSentEvent) -> None:
+        """Fold one event in; a malformed chunk raises :class:`ParseError` and changes
+        nothing."""
+        if not isinstance(event, ServerSentEvent):
+            raise TypeError(f"event must be a ServerSentEvent, got {type(event).__name__}")
+        self._seen += 1
+        where = f"event {self._seen}" + (f" (id {event.id!r})" if event.id else "")
+        if self._done:
+            raise ParseError(f"{where}: an event after data: [DONE]")
+        if event.event == "error":
+            raise ParseError(f"{where}: the server sent an error event: {event.data[:200]}")
+        if event.event != "message":
+            return  # another type of event is not a chunk
+        if event.data == "[DONE]":
+            self._done = True
+            return
+        try:
+            chunk = json.loads(event.data)
+        except ValueError as exc:
+            raise ParseError(f"{where}: malformed JSON: {exc}") from None
+        # Everything is checked before anything changes.
+        updates = _parse_chunk(chunk, where)
+        chunk_id, model = _text(chunk, "id", where), _text(chunk, "model", where)
+        self._id = self._id or chunk_id
+        self._model = self._model or model
+        if updates.usage is not None:
+            self._usage = updates.usage
+        for index, delta, finish in updates.choices:
+            self._apply(self._choices.setdefault(index, _Choice()), delta, finish)
+
+    def _apply(self, choice: _Choice, delta: _Delta, finish: str | None) -> None:
+        if delta.role is not None:
+            choice.role = delta.role
+        if delta.content is not None:
+            if choice.content is None:
+                choice.content = []
+            choice.content.append(delta.content)
+        if delta.refusal is not None:
+            if choice.refusal is None:
+                choice.refusal = []
+            choice.refusal.append(delta.refusal)
+        for index, call_id, name, arguments in delta.calls:
+            call = choice.calls.setdefault(index, _Call())
+            call.id = call.id or call_id
+            call.name = call.name or name
+            if arguments:
+                call.arguments.append(arguments)
+        if finish is not None:
+            choice.finish_reason = finish
+
+    def result(self) -> ChatCompletion:
+        """What the stream has folded into so far."""
+        return ChatCompletion(
+            id=self._id,
+            model=self._model,
+            choices=tuple(
+                Choice(
+                    index=index,
+                    role=c.role,
+                    content=None if c.content is None else "".join(c.content),
+                    refusal=None if c.refusal is None else "".join(c.refusal),
+                    tool_calls=tuple(
+                        ToolCall(i, call.id, call.name, "".join(call.arguments))
+                        for i, call in sorted(c.calls.items())
+                    ),
+                    finish_reason=c.finish_reason,
+                )
+                for index, c in sorted(self._choices.items())
+            ),
+            usage=self._usage,
+            done=self._done,
+        )
+
+
+class _Delta:
+    __slots__ = ("calls", "content", "refusal", "role")
+
+    def __init__(self) -> None:
+        self.role: str | None = None
+        self.content: str | None = None
+        self.refusal: str | None = None
+        self.calls: list[tuple[int, str | None, str | None, str]] = []
+
+
+class _Chunk:
+    __slots__ = ("choices", "usage")
+
+    def __init__(self) -> None:
+        self.choices: list[tuple[int, _Delta, str | None]] = []
+        self.usage: Usage | None = None
+
+
+def _text(obj: dict[str, Any], key: str, where: str) -> str | None:
+    value = obj.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ParseError(f"{where}: {key} must be a string, got {type(value).__name__}")
+    return value
+
+
+def _index(obj: dict[str, Any], where: str) -> int:
+    value = obj.get("index")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ParseError(f"{where}: index must be an int >= 0, got {value!r}")
+    return value
+
+
+def _object(value: Any, what: str, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ParseError(f"{where}: {what} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _parse_chunk(raw: Any, where: str) -> _Chunk:
+    chunk = _object(raw, "the chunk", where)
+    out = _Chunk()
+    choices = chunk.get("choices", [])
+    if not isinstance(choices, list):
+        raise ParseError(f"{where}: choices must be a list, got {type(choices).__name__}")
+    for raw_choice in choices:
+        choice = _object(raw_choice, "a choice", where)
+        delta_obj = _object(choice.get("delta") or {}, "a delta", where)
+        delta = _Delta()
+        delta.role = _text(delta_obj, "role", where)
+        delta.content = _text(delta_obj, "content", where)
+        delta.refusal = _text(delta_obj, "refusal", where)
+        calls = delta_obj.get("tool_calls") or []
+        if not isinstance(calls, list):
+            raise ParseError(f"{where}: tool_calls must be a list, got {type(calls).__name__}")
+        for raw_call in calls:
+            call = _object(raw_call, "a tool call", where)
+            function = _object(call.get("function") or {}, "a tool call's function", where)
+            arguments = _text(function, "arguments", where) or ""
+            entry = (_index(call, where), _text(call, "id", where), _text(function, "name", where))
+            delta.calls.append((*entry, arguments))
+        out.choices.append((_index(choice, where), delta, _text(choice, "finish_reason", where)))
+    usage = chunk.get("usage")
+    if usage is not None:
+        usage = _object(usage, "usage", where)
+        counts: list[int] = []
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            n = usage.get(key)
+            if isinstance(n, bool) or not isinstance(n, int):
+                raise ParseError(f"{where}: usage.{key} must be an int, got {n!r}")
+            counts.append(n)
+        out.usage = Usage(*counts)
+    return out
+
+
+__all__ = ["ChatStreamAssembler", "EventStreamParser", "ParseError"]
