@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: The default limits: a line of 1 MiB, an event's data of 8 MiB.
 DEFAULT_MAX_LINE_BYTES = 1 << 20
 DEFAULT_MAX_EVENT_BYTES = 1 << 23
 
 
-@dataclass(frozen=True)
-class ServerSentEvent:
-    """One dispatched event.
+class ServerSentEvent(NamedTuple):
+    """One dispatched event (a named tuple: immutable, and cheap to build — a stream
+    makes one per token).
 
     ``event`` is its type (``"message"`` unless an ``event:`` field set one); ``data``
     the lines of its ``data:`` fields joined by LF; ``id`` the stream's last event ID as
