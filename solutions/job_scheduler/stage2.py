@@ -24,6 +24,7 @@ from typing import Any
 
 import anyio
 
+from katas._runtime.checks import positive_int
 from katas.job_scheduler.api import (
     TIMED_OUT,
     Lease,
@@ -53,14 +54,6 @@ class _Running:
         self.scope: anyio.CancelScope | None = None  # async pool: the handler's scope
 
 
-def _positive(name: str, value: object) -> int:
-    if type(value) is not int:
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 class _PoolConfig:
     """The arguments both pools take, validated once: nothing starts on bad input."""
 
@@ -83,11 +76,11 @@ class _PoolConfig:
             raise TypeError(f"queue must be a JobQueue, got {queue!r}")
         if not callable(handler):
             raise TypeError(f"handler must be callable, got {handler!r}")
-        self._workers = _positive("workers", workers)
+        self._workers = positive_int("workers", workers)
         if heartbeat_every_ns is not None:
-            _positive("heartbeat_every_ns", heartbeat_every_ns)
+            positive_int("heartbeat_every_ns", heartbeat_every_ns)
         self._max_in_flight = (
-            self._workers if max_in_flight is None else _positive("max_in_flight", max_in_flight)
+            self._workers if max_in_flight is None else positive_int("max_in_flight", max_in_flight)
         )
         if clock is not None and not isinstance(clock, WaitingClock):
             raise TypeError(f"clock must be a WaitingClock, got {clock!r}")
@@ -273,7 +266,7 @@ class AsyncWorkerPool(_PoolConfig):
     ) -> None:
         self._configure(queue, handler, workers, clock, heartbeat_every_ns, max_in_flight)
         self._handler = handler
-        self._timeout = None if timeout_ns is None else _positive("timeout_ns", timeout_ns)
+        self._timeout = None if timeout_ns is None else positive_int("timeout_ns", timeout_ns)
         self._running: dict[tuple[str, int], _Running] = {}
         self._wake: anyio.Event | None = None  # made in run(): events need a running loop
         self._stopping = self._stopped = False

@@ -28,6 +28,7 @@ from collections.abc import Hashable, Iterator
 from heapq import heapify, heappop, heappush
 from typing import Any
 
+from katas._runtime.checks import positive_int
 from katas.kv_cache.api import CacheStats, Clock, OnEvict, RemovalCause, Weigher
 
 EVICTED, EXPIRED = RemovalCause.EVICTED, RemovalCause.EXPIRED
@@ -37,14 +38,6 @@ EXPLICIT, REPLACED = RemovalCause.EXPLICIT, RemovalCause.REPLACED
 _ACTIVE_LIMIT = 8
 
 _MISSING: Any = object()
-
-
-def _positive(name: str, value: object) -> int:
-    if type(value) is not int:  # bool is an int subclass, and never a size
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
 
 
 def _unhashable(key: object) -> TypeError:
@@ -63,8 +56,8 @@ class _Cache:
         weigh: Weigher | None,
         on_evict: OnEvict | None,
     ) -> None:
-        self._maxsize = _positive("maxsize", maxsize)
-        self._max_weight = None if max_weight is None else _positive("max_weight", max_weight)
+        self._maxsize = positive_int("maxsize", maxsize)
+        self._max_weight = None if max_weight is None else positive_int("max_weight", max_weight)
         if weigh is not None and not callable(weigh):
             raise TypeError(f"weigh must be callable, got {weigh!r}")
         if weigh is not None and max_weight is None:
@@ -263,7 +256,7 @@ class TTLCache(LRUCache):
         on_evict: OnEvict | None = None,
     ) -> None:
         super().__init__(maxsize, max_weight=max_weight, weigh=weigh, on_evict=on_evict)
-        self._ttl = _positive("ttl_ns", ttl_ns)
+        self._ttl = positive_int("ttl_ns", ttl_ns)
         if not callable(getattr(clock, "now_ns", None)):
             raise TypeError(f"clock must have now_ns(), got {clock!r}")
         self._clock = clock
