@@ -1648,13 +1648,19 @@ class NearCacheMachine(RuleBasedStateMachine):
         self.floor[key] = max(self.floor[key], index)
         self.log.append(f"deliver the message of {key!r} version {index}")
 
-    @rule(name=st.sampled_from(NODES))
-    def drop(self, name: str) -> None:
+    @precondition(lambda self: self.held is None)
+    @rule(name=st.sampled_from(NODES), key=st.sampled_from(MACHINE_KEYS))
+    def drop(self, name: str, key: str) -> None:
+        # Every drop meets its boundary: a value cached just before, made stale by a
+        # write whose message is still in flight when the channel drops.
+        self.get(key)
+        self.other_puts(key)
         self.near.channel_lost(name)
         self.queued.clear()  # whatever was in flight is lost with the channel
-        for key in MACHINE_KEYS:
-            self.floor[key] = len(self.versions[key]) - 1
+        for k in MACHINE_KEYS:
+            self.floor[k] = len(self.versions[k]) - 1
         self.log.append(f"channel of {name} drops (queued messages lost)")
+        self.get(key)
 
     @rule(name=st.sampled_from(NODES))
     def ready(self, name: str) -> None:
