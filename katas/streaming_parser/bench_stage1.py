@@ -29,8 +29,8 @@ benchmarks never fail CI:
   first), the benchmark runs a single round after its warm-up instead of fifteen.
 
 Measured here (the reference as ``--impl``; 2 shared cores, load ~2-3 from other
-jobs): 20 MB, 76 081 events. X
-~150-190 (1.44-1.72x); at 64 bytes ~110-120 MB/s against ~42-75 (1.54-1.75x); the
+jobs): 20 MB, 76 081 events. At 4 KiB chunks ~250-320 MB/s against httpx-sse's
+~150-205 (1.44-1.72x); at 64 bytes ~110-120 MB/s against ~42-75 (1.54-1.75x); the
 4 MiB line ~3.4-4.1x the 1 MiB one (~13 ms against ~3.3), httpx-sse ~4.5x. The
 reference against itself spans 0.89-1.10 (once 0.59 at 64 bytes, a run the machine's
 other jobs hit unevenly): the noise to read every other ratio with.
