@@ -204,10 +204,10 @@ def test_stage1_a_blank_line_dispatches_data_joined_with_lf() -> None:
 )
 def test_stage1_a_block_without_data_dispatches_nothing(block: bytes) -> None:
     check([block + b"\n"], [], f"the block {block!r} has no data line")
-    # And it leaves nothing behind for the next event but its id.
+    # And it leaves nothing behind for the next event but its id: no type, no retry.
     got = events_of([block + b"\ndata: a\n\n"])
-    assert [(e.event, e.data) for e in got] == [("message", "a")], (
-        f"after the data-less block {block!r}, expected one message 'a', got {got}"
+    assert [(e.event, e.data, e.retry) for e in got] == [("message", "a", None)], (
+        f"after the data-less block {block!r}, expected one message 'a' with retry None, got {got}"
     )
 
 
@@ -255,6 +255,10 @@ def test_stage1_an_unterminated_id_never_becomes_the_last_event_id() -> None:
     assert p.last_event_id == "1", (
         f"event 2 never completed, so a resume must ask from 1; got {p.last_event_id!r}"
     )
+    got = p.feed(b"data: c\n\n")
+    assert got == [E(data="c", id="1")], (
+        f"the unterminated block's id 2 must not reach the next stream's events: got {got}"
+    )
 
 
 @core
@@ -274,7 +278,18 @@ def test_stage1_a_valid_retry_sets_retry_ms_and_the_events_retry() -> None:
 @pytest.mark.rule("retry")
 @pytest.mark.parametrize(
     "value",
-    [b"1.5", b"-1", b"+5", b"5s", b"", b" 5", b"1_000", "٣".encode(), b"0x10", b"1 "],
+    [
+        pytest.param(b"1.5", id="decimal"),
+        pytest.param(b"-1", id="negative"),
+        pytest.param(b"+5", id="plus-sign"),
+        pytest.param(b"5s", id="unit"),
+        pytest.param(b"", id="empty"),
+        pytest.param(b" 5", id="leading-space"),
+        pytest.param(b"1_000", id="underscore"),
+        pytest.param("٣".encode(), id="arabic-indic-digit"),
+        pytest.param(b"0x10", id="hex"),
+        pytest.param(b"1 ", id="trailing-space"),
+    ],
 )
 def test_stage1_a_retry_that_is_not_ascii_digits_is_ignored(value: bytes) -> None:
     p = parser()
@@ -341,6 +356,14 @@ def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() 
 # --- limits -----------------------------------------------------------------------------------
 
 
+def _accepted(chunks: Sequence[bytes], **limits: int) -> list[ServerSentEvent]:
+    """The events of ``chunks``; a ParseError fails the test (the input is within limits)."""
+    try:
+        return events_of(chunks, **limits)
+    except ParseError as exc:
+        pytest.fail(f"feeding {list(chunks)!r} with {limits} is within them, but raised: {exc}")
+
+
 def _refusal(chunks: Sequence[bytes], **limits: int) -> tuple[ParseError, Any]:
     p = parser(**limits)
     for chunk in chunks:
@@ -354,7 +377,7 @@ def _refusal(chunks: Sequence[bytes], **limits: int) -> tuple[ParseError, Any]:
 @extended
 @pytest.mark.rule("limits")
 def test_stage1_a_line_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
-    got = events_of([b"data:abc\r\n\r\n"], max_line_bytes=8)
+    got = _accepted([b"data:abc\r\n\r\n"], max_line_bytes=8)
     assert got == [E(data="abc")], f"an 8-byte line (line end not counted) fits: got {got}"
     for chunks in ([b"data: 1\n\ndata:abcd\n"], [b"data: 1\n\nda", b"ta:ab", b"cd\n"]):
         exc, _ = _refusal(chunks, max_line_bytes=8)
@@ -374,7 +397,7 @@ def test_stage1_a_line_at_the_limit_passes_and_one_byte_more_is_refused() -> Non
 @pytest.mark.rule("limits")
 def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
     # Event size: the data values plus one LF each. "12345678" + LF = 9, "9" + LF = 2.
-    got = events_of([b"data: 12345678\ndata:\n\n"], max_event_bytes=10)
+    got = _accepted([b"data: 12345678\ndata:\n\n"], max_event_bytes=10)
     assert got == [E(data="12345678\n")], f"an event of exactly 10 bytes fits: got {got}"
     exc, _ = _refusal([b"data: a\n\ndata: 12345678\ndata: 9\n\n"], max_event_bytes=10)
     assert exc.offset == 24, (
@@ -387,7 +410,7 @@ def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> N
 @pytest.mark.rule("limits")
 def test_stage1_the_default_limits_take_a_mebibyte_line() -> None:
     line = b"data:" + b"x" * (DEFAULT_MAX_LINE_BYTES - 5)
-    got = events_of([line + b"\n\n"])
+    got = _accepted([line + b"\n\n"])
     assert len(got) == 1 and len(got[0].data) == DEFAULT_MAX_LINE_BYTES - 5
     exc, _ = _refusal([line + b"x\n\n"])
     assert exc.offset == DEFAULT_MAX_LINE_BYTES, f"got offset {exc.offset}"
@@ -417,6 +440,23 @@ def test_stage1_a_hostile_stream_is_refused_once_past_its_limit(
         f"{len(piece)}-byte chunks against a limit of {limits}: the 17th chunk passes it, "
         f"but the refusal came at chunk {fed}"
     )
+
+
+@extended
+@pytest.mark.rule("limits")
+def test_stage1_the_event_limit_counts_each_event_on_its_own() -> None:
+    # "0123456789abcde" + LF = 16 bytes: each event is exactly at the limit, the stream far
+    # past it.
+    p = parser(max_event_bytes=16)
+    for i in range(100):
+        try:
+            got = p.feed(b"data: 0123456789abcde\n\n")
+        except ParseError as exc:
+            pytest.fail(f"event {i + 1} of 16 bytes, within max_event_bytes=16, refused: {exc}")
+        assert got == [E(data="0123456789abcde")], (
+            f"event {i + 1} of 16 bytes, within max_event_bytes=16: expected it dispatched, "
+            f"got {got} (the limit is per event, not per stream)"
+        )
 
 
 @extended
