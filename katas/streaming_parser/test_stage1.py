@@ -394,6 +394,23 @@ def test_stage1_a_line_at_the_limit_passes_and_one_byte_more_is_refused() -> Non
 
 
 @extended
+@pytest.mark.rule("limits", "bom")
+def test_stage1_a_bom_is_not_part_of_the_first_line_however_it_is_split() -> None:
+    # The BOM is stripped before lines are cut: it never counts against the line limit,
+    # but its bytes count in the stream's offsets.
+    fits, too_long = sse.BOM + b"data:abc\n\n", sse.BOM + b"data:abcd\n"
+    for chunks in every_split(fits):
+        got = _accepted(chunks, max_line_bytes=8)
+        assert got == [E(data="abc")], f"feeding {chunks!r}: expected [abc], got {got}"
+    for chunks in every_split(too_long):
+        exc, _ = _refusal(chunks, max_line_bytes=8)
+        assert exc.offset == 3 + 8, (
+            f"feeding {chunks!r}: the line starts after the 3-byte BOM, so the first byte "
+            f"past the limit is at 11; got offset {exc.offset}"
+        )
+
+
+@extended
 @pytest.mark.rule("limits")
 def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
     # Event size: the data values plus one LF each. "12345678" + LF = 9, "9" + LF = 2.

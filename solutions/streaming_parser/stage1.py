@@ -73,10 +73,11 @@ class EventStreamParser:
     def _new_stream(self) -> None:
         self._fed = 0  # bytes of this stream fed before the current chunk
         self._pending = bytearray()  # a line whose end has not arrived
-        # The fast path's condition in one flag: neither broken nor waiting to skip the
-        # LF of a CRLF whose CR ended the last chunk.
-        self._plain = self._broken is None
-        self._first_line = True  # a BOM may open it
+        self._first_line = True  # a BOM may open it: its bytes are not yet known
+        self._skip_lf = False  # the last chunk ended in CR: an LF next is its CRLF's
+        # The fast path's condition in one flag: not broken, not at the start of a
+        # stream, not waiting to skip an LF.
+        self._plain = False
         self._data: list[bytes] = []  # the event's data values
         self._size = 0  # their bytes, one LF each included
         self._type = b""
@@ -139,32 +140,31 @@ class EventStreamParser:
         """
         if not chunk:
             return  # (and a CR at the end of the last chunk still waits for its LF)
+        if self._first_line:
+            opened = self._open(chunk)
+            if opened is None:
+                return
+            chunk = opened
         start = self._fed - len(self._pending)  # where the pending line starts
         self._fed += len(chunk)
-        if not self._plain:  # the last chunk ended in CR
-            self._plain = True
-            if chunk[:1] == b"\n":  # the LF of that CRLF
+        if self._skip_lf:
+            self._skip_lf = False
+            if chunk[:1] == b"\n":  # the LF of the CRLF whose CR ended the last chunk
                 chunk = chunk[1:]
                 start += 1  # (the pending line is empty: a CR ended the last one)
         ends: list[int] | None = None  # the length of each line's end, when not all 1
         if _CR in chunk:
             parts = _LINE_END_KEPT.split(chunk)
             lines, ends = parts[0::2], [len(end) for end in parts[1::2]]
-            self._plain = chunk[-1:] != b"\r"
+            self._skip_lf = chunk[-1:] == b"\r"
         else:
             lines = chunk.split(b"\n")
         tail = lines.pop()
         pending = self._pending
-        if lines:
-            if pending:
-                pending += lines[0]
-                lines[0] = bytes(pending)
-                pending.clear()
-            if self._first_line:
-                self._first_line = False
-                if lines[0].startswith(_BOM):
-                    lines[0] = lines[0][len(_BOM) :]
-                    start += len(_BOM)
+        if lines and pending:
+            pending += lines[0]
+            lines[0] = bytes(pending)
+            pending.clear()
         max_line, max_event = self._max_line, self._max_event
         data = self._data
         for line in lines:
@@ -201,6 +201,24 @@ class EventStreamParser:
         if len(pending) + len(tail) > max_line:
             raise self._line_too_long(self._fed - len(tail) - len(pending))
         pending += tail
+        self._plain = not self._skip_lf
+
+    def _open(self, chunk: bytes) -> bytes | None:
+        """The start of a stream: the bytes from its first one on, a BOM stripped, once
+        they show whether a BOM opens it (its three bytes may come one at a time);
+        None while they do not yet."""
+        head = bytes(self._pending) + chunk  # at most two bytes are pending here
+        if len(head) < len(_BOM) and _BOM.startswith(head):
+            self._pending += chunk
+            self._fed += len(chunk)
+            return None
+        self._first_line = False
+        self._fed -= len(self._pending)  # the pending bytes come again, at head's start
+        self._pending.clear()
+        if head.startswith(_BOM):
+            self._fed += len(_BOM)  # stripped, but counted in the stream's offsets
+            head = head[len(_BOM) :]
+        return head
 
     def _field(self, line: bytes, start: int, lines: list[bytes], ends: list[int] | None) -> None:
         name, colon, value = line.partition(b":")
