@@ -20,6 +20,7 @@ import json
 import re
 from typing import Any
 
+from katas._runtime.checks import positive_int
 from katas.streaming_parser.api import (
     DEFAULT_MAX_EVENT_BYTES,
     DEFAULT_MAX_LINE_BYTES,
@@ -46,14 +47,6 @@ def _as_bytes(data: object) -> bytes:
     return bytes(data)
 
 
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 class EventStreamParser:
     """Bytes of a ``text/event-stream`` body in, dispatched events out."""
 
@@ -63,8 +56,8 @@ class EventStreamParser:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
     ) -> None:
-        self._max_line = _positive("max_line_bytes", max_line_bytes)
-        self._max_event = _positive("max_event_bytes", max_event_bytes)
+        self._max_line = positive_int("max_line_bytes", max_line_bytes)
+        self._max_event = positive_int("max_event_bytes", max_event_bytes)
         self._last_event_id = ""  # survives close(): what a reconnect sends
         self._retry_ms: int | None = None
         self._broken: ParseError | None = None
