@@ -815,7 +815,9 @@ def test_cli_test_details_command_reruns_the_same_selection(
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
 def test_cli_list_in_an_80_column_terminal(tmp_path: Path) -> None:
-    """``kata list`` in a real 80×24 terminal: nothing wraps, and "Next:" is on screen."""
+    """``kata list`` in a real 80×24 terminal: nothing wraps, and "Next:" is on screen.
+
+    A list longer than the screen scrolls: the check reads the pane's history too."""
     socket = f"kata-list-{os.getpid()}"
     tmux = ["tmux", "-L", socket, "-f", "/dev/null"]
     kata = shlex.join(_support.kata_command())
@@ -838,7 +840,7 @@ def test_cli_list_in_an_80_column_terminal(tmp_path: Path) -> None:
         while time.monotonic() < deadline and "KATA_EXIT=" not in screen:
             time.sleep(0.1)
             shown = subprocess.run(
-                [*tmux, "capture-pane", "-p", "-J", "-t", "kata"],
+                [*tmux, "capture-pane", "-p", "-J", "-S", "-", "-t", "kata"],
                 capture_output=True,
                 text=True,
                 check=False,
@@ -851,5 +853,5 @@ def test_cli_list_in_an_80_column_terminal(tmp_path: Path) -> None:
     assert max(len(line) for line in lines) <= 80, screen  # -J: a wrapped line would be joined
     stages = sum(len(k.stages) for k in cat.Catalog(REPO / "katas").katas())
     assert len([ln for ln in lines if STAGE_ROW.match(ln)]) == stages, screen
-    assert lines[0].split()[:2] == ["#", "stage"], screen  # the header is still on screen
+    assert lines[0].split()[:2] == ["#", "stage"], screen  # the header comes first
     assert any(ln.startswith("Next: kata show ") for ln in lines), screen

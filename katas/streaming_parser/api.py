@@ -51,6 +51,15 @@ class ParseError(ValueError):
         self.events: tuple[ServerSentEvent, ...] = tuple(events)
 
 
+class StreamTimeout(TimeoutError):
+    """A stream's source yielded no chunk for the idle timeout (stage 2)."""
+
+    def __init__(self, name: str, idle_timeout_ns: int) -> None:
+        super().__init__(f"stream {name!r}: no chunk for {idle_timeout_ns} ns")
+        self.name = name
+        self.idle_timeout_ns = idle_timeout_ns
+
+
 # --- what a chat.completion.chunk stream folds into ---------------------------------------
 
 
@@ -106,6 +115,7 @@ __all__ = [
     "Choice",
     "ParseError",
     "ServerSentEvent",
+    "StreamTimeout",
     "ToolCall",
     "Usage",
 ]
