@@ -159,17 +159,18 @@ class ChannelSource(_Recording):
         await self._close()
 
 
-class ListSource(_Recording):
-    """Chunks that are there at once; after them the source ends, or raises ``then``."""
+class NoCloseSource(_Recording):
+    """Chunks that are there at once, then the end — or ``then`` raised; no ``aclose``:
+    the mux closes a source only if it can."""
 
     def __init__(
-        self, chunks: Sequence[bytes], *, then: BaseException | None = None, name: str = "list"
+        self, chunks: Sequence[bytes], *, then: BaseException | None = None, name: str = "no-aclose"
     ) -> None:
         super().__init__(name)
         self._chunks = list(chunks)
         self._then = then
 
-    def __aiter__(self) -> ListSource:
+    def __aiter__(self) -> NoCloseSource:
         return self
 
     async def __anext__(self) -> bytes:
@@ -181,26 +182,17 @@ class ListSource(_Recording):
             raise self._then
         raise StopAsyncIteration
 
+
+class ListSource(NoCloseSource):
+    """A :class:`NoCloseSource` that records its ``aclose``."""
+
+    def __init__(
+        self, chunks: Sequence[bytes], *, then: BaseException | None = None, name: str = "list"
+    ) -> None:
+        super().__init__(chunks, then=then, name=name)
+
     async def aclose(self) -> None:
         await self._close()
-
-
-class NoCloseSource(_Recording):
-    """A :class:`ListSource` without ``aclose``: the mux closes a source only if it can."""
-
-    def __init__(self, chunks: Sequence[bytes], *, name: str = "no-aclose") -> None:
-        super().__init__(name)
-        self._chunks = list(chunks)
-
-    def __aiter__(self) -> NoCloseSource:
-        return self
-
-    async def __anext__(self) -> bytes:
-        self._pulled()
-        if self.chunks_given < len(self._chunks):
-            self.chunks_given += 1
-            return self._chunks[self.chunks_given - 1]
-        raise StopAsyncIteration
 
 
 #: How a consumer's iteration ended normally.
