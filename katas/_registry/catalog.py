@@ -236,7 +236,9 @@ class _Fields:
 
     def learner_file(self, name: str, default: str) -> str:
         """One path inside the kata folder, a Python or C file."""
-        return self.learner_files(name, [default], one=True)[0]
+        value = self.text(name, default)
+        self._inside_the_kata(name, value)
+        return value
 
     def identifier(self, name: str, default: str) -> str:
         value = self.text(name, default if default.isidentifier() else None)
@@ -244,26 +246,26 @@ class _Fields:
             self.fail(name, f"must be a Python module name, got {value!r}")
         return value
 
-    def learner_files(self, name: str, default: list[str], *, one: bool = False) -> tuple[str, ...]:
+    def learner_files(self, name: str, default: list[str]) -> tuple[str, ...]:
         """Paths inside the kata folder, each a Python or C file."""
-        if one:
-            value = [self.text(name, default[0])]
-        else:
-            value = self._get(
-                name,
-                default,
-                lambda v: isinstance(v, list) and bool(v) and all(isinstance(s, str) for s in v),
-                "a non-empty list of file paths",
-            )
+        value: list[str] = self._get(
+            name,
+            default,
+            lambda v: isinstance(v, list) and bool(v) and all(isinstance(s, str) for s in v),
+            "a non-empty list of file paths",
+        )
         for v in value:
-            path = Path(v)
-            if path.is_absolute() or ".." in path.parts or path.suffix not in LEARNER_SUFFIXES:
-                self.fail(
-                    name,
-                    f"must name files inside the kata folder ending in "
-                    f"{', '.join(LEARNER_SUFFIXES)}, got {v!r}",
-                )
+            self._inside_the_kata(name, v)
         return tuple(value)
+
+    def _inside_the_kata(self, name: str, value: str) -> None:
+        path = Path(value)
+        if path.is_absolute() or ".." in path.parts or path.suffix not in LEARNER_SUFFIXES:
+            self.fail(
+                name,
+                f"must name files inside the kata folder ending in "
+                f"{', '.join(LEARNER_SUFFIXES)}, got {value!r}",
+            )
 
     def flag(self, name: str, default: bool) -> bool:
         value: bool = self._get(name, default, lambda v: isinstance(v, bool), "true or false")
