@@ -14,6 +14,9 @@ what the network does:
 - ``busy()``: every command is answered ``-BUSY …`` without reaching the server, as a
   server busy with a long script answers (``busy-reply-threshold``); the stream stays in
   step, so ``heal()`` keeps the connections;
+- ``truncate_next_reply(n)``: the next connection gets only the first ``n`` bytes of
+  the server's reply, then is reset — a cut at an exact byte of a response (inside a
+  header, a chunk, an event);
 - ``set_latency_ns(ns)``: every client→server chunk is delayed (real time);
 - ``heal()``: forward again. Connections that lost bytes in a blackhole or lost
   replies in ``drop_replies`` are reset, as their protocol stream is no longer in step.
@@ -32,6 +35,7 @@ import socket
 import struct
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -119,6 +123,7 @@ class _Link:
         self.closed = threading.Event()
         self.tainted = False  # bytes were dropped: the RESP stream is out of step
         self.awaiting_reply = False
+        self.reply_budget: int | None = None  # bytes of reply left to forward, if limited
         self.parser = RespCommandParser()
         self.threads = [
             threading.Thread(target=self._pump_up, daemon=True, name="faultproxy-up"),
@@ -195,10 +200,15 @@ class _Link:
             if self.proxy.fault != "none":
                 self.tainted = True
                 continue
+            if self.reply_budget is not None:
+                data = data[: self.reply_budget]
+                self.reply_budget -= len(data)
             try:
                 self.client.sendall(data)
             except OSError:
                 break
+            if self.reply_budget == 0:
+                break  # truncated: reset both sides
         self.close()
 
 
@@ -216,6 +226,7 @@ class FaultProxy:
         self._round_trips = 0
         self._commands: list[str] = []
         self._connections = 0
+        self._truncations: deque[int] = deque()
         self._stop = threading.Event()
         self._listener = socket.create_server((listen_host, 0))
         self._listener.settimeout(_POLL_S)
@@ -258,6 +269,14 @@ class FaultProxy:
         """Forward again; connections that lost bytes meanwhile are reset."""
         self.fault = "none"
         self._close_links(lambda link: link.tainted or link.upstream is None)
+
+    def truncate_next_reply(self, nbytes: int) -> None:
+        """The next connection accepted forwards only the first ``nbytes`` bytes of the
+        server's reply (``0``: none), then is reset. Calls queue up, one per connection."""
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+            raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
+        with self._lock:
+            self._truncations.append(nbytes)
 
     def set_latency_ns(self, ns: int) -> None:
         """Delay each client→server chunk by ``ns`` (real time; 0 turns it off)."""
@@ -320,6 +339,8 @@ class FaultProxy:
                     continue
             link = _Link(self, client, upstream)
             with self._lock:
+                if self._truncations:
+                    link.reply_budget = self._truncations.popleft()
                 self._connections += 1
                 self._links.append(link)
                 # drop links that ended on their own, so a long test does not accumulate them

@@ -3,7 +3,8 @@
 A ``text/event-stream`` body is bytes in, events out: :class:`ServerSentEvent` is one
 dispatched event, exactly as the WHATWG "event stream interpretation" algorithm defines
 it; :class:`ParseError` is input the parser refuses (a line or an event over its
-limit, a malformed chat chunk). The chat types are what a ``chat.completion.chunk``
+limit, a malformed chat chunk), and :class:`StreamTimeout` and :class:`EventSourceError`
+how the stages that do I/O end a stream. The chat types are what a ``chat.completion.chunk``
 stream folds into.
 """
 
@@ -60,6 +61,19 @@ class StreamTimeout(TimeoutError):
         self.idle_timeout_ns = idle_timeout_ns
 
 
+class EventSourceError(Exception):
+    """A resumable source gave up (stage 3): a replica's answer no retry can change (a
+    status other than 200, 204, 429 and 5xx, or a 200 that is not ``text/event-stream``),
+    or ``max_attempts`` attempts in a row that delivered no event. ``url`` and ``status``
+    are those of the answer that ended it (``status`` None: no answer, a network error).
+    """
+
+    def __init__(self, message: str, *, url: str | None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
 # --- what a chat.completion.chunk stream folds into ---------------------------------------
 
 
@@ -113,6 +127,7 @@ __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "ChatCompletion",
     "Choice",
+    "EventSourceError",
     "ParseError",
     "ServerSentEvent",
     "StreamTimeout",

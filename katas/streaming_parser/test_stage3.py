@@ -1,0 +1,894 @@
+"""Stage 3: one stream resumed across replicas — exactly once and in order, Last-Event-ID,
+failover, backoff, the answers that stop it (see katas/streaming_parser/README.md,
+"Stage 3").
+
+How these tests stay deterministic with real servers: the replicas
+(:mod:`katas.streaming_parser._testing.replicas`) are real HTTP/1.1 servers on loopback,
+each in its own process, but what each connection gets is written down before the test
+starts — "the 1st connection is reset after 40 bytes of body, the 2nd gets a 503" —
+in the order connections arrive at any replica, and each replica prints what every
+request carried. A cut lands on the byte the test chose, and the test knows which
+event it split. Kills and stalls are real signals, sent when the replica says it has
+sent the bytes the test waited for. The client's waits are on a clock that jumps (a
+backoff takes no real time, and the test reads every wait the client chose); only an
+idle timeout is real time, a fraction of a second. Every test runs on asyncio and trio.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from katas._harness.faultproxy import FaultProxy
+from katas._harness.profiles import heavy_examples
+from katas._harness.under_test import stage
+from katas._harness.waiting import eventually_async
+from katas._registry import impl
+from katas._runtime.clock import NS_PER_MS, NS_PER_S
+from katas._runtime.todo import Todo
+from katas.streaming_parser._testing.mux import END, bounded, settle
+from katas.streaming_parser._testing.replica import PATH, Block
+from katas.streaming_parser._testing.replicas import (
+    JumpingClock,
+    ReplicaSet,
+    Request,
+    body_offsets,
+    events_of,
+    resumes,
+    stream_wire,
+    token_blocks,
+)
+from katas.streaming_parser._testing.sse import interpret
+from katas.streaming_parser.api import EventSourceError, ParseError, ServerSentEvent
+
+pytestmark = [pytest.mark.stage(3), pytest.mark.anyio]
+core = pytest.mark.core
+extended = pytest.mark.extended
+rule = pytest.mark.rule
+
+E = ServerSentEvent
+#: The client's own timeouts (real seconds): a hang fails a test, it never stalls it.
+CLIENT_TIMEOUT = httpx.Timeout(5.0)
+#: The idle timeout of the tests that stall a replica (real seconds).
+IDLE_S = 0.3
+BLOCKS = token_blocks(8)
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    impl_selection: impl.Selection, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ReplicaSet]:
+    """Three replicas, a, b and c, for every test of the module (each test resets them)."""
+    started = ReplicaSet(impl_selection, tmp_path_factory.mktemp("replicas"), ["a", "b", "c"])
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+@dataclass
+class Run:
+    """What the caller got, how it ended, and what the replicas saw."""
+
+    events: list[ServerSentEvent]
+    outcome: str | BaseException
+    requests: list[Request]
+    sleeps_ns: list[int]
+    replicas: ReplicaSet
+
+    def story(self) -> str:
+        out = self.outcome if isinstance(self.outcome, str) else repr(self.outcome)
+        return (
+            f"  the requests, as the replicas saw them:\n{self.replicas.show()}\n"
+            f"  the caller got {len(self.events)} events, then {out}"
+        )
+
+
+def new_source(client: httpx.AsyncClient, urls: Sequence[str], **options: Any) -> Any:
+    options.setdefault("clock", JumpingClock())
+    options.setdefault("random", random.Random(7))
+    options.setdefault("max_attempts", 1000)  # the tests of max_attempts set their own
+    return stage().ResumableEventSource(client, urls, **options)
+
+
+async def consume(source: Any, runaway: int) -> tuple[list[ServerSentEvent], str | BaseException]:
+    """Every event of ``source`` (at most ``runaway``: a loop of duplicates ends), and
+    how the iteration ended."""
+    events: list[ServerSentEvent] = []
+    try:
+        async for event in source:
+            events.append(event)
+            if len(events) > runaway:
+                return events, "too many events (a loop of duplicates?)"
+    except Todo:
+        raise
+    except Exception as exc:  # the source's error: what the test checks
+        return events, exc
+    return events, END
+
+
+async def run(
+    replicas: ReplicaSet,
+    blocks: Sequence[Block],
+    actions: Sequence[str] = (),
+    *,
+    urls: Sequence[str] | None = None,
+    reset: bool = True,
+    what: str = "the source to deliver the stream and end",
+    **options: Any,
+) -> Run:
+    """Reset the replicas to serve ``blocks`` with ``actions`` (unless the test did, with
+    ``reset=False``), read the whole stream with a new source, and return what happened."""
+    if reset:
+        replicas.reset(blocks, actions)
+    clock = options.setdefault("clock", JumpingClock())
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, urls or replicas.urls, **options)
+        with anyio.move_on_after(10.0) as scope:
+            async with source:
+                events, outcome = await consume(source, 3 * len(blocks) + 10)
+    if scope.cancelled_caught:
+        raise AssertionError(
+            f"within 10 real seconds, expected {what}.\n  the requests, as the replicas "
+            f"saw them:\n{replicas.show()}\n  the client waited {len(clock.sleeps_ns)} times"
+        )
+    return Run(events, outcome, replicas.requests(), clock.sleeps_ns, replicas)
+
+
+def first_difference(want: Sequence[ServerSentEvent], got: Sequence[ServerSentEvent]) -> str:
+    for i, (w, g) in enumerate(zip(want, got, strict=False)):
+        if w != g:
+            return f"event #{i + 1}: expected {w}\n{'':21}got {g}"
+    if len(got) > len(want):
+        return f"event #{len(want) + 1}: expected none more, got {got[len(want)]}"
+    return f"event #{len(got) + 1}: expected {want[len(got)]}, got none"
+
+
+def assert_exactly_once(result: Run, blocks: Sequence[Block], why: str, outcome: str = END) -> None:
+    want = events_of(blocks)
+    if result.events == want and result.outcome == outcome:
+        return
+    if result.events != want:
+        raise AssertionError(
+            f"§exactly-once: {why}: the caller must get every event once, in order "
+            f"({len(want)} events), then {outcome}.\n  first difference: "
+            f"{first_difference(want, result.events)}\n{result.story()}"
+        )
+    raise AssertionError(f"{why}: the stream must end with {outcome}.\n{result.story()}")
+
+
+def assert_resumes(result: Run, blocks: Sequence[Block], actions: Sequence[str]) -> None:
+    """Each request's Last-Event-ID is the ID of the last event delivered before it."""
+    want = resumes(blocks, actions)
+    got = [r.last_event_id for r in result.requests]
+    if got != want:
+        i = next(
+            (i for i, (w, g) in enumerate(zip(want, got, strict=False)) if w != g),
+            min(len(want), len(got)),
+        )
+        expected = "the end (the 204 came before)" if i >= len(want) else _header(want[i])
+        sent = "no request" if i >= len(got) else _header(got[i])
+        raise AssertionError(
+            f"§last-event-id: request #{i + 1} must carry {expected} — the ID of the last "
+            f"event delivered before it — but it carried {sent}.\n{result.story()}"
+        )
+
+
+def _header(value: str | None) -> str:
+    return "no Last-Event-ID header" if value is None else f"Last-Event-ID {value!r}"
+
+
+def cuts_at(blocks: Sequence[Block], offsets: Sequence[int], kind: str = "cut") -> list[str]:
+    """A schedule that cuts the stream at each body ``offset`` of the whole stream, in
+    order: each connection resumes after the last event the one before completed."""
+    body = b"".join(b.raw for b in blocks)
+    ends = body_offsets(blocks)
+    actions: list[str] = []
+    resumed_at = 0  # the body offset the next connection starts at
+    for offset in sorted(set(offsets)):
+        if offset <= resumed_at:
+            continue
+        actions.append(f"{kind}:{offset - resumed_at}")
+        done = len(interpret(body[:offset]).events)  # one event per block
+        resumed_at = ends[done - 1] if done else 0
+    return actions
+
+
+def awkward(blocks: Sequence[Block]) -> list[int]:
+    """Body offsets where a cut splits something: inside each block's ``id:`` line, just
+    after it, one and two bytes before each block's end (between a CR and its LF) and at
+    the end itself."""
+    out, start = [], 0
+    for block, end in zip(blocks, body_offsets(blocks), strict=True):
+        line = block.raw.find(b"id:")
+        out += [start + line + 2, start + block.raw.find(b"\n", line) + 1, end - 2, end - 1, end]
+        start = end
+    return [o for o in out if o > 0]
+
+
+# --- exactly once, in order ----------------------------------------------------------------
+
+
+@core
+@rule("exactly-once", "stop", "last-event-id")
+async def test_stage3_a_whole_stream_is_delivered_and_the_204_after_it_stops(
+    replicas: ReplicaSet,
+) -> None:
+    result = await run(replicas, BLOCKS)
+    assert_exactly_once(result, BLOCKS, "one connection served the whole stream")
+    assert [(r.replica, r.last_event_id) for r in result.requests] == [("a", None), ("b", "8")], (
+        "§stop: the response ended after event 8, so the source reconnects with "
+        "Last-Event-ID '8' to the next replica, which answers 204 — and that is the end: "
+        f"two requests.\n{result.story()}"
+    )
+
+
+@core
+@rule("exactly-once", "reconnect", "last-event-id")
+async def test_stage3_a_reset_anywhere_in_an_event_loses_and_repeats_nothing(
+    replicas: ReplicaSet,
+) -> None:
+    actions = cuts_at(BLOCKS, awkward(BLOCKS))
+    result = await run(replicas, BLOCKS, actions)
+    assert_exactly_once(
+        result,
+        BLOCKS,
+        "each connection was reset at an awkward byte (inside an id: line, "
+        "between a CR and its LF, at an event's end)",
+    )
+    assert_resumes(result, BLOCKS, actions)
+
+
+@core
+@rule("exactly-once", "reconnect")
+async def test_stage3_a_response_that_ends_inside_an_event_does_not_deliver_it(
+    replicas: ReplicaSet,
+) -> None:
+    actions = cuts_at(BLOCKS, awkward(BLOCKS), kind="end")
+    result = await run(replicas, BLOCKS, actions)
+    assert_exactly_once(
+        result,
+        BLOCKS,
+        "each response ended cleanly in the middle of an event: the "
+        "unterminated event is discarded (stage 1's close()), and comes again whole",
+    )
+    assert_resumes(result, BLOCKS, actions)
+
+
+@st.composite
+def _schedules(draw: st.DrawFn) -> tuple[list[Block], list[str]]:
+    count = draw(st.integers(1, 8), label="events")
+    blocks = token_blocks(count, retry_ms=draw(st.sampled_from([None, 0, 5])))
+    size = sum(len(b.raw) for b in blocks)
+    fault = st.one_of(
+        st.builds("cut:{}".format, st.integers(0, size)),
+        st.builds("end:{}".format, st.integers(0, size)),
+        st.sampled_from(["status:500", "status:502", "status:503", "status:429", "refuse"]),
+    )
+    return blocks, draw(st.lists(fault, max_size=8), label="faults")
+
+
+@core
+@rule("exactly-once", "reconnect", "last-event-id")
+@settings(max_examples=heavy_examples())
+@given(case=_schedules())
+async def test_stage3_any_schedule_of_faults_delivers_every_event_once(
+    replicas: ReplicaSet, case: tuple[list[Block], list[str]]
+) -> None:
+    blocks, actions = case
+    result = await run(replicas, blocks, actions)
+    assert_exactly_once(result, blocks, f"the connections got {actions or 'no fault'}")
+    assert_resumes(result, blocks, actions)
+
+
+@core
+@rule("exactly-once", "reconnect")
+async def test_stage3_a_cut_at_an_exact_byte_of_the_wire_through_a_proxy(
+    replicas: ReplicaSet,
+) -> None:
+    wire, ends = stream_wire(BLOCKS)
+    head = wire.index(b"\r\n\r\n") + 4
+    inside_third = ends[2] - len(BLOCKS[2].raw) // 2
+    places = {
+        "inside the response head": head // 2,
+        "right after the head": head,
+        "inside the second event's chunk-size line": ends[0] + 3,
+        "inside the third event": inside_third,
+        "at the fourth event's last byte": ends[3] - 1,
+    }
+    with FaultProxy(("127.0.0.1", replicas.ports["a"])) as proxy:
+        urls = [f"http://127.0.0.1:{proxy.port}{PATH}", replicas.url("b")]
+        for place, nbytes in places.items():
+            proxy.truncate_next_reply(nbytes)
+            result = await run(replicas, BLOCKS, urls=urls)
+            assert_exactly_once(
+                result,
+                BLOCKS,
+                f"a proxy cut the first connection {place} (after {nbytes} bytes of the reply)",
+            )
+
+
+# --- Last-Event-ID ---------------------------------------------------------------------------
+
+
+@core
+@rule("last-event-id")
+async def test_stage3_every_request_asks_for_an_event_stream_and_no_empty_id_is_sent(
+    replicas: ReplicaSet,
+) -> None:
+    actions = ["cut:5", "status:503", "end:3", f"cut:{len(BLOCKS[0].raw) + 4}"]
+    result = await run(replicas, BLOCKS, actions)
+    assert_exactly_once(result, BLOCKS, f"the connections got {actions}")
+    for request in result.requests:
+        assert (request.accept, request.cache_control) == ("text/event-stream", "no-cache"), (
+            f"§last-event-id: every request sends Accept: text/event-stream and "
+            f"Cache-Control: no-cache; request #{request.seq + 1} sent Accept "
+            f"{request.accept!r}, Cache-Control {request.cache_control!r}"
+        )
+    sent = [r.last_event_id for r in result.requests]
+    assert sent[:4] == [None, None, None, None] and sent[4] == "1", (
+        "§last-event-id: no event was delivered before the 4th request, so requests 1-4 "
+        "send no Last-Event-ID header at all (an empty one is not the same); the 5th "
+        f"resumes after event '1'. Sent: {sent}\n{result.story()}"
+    )
+
+
+@core
+@rule("last-event-id")
+async def test_stage3_the_id_sent_is_the_last_delivered_events_not_a_cut_ones(
+    replicas: ReplicaSet,
+) -> None:
+    third = sum(len(b.raw) for b in BLOCKS[:2])
+    after_id = third + BLOCKS[2].raw.index(b"id: 3") + len("id: 3") + 1
+    result = await run(replicas, BLOCKS, [f"cut:{after_id}"])
+    assert result.requests[1:2] and result.requests[1].last_event_id == "2", (
+        "§last-event-id: the cut came right after the `id: 3` line of event 3, whose blank "
+        "line never arrived: the last event delivered is '2', and that is what the "
+        f"reconnection sends (an ID takes effect when its event is dispatched).\n{result.story()}"
+    )
+    assert_exactly_once(result, BLOCKS, "a cut just after an id: line")
+
+
+@core
+@rule("last-event-id")
+async def test_stage3_the_last_event_id_outlives_its_connection(replicas: ReplicaSet) -> None:
+    blocks = [
+        Block(b"id: 1\ndata: a\n\n", "1"),
+        Block(b"data: b, no id of its own\n\n", "1"),
+        Block(b"id: 3\ndata: c\n\n", "3"),
+    ]
+    result = await run(replicas, blocks, [f"end:{len(blocks[0].raw)}"])
+    assert_exactly_once(result, blocks, "the first response ended after event '1'")
+    assert result.events[1].id == "1", (
+        "§last-event-id: event b has no id: line and came on the second connection; the "
+        "ID before the reconnect is still the stream's, so b's id is '1', got "
+        f"{result.events[1].id!r} (one stage-1 parser for the whole stream)"
+    )
+
+
+# --- failover ----------------------------------------------------------------------------------
+
+
+@core
+@rule("failover", "reconnect")
+async def test_stage3_each_attempt_goes_to_the_next_replica_cycling(replicas: ReplicaSet) -> None:
+    actions = ["status:503", "refuse", "status:500", "cut:30", "status:429", "end:70"]
+    result = await run(replicas, BLOCKS, actions)
+    assert_exactly_once(result, BLOCKS, f"the connections got {actions}")
+    got = [r.replica for r in result.requests]
+    assert got == ["a", "b", "c", "a", "b", "c", "a", "b"][: len(got)] and len(got) == 8, (
+        "§failover: the first request goes to urls[0], each reconnection to the next URL, "
+        f"cycling: a, b, c, a, b, c, a, b; got {got}\n{result.story()}"
+    )
+
+
+@core
+@rule("failover")
+async def test_stage3_a_replica_that_is_down_costs_one_attempt(replicas: ReplicaSet) -> None:
+    middle = len(BLOCKS[0].raw) + 5
+    replicas.reset(BLOCKS, [f"cut:{middle}"])
+    replicas.kill("b")
+    result = await run(replicas, BLOCKS, reset=False, what="failover past a dead replica")
+    assert_exactly_once(result, BLOCKS, "replica b was down (killed)")
+    got = [r.replica for r in result.requests]
+    assert got == ["a", "c", "a"], (
+        "§failover: a cut → b (down: refused, one attempt) → c, which serves the rest → a, "
+        f"which answers 204; the replicas that answered must be a, c, a, got {got}\n"
+        f"{result.story()}"
+    )
+    assert len(result.sleeps_ns) == 3, (
+        f"§backoff: three reconnections, three waits; the client waited {len(result.sleeps_ns)} "
+        "times"
+    )
+
+
+@core
+@rule("failover", "exactly-once")
+async def test_stage3_a_replica_killed_mid_event_is_failed_over_exactly_once(
+    replicas: ReplicaSet,
+) -> None:
+    inside_fourth = sum(len(b.raw) for b in BLOCKS[:3]) + 4
+    replicas.reset(BLOCKS, [f"hold:{inside_fourth}"])
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, replicas.urls)
+        async with source, anyio.create_task_group() as tg:
+            got: list[Any] = []
+
+            async def read() -> None:
+                got.extend(await consume(source, 40))
+
+            tg.start_soon(read)
+            await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+            replicas.kill("a")  # SIGKILL, with 4 bytes of event 4 on the wire
+            with bounded("the source to fail over and finish the stream"):
+                while not got:
+                    await anyio.sleep(0.01)
+    result = Run(got[0], got[1], replicas.requests(), [], replicas)
+    assert_exactly_once(result, BLOCKS, "replica a was SIGKILLed 4 bytes into event 4")
+    assert (result.requests[1].replica, result.requests[1].last_event_id) == ("b", "3"), (
+        "§failover: after a's death the source goes to b and resumes after event '3'\n"
+        f"{result.story()}"
+    )
+
+
+@core
+@rule("exactly-once", "reconnect")
+async def test_stage3_a_replica_restarted_is_resumed_from(replicas: ReplicaSet) -> None:
+    clock = JumpingClock(jumping=False)
+    inside_second = len(BLOCKS[0].raw) + 3
+    replicas.reset(BLOCKS, [f"hold:{inside_second}"])
+    url = [replicas.url("a")]
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, url, clock=clock)
+        async with source, anyio.create_task_group() as tg:
+            got: list[Any] = []
+
+            async def read() -> None:
+                got.extend(await consume(source, 40))
+
+            tg.start_soon(read)
+            await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+            replicas.kill("a")
+            await eventually_async(lambda: clock.sleepers() == 1, "the source to back off")
+            clock.advance(clock.sleeps_ns[-1])  # its attempt finds a down
+            await eventually_async(
+                lambda: len(clock.sleeps_ns) == 2 and clock.sleepers() == 1,
+                "a refused attempt, then a second backoff",
+            )
+            replicas.restart("a")
+            clock.jumping = True
+            clock.advance(clock.sleeps_ns[-1])
+            with bounded("the source to resume from the restarted replica"):
+                while not got:
+                    await anyio.sleep(0.01)
+    result = Run(got[0], got[1], replicas.requests(), clock.sleeps_ns, replicas)
+    assert_exactly_once(result, BLOCKS, "replica a was killed, then restarted on its port")
+    assert [r.last_event_id for r in result.requests][:2] == [None, "1"], result.story()
+
+
+# --- stop and fatal answers -------------------------------------------------------------------
+
+
+@core
+@rule("stop")
+async def test_stage3_204_ends_the_stream_and_nothing_more_is_requested(
+    replicas: ReplicaSet,
+) -> None:
+    two = sum(len(b.raw) for b in BLOCKS[:2])
+    replicas.reset(BLOCKS, [f"end:{two}", "status:204"])
+    async with (
+        httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client,
+        new_source(client, replicas.urls) as source,
+    ):
+        with bounded("the source to stop at the 204"):
+            events, outcome = await consume(source, 20)
+            await settle()
+            with pytest.raises(StopAsyncIteration):
+                await source.__anext__()
+    result = Run(events, outcome, replicas.requests(), [], replicas)
+    assert (events, outcome) == (events_of(BLOCKS[:2]), END) and len(result.requests) == 2, (
+        "§stop: events 1 and 2, then a 204: the iteration ends there, and nothing more is "
+        f"requested (a 204 is not retried)\n{result.story()}"
+    )
+
+
+@core
+@rule("fatal")
+@pytest.mark.parametrize("status", [301, 400, 401, 404, 428, 430, 499])
+async def test_stage3_a_status_no_retry_changes_is_fatal(replicas: ReplicaSet, status: int) -> None:
+    result = await run(replicas, BLOCKS, [f"status:{status}"])
+    err = result.outcome
+    assert isinstance(err, EventSourceError) and err.status == status, (
+        f"§fatal: a {status} is raised as EventSourceError(status={status}), got "
+        f"{err!r}\n{result.story()}"
+    )
+    assert len(result.requests) == 1, f"§fatal: a {status} is not retried\n{result.story()}"
+    assert err.url == replicas.url("a"), f"EventSourceError.url must be {replicas.url('a')!r}"
+
+
+@core
+@rule("reconnect")
+@pytest.mark.parametrize("status", [429, 500, 503, 599])
+async def test_stage3_a_5xx_or_429_is_retried(replicas: ReplicaSet, status: int) -> None:
+    result = await run(replicas, BLOCKS, [f"status:{status}"])
+    assert_exactly_once(result, BLOCKS, f"the first answer was a {status}, then the stream")
+
+
+@core
+@rule("fatal")
+@pytest.mark.parametrize(
+    ("content_type", "fatal"),
+    [
+        ("text/plain", True),
+        ("application/json", True),
+        ("text/event-streams", True),
+        ("Text/Event-Stream; charset=utf-8", False),
+    ],
+)
+async def test_stage3_only_a_200_event_stream_is_read(
+    replicas: ReplicaSet, content_type: str, fatal: bool
+) -> None:
+    result = await run(replicas, BLOCKS, [f"type:{content_type}"])
+    if not fatal:
+        assert_exactly_once(result, BLOCKS, f"Content-Type {content_type!r} is an event stream")
+        return
+    err = result.outcome
+    assert isinstance(err, EventSourceError) and err.status == 200 and not result.events, (
+        f"§fatal: a 200 with Content-Type {content_type!r} is not an event stream: "
+        f"EventSourceError(status=200) and no event, got {err!r}\n{result.story()}"
+    )
+    assert len(result.requests) == 1, f"§fatal: it is not retried\n{result.story()}"
+
+
+@core
+@rule("fatal")
+async def test_stage3_events_before_a_fatal_answer_are_kept_and_then_it_is_over(
+    replicas: ReplicaSet,
+) -> None:
+    two = sum(len(b.raw) for b in BLOCKS[:2])
+    replicas.reset(BLOCKS, [f"end:{two}", "status:404"])
+    async with (
+        httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client,
+        new_source(client, replicas.urls) as source,
+    ):
+        with bounded("the source to raise the 404"):
+            events, outcome = await consume(source, 20)
+            with pytest.raises(StopAsyncIteration):
+                await source.__anext__()  # after an error, the source is over
+    assert events == events_of(BLOCKS[:2]) and isinstance(outcome, EventSourceError), (
+        f"§fatal: events 1 and 2, then EventSourceError for the 404; got {events} then {outcome!r}"
+    )
+    assert len(replicas.requests()) == 2, replicas.show()
+
+
+@extended
+@rule("fatal")
+async def test_stage3_a_parse_error_is_raised_after_the_events_before_it(
+    replicas: ReplicaSet,
+) -> None:
+    blocks = [*BLOCKS[:2], Block(b"id: 3\ndata: " + b"x" * 100 + b"\n\n", "3"), *BLOCKS[3:]]
+    result = await run(replicas, blocks, max_line_bytes=64)
+    assert result.events == events_of(blocks[:2]) and isinstance(result.outcome, ParseError), (
+        "§fatal: event 3's line is over max_line_bytes=64: events 1 and 2, then the "
+        f"ParseError (a server that sends it once sends it again: no retry)\n{result.story()}"
+    )
+    assert len(result.requests) == 1, f"§fatal: a ParseError is not retried\n{result.story()}"
+
+
+# --- backoff and giving up ---------------------------------------------------------------------
+
+
+def assert_waits(result: Run, ds_ms: Sequence[int], why: str) -> None:
+    got = result.sleeps_ns
+    shown = ", ".join(f"{ns / NS_PER_MS:g}" for ns in got)
+    assert len(got) == len(ds_ms), (
+        f"§backoff: {why}: {len(ds_ms)} reconnections, so {len(ds_ms)} waits on the "
+        f"injected clock; got {len(got)}: [{shown}] ms\n{result.story()}"
+    )
+    for n, (ns, d) in enumerate(zip(got, ds_ms, strict=True)):
+        assert d * NS_PER_MS // 2 <= ns <= d * NS_PER_MS, (
+            f"§backoff: {why}: wait #{n + 1} must be drawn from [{d / 2:g}, {d}] ms "
+            f"(d = {d} ms), got {ns / NS_PER_MS:g} ms. All waits: [{shown}] ms\n{result.story()}"
+        )
+
+
+@extended
+@rule("backoff")
+async def test_stage3_waits_double_from_retry_up_to_the_cap_and_reset_after_an_event(
+    replicas: ReplicaSet,
+) -> None:
+    actions = ["status:503"] * 5
+    result = await run(replicas, BLOCKS, actions, retry_ms=100, max_backoff_ms=700)
+    assert_exactly_once(result, BLOCKS, "five 503s, then the stream")
+    assert_waits(
+        result,
+        [100, 200, 400, 700, 700, 100],
+        "retry_ms=100, max_backoff_ms=700: five failures in a row wait d = 100, 200, 400, "
+        "then the cap (800 > 700), 700; the stream then delivered events, so the "
+        "reconnection after it waits d = 100 again",
+    )
+
+
+@extended
+@rule("backoff")
+async def test_stage3_the_servers_retry_sets_the_base_and_outlives_its_connection(
+    replicas: ReplicaSet,
+) -> None:
+    blocks = token_blocks(6, retry_ms=250)
+    two = sum(len(b.raw) for b in blocks[:2])
+    result = await run(replicas, blocks, [f"end:{two}", "status:503", "status:503"])
+    assert_exactly_once(result, blocks, "events 1-2, two 503s, the rest")
+    assert_waits(
+        result,
+        [250, 250, 500, 250],
+        "event 1 set `retry: 250`, so d = 250 (not retry_ms=1000), on every later "
+        "connection too: after events 1-2, after a 503, after a second 503 (500), and "
+        "after the rest",
+    )
+
+
+@extended
+@rule("backoff")
+async def test_stage3_waits_are_jittered_with_the_injected_random(replicas: ReplicaSet) -> None:
+    actions = ["status:503"] * 6
+    options: dict[str, Any] = {"retry_ms": 1000, "max_backoff_ms": 1000}
+    first = await run(replicas, BLOCKS, actions, random=random.Random(1), **options)
+    assert_waits(first, [1000] * 7, "d is capped at 1000 ms for every wait")
+    assert len(set(first.sleeps_ns)) > 1, (
+        f"§backoff: seven waits of d = 1000 ms, all {first.sleeps_ns[0] / NS_PER_MS:g} ms: "
+        "a wait is drawn from [d/2, d], so that clients cut by one failure spread out"
+    )
+    again = await run(replicas, BLOCKS, actions, random=random.Random(1), **options)
+    other = await run(replicas, BLOCKS, actions, random=random.Random(2), **options)
+    assert again.sleeps_ns == first.sleeps_ns and other.sleeps_ns != first.sleeps_ns, (
+        "§backoff: the jitter comes from the injected random: the same seed must give the "
+        f"same waits, another seed others.\n  seed 1: {first.sleeps_ns}\n  seed 1 again: "
+        f"{again.sleeps_ns}\n  seed 2: {other.sleeps_ns}"
+    )
+
+
+@extended
+@rule("backoff")
+async def test_stage3_retry_after_of_a_429_or_503_is_a_floor(replicas: ReplicaSet) -> None:
+    actions = ["status:503:7", "status:429:3", "status:503:0"]
+    result = await run(replicas, BLOCKS, actions, retry_ms=100)
+    assert_exactly_once(result, BLOCKS, f"the connections got {actions}")
+    waits = result.sleeps_ns
+    assert waits[:2] == [7 * NS_PER_S, 3 * NS_PER_S], (
+        "§backoff: a 503 with Retry-After: 7 waits at least 7 s, a 429 with Retry-After: 3 "
+        "at least 3 s (the backoff itself, d = 100 and 200 ms, is shorter); got "
+        f"{[w / NS_PER_MS for w in waits[:2]]} ms\n{result.story()}"
+    )
+    assert 200 * NS_PER_MS <= waits[2] <= 400 * NS_PER_MS, (
+        "§backoff: Retry-After: 0 sets no floor: the third wait is the backoff, from "
+        f"[200, 400] ms; got {waits[2] / NS_PER_MS:g} ms"
+    )
+
+
+@extended
+@rule("give-up")
+@pytest.mark.parametrize(
+    ("fault", "status"),
+    [("status:503", 503), ("status:429", 429), ("refuse", None), ("cut:5", None), ("end:5", None)],
+)
+async def test_stage3_max_attempts_in_a_row_without_an_event_give_up(
+    replicas: ReplicaSet, fault: str, status: int | None
+) -> None:
+    result = await run(replicas, BLOCKS, [fault] * 4, max_attempts=3)
+    err = result.outcome
+    assert isinstance(err, EventSourceError) and err.status == status, (
+        f"§give-up: three attempts in a row delivered no event ({fault}): max_attempts=3 "
+        f"raises EventSourceError(status={status}), got {err!r}\n{result.story()}"
+    )
+    assert len(result.requests) == 3 and len(result.sleeps_ns) == 2, (
+        "§give-up: exactly max_attempts=3 attempts, with a wait between them, and none "
+        f"after the last (waits: {len(result.sleeps_ns)})\n{result.story()}"
+    )
+
+
+@extended
+@rule("give-up")
+async def test_stage3_an_attempt_that_delivers_starts_the_count_again(
+    replicas: ReplicaSet,
+) -> None:
+    one = len(BLOCKS[0].raw)
+    actions = ["status:503", "status:503", f"end:{one}", "status:503", "refuse"]
+    result = await run(replicas, BLOCKS, actions, max_attempts=3)
+    assert_exactly_once(
+        result,
+        BLOCKS,
+        f"max_attempts=3 with {actions}: never 3 attempts in a row without "
+        "an event (the third delivered event 1)",
+    )
+
+
+# --- idle timeout ------------------------------------------------------------------------------
+
+
+@extended
+@rule("idle-timeout", "failover")
+async def test_stage3_a_stalled_replica_is_left_after_the_idle_timeout(
+    replicas: ReplicaSet,
+) -> None:
+    inside_third = sum(len(b.raw) for b in BLOCKS[:2]) + 6
+    replicas.reset(BLOCKS, [f"hold:{inside_third}"])
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, replicas.urls, idle_timeout_s=IDLE_S)
+        async with source, anyio.create_task_group() as tg:
+            got: list[Any] = []
+
+            async def read() -> None:
+                got.extend(await consume(source, 40))
+
+            tg.start_soon(read)
+            await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+            replicas.stop("a")  # SIGSTOP: the connection stays open, and silent
+            with bounded(f"the idle timeout ({IDLE_S} s) to move the source to b", 4.0):
+                while not got:
+                    await anyio.sleep(0.01)
+    result = Run(got[0], got[1], replicas.requests(), [], replicas)
+    assert_exactly_once(result, BLOCKS, "replica a stalled (SIGSTOP) inside event 3")
+    assert result.requests[1].replica == "b", result.story()
+
+
+@extended
+@rule("idle-timeout")
+async def test_stage3_a_response_that_never_sends_a_byte_is_dropped(replicas: ReplicaSet) -> None:
+    with bounded("the idle timeout to end the silent response"):
+        result = await run(replicas, BLOCKS, ["silent"], idle_timeout_s=IDLE_S)
+    assert_exactly_once(result, BLOCKS, "the first response sent its head, then nothing")
+
+
+@extended
+@rule("idle-timeout")
+async def test_stage3_bytes_that_keep_coming_slowly_keep_the_connection(
+    replicas: ReplicaSet,
+) -> None:
+    blocks = token_blocks(5)
+    result = await run(replicas, blocks, ["trickle:120"], idle_timeout_s=IDLE_S)
+    assert_exactly_once(result, blocks, "an event every 0.12 s, idle_timeout_s=0.3")
+    assert len(result.requests) == 2, (
+        "§idle-timeout: the idle timeout is between bytes, not for the whole response: an "
+        f"event every 0.12 s never idles 0.3 s, so one connection, then the 204\n"
+        f"{result.story()}"
+    )
+
+
+# --- aclose ------------------------------------------------------------------------------------
+
+
+@extended
+@rule("close")
+async def test_stage3_aclose_while_reading_ends_the_iteration_at_once(
+    replicas: ReplicaSet,
+) -> None:
+    inside_second = len(BLOCKS[0].raw) + 3
+    replicas.reset(BLOCKS, [f"hold:{inside_second}"])
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, replicas.urls)
+        got: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            async def read() -> None:
+                got.extend(await consume(source, 40))
+
+            tg.start_soon(read)
+            await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+            with bounded("aclose() to return"):
+                await source.aclose()
+            with bounded("the waiting __anext__ to end after aclose()"):
+                while not got:
+                    await anyio.sleep(0.01)
+    assert got == [events_of(BLOCKS[:1]), END], (
+        "§close: aclose() while __anext__ waits for event 2's bytes: the iteration ends "
+        f"(StopAsyncIteration) after event 1; got {got}"
+    )
+    await eventually_async(
+        lambda: bool(replicas.processes["a"].lines(f"closed {replicas.generation} ")),
+        "§close: the replica to see its connection closed by aclose()",
+    )
+    await settle()
+    assert len(replicas.requests()) == 1, f"§close: nothing after aclose()\n{replicas.show()}"
+
+
+@extended
+@rule("close")
+async def test_stage3_aclose_during_a_backoff_ends_at_once(replicas: ReplicaSet) -> None:
+    clock = JumpingClock(jumping=False)
+    replicas.reset(BLOCKS, ["status:503"])
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, replicas.urls, clock=clock)
+        got: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            async def read() -> None:
+                got.extend(await consume(source, 40))
+
+            tg.start_soon(read)
+            await eventually_async(lambda: clock.sleepers() == 1, "the source to back off")
+            with bounded("aclose() to return"):
+                await source.aclose()
+            with bounded("the __anext__ waiting in its backoff to end after aclose()"):
+                while not got:
+                    await anyio.sleep(0.01)
+        clock.advance(60 * NS_PER_S)
+        await settle()
+    assert got == [[], END], f"§close: the iteration ends at once, got {got}"
+    assert len(replicas.requests()) == 1, f"§close: nothing after aclose()\n{replicas.show()}"
+
+
+@extended
+@rule("close")
+async def test_stage3_leaving_the_block_closes_the_response(replicas: ReplicaSet) -> None:
+    inside_second = len(BLOCKS[0].raw) + 3
+    replicas.reset(BLOCKS, [f"hold:{inside_second}"])
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        with bounded("leaving the source's block"):
+            async with new_source(client, replicas.urls) as source:
+                first = await source.__anext__()
+                await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+        assert first == events_of(BLOCKS)[0]
+        await eventually_async(
+            lambda: bool(replicas.processes["a"].lines(f"closed {replicas.generation} ")),
+            "§close: the replica to see its connection closed when the block was left",
+        )
+
+
+# --- bad arguments -----------------------------------------------------------------------------
+
+
+@extended
+@rule("stage3-bad-arguments")
+@pytest.mark.parametrize(
+    ("name", "value", "urls"),
+    [
+        ("urls", None, []),
+        ("urls", None, "http://127.0.0.1:1/stream"),
+        ("urls", None, [""]),
+        ("urls", None, [1]),
+        ("retry_ms", 0, None),
+        ("retry_ms", 1.5, None),
+        ("max_backoff_ms", 0, None),
+        ("max_attempts", 0, None),
+        ("max_attempts", True, None),
+        ("idle_timeout_s", 0, None),
+        ("idle_timeout_s", -1.0, None),
+        ("idle_timeout_s", "1", None),
+    ],
+)
+async def test_stage3_bad_arguments_are_refused_by_name(
+    replicas: ReplicaSet, name: str, value: Any, urls: Any
+) -> None:
+    replicas.reset(BLOCKS)
+    options = {} if name == "urls" else {name: value}
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        with pytest.raises((ValueError, TypeError)) as caught:
+            new_source(client, replicas.urls if urls is None else urls, **options)
+    shown = urls if name == "urls" else value
+    assert name in str(caught.value), (
+        f"§stage3-bad-arguments: {name}={shown!r} must be refused with a message naming "
+        f"{name!r}, got {caught.value!r}"
+    )
+
+
+@extended
+@rule("stage3-bad-arguments")
+async def test_stage3_nothing_is_requested_before_the_first_anext(replicas: ReplicaSet) -> None:
+    replicas.reset(BLOCKS)
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, replicas.urls)
+        await settle()
+        assert replicas.requests() == [], "the constructor must not connect"
+        assert (source.last_event_id, source.retry_ms) == ("", 1000), (
+            "before any event: last_event_id '' and retry_ms the constructor's 1000, got "
+            f"{(source.last_event_id, source.retry_ms)}"
+        )
+        await source.aclose()
