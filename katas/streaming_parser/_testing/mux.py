@@ -40,7 +40,7 @@ def bounded(what: str, seconds: float = DEADLINE_S) -> Iterator[None]:
     with anyio.move_on_after(seconds) as scope:
         yield
     if scope.cancelled_caught:
-        raise AssertionError(f"within {seconds:.0f} real seconds, expected {what}")
+        raise AssertionError(f"within {seconds:g} real seconds, expected {what}")
 
 
 async def settle() -> None:

@@ -15,8 +15,10 @@ test reads the same two files in ``DIR``:
   answered from the block after the one whose ID its ``Last-Event-ID`` names (from the
   start without one); a client already past the last block gets ``204 No Content``.
 - ``schedule.json``, what the next requests get, in the order they reach *any*
-  replica (a counter under a file lock): ``serve``, ``status:<code>[:<retry-after>]``,
-  ``type:<content type>``, ``cut:<n>`` (the first n bytes of the body, then a reset),
+  replica (a counter under a file lock), for the test whose generation the request's
+  path ends with (``/stream/<generation>``; a request of an earlier test gets 410):
+  ``serve``, ``status:<code>[:<retry-after>]``, ``type:<content type>``, ``cut:<n>``
+  (the first n bytes of the body, then a reset),
   ``end:<n>`` (n bytes, then a clean end of the response), ``hold:<n>`` (n bytes, then
   wait for ``go`` on stdin — or for the test's SIGKILL or SIGSTOP), ``silent`` (the
   head, then nothing), ``trickle:<ms>`` (serve, each event after a pause), ``refuse``
@@ -96,16 +98,25 @@ def _locked(directory: Path) -> Any:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def next_action(directory: Path) -> tuple[int, int, str]:
-    """Take the next action of the schedule: (generation, seq, action)."""
+def next_action(directory: Path, generation: int) -> tuple[int, str] | None:
+    """Take the next action of the schedule of test ``generation``: (seq, action); None
+    if that test is over (a request its client left behind, arriving late)."""
     with _locked(directory):
         data = json.loads((directory / SCHEDULE).read_text(encoding="utf-8"))
+        if data["generation"] != generation:
+            return None
         seq = data["next"]
         actions = data["actions"]
         action = actions[seq] if seq < len(actions) else "serve"
         data["next"] = seq + 1
         _write(directory / SCHEDULE, data)
-    return data["generation"], seq, action
+    return seq, action
+
+
+def target(generation: int) -> str:
+    """The path a test's client asks for: the test's generation in it, so a request a
+    finished test left behind cannot take an action of the next one."""
+    return f"{PATH}/{generation}"
 
 
 def taken(directory: Path) -> int:
@@ -129,7 +140,7 @@ def remaining(blocks: list[Block], last_event_id: str | None) -> list[Block] | N
 
 # --- the bytes of an answer -----------------------------------------------------------------
 
-_REQUEST = b"GET " + PATH.encode() + b" HTTP/1.1\r\nHost: replica\r\n\r\n"
+_REQUEST = b"GET " + target(1).encode() + b" HTTP/1.1\r\nHost: replica\r\n\r\n"
 
 
 def head(status: int, headers: list[tuple[str, str]]) -> h11.Response:
@@ -201,7 +212,15 @@ class Replica:
         self, stream: anyio.abc.SocketStream, conn: h11.Connection, request: h11.Request
     ) -> None:
         headers = {k.decode().lower(): v.decode("latin-1") for k, v in request.headers}
-        generation, seq, action = next_action(self.directory)
+        path = request.target.decode("latin-1")
+        generation = int(path.rpartition("/")[2]) if path.rpartition("/")[2].isdigit() else -1
+        taken = next_action(self.directory, generation)
+        if taken is None:
+            say(f"stale {path}")
+            await stream.send(conn.send(head(410, [])) or b"")
+            await stream.send(conn.send(h11.EndOfMessage()) or b"")
+            return
+        seq, action = taken
         seen = {
             "name": self.name,
             "last_event_id": headers.get("last-event-id"),

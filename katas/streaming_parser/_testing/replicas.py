@@ -32,7 +32,7 @@ from katas._runtime.clock import ManualClock
 from katas.streaming_parser.api import ServerSentEvent
 
 from . import replica as _replica
-from .replica import PATH, Block, stream_head, wire
+from .replica import Block, stream_head, target, wire
 from .sse import interpret
 
 TARGET = "katas.streaming_parser._testing.replica:serve"
@@ -172,8 +172,9 @@ class ReplicaSet:
         line = self.processes[name].wait_for("listening ")
         self.ports[name] = int(line.split()[1])
 
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.ports[name]}{PATH}"
+    def url(self, name: str, port: int | None = None) -> str:
+        """The URL of replica ``name`` for this test (through ``port``, if given)."""
+        return f"http://127.0.0.1:{port or self.ports[name]}{target(self.generation)}"
 
     @property
     def urls(self) -> list[str]:
