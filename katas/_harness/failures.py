@@ -44,6 +44,15 @@ def _walk(exc: BaseException) -> Iterator[BaseException]:
                 stack.append(linked)
 
 
+def _members(exc: BaseException) -> Iterator[BaseException]:
+    """The leaves of an exception group (itself, if it is none)."""
+    if isinstance(exc, BaseExceptionGroup):
+        for e in exc.exceptions:
+            yield from _members(e)
+    else:
+        yield exc
+
+
 def classify(exc: BaseException) -> tuple[str, str]:
     """``(kind, message)``: kind is ``not_implemented``, ``timeout``, ``assertion`` or
     ``error``."""
@@ -55,7 +64,9 @@ def classify(exc: BaseException) -> tuple[str, str]:
             return "not_implemented", NOT_IMPLEMENTED + (str(e) or type(e).__name__)
     top = exc
     if isinstance(top, BaseExceptionGroup):
-        leaves = [e for e in _walk(top) if not isinstance(e, BaseExceptionGroup)]
+        # The group's own members only: an assertion's __context__ (the cancellation of
+        # the wait that timed out, say) is not a second failure.
+        leaves = list(_members(top))
         if leaves and all(isinstance(e, AssertionError | pytest.fail.Exception) for e in leaves):
             return "assertion", str(leaves[0]).splitlines()[0] if str(leaves[0]) else "assert"
     if isinstance(top, AssertionError | pytest.fail.Exception):
@@ -66,11 +77,7 @@ def classify(exc: BaseException) -> tuple[str, str]:
 
 def _assertions(exc: BaseException) -> Iterator[BaseException]:
     """The assertion failures ``exc`` stands for: itself, or the leaves of its group."""
-    if isinstance(exc, BaseExceptionGroup):
-        for e in exc.exceptions:
-            yield from _assertions(e)
-    elif isinstance(exc, AssertionError | pytest.fail.Exception):
-        yield exc
+    return (e for e in _members(exc) if isinstance(e, AssertionError | pytest.fail.Exception))
 
 
 def explained_once(text: str) -> str:

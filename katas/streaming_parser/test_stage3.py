@@ -546,10 +546,10 @@ async def test_stage3_a_5xx_or_429_is_retried(replicas: ReplicaSet, status: int)
 @pytest.mark.parametrize(
     ("content_type", "fatal"),
     [
-        ("text/plain", True),
-        ("application/json", True),
-        ("text/event-streams", True),
-        ("Text/Event-Stream; charset=utf-8", False),
+        pytest.param("text/plain", True, id="text-plain"),
+        pytest.param("application/json", True, id="json"),
+        pytest.param("text/event-streams", True, id="event-streams"),
+        pytest.param("Text/Event-Stream; charset=utf-8", False, id="event-stream-with-charset"),
     ],
 )
 async def test_stage3_only_a_200_event_stream_is_read(
