@@ -83,6 +83,7 @@ class Run:
     requests: list[Request]
     sleeps_ns: list[int]
     replicas: ReplicaSet
+    again: str = END  # what one more __anext__ after the end did
 
     def story(self) -> str:
         out = self.outcome if isinstance(self.outcome, str) else repr(self.outcome)
@@ -161,12 +162,26 @@ async def run(
         with anyio.move_on_after(10.0) as scope:
             async with source:
                 events, outcome = await consume(source, 3 * len(blocks) + 10)
+                await settle()
+                again = await _again(source)
     if scope.cancelled_caught:
         raise AssertionError(
             f"within 10 real seconds, expected {what}.\n  the requests, as the replicas "
             f"saw them:\n{replicas.show()}\n  the client waited {len(clock.sleeps_ns)} times"
         )
-    return Run(events, outcome, replicas.requests(), clock.sleeps_ns, replicas)
+    return Run(events, outcome, replicas.requests(), clock.sleeps_ns, replicas, again)
+
+
+async def _again(source: Any) -> str:
+    try:
+        event = await source.__anext__()
+    except StopAsyncIteration:
+        return END
+    except Todo:
+        raise
+    except Exception as exc:
+        return repr(exc)
+    return f"the event {event}"
 
 
 def first_difference(want: Sequence[ServerSentEvent], got: Sequence[ServerSentEvent]) -> str:
@@ -502,20 +517,12 @@ async def test_stage3_204_ends_the_stream_and_nothing_more_is_requested(
     replicas: ReplicaSet,
 ) -> None:
     two = sum(len(b.raw) for b in BLOCKS[:2])
-    replicas.reset(BLOCKS, [f"end:{two}", "status:204"])
-    async with (
-        httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client,
-        new_source(client, replicas.urls) as source,
-    ):
-        with bounded("the source to stop at the 204"):
-            events, outcome = await consume(source, 20)
-            await settle()
-            with pytest.raises(StopAsyncIteration):
-                await source.__anext__()
-    result = Run(events, outcome, replicas.requests(), [], replicas)
-    assert (events, outcome) == (events_of(BLOCKS[:2]), END) and len(result.requests) == 2, (
-        "§stop: events 1 and 2, then a 204: the iteration ends there, and nothing more is "
-        f"requested (a 204 is not retried)\n{result.story()}"
+    result = await run(replicas, BLOCKS, [f"end:{two}", "status:204"])
+    ok = (result.events, result.outcome) == (events_of(BLOCKS[:2]), END)
+    assert ok and len(result.requests) == 2 and result.again == END, (
+        "§stop: events 1 and 2, then a 204: the iteration ends there (and a later "
+        "__anext__ ends it again), and nothing more is requested (a 204 is not retried); "
+        f"one more __anext__ gave {result.again}\n{result.story()}"
     )
 
 
@@ -573,19 +580,16 @@ async def test_stage3_events_before_a_fatal_answer_are_kept_and_then_it_is_over(
     replicas: ReplicaSet,
 ) -> None:
     two = sum(len(b.raw) for b in BLOCKS[:2])
-    replicas.reset(BLOCKS, [f"end:{two}", "status:404"])
-    async with (
-        httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client,
-        new_source(client, replicas.urls) as source,
-    ):
-        with bounded("the source to raise the 404"):
-            events, outcome = await consume(source, 20)
-            with pytest.raises(StopAsyncIteration):
-                await source.__anext__()  # after an error, the source is over
+    result = await run(replicas, BLOCKS, [f"end:{two}", "status:404"])
+    events, outcome = result.events, result.outcome
     assert events == events_of(BLOCKS[:2]) and isinstance(outcome, EventSourceError), (
         f"§fatal: events 1 and 2, then EventSourceError for the 404; got {events} then {outcome!r}"
     )
-    assert len(replicas.requests()) == 2, replicas.show()
+    assert result.again == END, (
+        f"§fatal: after an error the source is over: the next __anext__ raises "
+        f"StopAsyncIteration, got {result.again}"
+    )
+    assert len(result.requests) == 2, result.story()
 
 
 @extended
