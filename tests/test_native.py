@@ -9,16 +9,18 @@ checks run here, on the reference. The C unit test runs under ``ctest``.
 
 from __future__ import annotations
 
+import importlib
 import shutil
 import subprocess
 import sys
 from array import array
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from katas._registry.impl import REPO_ROOT, resolve
+from katas._registry.impl import REPO_ROOT, Selection, resolve
 from katas._runtime import native
 from katas._runtime.todo import Todo
 from katas.dynamic_batcher import _hotpath as stub
@@ -72,6 +74,11 @@ def test_stub_raises_todo_naming_the_function_and_the_contract() -> None:
     assert (REPO_ROOT / CONTRACT).is_file(), f"the stub's message points at {CONTRACT}, not a file"
 
 
+def hotpath(selection: Selection) -> Any:
+    """The implementation's C module (importing it builds it)."""
+    return importlib.import_module(f"{selection.package}.dynamic_batcher._hotpath")
+
+
 def test_a_compile_error_is_its_own_implementations_import_error(tmp_path: Path) -> None:
     # A copy of the reference whose C does not compile: importing its module fails with
     # the compiler's words, and the reference (built in a tree of its own) still loads.
@@ -81,11 +88,11 @@ def test_a_compile_error_is_its_own_implementations_import_error(tmp_path: Path)
     source.write_text(source.read_text().replace("hp_int left = token_budget;", "hp_int left ="))
     selection = resolve(str(broken))
     with pytest.raises(native.BuildError) as excinfo:
-        selection.stage("dynamic_batcher", 1)
+        hotpath(selection)
     message = str(excinfo.value)
     assert "does not build" in message and "error" in message, message
     assert str(source.parent) in message, f"the error must name the C it built: {message}"
-    assert resolve("solutions").stage("dynamic_batcher", 1).fill_token_budget(
+    assert hotpath(resolve("solutions")).fill_token_budget(
         column([2]), column([0]), token_budget=1, max_seqs=1
     ) == (1, 1)
 
@@ -93,11 +100,13 @@ def test_a_compile_error_is_its_own_implementations_import_error(tmp_path: Path)
 #: Run in a fresh process (a process keeps the first build of a module it loaded): the
 #: chunk the implementation at argv[1] grants a request needing 5 under a budget of 4.
 CHUNK_OF = """
+import importlib
 import sys
 from array import array
 from katas._registry.impl import resolve
 chunk = array("i", [0])
-resolve(sys.argv[1]).stage("dynamic_batcher", 1).fill_token_budget(
+package = resolve(sys.argv[1]).package
+importlib.import_module(package + ".dynamic_batcher._hotpath").fill_token_budget(
     array("i", [5]), chunk, token_budget=4, max_seqs=1)
 print(chunk[0])
 """

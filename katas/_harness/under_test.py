@@ -3,12 +3,15 @@ hypothesis state machines, which cannot take fixtures.
 
 ``stage()`` is the stage module of the suite now running (its ``stage(N)`` marker),
 ``stage(n)`` another stage of the same kata — from the reference when ``--base=reference``
-and ``n`` is below the suite's stage. The plugin sets the running suite before each test
-and clears it after; outside a test, ``stage()`` is an error that says so.
+and ``n`` is below the suite's stage — and ``module(name)`` another module of the kata
+under test, such as the C extension a stage also builds. The plugin sets the running
+suite before each test and clears it after; outside a test, ``stage()`` is an error that
+says so.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -30,6 +33,10 @@ class KataUnderTest:
         """Stage ``n`` as this suite tests it (see :meth:`impl.Selection.stage`)."""
         return self.selection.stage(self.name, n, top=max(n, self.suite_stage or n))
 
+    def module(self, name: str) -> ModuleType:
+        """The module ``name`` of this kata, from the selected implementation."""
+        return importlib.import_module(f"{self.selection.package}.{self.name}.{name}")
+
 
 _running: list[KataUnderTest] = []
 
@@ -48,3 +55,10 @@ def stage(n: int | None = None) -> ModuleType:
     if number is None:
         raise RuntimeError(f"{kata.name}: the suite has no stage(N) marker")
     return kata.stage(number)
+
+
+def module(name: str) -> ModuleType:
+    """Another module of the kata under test (``_hotpath``), from the implementation."""
+    if not _running:
+        raise RuntimeError("module() reaches the code under test only while a kata test runs")
+    return _running[0].module(name)

@@ -1,0 +1,1 @@
+"""What the dynamic batcher's suites share: the fake model, workloads and the simulator."""

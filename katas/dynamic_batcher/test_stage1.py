@@ -1,0 +1,818 @@
+"""Stage 1: continuous batching over paged KV — the budget and the caps, chunked prefill,
+exact block accounting, preemption by recompute, admission order, finishing, abort,
+metrics, the static baseline (see katas/dynamic_batcher/README.md, "Stage 1").
+
+How these tests see inside the batcher without trusting it: the model is the harness's
+``FakeModel``, which samples each next token from what it reads back out of the KV
+blocks, so a request whose blocks were shared, freed too early or not recomputed gets
+different tokens than it would alone — and :func:`unbatched` is what it would get
+alone. A :class:`Trace` drives the batcher step by step and checks, after every step,
+the caps and the blocks each request must hold (counted from the tokens it was
+scheduled, not from the batcher's own state). Time is the ``now_ns`` each step is
+given; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from katas._harness.under_test import module, stage
+from katas.dynamic_batcher._testing.model import FakeModel, reference_generation
+from katas.dynamic_batcher._testing.workload import exponential
+from katas.dynamic_batcher.api import Request, RequestRejected, StepOutput
+
+pytestmark = pytest.mark.stage(1)
+core = pytest.mark.core
+extended = pytest.mark.extended
+rule = pytest.mark.rule
+
+VOCAB = 1000
+SEED = 7
+STEP_NS = 1_000_000  # the now_ns of step n is n * STEP_NS
+
+
+def model(num_blocks: int = 64, block_size: int = 4) -> FakeModel:
+    return FakeModel(vocab_size=VOCAB, seed=SEED, num_blocks=num_blocks, block_size=block_size)
+
+
+def batcher(m: FakeModel, **options: Any) -> Any:
+    options.setdefault("max_num_seqs", 4)
+    options.setdefault("max_num_batched_tokens", 8)
+    return stage().ContinuousBatcher(m, num_blocks=m.num_blocks, block_size=m.block_size, **options)
+
+
+def req(rid: str, prompt_len: int, new: int = 4, **options: Any) -> Request:
+    prompt = tuple((len(rid) * 31 + i * 7) % VOCAB for i in range(prompt_len))
+    return Request(rid, prompt, new, **options)
+
+
+def unbatched(request: Request, block_size: int = 4) -> tuple[int, ...]:
+    """The tokens ``request`` generates alone (its stop tokens and max_new_tokens)."""
+    return reference_generation(
+        request.prompt, request.max_new_tokens, request.stop_tokens,
+        vocab_size=VOCAB, seed=SEED, block_size=block_size,
+    )  # fmt: skip
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class Trace:
+    """A batcher driven step by step, checked after each one."""
+
+    b: Any
+    m: FakeModel
+    max_num_seqs: int
+    budget: int
+    outputs: list[StepOutput] = field(default_factory=list)
+    streamed: dict[str, list[int]] = field(default_factory=dict)
+    finished: dict[str, str] = field(default_factory=dict)
+    in_kv: dict[str, int] = field(default_factory=dict)  # tokens scheduled since admission
+    submitted: dict[str, Request] = field(default_factory=dict)
+
+    def submit(self, *requests: Request) -> None:
+        for r in requests:
+            self.b.submit(r)
+            self.submitted[r.rid] = r
+
+    def step(self) -> StepOutput:
+        n = len(self.outputs) + 1
+        out: StepOutput = self.b.step(n * STEP_NS)
+        self.outputs.append(out)
+        where = f"step {n} (scheduled {dict(out.scheduled)}, preempted {list(out.preempted)})"
+        assert out.scheduled_tokens <= self.budget, (
+            f"§caps: {where}: {out.scheduled_tokens} tokens scheduled, over "
+            f"max_num_batched_tokens={self.budget}"
+        )
+        assert len(out.scheduled) <= self.max_num_seqs, (
+            f"§caps: {where}: {len(out.scheduled)} requests in one step, over "
+            f"max_num_seqs={self.max_num_seqs}"
+        )
+        running = self.b.running()
+        assert len(running) <= self.max_num_seqs, (
+            f"§caps: after {where}: {len(running)} running, over max_num_seqs="
+            f"{self.max_num_seqs}: {running}"
+        )
+        for rid in out.preempted:
+            self.in_kv[rid] = 0
+        for rid, count in out.scheduled.items():
+            self.in_kv[rid] = self.in_kv.get(rid, 0) + count
+        for rid, tokens in out.tokens.items():
+            assert rid not in self.finished, (
+                f"§finish: {where}: {rid} emitted {tokens} after it finished ({self.finished[rid]})"
+            )
+            self.streamed.setdefault(rid, []).extend(tokens)
+        for rid, reason in out.finished.items():
+            assert rid not in self.finished, f"§finish: {rid} finished twice ({where})"
+            self.finished[rid] = reason
+            self.in_kv[rid] = 0
+        self.check_blocks(where)
+        return out
+
+    def check_blocks(self, where: str) -> None:
+        held: dict[int, str] = {}
+        bs = self.m.block_size
+        for rid in self.submitted:
+            blocks = self.b.blocks_of(rid)
+            want = ceil_div(self.in_kv.get(rid, 0), bs)
+            assert len(blocks) == want, (
+                f"§blocks: after {where}: {rid} has {self.in_kv.get(rid, 0)} tokens in KV, "
+                f"so it holds ceil({self.in_kv.get(rid, 0)}/{bs}) = {want} blocks; it holds "
+                f"{len(blocks)}: {list(blocks)}"
+            )
+            for block in blocks:
+                assert block not in held, (
+                    f"§blocks: after {where}: block {block} is held by {held[block]} and {rid}"
+                )
+                held[block] = rid
+        free = self.b.free_blocks()
+        assert len(held) + free == self.m.num_blocks, (
+            f"§blocks: after {where}: {len(held)} blocks held + {free} free != "
+            f"num_blocks={self.m.num_blocks} (blocks lost or made up)"
+        )
+
+    def run(self, arrivals: Mapping[int, Sequence[Request]] = {}, max_steps: int = 500) -> None:
+        """Step until nothing is unfinished and every arrival is in; ``arrivals[n]`` are
+        submitted before step n (1-based)."""
+        last = max(arrivals, default=0)
+        while True:
+            n = len(self.outputs) + 1
+            self.submit(*arrivals.get(n, ()))
+            if n > last and not self.b.has_unfinished():
+                return
+            assert n <= max_steps, (
+                f"liveness: still unfinished after {max_steps} steps: running "
+                f"{self.b.running()}, waiting {self.b.waiting()}"
+            )
+            self.step()
+
+    def rows(self) -> str:
+        return "\n".join(
+            f"    step {i}: scheduled {dict(o.scheduled)}  emitted {dict(o.tokens)}  "
+            f"preempted {list(o.preempted)}  finished {dict(o.finished)}"
+            for i, o in enumerate(self.outputs, 1)
+        )
+
+
+def trace(m: FakeModel | None = None, **options: Any) -> Trace:
+    m = m or model()
+    b = batcher(m, **options)
+    return Trace(b, m, options.get("max_num_seqs", 4), options.get("max_num_batched_tokens", 8))
+
+
+def assert_transparent(t: Trace, rids: Iterable[str] | None = None) -> None:
+    for rid in rids if rids is not None else t.submitted:
+        r = t.submitted[rid]
+        if t.finished.get(rid) not in ("stop", "length"):
+            continue
+        want = unbatched(r, t.m.block_size)
+        got = tuple(t.streamed.get(rid, ()))
+        assert got == want, (
+            f"§transparency: {rid} streamed {list(got)}, but alone it generates {list(want)} "
+            "(the model reads each token back from the blocks you name: a wrong block "
+            f"table, a block freed too early or a missed recompute changes it)\n{t.rows()}"
+        )
+
+
+# --- the worked example, step by step ---------------------------------------------------------
+
+
+@core
+@rule("running-first", "chunked-prefill")
+def test_stage1_the_worked_example_step_by_step() -> None:
+    t = trace(max_num_batched_tokens=8, max_num_seqs=4)
+    t.submit(req("A", 3, 5), req("B", 10, 5))
+    rows = [dict(t.step().scheduled)]
+    t.submit(req("C", 2, 5))
+    rows += [dict(t.step().scheduled), dict(t.step().scheduled)]
+    want = [{"A": 3, "B": 5}, {"A": 1, "B": 5, "C": 2}, {"A": 1, "B": 1, "C": 1}]
+    assert rows == want, (
+        "§running-first: budget 8, A (prompt 3) and B (prompt 10), then C (prompt 2): "
+        f"expected the README's table {want}, got {rows}"
+    )
+    assert [sorted(o.tokens) for o in t.outputs] == [["A"], ["A", "B", "C"], ["A", "B", "C"]], (
+        "§chunked-prefill: the step that computes a prompt's last chunk emits its first "
+        f"token\n{t.rows()}"
+    )
+
+
+# --- running first, the caps, chunked prefill -------------------------------------------------
+
+
+@core
+@rule("running-first", "chunked-prefill")
+def test_stage1_decodes_admitted_before_a_long_prompt_never_wait_for_it() -> None:
+    t = trace(max_num_batched_tokens=8, max_num_seqs=4)
+    t.submit(req("B", 2, 8))
+    t.step()
+    t.submit(req("A", 30, 2))
+    for n in range(2, 7):
+        got = dict(t.step().scheduled)
+        want = {"B": 1, "A": 7} if n < 6 else {"B": 1, "A": 2}
+        assert got == want, (
+            f"§running-first: step {n}: B decodes (1 token) before A's prompt takes the "
+            f"rest of the budget (A: 30 tokens, in chunks of 7, then 2); expected {want}, "
+            f"got {got}\n{t.rows()}"
+        )
+
+
+@core
+@rule("running-first")
+def test_stage1_a_request_behind_a_prefill_that_spends_the_budget_waits() -> None:
+    t = trace(max_num_batched_tokens=8, max_num_seqs=4)
+    t.submit(req("A", 30, 2), req("B", 1, 2))
+    for n in range(1, 4):
+        got = dict(t.step().scheduled)
+        assert got == {"A": 8}, (
+            f"§running-first: step {n}: A's prompt (30 tokens) takes the whole budget of "
+            f"8; B, behind it, gets nothing and waits (no skipping ahead); got {got}"
+        )
+    assert t.b.waiting() == ["B"], f"B must still be waiting, got {t.b.waiting()}"
+
+
+@core
+@rule("caps")
+def test_stage1_max_num_seqs_is_a_hard_cap_on_admission() -> None:
+    t = trace(max_num_batched_tokens=100, max_num_seqs=4)
+    t.submit(*(req(f"r{i}", 1, 3) for i in range(6)))
+    got = dict(t.step().scheduled)
+    assert list(got) == ["r0", "r1", "r2", "r3"], (
+        f"§caps: max_num_seqs=4 with budget to spare: exactly r0..r3 run, got {list(got)}"
+    )
+    t.run()
+    assert_transparent(t)
+
+
+@core
+@rule("caps", "chunked-prefill")
+def test_stage1_the_last_admitted_prompt_is_clamped_to_the_budget_left() -> None:
+    t = trace(max_num_batched_tokens=8, max_num_seqs=4)
+    t.submit(req("A", 3, 2), req("B", 3, 2), req("C", 3, 2))
+    got = dict(t.step().scheduled)
+    assert got == {"A": 3, "B": 3, "C": 2}, (
+        f"§chunked-prefill: budget 8 and three prompts of 3: A 3, B 3, C the 2 left; got {got}"
+    )
+    assert sorted(t.outputs[0].tokens) == ["A", "B"], (
+        "§chunked-prefill: C's prompt is not finished, so only A and B emit a first token, "
+        f"got {sorted(t.outputs[0].tokens)}"
+    )
+
+
+# --- blocks -----------------------------------------------------------------------------------
+
+
+@core
+@rule("blocks")
+def test_stage1_a_request_holds_ceil_of_its_kv_tokens_in_blocks() -> None:
+    t = trace(model(num_blocks=16, block_size=4), max_num_batched_tokens=8, max_num_seqs=2)
+    t.submit(req("A", 4, 6))
+    held = []
+    for _ in range(4):
+        t.step()  # the Trace checks ceil(tokens in KV / 4) after every step
+        held.append(len(t.b.blocks_of("A")))
+    assert held == [1, 2, 2, 2], (
+        "§blocks: prompt of 4 (one full block), then one output token written per step: "
+        f"1 block, then 2 once the 5th token is in KV; got {held}"
+    )
+    t.run()
+    assert t.b.blocks_of("A") == () and t.b.free_blocks() == 16, (
+        f"§blocks: a finished request holds none; free {t.b.free_blocks()} of 16"
+    )
+
+
+# --- finishing --------------------------------------------------------------------------------
+
+
+@core
+@rule("finish", "transparency")
+def test_stage1_a_request_finishes_on_its_stop_token_or_its_length() -> None:
+    alone = unbatched(req("S", 5, 10))
+    stop = alone[2]
+    first = alone.index(stop)  # the stop token may come earlier than the third
+    t = trace()
+    t.submit(req("S", 5, 10, stop_tokens={stop}), req("L", 5, 3))
+    t.run()
+    assert t.finished == {"S": "stop", "L": "length"} or t.finished == {
+        "L": "length",
+        "S": "stop",
+    }, f"§finish: expected S stop and L length, got {t.finished}"
+    assert t.streamed["S"] == list(alone[: first + 1]), (
+        f"§finish: S stops at its stop token {stop} (emitted, then finished): expected "
+        f"{list(alone[: first + 1])}, got {t.streamed['S']}"
+    )
+    assert len(t.streamed["L"]) == 3, f"§finish: L has max_new_tokens=3, got {t.streamed['L']}"
+    assert_transparent(t)
+
+
+@core
+@rule("finish")
+def test_stage1_a_deadline_finishes_the_request_at_the_first_step_at_or_past_it() -> None:
+    t = trace()
+    t.submit(req("D", 3, 50, deadline_ns=3 * STEP_NS), req("W", 3, 5))
+    t.step()
+    t.step()
+    out = t.step()
+    assert out.finished.get("D") == "deadline" and "D" not in out.scheduled, (
+        "§finish: D's deadline is step 3's now_ns: it finishes there with 'deadline', "
+        f"before anything is scheduled; step 3 scheduled {dict(out.scheduled)}, finished "
+        f"{dict(out.finished)}"
+    )
+    assert t.b.blocks_of("D") == (), "§finish: a request's blocks are freed when it finishes"
+    t.run()
+
+
+# --- preemption -------------------------------------------------------------------------------
+
+
+def _tight() -> Trace:
+    """A pool of 4 blocks of 4: two requests that cannot both reach their length."""
+    return trace(model(num_blocks=4, block_size=4), max_num_batched_tokens=8, max_num_seqs=4)
+
+
+@extended
+@rule("preemption", "admission", "transparency")
+def test_stage1_out_of_blocks_the_most_recently_admitted_is_preempted() -> None:
+    t = _tight()
+    t.submit(req("A", 4, 9), req("B", 4, 9))
+    for _ in range(5):
+        t.step()
+    t.submit(req("C", 1, 1))
+    out = t.step()  # A's 9th token in KV needs a 3rd block; the pool is empty
+    assert out.preempted == ("B",) and dict(out.scheduled) == {"A": 1}, (
+        "§preemption: step 6: A (admitted first) needs a block and none is free: B, the "
+        "most recently admitted, is preempted, A gets its block, and nobody is admitted in "
+        f"a step that preempted (C waits); got scheduled {dict(out.scheduled)}, preempted "
+        f"{list(out.preempted)}\n{t.rows()}"
+    )
+    assert t.b.waiting() == ["B", "C"], (
+        f"§preemption: the preempted B goes to the front of the queue, got {t.b.waiting()}"
+    )
+    out = t.step()
+    assert "C" not in out.scheduled, (
+        "§admission: B cannot be admitted yet (its recompute needs 2 blocks, 1 is free), "
+        f"and nobody overtakes it: C must wait; step 7 scheduled {dict(out.scheduled)}"
+    )
+    t.run()
+    assert_transparent(t)  # B's recompute: same tokens, none streamed twice
+    assert {m.rid: m.preemptions for m in t.b.metrics()}["B"] == 1
+
+
+@extended
+@rule("preemption")
+def test_stage1_the_request_that_needs_the_block_can_be_its_own_victim() -> None:
+    t = _tight()
+    t.submit(req("A", 3, 9), req("B", 4, 9))
+    for _ in range(5):
+        t.step()
+    out = t.step()  # B's 9th token needs a 3rd block; B is the most recently admitted
+    assert out.preempted == ("B",) and dict(out.scheduled) == {"A": 1}, (
+        "§preemption: step 6: B needs a block, none is free, and B itself is the most "
+        "recently admitted: B is preempted and the step's scheduling ends; got scheduled "
+        f"{dict(out.scheduled)}, preempted {list(out.preempted)}\n{t.rows()}"
+    )
+    t.run()
+    assert_transparent(t)
+
+
+# --- admission order --------------------------------------------------------------------------
+
+
+@core
+@rule("admission")
+def test_stage1_fcfs_admits_in_submission_order() -> None:
+    t = trace(max_num_batched_tokens=8, max_num_seqs=4)
+    t.submit(req("X", 8, 2), req("Y", 8, 2), req("Z", 8, 2))
+    order = list(t.step().scheduled)
+    assert order == ["X"] and t.b.waiting() == ["Y", "Z"], (
+        f"§admission: fcfs: X first, then Y, Z; step 1 scheduled {order}, waiting {t.b.waiting()}"
+    )
+    t.run()
+    first: dict[str, int] = {}
+    for n, out in enumerate(t.outputs, 1):
+        for rid in out.tokens:
+            first.setdefault(rid, n)
+    assert sorted(first, key=first.__getitem__) == ["X", "Y", "Z"], (
+        f"§admission: fcfs: first tokens in submission order, got at steps {first}"
+    )
+
+
+@extended
+@rule("admission")
+def test_stage1_the_priority_policy_admits_the_smallest_priority_first() -> None:
+    t = trace(max_num_batched_tokens=8, max_num_seqs=4, policy="priority")
+    t.submit(
+        req("low", 8, 2, priority=5),
+        req("high", 8, 2, priority=1),
+        req("mid-1", 8, 2, priority=3),
+        req("mid-2", 8, 2, priority=3),
+    )
+    t.step()
+    assert t.b.running() == ["high"] and t.b.waiting() == ["mid-1", "mid-2", "low"], (
+        "§admission: priority: smaller first (high=1, then the two 3s in submission "
+        f"order, then low=5); running {t.b.running()}, waiting {t.b.waiting()}"
+    )
+
+
+# --- abort ------------------------------------------------------------------------------------
+
+
+@extended
+@rule("abort")
+def test_stage1_abort_frees_everything_in_any_state() -> None:
+    t = trace(max_num_batched_tokens=8, max_num_seqs=1)
+    t.submit(req("R", 6, 20), req("W", 3, 2))
+    t.step()
+    t.step()
+    t.b.abort("R")  # running, holding blocks
+    t.b.abort("W")  # waiting
+    t.in_kv["R"] = 0
+    t.finished.update(R="abort", W="abort")
+    t.check_blocks("abort() of a running and a waiting request")
+    assert (t.b.running(), t.b.waiting(), t.b.has_unfinished()) == ([], [], False), (
+        f"§abort: nothing left: running {t.b.running()}, waiting {t.b.waiting()}"
+    )
+    out = t.step()
+    assert not out.tokens and not out.scheduled, f"§abort: nothing emitted after, got {out}"
+    reasons = {m.rid: m.finish_reason for m in t.b.metrics()}
+    assert reasons == {"R": "abort", "W": "abort"}, f"§abort: metrics say abort, got {reasons}"
+    t.b.abort("R")  # finished: nothing to do
+    with pytest.raises(KeyError):
+        t.b.abort("never-submitted")
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+@extended
+@rule("metrics")
+def test_stage1_metrics_use_the_steps_now_and_the_exact_definitions() -> None:
+    t = trace()
+    t.submit(req("A", 3, 3, arrival_ns=0), req("B", 12, 2, arrival_ns=0))
+    t.run()
+    got = {m.rid: m for m in t.b.metrics()}
+    a, b = got["A"], got["B"]
+    assert (a.first_token_ns, a.finish_ns, a.output_tokens) == (STEP_NS, 3 * STEP_NS, 3), a
+    assert (a.ttft_ns, a.tpot_ns) == (STEP_NS, STEP_NS), (
+        f"§metrics: TTFT = first − arrival = 1 step, TPOT = (finish − first) / 2 = 1 step; "
+        f"got {a.ttft_ns}, {a.tpot_ns}"
+    )
+    assert b.first_token_ns == 2 * STEP_NS, (
+        "§metrics: B's prompt of 12 takes 5 of the budget at step 1 and its last 7 at step "
+        f"2 (A decoding beside it): its first token is step 2's; got {b.first_token_ns}\n"
+        f"{t.rows()}"
+    )
+    assert [m.rid for m in t.b.metrics()] == sorted(got, key=lambda r: got[r].finish_ns)
+
+
+# --- the static baseline ----------------------------------------------------------------------
+
+
+@extended
+@rule("static")
+def test_stage1_the_static_batcher_waits_for_its_whole_batch() -> None:
+    m = model()
+    b = stage().StaticBatcher(m, batch_size=2)
+    for r in (req("A", 3, 2), req("B", 3, 5), req("C", 3, 1)):
+        b.submit(r)
+    steps = []
+    n = 0
+    while b.has_unfinished() and n < 20:
+        n += 1
+        steps.append(b.step(n * STEP_NS))
+    assert dict(steps[0].scheduled) == {"A": 3, "B": 3}, steps[0]
+    assert [sorted(o.scheduled) for o in steps[1:5]] == [["A", "B"], ["B"], ["B"], ["B"]], (
+        "§static: A finishes at step 2, its slot stays empty while B decodes to step 5: "
+        f"{[dict(o.scheduled) for o in steps]}"
+    )
+    assert dict(steps[5].scheduled) == {"C": 3}, (
+        f"§static: C is admitted only when the batch is empty (step 6), got {steps[5]}"
+    )
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+
+@core
+@rule("stage1-bad-input")
+def test_stage1_submit_rejects_duplicates_and_requests_that_could_never_finish() -> None:
+    t = trace(model(num_blocks=4, block_size=4))
+    t.submit(req("A", 3, 13))  # ceil(16 / 4) = 4 blocks: exactly the pool
+    with pytest.raises(RequestRejected, match="A"):
+        t.b.submit(req("A", 3, 2))
+    with pytest.raises(RequestRejected, match="big"):
+        t.b.submit(req("big", 3, 14))  # ceil(17 / 4) = 5 blocks > 4: it could never finish
+    t.run()
+    assert t.finished == {"A": "length"}, f"a rejected request changes nothing: {t.finished}"
+
+
+@extended
+@rule("stage1-bad-input")
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("max_num_seqs", {"max_num_seqs": 0}),
+        ("max_num_batched_tokens", {"max_num_batched_tokens": 0}),
+        ("max_num_batched_tokens", {"max_num_seqs": 8, "max_num_batched_tokens": 7}),
+        ("max_num_seqs", {"max_num_seqs": 2.0}),
+        ("num_blocks", {"num_blocks": 63}),
+        ("block_size", {"block_size": 8}),
+        ("policy", {"policy": "lifo"}),
+        ("hotpath", {"hotpath": "rust"}),
+    ],
+)
+def test_stage1_bad_configurations_are_refused_by_name(name: str, options: dict[str, Any]) -> None:
+    m = model()
+    config = {"max_num_seqs": 4, "max_num_batched_tokens": 8, "num_blocks": 64, "block_size": 4}
+    config.update(options)
+    with pytest.raises((ValueError, TypeError)) as caught:
+        stage().ContinuousBatcher(m, **config)
+    assert name in str(caught.value), (
+        f"§stage1-bad-input: {options} must be refused naming {name!r}, got {caught.value!r}"
+    )
+
+
+# --- the C twin -------------------------------------------------------------------------------
+
+
+@extended
+@rule("hotpath-twin")
+def test_stage1_the_c_hot_path_schedules_exactly_as_the_python_one() -> None:
+    runs = []
+    for hotpath in ("python", "c"):
+        t = trace(model(num_blocks=6, block_size=4), hotpath=hotpath)
+        t.run({1: [req("A", 9, 6), req("B", 2, 9)], 3: [req("C", 17, 3), req("D", 1, 4)]})
+        runs.append([(dict(o.scheduled), dict(o.tokens), o.preempted) for o in t.outputs])
+    assert runs[0] == runs[1], (
+        "§hotpath-twin: hotpath='c' must schedule every step as 'python' does\n"
+        f"  python: {runs[0]}\n  c:      {runs[1]}"
+    )
+
+
+# --- any workload -----------------------------------------------------------------------------
+
+
+@st.composite
+def _workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]]:
+    block_size = draw(st.integers(1, 5), label="block_size")
+    seqs = draw(st.integers(1, 4), label="max_num_seqs")
+    budget = draw(st.integers(seqs, 16), label="max_num_batched_tokens")
+    count = draw(st.integers(1, 7), label="requests")
+    arrivals: dict[int, list[Request]] = {}
+    worst = 1
+    for i in range(count):
+        prompt = draw(st.integers(1, 20))
+        new = draw(st.integers(1, 10))
+        worst = max(worst, ceil_div(prompt + new, block_size))
+        at = draw(st.integers(1, 6))
+        arrivals.setdefault(at, []).append(req(f"r{i}", prompt, new))
+    # from barely enough for the largest request (preemptions) to plenty
+    num_blocks = draw(st.integers(worst, worst * 3), label="num_blocks")
+    aborts = draw(
+        st.dictionaries(
+            st.integers(1, 12), st.sampled_from([f"r{i}" for i in range(count)]), max_size=2
+        )
+    )
+    config = {"num_blocks": num_blocks, "block_size": block_size, "max_num_seqs": seqs,
+              "max_num_batched_tokens": budget}  # fmt: skip
+    return config, arrivals, aborts
+
+
+@core
+@rule("caps", "blocks", "finish", "transparency", "preemption")
+@given(case=_workloads())
+@settings(max_examples=60)
+def test_stage1_any_workload_keeps_every_invariant_and_every_output(
+    case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
+) -> None:
+    config, arrivals, aborts = case
+    m = model(config.pop("num_blocks"), config.pop("block_size"))
+    t = trace(m, **config)
+    last = max(arrivals)
+    while True:
+        n = len(t.outputs) + 1
+        t.submit(*arrivals.get(n, ()))
+        rid = aborts.get(n)
+        if rid in t.submitted and rid not in t.finished:
+            t.b.abort(rid)
+            t.finished[rid] = "abort"
+            t.in_kv[rid] = 0
+        if n > last and not t.b.has_unfinished():
+            break
+        assert n <= 600, f"liveness: unfinished after 600 steps\n{t.rows()[-3000:]}"
+        t.step()
+    missing = set(t.submitted) - set(t.finished)
+    assert not missing, f"§finish: every request finishes exactly once; never: {missing}"
+    assert_transparent(t)
+
+
+# --- the C hot path ---------------------------------------------------------------------------
+
+INT_MAX = 2**31 - 1
+#: What an output column holds before a call: a value no correct call leaves behind.
+UNWRITTEN = -7
+
+
+def c_fill(need: list[int], token_budget: int, max_seqs: int) -> tuple[list[int], int, int]:
+    """Call the implementation; return (chunks, requests scheduled, tokens scheduled)."""
+    chunk = array("i", [UNWRITTEN] * len(need))
+    seqs, tokens = module("_hotpath").fill_token_budget(
+        array("i", need), chunk, token_budget=token_budget, max_seqs=max_seqs
+    )
+    return chunk.tolist(), seqs, tokens
+
+
+def fill_model(need: list[int], token_budget: int, max_seqs: int) -> tuple[list[int], int, int]:
+    """The rules in plain Python: in order, each request clamped to the budget left."""
+    chunks = [0] * len(need)
+    left = token_budget
+    seqs = 0
+    for i, tokens in enumerate(need):
+        if seqs == max_seqs or left == 0:
+            break
+        chunks[i] = min(tokens, left)
+        left -= chunks[i]
+        seqs += 1
+    return chunks, seqs, token_budget - left
+
+
+def check_fill(need: list[int], token_budget: int, max_seqs: int, expected: object) -> None:
+    got = c_fill(need, token_budget, max_seqs)
+    assert got == expected, (
+        f"fill_token_budget(need={need}, token_budget={token_budget}, max_seqs={max_seqs}): "
+        f"expected (chunk, seqs, tokens) = {expected}, got {got}"
+    )
+
+
+# --- the C hot path (`-k hotpath`): the rules, each at its boundary ---------------------------
+
+
+@core
+@pytest.mark.rule("in-order", "totals")
+@pytest.mark.parametrize(
+    ("need", "token_budget", "expected"),
+    [
+        pytest.param([3, 2], 5, ([3, 2], 2, 5), id="exact-fit"),
+        pytest.param([3, 2], 6, ([3, 2], 2, 5), id="one-to-spare"),
+        pytest.param([3, 2], 4, ([3, 1], 2, 4), id="one-short"),
+        pytest.param([1, 1, 100, 7], 10, ([1, 1, 8, 0], 3, 10), id="worked-example"),
+    ],
+)
+def test_hotpath_serves_in_order_clamped_to_the_budget_left(
+    need: list[int], token_budget: int, expected: tuple[list[int], int, int]
+) -> None:
+    check_fill(need, token_budget, 8, expected)
+
+
+@core
+@pytest.mark.rule("no-skipping")
+def test_hotpath_a_smaller_request_never_jumps_the_queue() -> None:
+    # The budget is spent exactly on the first request: the 1 behind it waits.
+    check_fill([8, 1], 8, 4, ([8, 0], 1, 8))
+    # One token short of the first request: it takes all of it, nothing is left.
+    check_fill([9, 1, 1], 8, 4, ([8, 0, 0], 1, 8))
+
+
+@core
+@pytest.mark.rule("partial-chunk")
+def test_hotpath_only_the_last_scheduled_request_gets_a_partial_chunk() -> None:
+    check_fill([5, 1, 1], 4, 8, ([4, 0, 0], 1, 4))
+    check_fill([2, 5, 1], 4, 8, ([2, 2, 0], 2, 4))
+
+
+@core
+@pytest.mark.rule("seq-cap")
+@pytest.mark.parametrize(
+    ("max_seqs", "expected"),
+    [
+        pytest.param(0, ([0, 0, 0, 0], 0, 0), id="zero"),
+        pytest.param(1, ([1, 0, 0, 0], 1, 1), id="one"),
+        pytest.param(3, ([1, 1, 1, 0], 3, 3), id="one-under-the-count"),
+        pytest.param(4, ([1, 1, 1, 1], 4, 4), id="the-count"),
+    ],
+)
+def test_hotpath_caps_the_requests_even_with_budget_to_spare(
+    max_seqs: int, expected: tuple[list[int], int, int]
+) -> None:
+    check_fill([1, 1, 1, 1], 10, max_seqs, expected)
+
+
+@core
+@pytest.mark.rule("prefix")
+def test_hotpath_writes_zero_after_the_scheduled_prefix() -> None:
+    # Every output entry starts as UNWRITTEN: each one must be overwritten.
+    check_fill([1, 1, 100, 7], 0, 4, ([0, 0, 0, 0], 0, 0))
+    check_fill([4, 4, 4], 4, 3, ([4, 0, 0], 1, 4))
+    check_fill([4, 4, 4], 12, 1, ([4, 0, 0], 1, 4))
+
+
+@core
+@pytest.mark.rule("totals")
+def test_hotpath_schedules_nothing_for_no_requests() -> None:
+    check_fill([], 10, 4, ([], 0, 0))
+
+
+@core
+@pytest.mark.rule("int32-range")
+@pytest.mark.parametrize(
+    ("need", "token_budget", "max_seqs", "expected"),
+    [
+        pytest.param([INT_MAX, 1], INT_MAX, INT_MAX, ([INT_MAX, 0], 1, INT_MAX), id="max-need"),
+        pytest.param([INT_MAX - 1, 1], INT_MAX, 2, ([INT_MAX - 1, 1], 2, INT_MAX), id="sum"),
+        pytest.param([1, INT_MAX], INT_MAX, 4, ([1, INT_MAX - 1], 2, INT_MAX), id="clamp"),
+    ],
+)
+def test_hotpath_handles_the_whole_int32_range(
+    need: list[int], token_budget: int, max_seqs: int, expected: tuple[list[int], int, int]
+) -> None:
+    check_fill(need, token_budget, max_seqs, expected)
+
+
+@core
+@pytest.mark.rule("invalid")
+@pytest.mark.parametrize(
+    ("need", "bad"),
+    [
+        pytest.param([1, 0, 3], 1, id="zero-in-the-middle"),
+        pytest.param([1, 2, -5], 2, id="negative-last"),
+        pytest.param([0], 0, id="zero-first"),
+    ],
+)
+def test_hotpath_refuses_a_need_below_one_and_writes_nothing(need: list[int], bad: int) -> None:
+    chunk = array("i", [UNWRITTEN] * len(need))
+    with pytest.raises(ValueError, match=rf"need\[{bad}\] must be >= 1"):
+        module("_hotpath").fill_token_budget(array("i", need), chunk, token_budget=4, max_seqs=4)
+    assert chunk.tolist() == [UNWRITTEN] * len(need), (
+        f"need={need} is refused, so chunk must be untouched; got {chunk.tolist()}"
+    )
+
+
+# --- the C hot path: every rule at once, on random columns ------------------------------------
+
+token_counts = st.one_of(st.integers(1, 3), st.integers(1, 600), st.integers(1, INT_MAX))
+budgets = st.one_of(st.integers(0, 3), st.integers(0, 2_000), st.integers(0, INT_MAX))
+
+
+@st.composite
+def hot_steps(draw: st.DrawFn) -> tuple[list[int], int, int]:
+    """A step: the columns, a budget, and a cap drawn around the number of requests (so
+    the cap, the budget and the end of the array each end some steps)."""
+    need = draw(st.lists(token_counts, max_size=64))
+    cap = draw(st.one_of(st.integers(0, len(need) + 1), st.integers(0, 80)))
+    return need, draw(budgets), cap
+
+
+@core
+@pytest.mark.rule("in-order", "no-skipping", "partial-chunk", "seq-cap", "prefix", "totals")
+@given(hot_steps())
+def test_hotpath_matches_the_model_on_random_columns(step: tuple[list[int], int, int]) -> None:
+    need, token_budget, max_seqs = step
+    check_fill(need, token_budget, max_seqs, fill_model(need, token_budget, max_seqs))
+
+
+# --- continuous versus static ------------------------------------------------------------
+
+
+def _steps_and_occupancy(b: Any, requests: Sequence[Request], slots: int) -> tuple[int, float]:
+    """Run every request (all arrived at 0) to the end: the model steps, and the mean
+    share of slots running over the steps that started with a request still waiting
+    (the drain at the end, when nobody waits, says nothing about the batcher)."""
+    for r in requests:
+        b.submit(r)
+    steps = backlog_steps = occupied = 0
+    while b.has_unfinished():
+        steps += 1
+        assert steps < 100_000, "liveness: the workload never finished"
+        waiting = len(requests) - len(b.metrics()) - len(b.running())
+        b.step(steps * STEP_NS)
+        if waiting:
+            backlog_steps += 1
+            occupied += len(b.running())
+    return steps, occupied / max(1, backlog_steps * slots)
+
+
+@extended
+@rule("continuous-wins", "static")
+def test_stage1_continuous_batching_needs_far_fewer_steps_than_static() -> None:
+    requests = exponential(256, mean_output=128, seed=11, prompt_len=(8, 64), max_output=1024)
+    slots, block_size = 32, 16
+    blocks = slots * ceil_div(64 + 1024, block_size)  # room for 32 at their longest
+    static_steps, static_occupancy = _steps_and_occupancy(
+        stage().StaticBatcher(model(blocks, block_size), batch_size=slots), requests, slots
+    )
+    b = batcher(model(blocks, block_size), max_num_seqs=slots, max_num_batched_tokens=2048)
+    steps, occupancy = _steps_and_occupancy(b, requests, slots)
+    assert static_steps >= 2.5 * steps and occupancy >= 0.9, (
+        f"§continuous-wins: 256 requests, output lengths exponential (mean 128), 32 slots: "
+        f"continuous took {steps} steps at {occupancy:.0%} occupancy, static {static_steps} "
+        f"at {static_occupancy:.0%}; continuous must need ≥ 2.5× fewer steps "
+        f"({static_steps / max(steps, 1):.2f}×) at ≥ 90% occupancy"
+    )

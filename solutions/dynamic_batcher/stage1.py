@@ -1,0 +1,436 @@
+"""Reference solution, stage 1: continuous batching over paged KV blocks.
+
+Each ``step()`` is one forward pass, planned in three moves (vLLM's scheduler, and
+Orca's iteration-level scheduling before it):
+
+1. **Running requests first, in admission order**: each needs the tokens it knows but
+   has not computed — 1 for a decode, the rest of its prompt for a prefill — and gets
+   what is left of the step's token budget, in order (``fill_token_budget``, the hot
+   path: in Python here, or the kata's C). A long prompt is so cut into chunks, and the
+   decodes admitted before it never wait for it.
+2. **Blocks for what was scheduled**: a request holds exactly
+   ``ceil(tokens in KV / block_size)`` blocks. When the pool runs dry, the most recently
+   admitted running request is preempted — its blocks freed, its KV to be recomputed
+   from its prompt and the tokens it already produced — and goes to the front of the
+   queue. The oldest requests therefore always progress: no livelock.
+3. **Waiting requests fill the rest of the budget**, in policy order, while there are
+   free slots and blocks — but not in a step that preempted (a step short of blocks
+   has no business admitting more).
+
+Recomputing a preempted request replays its known tokens into fresh blocks; the model
+then samples the token after them, so nothing it streamed is streamed again.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from katas._runtime.checks import positive_int
+from katas.dynamic_batcher.api import (
+    FinishReason,
+    Model,
+    Policy,
+    Request,
+    RequestMetrics,
+    RequestRejected,
+    SeqSlice,
+    StepOutput,
+)
+
+Hotpath = Literal["python", "c"]
+
+
+def fill_token_budget(
+    need: Sequence[int], token_budget: int, max_seqs: int
+) -> tuple[list[int], int, int]:
+    """The hot path's Python twin (``hp_fill_token_budget`` in csrc/hotpath.h): chunks
+    in order, each clamped to the budget left, stopping at the first request that would
+    get nothing or after ``max_seqs``; ``(chunks, requests scheduled, tokens)``."""
+    chunks = [0] * len(need)
+    left = token_budget
+    seqs = 0
+    for i, n in enumerate(need):
+        if left == 0 or seqs == max_seqs:
+            break
+        chunks[i] = take = n if n < left else left
+        left -= take
+        seqs += 1
+    return chunks, seqs, token_budget - left
+
+
+def _fill_in_c(need: Sequence[int], token_budget: int, max_seqs: int) -> tuple[list[int], int, int]:
+    from . import _hotpath  # built on first import (katas/_runtime/native.py)
+
+    need_col = array.array(_hotpath.TYPECODE, need)
+    chunk_col = array.array(_hotpath.TYPECODE, bytes(len(need_col) * need_col.itemsize))
+    seqs, tokens = _hotpath.fill_token_budget(
+        need_col, chunk_col, token_budget=token_budget, max_seqs=max_seqs
+    )
+    return chunk_col.tolist(), seqs, tokens
+
+
+def _blocks_for(tokens: int, block_size: int) -> int:
+    return -(-tokens // block_size)  # ceil: a partly filled block is a whole block
+
+
+@dataclass(eq=False)
+class _Seq:
+    """One request's state inside the batcher."""
+
+    request: Request
+    order: int  # submission order: FCFS, and the tie-break under priorities
+    output: list[int] = field(default_factory=list)
+    computed: int = 0  # tokens written to KV
+    blocks: list[int] = field(default_factory=list)
+    first_token_ns: int | None = None
+    preemptions: int = 0
+
+    @property
+    def known(self) -> int:
+        return len(self.request.prompt) + len(self.output)
+
+    def tokens(self, start: int, stop: int) -> tuple[int, ...]:
+        prompt = self.request.prompt
+        if stop <= len(prompt):
+            return prompt[start:stop]
+        return (*prompt[start:], *self.output[max(0, start - len(prompt)) : stop - len(prompt)])
+
+    def key(self, policy: Policy) -> tuple[int, int]:
+        return (self.request.priority if policy == "priority" else 0, self.order)
+
+
+class _Blocks:
+    """The pool's free list (a stack: the block freed last is reused first)."""
+
+    def __init__(self, num_blocks: int) -> None:
+        self.free = list(range(num_blocks - 1, -1, -1))
+
+    def grow(self, seq: _Seq, tokens: int, block_size: int) -> bool:
+        """Give ``seq`` the blocks for ``tokens`` in KV; False (nothing taken) if short."""
+        missing = _blocks_for(tokens, block_size) - len(seq.blocks)
+        if missing > len(self.free):
+            return False
+        for _ in range(missing):
+            seq.blocks.append(self.free.pop())
+        return True
+
+    def release(self, seq: _Seq) -> None:
+        self.free.extend(reversed(seq.blocks))
+        seq.blocks.clear()
+
+
+class _Finishing:
+    """The finished requests' metrics, and the bookkeeping every way of finishing shares."""
+
+    def __init__(self) -> None:
+        self.done: list[RequestMetrics] = []
+
+    def record(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
+        r = seq.request
+        self.done.append(
+            RequestMetrics(
+                r.rid, r.arrival_ns, seq.first_token_ns, now_ns, len(seq.output), reason,
+                seq.preemptions,
+            )
+        )  # fmt: skip
+
+
+def _check_request(request: Request, seen: set[str], num_blocks: int, block_size: int) -> None:
+    if not isinstance(request, Request):
+        raise TypeError(f"request must be an api.Request, got {request!r}")
+    if request.rid in seen:
+        raise RequestRejected(f"request id {request.rid!r} was already submitted")
+    worst = _blocks_for(len(request.prompt) + request.max_new_tokens, block_size)
+    if worst > num_blocks:
+        raise RequestRejected(
+            f"request {request.rid!r} can never finish: its prompt ({len(request.prompt)}) "
+            f"and max_new_tokens ({request.max_new_tokens}) need {worst} blocks of "
+            f"{block_size} tokens, the pool has {num_blocks}"
+        )
+
+
+def _check_pool(model: Model, num_blocks: int, block_size: int) -> None:
+    if (model.num_blocks, model.block_size) != (num_blocks, block_size):
+        raise ValueError(
+            f"num_blocks={num_blocks} and block_size={block_size} must be the model's KV "
+            f"pool ({model.num_blocks} blocks of {model.block_size})"
+        )
+
+
+class ContinuousBatcher:
+    """Iteration-level scheduling with a token budget, chunked prefill and paged KV."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        num_blocks: int,
+        block_size: int,
+        policy: Policy = "fcfs",
+        hotpath: Hotpath = "python",
+    ) -> None:
+        self._max_seqs = positive_int("max_num_seqs", max_num_seqs)
+        self._budget = positive_int("max_num_batched_tokens", max_num_batched_tokens)
+        if self._budget < self._max_seqs:  # a full batch of decodes must fit one step
+            raise ValueError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({max_num_seqs}): otherwise running requests can starve"
+            )
+        self._num_blocks = positive_int("num_blocks", num_blocks)
+        self._block_size = positive_int("block_size", block_size)
+        _check_pool(model, num_blocks, block_size)
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        if hotpath not in ("python", "c"):
+            raise ValueError(f"hotpath must be 'python' or 'c', got {hotpath!r}")
+        self._model = model
+        self._policy: Policy = policy
+        self._fill = fill_token_budget if hotpath == "python" else _fill_in_c
+        self._pool = _Blocks(num_blocks)
+        self._waiting: list[_Seq] = []  # in admission order: preempted first, then policy
+        self._running: list[_Seq] = []  # in admission order
+        self._seqs: dict[str, _Seq] = {}  # every request not finished
+        self._seen: set[str] = set()
+        self._finishing = _Finishing()
+        self._now = 0
+
+    # -- the interface ------------------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        _check_request(request, self._seen, self._num_blocks, self._block_size)
+        self._seen.add(request.rid)
+        seq = _Seq(request, order=len(self._seen))
+        self._seqs[request.rid] = seq
+        keys = [s.key(self._policy) for s in self._waiting if not s.preemptions]
+        skip = len(self._waiting) - len(keys)  # the preempted stay in front
+        self._waiting.insert(skip + bisect.bisect(keys, seq.key(self._policy)), seq)
+
+    def abort(self, rid: str) -> None:
+        """Finish ``rid`` now (reason ``abort``), whatever its state; nothing of it is
+        emitted afterwards. A finished request: nothing to do; an unknown one: KeyError."""
+        seq = self._seqs.get(rid)
+        if seq is None:
+            if rid in self._seen:
+                return
+            raise KeyError(f"no request {rid!r} was submitted")
+        self._finish(seq, self._now, "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def metrics(self) -> list[RequestMetrics]:
+        return list(self._finishing.done)
+
+    def step(self, now_ns: int) -> StepOutput:
+        self._now = now_ns
+        finished: dict[str, FinishReason] = {}
+        for seq in [*self._running, *self._waiting]:
+            deadline = seq.request.deadline_ns
+            if deadline is not None and now_ns >= deadline:
+                self._finish(seq, now_ns, "deadline")
+                finished[seq.request.rid] = "deadline"
+        plan, preempted = self._schedule_running()
+        if not preempted:
+            plan += self._admit(self._budget - sum(chunk for _, chunk in plan))
+        tokens = self._run(plan, now_ns, finished)
+        scheduled = {seq.request.rid: chunk for seq, chunk in plan}
+        return StepOutput(now_ns, scheduled, tokens, finished, tuple(preempted))
+
+    # -- one step -----------------------------------------------------------------------
+    def _schedule_running(self) -> tuple[list[tuple[_Seq, int]], list[str]]:
+        running = self._running
+        chunks, seqs, _ = self._fill([s.known - s.computed for s in running], self._budget,
+                                     self._max_seqs)  # fmt: skip
+        plan: list[tuple[_Seq, int]] = []
+        preempted: list[str] = []
+        i = 0
+        while i < min(seqs, len(running)):
+            seq = running[i]
+            while not self._pool.grow(seq, seq.computed + chunks[i], self._block_size):
+                victim = running[-1]  # the most recently admitted gives its blocks
+                self._preempt(victim)
+                preempted.append(victim.request.rid)
+                if victim is seq:
+                    return plan, preempted
+            plan.append((seq, chunks[i]))
+            i += 1
+        return plan, preempted
+
+    def _admit(self, budget: int) -> list[tuple[_Seq, int]]:
+        plan: list[tuple[_Seq, int]] = []
+        while self._waiting and budget > 0 and len(self._running) < self._max_seqs:
+            seq = self._waiting[0]
+            chunk = min(seq.known - seq.computed, budget)
+            if not self._pool.grow(seq, seq.computed + chunk, self._block_size):
+                break  # no preemption to admit: the queue waits for blocks
+            del self._waiting[0]
+            self._running.append(seq)
+            plan.append((seq, chunk))
+            budget -= chunk
+        return plan
+
+    def _run(
+        self, plan: list[tuple[_Seq, int]], now_ns: int, finished: dict[str, FinishReason]
+    ) -> dict[str, tuple[int, ...]]:
+        slices = []
+        for seq, chunk in plan:
+            start, stop = seq.computed, seq.computed + chunk
+            slices.append(
+                SeqSlice(seq.request.rid, seq.tokens(start, stop), start, tuple(seq.blocks),
+                         stop == seq.known)
+            )  # fmt: skip
+        sampled = self._model.forward(slices) if slices else {}
+        emitted: dict[str, tuple[int, ...]] = {}
+        for (seq, chunk), piece in zip(plan, slices, strict=True):
+            seq.computed += chunk
+            if not piece.last:
+                continue
+            token = sampled[piece.rid]
+            if token is None:
+                raise RuntimeError(f"the model sampled nothing for the last slice of {piece.rid}")
+            seq.output.append(token)
+            emitted[piece.rid] = (token,)
+            if seq.first_token_ns is None:
+                seq.first_token_ns = now_ns
+            reason: FinishReason | None = None
+            if token in seq.request.stop_tokens:
+                reason = "stop"
+            elif len(seq.output) >= seq.request.max_new_tokens:
+                reason = "length"
+            if reason is not None:
+                self._finish(seq, now_ns, reason)
+                finished[piece.rid] = reason
+        return emitted
+
+    def _preempt(self, seq: _Seq) -> None:
+        self._running.remove(seq)
+        self._pool.release(seq)
+        seq.computed = 0  # recompute: prompt and produced tokens alike
+        seq.preemptions += 1
+        self._waiting.insert(0, seq)
+
+    def _finish(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
+        if seq in self._running:
+            self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        self._pool.release(seq)
+        del self._seqs[seq.request.rid]
+        self._finishing.record(seq, now_ns, reason)
+
+    # -- for tests and reports ----------------------------------------------------------
+    def free_blocks(self) -> int:
+        return len(self._pool.free)
+
+    def blocks_of(self, rid: str) -> tuple[int, ...]:
+        seq = self._seqs.get(rid)
+        return () if seq is None else tuple(seq.blocks)
+
+    def running(self) -> list[str]:
+        return [s.request.rid for s in self._running]
+
+    def waiting(self) -> list[str]:
+        return [s.request.rid for s in self._waiting]
+
+
+class StaticBatcher:
+    """The baseline: a batch of up to ``batch_size`` is admitted only when the last one
+    has finished, with the KV for each request's longest possible output reserved up
+    front; slots of requests that finish early stay empty until the whole batch is done."""
+
+    def __init__(self, model: Model, *, batch_size: int) -> None:
+        self._batch_size = positive_int("batch_size", batch_size)
+        self._model = model
+        self._pool = _Blocks(model.num_blocks)
+        self._block_size = model.block_size
+        self._waiting: list[_Seq] = []
+        self._batch: list[_Seq] = []
+        self._seqs: dict[str, _Seq] = {}
+        self._seen: set[str] = set()
+        self._finishing = _Finishing()
+        self._now = 0
+
+    def submit(self, request: Request) -> None:
+        _check_request(request, self._seen, self._model.num_blocks, self._block_size)
+        self._seen.add(request.rid)
+        seq = _Seq(request, order=len(self._seen))
+        self._seqs[request.rid] = seq
+        self._waiting.append(seq)
+
+    def abort(self, rid: str) -> None:
+        seq = self._seqs.get(rid)
+        if seq is None:
+            if rid in self._seen:
+                return
+            raise KeyError(f"no request {rid!r} was submitted")
+        self._finish(seq, self._now, "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def metrics(self) -> list[RequestMetrics]:
+        return list(self._finishing.done)
+
+    def step(self, now_ns: int) -> StepOutput:
+        self._now = now_ns
+        finished: dict[str, FinishReason] = {}
+        for seq in [*self._batch, *self._waiting]:
+            deadline = seq.request.deadline_ns
+            if deadline is not None and now_ns >= deadline:
+                self._finish(seq, now_ns, "deadline")
+                finished[seq.request.rid] = "deadline"
+        if not self._batch:
+            self._form_batch()
+        slices = []
+        for seq in self._batch:
+            slices.append(
+                SeqSlice(seq.request.rid, seq.tokens(seq.computed, seq.known), seq.computed,
+                         tuple(seq.blocks))
+            )  # fmt: skip
+        sampled = self._model.forward(slices) if slices else {}
+        emitted: dict[str, tuple[int, ...]] = {}
+        for seq in list(self._batch):
+            rid = seq.request.rid
+            seq.computed = seq.known
+            token = sampled[rid]
+            assert token is not None
+            seq.output.append(token)
+            emitted[rid] = (token,)
+            if seq.first_token_ns is None:
+                seq.first_token_ns = now_ns
+            if token in seq.request.stop_tokens:
+                finished[rid] = "stop"
+            elif len(seq.output) >= seq.request.max_new_tokens:
+                finished[rid] = "length"
+            if rid in finished:
+                self._finish(seq, now_ns, finished[rid])
+        scheduled = {s.rid: len(s.tokens) for s in slices}
+        return StepOutput(now_ns, scheduled, emitted, finished)
+
+    def _form_batch(self) -> None:
+        while self._waiting and len(self._batch) < self._batch_size:
+            seq = self._waiting[0]
+            r = seq.request
+            if not self._pool.grow(seq, len(r.prompt) + r.max_new_tokens, self._block_size):
+                break  # its worst case does not fit next to the batch's: next batch
+            self._batch.append(self._waiting.pop(0))
+
+    def _finish(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
+        if seq in self._batch:
+            self._batch.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        self._pool.release(seq)
+        del self._seqs[seq.request.rid]
+        self._finishing.record(seq, now_ns, reason)
+
+    def running(self) -> list[str]:
+        return [s.request.rid for s in self._batch]
+
+
+__all__ = ["ContinuousBatcher", "StaticBatcher", "fill_token_budget"]
