@@ -787,12 +787,17 @@ def _steps_and_occupancy(b: Any, requests: Sequence[Request], slots: int) -> tup
     (the drain at the end, when nobody waits, says nothing about the batcher)."""
     for r in requests:
         b.submit(r)
-    steps = backlog_steps = occupied = 0
+    steps = backlog_steps = occupied = emitted = 0
+    most = sum(r.max_new_tokens for r in requests)
     while b.has_unfinished():
         steps += 1
-        assert steps < 100_000, "liveness: the workload never finished"
+        assert steps <= 8 * most // slots + 1000, f"liveness: unfinished after {steps} steps"
         waiting = len(requests) - len(b.metrics()) - len(b.running())
-        b.step(steps * STEP_NS)
+        emitted += sum(len(t) for t in b.step(steps * STEP_NS).tokens.values())
+        assert emitted <= most, (
+            f"§finish: by step {steps}, {emitted} tokens emitted, more than the {most} the "
+            "requests' max_new_tokens allow: a finished request is still being decoded"
+        )
         if waiting:
             backlog_steps += 1
             occupied += len(b.running())
