@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from katas._harness.under_test import module, stage
@@ -773,6 +773,9 @@ def hot_steps(draw: st.DrawFn) -> tuple[list[int], int, int]:
 @core
 @pytest.mark.rule("in-order", "no-skipping", "partial-chunk", "seq-cap", "prefix", "totals")
 @given(hot_steps())
+@example(([1, 1, 1], 10, 2))  # the cap ends the step, with budget and requests to spare
+@example(([3, 3], 4, 0))  # a cap of 0
+@example(([2, 2], 4, 2))  # the budget, the cap and the array end together
 def test_hotpath_matches_the_model_on_random_columns(step: tuple[list[int], int, int]) -> None:
     need, token_budget, max_seqs = step
     check_fill(need, token_budget, max_seqs, fill_model(need, token_budget, max_seqs))

@@ -51,6 +51,7 @@ def step_cost_ns(prefill_tokens: int, decode_seqs: int) -> int:
 _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _BLOCK_TAG = 0xB10C
+_FNV_PRIME = 0x100000001B3
 
 
 def _mix(x: int) -> int:
@@ -63,8 +64,10 @@ def _mix(x: int) -> int:
 
 
 def _fold(h: int, tokens: Iterable[int]) -> int:
+    """Fold tokens into ``h``, FNV-1a style: each step is a bijection of ``h`` (and of the
+    token), so changing any one token always changes the result; ``_mix`` spreads it."""
     for t in tokens:
-        h = _mix(h ^ ((t + 1) * _GOLDEN))
+        h = ((h ^ (t & _MASK)) * _FNV_PRIME) & _MASK
     return h
 
 
@@ -110,6 +113,7 @@ class FakeModel:
         self._writes = [0] * num_blocks
         # block -> (write count, chain hash it extended, its chain hash)
         self._chain: dict[int, tuple[int, int, int]] = {}
+        self._checked_tables: dict[str, tuple[int, ...]] = {}  # rid -> its last good table
         #: One record per ``forward`` call, in order.
         self.steps: list[ForwardRecord] = []
         #: Full blocks hashed (chain-cache misses): flat per token, however long the run.
@@ -177,10 +181,10 @@ class FakeModel:
 
     # -- internals ------------------------------------------------------------------------
     def _check(self, slices: list[SeqSlice]) -> None:
-        bs, n = self._block_size, self._num_blocks
+        bs = self._block_size
         seen: set[str] = set()
-        holders: dict[int, list[tuple[str, int]]] = {}  # block -> (rid, table index)
-        written: dict[int, tuple[str, int]] = {}
+        in_tables = 0
+        union: set[int] = set()
         for s in slices:
             rid = s.rid
             where = f"FakeModel.forward: request {rid!r}"
@@ -206,21 +210,43 @@ class FakeModel:
                     f"0..{len(table) * bs - 1}: position {len(table) * bs} has no block "
                     f"(with {end} tokens in KV it needs ceil({end} / {bs}) = {need} blocks)"
                 )
-            first_index: dict[int, int] = {}
-            for i, block in enumerate(table):
-                span = f"block_table[{i}] = {block!r} (positions {i * bs}..{(i + 1) * bs - 1})"
-                if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < n:
-                    raise AssertionError(f"{where}: {span} is not a block of the pool (0..{n - 1})")
-                if block in first_index:
-                    raise AssertionError(
-                        f"{where}: block {block} is in its block table twice, at indexes "
-                        f"{first_index[block]} and {i}: positions {first_index[block] * bs} "
-                        f"and {i * bs} would share a slot"
-                    )
-                first_index[block] = i
-                holders.setdefault(block, []).append((rid, i))
-            for i in range(s.start_pos // bs, need):
-                written[table[i]] = (rid, i)
+            # A request's table rarely changes between steps: check it entry by entry
+            # only when it did (the cross-request check below runs every step).
+            if self._checked_tables.get(rid) != table:
+                self._check_table(where, table)
+                self._checked_tables[rid] = tuple(table)
+            in_tables += len(table)
+            union.update(table)
+        if len(union) != in_tables:  # some block is in two tables: find it, say who
+            self._check_sharing(slices)
+
+    def _check_table(self, where: str, table: Sequence[int]) -> None:
+        bs, n = self._block_size, self._num_blocks
+        first_index: dict[int, int] = {}
+        for i, block in enumerate(table):
+            span = f"block_table[{i}] = {block!r} (positions {i * bs}..{(i + 1) * bs - 1})"
+            if isinstance(block, bool) or not isinstance(block, int) or not 0 <= block < n:
+                raise AssertionError(f"{where}: {span} is not a block of the pool (0..{n - 1})")
+            if block in first_index:
+                j = first_index[block]
+                raise AssertionError(
+                    f"{where}: block {block} is in its block table twice, at indexes {j} and "
+                    f"{i}: positions {j * bs} and {i * bs} would share a slot"
+                )
+            first_index[block] = i
+
+    def _check_sharing(self, slices: list[SeqSlice]) -> None:
+        """Fail on a block in two requests' tables — unless ``shared_reads`` and no
+        request writes it this step."""
+        bs = self._block_size
+        holders: dict[int, list[tuple[str, int]]] = {}  # block -> (rid, table index)
+        written: dict[int, tuple[str, int]] = {}
+        for s in slices:
+            for i, block in enumerate(s.block_table):
+                holders.setdefault(block, []).append((s.rid, i))
+            end = s.start_pos + len(s.tokens)
+            for i in range(s.start_pos // bs, -(-end // bs)):
+                written[s.block_table[i]] = (s.rid, i)
         for block, held in holders.items():
             if len(held) < 2:
                 continue
@@ -234,9 +260,9 @@ class FakeModel:
             (a, ai), (b, bi) = pair
             raise AssertionError(
                 f"FakeModel.forward: block {block} is owned by two requests in one step — "
-                f"{a!r} (its positions {ai * bs}..{(ai + 1) * bs - 1}) and {b!r} (its positions "
-                f"{bi * bs}..{(bi + 1) * bs - 1}): a block freed while still in a table, or "
-                "handed out twice"
+                f"{a!r} (its positions {ai * bs}..{(ai + 1) * bs - 1}) and {b!r} (its "
+                f"positions {bi * bs}..{(bi + 1) * bs - 1}): a block freed while still in a "
+                "table, or handed out twice"
             )
 
     def _read_next(self, rid: str, end: int, table: Sequence[int]) -> int:
@@ -250,7 +276,7 @@ class FakeModel:
                 h = cached[2]
                 continue
             tokens = self._written(rid, i, block, slots[block])
-            nxt = _fold(_mix(h ^ _BLOCK_TAG), tokens)
+            nxt = _mix(_fold(h ^ _BLOCK_TAG, tokens))
             chain[block] = (writes[block], h, nxt)
             self.hashed_blocks += 1
             h = nxt
