@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from katas._harness.under_test import module, stage
 from katas.dynamic_batcher._testing.model import FakeModel, reference_generation
+from katas.dynamic_batcher._testing.rules import BatchingRules
 from katas.dynamic_batcher._testing.workload import exponential
 from katas.dynamic_batcher.api import Request, RequestRejected, StepOutput
 
@@ -612,6 +613,90 @@ def test_stage1_any_workload_keeps_every_invariant_and_every_output(
     missing = set(t.submitted) - set(t.finished)
     assert not missing, f"§finish: every request finishes exactly once; never: {missing}"
     assert_transparent(t)
+
+
+@st.composite
+def _runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
+    """A configuration, and what happens before each step: submissions (some with a
+    priority, a stop token or a deadline) and aborts."""
+    block_size = draw(st.integers(1, 4), label="block_size")
+    seqs = draw(st.integers(1, 4), label="max_num_seqs")
+    config: dict[str, Any] = {
+        "block_size": block_size,
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": draw(st.integers(seqs, 12), label="budget"),
+        "policy": draw(st.sampled_from(["fcfs", "priority"]), label="policy"),
+    }
+    events: list[tuple[int, str, Any]] = []
+    worst = 1
+    for i in range(draw(st.integers(1, 8), label="requests")):
+        prompt, new = draw(st.integers(1, 14)), draw(st.integers(1, 8))
+        worst = max(worst, ceil_div(prompt + new, block_size))
+        at = draw(st.integers(1, 8))
+        options: dict[str, Any] = {"priority": draw(st.integers(0, 2))}
+        if draw(st.booleans()):
+            options["deadline_ns"] = (at + draw(st.integers(0, 12))) * STEP_NS
+        r = req(f"r{i}", prompt, new, **options)
+        if draw(st.booleans()):  # stop at its own 2nd token: some stop early, some never
+            r = req(f"r{i}", prompt, new, stop_tokens={unbatched(r, block_size)[:2][-1]}, **options)
+        events.append((at, "submit", r))
+        if draw(st.integers(0, 5)) == 0:
+            events.append((at + draw(st.integers(0, 6)), "abort", r.rid))
+    config["num_blocks"] = draw(st.integers(worst, worst * 2), label="num_blocks")
+    return config, sorted(events, key=lambda e: (e[0], e[1] == "abort"))
+
+
+@core
+@rule("running-first", "caps", "chunked-prefill", "preemption", "admission", "finish", "abort")
+@given(case=_runs())
+@settings(max_examples=80)
+def test_stage1_every_step_is_the_one_the_rules_make(
+    case: tuple[dict[str, Any], list[tuple[int, str, Any]]],
+) -> None:
+    config, events = case
+    block_size = config["block_size"]
+    outputs = {r.rid: unbatched(r, block_size) for _, kind, r in events if kind == "submit"}
+    rules = BatchingRules(outputs, **config)
+    m = model(config.pop("num_blocks"), config.pop("block_size"))
+    t = trace(m, **config)
+    said: list[str] = []
+    last = max(at for at, _, _ in events)
+    for n in range(1, 400):
+        for at, kind, what in events:
+            if at != n:
+                continue
+            if kind == "submit":
+                t.submit(what)
+                rules.submit(what)
+                said.append(
+                    f"before step {n}: submit {what.rid} (prompt {len(what.prompt)}, "
+                    f"max_new_tokens {what.max_new_tokens}, priority {what.priority}, "
+                    f"deadline {what.deadline_ns}, stop {set(what.stop_tokens)})"
+                )
+            elif what not in t.finished:
+                t.b.abort(what)
+                rules.abort(what)
+                t.finished[what] = "abort"
+                t.in_kv[what] = 0
+                said.append(f"before step {n}: abort {what}")
+        if n > last and not t.b.has_unfinished():
+            break
+        out = t.step()
+        plan, preempted, tokens, finished = rules.step(n * STEP_NS)
+        got = (list(out.scheduled.items()), tuple(out.preempted), dict(out.tokens),
+               dict(out.finished))  # fmt: skip
+        want = (plan, preempted, tokens, finished)
+        if got != want:
+            story = "\n".join(f"    {line}" for line in said[-12:])
+            raise AssertionError(
+                f"step {n} is not the one the rules make ({config}):\n"
+                f"  expected scheduled {plan}, preempted {list(preempted)}, emitted {tokens}, "
+                f"finished {finished}\n"
+                f"  got      scheduled {got[0]}, preempted {list(got[1])}, emitted {got[2]}, "
+                f"finished {got[3]}\n  what happened (the last 12):\n{story}\n{t.rows()[-2500:]}"
+            )
+        said.append(f"step {n}: scheduled {plan}, preempted {list(preempted)}")
+    assert not t.b.has_unfinished(), f"liveness: unfinished after 400 steps\n{t.rows()[-2000:]}"
 
 
 # --- the C hot path ---------------------------------------------------------------------------

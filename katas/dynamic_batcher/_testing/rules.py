@@ -1,0 +1,150 @@
+"""The stage-1 rules as a model: what each step of a continuous batcher must schedule,
+preempt, emit and finish — written as plainly as the prompt reads, with no concern for
+speed, so that a test can compare a batcher with it step by step.
+
+The model knows each request's output in advance (its unbatched generation, which a
+correct batcher reproduces exactly), so it needs no model of the GPU: only counts of
+tokens computed and blocks held per request, a free count, a waiting list and a running
+list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from katas.dynamic_batcher.api import FinishReason, Policy, Request
+
+Step = tuple[
+    list[tuple[str, int]], tuple[str, ...], dict[str, tuple[int, ...]], dict[str, FinishReason]
+]
+
+
+@dataclass
+class _State:
+    request: Request
+    output: tuple[int, ...]  # all it will emit
+    order: int
+    emitted: int = 0
+    computed: int = 0
+    blocks: int = 0
+    preempted: bool = False
+
+    @property
+    def known(self) -> int:
+        return len(self.request.prompt) + self.emitted
+
+
+class BatchingRules:
+    """A continuous batcher's required behaviour, one step at a time."""
+
+    def __init__(
+        self,
+        outputs: Mapping[str, tuple[int, ...]],
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        num_blocks: int,
+        block_size: int,
+        policy: Policy = "fcfs",
+    ) -> None:
+        self.outputs = outputs
+        self.max_seqs = max_num_seqs
+        self.budget = max_num_batched_tokens
+        self.free = num_blocks
+        self.block_size = block_size
+        self.policy = policy
+        self.states: dict[str, _State] = {}
+        self.waiting: list[str] = []
+        self.running: list[str] = []
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def submit(self, request: Request) -> None:
+        rid = request.rid
+        self.states[rid] = _State(request, self.outputs[rid], len(self.states))
+        # the preempted first (the last preempted foremost), then the rest by policy
+        front = [r for r in self.waiting if self.states[r].preempted]
+        rest = [r for r in self.waiting if not self.states[r].preempted] + [rid]
+        if self.policy == "priority":
+            rest.sort(key=lambda r: (self.states[r].request.priority, self.states[r].order))
+        self.waiting = front + rest
+
+    def _drop(self, rid: str) -> None:
+        state = self.states[rid]
+        self.free += state.blocks
+        state.blocks = 0
+        if rid in self.running:
+            self.running.remove(rid)
+        if rid in self.waiting:
+            self.waiting.remove(rid)
+
+    def abort(self, rid: str) -> None:
+        self._drop(rid)
+
+    def step(self, now_ns: int) -> Step:
+        finished: dict[str, FinishReason] = {}
+        for rid in [*self.running, *self.waiting]:
+            deadline = self.states[rid].request.deadline_ns
+            if deadline is not None and now_ns >= deadline:
+                self._drop(rid)
+                finished[rid] = "deadline"
+        plan: list[tuple[str, int]] = []
+        preempted: list[str] = []
+        left = self.budget
+        for rid in list(self.running):
+            if rid not in self.running or len(plan) == self.max_seqs or left == 0:
+                break
+            s = self.states[rid]
+            n = min(s.known - s.computed, left)
+            while self._blocks_for(s.computed + n) - s.blocks > self.free:
+                victim = self.running[-1]  # the most recently admitted
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim == rid:
+                    break
+            if rid not in self.running:
+                break
+            self._take(s, n)
+            plan.append((rid, n))
+            left -= n
+        while not preempted and self.waiting and left > 0 and len(self.running) < self.max_seqs:
+            rid = self.waiting[0]
+            s = self.states[rid]
+            n = min(s.known - s.computed, left)
+            if self._blocks_for(s.computed + n) - s.blocks > self.free:
+                break  # nobody overtakes it
+            self.waiting.pop(0)
+            self.running.append(rid)
+            self._take(s, n)
+            plan.append((rid, n))
+            left -= n
+        tokens: dict[str, tuple[int, ...]] = {}
+        for rid, n in plan:
+            s = self.states[rid]
+            s.computed += n
+            if s.computed < s.known:
+                continue  # a prefill chunk that is not the prompt's last
+            token = s.output[s.emitted]
+            s.emitted += 1
+            tokens[rid] = (token,)
+            if s.emitted == len(s.output):
+                self._drop(rid)
+                finished[rid] = "stop" if token in s.request.stop_tokens else "length"
+        return plan, tuple(preempted), tokens, finished
+
+    def _take(self, s: _State, n: int) -> None:
+        more = self._blocks_for(s.computed + n) - s.blocks
+        self.free -= more
+        s.blocks += more
+
+    def _preempt(self, rid: str) -> None:
+        s = self.states[rid]
+        self._drop(rid)
+        s.computed = 0
+        s.preempted = True
+        self.waiting.insert(0, rid)
+
+
+__all__ = ["BatchingRules"]
