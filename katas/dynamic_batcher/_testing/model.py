@@ -116,7 +116,7 @@ class FakeModel:
         self._checked_tables: dict[str, tuple[int, ...]] = {}  # rid -> its last good table
         #: One record per ``forward`` call, in order.
         self.steps: list[ForwardRecord] = []
-        #: Full blocks hashed (chain-cache misses): flat per token, however long the run.
+        #: Full blocks hashed (chain-cache misses): once per block filled, not per read.
         self.hashed_blocks = 0
         self._prefill_tokens = 0
         self._decode_seqs = 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 
 from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher.api import Request
@@ -188,7 +189,7 @@ def _requests(
     ]
 
 
-def total_output_tokens(workload: list[Request]) -> int:
+def total_output_tokens(workload: Sequence[Request]) -> int:
     """Tokens the workload generates when nothing stops early: the sum of its budgets."""
     return sum(r.max_new_tokens for r in workload)
 
