@@ -11,7 +11,7 @@ request lived through is its :class:`RequestMetrics`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple, Protocol
 
@@ -36,7 +36,7 @@ class Request:
     rid: str
     prompt: tuple[int, ...]
     max_new_tokens: int
-    stop_tokens: frozenset[int] = frozenset()
+    stop_tokens: Collection[int] = frozenset()  # held as a frozenset
     priority: int = 0
     arrival_ns: int = 0
     deadline_ns: int | None = None
