@@ -513,14 +513,15 @@ def test_stage1_submit_rejects_duplicates_and_requests_that_could_never_finish()
         t.b.submit(req("big", 3, 14))  # ceil(17 / 4) = 5 blocks > 4: it could never finish
     t.run()
     assert t.finished == {"A": "length"}, f"a rejected request changes nothing: {t.finished}"
-    for bad, kwargs in [
-        ("max_new_tokens", {"rid": "x", "prompt": (1,), "max_new_tokens": 0}),
-        ("prompt", {"rid": "x", "prompt": (), "max_new_tokens": 1}),
-        ("prompt", {"rid": "x", "prompt": (1, -2), "max_new_tokens": 1}),
-        ("rid", {"rid": "", "prompt": (1,), "max_new_tokens": 1}),
-    ]:
-        with pytest.raises(ValueError, match=bad):  # api.Request refuses it: never submitted
-            Request(**kwargs)
+    bad: list[tuple[str, str, tuple[int, ...], int]] = [
+        ("max_new_tokens", "x", (1,), 0),
+        ("prompt", "x", (), 1),
+        ("prompt", "x", (1, -2), 1),
+        ("rid", "", (1,), 1),
+    ]
+    for name, rid, prompt, new in bad:
+        with pytest.raises(ValueError, match=name):  # api.Request refuses it: never submitted
+            Request(rid, prompt, new)
 
 
 @extended
