@@ -123,22 +123,6 @@ class _Blocks:
         seq.blocks.clear()
 
 
-class _Finishing:
-    """The finished requests' metrics, and the bookkeeping every way of finishing shares."""
-
-    def __init__(self) -> None:
-        self.done: list[RequestMetrics] = []
-
-    def record(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
-        r = seq.request
-        self.done.append(
-            RequestMetrics(
-                r.rid, r.arrival_ns, seq.first_token_ns, now_ns, len(seq.output), reason,
-                seq.preemptions,
-            )
-        )  # fmt: skip
-
-
 def _check_request(request: Request, seen: set[str], num_blocks: int, block_size: int) -> None:
     if not isinstance(request, Request):
         raise TypeError(f"request must be an api.Request, got {request!r}")
@@ -161,7 +145,88 @@ def _check_pool(model: Model, num_blocks: int, block_size: int) -> None:
         )
 
 
-class ContinuousBatcher:
+class _Batcher:
+    """What both batchers share: the requests not finished, in a waiting and a running
+    list; the KV pool; finishing, whatever the reason; the finished requests' metrics."""
+
+    def __init__(self, model: Model) -> None:
+        self._model = model
+        self._num_blocks, self._block_size = model.num_blocks, model.block_size
+        self._pool = _Blocks(model.num_blocks)
+        self._waiting: list[_Seq] = []
+        self._running: list[_Seq] = []  # in admission order
+        self._seqs: dict[str, _Seq] = {}  # every request not finished
+        self._seen: set[str] = set()
+        self._done: list[RequestMetrics] = []
+        self._now = 0
+
+    def _new(self, request: Request) -> _Seq:
+        _check_request(request, self._seen, self._num_blocks, self._block_size)
+        self._seen.add(request.rid)
+        seq = self._seqs[request.rid] = _Seq(request, order=len(self._seen))
+        return seq
+
+    def abort(self, rid: str) -> None:
+        """Finish ``rid`` now (reason ``abort``), whatever its state; nothing of it is
+        emitted afterwards. A finished request: nothing to do; an unknown one: KeyError."""
+        seq = self._seqs.get(rid)
+        if seq is None:
+            if rid in self._seen:
+                return
+            raise KeyError(f"no request {rid!r} was submitted")
+        self._finish(seq, self._now, "abort")
+
+    def has_unfinished(self) -> bool:
+        return bool(self._seqs)
+
+    def metrics(self) -> list[RequestMetrics]:
+        return list(self._done)
+
+    def running(self) -> list[str]:
+        return [s.request.rid for s in self._running]
+
+    def _past_deadlines(self, now_ns: int) -> dict[str, FinishReason]:
+        """Finish every request whose deadline ``now_ns`` has reached (before scheduling)."""
+        self._now = now_ns
+        finished: dict[str, FinishReason] = {}
+        for seq in [*self._running, *self._waiting]:
+            deadline = seq.request.deadline_ns
+            if deadline is not None and now_ns >= deadline:
+                self._finish(seq, now_ns, "deadline")
+                finished[seq.request.rid] = "deadline"
+        return finished
+
+    def _sampled(self, seq: _Seq, token: int, now_ns: int) -> FinishReason | None:
+        """Record ``token``, the request's next; finish it if that ends it."""
+        seq.output.append(token)
+        if seq.first_token_ns is None:
+            seq.first_token_ns = now_ns
+        reason: FinishReason | None = None
+        if token in seq.request.stop_tokens:
+            reason = "stop"
+        elif len(seq.output) >= seq.request.max_new_tokens:
+            reason = "length"
+        if reason is not None:
+            self._finish(seq, now_ns, reason)
+        return reason
+
+    def _finish(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
+        if seq in self._running:
+            self._running.remove(seq)
+        else:
+            self._waiting.remove(seq)
+        self._pool.release(seq)
+        del self._seqs[seq.request.rid]
+        r = seq.request
+        self._done.append(
+            RequestMetrics(
+                r.rid, r.arrival_ns, seq.first_token_ns, now_ns, len(seq.output), reason,
+                seq.preemptions,
+            )
+        )  # fmt: skip
+
+
+class ContinuousBatcher(_Batcher):
     """Iteration-level scheduling with a token budget, chunked prefill and paged KV."""
 
     def __init__(
@@ -182,58 +247,26 @@ class ContinuousBatcher:
                 f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
                 f"max_num_seqs ({max_num_seqs}): otherwise running requests can starve"
             )
-        self._num_blocks = positive_int("num_blocks", num_blocks)
-        self._block_size = positive_int("block_size", block_size)
+        positive_int("num_blocks", num_blocks)
+        positive_int("block_size", block_size)
         _check_pool(model, num_blocks, block_size)
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
         if hotpath not in ("python", "c"):
             raise ValueError(f"hotpath must be 'python' or 'c', got {hotpath!r}")
-        self._model = model
+        super().__init__(model)  # waiting: in admission order, the preempted first
         self._policy: Policy = policy
         self._fill = fill_token_budget if hotpath == "python" else _fill_in_c
-        self._pool = _Blocks(num_blocks)
-        self._waiting: list[_Seq] = []  # in admission order: preempted first, then policy
-        self._running: list[_Seq] = []  # in admission order
-        self._seqs: dict[str, _Seq] = {}  # every request not finished
-        self._seen: set[str] = set()
-        self._finishing = _Finishing()
-        self._now = 0
 
     # -- the interface ------------------------------------------------------------------
     def submit(self, request: Request) -> None:
-        _check_request(request, self._seen, self._num_blocks, self._block_size)
-        self._seen.add(request.rid)
-        seq = _Seq(request, order=len(self._seen))
-        self._seqs[request.rid] = seq
+        seq = self._new(request)
         keys = [s.key(self._policy) for s in self._waiting if not s.preemptions]
         skip = len(self._waiting) - len(keys)  # the preempted stay in front
         self._waiting.insert(skip + bisect.bisect(keys, seq.key(self._policy)), seq)
 
-    def abort(self, rid: str) -> None:
-        """Finish ``rid`` now (reason ``abort``), whatever its state; nothing of it is
-        emitted afterwards. A finished request: nothing to do; an unknown one: KeyError."""
-        seq = self._seqs.get(rid)
-        if seq is None:
-            if rid in self._seen:
-                return
-            raise KeyError(f"no request {rid!r} was submitted")
-        self._finish(seq, self._now, "abort")
-
-    def has_unfinished(self) -> bool:
-        return bool(self._seqs)
-
-    def metrics(self) -> list[RequestMetrics]:
-        return list(self._finishing.done)
-
     def step(self, now_ns: int) -> StepOutput:
-        self._now = now_ns
-        finished: dict[str, FinishReason] = {}
-        for seq in [*self._running, *self._waiting]:
-            deadline = seq.request.deadline_ns
-            if deadline is not None and now_ns >= deadline:
-                self._finish(seq, now_ns, "deadline")
-                finished[seq.request.rid] = "deadline"
+        finished = self._past_deadlines(now_ns)
         plan, preempted = self._schedule_running()
         if not preempted:
             plan += self._admit(self._budget - sum(chunk for _, chunk in plan))
@@ -293,17 +326,9 @@ class ContinuousBatcher:
             token = sampled[piece.rid]
             if token is None:
                 raise RuntimeError(f"the model sampled nothing for the last slice of {piece.rid}")
-            seq.output.append(token)
             emitted[piece.rid] = (token,)
-            if seq.first_token_ns is None:
-                seq.first_token_ns = now_ns
-            reason: FinishReason | None = None
-            if token in seq.request.stop_tokens:
-                reason = "stop"
-            elif len(seq.output) >= seq.request.max_new_tokens:
-                reason = "length"
+            reason = self._sampled(seq, token, now_ns)
             if reason is not None:
-                self._finish(seq, now_ns, reason)
                 finished[piece.rid] = reason
         return emitted
 
@@ -314,15 +339,6 @@ class ContinuousBatcher:
         seq.preemptions += 1
         self._waiting.insert(0, seq)
 
-    def _finish(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
-        if seq in self._running:
-            self._running.remove(seq)
-        else:
-            self._waiting.remove(seq)
-        self._pool.release(seq)
-        del self._seqs[seq.request.rid]
-        self._finishing.record(seq, now_ns, reason)
-
     # -- for tests and reports ----------------------------------------------------------
     def free_blocks(self) -> int:
         return len(self._pool.free)
@@ -331,106 +347,51 @@ class ContinuousBatcher:
         seq = self._seqs.get(rid)
         return () if seq is None else tuple(seq.blocks)
 
-    def running(self) -> list[str]:
-        return [s.request.rid for s in self._running]
-
     def waiting(self) -> list[str]:
         return [s.request.rid for s in self._waiting]
 
 
-class StaticBatcher:
+class StaticBatcher(_Batcher):
     """The baseline: a batch of up to ``batch_size`` is admitted only when the last one
     has finished, with the KV for each request's longest possible output reserved up
     front; slots of requests that finish early stay empty until the whole batch is done."""
 
     def __init__(self, model: Model, *, batch_size: int) -> None:
         self._batch_size = positive_int("batch_size", batch_size)
-        self._model = model
-        self._pool = _Blocks(model.num_blocks)
-        self._block_size = model.block_size
-        self._waiting: list[_Seq] = []
-        self._batch: list[_Seq] = []
-        self._seqs: dict[str, _Seq] = {}
-        self._seen: set[str] = set()
-        self._finishing = _Finishing()
-        self._now = 0
+        super().__init__(model)
 
     def submit(self, request: Request) -> None:
-        _check_request(request, self._seen, self._model.num_blocks, self._block_size)
-        self._seen.add(request.rid)
-        seq = _Seq(request, order=len(self._seen))
-        self._seqs[request.rid] = seq
-        self._waiting.append(seq)
-
-    def abort(self, rid: str) -> None:
-        seq = self._seqs.get(rid)
-        if seq is None:
-            if rid in self._seen:
-                return
-            raise KeyError(f"no request {rid!r} was submitted")
-        self._finish(seq, self._now, "abort")
-
-    def has_unfinished(self) -> bool:
-        return bool(self._seqs)
-
-    def metrics(self) -> list[RequestMetrics]:
-        return list(self._finishing.done)
+        self._waiting.append(self._new(request))
 
     def step(self, now_ns: int) -> StepOutput:
-        self._now = now_ns
-        finished: dict[str, FinishReason] = {}
-        for seq in [*self._batch, *self._waiting]:
-            deadline = seq.request.deadline_ns
-            if deadline is not None and now_ns >= deadline:
-                self._finish(seq, now_ns, "deadline")
-                finished[seq.request.rid] = "deadline"
-        if not self._batch:
+        finished = self._past_deadlines(now_ns)
+        if not self._running:
             self._form_batch()
-        slices = []
-        for seq in self._batch:
-            slices.append(
-                SeqSlice(seq.request.rid, seq.tokens(seq.computed, seq.known), seq.computed,
-                         tuple(seq.blocks))
-            )  # fmt: skip
+        slices = [
+            SeqSlice(s.request.rid, s.tokens(s.computed, s.known), s.computed, tuple(s.blocks))
+            for s in self._running
+        ]
         sampled = self._model.forward(slices) if slices else {}
         emitted: dict[str, tuple[int, ...]] = {}
-        for seq in list(self._batch):
+        for seq in list(self._running):
             rid = seq.request.rid
             seq.computed = seq.known
             token = sampled[rid]
             assert token is not None
-            seq.output.append(token)
             emitted[rid] = (token,)
-            if seq.first_token_ns is None:
-                seq.first_token_ns = now_ns
-            if token in seq.request.stop_tokens:
-                finished[rid] = "stop"
-            elif len(seq.output) >= seq.request.max_new_tokens:
-                finished[rid] = "length"
-            if rid in finished:
-                self._finish(seq, now_ns, finished[rid])
+            reason = self._sampled(seq, token, now_ns)
+            if reason is not None:
+                finished[rid] = reason
         scheduled = {s.rid: len(s.tokens) for s in slices}
         return StepOutput(now_ns, scheduled, emitted, finished)
 
     def _form_batch(self) -> None:
-        while self._waiting and len(self._batch) < self._batch_size:
+        while self._waiting and len(self._running) < self._batch_size:
             seq = self._waiting[0]
             r = seq.request
             if not self._pool.grow(seq, len(r.prompt) + r.max_new_tokens, self._block_size):
                 break  # its worst case does not fit next to the batch's: next batch
-            self._batch.append(self._waiting.pop(0))
-
-    def _finish(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
-        if seq in self._batch:
-            self._batch.remove(seq)
-        else:
-            self._waiting.remove(seq)
-        self._pool.release(seq)
-        del self._seqs[seq.request.rid]
-        self._finishing.record(seq, now_ns, reason)
-
-    def running(self) -> list[str]:
-        return [s.request.rid for s in self._batch]
+            self._running.append(self._waiting.pop(0))
 
 
 __all__ = ["ContinuousBatcher", "StaticBatcher", "fill_token_budget"]
