@@ -17,7 +17,8 @@ idle timeout is real time, a fraction of a second. Every test runs on asyncio an
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,17 @@ class Reader:
         with bounded(what, seconds):
             while self.outcome is None:
                 await anyio.sleep(0.01)
+
+
+@asynccontextmanager
+async def reading(urls: Sequence[str], **options: Any) -> AsyncIterator[Reader]:
+    """A new source over ``urls``, read by a task of the test; closed on the way out."""
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, urls, **options)
+        async with source, anyio.create_task_group() as tg:
+            reader = Reader(source)
+            tg.start_soon(reader.run)
+            yield reader
 
 
 async def run(
@@ -459,15 +471,11 @@ async def test_stage3_a_replica_killed_mid_event_is_failed_over_exactly_once(
 ) -> None:
     inside_fourth = sum(len(b.raw) for b in BLOCKS[:3]) + 4
     replicas.reset(BLOCKS, [f"hold:{inside_fourth}"])
-    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
-        source = new_source(client, replicas.urls)
-        async with source, anyio.create_task_group() as tg:
-            reader = Reader(source)
-            tg.start_soon(reader.run)
-            await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
-            await reader.delivered(3)
-            replicas.kill("a")  # SIGKILL, with 4 bytes of event 4 on the wire
-            await reader.finished("the source to fail over and finish the stream")
+    async with reading(replicas.urls) as reader:
+        await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+        await reader.delivered(3)
+        replicas.kill("a")  # SIGKILL, with 4 bytes of event 4 on the wire
+        await reader.finished("the source to fail over and finish the stream")
     result = Run(reader.events, reader.outcome or END, replicas.requests(), [], replicas)
     assert_exactly_once(result, BLOCKS, "replica a was SIGKILLed 4 bytes into event 4")
     assert (result.requests[1].replica, result.requests[1].last_event_id) == ("b", "3"), (
@@ -483,24 +491,20 @@ async def test_stage3_a_replica_restarted_is_resumed_from(replicas: ReplicaSet) 
     inside_second = len(BLOCKS[0].raw) + 3
     replicas.reset(BLOCKS, [f"hold:{inside_second}"])
     url = [replicas.url("a")]
-    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
-        source = new_source(client, url, clock=clock)
-        async with source, anyio.create_task_group() as tg:
-            reader = Reader(source)
-            tg.start_soon(reader.run)
-            await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
-            await reader.delivered(1)
-            replicas.kill("a")
-            await eventually_async(lambda: clock.sleepers() == 1, "the source to back off")
-            clock.advance(clock.sleeps_ns[-1])  # its attempt finds a down
-            await eventually_async(
-                lambda: len(clock.sleeps_ns) == 2 and clock.sleepers() == 1,
-                "a refused attempt, then a second backoff",
-            )
-            replicas.restart("a")
-            clock.jumping = True
-            clock.advance(clock.sleeps_ns[-1])
-            await reader.finished("the source to resume from the restarted replica")
+    async with reading(url, clock=clock) as reader:
+        await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+        await reader.delivered(1)
+        replicas.kill("a")
+        await eventually_async(lambda: clock.sleepers() == 1, "the source to back off")
+        clock.advance(clock.sleeps_ns[-1])  # its attempt finds a down
+        await eventually_async(
+            lambda: len(clock.sleeps_ns) == 2 and clock.sleepers() == 1,
+            "a refused attempt, then a second backoff",
+        )
+        replicas.restart("a")
+        clock.jumping = True
+        clock.advance(clock.sleeps_ns[-1])
+        await reader.finished("the source to resume from the restarted replica")
     result = Run(
         reader.events, reader.outcome or END, replicas.requests(), clock.sleeps_ns, replicas
     )
@@ -743,17 +747,11 @@ async def test_stage3_a_stalled_replica_is_left_after_the_idle_timeout(
 ) -> None:
     inside_third = sum(len(b.raw) for b in BLOCKS[:2]) + 6
     replicas.reset(BLOCKS, [f"hold:{inside_third}"])
-    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
-        source = new_source(client, replicas.urls, idle_timeout_s=IDLE_S)
-        async with source, anyio.create_task_group() as tg:
-            reader = Reader(source)
-            tg.start_soon(reader.run)
-            await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
-            await reader.delivered(2)
-            replicas.stop("a")  # SIGSTOP: the connection stays open, and silent
-            await reader.finished(
-                f"the idle timeout ({IDLE_S} s) to move the source to b", 10 * IDLE_S
-            )
+    async with reading(replicas.urls, idle_timeout_s=IDLE_S) as reader:
+        await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+        await reader.delivered(2)
+        replicas.stop("a")  # SIGSTOP: the connection stays open, and silent
+        await reader.finished(f"the idle timeout ({IDLE_S} s) to move the source to b", 10 * IDLE_S)
     result = Run(reader.events, reader.outcome or END, replicas.requests(), [], replicas)
     assert_exactly_once(result, BLOCKS, "replica a stalled (SIGSTOP) inside event 3")
     assert result.requests[1].replica == "b", result.story()
