@@ -1,7 +1,8 @@
 """Stage 1 — continuous batching over paged KV blocks.
 
 The prompt is katas/dynamic_batcher/README.md; run the suite with
-``pytest katas/dynamic_batcher -k stage1`` (``-k "stage1 and core"`` for the core).
+``pytest katas/dynamic_batcher -k "not hotpath"`` (``-k "core and not hotpath"`` for
+the core; the C hot path is ``-k hotpath``).
 
 Rules (the suite checks each one):
 
