@@ -61,6 +61,8 @@ CLIENT_TIMEOUT = httpx.Timeout(5.0)
 #: The idle timeout of the tests that stall a replica (real seconds).
 IDLE_S = 0.3
 BLOCKS = token_blocks(8)
+#: The body offset just past each of BLOCKS.
+ENDS = body_offsets(BLOCKS)
 
 
 @pytest.fixture(scope="module")
@@ -320,7 +322,7 @@ async def test_stage3_a_response_that_ends_inside_an_event_does_not_deliver_it(
 def _schedules(draw: st.DrawFn) -> tuple[list[Block], list[str]]:
     count = draw(st.integers(1, 8), label="events")
     blocks = token_blocks(count, retry_ms=draw(st.sampled_from([None, 0, 5])))
-    size = sum(len(b.raw) for b in blocks)
+    size = body_offsets(blocks)[-1]
     fault = st.one_of(
         st.builds("cut:{}".format, st.integers(0, size)),
         st.builds("end:{}".format, st.integers(0, size)),
@@ -378,7 +380,7 @@ async def test_stage3_a_cut_at_an_exact_byte_of_the_wire_through_a_proxy(
 async def test_stage3_every_request_asks_for_an_event_stream_and_no_empty_id_is_sent(
     replicas: ReplicaSet,
 ) -> None:
-    actions = ["cut:5", "status:503", "end:3", f"cut:{len(BLOCKS[0].raw) + 4}"]
+    actions = ["cut:5", "status:503", "end:3", f"cut:{ENDS[0] + 4}"]
     result = await run(replicas, BLOCKS, actions)
     assert_exactly_once(result, BLOCKS, f"the connections got {actions}")
     for request in result.requests:
@@ -400,7 +402,7 @@ async def test_stage3_every_request_asks_for_an_event_stream_and_no_empty_id_is_
 async def test_stage3_the_id_sent_is_the_last_delivered_events_not_a_cut_ones(
     replicas: ReplicaSet,
 ) -> None:
-    third = sum(len(b.raw) for b in BLOCKS[:2])
+    third = ENDS[1]
     after_id = third + BLOCKS[2].raw.index(b"id: 3") + len("id: 3") + 1
     result = await run(replicas, BLOCKS, [f"cut:{after_id}"])
     assert result.requests[1:2] and result.requests[1].last_event_id == "2", (
@@ -447,7 +449,7 @@ async def test_stage3_each_attempt_goes_to_the_next_replica_cycling(replicas: Re
 @core
 @rule("failover")
 async def test_stage3_a_replica_that_is_down_costs_one_attempt(replicas: ReplicaSet) -> None:
-    middle = len(BLOCKS[0].raw) + 5
+    middle = ENDS[0] + 5
     replicas.reset(BLOCKS, [f"cut:{middle}"])
     replicas.kill("b")
     result = await run(replicas, BLOCKS, reset=False, what="failover past a dead replica")
@@ -469,7 +471,7 @@ async def test_stage3_a_replica_that_is_down_costs_one_attempt(replicas: Replica
 async def test_stage3_a_replica_killed_mid_event_is_failed_over_exactly_once(
     replicas: ReplicaSet,
 ) -> None:
-    inside_fourth = sum(len(b.raw) for b in BLOCKS[:3]) + 4
+    inside_fourth = ENDS[2] + 4
     replicas.reset(BLOCKS, [f"hold:{inside_fourth}"])
     async with reading(replicas.urls) as reader:
         await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
@@ -488,7 +490,7 @@ async def test_stage3_a_replica_killed_mid_event_is_failed_over_exactly_once(
 @rule("exactly-once", "reconnect")
 async def test_stage3_a_replica_restarted_is_resumed_from(replicas: ReplicaSet) -> None:
     clock = JumpingClock(jumping=False)
-    inside_second = len(BLOCKS[0].raw) + 3
+    inside_second = ENDS[0] + 3
     replicas.reset(BLOCKS, [f"hold:{inside_second}"])
     url = [replicas.url("a")]
     async with reading(url, clock=clock) as reader:
@@ -520,7 +522,7 @@ async def test_stage3_a_replica_restarted_is_resumed_from(replicas: ReplicaSet) 
 async def test_stage3_204_ends_the_stream_and_nothing_more_is_requested(
     replicas: ReplicaSet,
 ) -> None:
-    two = sum(len(b.raw) for b in BLOCKS[:2])
+    two = ENDS[1]
     result = await run(replicas, BLOCKS, [f"end:{two}", "status:204"])
     ok = (result.events, result.outcome) == (events_of(BLOCKS[:2]), END)
     assert ok and len(result.requests) == 2 and result.again == END, (
@@ -583,7 +585,7 @@ async def test_stage3_only_a_200_event_stream_is_read(
 async def test_stage3_events_before_a_fatal_answer_are_kept_and_then_it_is_over(
     replicas: ReplicaSet,
 ) -> None:
-    two = sum(len(b.raw) for b in BLOCKS[:2])
+    two = ENDS[1]
     result = await run(replicas, BLOCKS, [f"end:{two}", "status:404"])
     events, outcome = result.events, result.outcome
     assert events == events_of(BLOCKS[:2]) and isinstance(outcome, EventSourceError), (
@@ -650,7 +652,7 @@ async def test_stage3_the_servers_retry_sets_the_base_and_outlives_its_connectio
     replicas: ReplicaSet,
 ) -> None:
     blocks = token_blocks(6, retry_ms=250)
-    two = sum(len(b.raw) for b in blocks[:2])
+    two = body_offsets(blocks)[1]
     result = await run(replicas, blocks, [f"end:{two}", "status:503", "status:503"])
     assert_exactly_once(result, blocks, "events 1-2, two 503s, the rest")
     assert_waits(
@@ -726,7 +728,7 @@ async def test_stage3_max_attempts_in_a_row_without_an_event_give_up(
 async def test_stage3_an_attempt_that_delivers_starts_the_count_again(
     replicas: ReplicaSet,
 ) -> None:
-    one = len(BLOCKS[0].raw)
+    one = ENDS[0]
     actions = ["status:503", "status:503", f"end:{one}", "status:503", "refuse"]
     result = await run(replicas, BLOCKS, actions, max_attempts=3)
     assert_exactly_once(
@@ -745,7 +747,7 @@ async def test_stage3_an_attempt_that_delivers_starts_the_count_again(
 async def test_stage3_a_stalled_replica_is_left_after_the_idle_timeout(
     replicas: ReplicaSet,
 ) -> None:
-    inside_third = sum(len(b.raw) for b in BLOCKS[:2]) + 6
+    inside_third = ENDS[1] + 6
     replicas.reset(BLOCKS, [f"hold:{inside_third}"])
     async with reading(replicas.urls, idle_timeout_s=IDLE_S) as reader:
         await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
@@ -788,7 +790,7 @@ async def test_stage3_bytes_that_keep_coming_slowly_keep_the_connection(
 async def test_stage3_aclose_while_reading_ends_the_iteration_at_once(
     replicas: ReplicaSet,
 ) -> None:
-    inside_second = len(BLOCKS[0].raw) + 3
+    inside_second = ENDS[0] + 3
     replicas.reset(BLOCKS, [f"hold:{inside_second}"])
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
         source = new_source(client, replicas.urls)
@@ -837,7 +839,7 @@ async def test_stage3_aclose_during_a_backoff_ends_at_once(replicas: ReplicaSet)
 @extended
 @rule("aclose")
 async def test_stage3_leaving_the_block_closes_the_response(replicas: ReplicaSet) -> None:
-    inside_second = len(BLOCKS[0].raw) + 3
+    inside_second = ENDS[0] + 3
     replicas.reset(BLOCKS, [f"hold:{inside_second}"])
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
         with bounded("leaving the source's block"):
