@@ -128,6 +128,10 @@ class ChildProcess:
     def pid(self) -> int:
         return self._proc.pid
 
+    def alive(self) -> bool:
+        """The process has not exited (a stopped one is alive)."""
+        return self._proc.poll() is None
+
     def _read(self) -> None:
         assert self._proc.stdout is not None
         for line in self._proc.stdout:
@@ -213,7 +217,7 @@ class ChildProcess:
 
     def send(self, sig: signal.Signals) -> None:
         """Send a real signal (SIGKILL, SIGSTOP, SIGCONT, SIGTERM …)."""
-        if self._proc.poll() is None:
+        if self.alive():
             os.kill(self._proc.pid, sig)
 
     def wait(self, deadline_s: float = LINE_DEADLINE_S, *, idle_polls: int | None = None) -> int:
@@ -235,7 +239,7 @@ class ChildProcess:
 
     def close(self) -> None:
         """Kill the child if it still runs (waking a stopped one first); reap it."""
-        if self._proc.poll() is None:
+        if self.alive():
             os.kill(self._proc.pid, signal.SIGCONT)  # a stopped process ignores nothing else
             self._proc.kill()
         self._proc.wait(LINE_DEADLINE_S)

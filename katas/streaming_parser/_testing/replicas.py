@@ -197,7 +197,7 @@ class ReplicaSet:
         self.stopped.discard(name)
 
     def alive(self, name: str) -> bool:
-        return self.processes[name]._proc.poll() is None
+        return self.processes[name].alive()
 
     def restart(self, name: str) -> None:
         """Start a killed replica again, on its port."""
