@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from katas._harness.under_test import module, stage
 from katas.dynamic_batcher._testing.model import FakeModel, reference_generation
 from katas.dynamic_batcher._testing.rules import BatchingRules
-from katas.dynamic_batcher._testing.workload import exponential
+from katas.dynamic_batcher._testing.workload import COMPARISON
 from katas.dynamic_batcher.api import Request, RequestRejected, StepOutput
 
 pytestmark = pytest.mark.stage(1)
@@ -904,13 +904,13 @@ def _steps_and_occupancy(b: Any, requests: Sequence[Request], slots: int) -> tup
 @extended
 @rule("continuous-wins", "static")
 def test_stage1_continuous_batching_needs_far_fewer_steps_than_static() -> None:
-    requests = exponential(256, mean_output=128, seed=11, prompt_len=(8, 64), max_output=1024)
-    slots, block_size = 32, 16
-    blocks = slots * ceil_div(64 + 1024, block_size)  # room for 32 at their longest
+    c = COMPARISON
+    requests, slots = c.workload(), c.slots
     static_steps, static_occupancy = _steps_and_occupancy(
-        stage().StaticBatcher(model(blocks, block_size), batch_size=slots), requests, slots
+        stage().StaticBatcher(model(c.num_blocks, c.block_size), batch_size=slots), requests, slots
     )
-    b = batcher(model(blocks, block_size), max_num_seqs=slots, max_num_batched_tokens=2048)
+    m = model(c.num_blocks, c.block_size)
+    b = batcher(m, max_num_seqs=slots, max_num_batched_tokens=c.token_budget)
     steps, occupancy = _steps_and_occupancy(b, requests, slots)
     assert static_steps >= 2.5 * steps and occupancy >= 0.9, (
         f"§continuous-wins: 256 requests, output lengths exponential (mean 128), 32 slots: "

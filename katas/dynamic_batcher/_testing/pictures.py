@@ -19,29 +19,27 @@ from katas._registry import impl
 from katas.dynamic_batcher._testing.charts import distribution_chart, occupancy_chart, save_png
 from katas.dynamic_batcher._testing.model import FakeModel
 from katas.dynamic_batcher._testing.simulate import Report, simulate
-from katas.dynamic_batcher._testing.workload import exponential
-
-SLOTS = 32
-BLOCK_SIZE = 16
+from katas.dynamic_batcher._testing.workload import COMPARISON, Comparison
 
 
-def reports(selection: impl.Selection) -> dict[str, Report]:
-    """Both batchers of ``selection``'s stage 1 over the same workload."""
+def reports(selection: impl.Selection, c: Comparison = COMPARISON) -> dict[str, Report]:
+    """Both batchers of ``selection``'s stage 1 over the comparison's workload."""
     stage = selection.stage("dynamic_batcher", 1)
-    workload = exponential(256, mean_output=128, seed=11, prompt_len=(8, 64), max_output=1024)
-    blocks = SLOTS * -(-(64 + 1024) // BLOCK_SIZE)
+    workload = c.workload()
 
     def model() -> FakeModel:
-        return FakeModel(vocab_size=32_000, seed=7, num_blocks=blocks, block_size=BLOCK_SIZE)
+        return FakeModel(
+            vocab_size=32_000, seed=7, num_blocks=c.num_blocks, block_size=c.block_size
+        )
 
-    static = stage.StaticBatcher(model(), batch_size=SLOTS)
+    static = stage.StaticBatcher(model(), batch_size=c.slots)
     continuous = stage.ContinuousBatcher(
-        model(), max_num_seqs=SLOTS, max_num_batched_tokens=2048, num_blocks=blocks,
-        block_size=BLOCK_SIZE,
+        model(), max_num_seqs=c.slots, max_num_batched_tokens=c.token_budget,
+        num_blocks=c.num_blocks, block_size=c.block_size,
     )  # fmt: skip
     return {
-        "static": simulate(static, workload, slots=SLOTS),
-        "continuous": simulate(continuous, workload, slots=SLOTS),
+        "static": simulate(static, workload, slots=c.slots),
+        "continuous": simulate(continuous, workload, slots=c.slots),
     }
 
 

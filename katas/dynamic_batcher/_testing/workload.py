@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher.api import Request
@@ -201,3 +202,33 @@ __all__ = [
     "shared_prefixes",
     "total_output_tokens",
 ]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Continuous against static batching, as the suite's test and the pictures run it:
+    every request at 0, output lengths exponential (the spec's mean of 128), ``slots``
+    requests at a time, and a KV pool with room for every slot at its longest output."""
+
+    requests: int = 256
+    mean_output: int = 128
+    seed: int = 11
+    prompt_len: tuple[int, int] = (8, 64)
+    max_output: int = 1024
+    slots: int = 32
+    block_size: int = 16
+    token_budget: int = 2048
+
+    def workload(self) -> list[Request]:
+        return exponential(
+            self.requests, mean_output=self.mean_output, seed=self.seed,
+            prompt_len=self.prompt_len, max_output=self.max_output,
+        )  # fmt: skip
+
+    @property
+    def num_blocks(self) -> int:
+        return self.slots * -(-(self.prompt_len[1] + self.max_output) // self.block_size)
+
+
+#: The comparison the suite asserts on and the pictures draw.
+COMPARISON = Comparison()
