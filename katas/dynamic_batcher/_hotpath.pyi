@@ -12,3 +12,22 @@ def fill_token_budget(
 ) -> tuple[int, int]:
     """``hp_fill_token_budget`` (see csrc/hotpath.h) over ``need`` and the writable
     ``chunk``, int32 buffers of one length; returns ``(requests, tokens)`` scheduled."""
+
+def schedule(
+    known: Buffer,
+    computed: Buffer,
+    held: Buffer,
+    table: Buffer,
+    free_ids: Buffer,
+    chunk: Buffer,
+    *,
+    n: int,
+    free_top: int,
+    stride: int,
+    block_size: int,
+    token_budget: int,
+    max_seqs: int,
+) -> tuple[int, int, int, int, int]:
+    """``hp_schedule`` (see csrc/hotpath.h) over writable int32 columns: the running rows'
+    chunks and blocks for one step, preempting from the last row when blocks run short;
+    returns ``(rows scheduled, tokens, rows preempted, n, free_top)``."""

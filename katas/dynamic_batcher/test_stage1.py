@@ -875,6 +875,150 @@ def test_hotpath_matches_the_model_on_random_columns(step: tuple[list[int], int,
     check_fill(need, token_budget, max_seqs, fill_model(need, token_budget, max_seqs))
 
 
+# --- the C hot path: schedule, blocks included, on random states ------------------------------
+
+
+@dataclass
+class HotState:
+    """The columns of csrc/hotpath.h's hp_state, as plain lists (row i: the i-th running)."""
+
+    known: list[int]
+    computed: list[int]
+    held: list[int]
+    table: list[int]
+    free_ids: list[int]
+    n: int
+    free_top: int
+    stride: int
+    block_size: int
+
+    def copy(self) -> HotState:
+        return HotState(list(self.known), list(self.computed), list(self.held),
+                        list(self.table), list(self.free_ids), self.n, self.free_top,
+                        self.stride, self.block_size)  # fmt: skip
+
+
+def schedule_model(s: HotState, token_budget: int, max_seqs: int) -> tuple[object, HotState]:
+    """hp_schedule's rules in plain Python, on a copy of the state."""
+    s = s.copy()
+    chunk = [0] * len(s.known)
+    left, seqs, preempted = token_budget, 0, 0
+    while seqs < s.n and seqs < max_seqs and left > 0:
+        i = seqs
+        granted = min(s.known[i] - s.computed[i], left)
+        missing = -(-(s.computed[i] + granted) // s.block_size) - s.held[i]
+        while missing > s.free_top:
+            s.n -= 1
+            victim = s.n
+            row = s.table[victim * s.stride : victim * s.stride + s.held[victim]]
+            for block in reversed(row):
+                s.free_ids[s.free_top] = block
+                s.free_top += 1
+            s.held[victim] = s.computed[victim] = 0
+            preempted += 1
+            if victim == i:
+                return (chunk, seqs, token_budget - left, preempted), s
+        for _ in range(missing):
+            s.free_top -= 1
+            s.table[i * s.stride + s.held[i]] = s.free_ids[s.free_top]
+            s.held[i] += 1
+        chunk[i] = granted
+        left -= granted
+        seqs += 1
+    return (chunk, seqs, token_budget - left, preempted), s
+
+
+def c_schedule(s: HotState, token_budget: int, max_seqs: int) -> tuple[object, HotState]:
+    cols = [array("i", c) for c in (s.known, s.computed, s.held, s.table, s.free_ids)]
+    chunk = array("i", [UNWRITTEN] * len(s.known))
+    seqs, tokens, preempted, n, free_top = module("_hotpath").schedule(
+        *cols, chunk, n=s.n, free_top=s.free_top, stride=s.stride, block_size=s.block_size,
+        token_budget=token_budget, max_seqs=max_seqs,
+    )  # fmt: skip
+    known, computed, held, table, free_ids = (c.tolist() for c in cols)
+    after = HotState(known, computed, held, table, free_ids, n, free_top, s.stride, s.block_size)
+    return (chunk.tolist(), seqs, tokens, preempted), after
+
+
+#: Row 1 needs a block with none free: row 2 gives way (it holds none), then row 1 itself.
+OWN_VICTIM = HotState([5, 3, 1], [4, 2, 0], [2, 1, 0], [0, 1, 0, 2, 0, 0, 0, 0, 0],
+                      [3, 0, 0, 0], n=3, free_top=1, stride=3, block_size=2)  # fmt: skip
+
+
+@st.composite
+def hot_states(draw: st.DrawFn) -> tuple[HotState, int, int]:
+    """A valid state: running rows part-way through their tokens, the pool's other blocks
+    on the free stack (sometimes none to spare), a budget and a cap."""
+    block_size = draw(st.integers(1, 4))
+    rows = draw(st.integers(0, 8))
+    n = draw(st.integers(0, rows))
+    known = [draw(st.integers(1, 12)) for _ in range(rows)]
+    computed = [draw(st.integers(0, k - 1)) for k in known]
+    stride = max([-(-k // block_size) for k in known], default=1)
+    held = [-(-c // block_size) if i < n else 0 for i, c in enumerate(computed)]
+    computed = [c if i < n else 0 for i, c in enumerate(computed)]
+    spare = draw(st.integers(0, 6))
+    ids = draw(st.permutations(range(sum(held) + spare)))
+    table = [0] * (rows * stride)
+    at = 0
+    for i in range(n):
+        table[i * stride : i * stride + held[i]] = ids[at : at + held[i]]
+        at += held[i]
+    free_ids = list(ids[at:]) + [0] * (len(ids) - len(ids[at:]))
+    state = HotState(known, computed, held, table, free_ids, n, spare, stride, block_size)
+    return state, draw(st.integers(0, 30)), draw(st.integers(0, rows + 1))
+
+
+@core
+@pytest.mark.rule("schedule-blocks", "schedule-preempt")
+@given(hot_states())
+@example((OWN_VICTIM, 10, 4))
+def test_hotpath_schedule_matches_the_model_on_random_states(
+    step: tuple[HotState, int, int],
+) -> None:
+    state, token_budget, max_seqs = step
+    expected = schedule_model(state, token_budget, max_seqs)
+    got = c_schedule(state, token_budget, max_seqs)
+    assert got == expected, (
+        f"schedule({state}, token_budget={token_budget}, max_seqs={max_seqs}):\n"
+        f"  expected (chunk, seqs, tokens, preempted), state = {expected}\n"
+        f"  got                                          {got}"
+    )
+
+
+@core
+@pytest.mark.rule("schedule-invalid")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"computed": [5, 2, 0]}, "rejected the state", id="computed-reaches-known"),
+        pytest.param({"held": [1, 1, 0]}, "rejected the state", id="held-not-ceil"),
+        pytest.param({"free_top": 3}, "rejected the state", id="more-blocks-than-the-pool"),
+        pytest.param({"stride": 2}, "table must have rows", id="table-length"),
+        pytest.param({"n": 4}, "n must be <= 3", id="n-past-the-rows"),
+    ],
+)
+def test_hotpath_schedule_refuses_a_broken_state(change: dict[str, Any], message: str) -> None:
+    state = HotState(**{**vars(OWN_VICTIM.copy()), **change})
+    with pytest.raises(ValueError, match=message):
+        c_schedule(state, 10, 4)
+    # The state as it should be is scheduled: the refusal was for the broken entry.
+    assert c_schedule(OWN_VICTIM, 10, 4) == schedule_model(OWN_VICTIM, 10, 4)
+
+
+@core
+@pytest.mark.rule("schedule-invalid")
+def test_hotpath_schedule_refuses_columns_that_share_memory() -> None:
+    known = array("i", [5, 3, 1])
+    with pytest.raises(ValueError, match="computed must not share memory with known"):
+        module("_hotpath").schedule(
+            known, known, array("i", [2, 1, 0]), array("i", [0] * 9), array("i", [3, 0, 0, 0]),
+            array("i", [0] * 3), n=3, free_top=1, stride=3, block_size=2, token_budget=10,
+            max_seqs=4,
+        )  # fmt: skip
+    assert c_schedule(OWN_VICTIM, 10, 4) == schedule_model(OWN_VICTIM, 10, 4)
+
+
 # --- continuous versus static ------------------------------------------------------------
 
 

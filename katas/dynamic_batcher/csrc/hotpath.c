@@ -19,3 +19,15 @@ int hp_fill_token_budget(hp_int n, const hp_int *need, hp_int token_budget, hp_i
     (void)out_tokens;
     return HP_NOT_IMPLEMENTED;
 }
+
+int hp_schedule(hp_state *state, hp_int token_budget, hp_int max_seqs, hp_int *chunk,
+                hp_int *out_seqs, hp_int *out_tokens, hp_int *out_preempted) {
+    (void)state;
+    (void)token_budget;
+    (void)max_seqs;
+    (void)chunk;
+    (void)out_seqs;
+    (void)out_tokens;
+    (void)out_preempted;
+    return HP_NOT_IMPLEMENTED;
+}

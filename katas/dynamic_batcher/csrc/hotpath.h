@@ -47,6 +47,49 @@ enum {
 int hp_fill_token_budget(hp_int n, const hp_int *need, hp_int token_budget, hp_int max_seqs,
                          hp_int *chunk, hp_int *out_seqs, hp_int *out_tokens);
 
+/* The running requests' KV bookkeeping, struct of arrays: row i is the i-th running request
+ * in admission order (row n - 1 the most recently admitted), and every column has `rows`
+ * entries, of which the first `n` are in use.
+ *   known[i]     tokens the request knows (prompt + tokens produced), >= 1
+ *   computed[i]  tokens written to its KV, 0 <= computed[i] < known[i]
+ *   held[i]      blocks it holds: exactly ceil(computed[i] / block_size)
+ *   table        the block table, `stride` entries a row: row i's blocks are
+ *                table[i * stride + 0 .. held[i]), in token order;
+ *                ceil(known[i] / block_size) <= stride
+ *   free_ids     the free-block stack of the pool's `num_blocks` entries: the free ids are
+ *                free_ids[0 .. free_top), and free_ids[free_top - 1] is taken next;
+ *                free_top + (blocks held by rows 0 .. n) <= num_blocks
+ */
+typedef struct {
+    hp_int rows, n, stride, block_size, num_blocks, free_top;
+    hp_int *known, *computed, *held, *table, *free_ids;
+} hp_state;
+
+/* Schedule the running requests for one step, blocks included (schedule + apply of
+ * vLLM's scheduler, for the requests already running).
+ *
+ * Row by row in order, as hp_fill_token_budget does (the same budget rule and the same
+ * cap), request i is granted chunk[i] = min(known[i] - computed[i], budget left) and the
+ * blocks its KV then needs: ceil((computed[i] + chunk[i]) / block_size) - held[i] more,
+ * popped from the free stack into its table row in order. When the stack has too few,
+ * the most recently admitted running row (row n - 1) is preempted until it has enough:
+ * its blocks are pushed back last block first (so its first block is on top), its
+ * computed and held become 0, and n shrinks by one. If the row that needs the blocks is
+ * itself preempted, scheduling ends there.
+ *
+ * Outputs: chunk[i] for every i < rows (0 for each row not scheduled); *out_seqs rows
+ * scheduled (always rows 0 .. *out_seqs); *out_tokens their chunks' sum; *out_preempted
+ * rows preempted, which are rows state->n .. state->n + *out_preempted of the updated
+ * state, the first preempted last (their known[] left as it was). The state's n,
+ * free_top, computed (preempted rows only), held, table and free_ids are updated;
+ * computed[] of a scheduled row is not: the step computes its chunk after this call.
+ *
+ * HP_INVALID, writing nothing, when a pointer is NULL, a count is out of range, or a row
+ * breaks the layout above.
+ */
+int hp_schedule(hp_state *state, hp_int token_budget, hp_int max_seqs, hp_int *chunk,
+                hp_int *out_seqs, hp_int *out_tokens, hp_int *out_preempted);
+
 #ifdef __cplusplus
 }
 #endif

@@ -221,9 +221,125 @@ done:
     return result;
 }
 
+
+PyDoc_STRVAR(schedule_doc,
+             "schedule($module, /, known, computed, held, table, free_ids, chunk, *, n,\n"
+             "         free_top, stride, block_size, token_budget, max_seqs)\n"
+             "--\n"
+             "\n"
+             "hp_schedule (csrc/hotpath.h): schedule the n running rows for one step, their\n"
+             "blocks included, preempting from the last row when the free stack runs dry.\n"
+             "Every buffer is a writable int32 column; known, computed, held and chunk have\n"
+             "one length (the rows), table rows * stride, free_ids the pool's blocks; no two\n"
+             "share memory. Returns (rows scheduled, tokens, rows preempted, n, free_top).");
+
+#define SCHEDULE_COLUMNS 6
+
+static PyObject *schedule(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"known", "computed", "held", "table", "free_ids", "chunk",
+                             "n", "free_top", "stride", "block_size", "token_budget",
+                             "max_seqs", NULL};
+    static const char *names[SCHEDULE_COLUMNS] = {"known", "computed", "held",
+                                                  "table", "free_ids", "chunk"};
+    PyObject *objs[SCHEDULE_COLUMNS];
+    PyObject *scalars[6];
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO$OOOOOO:schedule", kwlist, &objs[0],
+                                     &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
+                                     &scalars[0], &scalars[1], &scalars[2], &scalars[3],
+                                     &scalars[4], &scalars[5])) {
+        return NULL;
+    }
+    static const char *scalar_names[6] = {"n", "free_top", "stride", "block_size",
+                                          "token_budget", "max_seqs"};
+    hp_int values[6];
+    for (int k = 0; k < 6; k++) {
+        if (get_count(scalars[k], scalar_names[k], &values[k]) < 0) {
+            return NULL;
+        }
+    }
+    Py_buffer views[SCHEDULE_COLUMNS];
+    hp_int lengths[SCHEDULE_COLUMNS];
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < SCHEDULE_COLUMNS; got++) {
+        if (get_column(objs[got], names[got], 1, &views[got], &lengths[got]) < 0) {
+            goto done;
+        }
+    }
+    hp_int rows = lengths[0];
+    for (int k = 1; k < SCHEDULE_COLUMNS; k++) {
+        if ((k == 3 || k == 4) || lengths[k] == rows) {
+            continue;
+        }
+        PyErr_Format(PyExc_ValueError, "%s must have as many items as known (%d), got %d",
+                     names[k], (int)rows, (int)lengths[k]);
+        goto done;
+    }
+    hp_int stride = values[2];
+    if (stride < 1 || values[3] < 1) {
+        PyErr_Format(PyExc_ValueError, "%s must be >= 1, got %d",
+                     stride < 1 ? "stride" : "block_size", (int)(stride < 1 ? stride : values[3]));
+        goto done;
+    }
+    if ((int64_t)lengths[3] != (int64_t)rows * stride) {
+        PyErr_Format(PyExc_ValueError,
+                     "table must have rows * stride = %lld items (%d rows of %d), got %d",
+                     (long long)rows * stride, (int)rows, (int)stride, (int)lengths[3]);
+        goto done;
+    }
+    if (values[0] > rows || values[1] > lengths[4]) {
+        PyErr_Format(PyExc_ValueError, "%s must be <= %d (the length of %s), got %d",
+                     values[0] > rows ? "n" : "free_top",
+                     (int)(values[0] > rows ? rows : lengths[4]),
+                     values[0] > rows ? "known" : "free_ids",
+                     (int)(values[0] > rows ? values[0] : values[1]));
+        goto done;
+    }
+    for (int a = 0; a < SCHEDULE_COLUMNS; a++) {
+        for (int b = a + 1; b < SCHEDULE_COLUMNS; b++) {
+            if (buffers_overlap(&views[a], &views[b])) {
+                PyErr_Format(PyExc_ValueError, "%s must not share memory with %s", names[b],
+                             names[a]);
+                goto done;
+            }
+        }
+    }
+    hp_state state = {rows, values[0], stride, values[3], lengths[4], values[1],
+                      (hp_int *)views[0].buf, (hp_int *)views[1].buf, (hp_int *)views[2].buf,
+                      (hp_int *)views[3].buf, (hp_int *)views[4].buf};
+    hp_int seqs = 0, tokens = 0, preempted = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = hp_schedule(&state, values[4], values[5], (hp_int *)views[5].buf, &seqs, &tokens,
+                     &preempted);
+    Py_END_ALLOW_THREADS
+    if (rc == HP_INVALID) {
+        PyErr_SetString(PyExc_ValueError,
+                        "hp_schedule rejected the state: some running row breaks the layout "
+                        "of csrc/hotpath.h (computed < known, held == ceil(computed / "
+                        "block_size), ceil(known / block_size) <= stride, held + free_top <= "
+                        "len(free_ids)); nothing was written");
+        goto done;
+    }
+    if (rc != HP_OK) {
+        raise_for(rc, "hp_schedule");
+        goto done;
+    }
+    result = Py_BuildValue("(iiiii)", (int)seqs, (int)tokens, (int)preempted, (int)state.n,
+                           (int)state.free_top);
+done:
+    while (got-- > 0) {
+        PyBuffer_Release(&views[got]);
+    }
+    return result;
+}
+
 static PyMethodDef hotpath_methods[] = {
     {"fill_token_budget", (PyCFunction)(void (*)(void))fill_token_budget,
      METH_VARARGS | METH_KEYWORDS, fill_token_budget_doc},
+    {"schedule", (PyCFunction)(void (*)(void))schedule, METH_VARARGS | METH_KEYWORDS,
+     schedule_doc},
     {NULL, NULL, 0, NULL},
 };
 

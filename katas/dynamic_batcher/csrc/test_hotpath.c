@@ -202,11 +202,55 @@ static void test_random_against_model(void) {
     expect_fill("a sum past INT32_MAX", 2, small_then_huge, HP_INT_MAX, 4);
 }
 
+static int same(const hp_int *a, const hp_int *b, size_t n) {
+    return memcmp(a, b, n * sizeof(hp_int)) == 0;
+}
+
+/* hp_schedule: row 1 needs a block with none free, so row 2 gives way (it holds none),
+ * then row 1 itself; row 0 keeps the block it took. Then a broken state, refused. */
+static void test_schedule(void) {
+    hp_int known[] = {5, 3, 1}, computed[] = {4, 2, 0}, held[] = {2, 1, 0};
+    hp_int table[] = {0, 1, 0, 2, 0, 0, 0, 0, 0}, free_ids[] = {3, 0, 0, 0};
+    hp_int chunk[] = {SENTINEL, SENTINEL, SENTINEL};
+    hp_state s = {3, 3, 3, 2, 4, 1, known, computed, held, table, free_ids};
+    hp_int seqs = SENTINEL, tokens = SENTINEL, preempted = SENTINEL;
+    int rc = hp_schedule(&s, 10, 4, chunk, &seqs, &tokens, &preempted);
+    if (rc == HP_NOT_IMPLEMENTED) {
+        fprintf(stderr, "not implemented yet: hp_schedule \xe2\x80\x94 see "
+                        "katas/dynamic_batcher/csrc/hotpath.h\n");
+        exit(1);
+    }
+    CHECK(rc == HP_OK, "schedule, its own victim: expected HP_OK, got %d", rc);
+    const hp_int want_chunk[] = {1, 0, 0}, want_held[] = {3, 0, 0}, want_computed[] = {4, 0, 0};
+    const hp_int want_table[] = {0, 1, 3, 2, 0, 0, 0, 0, 0};
+    CHECK(seqs == 1 && tokens == 1 && preempted == 2,
+          "schedule, its own victim: expected (seqs, tokens, preempted) = (1, 1, 2), got "
+          "(%d, %d, %d)", (int)seqs, (int)tokens, (int)preempted);
+    CHECK(s.n == 1 && s.free_top == 1 && free_ids[0] == 2,
+          "schedule, its own victim: expected n = 1 and block 2 back on the free stack, got "
+          "n = %d, free_top = %d, free_ids[0] = %d", (int)s.n, (int)s.free_top,
+          (int)free_ids[0]);
+    CHECK(same(chunk, want_chunk, 3) && same(held, want_held, 3) &&
+              same(computed, want_computed, 3) && same(table, want_table, 9),
+          "schedule, its own victim: chunk, held, computed or table differ from the contract");
+
+    hp_int bad_computed[] = {5, 2, 0}; /* computed == known: nothing left to schedule */
+    hp_int before[9];
+    memcpy(before, table, sizeof before);
+    hp_state broken = {3, 3, 3, 2, 4, 1, known, bad_computed, held, table, free_ids};
+    chunk[0] = SENTINEL;
+    rc = hp_schedule(&broken, 10, 4, chunk, &seqs, &tokens, &preempted);
+    CHECK(rc == HP_INVALID && chunk[0] == SENTINEL && same(table, before, 9),
+          "schedule with computed[0] == known[0]: expected HP_INVALID and nothing written, "
+          "got %d", rc);
+}
+
 int main(void) {
     test_examples();
     test_explicit_values();
     test_invalid_arguments();
     test_random_against_model();
+    test_schedule();
     printf("hotpath: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

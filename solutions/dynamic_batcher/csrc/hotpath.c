@@ -2,6 +2,7 @@
 #include "hotpath.h"
 
 #include <stddef.h>
+#include <stdint.h>
 
 int hp_fill_token_budget(hp_int n, const hp_int *need, hp_int token_budget, hp_int max_seqs,
                          hp_int *chunk, hp_int *out_seqs, hp_int *out_tokens) {
@@ -34,5 +35,86 @@ int hp_fill_token_budget(hp_int n, const hp_int *need, hp_int token_budget, hp_i
     }
     *out_seqs = seqs;
     *out_tokens = token_budget - left;
+    return HP_OK;
+}
+
+/* ceil(tokens / block_size) without the overflow of (tokens + block_size - 1). */
+static hp_int blocks_for(hp_int tokens, hp_int block_size) {
+    return tokens / block_size + (tokens % block_size != 0);
+}
+
+/* The layout hotpath.h pins, checked in full before anything is written. */
+static int state_valid(const hp_state *s) {
+    if (s == NULL || s->rows < 0 || s->n < 0 || s->n > s->rows || s->stride < 1 ||
+        s->block_size < 1 || s->num_blocks < 0 || s->free_top < 0 ||
+        s->free_top > s->num_blocks) {
+        return 0;
+    }
+    if (s->rows > 0 && (s->known == NULL || s->computed == NULL || s->held == NULL ||
+                        s->table == NULL || (int64_t)s->rows * s->stride > HP_INT_MAX)) {
+        return 0;
+    }
+    if (s->num_blocks > 0 && s->free_ids == NULL) {
+        return 0;
+    }
+    int64_t blocks = s->free_top;
+    for (hp_int i = 0; i < s->n; i++) {
+        if (s->known[i] < 1 || s->computed[i] < 0 || s->computed[i] >= s->known[i] ||
+            s->held[i] != blocks_for(s->computed[i], s->block_size) ||
+            blocks_for(s->known[i], s->block_size) > s->stride) {
+            return 0;
+        }
+        blocks += s->held[i];
+    }
+    return blocks <= s->num_blocks; /* so no push can overflow the free stack */
+}
+
+static void release(hp_state *s, hp_int row) {
+    const hp_int *blocks = s->table + (int64_t)row * s->stride;
+    for (hp_int k = s->held[row]; k-- > 0;) {
+        s->free_ids[s->free_top++] = blocks[k]; /* last block first: the first ends on top */
+    }
+    s->held[row] = 0;
+    s->computed[row] = 0; /* recompute: the KV is gone */
+}
+
+int hp_schedule(hp_state *state, hp_int token_budget, hp_int max_seqs, hp_int *chunk,
+                hp_int *out_seqs, hp_int *out_tokens, hp_int *out_preempted) {
+    if (token_budget < 0 || max_seqs < 0 || out_seqs == NULL || out_tokens == NULL ||
+        out_preempted == NULL || !state_valid(state) || (state->rows > 0 && chunk == NULL)) {
+        return HP_INVALID;
+    }
+    hp_state *s = state;
+    hp_int left = token_budget;
+    hp_int seqs = 0;
+    hp_int preempted = 0;
+    while (seqs < s->n && seqs < max_seqs && left > 0) {
+        hp_int i = seqs;
+        hp_int want = s->known[i] - s->computed[i];
+        hp_int granted = want < left ? want : left;
+        hp_int missing = blocks_for(s->computed[i] + granted, s->block_size) - s->held[i];
+        while (missing > s->free_top) {
+            hp_int victim = --s->n; /* the most recently admitted gives its blocks */
+            release(s, victim);
+            preempted++;
+            if (victim == i) {
+                goto done; /* it was its own victim: scheduling ends with it */
+            }
+        }
+        hp_int *row = s->table + (int64_t)i * s->stride;
+        for (hp_int k = 0; k < missing; k++) {
+            row[s->held[i]++] = s->free_ids[--s->free_top];
+        }
+        chunk[i] = granted;
+        left -= granted;
+        seqs++;
+    }
+done:
+    for (hp_int i = seqs; i < s->rows; i++) {
+        chunk[i] = 0;
+    }
+    *out_seqs = seqs;
+    *out_tokens = token_budget - left;
+    *out_preempted = preempted;
     return HP_OK;
 }
