@@ -943,6 +943,10 @@ def c_schedule(s: HotState, token_budget: int, max_seqs: int) -> tuple[object, H
 #: Row 1 needs a block with none free: row 2 gives way (it holds none), then row 1 itself.
 OWN_VICTIM = HotState([5, 3, 1], [4, 2, 0], [2, 1, 0], [0, 1, 0, 2, 0, 0, 0, 0, 0],
                       [3, 0, 0, 0], n=3, free_top=1, stride=3, block_size=2)  # fmt: skip
+#: Row 0 is missing 3 blocks with 1 free: row 1 gives back its two, 7 then 6, so 6 is on
+#: top; row 0's table must then read 5, 6, 7, 8 (the order of the pushes and the pops).
+RELEASE_ORDER = HotState([4, 3], [1, 2], [1, 2], [5, 0, 0, 0, 6, 7, 0, 0], [8, 0, 0, 0],
+                         n=2, free_top=1, stride=4, block_size=1)  # fmt: skip
 
 
 @st.composite
@@ -973,6 +977,7 @@ def hot_states(draw: st.DrawFn) -> tuple[HotState, int, int]:
 @pytest.mark.rule("schedule-blocks", "schedule-preempt")
 @given(hot_states())
 @example((OWN_VICTIM, 10, 4))
+@example((RELEASE_ORDER, 10, 2))
 def test_hotpath_schedule_matches_the_model_on_random_states(
     step: tuple[HotState, int, int],
 ) -> None:
