@@ -31,3 +31,22 @@ def schedule(
     """``hp_schedule`` (see csrc/hotpath.h) over writable int32 columns: the running rows'
     chunks and blocks for one step, preempting from the last row when blocks run short;
     returns ``(rows scheduled, tokens, rows preempted, n, free_top)``."""
+
+def apply(
+    known: Buffer,
+    computed: Buffer,
+    held: Buffer,
+    table: Buffer,
+    free_ids: Buffer,
+    chunk: Buffer,
+    finished: Buffer,
+    *,
+    n: int,
+    free_top: int,
+    stride: int,
+    block_size: int,
+    seqs: int,
+) -> tuple[int, int]:
+    """``hp_apply`` (see csrc/hotpath.h): rows ``0 .. seqs`` compute their ``chunk``, rows
+    flagged 1 in ``finished`` are released and the rest moved down in order; returns
+    ``(n, free_top)``."""

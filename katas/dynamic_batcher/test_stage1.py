@@ -898,7 +898,11 @@ class HotState:
                         self.stride, self.block_size)  # fmt: skip
 
 
-def schedule_model(s: HotState, token_budget: int, max_seqs: int) -> tuple[object, HotState]:
+#: What hp_schedule returns: (chunk, rows scheduled, tokens, rows preempted).
+Scheduled = tuple[list[int], int, int, int]
+
+
+def schedule_model(s: HotState, token_budget: int, max_seqs: int) -> tuple[Scheduled, HotState]:
     """hp_schedule's rules in plain Python, on a copy of the state."""
     s = s.copy()
     chunk = [0] * len(s.known)
@@ -928,16 +932,25 @@ def schedule_model(s: HotState, token_budget: int, max_seqs: int) -> tuple[objec
     return (chunk, seqs, token_budget - left, preempted), s
 
 
-def c_schedule(s: HotState, token_budget: int, max_seqs: int) -> tuple[object, HotState]:
-    cols = [array("i", c) for c in (s.known, s.computed, s.held, s.table, s.free_ids)]
+def c_columns(s: HotState) -> list[array[int]]:
+    """The state's columns as the binding takes them (known, computed, held, table, free_ids)."""
+    return [array("i", c) for c in (s.known, s.computed, s.held, s.table, s.free_ids)]
+
+
+def c_state(cols: list[array[int]], s: HotState, n: int, free_top: int) -> HotState:
+    """The state the binding left in ``cols`` (``s`` for the sizes)."""
+    known, computed, held, table, free_ids = (c.tolist() for c in cols)
+    return HotState(known, computed, held, table, free_ids, n, free_top, s.stride, s.block_size)
+
+
+def c_schedule(s: HotState, token_budget: int, max_seqs: int) -> tuple[Scheduled, HotState]:
+    cols = c_columns(s)
     chunk = array("i", [UNWRITTEN] * len(s.known))
     seqs, tokens, preempted, n, free_top = module("_hotpath").schedule(
         *cols, chunk, n=s.n, free_top=s.free_top, stride=s.stride, block_size=s.block_size,
         token_budget=token_budget, max_seqs=max_seqs,
     )  # fmt: skip
-    known, computed, held, table, free_ids = (c.tolist() for c in cols)
-    after = HotState(known, computed, held, table, free_ids, n, free_top, s.stride, s.block_size)
-    return (chunk.tolist(), seqs, tokens, preempted), after
+    return (chunk.tolist(), seqs, tokens, preempted), c_state(cols, s, n, free_top)
 
 
 #: Row 1 needs a block with none free: row 2 gives way (it holds none), then row 1 itself.
@@ -1022,6 +1035,123 @@ def test_hotpath_schedule_refuses_columns_that_share_memory() -> None:
             max_seqs=4,
         )  # fmt: skip
     assert c_schedule(OWN_VICTIM, 10, 4) == schedule_model(OWN_VICTIM, 10, 4)
+
+
+def apply_model(s: HotState, seqs: int, chunk: list[int], finished: list[int]) -> HotState:
+    """hp_apply's rules in plain Python, on a copy of the state."""
+    s = s.copy()
+    for i in range(seqs):
+        s.computed[i] += chunk[i]
+        if s.computed[i] == s.known[i]:
+            s.known[i] += 1  # the token sampled after the known ones
+    for i in range(s.n):
+        if finished[i]:
+            for block in reversed(s.table[i * s.stride : i * s.stride + s.held[i]]):
+                s.free_ids[s.free_top] = block
+                s.free_top += 1
+    kept = [i for i in range(s.n) if not finished[i]]
+    rows = [(s.known[i], s.computed[i], s.held[i], s.table[i * s.stride : i * s.stride + s.held[i]])
+            for i in kept]  # fmt: skip
+    for j, (known, computed, held, blocks) in enumerate(rows):
+        s.known[j], s.computed[j], s.held[j] = known, computed, held
+        s.table[j * s.stride : j * s.stride + held] = blocks
+    s.n = len(kept)
+    return s
+
+
+def live(s: HotState) -> dict[str, object]:
+    """What hp_apply specifies of a state: the rows in use, their blocks, the free stack."""
+    rows = range(s.n)
+    return {
+        "n": s.n,
+        "known": s.known[: s.n],
+        "computed": s.computed[: s.n],
+        "held": s.held[: s.n],
+        "blocks": [s.table[i * s.stride : i * s.stride + s.held[i]] for i in rows],
+        "free": s.free_ids[: s.free_top],
+    }
+
+
+def c_apply(s: HotState, seqs: int, chunk: list[int], finished: list[int]) -> HotState:
+    cols = c_columns(s)
+    n, free_top = module("_hotpath").apply(
+        *cols, array("i", chunk), array("i", finished), n=s.n, free_top=s.free_top,
+        stride=s.stride, block_size=s.block_size, seqs=seqs,
+    )  # fmt: skip
+    return c_state(cols, s, n, free_top)
+
+
+#: After a schedule of rows 0-2 (bs 2): row 0 samples at its table row's end and finishes
+#: (its length), row 1 samples and goes on, row 2 is part-way through its prompt and
+#: aborted, row 3 was not scheduled. The stack must read 7, 8, 2, 1, 5 (row 0's blocks last
+#: first, then row 2's), and rows 1 and 3 move down to 0 and 1 with their blocks.
+APPLY_STEP = (
+    HotState([6, 3, 6, 2], [3, 2, 0, 1], [3, 2, 1, 1], [1, 2, 8, 3, 4, 0, 5, 0, 0, 6, 0, 0],
+             [7, 0, 0, 0, 0, 0, 0, 0], n=4, free_top=1, stride=3, block_size=2),
+    3, [3, 1, 2, 0], [1, 0, 1, 0],
+)  # fmt: skip
+
+
+@st.composite
+def hot_steps_done(draw: st.DrawFn) -> tuple[HotState, int, list[int], list[int]]:
+    """A state right after hp_schedule (by the model), the chunks it granted and the rows
+    that finish; a row that samples at its table row's end always finishes (its length)."""
+    state, token_budget, max_seqs = draw(hot_states())
+    (chunk, seqs, _, _), s = schedule_model(state, token_budget, max_seqs)
+    finished = [draw(st.integers(0, 1)) for _ in s.known]
+    for i in range(seqs):
+        samples = s.computed[i] + chunk[i] == s.known[i]
+        if samples and -(-(s.known[i] + 1) // s.block_size) > s.stride:
+            finished[i] = 1
+    return s, seqs, chunk, finished
+
+
+@core
+@pytest.mark.rule("apply-compute", "apply-release")
+@given(hot_steps_done())
+@example(APPLY_STEP)
+def test_hotpath_apply_matches_the_model_on_random_steps(
+    step: tuple[HotState, int, list[int], list[int]],
+) -> None:
+    state, seqs, chunk, finished = step
+    expected = live(apply_model(state, seqs, chunk, finished))
+    got = live(c_apply(state, seqs, chunk, finished))
+    assert got == expected, (
+        f"apply({state}, seqs={seqs}, chunk={chunk}, finished={finished}):\n"
+        f"  expected {expected}\n"
+        f"  got      {got}"
+    )
+
+
+@core
+@pytest.mark.rule("apply-invalid")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param({"finished": [2, 0, 1, 0]}, "rejected the step", id="flag-not-0-or-1"),
+        pytest.param({"chunk": [3, 0, 2, 0]}, "rejected the step", id="scheduled-chunk-zero"),
+        pytest.param({"chunk": [3, 2, 2, 0]}, "rejected the step", id="chunk-past-known"),
+        pytest.param({"chunk": [3, 1, 3, 0]}, "rejected the step", id="held-short-of-the-chunk"),
+        pytest.param({"finished": [0, 0, 1, 0]}, "rejected the step", id="outgrows-its-row"),
+        pytest.param({"seqs": 5}, "seqs must be <= n", id="seqs-past-n"),
+        pytest.param({"chunk": [3, 1, 2]}, "chunk must have as many", id="chunk-length"),
+    ],
+)
+def test_hotpath_apply_refuses_a_broken_step(change: dict[str, Any], message: str) -> None:
+    state, seqs, chunk, finished = APPLY_STEP
+    step = {"seqs": seqs, "chunk": chunk, "finished": finished, **change}
+    before = state.copy()
+    cols = c_columns(state)
+    with pytest.raises(ValueError, match=message):
+        module("_hotpath").apply(
+            *cols, array("i", step["chunk"]), array("i", step["finished"]), n=state.n,
+            free_top=state.free_top, stride=state.stride, block_size=state.block_size,
+            seqs=step["seqs"],
+        )  # fmt: skip
+    after = c_state(cols, before, before.n, before.free_top)
+    assert after == before, f"a refused step wrote: before {before}, after {after}"
+    # The step as it should be is applied: the refusal was for the broken entry.
+    assert live(c_apply(*APPLY_STEP)) == live(apply_model(*APPLY_STEP))
 
 
 # --- continuous versus static ------------------------------------------------------------

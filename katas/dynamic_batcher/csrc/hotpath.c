@@ -31,3 +31,11 @@ int hp_schedule(hp_state *state, hp_int token_budget, hp_int max_seqs, hp_int *c
     (void)out_preempted;
     return HP_NOT_IMPLEMENTED;
 }
+
+int hp_apply(hp_state *state, hp_int seqs, const hp_int *chunk, const hp_int *finished) {
+    (void)state;
+    (void)seqs;
+    (void)chunk;
+    (void)finished;
+    return HP_NOT_IMPLEMENTED;
+}

@@ -90,6 +90,27 @@ typedef struct {
 int hp_schedule(hp_state *state, hp_int token_budget, hp_int max_seqs, hp_int *chunk,
                 hp_int *out_seqs, hp_int *out_tokens, hp_int *out_preempted);
 
+/* Apply one step's outcome to the running rows (after hp_schedule and the forward pass).
+ *
+ * Rows 0 .. seqs were scheduled with chunk[i] >= 1 (their blocks already cover it): each
+ * computes it, computed[i] += chunk[i], and a row whose computed then reaches known[i]
+ * has sampled its next token, so known[i] += 1. Then every row i < n with finished[i] == 1
+ * is released, rows in order, each pushing its blocks back last block first, and the rows
+ * left move down in order (known, computed, held and their table row), so that rows
+ * 0 .. the new n are the unfinished ones in their old order. A finished row's entries
+ * past the new n, and table entries past a row's held, are left unspecified.
+ *
+ * The state's n, free_top, known, computed, held, table and free_ids are updated.
+ *
+ * HP_INVALID, writing nothing, when a pointer is NULL, seqs is not in [0, n], a flag is
+ * neither 0 nor 1, or a row breaks the layout of hp_state with its chunk counted:
+ * chunk[i] >= 1 and computed[i] + chunk[i] <= known[i] for a scheduled row, held[i] ==
+ * ceil((computed[i] + its chunk) / block_size), and a row that samples and is not
+ * finished must still fit its table row (ceil((known[i] + 1) / block_size) <= stride)
+ * with known[i] + 1 in range.
+ */
+int hp_apply(hp_state *state, hp_int seqs, const hp_int *chunk, const hp_int *finished);
+
 #ifdef __cplusplus
 }
 #endif

@@ -222,6 +222,85 @@ done:
 }
 
 
+/* The columns an hp_state call takes, acquired and checked together: known, computed,
+ * held, table, free_ids (the state, all writable), then the call's own (chunk, finished). */
+#define STATE_COLUMNS 5
+#define MAX_COLUMNS 7
+
+typedef struct {
+    int count;              /* columns acquired so far, released by release_columns() */
+    Py_buffer views[MAX_COLUMNS];
+    hp_int lengths[MAX_COLUMNS];
+} columns;
+
+static void release_columns(columns *c) {
+    while (c->count > 0) {
+        PyBuffer_Release(&c->views[--c->count]);
+    }
+}
+
+/* Acquire ``total`` columns and check them against the state's counts: known, computed,
+ * held and the call's columns have one length (the rows), table rows * stride; n and
+ * free_top fit their columns; no two columns share memory. Fills ``state`` on success. */
+static int get_state(PyObject *const *objs, const char *const *names, const int *writable,
+                     int total, hp_int n, hp_int free_top, hp_int stride, hp_int block_size,
+                     columns *c, hp_state *state) {
+    for (c->count = 0; c->count < total; c->count++) {
+        if (get_column(objs[c->count], names[c->count], writable[c->count],
+                       &c->views[c->count], &c->lengths[c->count]) < 0) {
+            return -1;
+        }
+    }
+    hp_int rows = c->lengths[0];
+    for (int k = 1; k < total; k++) {
+        if (k != 3 && k != 4 && c->lengths[k] != rows) {
+            PyErr_Format(PyExc_ValueError, "%s must have as many items as known (%d), got %d",
+                         names[k], (int)rows, (int)c->lengths[k]);
+            return -1;
+        }
+    }
+    if (stride < 1 || block_size < 1) {
+        PyErr_Format(PyExc_ValueError, "%s must be >= 1, got %d",
+                     stride < 1 ? "stride" : "block_size", (int)(stride < 1 ? stride : block_size));
+        return -1;
+    }
+    if ((int64_t)c->lengths[3] != (int64_t)rows * stride) {
+        PyErr_Format(PyExc_ValueError,
+                     "table must have rows * stride = %lld items (%d rows of %d), got %d",
+                     (long long)rows * stride, (int)rows, (int)stride, (int)c->lengths[3]);
+        return -1;
+    }
+    if (n > rows) {
+        PyErr_Format(PyExc_ValueError, "n must be <= %d (the length of known), got %d",
+                     (int)rows, (int)n);
+        return -1;
+    }
+    if (free_top > c->lengths[4]) {
+        PyErr_Format(PyExc_ValueError, "free_top must be <= %d (the length of free_ids), got %d",
+                     (int)c->lengths[4], (int)free_top);
+        return -1;
+    }
+    for (int a = 0; a < total; a++) {
+        for (int b = a + 1; b < total; b++) {
+            if (buffers_overlap(&c->views[a], &c->views[b])) {
+                PyErr_Format(PyExc_ValueError, "%s must not share memory with %s", names[b],
+                             names[a]);
+                return -1;
+            }
+        }
+    }
+    hp_state parsed = {rows, n, stride, block_size, c->lengths[4], free_top,
+                       (hp_int *)c->views[0].buf, (hp_int *)c->views[1].buf,
+                       (hp_int *)c->views[2].buf, (hp_int *)c->views[3].buf,
+                       (hp_int *)c->views[4].buf};
+    *state = parsed;
+    return 0;
+}
+
+#define LAYOUT                                                                              \
+    "computed < known, held == ceil(computed / block_size), ceil(known / block_size) <= "   \
+    "stride, held + free_top <= len(free_ids)"
+
 PyDoc_STRVAR(schedule_doc,
              "schedule($module, /, known, computed, held, table, free_ids, chunk, *, n,\n"
              "         free_top, stride, block_size, token_budget, max_seqs)\n"
@@ -233,105 +312,119 @@ PyDoc_STRVAR(schedule_doc,
              "one length (the rows), table rows * stride, free_ids the pool's blocks; no two\n"
              "share memory. Returns (rows scheduled, tokens, rows preempted, n, free_top).");
 
-#define SCHEDULE_COLUMNS 6
-
 static PyObject *schedule(PyObject *self, PyObject *args, PyObject *kwargs) {
     (void)self;
     static char *kwlist[] = {"known", "computed", "held", "table", "free_ids", "chunk",
                              "n", "free_top", "stride", "block_size", "token_budget",
                              "max_seqs", NULL};
-    static const char *names[SCHEDULE_COLUMNS] = {"known", "computed", "held",
-                                                  "table", "free_ids", "chunk"};
-    PyObject *objs[SCHEDULE_COLUMNS];
-    PyObject *scalars[6];
+    static const char *names[] = {"known", "computed", "held", "table", "free_ids", "chunk"};
+    static const int writable[] = {1, 1, 1, 1, 1, 1};
+    PyObject *objs[6];
+    PyObject *n_obj, *free_top_obj, *stride_obj, *block_size_obj, *budget_obj, *max_seqs_obj;
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOO$OOOOOO:schedule", kwlist, &objs[0],
-                                     &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
-                                     &scalars[0], &scalars[1], &scalars[2], &scalars[3],
-                                     &scalars[4], &scalars[5])) {
+                                     &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &n_obj,
+                                     &free_top_obj, &stride_obj, &block_size_obj, &budget_obj,
+                                     &max_seqs_obj)) {
         return NULL;
     }
-    static const char *scalar_names[6] = {"n", "free_top", "stride", "block_size",
-                                          "token_budget", "max_seqs"};
-    hp_int values[6];
-    for (int k = 0; k < 6; k++) {
-        if (get_count(scalars[k], scalar_names[k], &values[k]) < 0) {
-            return NULL;
-        }
+    hp_int n, free_top, stride, block_size, token_budget, max_seqs;
+    if (get_count(n_obj, "n", &n) < 0 || get_count(free_top_obj, "free_top", &free_top) < 0 ||
+        get_count(stride_obj, "stride", &stride) < 0 ||
+        get_count(block_size_obj, "block_size", &block_size) < 0 ||
+        get_count(budget_obj, "token_budget", &token_budget) < 0 ||
+        get_count(max_seqs_obj, "max_seqs", &max_seqs) < 0) {
+        return NULL;
     }
-    Py_buffer views[SCHEDULE_COLUMNS];
-    hp_int lengths[SCHEDULE_COLUMNS];
-    int got = 0;
+    columns c = {0};
+    hp_state state;
     PyObject *result = NULL;
-    for (; got < SCHEDULE_COLUMNS; got++) {
-        if (get_column(objs[got], names[got], 1, &views[got], &lengths[got]) < 0) {
-            goto done;
-        }
-    }
-    hp_int rows = lengths[0];
-    for (int k = 1; k < SCHEDULE_COLUMNS; k++) {
-        if ((k == 3 || k == 4) || lengths[k] == rows) {
-            continue;
-        }
-        PyErr_Format(PyExc_ValueError, "%s must have as many items as known (%d), got %d",
-                     names[k], (int)rows, (int)lengths[k]);
+    if (get_state(objs, names, writable, 6, n, free_top, stride, block_size, &c, &state) < 0) {
         goto done;
     }
-    hp_int stride = values[2];
-    if (stride < 1 || values[3] < 1) {
-        PyErr_Format(PyExc_ValueError, "%s must be >= 1, got %d",
-                     stride < 1 ? "stride" : "block_size", (int)(stride < 1 ? stride : values[3]));
-        goto done;
-    }
-    if ((int64_t)lengths[3] != (int64_t)rows * stride) {
-        PyErr_Format(PyExc_ValueError,
-                     "table must have rows * stride = %lld items (%d rows of %d), got %d",
-                     (long long)rows * stride, (int)rows, (int)stride, (int)lengths[3]);
-        goto done;
-    }
-    if (values[0] > rows || values[1] > lengths[4]) {
-        PyErr_Format(PyExc_ValueError, "%s must be <= %d (the length of %s), got %d",
-                     values[0] > rows ? "n" : "free_top",
-                     (int)(values[0] > rows ? rows : lengths[4]),
-                     values[0] > rows ? "known" : "free_ids",
-                     (int)(values[0] > rows ? values[0] : values[1]));
-        goto done;
-    }
-    for (int a = 0; a < SCHEDULE_COLUMNS; a++) {
-        for (int b = a + 1; b < SCHEDULE_COLUMNS; b++) {
-            if (buffers_overlap(&views[a], &views[b])) {
-                PyErr_Format(PyExc_ValueError, "%s must not share memory with %s", names[b],
-                             names[a]);
-                goto done;
-            }
-        }
-    }
-    hp_state state = {rows, values[0], stride, values[3], lengths[4], values[1],
-                      (hp_int *)views[0].buf, (hp_int *)views[1].buf, (hp_int *)views[2].buf,
-                      (hp_int *)views[3].buf, (hp_int *)views[4].buf};
+    hp_int *chunk = (hp_int *)c.views[5].buf;
     hp_int seqs = 0, tokens = 0, preempted = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = hp_schedule(&state, values[4], values[5], (hp_int *)views[5].buf, &seqs, &tokens,
-                     &preempted);
+    rc = hp_schedule(&state, token_budget, max_seqs, chunk, &seqs, &tokens, &preempted);
     Py_END_ALLOW_THREADS
     if (rc == HP_INVALID) {
         PyErr_SetString(PyExc_ValueError,
                         "hp_schedule rejected the state: some running row breaks the layout "
-                        "of csrc/hotpath.h (computed < known, held == ceil(computed / "
-                        "block_size), ceil(known / block_size) <= stride, held + free_top <= "
-                        "len(free_ids)); nothing was written");
-        goto done;
-    }
-    if (rc != HP_OK) {
+                        "of csrc/hotpath.h (" LAYOUT "); nothing was written");
+    } else if (rc != HP_OK) {
         raise_for(rc, "hp_schedule");
+    } else {
+        result = Py_BuildValue("(iiiii)", (int)seqs, (int)tokens, (int)preempted, (int)state.n,
+                               (int)state.free_top);
+    }
+done:
+    release_columns(&c);
+    return result;
+}
+
+PyDoc_STRVAR(apply_doc,
+             "apply($module, /, known, computed, held, table, free_ids, chunk, finished, *,\n"
+             "      n, free_top, stride, block_size, seqs)\n"
+             "--\n"
+             "\n"
+             "hp_apply (csrc/hotpath.h): the step's outcome. Rows 0 .. seqs compute their\n"
+             "chunk (a row reaching known samples a token: known += 1); rows flagged 1 in\n"
+             "finished are released and the others moved down in order. The state columns\n"
+             "are writable int32 columns as for schedule; chunk and finished are int32\n"
+             "columns of the rows' length. Returns (n, free_top).");
+
+static PyObject *apply(PyObject *self, PyObject *args, PyObject *kwargs) {
+    (void)self;
+    static char *kwlist[] = {"known", "computed", "held", "table", "free_ids", "chunk",
+                             "finished", "n", "free_top", "stride", "block_size", "seqs",
+                             NULL};
+    static const char *names[] = {"known", "computed", "held", "table",
+                                  "free_ids", "chunk", "finished"};
+    static const int writable[] = {1, 1, 1, 1, 1, 0, 0};
+    PyObject *objs[7];
+    PyObject *n_obj, *free_top_obj, *stride_obj, *block_size_obj, *seqs_obj;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOOOOOO$OOOOO:apply", kwlist, &objs[0],
+                                     &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                                     &n_obj, &free_top_obj, &stride_obj, &block_size_obj,
+                                     &seqs_obj)) {
+        return NULL;
+    }
+    hp_int n, free_top, stride, block_size, seqs;
+    if (get_count(n_obj, "n", &n) < 0 || get_count(free_top_obj, "free_top", &free_top) < 0 ||
+        get_count(stride_obj, "stride", &stride) < 0 ||
+        get_count(block_size_obj, "block_size", &block_size) < 0 ||
+        get_count(seqs_obj, "seqs", &seqs) < 0) {
+        return NULL;
+    }
+    columns c = {0};
+    hp_state state;
+    PyObject *result = NULL;
+    if (get_state(objs, names, writable, 7, n, free_top, stride, block_size, &c, &state) < 0) {
         goto done;
     }
-    result = Py_BuildValue("(iiiii)", (int)seqs, (int)tokens, (int)preempted, (int)state.n,
-                           (int)state.free_top);
-done:
-    while (got-- > 0) {
-        PyBuffer_Release(&views[got]);
+    if (seqs > n) {
+        PyErr_Format(PyExc_ValueError, "seqs must be <= n (%d), got %d", (int)n, (int)seqs);
+        goto done;
     }
+    const hp_int *chunk = (const hp_int *)c.views[5].buf;
+    const hp_int *finished = (const hp_int *)c.views[6].buf;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = hp_apply(&state, seqs, chunk, finished);
+    Py_END_ALLOW_THREADS
+    if (rc == HP_INVALID) {
+        PyErr_SetString(PyExc_ValueError,
+                        "hp_apply rejected the step: a flag in finished other than 0 or 1, a "
+                        "scheduled chunk outside [1, known - computed] or not covered by held, "
+                        "a row that would outgrow its table row, or a row breaking the layout "
+                        "of csrc/hotpath.h (" LAYOUT "); nothing was written");
+    } else if (rc != HP_OK) {
+        raise_for(rc, "hp_apply");
+    } else {
+        result = Py_BuildValue("(ii)", (int)state.n, (int)state.free_top);
+    }
+done:
+    release_columns(&c);
     return result;
 }
 
@@ -340,6 +433,7 @@ static PyMethodDef hotpath_methods[] = {
      METH_VARARGS | METH_KEYWORDS, fill_token_budget_doc},
     {"schedule", (PyCFunction)(void (*)(void))schedule, METH_VARARGS | METH_KEYWORDS,
      schedule_doc},
+    {"apply", (PyCFunction)(void (*)(void))apply, METH_VARARGS | METH_KEYWORDS, apply_doc},
     {NULL, NULL, 0, NULL},
 };
 

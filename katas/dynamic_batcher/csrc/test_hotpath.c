@@ -245,12 +245,60 @@ static void test_schedule(void) {
           "got %d", rc);
 }
 
+/* hp_schedule with blocks to spare: every row gets its chunk and the blocks it misses,
+ * popped from the top of the stack in order; nobody is preempted. */
+static void test_schedule_with_blocks_to_spare(void) {
+    hp_int known[] = {3, 8}, computed[] = {2, 0}, held[] = {1, 0};
+    hp_int table[] = {9, 0, 0, 0, 0, 0}, free_ids[] = {4, 5, 6, 7, 0};
+    hp_int chunk[] = {SENTINEL, SENTINEL};
+    hp_state s = {2, 2, 3, 3, 5, 4, known, computed, held, table, free_ids};
+    hp_int seqs = SENTINEL, tokens = SENTINEL, preempted = SENTINEL;
+    int rc = hp_schedule(&s, 6, 4, chunk, &seqs, &tokens, &preempted);
+    const hp_int want_chunk[] = {1, 5}, want_held[] = {1, 2}, want_table[] = {9, 0, 0, 7, 6, 0};
+    CHECK(rc == HP_OK && seqs == 2 && tokens == 6 && preempted == 0 && s.n == 2 &&
+              s.free_top == 2 && same(chunk, want_chunk, 2) && same(held, want_held, 2) &&
+              same(table, want_table, 6),
+          "schedule with blocks to spare: expected chunks [1, 5], row 1 taking blocks 7 then "
+          "6 and no preemption; got rc %d, (seqs, tokens, preempted) = (%d, %d, %d), n = %d, "
+          "free_top = %d", rc, (int)seqs, (int)tokens, (int)preempted, (int)s.n,
+          (int)s.free_top);
+}
+
+/* hp_apply after a schedule of rows 0-2 (block_size 2): row 0 samples at its table row's
+ * end and finishes, row 1 samples and goes on, row 2 (a partial prefill) is aborted, row 3
+ * was not scheduled. Then a flag other than 0 or 1, refused. */
+static void test_apply(void) {
+    hp_int known[] = {6, 3, 6, 2}, computed[] = {3, 2, 0, 1}, held[] = {3, 2, 1, 1};
+    hp_int table[] = {1, 2, 8, 3, 4, 0, 5, 0, 0, 6, 0, 0}, free_ids[] = {7, 0, 0, 0, 0, 0, 0, 0};
+    const hp_int chunk[] = {3, 1, 2, 0}, finished[] = {1, 0, 1, 0}, bad[] = {1, 0, 2, 0};
+    hp_state s = {4, 4, 3, 2, 8, 1, known, computed, held, table, free_ids};
+    int rc = hp_apply(&s, 3, chunk, bad);
+    if (rc == HP_NOT_IMPLEMENTED) {
+        fprintf(stderr, "not implemented yet: hp_apply \xe2\x80\x94 see "
+                        "katas/dynamic_batcher/csrc/hotpath.h\n");
+        exit(1);
+    }
+    CHECK(rc == HP_INVALID && s.n == 4 && s.free_top == 1 && computed[0] == 3 && known[1] == 3,
+          "apply with finished[2] == 2: expected HP_INVALID and nothing written, got %d", rc);
+    rc = hp_apply(&s, 3, chunk, finished);
+    const hp_int want_known[] = {4, 2}, want_computed[] = {3, 1}, want_held[] = {2, 1};
+    const hp_int want_free[] = {7, 8, 2, 1, 5};
+    CHECK(rc == HP_OK && s.n == 2 && s.free_top == 5 && same(known, want_known, 2) &&
+              same(computed, want_computed, 2) && same(held, want_held, 2) &&
+              table[0] == 3 && table[1] == 4 && table[3] == 6 && same(free_ids, want_free, 5),
+          "apply: expected rows 1 and 3 moved down to 0 and 1 (known [4, 2], computed [3, 1], "
+          "blocks [3, 4] and [6]) and the stack 7, 8, 2, 1, 5; got rc %d, n = %d, free_top = "
+          "%d", rc, (int)s.n, (int)s.free_top);
+}
+
 int main(void) {
     test_examples();
     test_explicit_values();
     test_invalid_arguments();
     test_random_against_model();
     test_schedule();
+    test_schedule_with_blocks_to_spare();
+    test_apply();
     printf("hotpath: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }
