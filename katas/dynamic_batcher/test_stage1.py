@@ -79,6 +79,7 @@ class Trace:
     finished: dict[str, str] = field(default_factory=dict)
     in_kv: dict[str, int] = field(default_factory=dict)  # tokens scheduled since admission
     submitted: dict[str, Request] = field(default_factory=dict)
+    blocks: list[dict[str, tuple[int, ...]]] = field(default_factory=list)  # after each step
 
     def submit(self, *requests: Request) -> None:
         for r in requests:
@@ -117,6 +118,8 @@ class Trace:
             self.finished[rid] = reason
             self.in_kv[rid] = 0
         self.check_blocks(where)
+        held = {rid: tuple(self.b.blocks_of(rid)) for rid in self.submitted}
+        self.blocks.append({rid: blocks for rid, blocks in held.items() if blocks})
         return out
 
     def check_blocks(self, where: str) -> None:
@@ -141,13 +144,23 @@ class Trace:
             f"num_blocks={self.m.num_blocks} (blocks lost or made up)"
         )
 
-    def run(self, arrivals: Mapping[int, Sequence[Request]] = {}, max_steps: int = 500) -> None:
+    def run(
+        self,
+        arrivals: Mapping[int, Sequence[Request]] = {},
+        max_steps: int = 500,
+        aborts: Mapping[int, str] = {},
+    ) -> None:
         """Step until nothing is unfinished and every arrival is in; ``arrivals[n]`` are
-        submitted before step n (1-based)."""
+        submitted before step n (1-based), and ``aborts[n]`` aborted then if unfinished."""
         last = max(arrivals, default=0)
         while True:
             n = len(self.outputs) + 1
             self.submit(*arrivals.get(n, ()))
+            rid = aborts.get(n)
+            if rid in self.submitted and rid not in self.finished:
+                self.b.abort(rid)
+                self.finished[rid] = "abort"
+                self.in_kv[rid] = 0
             if n > last and not self.b.has_unfinished():
                 return
             assert n <= max_steps, (
@@ -596,6 +609,34 @@ def _workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]
     return config, arrivals, aborts
 
 
+@extended
+@rule("hotpath-twin")
+@given(case=_workloads())
+@settings(max_examples=30)
+def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
+    case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
+) -> None:
+    config, arrivals, aborts = case
+    runs = []
+    for hotpath in ("python", "c"):
+        caps = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+        t = trace(model(config["num_blocks"], config["block_size"]), **caps, hotpath=hotpath)
+        t.run(arrivals, max_steps=600, aborts=aborts)
+        runs.append([f"{row}  blocks {held}" for row, held in
+                     zip(t.rows().splitlines(), t.blocks, strict=True)])  # fmt: skip
+    python, c = runs
+    first = next(
+        (i for i, (a, b) in enumerate(zip(python, c, strict=False)) if a != b),
+        min(len(python), len(c)),
+    )
+    assert python == c, (
+        f"§hotpath-twin: hotpath='c' must run every step as 'python' does ({config}); "
+        f"they part at step {first + 1}:\n"
+        f"  python:\n{chr(10).join(python[max(0, first - 1) : first + 1])}\n"
+        f"  c:\n{chr(10).join(c[max(0, first - 1) : first + 1])}"
+    )
+
+
 @core
 @rule("caps", "blocks", "finish", "transparency", "preemption")
 @given(case=_workloads())
@@ -606,19 +647,7 @@ def test_stage1_any_workload_keeps_every_invariant_and_every_output(
     config, arrivals, aborts = case
     m = model(config.pop("num_blocks"), config.pop("block_size"))
     t = trace(m, **config)
-    last = max(arrivals)
-    while True:
-        n = len(t.outputs) + 1
-        t.submit(*arrivals.get(n, ()))
-        rid = aborts.get(n)
-        if rid in t.submitted and rid not in t.finished:
-            t.b.abort(rid)
-            t.finished[rid] = "abort"
-            t.in_kv[rid] = 0
-        if n > last and not t.b.has_unfinished():
-            break
-        assert n <= 600, f"liveness: unfinished after 600 steps\n{t.rows()[-3000:]}"
-        t.step()
+    t.run(arrivals, max_steps=600, aborts=aborts)
     missing = set(t.submitted) - set(t.finished)
     assert not missing, f"§finish: every request finishes exactly once; never: {missing}"
     assert_transparent(t)

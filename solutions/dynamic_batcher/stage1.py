@@ -5,14 +5,17 @@ Orca's iteration-level scheduling before it):
 
 1. **Running requests first, in admission order**: each needs the tokens it knows but
    has not computed — 1 for a decode, the rest of its prompt for a prefill — and gets
-   what is left of the step's token budget, in order (``fill_token_budget``, the hot
-   path: in Python here, or the kata's C). A long prompt is so cut into chunks, and the
-   decodes admitted before it never wait for it.
+   what is left of the step's token budget, in order. A long prompt is so cut into
+   chunks, and the decodes admitted before it never wait for it.
 2. **Blocks for what was scheduled**: a request holds exactly
    ``ceil(tokens in KV / block_size)`` blocks. When the pool runs dry, the most recently
    admitted running request is preempted — its blocks freed, its KV to be recomputed
    from its prompt and the tokens it already produced — and goes to the front of the
    queue. The oldest requests therefore always progress: no livelock.
+
+   Moves 1 and 2 are the hot path, ``schedule`` over the running requests' int32
+   columns (running.py), and so is its counterpart after the forward pass, ``apply``:
+   in Python, or the kata's C with ``hotpath="c"``.
 3. **Waiting requests fill the rest of the budget**, in policy order, while there are
    free slots and blocks — but not in a step that preempted (a step short of blocks
    has no business admitting more).
@@ -23,11 +26,9 @@ then samples the token after them, so nothing it streamed is streamed again.
 
 from __future__ import annotations
 
-import array
 import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from katas._runtime.checks import positive_int
 from katas.dynamic_batcher.api import (
@@ -41,7 +42,7 @@ from katas.dynamic_batcher.api import (
     StepOutput,
 )
 
-Hotpath = Literal["python", "c"]
+from .running import Hotpath, RunningRows
 
 
 def fill_token_budget(
@@ -62,17 +63,6 @@ def fill_token_budget(
     return chunks, seqs, token_budget - left
 
 
-def _fill_in_c(need: Sequence[int], token_budget: int, max_seqs: int) -> tuple[list[int], int, int]:
-    from . import _hotpath  # built on first import (katas/_runtime/native.py)
-
-    need_col = array.array(_hotpath.TYPECODE, need)
-    chunk_col = array.array(_hotpath.TYPECODE, bytes(len(need_col) * need_col.itemsize))
-    seqs, tokens = _hotpath.fill_token_budget(
-        need_col, chunk_col, token_budget=token_budget, max_seqs=max_seqs
-    )
-    return chunk_col.tolist(), seqs, tokens
-
-
 def _blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)  # ceil: a partly filled block is a whole block
 
@@ -84,6 +74,7 @@ class _Seq:
     request: Request
     order: int  # submission order: FCFS, and the tie-break under priorities
     output: list[int] = field(default_factory=list)
+    # The static batcher's KV (the continuous one keeps its running requests' in columns).
     computed: int = 0  # tokens written to KV
     blocks: list[int] = field(default_factory=list)
     first_token_ns: int | None = None
@@ -147,12 +138,11 @@ def _check_pool(model: Model, num_blocks: int, block_size: int) -> None:
 
 class _Batcher:
     """What both batchers share: the requests not finished, in a waiting and a running
-    list; the KV pool; finishing, whatever the reason; the finished requests' metrics."""
+    list; finishing, whatever the reason; the finished requests' metrics."""
 
     def __init__(self, model: Model) -> None:
         self._model = model
         self._num_blocks, self._block_size = model.num_blocks, model.block_size
-        self._pool = _Blocks(model.num_blocks)
         self._waiting: list[_Seq] = []
         self._running: list[_Seq] = []  # in admission order
         self._seqs: dict[str, _Seq] = {}  # every request not finished
@@ -197,7 +187,7 @@ class _Batcher:
         return finished
 
     def _sampled(self, seq: _Seq, token: int, now_ns: int) -> FinishReason | None:
-        """Record ``token``, the request's next; finish it if that ends it."""
+        """Record ``token``, the request's next; why that ends it, if it does."""
         seq.output.append(token)
         if seq.first_token_ns is None:
             seq.first_token_ns = now_ns
@@ -206,16 +196,20 @@ class _Batcher:
             reason = "stop"
         elif len(seq.output) >= seq.request.max_new_tokens:
             reason = "length"
-        if reason is not None:
-            self._finish(seq, now_ns, reason)
         return reason
 
     def _finish(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
         if seq in self._running:
-            self._running.remove(seq)
+            self._stop_running(seq)
         else:
             self._waiting.remove(seq)
-        self._pool.release(seq)
+        self._record(seq, now_ns, reason)
+
+    def _stop_running(self, seq: _Seq) -> None:
+        """Take a running request out, its KV freed."""
+        raise NotImplementedError
+
+    def _record(self, seq: _Seq, now_ns: int, reason: FinishReason) -> None:
         del self._seqs[seq.request.rid]
         r = seq.request
         self._done.append(
@@ -256,96 +250,103 @@ class ContinuousBatcher(_Batcher):
             raise ValueError(f"hotpath must be 'python' or 'c', got {hotpath!r}")
         super().__init__(model)  # waiting: in admission order, the preempted first
         self._policy: Policy = policy
-        self._fill = fill_token_budget if hotpath == "python" else _fill_in_c
+        self._rows = RunningRows(self._max_seqs, num_blocks, block_size, hotpath)
 
     # -- the interface ------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         seq = self._new(request)
+        r = seq.request
+        self._rows.widen(_blocks_for(len(r.prompt) + r.max_new_tokens, self._block_size))
         keys = [s.key(self._policy) for s in self._waiting if not s.preemptions]
         skip = len(self._waiting) - len(keys)  # the preempted stay in front
         self._waiting.insert(skip + bisect.bisect(keys, seq.key(self._policy)), seq)
 
     def step(self, now_ns: int) -> StepOutput:
         finished = self._past_deadlines(now_ns)
-        plan, preempted = self._schedule_running()
+        seqs, tokens, preempted = self._schedule_running()
         if not preempted:
-            plan += self._admit(self._budget - sum(chunk for _, chunk in plan))
-        tokens = self._run(plan, now_ns, finished)
-        scheduled = {seq.request.rid: chunk for seq, chunk in plan}
-        return StepOutput(now_ns, scheduled, tokens, finished, tuple(preempted))
+            seqs += self._admit(self._budget - tokens)
+        scheduled, emitted = self._run(seqs, now_ns, finished)
+        return StepOutput(now_ns, scheduled, emitted, finished, preempted)
 
     # -- one step -----------------------------------------------------------------------
-    def _schedule_running(self) -> tuple[list[tuple[_Seq, int]], list[str]]:
-        running = self._running
-        chunks, seqs, _ = self._fill([s.known - s.computed for s in running], self._budget,
-                                     self._max_seqs)  # fmt: skip
-        plan: list[tuple[_Seq, int]] = []
-        preempted: list[str] = []
-        i = 0
-        while i < min(seqs, len(running)):
-            seq = running[i]
-            while not self._pool.grow(seq, seq.computed + chunks[i], self._block_size):
-                victim = running[-1]  # the most recently admitted gives its blocks
-                self._preempt(victim)
-                preempted.append(victim.request.rid)
-                if victim is seq:
-                    return plan, preempted
-            plan.append((seq, chunks[i]))
-            i += 1
-        return plan, preempted
+    def _schedule_running(self) -> tuple[int, int, tuple[str, ...]]:
+        """Moves 1 and 2; the rows scheduled are rows 0 .. seqs."""
+        rows = self._rows
+        seqs, tokens, count = rows.schedule(self._budget, self._max_seqs)
+        if not count:
+            return seqs, tokens, ()
+        victims = self._running[rows.n :]  # the first preempted is the last of them
+        del self._running[rows.n :]
+        for seq in victims:
+            seq.preemptions += 1
+        self._waiting[0:0] = victims  # to the front, in admission order
+        return seqs, tokens, tuple(v.request.rid for v in reversed(victims))
 
-    def _admit(self, budget: int) -> list[tuple[_Seq, int]]:
-        plan: list[tuple[_Seq, int]] = []
-        while self._waiting and budget > 0 and len(self._running) < self._max_seqs:
+    def _admit(self, budget: int) -> int:
+        """Move 3, after a schedule of every running row: how many were admitted."""
+        admitted = 0
+        while self._waiting and budget > 0 and self._rows.n < self._max_seqs:
             seq = self._waiting[0]
-            chunk = min(seq.known - seq.computed, budget)
-            if not self._pool.grow(seq, seq.computed + chunk, self._block_size):
+            chunk = self._rows.admit(seq.known, budget)
+            if not chunk:
                 break  # no preemption to admit: the queue waits for blocks
-            del self._waiting[0]
-            self._running.append(seq)
-            plan.append((seq, chunk))
+            self._running.append(self._waiting.pop(0))
             budget -= chunk
-        return plan
+            admitted += 1
+        return admitted
 
     def _run(
-        self, plan: list[tuple[_Seq, int]], now_ns: int, finished: dict[str, FinishReason]
-    ) -> dict[str, tuple[int, ...]]:
+        self, seqs: int, now_ns: int, finished: dict[str, FinishReason]
+    ) -> tuple[dict[str, int], dict[str, tuple[int, ...]]]:
+        """The forward pass over rows 0 .. seqs, then ``apply``: ``(scheduled, emitted)``."""
+        rows, running = self._rows, self._running
+        known, computed, chunk = rows.known, rows.computed, rows.chunk
         slices = []
-        for seq, chunk in plan:
-            start, stop = seq.computed, seq.computed + chunk
+        for i in range(seqs):
+            seq, start = running[i], computed[i]
+            stop = start + chunk[i]
             slices.append(
-                SeqSlice(seq.request.rid, seq.tokens(start, stop), start, tuple(seq.blocks),
-                         stop == seq.known)
+                SeqSlice(seq.request.rid, seq.tokens(start, stop), start, rows.blocks(i),
+                         stop == known[i])
             )  # fmt: skip
         sampled = self._model.forward(slices) if slices else {}
         emitted: dict[str, tuple[int, ...]] = {}
-        for (seq, chunk), piece in zip(plan, slices, strict=True):
-            seq.computed += chunk
+        done: list[tuple[_Seq, FinishReason]] = []
+        for i, piece in enumerate(slices):
             if not piece.last:
                 continue
             token = sampled[piece.rid]
             if token is None:
                 raise RuntimeError(f"the model sampled nothing for the last slice of {piece.rid}")
             emitted[piece.rid] = (token,)
-            reason = self._sampled(seq, token, now_ns)
+            reason = self._sampled(running[i], token, now_ns)
             if reason is not None:
+                rows.finished[i] = 1
+                done.append((running[i], reason))
                 finished[piece.rid] = reason
-        return emitted
+        rows.apply(seqs)
+        if done:
+            gone = {seq for seq, _ in done}
+            self._running = [seq for seq in running if seq not in gone]
+            for seq, reason in done:
+                self._record(seq, now_ns, reason)
+        return {p.rid: len(p.tokens) for p in slices}, emitted
 
-    def _preempt(self, seq: _Seq) -> None:
-        self._running.remove(seq)
-        self._pool.release(seq)
-        seq.computed = 0  # recompute: prompt and produced tokens alike
-        seq.preemptions += 1
-        self._waiting.insert(0, seq)
+    def _stop_running(self, seq: _Seq) -> None:
+        row = self._running.index(seq)
+        self._rows.release(row)
+        del self._running[row]
 
     # -- for tests and reports ----------------------------------------------------------
     def free_blocks(self) -> int:
-        return len(self._pool.free)
+        return self._rows.free_top
 
     def blocks_of(self, rid: str) -> tuple[int, ...]:
         seq = self._seqs.get(rid)
-        return () if seq is None else tuple(seq.blocks)
+        if seq is None or seq not in self._running:
+            return ()
+        return self._rows.blocks(self._running.index(seq))
 
     def waiting(self) -> list[str]:
         return [s.request.rid for s in self._waiting]
@@ -359,6 +360,7 @@ class StaticBatcher(_Batcher):
     def __init__(self, model: Model, *, batch_size: int) -> None:
         self._batch_size = positive_int("batch_size", batch_size)
         super().__init__(model)
+        self._pool = _Blocks(model.num_blocks)
 
     def submit(self, request: Request) -> None:
         self._waiting.append(self._new(request))
@@ -381,6 +383,7 @@ class StaticBatcher(_Batcher):
             emitted[rid] = (token,)
             reason = self._sampled(seq, token, now_ns)
             if reason is not None:
+                self._finish(seq, now_ns, reason)
                 finished[rid] = reason
         scheduled = {s.rid: len(s.tokens) for s in slices}
         return StepOutput(now_ns, scheduled, emitted, finished)
@@ -392,6 +395,10 @@ class StaticBatcher(_Batcher):
             if not self._pool.grow(seq, len(r.prompt) + r.max_new_tokens, self._block_size):
                 break  # its worst case does not fit next to the batch's: next batch
             self._running.append(self._waiting.pop(0))
+
+    def _stop_running(self, seq: _Seq) -> None:
+        self._running.remove(seq)
+        self._pool.release(seq)
 
 
 __all__ = ["ContinuousBatcher", "StaticBatcher", "fill_token_budget"]
