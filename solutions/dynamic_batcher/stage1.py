@@ -86,9 +86,12 @@ class _Seq:
 
     def tokens(self, start: int, stop: int) -> tuple[int, ...]:
         prompt = self.request.prompt
-        if stop <= len(prompt):
+        p = len(prompt)
+        if stop <= p:
             return prompt[start:stop]
-        return (*prompt[start:], *self.output[max(0, start - len(prompt)) : stop - len(prompt)])
+        if start >= p:  # a decode, or a recompute past the prompt
+            return tuple(self.output[start - p : stop - p])
+        return (*prompt[start:], *self.output[: stop - p])
 
     def key(self, policy: Policy) -> tuple[int, int]:
         return (self.request.priority if policy == "priority" else 0, self.order)

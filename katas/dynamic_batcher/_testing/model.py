@@ -54,6 +54,11 @@ _BLOCK_TAG = 0xB10C
 _FNV_PRIME = 0x100000001B3
 
 
+def _where(rid: str) -> str:
+    """How a failure message names the request at fault (built only to raise)."""
+    return f"FakeModel.forward: request {rid!r}"
+
+
 def _mix(x: int) -> int:
     """splitmix64's finaliser: a cheap, well-spread 64-bit hash of an int (explicit, so
     outputs do not depend on Python's ``hash``)."""
@@ -187,25 +192,28 @@ class FakeModel:
         union: set[int] = set()
         for s in slices:
             rid = s.rid
-            where = f"FakeModel.forward: request {rid!r}"
             if rid in seen:
-                raise AssertionError(f"{where} has two slices in one step (one per request)")
+                raise AssertionError(f"{_where(rid)} has two slices in one step (one per request)")
             seen.add(rid)
             if not s.tokens:
-                raise AssertionError(f"{where}: an empty slice (a scheduled request computes >= 1)")
-            bad = [t for t in s.tokens if isinstance(t, bool) or not isinstance(t, int) or t < 0]
-            if bad:
-                raise AssertionError(f"{where}: tokens must be ints >= 0, got {bad[0]!r}")
+                raise AssertionError(
+                    f"{_where(rid)}: an empty slice (a scheduled request computes >= 1)"
+                )
+            for t in s.tokens:
+                if isinstance(t, bool) or not isinstance(t, int) or t < 0:
+                    raise AssertionError(f"{_where(rid)}: tokens must be ints >= 0, got {t!r}")
             if isinstance(s.start_pos, bool) or not isinstance(s.start_pos, int):
-                raise AssertionError(f"{where}: start_pos must be an int, got {s.start_pos!r}")
+                raise AssertionError(
+                    f"{_where(rid)}: start_pos must be an int, got {s.start_pos!r}"
+                )
             if s.start_pos < 0:
-                raise AssertionError(f"{where}: start_pos {s.start_pos} < 0")
+                raise AssertionError(f"{_where(rid)}: start_pos {s.start_pos} < 0")
             end = s.start_pos + len(s.tokens)  # positions start_pos .. end - 1 are written
             table = s.block_table
             need = -(-end // bs)
             if len(table) < need:
                 raise AssertionError(
-                    f"{where} writes positions {s.start_pos}..{end - 1}, but its block table "
+                    f"{_where(rid)} writes positions {s.start_pos}..{end - 1}, but its block table "
                     f"{tuple(table)} ({len(table)} blocks of {bs}) covers positions "
                     f"0..{len(table) * bs - 1}: position {len(table) * bs} has no block "
                     f"(with {end} tokens in KV it needs ceil({end} / {bs}) = {need} blocks)"
@@ -213,7 +221,7 @@ class FakeModel:
             # A request's table rarely changes between steps: check it entry by entry
             # only when it did (the cross-request check below runs every step).
             if self._checked_tables.get(rid) != table:
-                self._check_table(where, table)
+                self._check_table(_where(rid), table)
                 self._checked_tables[rid] = tuple(table)
             in_tables += len(table)
             union.update(table)
