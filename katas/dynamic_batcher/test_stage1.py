@@ -1071,7 +1071,7 @@ def apply_model(s: HotState, seqs: int, chunk: list[int], finished: list[int]) -
     s = s.copy()
     for i in range(seqs):
         s.computed[i] += chunk[i]
-        if s.computed[i] == s.known[i]:
+        if s.computed[i] == s.known[i] and not finished[i]:
             s.known[i] += 1  # the token sampled after the known ones
     for i in range(s.n):
         if finished[i]:
@@ -1181,6 +1181,32 @@ def test_hotpath_apply_refuses_a_broken_step(change: dict[str, Any], message: st
     assert after == before, f"a refused step wrote: before {before}, after {after}"
     # The step as it should be is applied: the refusal was for the broken entry.
     assert live(c_apply(*APPLY_STEP)) == live(apply_model(*APPLY_STEP))
+
+
+#: One row a token short of INT32_MAX in a single block of INT32_MAX tokens, and one that
+#: knows INT32_MAX tokens in blocks of 2**30 (so ceil needs no + block_size - 1).
+EDGE = HotState([INT_MAX, INT_MAX], [INT_MAX - 1, 0], [2, 0], [0, 1, 0, 0], [3, 2, 0, 0],
+                n=2, free_top=2, stride=2, block_size=2**30)  # fmt: skip
+
+
+@core
+@pytest.mark.rule("int32-range")
+def test_hotpath_schedule_and_apply_at_the_int32_edge() -> None:
+    single = HotState([INT_MAX], [INT_MAX - 1], [1], [0], [0], n=1, free_top=0, stride=1,
+                      block_size=INT_MAX)  # fmt: skip
+    for state in (single, EDGE):
+        got, expected = c_schedule(state, INT_MAX, INT_MAX), schedule_model(state, INT_MAX, INT_MAX)
+        assert got == expected, (
+            f"schedule({state}, INT32_MAX, INT32_MAX):\n  expected {expected}\n  got      {got}"
+        )
+    (chunk, seqs, _, _), after = schedule_model(single, INT_MAX, INT_MAX)
+    with pytest.raises(ValueError, match="rejected the step"):
+        c_apply(after, seqs, chunk, [0])  # known would pass INT32_MAX: it must finish
+    done = c_apply(after, seqs, chunk, [1])
+    assert live(done) == live(apply_model(after, seqs, chunk, [1])), (
+        f"apply({after}, seqs={seqs}, chunk={chunk}, finished=[1]): expected "
+        f"{live(apply_model(after, seqs, chunk, [1]))}, got {live(done)}"
+    )
 
 
 # --- continuous versus static ------------------------------------------------------------

@@ -157,8 +157,8 @@ class _Python:
         chunk, finished, stride, top = r.chunk, r.finished, r.stride, r.free_top
         for i in range(seqs):
             computed[i] += chunk[i]
-            if computed[i] == known[i]:
-                known[i] += 1  # the forward pass sampled the token after the known ones
+            if computed[i] == known[i] and not finished[i]:
+                known[i] += 1  # it sampled the token after the known ones, and goes on
         # One pass: a finished row's blocks go back in row order, and a kept row moves down
         # only over rows already passed, so no row is overwritten before it is read.
         kept = 0

@@ -94,10 +94,10 @@ int hp_schedule(hp_state *state, hp_int token_budget, hp_int max_seqs, hp_int *c
  *
  * Rows 0 .. seqs were scheduled with chunk[i] >= 1 (their blocks already cover it): each
  * computes it, computed[i] += chunk[i], and a row whose computed then reaches known[i]
- * has sampled its next token, so known[i] += 1. Then every row i < n with finished[i] == 1
- * is released, rows in order, each pushing its blocks back last block first, and the rows
- * left move down in order (known, computed, held and their table row), so that rows
- * 0 .. the new n are the unfinished ones in their old order. A finished row's entries
+ * has sampled its next token: if it goes on, known[i] += 1. Then every row i < n with
+ * finished[i] == 1 is released, rows in order, each pushing its blocks back last block
+ * first, and the rows left move down in order (known, computed, held and their table
+ * row), so that rows 0 .. the new n are the unfinished ones in their old order. Entries
  * past the new n, and table entries past a row's held, are left unspecified.
  *
  * The state's n, free_top, known, computed, held, table and free_ids are updated.

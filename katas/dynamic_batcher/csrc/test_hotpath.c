@@ -291,6 +291,31 @@ static void test_apply(void) {
           "%d", rc, (int)s.n, (int)s.free_top);
 }
 
+/* The int32 edge: a row a token short of INT32_MAX in one block of INT32_MAX tokens. Its
+ * last token needs no new block (ceil without the overflow of tokens + block_size - 1);
+ * apply refuses to let it go on past INT32_MAX, and releases it when it finishes. */
+static void test_int32_edge(void) {
+    hp_int known[] = {HP_INT_MAX}, computed[] = {HP_INT_MAX - 1}, held[] = {1};
+    hp_int table[] = {0}, free_ids[] = {0};
+    hp_int chunk[] = {SENTINEL};
+    hp_state s = {1, 1, 1, HP_INT_MAX, 1, 0, known, computed, held, table, free_ids};
+    hp_int seqs = SENTINEL, tokens = SENTINEL, preempted = SENTINEL;
+    int rc = hp_schedule(&s, HP_INT_MAX, HP_INT_MAX, chunk, &seqs, &tokens, &preempted);
+    CHECK(rc == HP_OK && chunk[0] == 1 && seqs == 1 && tokens == 1 && preempted == 0 &&
+              held[0] == 1 && s.free_top == 0,
+          "schedule at INT32_MAX: expected chunk [1] and no new block, got rc %d, chunk %d, "
+          "held %d, free_top %d", rc, (int)chunk[0], (int)held[0], (int)s.free_top);
+    const hp_int go_on[] = {0}, stop[] = {1};
+    rc = hp_apply(&s, 1, chunk, go_on);
+    CHECK(rc == HP_INVALID && known[0] == HP_INT_MAX && computed[0] == HP_INT_MAX - 1,
+          "apply that would take known past INT32_MAX: expected HP_INVALID and nothing "
+          "written, got %d", rc);
+    rc = hp_apply(&s, 1, chunk, stop);
+    CHECK(rc == HP_OK && s.n == 0 && s.free_top == 1 && free_ids[0] == 0,
+          "apply finishing the row at INT32_MAX: expected n = 0 and its block freed, got rc "
+          "%d, n = %d, free_top = %d", rc, (int)s.n, (int)s.free_top);
+}
+
 int main(void) {
     test_examples();
     test_explicit_values();
@@ -299,6 +324,7 @@ int main(void) {
     test_schedule();
     test_schedule_with_blocks_to_spare();
     test_apply();
+    test_int32_edge();
     printf("hotpath: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

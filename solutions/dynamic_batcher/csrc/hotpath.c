@@ -147,8 +147,8 @@ int hp_apply(hp_state *state, hp_int seqs, const hp_int *chunk, const hp_int *fi
     }
     for (hp_int i = 0; i < seqs; i++) {
         s->computed[i] += chunk[i];
-        if (s->computed[i] == s->known[i]) {
-            s->known[i]++; /* the forward pass sampled the token after the known ones */
+        if (s->computed[i] == s->known[i] && !finished[i]) {
+            s->known[i]++; /* it sampled the token after the known ones, and goes on */
         }
     }
     /* Release first, in row order, then close the gaps: the stack's order is the same
