@@ -50,7 +50,8 @@ def fill_token_budget(
 ) -> tuple[list[int], int, int]:
     """The hot path's Python twin (``hp_fill_token_budget`` in csrc/hotpath.h): chunks
     in order, each clamped to the budget left, stopping at the first request that would
-    get nothing or after ``max_seqs``; ``(chunks, requests scheduled, tokens)``."""
+    get nothing or after ``max_seqs``; ``(chunks, requests scheduled, tokens)``. The
+    batcher itself runs this rule inside running.py's ``schedule``, blocks included."""
     chunks = [0] * len(need)
     left = token_budget
     seqs = 0
