@@ -239,12 +239,18 @@ static void release_columns(columns *c) {
     }
 }
 
-/* Acquire ``total`` columns and check them against the state's counts: known, computed,
- * held and the call's columns have one length (the rows), table rows * stride; n and
- * free_top fit their columns; no two columns share memory. Fills ``state`` on success. */
+/* Convert the state's counts (n, free_top, stride, block_size), acquire ``total`` columns
+ * and check them against those counts: known, computed, held and the call's columns have
+ * one length (the rows), table rows * stride; n and free_top fit their columns; no two
+ * columns share memory. Fills ``state`` on success. */
 static int get_state(PyObject *const *objs, const char *const *names, const int *writable,
-                     int total, hp_int n, hp_int free_top, hp_int stride, hp_int block_size,
-                     columns *c, hp_state *state) {
+                     int total, PyObject *const counts[4], columns *c, hp_state *state) {
+    hp_int n, free_top, stride, block_size;
+    if (get_count(counts[0], "n", &n) < 0 || get_count(counts[1], "free_top", &free_top) < 0 ||
+        get_count(counts[2], "stride", &stride) < 0 ||
+        get_count(counts[3], "block_size", &block_size) < 0) {
+        return -1;
+    }
     for (c->count = 0; c->count < total; c->count++) {
         if (get_column(objs[c->count], names[c->count], writable[c->count],
                        &c->views[c->count], &c->lengths[c->count]) < 0) {
@@ -327,18 +333,16 @@ static PyObject *schedule(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &max_seqs_obj)) {
         return NULL;
     }
-    hp_int n, free_top, stride, block_size, token_budget, max_seqs;
-    if (get_count(n_obj, "n", &n) < 0 || get_count(free_top_obj, "free_top", &free_top) < 0 ||
-        get_count(stride_obj, "stride", &stride) < 0 ||
-        get_count(block_size_obj, "block_size", &block_size) < 0 ||
-        get_count(budget_obj, "token_budget", &token_budget) < 0 ||
+    hp_int token_budget, max_seqs;
+    if (get_count(budget_obj, "token_budget", &token_budget) < 0 ||
         get_count(max_seqs_obj, "max_seqs", &max_seqs) < 0) {
         return NULL;
     }
+    PyObject *const counts[4] = {n_obj, free_top_obj, stride_obj, block_size_obj};
     columns c = {0};
     hp_state state;
     PyObject *result = NULL;
-    if (get_state(objs, names, writable, 6, n, free_top, stride, block_size, &c, &state) < 0) {
+    if (get_state(objs, names, writable, 6, counts, &c, &state) < 0) {
         goto done;
     }
     hp_int *chunk = (hp_int *)c.views[5].buf;
@@ -389,21 +393,20 @@ static PyObject *apply(PyObject *self, PyObject *args, PyObject *kwargs) {
                                      &seqs_obj)) {
         return NULL;
     }
-    hp_int n, free_top, stride, block_size, seqs;
-    if (get_count(n_obj, "n", &n) < 0 || get_count(free_top_obj, "free_top", &free_top) < 0 ||
-        get_count(stride_obj, "stride", &stride) < 0 ||
-        get_count(block_size_obj, "block_size", &block_size) < 0 ||
-        get_count(seqs_obj, "seqs", &seqs) < 0) {
+    hp_int seqs;
+    if (get_count(seqs_obj, "seqs", &seqs) < 0) {
         return NULL;
     }
+    PyObject *const counts[4] = {n_obj, free_top_obj, stride_obj, block_size_obj};
     columns c = {0};
     hp_state state;
     PyObject *result = NULL;
-    if (get_state(objs, names, writable, 7, n, free_top, stride, block_size, &c, &state) < 0) {
+    if (get_state(objs, names, writable, 7, counts, &c, &state) < 0) {
         goto done;
     }
-    if (seqs > n) {
-        PyErr_Format(PyExc_ValueError, "seqs must be <= n (%d), got %d", (int)n, (int)seqs);
+    if (seqs > state.n) {
+        PyErr_Format(PyExc_ValueError, "seqs must be <= n (%d), got %d", (int)state.n,
+                     (int)seqs);
         goto done;
     }
     const hp_int *chunk = (const hp_int *)c.views[5].buf;
