@@ -684,14 +684,21 @@ class Tmux:
         )
         return shown.stdout
 
-    def wait_for(self, text: str, timeout_s: float = DEADLINE_S) -> str:
+    def wait_for(self, *texts: str, timeout_s: float = DEADLINE_S) -> str:
+        """The screen once every one of ``texts`` is on it.
+
+        A report reaches the pane in more than one write (tmux draws what has arrived), so
+        a test waits for all it will read, never for its first line alone.
+        """
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             shown = self.screen()
-            if text in shown:
+            if all(text in shown for text in texts):
                 return shown
             time.sleep(0.05)
-        raise AssertionError(f"{text!r} never appeared on the screen:\n{self.screen()}")
+        shown = self.screen()
+        missing = [text for text in texts if text not in shown]
+        raise AssertionError(f"{missing!r} never appeared on the screen:\n{shown}")
 
     def press(self, key: str) -> None:
         subprocess.run([*self.tmux, "send-keys", "-t", "kata", key], check=True)
@@ -720,7 +727,7 @@ def test_tmux_r_restarts_and_q_stops_an_endless_run_at_once(
 ) -> None:
     write(_stage_file(project), ENDLESS)
     tmux = tmux_session("start calc 1 --no-prompt --poll 0.2")
-    first = tmux.wait_for("running 1s… (start)")  # the countdown ticks while it runs
+    first = tmux.wait_for("running 1s… (start)", "left of 10:00")  # the countdown ticks
     countdown = next(line for line in first.splitlines() if "left of 10:00" in line)
     tmux.press("r")
     tmux.wait_for("restarted: run now")
@@ -740,16 +747,16 @@ def test_tmux_shows_expected_and_got_a_syntax_error_once_a_hint_and_the_next_ste
 ) -> None:
     write(_stage_file(project), OFF_BY_ONE)
     tmux = tmux_session("start calc 1 --poll 0.2")
-    shown = tmux.wait_for("1/3 passed in")
+    shown = tmux.wait_for("1/3 passed in", "expected 5, got 6")
     assert "STAGE1_MARK" in shown and "kata show calc 1" in shown, shown
-    assert "expected 5, got 6" in shown and "━" in shown, shown
+    assert "━" in shown, shown
     write(_stage_file(project), SYNTAX_ERROR)
-    shown = tmux.wait_for("— in all 3 tests")
+    shown = tmux.wait_for("— in all 3 tests", "SyntaxError: expected ':'")
     assert shown.count("SyntaxError: expected ':' (stage1.py, line 5)") == 1, shown
     tmux.press("h")
     tmux.wait_for("HINT_ONE_MARK")
     _solve(project)()
-    shown = tmux.wait_for("with the whole suite? [y/N]")
+    shown = tmux.wait_for("with the whole suite? [y/N]", "3/3 passed", "green in")
     assert "3/3 passed" in shown and "green in" in shown, shown
     tmux.press("Enter")  # no: the suggestions, and the attempt ends green
     final = tmux.wait_for("KATA_EXIT=")
