@@ -44,7 +44,7 @@ from katas._registry.catalog import CatalogError, load_kata
 from katas._registry.rules import Rule, all_rules
 
 #: The Redis fixtures come with the harness, also when it is loaded with ``-p``.
-pytest_plugins = ["katas._harness.redis"]
+pytest_plugins = ["katas._harness.redis_fixture"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

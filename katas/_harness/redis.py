@@ -1,6 +1,6 @@
 """Redis for stage-3 suites: one fixture, three modes, and the faults a test injects.
 
-``redis_env`` (a pytest fixture, loaded by the root ``conftest.py``) hands a test a
+``redis_env`` (a pytest fixture, :mod:`katas._harness.redis_fixture`) hands a test a
 :class:`RedisEnv`. What serves it depends on the environment:
 
 1. default — **fakeredis**: a fresh ``FakeServer`` per test, in-process; when a real
@@ -748,30 +748,6 @@ class RedisEnv:
         self.close()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "redis_faults: restarts, stops or flushes a Redis server (private servers only)"
-    )
-
-
-@pytest.fixture
-def redis_env(request: pytest.FixtureRequest) -> Iterator[RedisEnv]:
-    """The test's Redis, in the mode the environment chose (see the module docstring).
-
-    Mark a test ``redis_faults`` when it restarts, stops or flushes a server, and
-    ``realtime`` when it lets real server time pass.
-    """
-    env = RedisEnv.from_environment(
-        faults=request.node.get_closest_marker("redis_faults") is not None,
-        realtime=request.node.get_closest_marker("realtime") is not None,
-        name=request.node.name,
-    )
-    try:
-        yield env
-    finally:
-        env.close()
-
-
 __all__ = [
     "DEFAULT_SOCKET_TIMEOUT_S",
     "ENV_SERVER",
@@ -784,5 +760,4 @@ __all__ = [
     "RedisEnv",
     "RedisNode",
     "client_kwargs",
-    "redis_env",
 ]

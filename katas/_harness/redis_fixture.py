@@ -1,0 +1,42 @@
+"""The ``redis_env`` fixture and the ``redis_faults`` marker, in every suite run.
+
+Only a test that asks for the fixture imports :mod:`katas._harness.redis` and with it
+fakeredis and redis-py: half a second of every run that needs no Redis, and a
+catalogue sweep starts hundreds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from katas._harness.redis import RedisEnv
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "redis_faults: restarts, stops or flushes a Redis server (private servers only)"
+    )
+
+
+@pytest.fixture
+def redis_env(request: pytest.FixtureRequest) -> Iterator[RedisEnv]:
+    """The test's Redis, in the mode the environment chose (see :mod:`katas._harness.redis`).
+
+    Mark a test ``redis_faults`` when it restarts, stops or flushes a server, and
+    ``realtime`` when it lets real server time pass.
+    """
+    from katas._harness.redis import RedisEnv
+
+    env = RedisEnv.from_environment(
+        faults=request.node.get_closest_marker("redis_faults") is not None,
+        realtime=request.node.get_closest_marker("realtime") is not None,
+        name=request.node.name,
+    )
+    try:
+        yield env
+    finally:
+        env.close()
