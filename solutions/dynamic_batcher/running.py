@@ -18,7 +18,7 @@ def _zeros(n: int) -> array.array[int]:
     return array.array("i", bytes(4 * n))
 
 
-def _blocks_for(tokens: int, block_size: int) -> int:
+def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)  # ceil: a partly filled block is a whole block
 
 
@@ -50,7 +50,7 @@ class RunningRows:
         ``min(known, token_budget)`` and their blocks; 0 (nothing changed) when the free
         stack is short. Only right after a ``schedule`` that scheduled every row."""
         chunk = min(known, token_budget)
-        need = _blocks_for(chunk, self.block_size)
+        need = blocks_for(chunk, self.block_size)
         if need > self.free_top:
             return 0
         i, base = self.n, self.n * self.stride

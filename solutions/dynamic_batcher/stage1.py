@@ -42,7 +42,7 @@ from katas.dynamic_batcher.api import (
     StepOutput,
 )
 
-from .running import Hotpath, RunningRows
+from .running import Hotpath, RunningRows, blocks_for
 
 
 def fill_token_budget(
@@ -62,10 +62,6 @@ def fill_token_budget(
         left -= take
         seqs += 1
     return chunks, seqs, token_budget - left
-
-
-def _blocks_for(tokens: int, block_size: int) -> int:
-    return -(-tokens // block_size)  # ceil: a partly filled block is a whole block
 
 
 @dataclass(eq=False)
@@ -106,7 +102,7 @@ class _Blocks:
 
     def grow(self, seq: _Seq, tokens: int, block_size: int) -> bool:
         """Give ``seq`` the blocks for ``tokens`` in KV; False (nothing taken) if short."""
-        missing = _blocks_for(tokens, block_size) - len(seq.blocks)
+        missing = blocks_for(tokens, block_size) - len(seq.blocks)
         if missing > len(self.free):
             return False
         for _ in range(missing):
@@ -123,7 +119,7 @@ def _check_request(request: Request, seen: set[str], num_blocks: int, block_size
         raise TypeError(f"request must be an api.Request, got {request!r}")
     if request.rid in seen:
         raise RequestRejected(f"request id {request.rid!r} was already submitted")
-    worst = _blocks_for(len(request.prompt) + request.max_new_tokens, block_size)
+    worst = blocks_for(len(request.prompt) + request.max_new_tokens, block_size)
     if worst > num_blocks:
         raise RequestRejected(
             f"request {request.rid!r} can never finish: its prompt ({len(request.prompt)}) "
@@ -260,7 +256,7 @@ class ContinuousBatcher(_Batcher):
     def submit(self, request: Request) -> None:
         seq = self._new(request)
         r = seq.request
-        self._rows.widen(_blocks_for(len(r.prompt) + r.max_new_tokens, self._block_size))
+        self._rows.widen(blocks_for(len(r.prompt) + r.max_new_tokens, self._block_size))
         keys = [s.key(self._policy) for s in self._waiting if not s.preemptions]
         skip = len(self._waiting) - len(keys)  # the preempted stay in front
         self._waiting.insert(skip + bisect.bisect(keys, seq.key(self._policy)), seq)
