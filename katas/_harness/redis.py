@@ -48,7 +48,6 @@ import time
 import types
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
