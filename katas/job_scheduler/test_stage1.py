@@ -23,7 +23,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -1037,9 +1037,26 @@ def test_stage1_at_most_one_live_lease_per_job(ops: list[Op], max_attempts: int)
             )
 
 
+#: Every kind of stale lease, each at its boundary: expired at the very instant of its
+#: expiry, superseded by a newer claim of the same job (ack and nack), already answered.
+STALE_LEASES = [
+    ("enqueue", 0, None),
+    ("claim", "w1"),
+    ("advance", LEASE),
+    ("ack", 0),  # token 1 at its expiry instant: expired
+    ("advance", BASE),
+    ("claim", "w2"),  # token 2: the retry, due BASE after the expiry
+    ("ack", 1),  # token 1 again: superseded
+    ("nack", 1),
+    ("ack", 0),  # token 2: live, accepted
+    ("ack", 0),  # token 2 again: already answered
+]
+
+
 @pytest.mark.rule("claim-counts", "stale-changes-nothing")
 @core
 @given(ops=workloads(), max_attempts=st.integers(1, 3))
+@example(ops=STALE_LEASES, max_attempts=3)
 def test_stage1_fencing_tokens_grow_and_stale_leases_change_nothing(
     ops: list[Op], max_attempts: int
 ) -> None:
