@@ -609,9 +609,16 @@ def _workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]
     return config, arrivals, aborts
 
 
+#: The pool of :func:`_tight` and its preemption, on every run of the workload tests: A and
+#: B cannot both reach their length, and C arrives as B is preempted and recomputed.
+TIGHT = {"num_blocks": 4, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 8}
+TIGHT_ARRIVALS = {1: [req("A", 4, 9), req("B", 4, 9)], 6: [req("C", 1, 1)]}
+
+
 @extended
 @rule("hotpath-twin")
 @given(case=_workloads())
+@example(case=(TIGHT, TIGHT_ARRIVALS, {}))
 @settings(max_examples=30)
 def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
@@ -687,11 +694,18 @@ def _runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
 @core
 @rule("running-first", "caps", "chunked-prefill", "preemption", "admission", "finish", "abort")
 @given(case=_runs())
+@example(
+    case=(
+        {**TIGHT, "policy": "fcfs"},
+        [(at, "submit", r) for at, rs in TIGHT_ARRIVALS.items() for r in rs],
+    )
+)
 @settings(max_examples=80)
 def test_stage1_every_step_is_the_one_the_rules_make(
     case: tuple[dict[str, Any], list[tuple[int, str, Any]]],
 ) -> None:
     config, events = case
+    config = dict(config)  # an explicit example's dict is reused
     block_size = config["block_size"]
     outputs = {r.rid: unbatched(r, block_size) for _, kind, r in events if kind == "submit"}
     rules = BatchingRules(outputs, **config)
@@ -1139,6 +1153,9 @@ def hot_steps_done(draw: st.DrawFn) -> tuple[HotState, int, list[int], list[int]
 @pytest.mark.rule("apply-compute", "apply-release")
 @given(hot_steps_done())
 @example(APPLY_STEP)
+# Row 2 goes on part-way through its prompt: a chunk that stops short of known samples
+# nothing.
+@example((APPLY_STEP[0], 3, [3, 1, 2, 0], [1, 0, 0, 0]))
 def test_hotpath_apply_matches_the_model_on_random_steps(
     step: tuple[HotState, int, list[int], list[int]],
 ) -> None:

@@ -1258,6 +1258,12 @@ def test_stage1_liveness_every_job_finishes(
     seed=st.integers(0, 2**32),
     failures=st.lists(st.sampled_from(["nack", "crash"]), min_size=1, max_size=7),
 )
+# Every mode on every run, each through both kinds of failure, up to the cap: a
+# decorrelated delay grows from the one before, and caps before it is kept.
+@example(jitter="decorrelated", base=100, extra=1_500, seed=7, failures=["nack", "crash"] * 3)
+@example(jitter="full", base=100, extra=1_500, seed=7, failures=["nack", "crash"] * 3)
+@example(jitter="equal", base=100, extra=1_500, seed=7, failures=["crash", "nack"] * 3)
+@example(jitter="none", base=100, extra=1_500, seed=7, failures=["nack", "crash"] * 3)
 def test_stage1_backoff_delays_follow_the_formula_for_each_jitter_mode(
     jitter: Jitter, base: int, extra: int, seed: int, failures: list[str]
 ) -> None:

@@ -11,6 +11,8 @@ count-only model misses the weight bugs. Time is a ``ManualClock``.
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -22,6 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from katas._harness.under_test import stage
+from katas._harness.walks import Step, Walk, walked
 from katas.kv_cache.api import CacheStats, ManualClock, RemovalCause
 
 pytestmark = [pytest.mark.stage(1)]
@@ -50,6 +53,9 @@ class Log:
 
     def __call__(self, key: Any, value: Any, cause: RemovalCause) -> None:
         self.calls.append((key, value, cause))
+
+    def __repr__(self) -> str:  # as the steps of a failure show it
+        return "log"
 
     def take(self) -> list[tuple[Any, Any, RemovalCause]]:
         self.taken, self.calls = self.calls, []
@@ -1049,18 +1055,20 @@ class CacheMachine(RuleBasedStateMachine):
         now = self.clock.now_ns()
         self.model.settle(now)
         keys = self.model.order()
-        held, size = list(self.cache), len(self.cache)
+        held = self.call("list(cache)", lambda: list(self.cache))
+        size = self.call("len(cache)", lambda: len(self.cache))
         expect(
             held == keys and size == len(keys),
             self.fail(f"held keys (in eviction order): expected {keys}, got {held} (len {size})"),
         )
         for key in ["a", "b", "c", "d", "e", "f"]:
+            contains = functools.partial(operator.contains, self.cache, key)
             expect(
-                (key in self.cache) == (key in keys),
+                self.call(f"{key!r} in cache", contains) == (key in keys),
                 self.fail(f"{key!r} in cache: expected {key in keys}"),
             )
         self.heard([])  # observing may reclaim expired entries: EXPIRED calls only
-        stats = self.cache.statistics()
+        stats = self.call("statistics()", self.cache.statistics)
         self.heard([])
         m = self.model
         weight = sum(e.weight for e in m.entries) if self.weighted else len(keys)
@@ -1086,17 +1094,64 @@ ttl_rules = pytest.mark.rule(*_MODEL_RULES, *_TTL_RULES)
 weight_rules = pytest.mark.rule(*_WEIGHT_RULES)
 lfu_rules = pytest.mark.rule(*_MODEL_RULES, *_LFU_RULES)
 
-TestStage1LRUMatchesTheModel = core(lru_rules(machine("LRUCache", False).TestCase))
-TestStage1TTLMatchesTheModel = core(ttl_rules(machine("TTLCache", False).TestCase))
+
+def _put(key: str, value: int) -> Step:
+    return ("put", {"key": key, "value": value})
+
+
+def _key(rule: str, key: str) -> Step:
+    return (rule, {"key": key})
+
+
+_BUILD: Step = ("build", {"maxsize": 3, "max_weight": 12})
+_OBSERVE: Step = ("observations_agree", {})
+#: The walks every model test replays before its random steps (weights v % 7 stay under
+#: max_weight, so the weighted caches walk the same way).
+WALKS: dict[str, Walk] = {
+    # A read refreshes recency and a membership test does not: after get("a") the order
+    # is b, c, a whatever `in` asked in between, and the next put evicts b.
+    "recency": [
+        _BUILD,
+        _put("a", 1),
+        _put("b", 2),
+        _put("c", 3),
+        _key("get", "a"),
+        _OBSERVE,
+        _OBSERVE,
+        _put("d", 4),
+        _OBSERVE,
+    ],
+    # A replacement and a delete are no evictions.
+    "removals": [_BUILD, _put("a", 1), _put("a", 8), _key("delete", "a"), _OBSERVE],
+}
+TTL_WALKS: dict[str, Walk] = {
+    **WALKS,
+    # A deleted key's deadline goes with it (its new value outlives the old deadline),
+    # and an entry is gone at the very instant of its deadline: for a read, and for
+    # iteration, len and the counters.
+    "deadlines": [
+        _BUILD, _put("a", 1), _key("delete", "a"), ("advance", {"ns": TTL // 2}),
+        _put("a", 2), _put("b", 3), ("advance", {"ns": TTL // 2}), _OBSERVE,
+        ("advance", {"ns": TTL // 2}), _key("get", "a"), _OBSERVE,
+    ],
+}  # fmt: skip
+
+
+def model_test(kind: str, weighted: bool) -> type[Any]:
+    return walked(machine(kind, weighted), TTL_WALKS if kind == "TTLCache" else WALKS)
+
+
+TestStage1LRUMatchesTheModel = core(lru_rules(model_test("LRUCache", False)))
+TestStage1TTLMatchesTheModel = core(ttl_rules(model_test("TTLCache", False)))
 TestStage1WeightedLRUMatchesTheModel = extended(
-    weight_rules(lru_rules(machine("LRUCache", True).TestCase))
+    weight_rules(lru_rules(model_test("LRUCache", True)))
 )
 TestStage1WeightedTTLMatchesTheModel = extended(
-    weight_rules(ttl_rules(machine("TTLCache", True).TestCase))
+    weight_rules(ttl_rules(model_test("TTLCache", True)))
 )
-TestStage1LFUMatchesTheModel = extended(lfu_rules(machine("LFUCache", False).TestCase))
+TestStage1LFUMatchesTheModel = extended(lfu_rules(model_test("LFUCache", False)))
 TestStage1WeightedLFUMatchesTheModel = extended(
-    weight_rules(lfu_rules(machine("LFUCache", True).TestCase))
+    weight_rules(lfu_rules(model_test("LFUCache", True)))
 )
 for _case in (
     TestStage1LRUMatchesTheModel, TestStage1TTLMatchesTheModel,

@@ -15,7 +15,7 @@ import copy
 import functools
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from fractions import Fraction
 from types import ModuleType
@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from katas._harness.under_test import stage
+from katas._harness.walks import Drawn, Step, Walk, walked
 from katas.rate_limiter.api import NS_PER_S, Decision, ManualClock, MultiDecision, RateLimiter
 
 pytestmark = [pytest.mark.stage(1)]
@@ -1178,10 +1179,49 @@ def test_stage1_a_key_that_is_not_a_str_is_refused(stage_module: ModuleType, alg
 # --------------------------------------------------------------------------------------
 
 
+#: A fixed run per limiter that every comparison with the exact model makes before its
+#: drawn ones, so that each meets its boundaries on every run: a retry_after that is a
+#: fraction of a nanosecond past a whole one (3 per second), the very instant a window
+#: lets go of what it counted, a denial that must leave no trace behind.
+BOUNDARY_RUNS: dict[Algo, tuple[Setup, tuple[Op, ...]]] = {
+    "token_bucket": (Setup("token_bucket", 3, Fraction(3)), (
+        Op("acquire", n=3), Op("acquire", n=1), Op("advance", n=NS_PER_S // 3),
+        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=1), Op("acquire", n=4),
+    )),
+    "gcra": (Setup("gcra", 2, Fraction(3)), (
+        Op("acquire", n=2), Op("acquire", n=1), Op("advance", n=NS_PER_S // 3),
+        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=1), Op("acquire", n=3),
+    )),
+    "sliding_log": (Setup("sliding_log", 3, window_ns=1_000), (
+        Op("acquire", n=3), Op("advance", n=1), Op("acquire", n=1), Op("advance", n=998),
+        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=3), Op("tracked"),
+    )),
+    "fixed_window": (Setup("fixed_window", 2, window_ns=1_000), (
+        Op("acquire", n=2), Op("advance", n=999), Op("acquire", n=1), Op("advance", n=1),
+        Op("acquire", n=2), Op("acquire", n=1), Op("tracked"),
+    )),
+    "sliding_window_counter": (Setup("sliding_window_counter", 2, window_ns=1_000), (
+        Op("acquire", n=2), Op("advance", n=1_000), Op("acquire", n=1), Op("advance", n=500),
+        Op("acquire", n=1), Op("advance", n=500), Op("acquire", n=2), Op("tracked"),
+    )),
+}  # fmt: skip
+
+
+def run_boundaries(stage: ModuleType, algo: Algo, *, auto_sweep: bool) -> None:
+    """The limiter's :data:`BOUNDARY_RUNS` entry against the exact model."""
+    __tracebackhide__ = True
+    setup, ops = BOUNDARY_RUNS[algo]
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage, clock, auto_sweep=auto_sweep)
+    title = f"{setup} with auto_sweep={auto_sweep} (the fixed run, before any drawn one):"
+    run_against_model(limiter, setup.model(), clock, ops, title)
+
+
 def check_against_model(
     stage: ModuleType, data: st.DataObject, algo: Algo, *, steps_back: bool
 ) -> None:
     __tracebackhide__ = True  # the assertion message tells the story
+    run_boundaries(stage, algo, auto_sweep=not steps_back)
     setup = data.draw(setups(algo), label="setup")
     # With a clock that steps back the limiter must keep its keys (see operations()).
     auto_sweep = False if steps_back else data.draw(st.booleans(), label="auto_sweep")
@@ -1796,20 +1836,14 @@ class MultiModel:
         return MultiDecision(False, retry, alone)
 
 
-@pytest.mark.rule("multi-all-or-nothing", "multi-decision", "multi-retry", "multi-refund")
-@needs("multi", *ALGOS)
-@extended
-@given(data=st.data())
-def test_stage1_multi_limiter_is_all_or_nothing(
-    stage_module: ModuleType, data: st.DataObject
+MultiStep = tuple[str, str, Any]
+
+
+def check_multi(
+    stage_module: ModuleType, requests: Setup, tokens: Setup, steps: Sequence[MultiStep]
 ) -> None:
-    requests = data.draw(setups("token_bucket"), label="requests")
-    tokens = data.draw(
-        st.sampled_from(ALGOS)
-        .flatmap(setups)
-        .map(lambda s: Setup(s.algo, s.limit * 50, s.rate * 50, s.window_ns, s.align)),
-        label="tokens",
-    )
+    """Run ``steps`` on a MultiLimiter of the two limits and on its model, compared."""
+    __tracebackhide__ = True
     clock = ManualClock(START_NS)
     inner = {
         "requests": requests.build(stage_module, clock),
@@ -1817,27 +1851,6 @@ def test_stage1_multi_limiter_is_all_or_nothing(
     }
     multi = stage_module.MultiLimiter(inner)
     model = MultiModel({"requests": requests.model(), "tokens": tokens.model()})
-    costs = st.fixed_dictionaries(
-        {"requests": st.integers(0, requests.limit + 1), "tokens": st.integers(1, tokens.limit + 1)}
-    )
-    steps = data.draw(
-        st.lists(
-            st.one_of(
-                st.tuples(
-                    st.sampled_from(["acquire", "acquire", "peek", "refund"]),
-                    st.sampled_from(KEYS),
-                    costs,
-                ),
-                st.tuples(
-                    st.just("advance"),
-                    st.just(""),
-                    durations(requests).map(lambda n: {"ns": n}),
-                ),
-            ),
-            max_size=30,
-        ),
-        label="steps",
-    )
     story = Story(f"MultiLimiter(requests={requests}, tokens={tokens}):", clock)
     for kind, key, arg in steps:
         now = clock.now_ns()
@@ -1862,6 +1875,60 @@ def test_stage1_multi_limiter_is_all_or_nothing(
                         diff_fields(want, got),
                     )
                 )
+
+
+#: The run every multi-limit check starts with: a request the first limit admits and the
+#: second denies must consume from neither, for the acquire as for the peek after it.
+MULTI_BOUNDARY: tuple[Setup, Setup, tuple[MultiStep, ...]] = (
+    Setup("token_bucket", 3),
+    Setup("sliding_log", 100, window_ns=1_000),
+    (
+        ("acquire", "alice", {"requests": 1, "tokens": 90}),
+        ("acquire", "alice", {"requests": 1, "tokens": 20}),  # tokens deny: requests untouched
+        ("peek", "alice", {"requests": 2, "tokens": 10}),
+        ("acquire", "alice", {"requests": 2, "tokens": 10}),  # both still admit it
+        ("acquire", "alice", {"requests": 1, "tokens": 1}),
+    ),
+)
+
+
+@pytest.mark.rule("multi-all-or-nothing", "multi-decision", "multi-retry", "multi-refund")
+@needs("multi", *ALGOS)
+@extended
+@given(data=st.data())
+def test_stage1_multi_limiter_is_all_or_nothing(
+    stage_module: ModuleType, data: st.DataObject
+) -> None:
+    check_multi(stage_module, *MULTI_BOUNDARY)
+    requests = data.draw(setups("token_bucket"), label="requests")
+    tokens = data.draw(
+        st.sampled_from(ALGOS)
+        .flatmap(setups)
+        .map(lambda s: Setup(s.algo, s.limit * 50, s.rate * 50, s.window_ns, s.align)),
+        label="tokens",
+    )
+    costs = st.fixed_dictionaries(
+        {"requests": st.integers(0, requests.limit + 1), "tokens": st.integers(1, tokens.limit + 1)}
+    )
+    steps = data.draw(
+        st.lists(
+            st.one_of(
+                st.tuples(
+                    st.sampled_from(["acquire", "acquire", "peek", "refund"]),
+                    st.sampled_from(KEYS),
+                    costs,
+                ),
+                st.tuples(
+                    st.just("advance"),
+                    st.just(""),
+                    durations(requests).map(lambda n: {"ns": n}),
+                ),
+            ),
+            max_size=30,
+        ),
+        label="steps",
+    )
+    check_multi(stage_module, requests, tokens, steps)
 
 
 # --------------------------------------------------------------------------------------
@@ -1949,12 +2016,31 @@ MACHINE_RULES = (
     "sweep",
     "clock-step-back",
 )
+
+
+def boundary_walk(algo: Algo) -> Walk:
+    """The limiter's :data:`BOUNDARY_RUNS` entry as the machine's steps."""
+    setup, ops = BOUNDARY_RUNS[algo]
+    walk: list[Step] = [("build", {"data": Drawn(setup, False)})]  # the clock never steps back
+    for op in ops:
+        if op.kind == "advance":
+            walk.append(("advance", {"data": Drawn(op.n)}))
+        elif op.kind in ("acquire", "peek", "refund"):
+            walk.append((op.kind, {"key": op.key, "cost": op.n}))
+        # "tracked" is the machine's invariant, checked after every step anyway
+    return walk
+
+
+def model_test(machine: type[LimiterMachine]) -> type[Any]:
+    return walked(machine, {"boundaries": boundary_walk(machine.algo)})
+
+
 TestStage1TokenBucketModel = core(
-    pytest.mark.rule(*MACHINE_RULES)(needs("token_bucket")(TokenBucketMachine.TestCase))
+    pytest.mark.rule(*MACHINE_RULES)(needs("token_bucket")(model_test(TokenBucketMachine)))
 )
 TestStage1SlidingLogModel = core(
     pytest.mark.rule(*MACHINE_RULES, "refund-newest")(
-        needs("sliding_log")(SlidingLogMachine.TestCase)
+        needs("sliding_log")(model_test(SlidingLogMachine))
     )
 )
 

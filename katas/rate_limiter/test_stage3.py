@@ -42,6 +42,7 @@ from redis.crc import key_slot
 
 from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv, RedisNode
+from katas._harness.walks import Walk, walked
 from katas.rate_limiter.api import (
     NS_PER_S,
     Decision,
@@ -1195,9 +1196,25 @@ def _bind_stage(stage_module: ModuleType) -> None:
     RedisLimiterMachine.stage = stage_module
 
 
+#: Before its random steps, the model test walks each algorithm to its limit at one
+#: instant, from two nodes and with a cost above 1, then past it: every unit counts.
+SAME_INSTANT_WALKS: dict[str, Walk] = {
+    algorithm: [
+        ("start", {"algorithm": algorithm}),
+        ("try_acquire", {"node": 0, "key": KEYS[0], "cost": 2}),
+        ("try_acquire", {"node": 1, "key": KEYS[0], "cost": 1}),
+        ("peek", {"node": 1, "key": KEYS[0], "cost": 1}),
+        ("try_acquire", {"node": 0, "key": KEYS[0], "cost": 1}),
+        ("refund", {"node": 1, "key": KEYS[0], "cost": 1}),
+        ("try_acquire", {"node": 0, "key": KEYS[0], "cost": 1}),
+        ("try_acquire", {"node": 1, "key": KEYS[0], "cost": 1}),
+    ]
+    for algorithm in ALGORITHMS
+}
+
 TestStage3RedisLimiterModel = pytest.mark.core(
     pytest.mark.rule("nodes-as-one", "redis-refund", "noscript-reload", "namespaced")(
-        pytest.mark.usefixtures("_bind_stage")(RedisLimiterMachine.TestCase)
+        pytest.mark.usefixtures("_bind_stage")(walked(RedisLimiterMachine, SAME_INSTANT_WALKS))
     )
 )
 TestStage3RedisLimiterModel.settings = settings(heavy, stateful_step_count=30)
