@@ -1123,6 +1123,29 @@ WALKS: dict[str, Walk] = {
     ],
     # A replacement and a delete are no evictions.
     "removals": [_BUILD, _put("a", 1), _put("a", 8), _key("delete", "a"), _OBSERVE],
+    # An update of a full cache evicts nothing; the key being written is never the victim.
+    "full": [
+        _BUILD,
+        _put("a", 1),
+        _put("b", 2),
+        _put("c", 3),
+        _put("b", 9),
+        _OBSERVE,
+        _put("d", 4),
+        _OBSERVE,
+    ],
+    # What a delete took leaves no trace in the order: the next evictions go as in a
+    # fresh cache.
+    "ghosts": [
+        _BUILD,
+        _put("a", 1),
+        _put("b", 2),
+        _key("delete", "a"),
+        _put("c", 3),
+        _put("d", 4),
+        _put("e", 5),
+        _OBSERVE,
+    ],
 }
 TTL_WALKS: dict[str, Walk] = {
     **WALKS,
@@ -1133,6 +1156,20 @@ TTL_WALKS: dict[str, Walk] = {
         _BUILD, _put("a", 1), _key("delete", "a"), ("advance", {"ns": TTL // 2}),
         _put("a", 2), _put("b", 3), ("advance", {"ns": TTL // 2}), _OBSERVE,
         ("advance", {"ns": TTL // 2}), _key("get", "a"), _OBSERVE,
+    ],
+    # An update restarts the deadline: the old one passes, the new one holds.
+    "update": [
+        _BUILD, _put("a", 1), ("advance", {"ns": TTL // 2}), _put("a", 2),
+        ("advance", {"ns": TTL // 2}), _key("get", "a"), ("advance", {"ns": TTL // 2}),
+        _key("get", "a"), _OBSERVE,
+    ],
+    # A full cache drops an expired entry before it evicts a live one; a delete at the
+    # deadline finds nothing (EXPIRED, not EXPLICIT); a put over an expired key is no
+    # replacement.
+    "expired": [
+        _BUILD, _put("a", 1), ("advance", {"ns": TTL // 2}), _put("b", 2), _put("c", 3),
+        ("advance", {"ns": TTL // 2}), _put("d", 4), _OBSERVE,
+        ("advance", {"ns": TTL // 2}), _key("delete", "b"), _put("c", 6), _OBSERVE,
     ],
 }  # fmt: skip
 
