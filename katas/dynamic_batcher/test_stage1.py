@@ -613,12 +613,15 @@ def _workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]
 #: B cannot both reach their length, and C arrives as B is preempted and recomputed.
 TIGHT = {"num_blocks": 4, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 8}
 TIGHT_ARRIVALS = {1: [req("A", 4, 9), req("B", 4, 9)], 6: [req("C", 1, 1)]}
+#: ... and, the second time, a running request aborted mid-decode, its blocks due back.
+TIGHT_ABORT = {1: [req("A", 4, 9), req("B", 4, 9)], 3: [req("C", 6, 4)]}
 
 
 @extended
 @rule("hotpath-twin")
 @given(case=_workloads())
 @example(case=(TIGHT, TIGHT_ARRIVALS, {}))
+@example(case=(TIGHT, TIGHT_ABORT, {4: "A"}))
 @settings(max_examples=30)
 def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
@@ -698,6 +701,12 @@ def _runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
     case=(
         {**TIGHT, "policy": "fcfs"},
         [(at, "submit", r) for at, rs in TIGHT_ARRIVALS.items() for r in rs],
+    )
+)
+@example(
+    case=(
+        {**TIGHT, "policy": "fcfs"},
+        [(at, "submit", r) for at, rs in TIGHT_ABORT.items() for r in rs] + [(4, "abort", "A")],
     )
 )
 @settings(max_examples=80)
