@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
 from katas._harness.under_test import stage
+from katas._harness.walks import Drawn, Step, Walk, walked
 from katas.job_scheduler._testing.model import Model
 from katas.job_scheduler.api import (
     JITTERS,
@@ -2234,9 +2235,71 @@ EXTENDED_MODEL_RULES = (
     "retention", "max-pending", "full-queue-dedups", "statistics", "is-current",
     "lease-unknown-job",
 )  # fmt: skip
-TestStage1JobQueueModel = pytest.mark.rule(*MODEL_RULES)(core(QueueMachine.TestCase))
+
+
+def _setup(extended: bool) -> Step:
+    """Decorrelated jitter from 100 ns, three attempts, leases of 1 000 ns; a job due now
+    and a more urgent one due in 300 ns (and, extended: keys live 700 ns, finished jobs
+    800 ns, at most 2 unfinished)."""
+    options = (700, 800, 2) if extended else ()
+    jobs = [(0, None), (1, 300)]
+    return ("build", {
+        "jitter": "decorrelated", "base": 100, "extra": 5_000, "max_attempts": 3, "seed": 7,
+        "lease_ns": 1_000, "data": Drawn(*options, jobs),
+    })  # fmt: skip
+
+
+def _answer(how: str, i: int = 0) -> Step:
+    arguments: dict[str, Any] = {"i": i}
+    if how == "ack":
+        arguments["result"] = 7
+    elif how == "nack":
+        arguments["error"] = "boom"
+    return (how, arguments)
+
+
+_OBSERVE: Step = ("observe", {})
+
+
+def life(extended: bool) -> Walk:
+    """Two jobs' lives at their boundaries, on every run of the model tests: one answered
+    at the very instant its lease expires (the expiry settles first), superseded by its
+    retry and dead by expiry at its third attempt; the other, more urgent once due, nacked
+    and then answered at its expiry instant."""
+    return [
+        _setup(extended), ("claim", {"worker": "w1"}),
+        ("answer_at_expiry", {"i": 0, "how": "ack"}), _OBSERVE, ("advance", {"ns": 3_000}),
+        ("claim", {"worker": "w2"}), ("claim", {"worker": "w1"}), _answer("ack", 2),
+        _answer("nack", 1), _OBSERVE, ("advance", {"ns": 3_000}), ("claim", {"worker": "w2"}),
+        ("claim", {"worker": "w1"}), ("advance", {"ns": 1_000}), _OBSERVE, _answer("ack", 0),
+        _answer("nack", 1), _OBSERVE,
+    ]  # fmt: skip
+
+
+_SWEEP: list[Step] = [("claim", {"worker": "w1"}), ("claim", {"worker": "w2"}),
+                      ("advance", {"ns": 1_000}), ("advance", {"ns": 5_000})]  # fmt: skip
+#: The extended rules at theirs: a full queue refuses; a heartbeat 1 ns before the expiry
+#: extends the lease; a release refunds its attempt; a key
+#: dedups within its TTL and not after; a finished job is forgotten exactly at its
+#: retention; a job dead at max_attempts is listed and redriven with its token; a cancel.
+EXTENDED: Walk = [
+    _setup(True), ("enqueue", {"priority": 0, "when": None, "key": "k1"}),
+    ("claim", {"worker": "w1"}), ("advance", {"ns": 999}), ("heartbeat", {"i": 0}),
+    ("answer_at_expiry", {"i": 0, "how": "heartbeat"}), ("is_current", {"i": 0}), _OBSERVE,
+    ("advance", {"ns": 3_000}), ("claim", {"worker": "w2"}), ("release", {"i": 0}),
+    ("is_current", {"i": 0}), ("claim", {"worker": "w1"}), _answer("ack", 0),
+    ("enqueue", {"priority": 2, "when": 0, "key": "k1"}), ("advance", {"ns": 350}),
+    ("enqueue", {"priority": 2, "when": 0, "key": "k1"}), ("advance", {"ns": 350}),
+    ("enqueue", {"priority": 2, "when": 0, "key": "k1"}), ("advance", {"ns": 100}), _OBSERVE,
+    *_SWEEP, *_SWEEP[:3], _OBSERVE, ("redrive", {"i": 0}), ("cancel", {"i": 2}),
+    ("advance", {"ns": 800}), _OBSERVE,
+]  # fmt: skip
+
+TestStage1JobQueueModel = pytest.mark.rule(*MODEL_RULES)(
+    core(walked(QueueMachine, {"two jobs' lives": life(False)}))
+)
 TestStage1JobQueueExtendedModel = pytest.mark.rule(*EXTENDED_MODEL_RULES)(
-    extended(ExtendedQueueMachine.TestCase)
+    extended(walked(ExtendedQueueMachine, {"two jobs' lives": life(True), "extended": EXTENDED}))
 )
 
 
