@@ -2279,8 +2279,8 @@ def life(extended: bool) -> Walk:
 _SWEEP: list[Step] = [("claim", {"worker": "w1"}), ("claim", {"worker": "w2"}),
                       ("advance", {"ns": 1_000}), ("advance", {"ns": 5_000})]  # fmt: skip
 #: The extended rules at theirs: a full queue refuses; a heartbeat 1 ns before the expiry
-#: extends the lease; a release refunds its attempt; a key
-#: dedups within its TTL and not after; a finished job is forgotten exactly at its
+#: extends the lease; a release refunds its attempt; a key dedups for its TTL from its
+#: first use, not from the duplicates; a finished job is forgotten exactly at its
 #: retention; a job dead at max_attempts is listed and redriven with its token; a cancel.
 EXTENDED: Walk = [
     _setup(True), ("enqueue", {"priority": 0, "when": None, "key": "k1"}),
