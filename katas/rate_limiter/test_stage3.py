@@ -749,6 +749,16 @@ def test_stage3_nodes_sharing_redis_decide_as_one_node(
     skews=[-10 * NS_PER_S, 0, 10 * NS_PER_S],
     steps=[NS_PER_S, -2 * NS_PER_S],
 )
+@example(  # the sliding log at its limit in one server instant, a cost above 1 included
+    scenario=(
+        "sliding_log",
+        3,
+        2_000_000,
+        [Op(0, "alice", 2), Op(1, "alice", 1), Op(2, "alice", 1)],
+    ),
+    skews=[10 * NS_PER_S, -10 * NS_PER_S, 0],
+    steps=[-NS_PER_S, 2 * NS_PER_S],
+)
 @given(
     scenario=scenarios(),
     skews=st.lists(
