@@ -1131,7 +1131,8 @@ def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
     writer = fleet.sharded({n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()})
     listeners = {}
     for name, node in fleet.nodes.items():
-        pubsub = node.client().pubsub()  # type: ignore[no-untyped-call]
+        # redis-py types pubsub() from 8.2 on; before, the call is untyped
+        pubsub = node.client().pubsub()  # type: ignore[no-untyped-call, unused-ignore]
         pubsub.subscribe(fleet.channel)
         assert pubsub.get_message(timeout=DEADLINE_S)["type"] == "subscribe"
         listeners[name] = pubsub

@@ -551,7 +551,8 @@ class NearCache:
 
     def _listen(self, node: str, client: redis.Redis) -> None:
         while not self._stopping.is_set():
-            pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+            # redis-py types pubsub() from 8.2 on; before, the call is untyped
+            pubsub = client.pubsub()  # type: ignore[no-untyped-call, unused-ignore]
             ready = False
             try:
                 pubsub.subscribe(self._channel)
