@@ -347,9 +347,13 @@ def test_stage1_a_deadline_finishes_the_request_at_the_first_step_at_or_past_it(
 # --- preemption -------------------------------------------------------------------------------
 
 
+#: A pool of 4 blocks of 4: two requests that cannot both reach their length.
+TIGHT = {"num_blocks": 4, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 8}
+
+
 def _tight() -> Trace:
-    """A pool of 4 blocks of 4: two requests that cannot both reach their length."""
-    return trace(model(num_blocks=4, block_size=4), max_num_batched_tokens=8, max_num_seqs=4)
+    caps = {k: TIGHT[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+    return trace(model(TIGHT["num_blocks"], TIGHT["block_size"]), **caps)
 
 
 @extended
@@ -609,9 +613,8 @@ def _workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]
     return config, arrivals, aborts
 
 
-#: The pool of :func:`_tight` and its preemption, on every run of the workload tests: A and
-#: B cannot both reach their length, and C arrives as B is preempted and recomputed.
-TIGHT = {"num_blocks": 4, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 8}
+#: The :data:`TIGHT` pool and its preemption, on every run of the workload tests: A and B
+#: cannot both reach their length, and C arrives as B is preempted and recomputed.
 TIGHT_ARRIVALS = {1: [req("A", 4, 9), req("B", 4, 9)], 6: [req("C", 1, 1)]}
 #: ... and, the second time, a running request aborted mid-decode, its blocks due back.
 TIGHT_ABORT = {1: [req("A", 4, 9), req("B", 4, 9)], 3: [req("C", 6, 4)]}
@@ -694,21 +697,22 @@ def _runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
     return config, sorted(events, key=lambda e: (e[0], e[1] == "abort"))
 
 
+def _tight_run(
+    arrivals: dict[int, list[Request]], aborts: dict[int, str] | None = None
+) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
+    """A :data:`TIGHT` workload as :func:`_runs` draws one: the config, then the events."""
+    events: list[tuple[int, str, Any]] = [
+        (at, "submit", r) for at, rs in arrivals.items() for r in rs
+    ]
+    events += [(at, "abort", rid) for at, rid in (aborts or {}).items()]
+    return {**TIGHT, "policy": "fcfs"}, events
+
+
 @core
 @rule("running-first", "caps", "chunked-prefill", "preemption", "admission", "finish", "abort")
 @given(case=_runs())
-@example(
-    case=(
-        {**TIGHT, "policy": "fcfs"},
-        [(at, "submit", r) for at, rs in TIGHT_ARRIVALS.items() for r in rs],
-    )
-)
-@example(
-    case=(
-        {**TIGHT, "policy": "fcfs"},
-        [(at, "submit", r) for at, rs in TIGHT_ABORT.items() for r in rs] + [(4, "abort", "A")],
-    )
-)
+@example(case=_tight_run(TIGHT_ARRIVALS))
+@example(case=_tight_run(TIGHT_ABORT, {4: "A"}))
 @settings(max_examples=80)
 def test_stage1_every_step_is_the_one_the_rules_make(
     case: tuple[dict[str, Any], list[tuple[int, str, Any]]],
