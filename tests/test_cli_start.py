@@ -499,6 +499,18 @@ def test_cli_start_summarises_the_prompt_and_offers_the_extended_part(
     assert "passed" in row and "01:30" in row and row.rstrip().endswith("1"), row
 
 
+def test_cli_start_banner_names_the_timebox_in_force(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _ = run_kata(["start", "calc", "1", "--minutes", "2.5"], events=[(5, "q")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "Calculator — stage 1: Add and multiply · timebox 2.5 min" in out, out
+    assert "timebox 10 min" not in out and "attempt 1 · 02:30" in out, out
+    (attempt,) = attempts(project)
+    assert attempt["timebox_minutes"] == 2.5, attempt
+
+
 def test_cli_start_goes_on_with_the_whole_suite_and_then_names_the_next_stage(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

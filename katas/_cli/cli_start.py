@@ -88,10 +88,11 @@ def _first_paragraph(text: str, stage: Stage) -> str:
     return ""
 
 
-def _print_prompt_summary(ctx: Context, kata: Kata, stage: Stage) -> None:
-    """What the stage asks, in a few lines, and where to read all of it."""
+def _print_prompt_summary(ctx: Context, kata: Kata, stage: Stage, minutes: float) -> None:
+    """What the stage asks, in a few lines, and where to read all of it; ``minutes`` is the
+    timebox in force (``--minutes``, else the stage's)."""
     head = Text(f"{kata.title} — stage {stage.number}: {stage.title}", style="bold")
-    head.append(f" · timebox {stage.timebox_minutes} min", style="dim")
+    head.append(f" · timebox {minutes:g} min", style="dim")
     ctx.out.print(head)
     part = Text("core: ", style="dim")
     part.append(stage.core)
@@ -179,7 +180,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     minutes = args.minutes if args.minutes is not None else stage.timebox_minutes
     timebox_ns = int(minutes * NS_PER_MIN)
     if not args.no_prompt:
-        _print_prompt_summary(ctx, kata, stage)
+        _print_prompt_summary(ctx, kata, stage, minutes)
     core_only = not args.full
     part = "the core tests" if core_only else "the whole suite"
     ctx.out.print(
