@@ -203,19 +203,50 @@ def test_reference_rejects_an_output_that_overlaps_the_input() -> None:
 # --- the C unit tests -----------------------------------------------------------------
 
 
+def tool(name: str) -> str:
+    """``name`` (cmake, ctest) beside this Python (the venv's), else the one on PATH."""
+    beside = Path(sys.executable).parent / name
+    return str(beside) if beside.is_file() else name
+
+
+def run(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+
+
 def test_ctest_passes_on_the_reference_and_says_not_implemented_on_the_stub(
     tmp_path: Path,
 ) -> None:
-    def run(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
-
+    # No `cmake --build`: ctest builds what it runs.
     tree = str(tmp_path / "build")
-    configured = run("cmake", "-S", str(REPO_ROOT), "-B", tree, "-DKATAS_BUILD_TESTS=ON")
+    configured = run(tool("cmake"), "-S", str(REPO_ROOT), "-B", tree, "-DKATAS_BUILD_TESTS=ON")
     assert configured.returncode == 0, configured.stdout[-2000:] + configured.stderr[-2000:]
-    built = run("cmake", "--build", tree)
-    assert built.returncode == 0, built.stdout[-3000:]
-    reference = run("ctest", "--test-dir", tree, "--output-on-failure")
+    reference = run(tool("ctest"), "--test-dir", tree, "--output-on-failure")
     assert reference.returncode == 0, reference.stdout[-3000:]
-    stub = run("ctest", "--test-dir", tree, "-C", "kata", "-L", "kata", "--output-on-failure")
+    stub = run(tool("ctest"), "--test-dir", tree, "-C", "kata", "-L", "kata", "--output-on-failure")
     assert stub.returncode != 0, "the C unit test passes on the untouched stub"
     assert "not implemented yet: hp_fill_token_budget" in stub.stdout, stub.stdout[-3000:]
+
+
+def test_ctest_alone_after_an_edit_runs_the_edited_c(tmp_path: Path) -> None:
+    # A tree of one implementation (a copy of the reference) with its C unit test: ctest
+    # alone builds it, and after an edit rebuilds it before running it.
+    impl = tmp_path / "impl"
+    shutil.copytree(REPO_ROOT / "solutions", impl, ignore=shutil.ignore_patterns("__pycache__"))
+    tree = str(tmp_path / "build")
+    configured = run(
+        tool("cmake"), "-S", str(REPO_ROOT), "-B", tree,
+        f"-DKATAS_IMPLEMENTATION={impl}", "-DKATAS_BUILD_TESTS=ON",
+    )  # fmt: skip
+    assert configured.returncode == 0, configured.stdout[-2000:] + configured.stderr[-2000:]
+    first = run(tool("ctest"), "--test-dir", tree, "--output-on-failure")
+    assert first.returncode == 0, first.stdout[-3000:]
+    assert "hotpath_impl_build" in first.stdout, first.stdout[-3000:]
+    source = impl / "dynamic_batcher/csrc/hotpath.c"
+    text = source.read_text()
+    assert "hp_int left = token_budget;" in text
+    source.write_text(
+        text.replace("hp_int left = token_budget;", "hp_int left = token_budget - 1;")
+    )
+    second = run(tool("ctest"), "--test-dir", tree, "--output-on-failure")
+    assert second.returncode != 0, "ctest ran the C as first built:\n" + second.stdout[-3000:]
+    assert "FAIL" in second.stdout and "hotpath_impl " in second.stdout, second.stdout[-3000:]
