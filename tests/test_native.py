@@ -250,3 +250,35 @@ def test_ctest_alone_after_an_edit_runs_the_edited_c(tmp_path: Path) -> None:
     second = run(tool("ctest"), "--test-dir", tree, "--output-on-failure")
     assert second.returncode != 0, "ctest ran the C as first built:\n" + second.stdout[-3000:]
     assert "FAIL" in second.stdout and "hotpath_impl " in second.stdout, second.stdout[-3000:]
+
+
+def c_checkout(into: Path) -> Path:
+    """A copy of what the repository's CMake reads: its lists, presets and every csrc/."""
+    for name in ("CMakeLists.txt", "CMakePresets.json"):
+        shutil.copy2(REPO_ROOT / name, into / name)
+    for csrc in [*REPO_ROOT.glob("katas/*/csrc"), *REPO_ROOT.glob("solutions/*/csrc")]:
+        shutil.copytree(csrc, into / csrc.relative_to(REPO_ROOT))
+    return into
+
+
+#: A one-past-the-end write: clearing chunk[rows] too, after the last row.
+CLEAR_CHUNKS = "    for (hp_int i = seqs; i < s->rows; i++) {\n        chunk[i] = 0;"
+
+
+def test_the_sanitize_workflow_names_a_write_that_plain_ctest_passes(tmp_path: Path) -> None:
+    # The learner's C is the reference with one write past the end of chunk: the C unit
+    # test passes it, and the one-command sanitizer run fails naming the function.
+    checkout = c_checkout(tmp_path)
+    reference_c = (REPO_ROOT / "solutions/dynamic_batcher/csrc/hotpath.c").read_text()
+    assert CLEAR_CHUNKS in reference_c
+    planted = reference_c.replace(CLEAR_CHUNKS, CLEAR_CHUNKS.replace("i < s->rows", "i <= s->rows"))
+    (checkout / "katas/dynamic_batcher/csrc/hotpath.c").write_text(planted)
+
+    plain = run(tool("cmake"), "--workflow", "--preset", "dev", cwd=checkout)
+    assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-2000:]
+    assert "hotpath_kata " in plain.stdout, plain.stdout[-3000:]
+    sanitized = run(tool("cmake"), "--workflow", "--preset", "sanitize", cwd=checkout)
+    report = sanitized.stdout + sanitized.stderr
+    assert sanitized.returncode != 0, "the sanitizer run passed a write past the end"
+    assert "AddressSanitizer: stack-buffer-overflow" in report, report[-3000:]
+    assert "in hp_schedule" in report and "hotpath.c:" in report, report[-3000:]
