@@ -18,6 +18,7 @@ import pytest
 from katas._cli.cli import main
 from katas._registry.catalog import ENV_ROOT, Catalog
 from katas._registry.impl import REPO_ROOT
+from katas._runtime.children import dies_with_parent
 from katas._runtime.clock import NS_PER_S, ManualClock
 
 T = TypeVar("T")
@@ -384,6 +385,7 @@ def kata_process(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProce
         timeout=120,
         check=False,
         stdin=subprocess.DEVNULL,
+        **dies_with_parent(),
     )
 
 

@@ -31,6 +31,7 @@ BUDGETS_S = {
     "test_redis_harness": 60,
     "test_native": 30,
     "test_plugin": 30,
+    "test_lifetime": 45,
 }
 #: Any other check.
 DEFAULT_BUDGET_S = 15

@@ -16,6 +16,7 @@ from _support import CALC_SOLUTION, KATA_ENV, calc_project, embedded_env
 
 from katas._registry.impl import REPO_ROOT
 from katas._registry.suites import run_suite
+from katas._runtime.children import dies_with_parent
 
 
 def learner_pytest(
@@ -32,6 +33,7 @@ def learner_pytest(
         text=True,
         timeout=120,
         check=False,
+        **dies_with_parent(),
     )
 
 

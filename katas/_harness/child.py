@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from katas._registry import impl
+from katas._runtime.children import dies_with_parent
 
 #: Real seconds a test waits for a child's line before it fails.
 LINE_DEADLINE_S = 15.0
@@ -87,6 +88,7 @@ def run_once(
             cwd=impl.REPO_ROOT,
             env=env,
             check=False,
+            **dies_with_parent(),
         )
     except subprocess.TimeoutExpired:
         raise AssertionError(f"the child {target} ran past {deadline_s:.0f} s") from None
@@ -118,6 +120,7 @@ class ChildProcess:
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
+            **dies_with_parent(),
         )
         self._lines: list[str] = []
         self._cond = threading.Condition()

@@ -60,6 +60,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from katas._harness.faultproxy import FaultProxy
+from katas._runtime.children import dies_with_parent
 from katas._runtime.clock import NS_PER_S
 
 ENV_SERVER = "KATA_REDIS_SERVER"
@@ -399,7 +400,11 @@ class ProcessNode(RedisNode):
             "--logfile", str(self._dir / "redis.log"),
         ]  # fmt: skip
         self._proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            **dies_with_parent(),
         )
         deadline = time.monotonic() + START_DEADLINE_S
         probe = redis.Redis(host="127.0.0.1", port=self.port, **client_kwargs(socket_timeout=1.0))

@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from katas._registry.catalog import PACKAGE_ROOT, Catalog, load_kata
 from katas._registry.impl import ENV_PROFILE, implementation
+from katas._runtime.children import dies_with_parent
 
 PLUGIN = "katas._harness.pytest_plugin"
 #: The installed pytest plugins a suite run uses, loaded by name with autoload off. An
@@ -185,6 +186,7 @@ class SuiteProcess:
                 stdout=self._output,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, and no Ctrl-C of ours
+                **dies_with_parent(),
             )
         except BaseException:
             self._cleanup()
@@ -356,6 +358,7 @@ def run_suite(
             env=run_env,
             timeout=timeout_s,
             check=False,
+            **dies_with_parent(),
         )
         seconds = time.monotonic() - started
         return SuiteRun(shown.returncode, read_report(report), "", seconds)

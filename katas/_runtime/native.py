@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
+from katas._runtime.children import dies_with_parent
+
 #: The ``katas`` package: where every kata's contract (headers, binding, .pyi) lives.
 CONTRACTS = Path(__file__).resolve().parents[1]
 #: The checkout: the top-level CMakeLists.txt includes every kata's csrc/.
@@ -128,7 +130,9 @@ def _configure(tree: Path, implementation: Path) -> list[str]:
 def _run(command: list[str], what: str, implementation: Path, tree: Path) -> None:
     if _tool("cmake") is None:
         raise BuildError(f"{what}: building C needs cmake (pip install cmake ninja)")
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        command, capture_output=True, text=True, check=False, **dies_with_parent()
+    )
     if done.returncode == 0:
         return
     output = (done.stdout + done.stderr).splitlines()
