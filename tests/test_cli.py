@@ -7,6 +7,7 @@ so these checks do not depend on the rate limiter's prompt or suites being writt
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
@@ -22,14 +23,15 @@ from typing import Any, cast
 import _support
 import pytest
 from _support import calc_project, private_state, write
+from rich.console import Console
 
 from katas._cli import cli, cli_study
 from katas._cli.cli import main, markdown_sections
-from katas._cli.cliutil import shorten
+from katas._cli.cliutil import failure_lines, print_summary, shorten
 from katas._cli.state import StateStore
 from katas._harness import bench
 from katas._registry import catalog as cat
-from katas._registry.suites import SuiteRun, run_suite
+from katas._registry.suites import SuiteRun, TestResult, run_suite
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -387,6 +389,70 @@ def test_cli_test_reports_a_suite_that_cannot_be_collected(
     assert main(["test", "calc", "1"]) == 1
     out = capsys.readouterr().out
     assert "SyntaxError" in out and "pytest could not run" in out, out
+
+
+def test_cli_test_shows_every_timed_out_test_and_where_its_code_was(
+    kata_root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An endless loop is a failure line per test that ran past its deadline, not a gap
+    between "2/6 passed" and the six tests."""
+    looping = CALC_STAGE1.replace("return b - a", "while True:\n            a += 1")
+    write(
+        kata_root / "calc" / "stage1.py",
+        looping.replace("return {}[a]", "while b:\n            a -= 1"),
+    )
+    write(kata_root.parent / "pytest.ini", "[pytest]\ntimeout = 60\n")  # the hook's switch
+    monkeypatch.setenv("KATA_TEST_TIMEOUT", "1")
+    assert main(["test", "calc", "1"]) == 1
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for test, where in (("test_stage1_sub", "in sub"), ("test_stage1_div", "in div")):
+        (line,) = [ln for ln in lines if f"timeout: {test} ran past 1 s" in ln]
+        assert line.startswith("! ") and "it was at stage1.py:" in line and where in line, out
+    assert "2/6 passed, 2 timed out" in out, out
+
+
+def test_cli_test_a_crash_is_a_failure_line_never_0_of_0(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A segfault in the code under test: a line saying "crashed", which test and where."""
+    crashing = CALC_STAGE1.replace(
+        "return {}[a]", "import ctypes\n\n        return len(ctypes.string_at(0))"
+    )
+    write(kata_root / "calc" / "stage1.py", crashing)
+    assert main(["test", "calc", "1"]) == 1
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if "crashed" in ln]
+    assert "test_stage1_div" in line and "SIGSEGV" in line, out
+    assert "0/0 passed" not in out, out
+
+
+def test_cli_failure_lines_show_timeouts_and_crashes_the_plugin_reports() -> None:
+    """The report's own timeout and crashed records: a line each, the message alone (it
+    names the test), and the tally counts them."""
+    timeout = (
+        "timeout: test_stage1_sub ran past 2 s under the dev profile — it was at s.py:3 in sub"
+    )
+    crashed = "crashed: test_stage1_div — the process died of SIGSEGV in hp_schedule (hotpath.c:57)"
+    run = SuiteRun(
+        1,
+        (
+            TestResult("t.py::test_stage1_add", "passed", None, ""),
+            TestResult("t.py::test_stage1_sub", "failed", "timeout", timeout),
+            TestResult("t.py::test_stage1_div", "failed", "crashed", crashed),
+            TestResult("t.py::test_stage1_odd", "failed", "new_kind", "something new"),
+        ),
+        "",
+        1.0,
+    )
+    shown = [line.plain for line in failure_lines(run)]
+    assert shown == [f"! {timeout}", f"! {crashed}", "! test_stage1_odd — something new"]
+    narrow = [line.plain for line in failure_lines(run, width=40)]
+    assert narrow[:2] == [f"! {timeout}", "    it was at s.py:3 in sub"], narrow
+    console = Console(width=200, record=True, file=io.StringIO())
+    kata = cat.Catalog(REPO / "katas").get("rate_limiter")
+    print_summary(console, run, kata, kata.stage(1))
+    assert "1/4 passed, 1 timed out, 1 crashed" in console.export_text()
 
 
 def test_cli_test_rejected_pytest_arguments_are_one_line(

@@ -29,7 +29,7 @@ from rich.markdown import Markdown
 from rich.table import Table
 from rich.text import Text
 
-from katas._cli import cli_pair, cli_start, cli_study
+from katas._cli import cli_coderpad, cli_pair, cli_start, cli_study
 from katas._cli.cliutil import (
     Command,
     Context,
@@ -37,6 +37,7 @@ from katas._cli.cliutil import (
     add_kata,
     add_kata_stage,
     check_profile,
+    crash_line,
     impl_or_error,
     is_learners_code,
     markdown_sections,
@@ -291,6 +292,7 @@ def rerun_argv(args: argparse.Namespace, kata: Kata, stage: Stage) -> list[str]:
         argv += ["--impl", args.impl]
     if args.base:
         argv += ["--base", args.base]
+    argv += ["--unit", args.unit] if args.unit else []
     argv += ["--core"] * args.core + ["--thorough"] * args.thorough
     return argv
 
@@ -298,6 +300,7 @@ def rerun_argv(args: argparse.Namespace, kata: Kata, stage: Stage) -> list[str]:
 def run_test(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
+    unit = stage.unit(args.unit) if args.unit else None  # its -k selects its tests alone
     impl = impl_or_error(args.impl, ctx)
     if not args.thorough:  # --thorough sets the profile itself
         check_profile()
@@ -311,6 +314,7 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
             suite,
             impl=impl,
             base=args.base,
+            keyword=unit.keyword if unit else None,
             core_only=args.core,
             thorough=args.thorough,
             pytest_args=ctx.passthrough,
@@ -325,9 +329,17 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
         raise UserError(
             f"pytest rejected the arguments after --: {(errors or ['see pytest --help'])[-1]}"
         )
+    crashed = crash_line(result.returncode, result.output)
     if not result.results:
         if result.returncode == 5:
             ctx.out.print("No tests were selected.", style="yellow", highlight=False)
+        elif crashed:  # a signal ended pytest before it reported: one line, never "0/0"
+            ctx.out.print(
+                Text("! ", style="red bold")
+                + Text(crashed)
+                + Text(" — no test was reported; the ones after it did not run", style="dim"),
+                soft_wrap=True,
+            )
         else:  # one line for why (a syntax error with its line), the whole output with -v
             why = result.collection_error or result.run_error
             if result.output and (args.verbose or why is None):
@@ -363,7 +375,9 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
     if detailed and ctx.passthrough and not args.verbose:
         details = shlex.join([*rerun, "-v", "--", *ctx.passthrough, "-k", detailed[0].name])
         ctx.out.print(f"Details: {details}", style="dim", highlight=False, soft_wrap=True)
-    if result.returncode not in (0, 1) and result.output:  # e.g. a collection error
+    if crashed:  # a signal ended the run after some tests were reported
+        ctx.out.print(Text("! ", style="red bold") + Text(crashed), soft_wrap=True)
+    elif result.returncode not in (0, 1) and result.output:  # e.g. a collection error
         ctx.out.print(Text(result.output.rstrip()))
     if is_learners_code(args.impl) and not ctx.passthrough and not args.base:
         try:  # the learner's own full or core run: progress `kata list` shows
@@ -438,6 +452,7 @@ COMMANDS: tuple[Command, ...] = (
     *cli_start.COMMANDS,
     *cli_pair.COMMANDS,
     *cli_study.COMMANDS,
+    *cli_coderpad.COMMANDS,
 )
 
 

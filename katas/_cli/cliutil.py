@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
+import sys
+import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -176,21 +179,43 @@ def not_implemented_names(failures: Sequence[TestResult]) -> list[str]:
 
 #: The tag the plugin puts before a failed assertion's message (``stage 1: ``).
 _STAGE_TAG = re.compile(r"^stage \d+: ")
+#: The kinds of failure shown a line each, in this order: a wrong result, an exception, a
+#: test that ran past its deadline, a test whose process died (a C crash). A kind the
+#: plugin adds later comes after them; only "not implemented yet" is counted, not listed.
+SHOWN_KINDS = ("assertion", "error", "timeout", "crashed")
+#: Kinds whose message names the test itself ("timeout: test_x ran past 2 s … — it was at
+#: stage1.py:12 in f"): their line is the message alone, each test's own.
+_SELF_NAMED = ("timeout", "crashed")
+
+
+def shown_kinds(result: SuiteRun) -> list[str]:
+    """The kinds of :data:`SHOWN_KINDS` and any other failing kind but "not implemented
+    yet": what :func:`failure_lines` lists."""
+    found = {f.kind for f in result.failures() if f.kind} - {"not_implemented"}
+    return [*SHOWN_KINDS, *sorted(found - set(SHOWN_KINDS))]
+
+
+def _where_part(message: str) -> str:
+    """``it was at stage1.py:12 in f`` from a self-named message: its part after the last
+    " — " (where the code was), or ""."""
+    return message.rsplit(" — ", 1)[1] if " — " in message else ""
 
 
 def failure_lines(
     result: SuiteRun, *, limit: int | None = None, width: int | None = None
 ) -> list[Text]:
-    """The real failures (assertions, errors) of a run, one group of alike ones at a time.
+    """The real failures (assertions, errors, timeouts, crashes) of a run, one group of
+    alike ones at a time.
 
     Failures with the same kind and message are one line (a syntax error in a stage file
     fails every test alike: ``! SyntaxError: … (stage1.py, line 12) — in all 52 tests``),
     then their first test's detail (what was expected and what came), then ``… and N more
-    tests with this error``. Past ``limit`` groups, one line counts the rest. ``width``:
-    the lines are cut there, so a detail the first line says is repeated if the cut would
-    hide it.
+    tests with this error``. A timeout or a crash is a line of its own per test, its
+    message (which names the test and where the code was). Past ``limit`` groups, one line
+    counts the rest. ``width``: the lines are cut there, so a detail the first line says
+    is repeated if the cut would hide it.
     """
-    groups = result.failure_groups()
+    groups = result.failure_groups(shown_kinds(result))
     ran = len(result.by_outcome("passed")) + len(result.failures())
 
     def said(message: str) -> str:  # the run's own line names the stage; once is enough
@@ -201,16 +226,21 @@ def failure_lines(
         first = group[0]
         line = Text("✗ " if first.kind == "assertion" else "! ", style="red bold")
         everywhere = 1 < len(group) == ran
+        self_named = first.kind in _SELF_NAMED and first.name in first.message
+        detail = first.detail
         if everywhere:
             line.append(said(first.message))
             line.append(f" — in all {len(group)} tests", style="bold")
+        elif self_named:
+            line.append(said(first.message))
+            detail = detail or _where_part(first.message)
         else:
             line.append(first.test_id, style="bold")
             line.append(f" — {said(first.message)}")
         lines.append(line)
         hidden = width is not None and line.cell_len > width
-        if first.detail and (first.detail not in first.message or hidden):
-            lines.append(Text(f"    {first.detail}"))
+        if detail and (detail not in first.message or hidden):
+            lines.append(Text(f"    {detail}"))
         if len(group) > 1 and not everywhere:
             others = [r.test_id for r in group[1:]]
             names = ", ".join(others[:3]) + ("…" if len(others) > 3 else "")
@@ -222,6 +252,38 @@ def failure_lines(
         rest = sum(len(group) for group in groups[limit:])
         lines.append(Text(f"… and {rest} more failing", style="dim"))
     return lines
+
+
+#: A frame of Python's fault handler (pytest's, on a fatal signal): ``  File "/x/stage1.py",
+#: line 16 in div``, innermost first.
+_FAULT_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.M)
+_INSTALLED = tuple(
+    str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sys.prefix, sys.base_prefix}
+)
+
+
+def crash_line(returncode: int, output: str) -> str | None:
+    """One line for a run that a signal ended (``returncode`` negative, as subprocess gives
+    it): ``crashed: test_x — the process died of SIGSEGV at stage1.py:16 in div``, the test
+    and the learner's frame read from the fault handler's dump in ``output`` where it has
+    them. None for a run that exited."""
+    if returncode >= 0:
+        return None
+    try:
+        died = signal.Signals(-returncode).name
+    except ValueError:
+        died = f"signal {-returncode}"
+    frames = [m for m in _FAULT_FRAME.finditer(output)]
+    test = next((m["func"] for m in frames if m["func"].startswith("test")), "")
+    own = [
+        m
+        for m in frames
+        if not m["path"].startswith("<")
+        and not str(Path(m["path"]).resolve()).startswith(_INSTALLED)
+        and not m["func"].startswith("test")
+    ]
+    where = f" at {Path(own[0]['path']).name}:{own[0]['line']} in {own[0]['func']}" if own else ""
+    return f"crashed: {test + ' — ' if test else ''}the process died of {died}{where}"
 
 
 def print_summary(
@@ -253,6 +315,10 @@ def print_summary(
             soft_wrap=True,
         )
     tally = Text(f"{passed}/{ran} passed", style="bold " + ("green" if result.ok else "red"))
+    for kind, words in (("timeout", "timed out"), ("crashed", "crashed")):
+        count = len(result.failures(kind))
+        if count:
+            tally.append(f", {count} {words}", style="red")
     if skipped:
         tally.append(f", {skipped} skipped")
     tally.append(f" in {result.seconds:.1f}s — {kata.name} stage {stage.number}: {stage.title}")
