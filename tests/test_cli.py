@@ -427,6 +427,32 @@ def test_cli_test_a_crash_is_a_failure_line_never_0_of_0(
     assert "0/0 passed" not in out, out
 
 
+def test_cli_test_shows_the_pattern_and_the_message_a_raises_match_met(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = (
+        CALC_SUITE
+        + """
+
+@pytest.mark.extended
+def test_stage1_div_by_zero(stage_module):
+    with pytest.raises(ZeroDivisionError, match="by zero"):
+        stage_module.Calc().div(7, 0)
+"""
+    )
+    write(kata_root / "calc" / "test_stage1.py", suite)
+    write(
+        kata_root / "calc" / "stage1.py",
+        CALC_SOLUTION.replace("return a // b", "raise ZeroDivisionError('b is 0')"),
+    )
+    assert main(["test", "calc", "1", "--", "-k", "div_by_zero"]) == 1
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if "test_stage1_div_by_zero" in ln and "✗" in ln]
+    assert line.endswith(
+        "Regex pattern did not match: expected a message matching 'by zero', got 'b is 0'"
+    ), out
+
+
 def test_cli_failure_lines_show_timeouts_and_crashes_the_plugin_reports() -> None:
     """The report's own timeout and crashed records: a line each, the message alone (it
     names the test), and the tally counts them."""

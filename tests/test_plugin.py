@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from _support import CALC_SOLUTION, KATA_ENV, calc_project, embedded_env
 
+from katas._harness.failures import classify, failure_detail, regex_mismatch
 from katas._registry.impl import REPO_ROOT
 from katas._registry.suites import run_suite
 from katas._runtime.children import dies_with_parent
@@ -177,3 +178,19 @@ def test_a_failed_comparison_is_explained_once_and_tagged_by_its_stage(
     assert "AssertionError: stage 1: assert 6 == 5" in out, out
     messages = {r.name: r.message for r in run.failures()}
     assert messages["test_stage1_sub"] == "stage 1: sub(5, 3) must be 2, got 8", messages
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        # pytest 9's wording, then the one before it
+        "Regex pattern did not match.\n  Expected regex: 'by zero'\n  Actual message: 'b is 0'",
+        "Regex pattern did not match.\n Regex: 'by zero'\n Input: 'b is 0'",
+    ],
+)
+def test_a_raises_match_failure_says_the_pattern_and_the_message(text: str) -> None:
+    said = "expected a message matching 'by zero', got 'b is 0'"
+    kind, message = classify(AssertionError(f"stage 1: {text}"))
+    assert (kind, message) == ("assertion", f"stage 1: Regex pattern did not match: {said}")
+    assert failure_detail(AssertionError(text), kind) == said
+    assert regex_mismatch("stage 1: sub(5, 3) must be 2\nRegex: 'x'\nInput: 'y'") == ""

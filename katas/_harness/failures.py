@@ -53,6 +53,35 @@ def _members(exc: BaseException) -> Iterator[BaseException]:
         yield exc
 
 
+#: pytest's words when ``pytest.raises(match=…)`` met a message the pattern does not
+#: match, then the pattern and the message a line each (pytest 9: ``Expected regex:`` and
+#: ``Actual message:``; before: ``Regex:`` and ``Input:``).
+_REGEX_MISMATCH = "Regex pattern did not match."
+_REGEX_PATTERN = re.compile(r"^\s*(?:Expected regex|Regex):\s*(?P<text>.*)$", re.M)
+_REGEX_INPUT = re.compile(r"^\s*(?:Actual message|Input):\s*(?P<text>.*)$", re.M)
+
+
+def regex_mismatch(text: str) -> str:
+    """``expected a message matching 'x', got 'y'`` from pytest's text of a
+    ``pytest.raises(match=…)`` that met another message; "" for any other text."""
+    if _REGEX_MISMATCH not in text.split("\n", 1)[0]:
+        return ""
+    pattern, message = _REGEX_PATTERN.search(text), _REGEX_INPUT.search(text)
+    if pattern is None or message is None:
+        return ""
+    return f"expected a message matching {pattern['text'].strip()}, got {message['text'].strip()}"
+
+
+def _first_line(text: str, empty: str) -> str:
+    """An assertion's one line: its first, or ``empty``; a regex mismatch's first line says
+    the pattern and the message too (pytest puts them on the lines after)."""
+    if not text:
+        return empty
+    head = text.splitlines()[0]
+    mismatch = regex_mismatch(text)
+    return f"{head.removesuffix('.')}: {mismatch}" if mismatch else head
+
+
 def classify(exc: BaseException) -> tuple[str, str]:
     """``(kind, message)``: kind is ``not_implemented``, ``timeout``, ``assertion`` or
     ``error``."""
@@ -68,10 +97,9 @@ def classify(exc: BaseException) -> tuple[str, str]:
         # the wait that timed out, say) is not a second failure.
         leaves = list(_members(top))
         if leaves and all(isinstance(e, AssertionError | pytest.fail.Exception) for e in leaves):
-            return "assertion", str(leaves[0]).splitlines()[0] if str(leaves[0]) else "assert"
+            return "assertion", _first_line(str(leaves[0]), "assert")
     if isinstance(top, AssertionError | pytest.fail.Exception):
-        text = str(top)
-        return "assertion", text.splitlines()[0] if text else "assertion failed"
+        return "assertion", _first_line(str(top), "assertion failed")
     return "error", f"{type(top).__name__}: {top}".splitlines()[0]
 
 
@@ -133,6 +161,9 @@ def assertion_detail(text: str) -> str:
     """
     for note in _PYTEST_NOTES:
         text = text.replace(note, "")
+    mismatch = regex_mismatch(text)
+    if mismatch:
+        return mismatch
     lines = [" ".join(line.split()) for line in text.splitlines()]
     lines = [line for line in lines if line]
     if not lines:
