@@ -29,6 +29,14 @@ kata. The file (every field is checked, unknown fields are errors so typos surfa
     section = "Stage 1"                    # optional, default "Stage <N>": the `## Stage 1`
                                            # heading in README.md, HINTS.md, INTERVIEWER.md
 
+    [coderpad]                             # optional: `kata coderpad` lays out a standalone
+                                           # C project of the kata, as on an interview pad
+    timebox_minutes = 45
+    template = "coderpad"                  # a folder of the kata, laid out as it is
+    target = "test_x"                      # the CMake target the learner adds
+    [coderpad.files]                       # the rest, laid out from the kata's own files:
+    "src/x.c" = "csrc/x.c"                 # path in the pad = path in the kata folder
+
 The root is the directory holding the kata folders: ``KATA_ROOT`` if set, else the
 checkout around the working directory (a directory with ``katas/_registry/``), else the
 directory of the installed ``katas`` package.
@@ -99,6 +107,16 @@ class Stage:
 
 
 @dataclass(frozen=True)
+class Coderpad:
+    """A kata's standalone C project for ``kata coderpad`` (its ``[coderpad]`` table)."""
+
+    timebox_minutes: int
+    template: str  # a folder inside the kata, copied as it is
+    target: str  # the CMake target the learner's build-system step adds
+    files: tuple[tuple[str, str], ...]  # (path in the pad, path in the kata folder)
+
+
+@dataclass(frozen=True)
 class Kata:
     """A kata folder and its metadata; ``name`` is the folder (and Python package) name."""
 
@@ -110,6 +128,7 @@ class Kata:
     tags: tuple[str, ...]
     anchors: tuple[str, ...]
     stages: tuple[Stage, ...]
+    coderpad: Coderpad | None = None
 
     @property
     def manifest(self) -> Path:
@@ -154,7 +173,8 @@ class Kata:
 
 # --- reading and validating one kata.toml -------------------------------------------------
 
-_KATA_FIELDS = {"title", "summary", "order", "tags", "anchors", "stages"}
+_KATA_FIELDS = {"title", "summary", "order", "tags", "anchors", "stages", "coderpad"}
+_CODERPAD_FIELDS = {"timebox_minutes", "template", "target", "files"}
 _STAGE_FIELDS = {
     "number",
     "title",
@@ -321,6 +341,7 @@ def load_kata(path: Path) -> Kata:
         if stages[-1].stub not in stages[-1].files:
             fields.fail("files", f"must include the stage module {stages[-1].stub!r}")
     return Kata(
+        coderpad=_coderpad(file, data["coderpad"]) if "coderpad" in data else None,
         name=name,
         path=path,
         title=top.text("title"),
@@ -330,6 +351,34 @@ def load_kata(path: Path) -> Kata:
         anchors=top.words("anchors"),
         stages=tuple(stages),
     )
+
+
+def _coderpad(file: Path, raw: object) -> Coderpad:
+    """The ``[coderpad]`` table: every path relative and inside its folder."""
+    if not isinstance(raw, dict):
+        raise CatalogError(f"{display_path(file)}: coderpad must be a [coderpad] table")
+    fields = _Fields(file, raw, "coderpad.", _CODERPAD_FIELDS)
+    files = raw.get("files", {})
+    if not isinstance(files, dict) or not files:
+        fields.fail("files", 'must be a [coderpad.files] table of "pad path" = "kata path"')
+    pairs: list[tuple[str, str]] = []
+    for pad_path, kata_path in files.items():
+        if not isinstance(kata_path, str) or not _relative(pad_path):
+            fields.fail("files", f"must map relative paths to kata files, got {pad_path!r}")
+        fields._inside_the_kata("files", kata_path)
+        pairs.append((pad_path, kata_path))
+    template = fields.text("template")
+    if not _relative(template):
+        fields.fail("template", f"must be a folder inside the kata, got {template!r}")
+    target = fields.text("target")
+    if not target.replace("_", "").replace("-", "").isalnum():
+        fields.fail("target", f"must be a CMake target name, got {target!r}")
+    return Coderpad(fields.positive_int("timebox_minutes"), template, target, tuple(pairs))
+
+
+def _relative(value: str) -> bool:
+    path = Path(value)
+    return bool(value.strip()) and not path.is_absolute() and ".." not in path.parts
 
 
 # --- the catalogue ------------------------------------------------------------------------
@@ -412,6 +461,7 @@ __all__ = [
     "PROMPT",
     "Catalog",
     "CatalogError",
+    "Coderpad",
     "Kata",
     "Stage",
     "display_path",
