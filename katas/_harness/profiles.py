@@ -150,6 +150,15 @@ for _name in PROFILES:  # impl.PROFILES (what the CLI validates against) names o
 HEAVY_EXAMPLES = 10
 
 
+def examples(at_ci: int) -> int:
+    """Examples for a property test that needs more (or fewer) than a profile's own, under
+    the loaded profile: ``at_ci`` under ``ci``, scaled like the profile's own count
+    elsewhere (``dev`` a quarter, ``thorough`` ten times), never below one. So a test's
+    count follows ``KATA_PROFILE`` as every other property's does."""
+    at_profile = at_ci * settings().max_examples / settings.get_profile("ci").max_examples
+    return max(1, round(at_profile))
+
+
 def heavy_examples() -> int:
     """Examples for a test that starts processes or servers, under the loaded profile:
     :data:`HEAVY_EXAMPLES`, and a tenth of the profile's own under ``thorough`` (100)."""

@@ -15,7 +15,8 @@ given; nothing sleeps.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +24,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from katas._harness.profiles import examples
 from katas._harness.under_test import module, stage
+from katas._runtime.todo import Todo
 from katas.dynamic_batcher._testing.model import FakeModel, reference_generation
 from katas.dynamic_batcher._testing.rules import BatchingRules
 from katas.dynamic_batcher._testing.workload import COMPARISON
@@ -546,14 +549,19 @@ def test_stage1_submit_rejects_duplicates_and_requests_that_could_never_finish()
 @pytest.mark.parametrize(
     ("name", "options"),
     [
-        ("max_num_seqs", {"max_num_seqs": 0}),
-        ("max_num_batched_tokens", {"max_num_batched_tokens": 0}),
-        ("max_num_batched_tokens", {"max_num_seqs": 8, "max_num_batched_tokens": 7}),
-        ("max_num_seqs", {"max_num_seqs": 2.0}),
-        ("num_blocks", {"num_blocks": 63}),
-        ("block_size", {"block_size": 8}),
-        ("policy", {"policy": "lifo"}),
-        ("hotpath", {"hotpath": "rust"}),
+        pytest.param("max_num_seqs", {"max_num_seqs": 0}, id="no-seqs"),
+        pytest.param("max_num_batched_tokens", {"max_num_batched_tokens": 0}, id="no-budget"),
+        pytest.param(
+            "max_num_batched_tokens",
+            {"max_num_seqs": 8, "max_num_batched_tokens": 7},
+            id="budget-under-the-seqs",
+        ),
+        pytest.param("max_num_seqs", {"max_num_seqs": 2.0}, id="seqs-not-an-int"),
+        pytest.param("num_blocks", {"num_blocks": 63}, id="not-the-models-pool"),
+        pytest.param("block_size", {"block_size": 8}, id="not-the-models-blocks"),
+        pytest.param("policy", {"policy": "lifo"}, id="unknown-policy"),
+        # the id stays clear of the C unit's keyword: -k hotpath selects the C unit only
+        pytest.param("hotpath", {"hotpath": "rust"}, id="unknown-path"),
     ],
 )
 def test_stage1_bad_configurations_are_refused_by_name(name: str, options: dict[str, Any]) -> None:
@@ -569,14 +577,31 @@ def test_stage1_bad_configurations_are_refused_by_name(name: str, options: dict[
 
 # --- the C twin -------------------------------------------------------------------------------
 
+#: Where the C unit's "not implemented yet" points (the binding's Todo names its contract).
+C_CONTRACT = "csrc/hotpath.h"
+
+
+@contextmanager
+def with_the_c_unit() -> Iterator[None]:
+    """Run a ``hotpath="c"`` batcher; skip the test, saying why, while the C unit (``-k
+    hotpath``, csrc/hotpath.c) is not written yet: the batcher is a unit of its own, and
+    the twin is checked once both are written."""
+    try:
+        yield
+    except Todo as exc:
+        if C_CONTRACT not in str(exc):
+            raise
+        pytest.skip(f"§hotpath-twin needs the C unit too (-k hotpath): not implemented yet: {exc}")
+
 
 @extended
 @rule("hotpath-twin")
 def test_stage1_the_c_hot_path_schedules_exactly_as_the_python_one() -> None:
     runs = []
     for hotpath in ("python", "c"):
-        t = trace(model(num_blocks=6, block_size=4), hotpath=hotpath)
-        t.run({1: [req("A", 9, 6), req("B", 2, 9)], 3: [req("C", 17, 3), req("D", 1, 4)]})
+        with with_the_c_unit() if hotpath == "c" else nullcontext():
+            t = trace(model(num_blocks=6, block_size=4), hotpath=hotpath)
+            t.run({1: [req("A", 9, 6), req("B", 2, 9)], 3: [req("C", 17, 3), req("D", 1, 4)]})
         runs.append([(dict(o.scheduled), dict(o.tokens), o.preempted) for o in t.outputs])
     assert runs[0] == runs[1], (
         "§hotpath-twin: hotpath='c' must schedule every step as 'python' does\n"
@@ -625,7 +650,7 @@ TIGHT_ABORT = {1: [req("A", 4, 9), req("B", 4, 9)], 3: [req("C", 6, 4)]}
 @given(case=_workloads())
 @example(case=(TIGHT, TIGHT_ARRIVALS, {}))
 @example(case=(TIGHT, TIGHT_ABORT, {4: "A"}))
-@settings(max_examples=30)
+@settings(max_examples=examples(at_ci=30))
 def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
 ) -> None:
@@ -633,8 +658,9 @@ def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
     runs = []
     for hotpath in ("python", "c"):
         caps = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
-        t = trace(model(config["num_blocks"], config["block_size"]), **caps, hotpath=hotpath)
-        t.run(arrivals, max_steps=600, aborts=aborts)
+        with with_the_c_unit() if hotpath == "c" else nullcontext():
+            t = trace(model(config["num_blocks"], config["block_size"]), **caps, hotpath=hotpath)
+            t.run(arrivals, max_steps=600, aborts=aborts)
         runs.append([f"{row}  blocks {held}" for row, held in
                      zip(t.rows().splitlines(), t.blocks, strict=True)])  # fmt: skip
     python, c = runs
@@ -653,7 +679,7 @@ def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
 @core
 @rule("caps", "blocks", "finish", "transparency", "preemption")
 @given(case=_workloads())
-@settings(max_examples=60)
+@settings(max_examples=examples(at_ci=60))
 def test_stage1_any_workload_keeps_every_invariant_and_every_output(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
 ) -> None:
@@ -713,7 +739,7 @@ def _tight_run(
 @given(case=_runs())
 @example(case=_tight_run(TIGHT_ARRIVALS))
 @example(case=_tight_run(TIGHT_ABORT, {4: "A"}))
-@settings(max_examples=80)
+@settings(max_examples=examples(at_ci=80))
 def test_stage1_every_step_is_the_one_the_rules_make(
     case: tuple[dict[str, Any], list[tuple[int, str, Any]]],
 ) -> None:
@@ -1060,6 +1086,21 @@ def test_hotpath_schedule_matches_the_model_on_random_states(
     )
 
 
+def schedule_is_accepted() -> None:
+    """The state as it should be is not refused: the refusal was for the broken entry.
+
+    Whether it is then scheduled right is §schedule-blocks and §schedule-preempt's
+    (test_hotpath_schedule_matches_the_model_on_random_states runs this very state), so
+    a bug in the blocks is reported there, not as a broken validation."""
+    try:
+        c_schedule(OWN_VICTIM, 10, 4)
+    except ValueError as exc:
+        raise AssertionError(
+            f"§schedule-invalid: the valid state {OWN_VICTIM} (token_budget=10, max_seqs=4) "
+            f"must be scheduled, not refused: {exc}"
+        ) from None
+
+
 @core
 @pytest.mark.rule("schedule-invalid")
 @pytest.mark.parametrize(
@@ -1076,8 +1117,7 @@ def test_hotpath_schedule_refuses_a_broken_state(change: dict[str, Any], message
     state = HotState(**{**vars(OWN_VICTIM.copy()), **change})
     with pytest.raises(ValueError, match=message):
         c_schedule(state, 10, 4)
-    # The state as it should be is scheduled: the refusal was for the broken entry.
-    assert c_schedule(OWN_VICTIM, 10, 4) == schedule_model(OWN_VICTIM, 10, 4)
+    schedule_is_accepted()
 
 
 @core
@@ -1090,7 +1130,7 @@ def test_hotpath_schedule_refuses_columns_that_share_memory() -> None:
             array("i", [0] * 3), n=3, free_top=1, stride=3, block_size=2, token_budget=10,
             max_seqs=4,
         )  # fmt: skip
-    assert c_schedule(OWN_VICTIM, 10, 4) == schedule_model(OWN_VICTIM, 10, 4)
+    schedule_is_accepted()
 
 
 def apply_model(s: HotState, seqs: int, chunk: list[int], finished: list[int]) -> HotState:
@@ -1209,8 +1249,15 @@ def test_hotpath_apply_refuses_a_broken_step(change: dict[str, Any], message: st
         )  # fmt: skip
     after = c_state(cols, before, before.n, before.free_top)
     assert after == before, f"a refused step wrote: before {before}, after {after}"
-    # The step as it should be is applied: the refusal was for the broken entry.
-    assert live(c_apply(*APPLY_STEP)) == live(apply_model(*APPLY_STEP))
+    # The step as it should be is not refused: the refusal was for the broken entry.
+    # (Whether it is applied right is §apply-compute and §apply-release's: the model test
+    # runs this very step, and reports a bug there, not as a broken validation.)
+    try:
+        c_apply(*APPLY_STEP)
+    except ValueError as exc:
+        raise AssertionError(
+            f"§apply-invalid: the valid step {APPLY_STEP} must be applied, not refused: {exc}"
+        ) from None
 
 
 #: One row a token short of INT32_MAX in a single block of INT32_MAX tokens, and one that
