@@ -278,6 +278,9 @@ def run_show(args: argparse.Namespace, ctx: Context) -> int:
         if stage.extended:
             footer.append(f" · extended: {stage.extended}")
         footer.append(f"\nRun its tests: kata test {kata.name} {stage.number} [--core]")
+        for unit in stage.units:  # each practised alone: kata test/start … --unit NAME
+            alone = f"kata test {kata.name} {stage.number} --unit {unit.name}"
+            footer.append(f"\nUnit {unit.name} ({unit.file}), alone: {alone} · {unit.core}")
         ctx.out.print(footer, style="dim")
     return 0
 
@@ -360,6 +363,7 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
     notes = [
         f"impl {args.impl}" if args.impl else "",
         f"base {args.base}" if args.base else "",
+        f"unit {unit.name}: {unit.file}" if unit else "",
         "core" if args.core else "",
         "thorough" if args.thorough else "",
     ]
@@ -379,7 +383,8 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
         ctx.out.print(Text("! ", style="red bold") + Text(crashed), soft_wrap=True)
     elif result.returncode not in (0, 1) and result.output:  # e.g. a collection error
         ctx.out.print(Text(result.output.rstrip()))
-    if is_learners_code(args.impl) and not ctx.passthrough and not args.base:
+    # (a unit's run is not the stage's: the progress file keeps one result a stage)
+    if is_learners_code(args.impl) and not ctx.passthrough and not args.base and not unit:
         try:  # the learner's own full or core run: progress `kata list` shows
             record_run(ctx, kata, stage, result)
         except StateError as exc:
@@ -392,6 +397,12 @@ def _configure_test(parser: argparse.ArgumentParser) -> None:
     add_selection_options(parser.add_argument)
     parser.add_argument(
         "--core", action="store_true", help="only the core tests (what the timebox is for)"
+    )
+    parser.add_argument(
+        "--unit",
+        metavar="NAME",
+        help="only the tests of one unit of the stage, practised alone (kata show lists "
+        "them, e.g. a C hot path and the Python around it)",
     )
     parser.add_argument(
         "--thorough",

@@ -38,7 +38,7 @@ from katas._cli.cliutil import (
 from katas._cli.practice import SoloSession, clock_text, tally
 from katas._cli.state import Attempt, StateError
 from katas._cli.watch import Watcher
-from katas._registry.catalog import CatalogError, Kata, Stage, display_path
+from katas._registry.catalog import CatalogError, Kata, Stage, Unit, display_path
 from katas._registry.notes import is_section
 from katas._registry.suites import SuiteProcess, SuiteRun, start_suite
 from katas._runtime.clock import NS_PER_S
@@ -88,15 +88,17 @@ def _first_paragraph(text: str, stage: Stage) -> str:
     return ""
 
 
-def _print_prompt_summary(ctx: Context, kata: Kata, stage: Stage, minutes: float) -> None:
-    """What the stage asks, in a few lines, and where to read all of it; ``minutes`` is the
-    timebox in force (``--minutes``, else the stage's)."""
+def _print_prompt_summary(
+    ctx: Context, kata: Kata, stage: Stage, minutes: float, unit: Unit | None
+) -> None:
+    """What the stage (or its ``unit`` practised alone) asks, in a few lines, and where to
+    read all of it; ``minutes`` is the timebox in force (``--minutes``, else the stage's)."""
     head = Text(f"{kata.title} — stage {stage.number}: {stage.title}", style="bold")
     head.append(f" · timebox {minutes:g} min", style="dim")
     ctx.out.print(head)
-    part = Text("core: ", style="dim")
-    part.append(stage.core)
-    if stage.extended:
+    part = Text(f"unit {unit.name}, alone: " if unit else "core: ", style="dim")
+    part.append(unit.core if unit else stage.core)
+    if stage.extended and not unit:
         part.append(" · extended: ", style="dim")
         part.append(stage.extended)
     ctx.out.print(part)
@@ -173,6 +175,7 @@ class _CoreElseWhole:
 def run_start(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
+    unit = stage.unit(args.unit) if args.unit else None
     suite = suite_or_error(kata, stage)
     impl = _check_configuration(ctx, kata, stage)
     state = ctx.state()  # an unusable state file stops us before the clock starts
@@ -180,14 +183,16 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     minutes = args.minutes if args.minutes is not None else stage.timebox_minutes
     timebox_ns = int(minutes * NS_PER_MIN)
     if not args.no_prompt:
-        _print_prompt_summary(ctx, kata, stage, minutes)
+        _print_prompt_summary(ctx, kata, stage, minutes, unit)
     core_only = not args.full
     part = "the core tests" if core_only else "the whole suite"
+    part += f" of the {unit.name} unit" if unit else ""
     ctx.out.print(
         Rule(f"{kata.name} stage {stage.number} · attempt {number} · {clock_text(timebox_ns)}"),
     )
     ctx.out.print(
-        f"Edit {display_path(kata.stub_path(stage))}; every save re-runs {part} of "
+        f"Edit {display_path(kata.path / unit.file if unit else kata.stub_path(stage))}; "
+        f"every save re-runs {part} of "
         f"{display_path(suite)}. Keys: r run now, h next hint, q stop.",
         highlight=False,
     )
@@ -197,7 +202,10 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     finished = [0]
 
     def start_part(core: bool) -> SuiteProcess:
-        return start_suite(suite, impl=impl, base=args.base, core_only=core, env=env)
+        keyword = unit.keyword if unit else None
+        return start_suite(
+            suite, impl=impl, base=args.base, keyword=keyword, core_only=core, env=env
+        )
 
     def start_run() -> _CoreElseWhole:
         return _CoreElseWhole(start_part, selection)
@@ -240,7 +248,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
                 )
             )
             return None
-        best = state.best_seconds(kata.name, stage.number)
+        best = None if unit else state.best_seconds(kata.name, stage.number)  # the stage's
         note = ""
         if best is not None:
             note = (
@@ -300,6 +308,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
         "core_only": greens[0][1] if greens else selection["core"],
         "base": args.base or "own",
         "learners_code": is_learners_code(None),
+        **({"unit": unit.name} if unit else {}),
         "_hints_before": state.hints_revealed(kata.name, stage.number),
     }
     continued = bool(greens) and not selection["core"] and greens[0][1]
@@ -308,7 +317,8 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     if outcome.result == "green":
         after = _after_stage(ctx, kata, stage)
         if selection["core"] and stage.extended:  # the extended part is still to do
-            extended = f"kata start {kata.name} {stage.number} --full (the extended part)"
+            again = f" --unit {unit.name}" if unit else ""
+            extended = f"kata start {kata.name} {stage.number}{again} --full (the extended part)"
             ctx.out.print(f"Next: {extended}" + (f", or {after}" if after else ""), highlight=False)
         elif after:
             ctx.out.print(f"Next: {after}", highlight=False)
@@ -338,7 +348,8 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
             f"The core went green at {clock_text(outcome.green_ns)}: that is what is recorded.",
             highlight=False,
         )
-    if save_attempt(ctx, attempt, recorded, kata, stage):
+    # A unit's run is not the stage's result (the progress file keeps one a stage).
+    if save_attempt(ctx, attempt, None if unit else recorded, kata, stage):
         ctx.out.print(f"Recorded: kata progress {kata.name}", style="dim", highlight=False)
     if outcome.result == "interrupted":
         return 130
@@ -369,6 +380,12 @@ def _configure_start(parser: argparse.ArgumentParser) -> None:
         "--base",
         choices=["own", "reference"],
         help="earlier stages: your own (default) or the reference solutions'",
+    )
+    parser.add_argument(
+        "--unit",
+        metavar="NAME",
+        help="practise one unit of the stage alone: its file, its tests (kata show lists "
+        "them, e.g. a C hot path and the Python around it)",
     )
     parser.add_argument(
         "--full",

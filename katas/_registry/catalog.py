@@ -29,6 +29,15 @@ kata. The file (every field is checked, unknown fields are errors so typos surfa
     section = "Stage 1"                    # optional, default "Stage <N>": the `## Stage 1`
                                            # heading in README.md, HINTS.md, INTERVIEWER.md
 
+    [[stages.units]]                       # optional: the parts of a stage a learner may
+    name = "hotpath"                       # practise alone (kata test/start --unit NAME)
+    keyword = "hotpath"                    # pytest's -k expression selecting its tests
+    file = "csrc/hotpath.c"                # the learner file it is written in (in files)
+    core = "what the unit asks, in one line"
+
+A stage's units, if it declares any, between them select each of its tests exactly once
+(the repository's checks hold every suite to that).
+
     [coderpad]                             # optional: `kata coderpad` lays out a standalone
                                            # C project of the kata, as on an interview pad
     timebox_minutes = 45
@@ -44,8 +53,10 @@ directory of the installed ``katas`` package.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -87,6 +98,16 @@ def display_path(path: Path) -> str:
 
 
 @dataclass(frozen=True)
+class Unit:
+    """A part of a stage practised alone: its tests (pytest's ``-k keyword``) and its file."""
+
+    name: str
+    keyword: str
+    file: str
+    core: str
+
+
+@dataclass(frozen=True)
 class Stage:
     """One stage of a kata: what to build, in how long, and where its files are."""
 
@@ -104,6 +125,30 @@ class Stage:
     #: The module the suite tests, inside the kata package: ``stage1``, or a C extension
     #: module (``_hotpath``) built from the stage's C files.
     module: str = ""
+    #: The parts practised alone (``--unit``); none: the stage is one unit.
+    units: tuple[Unit, ...] = ()
+
+    def unit(self, name: str) -> Unit:
+        """The unit called ``name``; a :class:`CatalogError` naming the ones there are."""
+        for unit in self.units:
+            if unit.name == name:
+                return unit
+        known = ", ".join(u.name for u in self.units)
+        raise CatalogError(
+            f"stage {self.number} has the units {known}, got {name!r}"
+            if known
+            else f"stage {self.number} has no units: it is practised whole"
+        )
+
+    def file_for(self, not_implemented: str) -> str:
+        """The learner file a "not implemented yet" message points into: the C file of the
+        header it names (``… see katas/k/csrc/hotpath.h`` → ``csrc/hotpath.c``), else the
+        stub (a Python stub's message names the prompt)."""
+        for c_file in (f for f in self.files if f.endswith(".c")):
+            header = c_file.removesuffix(".c") + ".h"
+            if re.search(rf"(^|[\s/]){re.escape(header)}\b", not_implemented):
+                return c_file
+        return self.stub
 
 
 @dataclass(frozen=True)
@@ -188,7 +233,9 @@ _STAGE_FIELDS = {
     "redis",
     "suite",
     "section",
+    "units",
 }
+_UNIT_FIELDS = {"name", "keyword", "file", "core"}
 
 
 class _Fields:
@@ -292,6 +339,28 @@ class _Fields:
         return value
 
 
+def _units(stage: _Fields, files: tuple[str, ...]) -> tuple[Unit, ...]:
+    """The ``[[stages.units]]`` of one stage (its fields ``stage``), validated."""
+    raw_units = stage.table.get("units", [])
+    if not isinstance(raw_units, list) or not all(isinstance(u, dict) for u in raw_units):
+        stage.fail("units", "must be [[stages.units]] tables")
+    units: list[Unit] = []
+    for index, raw in enumerate(raw_units):
+        fields = _Fields(stage.file, raw, f"{stage.where}units[{index}].", _UNIT_FIELDS)
+        name = fields.text("name")
+        if not name.replace("-", "_").isidentifier():
+            fields.fail("name", f"must be one word (letters, digits, - and _), got {name!r}")
+        if name in {u.name for u in units}:
+            fields.fail("name", f"{name!r} names two units")
+        unit_file = fields.text("file")
+        if unit_file not in files:
+            fields.fail(
+                "file", f"must be one of the stage's files {list(files)}, got {unit_file!r}"
+            )
+        units.append(Unit(name, fields.text("keyword"), unit_file, fields.text("core")))
+    return tuple(units)
+
+
 def load_kata(path: Path) -> Kata:
     """Read and validate ``path/kata.toml``; raise :class:`CatalogError` on any problem."""
     file = path / MANIFEST
@@ -340,6 +409,8 @@ def load_kata(path: Path) -> Kata:
         )
         if stages[-1].stub not in stages[-1].files:
             fields.fail("files", f"must include the stage module {stages[-1].stub!r}")
+        units = _units(fields, stages[-1].files)
+        stages[-1] = dataclasses.replace(stages[-1], units=units)
     return Kata(
         coderpad=_coderpad(file, data["coderpad"]) if "coderpad" in data else None,
         name=name,
@@ -464,6 +535,7 @@ __all__ = [
     "Coderpad",
     "Kata",
     "Stage",
+    "Unit",
     "display_path",
     "load_kata",
 ]
