@@ -7,6 +7,7 @@ so these checks do not depend on the rate limiter's prompt or suites being writt
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import math
@@ -775,6 +776,56 @@ def test_cli_bench_reads_what_the_harness_records(capsys: pytest.CaptureFixture[
     assert got[4][0] == "nothing_measured" and math.isnan(got[4][1]) and got[4][2] is None
     assert cli_study.RATIOS == bench.RATIOS
     assert cli_study.ENV_BENCH_ROUNDS == bench.ENV_ROUNDS
+
+
+class _RoundsBenchmark(_FakeBenchmark):
+    """A benchmark fixture whose ``pedantic`` runs the warm-up and every round in turn."""
+
+    stats: object = "measured"
+
+    def pedantic(self, target: Any, *, setup: Any, rounds: int, **_: Any) -> None:
+        for _round in range(rounds + 1):  # the warm-up round first
+            setup()
+            target()
+
+
+def test_cli_bench_shows_the_spread_of_the_rounds_and_says_within_noise(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reference against itself: 0.8 from the best rounds, but its rounds went both
+    ways of 1, so the table and the line say the ratio is within noise."""
+    monkeypatch.delenv(bench.ENV_ROUNDS, raising=False)
+    times = {"yours": [5.0, 4.0, 6.0], "reference": [4.0, 5.0, 3.2]}  # seconds per round
+    contenders = {
+        name: bench.Contender(functools.partial(next, iter(t)), 1, self_timed=True)
+        for name, t in times.items()
+    }
+    fake, captured = _RoundsBenchmark(), cast(Any, _CapturedCapsys())
+    per_op = bench.interleaved(fake, contenders, 2)
+    assert per_op == {"yours": 4.0, "reference": 3.2}
+    bench.report(fake, captured, "speed_vs_reference", per_op["reference"] / per_op["yours"], "~1")
+    bench.report(fake, captured, "reference_speedup", per_op["yours"] / per_op["reference"], ">= 1")
+    bench.report(fake, captured, "scaled", per_op["yours"] * 1e6, ">= 1")  # no pair gives it
+    printed = [ln.strip() for ln in capsys.readouterr().out.splitlines() if ln.strip()]
+    assert printed == [
+        "speed_vs_reference = 0.800   (target: ~1)   rounds 0.533–1.250: within noise",
+        "reference_speedup = 1.250   (target: >= 1)   met   rounds 0.800–1.875: within noise",
+        "scaled = 4000000.000   (target: >= 1)   met",
+    ]
+    data = json.loads(json.dumps({"benchmarks": [{"name": "t", "extra_info": fake.extra_info}]}))
+    ratios = cli_study.bench_ratios(data)
+    assert [(r.spread, r.noise) for r in ratios] == [
+        ((0.533, 1.25), True),
+        ((0.8, 1.875), True),
+        (None, False),
+    ]
+    console = Console(width=160, record=True, file=io.StringIO())
+    console.print(cli_study.ratios_table("ratios", ratios))
+    table = console.export_text()
+    row = next(ln for ln in table.splitlines() if "speed_vs_reference" in ln)
+    assert "0.533–1.250" in row and "noise" in row, table
+    row = next(ln for ln in table.splitlines() if "reference_speedup" in ln)
+    assert "yes (noise)" in row, table
 
 
 def test_cli_bench_rounds_cap(monkeypatch: pytest.MonkeyPatch) -> None:

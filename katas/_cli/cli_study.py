@@ -274,6 +274,17 @@ class Ratio:
     value: float
     target: str
     met: bool | None  # None: the target is read by eye (~1, informational)
+    spread: tuple[float, float] | None = None  # low and high of its rounds' own ratios
+    noise: bool = False  # the spread holds the target: one run cannot tell
+
+
+def _spread(recorded: object) -> tuple[float, float] | None:
+    """``[low, high]`` as the harness records a ratio's spread, or None."""
+    if not isinstance(recorded, list) or len(recorded) != 2:
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in recorded):
+        return None
+    return float(recorded[0]), float(recorded[1])
 
 
 def bench_ratios(data: object) -> list[Ratio]:
@@ -296,6 +307,8 @@ def bench_ratios(data: object) -> list[Ratio]:
                     value=float(value),
                     target=str(ratio.get("target", "")),
                     met=met if isinstance(met, bool) else None,
+                    spread=_spread(ratio.get("spread")),
+                    noise=ratio.get("noise") is True,
                 )
             )
     return found
@@ -317,18 +330,31 @@ def ratios_table(title: str, ratios: Sequence[Ratio], prefix: str = "") -> Table
     table.add_column("benchmark", style="dim")
     table.add_column("measure", style="bold")
     table.add_column("ratio", justify="right")
+    table.add_column("rounds", justify="right")
     table.add_column("target")
     table.add_column("met")
     for ratio in ratios:
         met = {True: "[green]yes[/]", False: "[red]no[/]", None: "[dim]—[/]"}[ratio.met]
+        if ratio.noise:
+            met = f"{met} [yellow](noise)[/]" if ratio.met is not None else "[yellow]noise[/]"
+        spread = ratio.spread
         table.add_row(
             Text(ratio.benchmark.removeprefix(prefix)),
             Text(ratio.label),
             f"{ratio.value:.3f}",
+            Text(f"{spread[0]:.3f}–{spread[1]:.3f}" if spread else "—", style="dim"),
             Text(ratio.target),
             met,
         )
     return table
+
+
+#: The footnote under a table with a ratio :attr:`Ratio.noise` marks.
+NOISE_NOTE = (
+    "(noise): the ratio of single rounds (the rounds column, low–high) fell on both sides "
+    "of the target, or of 1 for a ~ target: this run cannot tell, and a verdict may flip "
+    "on the next one. More rounds on a quieter machine narrow it."
+)
 
 
 def run_bench(args: argparse.Namespace, ctx: Context) -> int:
@@ -364,6 +390,8 @@ def run_bench(args: argparse.Namespace, ctx: Context) -> int:
             title += f" (at most {args.rounds} rounds: rough)"
         prefix = f"test_bench_stage{stage.number}_"
         ctx.out.print(ratios_table(title, ratios, prefix))
+        if any(r.noise for r in ratios):
+            ctx.out.print(NOISE_NOTE, style="yellow", highlight=False)
     elif not args.verbose:
         ctx.out.print("No ratios were reported.", style="yellow")
     skipped = result.by_outcome("skipped")
