@@ -143,3 +143,25 @@ def test_a_broken_coderpad_table_names_the_field(tmp_path: Path, table: str, fie
     )
     with pytest.raises(CatalogError, match=f"coderpad.{field}"):
         load_kata(tmp_path / "calc")
+
+
+def test_a_stub_the_learner_has_edited_is_laid_out_as_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A checkout of the kata's files whose stub holds the learner's work: the pad gets the
+    # committed stub, not the work.
+    kata = Catalog.discover().get(KATA)
+    assert kata.coderpad is not None
+    project = tmp_path / "project"
+    copy = project / "katas" / KATA
+    shutil.copytree(kata.path, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    git = ("git", "-c", "user.name=kata", "-c", "user.email=kata@example.com")
+    for step in (("init", "-q"), ("add", "."), ("commit", "-q", "-m", "the kata")):
+        assert run(*git, *step, cwd=project).returncode == 0
+    stub = dict(kata.coderpad.files)["src/hotpath.c"]
+    committed = (copy / stub).read_text()
+    shutil.copy(REPO_ROOT / "solutions" / KATA / stub, copy / stub)
+    monkeypatch.setenv("KATA_ROOT", str(project / "katas"))
+
+    lay_out(tmp_path / "pad", capsys)
+    assert (tmp_path / "pad/src/hotpath.c").read_text() == committed
