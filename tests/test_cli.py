@@ -778,6 +778,26 @@ def test_cli_bench_reads_what_the_harness_records(capsys: pytest.CaptureFixture[
     assert cli_study.ENV_BENCH_ROUNDS == bench.ENV_ROUNDS
 
 
+def test_cli_bench_without_the_bench_extra_names_the_anchor_and_the_install_command(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bench_file = kata_root / "calc" / "bench_stage1.py"
+    write(
+        bench_file,
+        "import pytest\n\n"
+        'json = pytest.importorskip("json")\n'
+        "anchor = pytest.importorskip(\n"
+        '    "kata_anchor_not_installed", reason="the anchors come with the [bench] extra"\n'
+        ")\n\n\n"
+        "def test_bench_stage1_vs_anchor():\n    pass\n",
+    )
+    assert cli_study.missing_anchors(bench_file) == ["kata_anchor_not_installed"]
+    assert main(["bench", "calc", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "No ratios were reported: the benchmarks compare with kata_anchor_not_installed, " in out
+    assert 'pip install -e ".[bench]"' in out, out
+
+
 class _RoundsBenchmark(_FakeBenchmark):
     """A benchmark fixture whose ``pedantic`` runs the warm-up and every round in turn."""
 

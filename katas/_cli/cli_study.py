@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import difflib
+import importlib.util
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -357,6 +359,30 @@ NOISE_NOTE = (
 )
 
 
+#: The extra that installs the anchor libraries the benchmarks compare with.
+BENCH_EXTRA = 'pip install -e ".[bench]"'
+#: A bench file's ``pytest.importorskip("name", …)``: an anchor it skips without.
+_ANCHOR = re.compile(r"""importorskip\(\s*["'](?P<name>[\w.]+)["']""")
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a broken one
+        return False
+
+
+def missing_anchors(bench_file: Path) -> list[str]:
+    """The anchor libraries ``bench_file`` skips without (its ``importorskip`` calls) that
+    are not installed here, where the benchmarks run too."""
+    try:
+        text = bench_file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    names = dict.fromkeys(m["name"] for m in _ANCHOR.finditer(text))
+    return [name for name in names if not _installed(name)]
+
+
 def run_bench(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
@@ -365,6 +391,7 @@ def run_bench(args: argparse.Namespace, ctx: Context) -> int:
         raise UserError(f"{kata.name} stage {stage.number} has no benchmarks ({path.name})")
     impl = impl_or_error(args.impl, ctx)
     check_profile()
+    missing = missing_anchors(path)
     env = None
     if args.rounds is not None:
         if args.rounds < 1:
@@ -392,16 +419,23 @@ def run_bench(args: argparse.Namespace, ctx: Context) -> int:
         ctx.out.print(ratios_table(title, ratios, prefix))
         if any(r.noise for r in ratios):
             ctx.out.print(NOISE_NOTE, style="yellow", highlight=False)
-    elif not args.verbose:
+    elif not args.verbose and not missing:
         ctx.out.print("No ratios were reported.", style="yellow")
+    if missing:
+        said = ("No ratios were reported: t" if not ratios else "T") + (
+            f"he benchmarks compare with {', '.join(missing)}, not installed: {BENCH_EXTRA} "
+            "installs the anchor libraries."
+        )
+        ctx.out.print(Text(said, style="yellow"), soft_wrap=True)  # Text: "[bench]" is no markup
     skipped = result.by_outcome("skipped")
     for reason in dict.fromkeys(r.message for r in skipped if r.message):
         ctx.out.print(f"skipped: {reason}", style="yellow", highlight=False)
     if result.failures():
         print_summary(ctx.out, result, kata, stage, notes=["benchmarks"])
         return 1
-    if not result.results and result.output and not args.verbose:
-        ctx.out.print(Text(result.output.rstrip()))
+    if not result.results and (missing or (result.output and not args.verbose)):
+        if not missing:  # pytest's own words say why nothing ran
+            ctx.out.print(Text(result.output.rstrip()))
         return 1
     ctx.out.print(
         "Benchmarks never fail: a target that is not met is reported, not an error.",
