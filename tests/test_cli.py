@@ -1018,3 +1018,83 @@ def test_cli_list_in_an_80_column_terminal(tmp_path: Path) -> None:
     assert len([ln for ln in lines if STAGE_ROW.match(ln)]) == stages, screen
     assert lines[0].split()[:2] == ["#", "stage"], screen  # the header comes first
     assert any(ln.startswith("Next: kata show ") for ln in lines), screen
+
+
+# --- practice units: a part of a stage run alone --------------------------------------------
+
+#: calc's stage 1 in two units: ``adding`` (its add test alone) and ``rest``.
+CALC_UNITS = """
+[[stages.units]]
+name = "adding"
+keyword = "add"
+file = "stage1.py"
+core = "Calc.add"
+
+[[stages.units]]
+name = "rest"
+keyword = "not add"
+file = "stage1.py"
+core = "Calc.mul, Calc.sub, Calc.div"
+"""
+CALC_TOML_UNITS = CALC_TOML.replace(
+    'extended = "Calc.sub, Calc.div"\n', 'extended = "Calc.sub, Calc.div"\n' + CALC_UNITS
+)
+
+
+def test_cli_units_are_read_from_kata_toml_and_named_by_a_wrong_name(kata_root: Path) -> None:
+    write(kata_root / "calc" / "kata.toml", CALC_TOML_UNITS)
+    stage = cat.Catalog(kata_root).get("calc").stage(1)
+    assert [(u.name, u.keyword, u.file) for u in stage.units] == [
+        ("adding", "add", "stage1.py"),
+        ("rest", "not add", "stage1.py"),
+    ]
+    assert stage.unit("rest").core == "Calc.mul, Calc.sub, Calc.div"
+    with pytest.raises(cat.CatalogError, match="stage 1 has the units adding, rest, got 'x'"):
+        stage.unit("x")
+    with pytest.raises(cat.CatalogError, match="stage 2 has no units"):
+        cat.Catalog(kata_root).get("calc").stage(2).unit("adding")
+
+
+def test_cli_the_file_a_not_implemented_message_points_into() -> None:
+    stage = cat.Catalog(REPO / "katas").get("dynamic_batcher").stage(1)
+    c = "hp_schedule — see katas/dynamic_batcher/csrc/hotpath.h"
+    assert stage.file_for(c) == "csrc/hotpath.c"
+    assert stage.file_for("ContinuousBatcher.step — stage 1, see katas/x/README.md") == "stage1.py"
+
+
+@pytest.mark.parametrize(
+    ("units", "expected"),
+    [
+        (CALC_UNITS.replace('file = "stage1.py"', 'file = "x.c"', 1), "units[0].file must be one"),
+        (CALC_UNITS.replace('name = "rest"', 'name = "adding"'), "units[1].name 'adding' names"),
+        (CALC_UNITS.replace('keyword = "add"', 'keywords = "add"'), "units[0].keywords is not"),
+        (CALC_UNITS.replace('core = "Calc.add"\n', ""), "units[0].core is missing"),
+    ],
+)
+def test_cli_a_broken_unit_names_the_file_and_field(
+    kata_root: Path, capsys: pytest.CaptureFixture[str], units: str, expected: str
+) -> None:
+    toml = CALC_TOML.replace('extended = "Calc.sub, Calc.div"\n', f'extended = "x"\n{units}')
+    write(kata_root / "calc" / "kata.toml", toml)
+    assert main(["list"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "calc/kata.toml: stages[0]." in line and expected in line, line
+
+
+def test_cli_test_a_unit_runs_its_tests_alone_and_is_not_the_stages_result(
+    kata_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(kata_root / "calc" / "kata.toml", CALC_TOML_UNITS)
+    assert main(["test", "calc", "1", "--unit", "adding"]) == 0  # green for the unit
+    out = capsys.readouterr().out
+    assert "1/1 passed" in out and "(unit adding: stage1.py)" in out, out
+    assert main(["test", "calc", "1", "--unit", "rest"]) == 1
+    out = capsys.readouterr().out
+    assert "1/5 passed" in out and "test_stage1_sub" in out, out  # all but add: profile passes
+    assert "kata test calc 1 --unit rest -v -- -k" in out, out  # details: the same unit
+    assert StateStore().load().results == {}  # `kata list` still says what the stage does
+    assert main(["show", "calc", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "Unit adding (stage1.py), alone: kata test calc 1 --unit adding · Calc.add" in out
+    assert main(["test", "calc", "1", "--unit", "nope"]) == 2
+    assert "stage 1 has the units adding, rest, got 'nope'" in capsys.readouterr().err

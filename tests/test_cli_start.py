@@ -775,3 +775,24 @@ def test_tmux_shows_expected_and_got_a_syntax_error_once_a_hint_and_the_next_ste
     assert "Next: kata start calc 1 --full" in final and "KATA_EXIT=0" in final, final
     (attempt,) = attempts(project)
     assert attempt["result"] == "green" and attempt["hints_used"] == 1, attempt
+
+
+def test_cli_start_a_unit_names_its_file_and_runs_its_tests_alone(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unit = (
+        '\nfiles = ["stage1.py", "csrc/calc.c"]\n\n[[stages.units]]\nname = "adding"\n'
+        'keyword = "add"\nfile = "csrc/calc.c"\ncore = "calc_add in C"\n'
+    )
+    toml = TOML.replace('extended = "Calc.sub"\n', 'extended = "Calc.sub"\n' + unit)
+    write(project / "katas" / "calc" / "kata.toml", toml)
+    code, _ = run_kata(["start", "calc", "1", "--unit", "adding"], events=[(30, _solve(project))])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "unit adding, alone: calc_add in C" in out and "extended:" not in out, out
+    assert "csrc/calc.c; every save re-runs the core tests of the adding unit" in out, out
+    assert "0/2 passed" in out and "2/2 passed" in out, out  # add and add_is_symmetric only
+    assert "Next: kata start calc 1 --unit adding --full (the extended part)" in out, out
+    (attempt,) = attempts(project)
+    assert attempt["unit"] == "adding" and attempt["result"] == "green", attempt
+    assert state(project)["results"] == {}  # a unit's green is not the stage's

@@ -9,6 +9,7 @@ each test's stage and rules written by the plugin's ``--kata-collected``.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -17,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import embedded_env, stage_suites
+from _support import committed_stubs, embedded_env, stage_suites
 
 from katas._registry.catalog import Catalog
 from katas._registry.impl import REPO_ROOT
 from katas._registry.rules import ID_PATTERN, Rule, all_rules, plain, stage_rules
+from katas._registry.suites import run_suite
 
 SUITES = stage_suites()
 CATALOG = Catalog(REPO_ROOT / "katas")
@@ -143,3 +145,72 @@ def test_a_repeated_rule_id_is_an_error() -> None:
 def test_plain_text_drops_markdown_emphasis() -> None:
     assert plain("**bold** and *it* and `code`  \n more") == "bold and it and code more"
     assert ID_PATTERN.match("exact-retry") and not ID_PATTERN.match("Exact_retry")
+
+
+# --- practice units: each test of a stage in exactly one unit -------------------------------
+
+UNITS = [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in SUITES if CATALOG.get(k).stage(s).units]
+
+
+def _selected(kata: str, stage: int, keyword: str) -> set[str]:
+    """The node ids pytest's ``-k keyword`` selects from the stage's suite (the reference)."""
+    entry = CATALOG.get(kata)
+    suite = entry.suite_path(entry.stage(stage)).relative_to(REPO_ROOT).as_posix()
+    run = subprocess.run(
+        [
+            *(sys.executable, "-m", "pytest", suite, "--collect-only", "-q", "-k", keyword),
+            *("-p", "no:cacheprovider", "--impl=solutions"),
+        ],
+        cwd=REPO_ROOT,
+        env=embedded_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode in (0, 5), f"collecting {suite} -k {keyword!r} failed:\n{run.stdout}"
+    return {line for line in run.stdout.splitlines() if "::" in line}
+
+
+@pytest.mark.parametrize(("kata", "stage"), UNITS)
+def test_the_units_of_a_stage_select_each_of_its_tests_exactly_once(
+    kata: str, stage: int, collected: dict[str, dict[str, Any]]
+) -> None:
+    units = CATALOG.get(kata).stage(stage).units
+    tests = {n for n, t in collected.items() if t["kata"] == kata and t["stage"] == stage}
+    chosen = {u.name: _selected(kata, stage, u.keyword) for u in units}
+    for unit in units:
+        assert chosen[unit.name], f"{kata} stage {stage}: unit {unit.name} selects no test"
+    twice = sorted(n for n in tests if sum(n in c for c in chosen.values()) > 1)
+    never = sorted(tests - set().union(*chosen.values()))
+    named = ", ".join(f"{u.name}: -k {u.keyword!r}" for u in units)
+    assert not twice and not never, (
+        f"{kata} stage {stage}: the units ({named}) "
+        "must select each test exactly once (rename a test or a parameter id that matches "
+        "another unit's keyword):\n  in two units: "
+        + (", ".join(twice) or "none")
+        + "\n  in none: "
+        + (", ".join(never) or "none")
+    )
+
+
+@pytest.mark.parametrize(("kata", "stage"), UNITS)
+def test_each_unit_goes_green_alone_on_the_reference(kata: str, stage: int, tmp_path: Path) -> None:
+    """A unit's tests pass on the reference with every other unit's file the committed stub:
+    a unit never needs another one written (a test that does skips, saying why)."""
+    entry = CATALOG.get(kata)
+    units = entry.stage(stage).units
+    stubs = committed_stubs(tmp_path / "stubs")
+    for unit in units:
+        impl = tmp_path / unit.name
+        shutil.copytree(REPO_ROOT / "solutions", impl, ignore=shutil.ignore_patterns("__pycache__"))
+        for other in {u.file for u in units} - {unit.file}:
+            shutil.copyfile(stubs / kata / other, impl / kata / other)
+        suite = entry.suite_path(entry.stage(stage))
+        run = run_suite(suite, impl=str(impl), keyword=unit.keyword, env=embedded_env())
+        failed = [f"{r.nodeid}: {r.message}" for r in run.failures()]
+        assert run.ok, (
+            f"{kata} stage {stage}: unit {unit.name} (-k {unit.keyword!r}) is not green on the "
+            f"reference with the other units' stubs (exit code {run.returncode}):\n  "
+            + "\n  ".join(failed or [run.output[-2000:]])
+        )
