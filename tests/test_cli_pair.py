@@ -61,25 +61,35 @@ def _pair(
 def test_cli_pair_pages_the_notes_then_times_swaps_and_saves_the_rubric_sheet(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pages = [""] * (len(PAGES) - 1) + [""]  # Enter for each next part, Enter starts the timer
+    seen: list[str] = []
+
+    def look() -> None:  # what the interviewer sees when the pager waits for a key
+        seen.append(capsys.readouterr().out)
+
+    keys = ["\n"] * (len(PAGES) - 1) + ["\n"]  # Enter for each next part, Enter starts the timer
+    events: list[tuple[float, str | Callable[[], None]]] = []
+    for second, key in enumerate(keys, 1):
+        events += [(second - 0.5, look), (second, key)]
     rubric = ["s", "asked about negatives first", "w", "silent for a while"]
-    code, terminal, out = _pair(
-        capsys, ["calc", "1", "--minutes", "3", "--swap", "1"], answers=pages + rubric
+    code, terminal, rest = _pair(
+        capsys, ["calc", "1", "--minutes", "3", "--swap", "1"], events=events, answers=rubric
     )
+    out = "".join(seen) + rest
     assert code == 1, out  # the stub: the candidate's suite did not pass
-    # one part per question, the read-aloud part first, and only it before the first question
-    for number, (mark, shown) in enumerate(zip(PAGES, terminal.shown, strict=False)):
+    # one part per key press, the read-aloud part first, and only it before the first one
+    for number, (mark, shown) in enumerate(zip(PAGES, seen, strict=True)):
         assert mark in shown, f"part {number + 1} ({mark}) missing:\n{shown}"
         assert not any(m in shown for m in PAGES[number + 1 :]), shown
-    assert "clarifying questions" in terminal.asked[0] and "(2 of 7)" in terminal.asked[0]
-    assert terminal.asked[len(PAGES) - 1] == "Enter starts the timer "
+    assert "Enter: clarifying questions" in seen[0], seen[0]
+    assert "(2 of 7) · s: start the timer" in seen[0], seen[0]
+    assert seen[-1].rstrip().endswith("Enter starts the timer"), seen[-1]
     # the timer starts under what to read aloud, printed again
     session = out.split("pairing · calc stage 1")[1]
     assert "READ_ALOUD_MARK" in session and "CLARIFY_MARK" not in session, session
     assert "[01:00] swap 1" in session and "[02:00] swap 2" in session, session
     assert "swap 3" not in session  # the session ends at 03:00
     assert "Time is up" in session and "0/3 passed" in session, session
-    axes = [q.split(":")[0] for q in terminal.asked[len(PAGES) :]]
+    axes = [q.split(":")[0] for q in terminal.asked]
     assert axes == ["Problem solving"] * 2 + ["Communication"] * 2
     (attempt,) = attempts(project)
     assert attempt["mode"] == "pair" and attempt["swaps"] == 2 and attempt["seconds"] == 180
@@ -94,19 +104,20 @@ def test_cli_pair_pages_the_notes_then_times_swaps_and_saves_the_rubric_sheet(
     assert "| Communication | narrates | explains | silent |" in sheet
 
 
-def test_cli_pair_s_starts_the_timer_and_n_and_p_show_notes_and_prompt_in_the_session(
+def test_cli_pair_s_starts_the_timer_at_once_and_n_and_p_show_notes_and_prompt_in_the_session(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, terminal, out = _pair(
         capsys,
         ["calc", "1", "--swap", "0"],
-        events=[(10, "n"), (20, "N"), (30, "p"), (40, "q")],
-        answers=["s"],  # after the read-aloud part: straight to the timer
+        # s after the read-aloud part, with no Enter: straight to the timer
+        events=[(1, "s"), (10, "n"), (20, "N"), (30, "p"), (40, "q")],
+        answers=[],
     )
     assert code == 1, out
-    assert terminal.asked[0].startswith("Enter: clarifying questions")
-    assert terminal.asked[1].startswith("Problem solving")  # no "Enter starts the timer"
+    assert terminal.asked[0].startswith("Problem solving")  # the pager asked no line
     notes, session = out.split("pairing · calc stage 1")
+    assert "Enter: clarifying questions" in notes and "Enter starts the timer" not in out
     assert "READ_ALOUD_MARK" in notes and "CLARIFY_MARK" not in notes, notes
     assert "n next note · p the prompt" not in out  # the live line is a terminal's only
     first, second = session.split("notes 1 of 7")[1].split("notes 2 of 7")
@@ -123,8 +134,8 @@ def test_cli_pair_without_a_terminal_prints_every_note_at_once_and_a_blank_sheet
     notes = out.split("pairing · calc stage 1")[0]
     positions = [notes.index(mark) for mark in PAGES]
     assert positions == sorted(positions), notes
-    assert terminal.asked[0].startswith("Enter: clarifying questions")  # answered None
-    assert all(q.startswith(("Enter:", "Problem solving", "Communication")) for q in terminal.asked)
+    assert "Enter: clarifying questions" not in out  # nobody to press a key
+    assert all(q.startswith(("Problem solving", "Communication")) for q in terminal.asked)
     (attempt,) = attempts(project)
     assert [row["score"] for row in attempt["rubric"]] == ["", ""]
 

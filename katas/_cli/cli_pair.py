@@ -88,22 +88,41 @@ def _print_page(ctx: Context, page: Part) -> None:
     ctx.out.print(Markdown(f"### {page.title}\n\n{page.body}"))
 
 
+#: The key that leaves the notes for the timer at once (Enter, or any other key, pages on).
+START_KEY = "s"
+
+
+def _page_key(ctx: Context, question: str) -> str | None:
+    """The key pressed after ``question``, read at once as the session's keys are (no
+    Enter needed); None if nobody is at the keyboard."""
+    if not ctx.terminal.interactive:
+        return None
+    ctx.out.print(Text(question), end="")
+    key: str | None = None
+    with ctx.terminal.keys():
+        while key is None:
+            key = ctx.terminal.wait_key(NS_PER_S)
+    ctx.out.print()
+    return key
+
+
 def show_notes(ctx: Context, kata: Kata, stage: Stage, pages: list[Part]) -> bool:
-    """Print the notes a part at a time, asking before each next one; all at once if nobody
-    can answer. Whether they were paged (so the read-aloud part has scrolled away)."""
+    """Print the notes a part at a time, a key press before each next one (s: start the
+    timer now); all at once if nobody is at the keyboard. Whether they were paged (so the
+    read-aloud part has scrolled away)."""
     ctx.out.print(Rule(f"interviewer notes · {kata.name} stage {stage.number}: {stage.title}"))
     paged = True
     for number, page in enumerate(pages, 1):
         if number > 1 and paged:
-            rest = f" ({number} of {len(pages)}) · s: start the timer "
+            rest = f" ({number} of {len(pages)}) · {START_KEY}: start the timer "
             title = shorten(page.title.lower(), ctx.out.width - len("Enter: ") - len(rest) - 1)
-            answer = ctx.terminal.ask(f"Enter: {title}{rest}")
-            if answer is None:
+            key = _page_key(ctx, f"Enter: {title}{rest}")
+            if key is None:
                 paged = False  # nobody at the keyboard: the rest at once, as a handout
-            elif answer.strip().lower().startswith("s"):
+            elif key.lower() == START_KEY:
                 return True
         _print_page(ctx, page)
-    if paged and ctx.terminal.ask("Enter starts the timer ") is None:
+    if paged and _page_key(ctx, "Enter starts the timer ") is None:
         paged = False
     return paged
 
@@ -331,15 +350,16 @@ COMMANDS: tuple[Command, ...] = (
         "pair",
         "interviewer mode: notes, timer with swaps, rubric sheet",
         "Run a pairing session. First the interviewer notes of the stage from the kata's "
-        "INTERVIEWER.md, a part at a time (Enter shows the next; all at once without a "
-        "terminal): what to read aloud, the clarifying questions a strong candidate asks "
-        "and the answers, then the timebox, the follow-ups and the follow-up ladder, the "
-        "rubric. Then a timer announcing a driver/navigator swap every --swap minutes, with "
-        "the read-aloud part above it; n shows the notes again a part at a time, p the "
-        "candidate's prompt. At the end (time up, q or Ctrl-C) the stage's suite runs on "
-        "the candidate's code and a rubric sheet is printed, filled in at the prompt if "
-        "there is a terminal (s, a or w and a line of evidence per axis; Enter skips), and "
-        "saved with the attempt in the state directory.\n\n"
+        "INTERVIEWER.md, a part at a time (Enter shows the next, s starts the timer at once; "
+        "all at once without a terminal): what to read aloud, the clarifying questions a strong"
+        " candidate asks and the answers, then the timebox, the follow-ups and the follow-up "
+        "ladder, the rubric. Then a timer announcing a driver/navigator swap every --swap "
+        "minutes, with the read-aloud part above it; n shows the notes again a part at a time, "
+        "p the candidate's prompt. At the end (time up, q or Ctrl-C) the stage's suite runs on "
+        "the candidate's code and a rubric sheet is printed, filled in at the prompt if there "
+        "is a terminal (s, a or w and a line of evidence per axis; Enter skips), and saved with"
+        " the attempt in the state directory."
+        "\n\n"
         "exit code: 0 the candidate's suite passed, 1 it did not, 2 bad input, 130 Ctrl-C "
         "during the suite run",
         _configure_pair,
