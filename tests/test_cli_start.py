@@ -304,16 +304,19 @@ def test_cli_test_shows_a_syntax_error_once_with_its_line(
 def test_cli_start_view_shows_details_and_a_syntax_error_once(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A save runs up to the first failure; ``a`` runs every test."""
     write(_stage_file(project), OFF_BY_ONE)
     code, _ = run_kata(
         ["start", "calc", "1", "--no-prompt"],
-        events=[(10, _solve(project, SYNTAX_ERROR)), (20, "q")],
+        events=[(10, _solve(project, SYNTAX_ERROR)), (20, "a"), (30, "q")],
     )
     out = capsys.readouterr().out
     assert code == 1, out
-    assert "[00:00] 1/3 passed" in out and "\n      expected 5, got 6\n" in out, out
-    assert "[00:10] 0/3 passed" in out, out
-    assert out.count("SyntaxError") == 1, out
+    assert "[00:00] 1/3 passed in" in out and "\n      expected 5, got 6\n" in out, out
+    assert "[00:10] 0/3 passed, stopped at a failure (2 not run; a runs all)" in out, out
+    assert "! test_stage1_add — SyntaxError: expected ':' (stage1.py, line 5)" in out, out
+    assert "[00:20] 0/3 passed in" in out, out
+    assert out.count("SyntaxError") == 2, out  # once a run
     assert "! SyntaxError: expected ':' (stage1.py, line 5) — in all 3 tests" in out, out
 
 
@@ -349,9 +352,12 @@ class ScriptedRun:
     """A run that finishes ``takes_s`` of clock time after it starts (None: never); waiting
     for it moves the clock, as real time passes while a real run goes on."""
 
-    def __init__(self, clock: ManualClock, result: SuiteRun, takes_s: float | None) -> None:
+    def __init__(
+        self, clock: ManualClock, result: SuiteRun, takes_s: float | None, whole: bool = True
+    ) -> None:
         self.clock = clock
         self.result = result
+        self.whole = whole  # every test, or what failed last first up to the first failure
         self.done_ns = None if takes_s is None else clock.now_ns() + int(takes_s * NS_PER_S)
         self.killed = False
 
@@ -383,9 +389,9 @@ def _scripted_session(
     finished: list[tuple[SuiteRun, int]] = []
     script = list(runs)
 
-    def start_run() -> ScriptedRun:
+    def start_run(whole: bool) -> ScriptedRun:
         result, takes_s = script.pop(0)
-        started.append(ScriptedRun(clock, result, takes_s))
+        started.append(ScriptedRun(clock, result, takes_s, whole))
         return started[-1]
 
     out = io.StringIO()
@@ -763,8 +769,12 @@ def test_tmux_shows_expected_and_got_a_syntax_error_once_a_hint_and_the_next_ste
     assert "STAGE1_MARK" in shown and "kata show calc 1" in shown, shown
     assert "━" in shown, shown
     write(_stage_file(project), SYNTAX_ERROR)
-    shown = tmux.wait_for("— in all 3 tests", "SyntaxError: expected ':'")
+    shown = tmux.wait_for("stopped at a failure (2 not run", "SyntaxError: expected ':'")
     assert shown.count("SyntaxError: expected ':' (stage1.py, line 5)") == 1, shown
+    assert "a run all" in shown, shown  # the key, in the live line's help
+    tmux.press("a")
+    shown = tmux.wait_for("— in all 3 tests")
+    assert shown.count("SyntaxError: expected ':' (stage1.py, line 5)") == 2, shown
     tmux.press("h")
     tmux.wait_for("HINT_ONE_MARK")
     _solve(project)()

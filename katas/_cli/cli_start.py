@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import tempfile
 from collections.abc import Callable
 
 from rich.markdown import Markdown
@@ -27,6 +28,7 @@ from katas._cli.cliutil import (
     Context,
     UserError,
     check_profile,
+    crash_line,
     failure_lines,
     is_learners_code,
     markdown_sections,
@@ -148,12 +150,19 @@ def _after_stage(ctx: Context, kata: Kata, stage: Stage) -> str:
 
 
 class _CoreElseWhole:
-    """A run of the selected part; if no test is marked core, the whole suite's instead."""
+    """A run of the selected part; if no test is marked core, the whole suite's instead.
+    ``start(core, whole)`` starts one (``whole``: every test, no stop at a failure)."""
 
-    def __init__(self, start: Callable[[bool], SuiteProcess], selection: dict[str, bool]) -> None:
+    def __init__(
+        self,
+        start: Callable[[bool, bool], SuiteProcess],
+        selection: dict[str, bool],
+        whole: bool,
+    ) -> None:
         self._start = start
         self._selection = selection
-        self._run = start(selection["core"])
+        self._whole = whole
+        self._run = start(selection["core"], whole)
 
     def wait(self, timeout_s: float | None = None) -> SuiteRun | None:
         result = self._run.wait(timeout_s)
@@ -161,7 +170,7 @@ class _CoreElseWhole:
             return None
         if self._selection["core"] and result.returncode == 5 and not result.results:
             self._selection["core"] = False  # no test is marked core: the whole suite it is
-            self._run = self._start(False)
+            self._run = self._start(False, self._whole)
             return None
         return result
 
@@ -193,7 +202,8 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     ctx.out.print(
         f"Edit {display_path(kata.path / unit.file if unit else kata.stub_path(stage))}; "
         f"every save re-runs {part} of "
-        f"{display_path(suite)}. Keys: r run now, h next hint, q stop.",
+        f"{display_path(suite)}, what failed last first, up to the first failure. "
+        "Keys: r run now, a run all (no stop), h next hint, q stop.",
         highlight=False,
     )
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # a save within a second never runs stale
@@ -201,14 +211,24 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     greens: list[tuple[int, bool]] = []  # (time to green, whether of the core only)
     finished = [0]
 
-    def start_part(core: bool) -> SuiteProcess:
-        keyword = unit.keyword if unit else None
+    # pytest's cache of what failed last, the session's own (the project's stays as it is)
+    cache = tempfile.TemporaryDirectory(prefix="kata-start-")
+
+    def start_part(core: bool, whole: bool) -> SuiteProcess:
+        order = ["-o", f"cache_dir={cache.name}", "--failed-first"] + ([] if whole else ["-x"])
         return start_suite(
-            suite, impl=impl, base=args.base, keyword=keyword, core_only=core, env=env
+            suite,
+            impl=impl,
+            base=args.base,
+            keyword=unit.keyword if unit else None,
+            core_only=core,
+            env=env,
+            pytest_args=order,
+            cache=True,
         )
 
-    def start_run() -> _CoreElseWhole:
-        return _CoreElseWhole(start_part, selection)
+    def start_run(whole: bool) -> _CoreElseWhole:
+        return _CoreElseWhole(start_part, selection, whole)
 
     def on_result(result: SuiteRun, elapsed_ns: int) -> None:
         finished[0] += 1
@@ -216,9 +236,17 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
             raise UserError(result.run_error)
         passed, ran = tally(result)
         line = Text(f"[{clock_text(elapsed_ns)}] ", style="dim")
-        line.append(f"{passed}/{ran} passed", style="bold " + ("green" if result.ok else "red"))
-        line.append(f" in {result.seconds:.1f}s")
-        ctx.out.print(line)
+        crashed = None if result.results else crash_line(result.returncode, result.output)
+        if crashed:  # the process died: no test reported, so no tally either
+            line.append(crashed, style="bold red")
+        else:
+            line.append(f"{passed}/{ran} passed", style="bold " + ("green" if result.ok else "red"))
+        if result.not_run:
+            line.append(f", stopped at a failure ({result.not_run} not run; a runs all)")
+        line.append(f"{', after' if crashed else ' in'} {result.seconds:.1f}s")
+        ctx.out.print(line, overflow="ellipsis", no_wrap=True)
+        if crashed:
+            return  # its one line says all there is
         if result.results:
             if not result.ok:
                 _failing_lines(ctx, result)
@@ -287,7 +315,10 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
         poll_ns=int(args.poll * NS_PER_S),
     )
     started_wall = ctx.wall()
-    outcome = session.run()
+    try:
+        outcome = session.run()
+    finally:
+        cache.cleanup()
     last = outcome.last
     # What the attempt is measured on: the run that first went green (the core's, when the
     # learner went on to the whole suite), unless the whole suite went green too.
@@ -401,9 +432,9 @@ def _configure_start(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--poll",
         type=_poll_seconds,
-        default=0.5,
+        default=0.25,
         metavar="SECONDS",
-        help="how often to look for saved files (0.5)",
+        help="how often to look for saved files (0.25)",
     )
 
 

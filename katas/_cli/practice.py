@@ -29,6 +29,7 @@ from katas._runtime.clock import NS_PER_S, Clock
 #: How often a session looks for saved files and redraws.
 POLL_NS = NS_PER_S // 2
 RUN_KEYS = ("r", " ", "\n", "\r")
+WHOLE_KEYS = ("a",)  # the full picture: every selected test, no stop at the first failure
 HINT_KEYS = ("h",)
 QUIT_KEYS = ("q",)
 
@@ -42,9 +43,10 @@ def clock_text(ns: int) -> str:
 
 
 def tally(result: SuiteRun) -> tuple[int, int]:
-    """``(passed, ran)``: skipped tests count for neither."""
+    """``(passed, of)``: the tests that ran, and those a run stopped at its first failure
+    left; skipped tests count for neither."""
     passed = len(result.by_outcome("passed"))
-    return passed, passed + len(result.failures())
+    return passed, passed + len(result.failures()) + result.not_run
 
 
 class _Refresh(Protocol):
@@ -95,6 +97,14 @@ def _countdown(left_ns: int, timebox_ns: int, title: str) -> tuple[Text, Table]:
 RUN_WAIT_NS = NS_PER_S // 20
 
 
+class StartRun(Protocol):
+    """Starts a run of the suite: ``whole`` runs every selected test; otherwise the tests
+    that failed last run first and the run stops at the first failure (feedback in
+    seconds while practising)."""
+
+    def __call__(self, whole: bool) -> RunningSuite: ...
+
+
 class RunningSuite(Protocol):
     """A suite run in progress, as :func:`~katas._registry.suites.start_suite` starts one."""
 
@@ -143,12 +153,17 @@ class _SoloView:
             total=max(ran, 1), completed=passed, width=30, complete_style="green", style="red"
         )
         status = Text(f"{passed}/{ran} passed" if self.last else "not run yet", style="bold")
+        if self.last is not None and self.last.not_run:
+            status.append(f" · stopped at a failure, {self.last.not_run} not run", style="dim")
         if self.running:
             took = (now - self.running_since_ns) // NS_PER_S
             status.append(f"  running {took}s… ({self.running})", style="yellow")
         grid.add_row(bar, status)
         run_key = "r restart" if self.running else "r run now"
-        keys = Text(f"{run_key} · h next hint · q stop · Ctrl-C stop", style="dim")
+        keys = Text(
+            f"{run_key} (failed first, stops at a failure) · a run all · h next hint · q stop",
+            style="dim",
+        )
         return Group(head, grid, keys)
 
 
@@ -158,6 +173,7 @@ class _SoloState:
 
     view: _SoloView
     trigger: str | None = "start"  # why the next run starts now (None: no run to start)
+    whole: bool = True  # whether that run is of every test (else failed first, stop at one)
     trigger_ns: int = 0  # when the run in progress was asked for (elapsed)
     running: RunningSuite | None = None
     next_poll_ns: int = 0
@@ -172,8 +188,10 @@ class SoloSession:
 
     A run goes on while the session reads keys and watches files: ``q`` (or Ctrl-C, or
     the end of the timebox) kills it and ends the attempt at once, ``r`` or a save starts
-    a fresh run in its place. When a run goes green, ``on_green`` (outside the live line,
-    so it may ask a question) returns why to go on watching, or None to end the attempt.
+    a fresh run in its place. The first run, and one after ``a``, runs every test; one
+    after a save or ``r`` runs what failed last first and stops at the first failure.
+    When a run goes green, ``on_green`` (outside the live line, so it may ask a question)
+    returns why to go on watching, or None to end the attempt.
     """
 
     clock: Clock
@@ -181,7 +199,7 @@ class SoloSession:
     console: Console
     timebox_ns: int
     watcher: Watcher
-    start_run: Callable[[], RunningSuite]
+    start_run: StartRun
     on_result: Callable[[SuiteRun, int], None]  # (result, elapsed_ns) of each finished run
     on_hint: Callable[[], None]
     on_green: Callable[[SuiteRun, int], str | None] | None = None  # (result, time to green)
@@ -203,7 +221,7 @@ class SoloSession:
             )
         state.trigger = None
         state.trigger_ns = self._elapsed(state)
-        state.running = self.start_run()
+        state.running = self.start_run(state.whole)
         state.view.running = why
         state.view.running_since_ns = self.clock.now_ns()
         live.refresh()
@@ -249,9 +267,11 @@ class SoloSession:
                     if changed:
                         names = sorted({p.name for p in changed})
                         more = "…" if len(names) > 3 else ""
-                        state.trigger = "saved " + ", ".join(names[:3]) + more
+                        state.trigger, state.whole = "saved " + ", ".join(names[:3]) + more, False
                     elif key in RUN_KEYS:
-                        state.trigger = "run now"
+                        state.trigger, state.whole = "run now", False
+                    elif key in WHOLE_KEYS:
+                        state.trigger, state.whole = "run all", True
                     live.refresh()
             finally:
                 if state.running is not None:  # q, the timebox, Ctrl-C: the run goes too
@@ -273,7 +293,7 @@ class SoloSession:
                 again = self.on_green(view.last, state.trigger_ns) if self.on_green else None
                 if again is None:
                     break
-                state.trigger = again
+                state.trigger, state.whole = again, True  # a new selection: all of it
         except KeyboardInterrupt:
             result = "interrupted"
         return SoloOutcome(

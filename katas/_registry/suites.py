@@ -78,6 +78,9 @@ class SuiteRun:
     results: tuple[TestResult, ...]
     output: str  # pytest's stdout and stderr; empty when it was shown live
     seconds: float
+    #: how many tests pytest selected (None: not known); more than ran when the run
+    #: stopped at its first failure (``-x``)
+    selected: int | None = None
 
     def by_outcome(self, outcome: str) -> list[TestResult]:
         return [r for r in self.results if r.outcome == outcome]
@@ -100,6 +103,11 @@ class SuiteRun:
             for failure in self.failures(kind):
                 groups.setdefault((failure.kind, failure.message), []).append(failure)
         return [tuple(group) for group in groups.values()]
+
+    @property
+    def not_run(self) -> int:
+        """Selected tests that never ran: the run stopped at a failure (``-x``) first."""
+        return max(0, self.selected - len(self.results)) if self.selected is not None else 0
 
     @property
     def collection_error(self) -> str | None:
@@ -148,6 +156,15 @@ def read_report(path: Path) -> tuple[TestResult, ...]:
     )
 
 
+def read_selected(path: Path) -> int | None:
+    """How many tests the plugin's ``--kata-collected`` file lists (None: no such file)."""
+    try:
+        data: Any = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    return len(data) if isinstance(data, dict) else None
+
+
 def resolve_impl(spec: str | None, root: Path) -> str:
     """``--impl`` for a suite under the folder of katas ``root``: a PATH is made absolute.
 
@@ -163,17 +180,20 @@ class SuiteProcess:
     """A suite run in progress: pytest in a subprocess that leads a process group of its own.
 
     :meth:`poll` and :meth:`wait` give the :class:`SuiteRun` once pytest has exited, read
-    exactly as :func:`run_suite` reads it; :meth:`kill` ends the run and every process in
-    its group, so a learner's endless loop (or a server it started) goes too. The output
-    goes to a file, not a pipe, so nobody has to read it while the run goes on. A killed
-    run has no result.
+    exactly as :func:`run_suite` reads it (with how many tests were selected, so a run
+    that stopped at its first failure says how many it left); :meth:`kill` ends the run
+    and every process in its group, so a learner's endless loop (or a server it started)
+    goes too. The output goes to a file, not a pipe, so nobody has to read it while the
+    run goes on. A killed run has no result.
     """
 
     def __init__(self, cmd: Sequence[str], cwd: Path, env: Mapping[str, str]) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="kata-report-")
         self.report = Path(self._tmp.name) / "report.json"
+        self._collected = Path(self._tmp.name) / "collected.json"
         self._output: IO[bytes] = (Path(self._tmp.name) / "output.txt").open("w+b")
         self.cmd = [*cmd, "--kata-report", str(self.report)]
+        self.cmd += ["--kata-collected", str(self._collected)]
         self._started = time.monotonic()
         self._result: SuiteRun | None = None
         self.killed = False
@@ -228,7 +248,13 @@ class SuiteProcess:
         seconds = time.monotonic() - self._started
         self._output.seek(0)
         output = self._output.read().decode(errors="replace")
-        self._result = SuiteRun(self._proc.returncode, read_report(self.report), output, seconds)
+        self._result = SuiteRun(
+            self._proc.returncode,
+            read_report(self.report),
+            output,
+            seconds,
+            read_selected(self._collected),
+        )
         self._cleanup()
 
     def _cleanup(self) -> None:
