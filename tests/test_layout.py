@@ -120,3 +120,25 @@ def test_every_module_imports_only_what_its_layer_may(path: Path) -> None:
         f"{rel} imports what its layer may not (see tests/test_layout.py): "
         + ", ".join(f"line {line}: {name}" for line, name in bad)
     )
+
+
+def _suites() -> list[Path]:
+    return sorted((REPO_ROOT / "katas").glob("*/test_stage*.py"))
+
+
+@pytest.mark.parametrize("path", _suites(), ids=lambda p: p.relative_to(REPO_ROOT).as_posix())
+def test_a_suites_example_counts_follow_the_profile(path: Path) -> None:
+    """``max_examples`` in a suite is never a number: a number runs that many examples under
+    dev, ci and thorough alike (``profiles.examples(at_ci=…)`` scales one)."""
+    fixed = [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.keyword)
+        and node.arg == "max_examples"
+        and isinstance(node.value, ast.Constant)
+    ]
+    rel = path.relative_to(REPO_ROOT).as_posix()
+    assert not fixed, (
+        f"{rel}: max_examples is a fixed number on line(s) {', '.join(map(str, fixed))}; it "
+        "must follow the profile: katas._harness.profiles.examples(at_ci=N) or heavy_examples()"
+    )
