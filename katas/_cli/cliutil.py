@@ -273,7 +273,7 @@ def crash_line(returncode: int, output: str) -> str | None:
         died = signal.Signals(-returncode).name
     except ValueError:
         died = f"signal {-returncode}"
-    frames = [m for m in _FAULT_FRAME.finditer(output)]
+    frames = list(_FAULT_FRAME.finditer(output))
     test = next((m["func"] for m in frames if m["func"].startswith("test")), "")
     own = [
         m
