@@ -37,7 +37,7 @@ from katas._cli.cliutil import (
     stage_file_or_error,
     suite_or_error,
 )
-from katas._cli.practice import SoloSession, clock_text, tally
+from katas._cli.practice import SoloSession, clock_text, tally, verdict
 from katas._cli.state import Attempt, StateError
 from katas._cli.watch import Watcher
 from katas._registry.catalog import CatalogError, Kata, Stage, Unit, display_path
@@ -234,16 +234,15 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
         finished[0] += 1
         if finished[0] == 1 and result.run_error:  # nothing the learner's code can fix
             raise UserError(result.run_error)
-        passed, ran = tally(result)
         line = Text(f"[{clock_text(elapsed_ns)}] ", style="dim")
         crashed = None if result.results else crash_line(result.returncode, result.output)
         if crashed:  # the process died: no test reported, so no tally either
             line.append(crashed, style="bold red")
         else:
-            line.append(f"{passed}/{ran} passed", style="bold " + ("green" if result.ok else "red"))
-        if result.not_run:
-            line.append(f", stopped at a failure ({result.not_run} not run; a runs all)")
+            line.append(verdict(result), style="bold " + ("green" if result.ok else "red"))
         line.append(f"{', after' if crashed else ' in'} {result.seconds:.1f}s")
+        if result.not_run:
+            line.append(" (a runs them all)", style="dim")
         ctx.out.print(line, overflow="ellipsis", no_wrap=True)
         if crashed:
             return  # its one line says all there is

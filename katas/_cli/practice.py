@@ -49,6 +49,15 @@ def tally(result: SuiteRun) -> tuple[int, int]:
     return passed, passed + len(result.failures()) + result.not_run
 
 
+def verdict(result: SuiteRun) -> str:
+    """``47/61 passed``, or for a run that stopped at its first failure what it knows:
+    ``3 passed, then a failure; 57 not run``."""
+    passed, of = tally(result)
+    if result.not_run:
+        return f"{passed} passed, then a failure; {result.not_run} not run"
+    return f"{passed}/{of} passed"
+
+
 class _Refresh(Protocol):
     def refresh(self) -> None: ...
 
@@ -152,9 +161,7 @@ class _SoloView:
         bar = ProgressBar(
             total=max(ran, 1), completed=passed, width=30, complete_style="green", style="red"
         )
-        status = Text(f"{passed}/{ran} passed" if self.last else "not run yet", style="bold")
-        if self.last is not None and self.last.not_run:
-            status.append(f" · stopped at a failure, {self.last.not_run} not run", style="dim")
+        status = Text(verdict(self.last) if self.last else "not run yet", style="bold")
         if self.running:
             took = (now - self.running_since_ns) // NS_PER_S
             status.append(f"  running {took}s… ({self.running})", style="yellow")
