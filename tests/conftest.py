@@ -32,6 +32,7 @@ BUDGETS_S = {
     "test_native": 30,
     "test_plugin": 30,
     "test_lifetime": 45,
+    "test_preflight": 45,
 }
 #: Any other check.
 DEFAULT_BUDGET_S = 15

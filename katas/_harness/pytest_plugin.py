@@ -21,14 +21,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
 import pytest
 
-from katas._harness import profiles
+from katas._harness import isolation, preflight, profiles
 from katas._harness import under_test as _stages
 from katas._harness.failures import (
     classify,
@@ -42,6 +42,7 @@ from katas._harness.under_test import KataUnderTest
 from katas._registry import impl as _impl
 from katas._registry.catalog import CatalogError, load_kata
 from katas._registry.rules import Rule, all_rules
+from katas._runtime.native import BuildError
 
 #: The Redis fixtures come with the harness, also when it is loaded with ``-p``.
 pytest_plugins = ["katas._harness.redis_fixture"]
@@ -251,6 +252,63 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     path = session.config.getoption("--kata-collected")
     if path:
         Path(path).write_text(json.dumps(_collected(session.items), indent=1))
+    if not session.config.getoption("collectonly"):
+        _preflight(session)
+
+
+def _preflight(session: pytest.Session) -> None:
+    """Check once what every test needs (:mod:`preflight`): a dead Redis ends the run
+    (exit code 2), a stage that does not import fails its tests in one line and ends the
+    run, a C module that does not build is said once."""
+    config = session.config
+    items = [item for item in session.items if item.get_closest_marker("stage")]
+    if not items:
+        return
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.write_line(line, red=True, bold=True)
+
+    if any("redis_env" in getattr(item, "fixturenames", ()) for item in items):
+        why = preflight.redis_failure()
+        if why:
+            sys.stderr.write(f"ERROR: {why}\n")
+            pytest.exit("the configured Redis does not answer", returncode=2)
+    selection = config.stash[_selection_key]
+    by_stage: dict[tuple[Path, int], list[pytest.Item]] = {}
+    for item in items:
+        by_stage.setdefault((item.path.parent, _stage_of(item)), []).append(item)
+    record = config.stash[_report_key]
+    broken = []
+    for (folder, number), stage_items in sorted(by_stage.items()):
+        why = preflight.stage_failure(KataUnderTest(folder.name, selection, number), number)
+        if why is None:
+            continue
+        broken.append(why)
+        for item in stage_items:
+            record[item.nodeid] = {
+                "outcome": "failed",
+                "kind": "error",
+                "message": why,
+                "detail": "",
+                "rules": [],
+                "part": "core" if item.get_closest_marker("core") else "extended",
+            }
+    if broken:
+        for why in dict.fromkeys(broken):
+            say(why)
+        pytest.exit("the code under test does not import: no test ran", returncode=1)
+    for folder, number in sorted(by_stage):
+        for module in preflight.native_modules(folder):
+            why = preflight.build_failure(KataUnderTest(folder.name, selection, number), module)
+            if why:
+                say(f"{why}  (the tests that need it fail with this line)")
+
+
+def _stage_of(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("stage")
+    return int(marker.args[0]) if marker else 0
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -277,6 +335,15 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
         where = f" — it was at {running_place(frame)}" if frame is not None else ""
         raise profiles.TestTimedOut(message + where)
 
+    def arm() -> None:
+        signal.signal(signal.SIGALRM, expire)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+
+    if isolation.wanted(item):  # armed in the child that runs it, which this run outlasts
+        item.stash[_forked_key] = (arm, seconds + FORKED_GRACE_S)
+        item.cancel_timeout = lambda: None  # type: ignore[attr-defined]
+        return True
+
     def stuck() -> None:  # the test never returned to Python: nothing else can end it
         sys.stderr.write(f"\n{message}; it did not stop, so the run ends here\n")
         sys.stderr.flush()
@@ -291,9 +358,28 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
         backstop.cancel()
 
     item.cancel_timeout = cancel  # type: ignore[attr-defined]  # read by pytest-timeout
-    signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    arm()
     backstop.start()
+    return True
+
+
+#: A forked test still running this long past its deadline is killed (see isolation).
+FORKED_GRACE_S = 5.0
+_forked_key = pytest.StashKey[tuple[Callable[[], None], float]]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    """A test of a kata with C runs in a forked child (:mod:`isolation`), so a crash in
+    the C under test is that test's failure and the run goes on."""
+    if _forked_key not in item.stash:  # pytest-timeout's wrapper has set it by now
+        if not isolation.wanted(item):
+            return None
+        seconds = profiles.test_seconds(_impl.profile_name())
+        item.stash[_forked_key] = (lambda: None, seconds + FORKED_GRACE_S)
+    arm, deadline_s = item.stash[_forked_key]
+    records = item.config.stash[_report_key]
+    isolation.run_forked(item, nextitem, records, arm=arm, deadline_s=deadline_s)
     return True
 
 
@@ -308,11 +394,12 @@ def pytest_runtest_makereport(
     record = item.config.stash[_report_key]
     if call.excinfo is not None and report.failed:
         kind, message = classify(call.excinfo.value)
-        if kind in ("not_implemented", "timeout"):
+        unbuilt = isinstance(call.excinfo.value, BuildError)  # said once, before the tests
+        if kind in ("not_implemented", "timeout") or unbuilt:
             report.longrepr = message  # one clear line instead of a traceback wall
             if call.when == "setup":  # a fixture met the stub: the test's own failure
                 report.when = "call"
-        rules = rules_of(item) if kind != "not_implemented" else []
+        rules = rules_of(item) if kind != "not_implemented" and not unbuilt else []
         if rules:
             title = "the rule it checks" if len(rules) == 1 else "the rules it checks"
             report.sections.append((title, "\n".join(rules)))

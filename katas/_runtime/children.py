@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 #: prctl(2)'s option that sets the parent-death signal.
 _PR_SET_PDEATHSIG = 1
@@ -42,7 +42,13 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()
 
 
-def dies_with_parent() -> dict[str, Any]:
+class PopenTie(TypedDict, total=False):
+    """The keyword arguments :func:`dies_with_parent` gives."""
+
+    preexec_fn: Callable[[], None]
+
+
+def dies_with_parent() -> PopenTie:
     """Keyword arguments for :class:`subprocess.Popen` (and ``run``) that end the child
     with this process (see the module)."""
     if _PRCTL is None:
@@ -58,4 +64,4 @@ def dies_with_parent() -> dict[str, Any]:
     return {"preexec_fn": tie}
 
 
-__all__ = ["dies_with_parent"]
+__all__ = ["PopenTie", "dies_with_parent"]

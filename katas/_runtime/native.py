@@ -20,6 +20,7 @@ import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,10 @@ BUILD_ROOT = SOURCE_ROOT / "build" / "native"
 SOURCE_NOTE = "implementation.txt"
 #: How many lines of compiler output an ImportError quotes.
 QUOTED_LINES = 25
+
+
+#: A line that reports an error: a compiler's diagnostic, a linker's, or CMake's.
+_ERROR_LINE = re.compile(r"(?:^|:\s*|\s)(?:fatal )?error:|^CMake Error|undefined reference", re.I)
 
 
 class BuildError(ImportError):
@@ -66,9 +71,27 @@ def spec_for(fullname: str, kata_dir: Path) -> importlib.machinery.ModuleSpec:
     return spec
 
 
+#: Builds that failed in this process, by tree, module and the sources' newest mtime: a
+#: run builds a broken C once, and every later import of the same sources (each test's)
+#: raises the same error at once; an edit is built again.
+_FAILED: dict[tuple[Path, str, str, int], BuildError] = {}
+
+
 def build(kata: str, module: str, implementation: Path) -> Path:
     """Build ``kata``'s ``module`` from ``implementation``; return the built file."""
     tree = BUILD_ROOT / _tree_name(implementation)
+    sources = implementation / kata / "csrc"
+    key = (tree, kata, module, max((p.stat().st_mtime_ns for p in sources.iterdir()), default=0))
+    if key in _FAILED:
+        raise _FAILED[key]
+    try:
+        return _build(tree, kata, module, implementation)
+    except BuildError as exc:
+        _FAILED[key] = exc
+        raise
+
+
+def _build(tree: Path, kata: str, module: str, implementation: Path) -> Path:
     tree.mkdir(parents=True, exist_ok=True)
     target = f"{kata}_{module}_impl_module"
     # One build at a time per tree: parallel test processes import the same module.
@@ -136,7 +159,9 @@ def _run(command: list[str], what: str, implementation: Path, tree: Path) -> Non
     if done.returncode == 0:
         return
     output = (done.stdout + done.stderr).splitlines()
-    errors = [line.strip() for line in output if "error" in line.lower()] or output or ["?"]
+    # The compiler's (``file:line:col: error: …``) or CMake's own errors; a path that
+    # happens to hold the word "error" is no error.
+    errors = [line.strip() for line in output if _ERROR_LINE.search(line)] or output or ["?"]
     if command[1] != "--build":  # a failed configure must not leave a half-made cache
         shutil.rmtree(tree, ignore_errors=True)
     # The first error on the first line: a one-line report shows what to fix.

@@ -1,0 +1,204 @@
+"""Tests that may crash the process run in a forked child of it, one test per child.
+
+A learner's C can write past an array or read through a bad pointer; in the pytest
+process that is a segfault that ends the whole run with no summary. So every test of a
+kata with a C module (see :mod:`katas._runtime.native`) runs in a child forked from the
+pytest process: the child runs the test's whole protocol and sends its reports back; a
+child that dies of a signal becomes one failed test — which test, the signal, and the
+line of Python that called into C (faulthandler's dump) — and the run goes on with the
+next test. A forked child inherits everything imported before it (the stage module and
+its C module are imported once, by the run's pre-flight), so it costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import gc
+import json
+import os
+import re
+import select
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pytest.runner import runtestprotocol
+
+#: The exit code of a child that ran its test and sent its reports.
+_SENT = 0
+#: faulthandler's dump: ``  File "/x/test_stage1.py", line 1005 in _schedule``.
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)', re.M)
+
+
+def wanted(item: pytest.Item) -> bool:
+    """Whether ``item`` runs in a child: a kata test whose kata has a C module, when this
+    platform can fork and nobody debugs the run (``--pdb`` needs the terminal here)."""
+    if not hasattr(os, "fork") or item.config.getoption("usepdb", False):
+        return False
+    if item.get_closest_marker("stage") is None:
+        return False
+    kata_dir = item.path.parent
+    return (kata_dir / "csrc" / "CMakeLists.txt").is_file() and any(kata_dir.glob("*.pyi"))
+
+
+def run_forked(
+    item: pytest.Item,
+    nextitem: pytest.Item | None,
+    records: dict[str, dict[str, Any]],
+    *,
+    arm: Callable[[], None],
+    deadline_s: float,
+) -> None:
+    """Run ``item``'s protocol in a forked child and log its reports here; a child that
+    dies is logged as the test's failure, with the record the ``kata`` command reads.
+
+    ``arm`` starts the test's own deadline in the child (timers do not survive a fork);
+    a child still running ``deadline_s`` after it started (stuck in C, past its own
+    deadline) is killed here.
+    """
+    config = item.config
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    with tempfile.TemporaryFile() as dump:
+        read_end, write_end = os.pipe()
+        gc.freeze()  # the child's collector leaves the parent's objects (and pages) alone
+        pid = os.fork()
+        gc.unfreeze()
+        if pid == 0:  # the child: run the test, send the reports, and leave at once
+            os.close(read_end)
+            _child(item, nextitem, records, write_end, dump.fileno(), arm)
+        os.close(write_end)
+        sent, stuck = _read_until_closed(read_end, time.monotonic() + deadline_s)
+        if stuck:
+            os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        name = item.nodeid.split("::", 1)[-1]
+        if stuck:
+            message = (
+                f"timeout: {name} was still running {deadline_s:g} s after it started and "
+                "did not stop at its deadline (stuck in C?), so it was killed"
+            )
+            _log_death(item, "timeout", message, records)
+        elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == _SENT and sent:
+            payload = json.loads(sent)
+            for data in payload["reports"]:
+                report = config.hook.pytest_report_from_serializable(config=config, data=data)
+                ihook.pytest_runtest_logreport(report=report)
+            records.update(payload["records"])
+        else:
+            dump.seek(0)
+            message = crash_message(name, status, dump.read().decode(errors="replace"))
+            _log_death(item, "crashed", message, records)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+def _read_until_closed(fd: int, deadline: float) -> tuple[bytes, bool]:
+    """Everything written to the pipe ``fd`` until its writer closes it; ``(data, True)``
+    if the deadline came first. Closes ``fd``."""
+    chunks: list[bytes] = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return b"".join(chunks), True
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks), False
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+
+
+def _child(
+    item: pytest.Item,
+    nextitem: pytest.Item | None,
+    records: dict[str, dict[str, Any]],
+    write_end: int,
+    dump_fd: int,
+    arm: Callable[[], None],
+) -> None:
+    code = 1
+    try:
+        faulthandler.enable(file=dump_fd, all_threads=False)
+        arm()
+        before = set(records)
+        reports = runtestprotocol(item, log=False, nextitem=nextitem)
+        signal.setitimer(signal.ITIMER_REAL, 0)  # the deadline armed for this test
+        hook = item.config.hook
+        payload = {
+            "reports": [
+                hook.pytest_report_to_serializable(config=item.config, report=r) for r in reports
+            ],
+            "records": {k: v for k, v in records.items() if k not in before or k == item.nodeid},
+        }
+        with os.fdopen(write_end, "wb") as pipe:
+            pipe.write(json.dumps(payload).encode())
+        code = _SENT
+    finally:
+        os._exit(code)  # never the parent's atexit, fixtures' finalizers or buffers
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def where_it_died(dump: str) -> str:
+    """``at test_stage1.py:1005 in _schedule: <the line>`` from faulthandler's dump: the
+    innermost Python frame, the one that called into C ("" if the dump has none)."""
+    frames = list(_FRAME.finditer(dump))
+    if not frames:
+        return ""
+    frame = frames[0]  # faulthandler prints the innermost frame first
+    path, line = Path(frame["path"]), int(frame["line"])
+    text = ""
+    with contextlib.suppress(OSError, IndexError):
+        text = path.read_text(errors="replace").splitlines()[line - 1].strip()
+    return f" at {path.name}:{line} in {frame['name']}" + (f": {text}" if text else "")
+
+
+def crash_message(name: str, status: int, dump: str) -> str:
+    """One line for a child that did not come back: which test, how it ended, where."""
+    if os.WIFSIGNALED(status):
+        how = f"the process died of {_signal_name(os.WTERMSIG(status))}"
+    else:
+        how = f"the process exited with code {os.WEXITSTATUS(status)} before it reported"
+    return f"crashed: {name} — {how}{where_it_died(dump)}"
+
+
+def _log_death(
+    item: pytest.Item, kind: str, message: str, records: dict[str, dict[str, Any]]
+) -> None:
+    """Log the failure of a child that did not come back: ``kind`` is ``crashed`` or
+    ``timeout``."""
+    hint = (
+        "The C under test crashed the process. For the C line, run its C unit tests under "
+        "AddressSanitizer and UBSan (the README's C section says how)."
+        if kind == "crashed"
+        else ""
+    )
+    report = pytest.TestReport(
+        item.nodeid,
+        item.location,
+        {kw: 1 for kw in item.keywords},
+        "failed",
+        f"{message}\n{hint}".strip(),
+        "call",
+        user_properties=list(item.user_properties),
+    )
+    records[item.nodeid] = {
+        "outcome": "failed",
+        "kind": kind,
+        "message": message,
+        "detail": hint,
+        "rules": [],
+        "part": "core" if item.get_closest_marker("core") else "extended",
+    }
+    item.ihook.pytest_runtest_logreport(report=report)

@@ -1,0 +1,116 @@
+"""What a run checks once, before any test runs, so a broken setup is one line, not one
+traceback per test.
+
+- **The code under test imports.** A syntax error or an import error in a stage file
+  would fail every test of the stage with the same traceback (a hundred of them, and
+  thousands of lines). The stage modules the selection needs are imported here: one
+  that does not import is one line — ``stage1.py:12: SyntaxError: invalid syntax`` —
+  every selected test of its stage is recorded as failing with it, and the run ends.
+- **The C builds, once.** A kata's C modules are built and imported here too, in this
+  process, so every test (and every forked child, see :mod:`isolation`) finds them
+  loaded. A compile error is printed once, the compiler's first error line whole; the
+  tests that need the module fail with that line, and nothing is built again.
+- **The Redis server answers.** With ``KATA_REDIS_URL`` set and a Redis test selected,
+  a server that does not answer is a configuration error: one line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import traceback
+from pathlib import Path
+from urllib.parse import urlparse
+
+from katas._harness.under_test import KataUnderTest
+from katas._runtime.native import BuildError
+from katas._runtime.todo import Todo
+
+#: The environment variable of an external Redis server (mode 3 of the Redis harness).
+ENV_REDIS_URL = "KATA_REDIS_URL"
+#: The environment variable naming the ``redis-server`` the harness starts (mode 2).
+ENV_REDIS_SERVER = "KATA_REDIS_SERVER"
+#: Real seconds a server has to answer a PING.
+PING_DEADLINE_S = 2.0
+
+
+def import_failure(exc: BaseException) -> str:
+    """One line for an exception raised while importing the code under test: where (the
+    innermost frame of the code, not of importlib), what."""
+    if isinstance(exc, SyntaxError):
+        where = f"{_shown(exc.filename)}:{exc.lineno}: " if exc.filename else ""
+        text = (exc.text or "").strip()
+        return f"{where}{type(exc).__name__}: {exc.msg}" + (f" — {text}" if text else "")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
+    where = f"{_shown(frames[-1].filename)}:{frames[-1].lineno}: " if frames else ""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{where}{type(exc).__name__}: {first}".rstrip(": ")
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory where it is below it."""
+    try:
+        return Path(path).resolve().relative_to(Path.cwd()).as_posix()
+    except ValueError:
+        return path
+
+
+def stage_failure(kata: KataUnderTest, stage: int) -> str | None:
+    """One line if stage ``stage`` of ``kata`` (as its suite tests it) does not import."""
+    try:
+        kata.stage(stage)
+    except Todo:
+        return None  # a stub that says so at import: its tests report it one by one
+    except Exception as exc:  # whatever the learner's module raises at import
+        return import_failure(exc)
+    return None
+
+
+def native_modules(kata_dir: Path) -> list[str]:
+    """The C modules a kata declares: a ``<module>.pyi`` beside ``csrc/CMakeLists.txt``."""
+    if not (kata_dir / "csrc" / "CMakeLists.txt").is_file():
+        return []
+    return sorted(p.stem for p in kata_dir.glob("*.pyi"))
+
+
+def build_failure(kata: KataUnderTest, module: str) -> str | None:
+    """One line (the compiler's first error, whole) if ``module`` does not build."""
+    try:
+        kata.module(module)
+    except BuildError as exc:
+        return str(exc).splitlines()[0]
+    return None
+
+
+def redis_failure() -> str | None:
+    """One line if the configured Redis cannot serve the run (``None`` if it can, or if
+    the run uses the embedded server)."""
+    server = os.environ.get(ENV_REDIS_SERVER)
+    if server and shutil.which(server) is None:
+        return f"{ENV_REDIS_SERVER}={server}: no such program on PATH (install redis-server)"
+    url = os.environ.get(ENV_REDIS_URL)
+    if not url:
+        return None
+    parsed = urlparse(url)
+    host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
+    try:
+        with socket.create_connection((host, port), timeout=PING_DEADLINE_S) as conn:
+            conn.settimeout(PING_DEADLINE_S)
+            conn.sendall(b"*1\r\n$4\r\nPING\r\n")
+            answer = conn.recv(64)
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return f"{ENV_REDIS_URL}={url}: nothing answers at {host}:{port} ({reason})"
+    if not answer:
+        return f"{ENV_REDIS_URL}={url}: {host}:{port} closed the connection without answering"
+    return None  # +PONG, or an error such as NOAUTH: a Redis is there
+
+
+__all__ = [
+    "build_failure",
+    "import_failure",
+    "native_modules",
+    "redis_failure",
+    "stage_failure",
+]

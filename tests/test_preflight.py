@@ -1,0 +1,138 @@
+"""A broken setup is a few lines, not one traceback per test (katas/_harness/preflight.py),
+and a crash in C is one failed test, not a dead run (katas/_harness/isolation.py).
+
+Each check plants the fault in a copy of the reference (or points at a server that is
+not there), runs plain ``pytest`` on a stage suite as a learner would, and reads what it
+printed: the one line that says what is wrong, and how many lines the run took.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from _support import KATA_ENV, embedded_env
+
+from katas._registry.impl import REPO_ROOT
+from katas._runtime import native
+from katas._runtime.children import dies_with_parent
+
+#: What pytest prints around any run: its header, the progress lines, the summary.
+FRAME_LINES = 20
+
+
+def pytest_run(
+    *args: str, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Plain ``pytest ARGS`` from the repository root, as a learner types it."""
+    run_env = {k: v for k, v in embedded_env().items() if k not in KATA_ENV}
+    run_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
+        cwd=REPO_ROOT,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        **dies_with_parent(),
+    )
+
+
+def reference_copy(tmp_path: Path) -> Path:
+    dest = tmp_path / "impl"
+    shutil.copytree(REPO_ROOT / "solutions", dest, ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
+def plant(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, f"{path}: the line to plant the bug in has moved: {old!r}"
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_a_syntax_error_in_a_stage_file_is_one_line_and_no_test_runs(tmp_path: Path) -> None:
+    impl = reference_copy(tmp_path)
+    stage1 = impl / "rate_limiter" / "stage1.py"
+    stage1.write_text(stage1.read_text() + "\ndef broken(:\n")
+    run = pytest_run("katas/rate_limiter", "-k", "stage1", f"--impl={impl}")
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out[-3000:]
+    lines = out.splitlines()
+    said = [ln for ln in lines if "SyntaxError" in ln]
+    assert len(said) == 1, f"the syntax error must be said once, got {len(said)}:\n{out[-3000:]}"
+    assert f"{stage1}:{len(stage1.read_text().splitlines())}: SyntaxError" in said[0], said[0]
+    assert len(lines) <= FRAME_LINES, f"{len(lines)} lines for one syntax error:\n{out}"
+
+
+def test_a_dead_redis_url_is_one_line_and_exit_code_2() -> None:
+    run = pytest_run(
+        "katas/rate_limiter", "-k", "stage3", "--impl=solutions",
+        env={"KATA_REDIS_URL": "redis://127.0.0.1:1/0"},
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 2, out[-3000:]
+    assert "ERROR: KATA_REDIS_URL=redis://127.0.0.1:1/0: nothing answers at 127.0.0.1:1" in out
+    assert len(out.splitlines()) <= FRAME_LINES, out
+
+
+def test_a_compile_error_is_said_once_and_one_line_per_test(tmp_path: Path) -> None:
+    impl = reference_copy(tmp_path)
+    source = impl / "dynamic_batcher" / "csrc" / "hotpath.c"
+    plant(source, "hp_int left = token_budget;", "hp_int left =")
+    run = pytest_run("katas/dynamic_batcher", "-k", "hotpath", f"--impl={impl}")
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out[-3000:]
+    first_error = next((ln for ln in out.splitlines() if "error:" in ln), out[:3000])
+    assert f"{source}:" in first_error and "does not build" in first_error, first_error
+    failed = out.count("\nFAILED ")
+    assert failed >= 10, out[-3000:]
+    # the line before the tests, then per test: its header, the one line, and FAILED
+    assert len(out.splitlines()) <= FRAME_LINES + 3 * failed, out[-6000:]
+    assert "Traceback" not in out and "cmake in" not in out, out[-3000:]
+
+
+def test_a_broken_build_is_tried_once_per_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    impl = reference_copy(tmp_path)
+    tries = []
+
+    def failing(tree: Path, kata: str, module: str, implementation: Path) -> Path:
+        tries.append(tree)
+        raise native.BuildError("the C of dynamic_batcher._hotpath does not build: planted")
+
+    monkeypatch.setattr(native, "_build", failing)
+    for _ in range(3):
+        with pytest.raises(native.BuildError, match="planted"):
+            native.build("dynamic_batcher", "_hotpath", impl)
+    assert len(tries) == 1, f"built {len(tries)} times"
+    source = impl / "dynamic_batcher" / "csrc" / "hotpath.c"
+    source.write_text(source.read_text() + "\n")  # an edit: built again
+    with pytest.raises(native.BuildError):
+        native.build("dynamic_batcher", "_hotpath", impl)
+    assert len(tries) == 2, "an edited C must be built again"
+
+
+def test_a_segfault_in_c_fails_the_tests_that_reach_it_and_the_rest_run(tmp_path: Path) -> None:
+    impl = reference_copy(tmp_path)
+    source = impl / "dynamic_batcher" / "csrc" / "hotpath.c"
+    plant(
+        source,
+        "hp_int left = token_budget;",
+        "hp_int left = token_budget;\n    if (n > 1) *(volatile int *)0 = 0; /* planted */",
+    )
+    run = pytest_run("katas/dynamic_batcher", f"--impl={impl}")
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, f"the run must end with its summary:\n{out[-3000:]}"
+    crashed = [ln for ln in out.splitlines() if ln.startswith("crashed: ")]
+    assert crashed, out[-3000:]
+    for line in crashed:  # the signal, and the call into C that never returned
+        assert re.search(r"SIGSEGV at \S+:\d+ in \w+: .*(fill_token_budget|schedule)\(", line), line
+    summary = out.splitlines()[-1]
+    assert " passed" in summary and " failed" in summary, summary
