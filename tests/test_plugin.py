@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from _support import CALC_SOLUTION, KATA_ENV, calc_project, embedded_env
+from _support import CALC_SOLUTION, KATA_ENV, calc_project, committed_stubs, embedded_env
 
 from katas._harness.failures import classify, failure_detail, regex_mismatch
 from katas._registry.impl import REPO_ROOT
@@ -107,6 +107,16 @@ def test_an_untouched_stub_fails_every_test_and_says_where_to_start() -> None:
     assert not [ln for ln in lines if ln.startswith("ERROR ")], "stub tests are FAILED, never ERROR"
     assert "start with TokenBucket (core) in katas/rate_limiter/stage1.py" in lines[-2], lines[-3:]
     assert " failed" in lines[-1] and "error" not in lines[-1], lines[-1]
+
+
+def test_an_untouched_c_stub_says_to_start_in_the_c_file(tmp_path: Path) -> None:
+    stubs = committed_stubs(tmp_path / "stubs")
+    run = learner_pytest("katas/dynamic_batcher", "-k", "hotpath", f"--impl={stubs}")
+    lines = (run.stdout + run.stderr).splitlines()
+    assert run.returncode == 1, lines[-20:]
+    assert lines[-2].endswith(
+        f"start with hp_fill_token_budget (core) in {stubs}/dynamic_batcher/csrc/hotpath.c"
+    ), lines[-3:]
 
 
 def test_a_stage_2_stub_on_an_unwritten_stage_1_points_at_base_reference() -> None:

@@ -13,7 +13,7 @@ import re
 import sys
 import sysconfig
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -263,14 +263,17 @@ _STAGE_OF = re.compile(r"\bstage (\d+)\b")
 _NAME = re.compile(r"[A-Za-z_][\w]*")
 
 
-def start_hint(missing: list[tuple[str, str]], suite_stage: int, stage_file: str) -> str:
+def start_hint(
+    missing: list[tuple[str, str]], suite_stage: int, file_for: Callable[[str], str]
+) -> str:
     """The line that ends a run whose failures are all "not implemented yet".
 
     ``missing`` holds ``(part, message)`` of each such failure in test order (part:
     ``core`` or ``extended``). It names the first core thing of the suite's own stage to
     write and its file; when the core stops in an earlier stage it points at that stage,
-    or at ``--base=reference``. ``stage_file`` is the stage's file in the tested
-    implementation (``katas/rate_limiter/stage1.py``).
+    or at ``--base=reference``. ``file_for(message)`` is the file in the tested
+    implementation that the first message's function lives in
+    (``katas/rate_limiter/stage1.py``, or a C file such as ``…/csrc/hotpath.c``).
     """
 
     def stage_of(message: str) -> int:
@@ -290,4 +293,4 @@ def start_hint(missing: list[tuple[str, str]], suite_stage: int, stage_file: str
     found = _NAME.match(first)
     thing = found.group(0) if found else first
     part = "core" if any(part == "core" for part, _ in missing) else "extended"
-    return f"{count} — start with {thing} ({part}) in {stage_file}"
+    return f"{count} — start with {thing} ({part}) in {file_for(own[0])}"

@@ -443,9 +443,12 @@ def _where_to_start(terminalreporter: Any, config: pytest.Config) -> None:
     with contextlib.suppress(ValueError):  # a PATH under the working directory: shown short
         home = home.resolve().relative_to(Path.cwd()) if home.is_absolute() else home
     with contextlib.suppress(CatalogError):  # a kata folder without kata.toml: no hint
-        found = load_kata(folder)
-        stage_file = f"{home.as_posix()}/{kata}/{found.stage(stage).stub}"
-        terminalreporter.write_line(start_hint(missing, stage, stage_file), yellow=True, bold=True)
+        found = load_kata(folder).stage(stage)
+
+        def file_for(message: str) -> str:
+            return f"{home.as_posix()}/{kata}/{found.file_for(message)}"
+
+        terminalreporter.write_line(start_hint(missing, stage, file_for), yellow=True, bold=True)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
