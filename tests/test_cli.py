@@ -1098,3 +1098,17 @@ def test_cli_test_a_unit_runs_its_tests_alone_and_is_not_the_stages_result(
     assert "Unit adding (stage1.py), alone: kata test calc 1 --unit adding · Calc.add" in out
     assert main(["test", "calc", "1", "--unit", "nope"]) == 2
     assert "stage 1 has the units adding, rest, got 'nope'" in capsys.readouterr().err
+
+
+def test_kata_test_with_a_redis_that_does_not_answer_is_a_configuration_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Said once, before any test runs, with exit code 2: no change to the code fixes it.
+    monkeypatch.setenv("KATA_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.delenv("KATA_REDIS_SERVER", raising=False)
+    code = main(["test", "rate_limiter", "3", "--impl", "solutions"])
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert code == 2, out
+    assert "KATA_REDIS_URL=redis://127.0.0.1:1/0: nothing answers at 127.0.0.1:1" in out, out
+    assert len(out.strip().splitlines()) == 1, out

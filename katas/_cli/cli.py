@@ -332,6 +332,8 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
         raise UserError(
             f"pytest rejected the arguments after --: {(errors or ['see pytest --help'])[-1]}"
         )
+    if result.config_error:  # nothing the learner's code can fix: exit code 2, one line
+        raise UserError(result.config_error)
     crashed = crash_line(result.returncode, result.output)
     if not result.results:
         if result.returncode == 5:
@@ -347,9 +349,14 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
             why = result.collection_error or result.run_error
             if result.output and (args.verbose or why is None):
                 ctx.out.print(Text(result.output.rstrip()))
+            said = f"pytest could not run {display_path(suite)} (exit code {result.returncode})"
+            if result.collection_error:
+                said += f": {result.collection_error}"
+            elif result.run_error:  # it says "pytest could not run the suite" itself
+                said = result.run_error
             ctx.out.print(
-                f"pytest could not run {display_path(suite)} (exit code {result.returncode})"
-                + (f": {why}" if why else ".")
+                said
+                + ("." if why is None else "")
                 + (
                     ""
                     if args.verbose or why is None

@@ -232,7 +232,9 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
 
     def on_result(result: SuiteRun, elapsed_ns: int) -> None:
         finished[0] += 1
-        if finished[0] == 1 and result.run_error:  # nothing the learner's code can fix
+        if finished[0] == 1 and result.config_error:  # nothing the learner's code can fix
+            raise UserError(result.config_error)
+        if finished[0] == 1 and result.run_error:
             raise UserError(result.run_error)
         line = Text(f"[{clock_text(elapsed_ns)}] ", style="dim")
         crashed = None if result.results else crash_line(result.returncode, result.output)

@@ -124,6 +124,16 @@ class SuiteRun:
         return run_error(self.returncode, self.output)
 
     @property
+    def config_error(self) -> str | None:
+        """The one line of a configuration error that stopped pytest before any test ran
+        (exit code 2 and an ``ERROR:`` line: a bad ``--impl``, a Redis that does not
+        answer), which no change to the code under test can fix."""
+        if self.results or self.returncode != 2:
+            return None
+        errors = [ln for ln in self.output.splitlines() if ln.startswith("ERROR:")]
+        return errors[-1].removeprefix("ERROR:").strip() if errors else None
+
+    @property
     def ok(self) -> bool:
         """Every selected test ran and none failed."""
         return self.returncode == 0 and bool(self.by_outcome("passed")) and not self.failures()
@@ -291,6 +301,10 @@ def _suite_command(
     run_env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     for plugin in INSTALLED_PLUGINS:
         cmd += ["-p", plugin]
+    # pytest-timeout arms a test's deadline only where a timeout is configured (a folder of
+    # katas outside the checkout has none); the plugin sets each kata test's own, so any
+    # positive number does, and a --timeout among pytest_args still wins.
+    cmd += ["-o", "timeout=120"]
     cmd += ["--impl", resolve_impl(impl, catalog.root)]
     if not cache:
         cmd += ["-p", "no:cacheprovider"]
