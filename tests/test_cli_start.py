@@ -14,10 +14,11 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,9 @@ OFF_BY_ONE = CALC_SOLUTION.replace("return a + b", "return a + b + 1")
 SYNTAX_ERROR = CALC_SOLUTION.replace(
     "def mul(self, a: int, b: int) -> int:", "def mul(self, a: int, b: int) -> int"
 )
+
+#: A stage whose add never returns: a plain endless loop on line 4.
+HANGS = CALC_SOLUTION.replace("return a + b", "while True:\n            pass")
 
 #: A stage whose add never returns, after saying so in ``LOOPING`` (with the pid of a
 #: process it started, which must go when the run is killed).
@@ -327,6 +331,28 @@ def test_cli_start_view_shows_details_and_a_syntax_error_once(
     assert "s (a runs them all)\n  ✗ test_stage1_add — assert 6 == 5\n" in out, out
 
 
+#: A stage whose add kills the test process with SIGSEGV, as a crash in C would.
+CRASHES = "import os\nimport signal\n\n\n" + CALC_SOLUTION.replace(
+    "return a + b", "os.kill(os.getpid(), signal.SIGSEGV)\n        return 0"
+)
+
+
+def test_cli_start_a_crashed_run_is_one_crashed_line_never_0_of_0(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(_stage_file(project), CRASHES)
+    code, _ = run_kata(["start", "calc", "1", "--no-prompt"], events=[(10, _solve(project))])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    crashed = [line for line in out.splitlines() if line.startswith("[") and "crashed" in line]
+    assert len(crashed) == 1, out
+    (line,) = crashed
+    assert "] crashed: test_stage1_add — the process died of SIGSEGV at stage1.py:" in line, out
+    assert re.search(r"stage1\.py:\d+ in add, after \d+\.\ds$", line), line  # one line, no more
+    assert "0/0 passed" not in out, out
+    assert "green in 00:10" in out, out
+
+
 def test_cli_start_shows_a_syntax_error_that_stops_collection_once_and_goes_on(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -451,6 +477,23 @@ def test_session_r_and_a_save_while_a_run_goes_on_start_a_fresh_one(tmp_path: Pa
     assert 7 <= (outcome.green_ns or 0) / NS_PER_S <= 7.6, outcome  # the save's run
     shown = out.getvalue()
     assert "[00:03] restarted: run now" in shown and "restarted: saved stage1.py" in shown, shown
+
+
+def test_session_runs_all_first_and_after_a_but_up_to_a_failure_after_a_save_or_r(
+    tmp_path: Path,
+) -> None:
+    failing = _result("failed", "passed")
+    runs = [(failing, 1.0)] * 4 + [(_result("passed", "passed"), 1.0)]
+    events: list[tuple[float, str | Callable[[], None]]] = [
+        (3, lambda: write(tmp_path / "kata" / "stage1.py", "x = 1\n")),
+        (6, "r"),
+        (9, "A"),
+        (12, "a"),
+    ]
+    with _scripted_session(tmp_path, runs, events) as (session, started, _, _):
+        outcome = session.run()
+    assert [run.whole for run in started] == [True, False, False, True, True], started
+    assert outcome.result == "green" and outcome.restarts == 0, outcome
 
 
 def test_session_timebox_ends_during_a_run(tmp_path: Path) -> None:
@@ -593,7 +636,8 @@ def test_cli_start_keys_run_now_hint_and_ctrl_c_records_the_attempt(
     out = capsys.readouterr().out
     assert code == 130, out
     assert "HINT_ONE_MARK" in out, out
-    assert out.count("0/4 passed") == 2, out  # the first run and "run now"; --full: 4 tests
+    assert "[00:00] 0/4 passed in" in out, out  # the first run: all of --full's 4 tests
+    assert "[00:20] 0 passed, then a failure; 3 not run" in out, out  # "run now": to a failure
     assert "interrupted after 00:30" in out, out
     (attempt,) = attempts(project)
     assert attempt["result"] == "interrupted" and attempt["runs"] == 2
@@ -682,9 +726,12 @@ def test_cli_start_stops_if_the_first_run_cannot_run_at_all(
 class Tmux:
     """One ``kata start`` in a detached tmux session of its own, read off the screen."""
 
-    def __init__(self, project: Path, tmp_path: Path, args: str) -> None:
+    def __init__(
+        self, project: Path, tmp_path: Path, args: str, env: Mapping[str, str] | None = None
+    ) -> None:
         self.tmux = ["tmux", "-L", f"kata-start-{os.getpid()}-{tmp_path.name}", "-f", "/dev/null"]
         env = {
+            **(env or {}),
             "PATH": os.environ["PATH"],
             "HOME": str(tmp_path),
             "TERM": "xterm-256color",
@@ -733,13 +780,13 @@ class Tmux:
 
 
 @pytest.fixture
-def tmux_session(project: Path, tmp_path: Path) -> Iterator[Callable[[str], Tmux]]:
+def tmux_session(project: Path, tmp_path: Path) -> Iterator[Callable[..., Tmux]]:
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not on PATH")
     sessions: list[Tmux] = []
 
-    def start(args: str) -> Tmux:
-        sessions.append(Tmux(project, tmp_path, args))
+    def start(args: str, env: Mapping[str, str] | None = None) -> Tmux:
+        sessions.append(Tmux(project, tmp_path, args, env))
         return sessions[-1]
 
     yield start
@@ -812,3 +859,18 @@ def test_cli_start_a_unit_names_its_file_and_runs_its_tests_alone(
     (attempt,) = attempts(project)
     assert attempt["unit"] == "adding" and attempt["result"] == "green", attempt
     assert state(project)["results"] == {}  # a unit's green is not the stage's
+
+
+def test_tmux_an_endless_loop_is_a_failure_line_naming_each_test_that_timed_out(
+    project: Path, tmux_session: Callable[..., Tmux]
+) -> None:
+    write(_stage_file(project), HANGS)
+    tmux = tmux_session("start calc 1 --no-prompt --poll 0.2", {"KATA_TEST_TIMEOUT": "2"})
+    shown = tmux.wait_for("1/3 passed in", "! timeout: test_stage1_add_is_symmetric ran past 2 s")
+    assert "! timeout: test_stage1_add ran past 2 s" in shown, shown
+    assert re.search(r"it was at stage1\.py:[34] in add", shown), shown  # where the code was
+    write(_stage_file(project), HANGS)  # a save: what failed last first, up to one failure
+    shown = tmux.wait_for("0 passed, then a failure; 2 not run")
+    assert shown.count("! timeout: test_stage1_add ran past 2 s") == 2, shown
+    tmux.press("q")
+    tmux.wait_for("KATA_EXIT=1")

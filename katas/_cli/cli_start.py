@@ -243,7 +243,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
         else:
             line.append(verdict(result), style="bold " + ("green" if result.ok else "red"))
         line.append(f"{', after' if crashed else ' in'} {result.seconds:.1f}s")
-        if result.not_run:
+        if result.not_run and not crashed:
             line.append(" (a runs them all)", style="dim")
         ctx.out.print(line, overflow="ellipsis", no_wrap=True)
         if crashed:
