@@ -53,6 +53,41 @@ def real_redis_configured() -> bool:
     return any(os.environ.get(k) for k in REDIS_ENV)
 
 
+def committed_text(path: Path) -> str:
+    """``path``'s text as committed (git's HEAD); the working tree's if git does not know
+    it yet (or there is no git)."""
+    rel = path.relative_to(REPO_ROOT).as_posix()
+    shown = subprocess.run(
+        ["git", "show", f"HEAD:{rel}"], cwd=REPO_ROOT, capture_output=True, text=True, check=False
+    )
+    return shown.stdout if shown.returncode == 0 else path.read_text()
+
+
+def learner_files() -> list[Path]:
+    """Every file a learner edits: each stage's ``files`` in its kata's ``kata.toml``."""
+    found = {p for kata in _catalog().katas() for s in kata.stages for p in kata.learner_paths(s)}
+    return sorted(found)
+
+
+def learner_edits() -> list[str]:
+    """The learner files that differ from their committed version (repository-relative):
+    a learner's work in progress. The repository's checks judge the committed stubs and
+    leave these to their kata suites, which judge a learner's code."""
+    paths = [p.relative_to(REPO_ROOT).as_posix() for p in learner_files()]
+    try:
+        diff = subprocess.run(
+            ["git", "diff", "--name-only", "HEAD", "--", *paths],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return sorted(diff.stdout.split()) if diff.returncode == 0 else []
+
+
 def committed_stubs(dest: Path) -> Path:
     """Lay out the committed stubs of every kata under ``dest`` like ``solutions/``.
 
@@ -64,17 +99,9 @@ def committed_stubs(dest: Path) -> Path:
         out.mkdir(parents=True)
         (out / "__init__.py").write_text("")
         for stub in sorted({p for stage in kata.stages for p in kata.learner_paths(stage)}):
-            rel = stub.relative_to(REPO_ROOT).as_posix()
-            shown = subprocess.run(
-                ["git", "show", f"HEAD:{rel}"],
-                cwd=REPO_ROOT,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
             target = out / stub.relative_to(kata.path)
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(shown.stdout if shown.returncode == 0 else stub.read_text())
+            target.write_text(committed_text(stub))
     return dest
 
 
