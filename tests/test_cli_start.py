@@ -42,7 +42,7 @@ from _support import (
 from rich.console import Console
 
 from katas._cli.cli import main
-from katas._cli.cli_start import _after_stage
+from katas._cli.cli_start import _after_stage, show_difference
 from katas._cli.cliutil import Context
 from katas._cli.practice import SoloOutcome, SoloSession
 from katas._cli.watch import Watcher
@@ -329,6 +329,72 @@ def test_cli_start_view_shows_details_and_a_syntax_error_once(
     # all three failed last; test_stage1_add runs first, fails, and the run stops there
     assert "[00:30] 0 passed, then a failure; 2 not run in" in out, out
     assert "s (a runs them all)\n  ✗ test_stage1_add — assert 6 == 5\n" in out, out
+
+
+#: A core test whose expected and got values are alike for 150 characters.
+ROW_TEST = """
+
+@pytest.mark.core
+def test_stage1_adds_a_row(stage_module):
+    calc = stage_module.Calc()
+    want = [1000 + i for i in range(30)]
+    got = [calc.add(1000, i) for i in range(30)]
+    assert got == want, f"each sum of the row\\n  expected {want}\\n  got      {got}"
+"""
+
+#: add is one off for b == 25 only: the row differs at its 26th number.
+ONE_SUM_OFF = CALC_SOLUTION.replace("return a + b", "return a + b + (b == 25)")
+
+
+#: Thirty numbers, and the same with the 26th one off.
+ROW = list(range(1000, 1030))
+ROW_OFF = [*range(1000, 1025), 1026, *range(1026, 1030)]
+
+
+@pytest.mark.parametrize(
+    ("line", "width", "shown"),
+    [
+        ("    expected 5, got 6", 30, "    expected 5, got 6"),  # it fits: as it is
+        (
+            f"    expected {ROW}, got {ROW_OFF}",
+            100,
+            "    expected …3, 1024, 1025, 1026, 1027, 1028, 1029], "
+            "got …3, 1024, 1026, 1026, 1027, 1028, 1029]",
+        ),
+        (
+            "    At index 0 diff: "
+            "'abcdefghijklmnopqrstuvwxyz-0123456789-left' != "
+            "'abcdefghijklmnopqrstuvwxyz-0123456789-right'",
+            80,
+            "    At index 0 diff: …-0123456789-left' != …-0123456789-right'",
+        ),
+        (  # several fields: each pair is cut around its own difference
+            f"    n: expected 1, got 2; m: expected 'x{'y' * 60}a', got 'x{'y' * 60}b'",
+            80,
+            "    n: expected 1, got 2; m: expected …yyyyyyyyyyyya', got …yyyyyyyyyyyyb'",
+        ),
+    ],
+)
+def test_show_difference_keeps_the_first_difference_in_sight(
+    line: str, width: int, shown: str
+) -> None:
+    assert show_difference(line, width) == shown
+    assert len(shown) <= width
+
+
+def test_cli_start_cuts_a_long_expected_got_line_around_the_difference(
+    project: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "100")
+    write(_suite(project), SUITE + ROW_TEST)
+    write(_stage_file(project), ONE_SUM_OFF)
+    code, _ = run_kata(["start", "calc", "1", "--no-prompt"], events=[(5, "q")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "✗ test_stage1_adds_a_row — each sum of the row" in out, out
+    (detail,) = [line for line in out.splitlines() if line.startswith("      expected ")]
+    assert len(detail) <= 100, detail
+    assert "1024, 1025, 1026" in detail and "1024, 1026, 1026" in detail, detail
 
 
 #: A stage whose add kills the test process with SIGSEGV, as a crash in C would.

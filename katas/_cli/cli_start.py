@@ -58,11 +58,73 @@ def _poll_seconds(text: str) -> float:
     return value
 
 
+# --- a line cut where it differs ---------------------------------------------------------------
+
+#: One compared pair of a failure's detail: ``expected X, got Y`` (several, as ``field:
+#: expected X, got Y`` apart by "; "), pytest's ``X != Y`` and ``assert X == Y``.
+_COMPARED = (
+    re.compile(r"expected (?P<expected>.+?), got (?P<got>.+?)(?=; [\w.\[\]]+: expected |$)"),
+    re.compile(r"(?P<got>[^\s:][^:]*?) != (?P<expected>.+)$"),
+    re.compile(r"^\s*assert (?P<got>.+?) == (?P<expected>.+)$"),
+)
+#: Characters kept before the first difference of a pair, so it reads in context.
+CONTEXT_CHARS = 12
+
+
+def _common_length(one: str, other: str) -> int:
+    """How many characters ``one`` and ``other`` have alike from the start."""
+    pairs = zip(one, other, strict=False)
+    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(one), len(other)))
+
+
+def show_difference(line: str, width: int) -> str:
+    """``line`` fitted into ``width`` so that each compared pair shows where it differs.
+
+    A line that fits stays as it is. Otherwise each expected and got value starts a few
+    characters before their first difference ("…" for the common part left out) and is
+    cut, with "…", to its share of the room: the differing characters stay in sight, not
+    behind the end of the screen.
+    """
+    if len(line) <= width:
+        return line
+    pairs: list[re.Match[str]] = []
+    for pattern in _COMPARED:
+        pairs = list(pattern.finditer(line))
+        if pairs:
+            break
+    if not pairs:
+        return line
+    values = sum(len(pair["expected"]) + len(pair["got"]) for pair in pairs)
+    room = max(2 * CONTEXT_CHARS, (width - (len(line) - values)) // (2 * len(pairs)))
+    pieces: list[str] = []
+    done = 0
+    for pair in pairs:
+        same = _common_length(pair["expected"], pair["got"])
+        start = same - CONTEXT_CHARS if same > CONTEXT_CHARS + 1 else 0
+        for name in sorted(("expected", "got"), key=pair.start):
+            value = pair[name]
+            shown = "…" + value[start:] if start else value
+            pieces += [
+                line[done : pair.start(name)],
+                shown[: room - 1] + "…" if len(shown) > room else shown,
+            ]
+            done = pair.end(name)
+    return "".join(pieces) + line[done:]
+
+
+def _showing_difference(line: Text, width: int) -> Text:
+    """A plain line (a failure's detail) through :func:`show_difference`; a styled one
+    (a failure's first line, its detail repeated below it when cut) as it is."""
+    return line if line.spans else Text(show_difference(line.plain, width), style=line.style)
+
+
 def _failing_lines(ctx: Context, result: SuiteRun, limit: int = 3) -> None:
     """The first few real failures (alike ones once), then the not-implemented ones."""
     width = max(20, ctx.out.width - 2)
     for line in failure_lines(result, limit=limit, width=width):
-        ctx.out.print(Text("  ") + line, overflow="ellipsis", no_wrap=True)
+        ctx.out.print(
+            Text("  ") + _showing_difference(line, width), overflow="ellipsis", no_wrap=True
+        )
     missing = result.failures("not_implemented")
     if missing:
         names = not_implemented_names(missing)
