@@ -10,9 +10,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
-import sys
-import sysconfig
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +21,7 @@ from rich.text import Text
 from katas._cli.state import State, StateStore
 from katas._cli.terminal import KeyboardTerminal, Terminal
 from katas._registry.catalog import Catalog, Kata, Stage, display_path
+from katas._registry.crashes import crash_message, dying_test, signal_name
 from katas._registry.impl import ENV_IMPL, NOT_IMPLEMENTED, profile_name
 from katas._registry.notes import is_section, sections
 from katas._registry.suites import SuiteRun, TestResult, resolve_impl
@@ -254,36 +252,15 @@ def failure_lines(
     return lines
 
 
-#: A frame of Python's fault handler (pytest's, on a fatal signal): ``  File "/x/stage1.py",
-#: line 16 in div``, innermost first.
-_FAULT_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.M)
-_INSTALLED = tuple(
-    str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sys.prefix, sys.base_prefix}
-)
-
-
 def crash_line(returncode: int, output: str) -> str | None:
     """One line for a run that a signal ended (``returncode`` negative, as subprocess gives
-    it): ``crashed: test_x — the process died of SIGSEGV at stage1.py:16 in div``, the test
-    and the learner's frame read from the fault handler's dump in ``output`` where it has
-    them. None for a run that exited."""
+    it): ``crashed: test_x — the process died of SIGSEGV at stage1.py:16 in div: …``, the
+    test and the learner's frame read from the fault handler's dump in ``output`` where it
+    has them (:mod:`katas._registry.crashes`). None for a run that exited."""
     if returncode >= 0:
         return None
-    try:
-        died = signal.Signals(-returncode).name
-    except ValueError:
-        died = f"signal {-returncode}"
-    frames = list(_FAULT_FRAME.finditer(output))
-    test = next((m["func"] for m in frames if m["func"].startswith("test")), "")
-    own = [
-        m
-        for m in frames
-        if not m["path"].startswith("<")
-        and not str(Path(m["path"]).resolve()).startswith(_INSTALLED)
-        and not m["func"].startswith("test")
-    ]
-    where = f" at {Path(own[0]['path']).name}:{own[0]['line']} in {own[0]['func']}" if own else ""
-    return f"crashed: {test + ' — ' if test else ''}the process died of {died}{where}"
+    how = f"the process died of {signal_name(-returncode)}"
+    return crash_message(dying_test(output), how, output)
 
 
 def print_summary(

@@ -12,27 +12,25 @@ its C module are imported once, by the run's pre-flight), so it costs millisecon
 
 from __future__ import annotations
 
-import contextlib
 import faulthandler
 import gc
 import json
 import os
-import re
 import select
 import signal
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 from _pytest.runner import runtestprotocol
 
+from katas._registry import crashes
+from katas._registry.crashes import signal_name
+
 #: The exit code of a child that ran its test and sent its reports.
 _SENT = 0
-#: faulthandler's dump: ``  File "/x/test_stage1.py", line 1005 in _schedule``.
-_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<name>\S+)', re.M)
 
 
 def wanted(item: pytest.Item) -> bool:
@@ -143,34 +141,13 @@ def _child(
         os._exit(code)  # never the parent's atexit, fixtures' finalizers or buffers
 
 
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def where_it_died(dump: str) -> str:
-    """``at test_stage1.py:1005 in _schedule: <the line>`` from faulthandler's dump: the
-    innermost Python frame, the one that called into C ("" if the dump has none)."""
-    frames = list(_FRAME.finditer(dump))
-    if not frames:
-        return ""
-    frame = frames[0]  # faulthandler prints the innermost frame first
-    path, line = Path(frame["path"]), int(frame["line"])
-    text = ""
-    with contextlib.suppress(OSError, IndexError):
-        text = path.read_text(errors="replace").splitlines()[line - 1].strip()
-    return f" at {path.name}:{line} in {frame['name']}" + (f": {text}" if text else "")
-
-
 def crash_message(name: str, status: int, dump: str) -> str:
     """One line for a child that did not come back: which test, how it ended, where."""
     if os.WIFSIGNALED(status):
-        how = f"the process died of {_signal_name(os.WTERMSIG(status))}"
+        how = f"the process died of {signal_name(os.WTERMSIG(status))}"
     else:
         how = f"the process exited with code {os.WEXITSTATUS(status)} before it reported"
-    return f"crashed: {name} — {how}{where_it_died(dump)}"
+    return crashes.crash_message(name, how, dump)
 
 
 def _log_death(
