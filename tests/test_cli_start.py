@@ -414,7 +414,8 @@ def test_cli_start_a_crashed_run_is_one_crashed_line_never_0_of_0(
     assert len(crashed) == 1, out
     (line,) = crashed
     assert "] crashed: test_stage1_add — the process died of SIGSEGV at stage1.py:" in line, out
-    assert re.search(r"stage1\.py:\d+ in add: os\.kill\(.*\), after \d+\.\ds$", line), line  # one line, no more
+    # one line, no more: the signal, where, and the line of code
+    assert re.search(r"stage1\.py:\d+ in add: os\.kill\(.*\), after \d+\.\ds$", line), line
     assert "0/0 passed" not in out, out
     assert "green in 00:10" in out, out
 
