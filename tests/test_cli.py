@@ -1112,3 +1112,16 @@ def test_kata_test_with_a_redis_that_does_not_answer_is_a_configuration_error(
     assert code == 2, out
     assert "KATA_REDIS_URL=redis://127.0.0.1:1/0: nothing answers at 127.0.0.1:1" in out, out
     assert len(out.strip().splitlines()) == 1, out
+
+
+def test_a_units_attempt_is_green_for_the_unit_and_not_the_stage() -> None:
+    from katas._cli.state import State
+
+    unit = {"kata": "k", "stage": 1, "unit": "hotpath", "started": 1.0, "green_seconds": 60.0}
+    stage = {"kata": "k", "stage": 1, "started": 2.0, "green_seconds": None}
+    state = State([unit, stage], {}, {})
+    assert state.status("k", 1) == "failing" and state.best_seconds("k", 1) is None
+    assert not state.passed("k", 1)
+    assert state.units_attempted("k", 1) == ["hotpath"]
+    assert state.unit_status("k", 1, "hotpath") == "passed"
+    assert state.best_seconds("k", 1, "hotpath") == 60.0

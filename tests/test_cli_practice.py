@@ -185,8 +185,8 @@ def test_cli_bench_prints_the_ratios(
     out = capsys.readouterr().out
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith("add ")]
     assert rows == [
-        ["add", "speed_vs_reference", "1.250", "~1", "—"],
-        ["add", "speedup_vs_floor", "2.500", ">=", "3", "no"],
+        ["add", "speed_vs_reference", "1.250", "—", "~1", "—"],
+        ["add", "speedup_vs_floor", "2.500", "—", ">=", "3", "no"],
     ], out
     assert "printed_not_reported" not in out  # the ratios come from the JSON, not the output
     assert main(["bench", "calc", "1"]) == 1  # the stub: not implemented yet

@@ -535,6 +535,15 @@ def run_progress(args: argparse.Namespace, ctx: Context) -> int:
             _duration(best),
             str(state.hints_revealed(kata_name, number)),
         )
+        for unit in state.units_attempted(kata_name, number):  # green alone, not the stage
+            summary.add_row(
+                "",
+                f"{number} unit {unit}",
+                state.unit_status(kata_name, number, unit),
+                str(len(state.learners_attempts(kata_name, number, unit))),
+                _duration(state.best_seconds(kata_name, number, unit)),
+                "",
+            )
     ctx.out.print(summary)
     return 0
 

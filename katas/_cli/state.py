@@ -92,9 +92,26 @@ class State:
     def hints_revealed(self, kata: str, stage: int) -> int:
         return self.hints.get(stage_key(kata, stage), 0)
 
-    def learners_attempts(self, kata: str, stage: int) -> list[Attempt]:
-        """The attempts of the stage that tested the learner's own code."""
-        return [a for a in self.attempts_of(kata, stage) if a.get("learners_code", True)]
+    def learners_attempts(self, kata: str, stage: int, unit: str | None = None) -> list[Attempt]:
+        """The attempts that tested the learner's own code: of the whole stage, or (with
+        ``unit``) of that practice unit alone, which never count as the stage's."""
+        return [
+            a
+            for a in self.attempts_of(kata, stage)
+            if a.get("learners_code", True) and a.get("unit") == unit
+        ]
+
+    def units_attempted(self, kata: str, stage: int) -> list[str]:
+        """The practice units of the stage with an attempt of their own, in name order."""
+        return sorted({str(a["unit"]) for a in self.attempts_of(kata, stage) if a.get("unit")})
+
+    def unit_status(self, kata: str, stage: int, unit: str) -> str:
+        """``passed`` or ``failing`` by the unit's last attempt; ``not started`` without."""
+        attempts = self.learners_attempts(kata, stage, unit)
+        if not attempts:
+            return "not started"
+        last = max(attempts, key=lambda a: _number(a.get("started")) or 0.0)
+        return "passed" if last.get("green_seconds") is not None else "failing"
 
     def passed(self, kata: str, stage: int) -> bool:
         """Whether the learner's code *ever* passed the stage (a green attempt or test run),
@@ -137,10 +154,11 @@ class State:
         found = [t for t in times if t is not None]
         return max(found) if found else None
 
-    def best_seconds(self, kata: str, stage: int) -> float | None:
+    def best_seconds(self, kata: str, stage: int, unit: str | None = None) -> float | None:
+        """The fastest time to green of the stage (or of one of its units)."""
         times = [
             float(a["green_seconds"])
-            for a in self.learners_attempts(kata, stage)
+            for a in self.learners_attempts(kata, stage, unit)
             if _number(a.get("green_seconds")) is not None
         ]
         return min(times) if times else None
