@@ -31,7 +31,7 @@ BUDGETS_S = {
     "test_lint": 60,
     "test_redis_harness": 60,
     "test_native": 30,
-    "test_plugin": 30,
+    "test_plugin": 45,
     "test_lifetime": 45,
     "test_preflight": 45,
 }

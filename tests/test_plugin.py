@@ -12,7 +12,14 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from _support import CALC_SOLUTION, KATA_ENV, calc_project, committed_stubs, embedded_env
+from _support import (
+    CALC_SOLUTION,
+    KATA_ENV,
+    calc_project,
+    committed_stubs,
+    committed_text,
+    embedded_env,
+)
 
 from katas._harness.failures import classify, failure_detail, regex_mismatch
 from katas._registry.impl import REPO_ROOT
@@ -58,12 +65,19 @@ def test_a_mistyped_selection_is_one_line_and_exit_code_2(
     assert all(v in lines[0] for v in valid), f"the line lists the valid values: {lines[0]}"
 
 
-def test_base_reference_runs_the_stage_that_k_selects() -> None:
+@pytest.fixture(scope="module")
+def stubs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The committed stubs, laid out like solutions/ (a learner's edits are not stubs)."""
+    return committed_stubs(tmp_path_factory.mktemp("stubs"))
+
+
+def test_base_reference_runs_the_stage_that_k_selects(stubs: Path) -> None:
     """The README's loop: ``-k "stage2 and core" --base=reference`` is one stage's run, the
     earlier stage from the reference (so only stage 2's stub is reported missing)."""
     run = learner_pytest(
-        "katas/rate_limiter", "-k", "stage2 and core", "--base=reference", "-rf", "--tb=line"
-    )
+        "katas/rate_limiter", "-k", "stage2 and core", "--base=reference", "-rf", "--tb=line",
+        f"--impl={stubs}",
+    )  # fmt: skip
     out = run.stdout + run.stderr
     assert run.returncode == 1, f"exit code {run.returncode}:\n{out[-2000:]}"
     failed = [ln for ln in out.splitlines() if ln.startswith("FAILED ")]
@@ -79,7 +93,7 @@ def test_base_reference_over_several_stages_tests_each_stage_over_the_references
     passes stage 2 (over the reference's stage 1)."""
     impl = tmp_path / "impl" / "rate_limiter"
     shutil.copytree(REPO_ROOT / "solutions" / "rate_limiter", impl)
-    shutil.copy(REPO_ROOT / "katas" / "rate_limiter" / "stage1.py", impl / "stage1.py")
+    (impl / "stage1.py").write_text(committed_text(REPO_ROOT / "katas/rate_limiter/stage1.py"))
     run = learner_pytest(
         "katas/rate_limiter", "-k", "(stage1 or stage2) and core", f"--impl={impl.parent}",
         "--base=reference", "-rf", "--tb=line",
@@ -99,18 +113,21 @@ def test_help_works_with_a_bad_profile() -> None:
 # --- how a red run reads ---------------------------------------------------------------------
 
 
-def test_an_untouched_stub_fails_every_test_and_says_where_to_start() -> None:
-    run = learner_pytest("katas/rate_limiter", "-k", "stage1", "--tb=line", "-rfE")
+def test_an_untouched_stub_fails_every_test_and_says_where_to_start(stubs: Path) -> None:
+    run = learner_pytest(
+        "katas/rate_limiter", "-k", "stage1", "--tb=line", "-rfE", f"--impl={stubs}"
+    )
     out = run.stdout + run.stderr
     lines = out.splitlines()
     assert run.returncode == 1, out[-2000:]
     assert not [ln for ln in lines if ln.startswith("ERROR ")], "stub tests are FAILED, never ERROR"
-    assert "start with TokenBucket (core) in katas/rate_limiter/stage1.py" in lines[-2], lines[-3:]
+    assert f"start with TokenBucket (core) in {stubs}/rate_limiter/stage1.py" in lines[-2], lines[
+        -3:
+    ]
     assert " failed" in lines[-1] and "error" not in lines[-1], lines[-1]
 
 
-def test_an_untouched_c_stub_says_to_start_in_the_c_file(tmp_path: Path) -> None:
-    stubs = committed_stubs(tmp_path / "stubs")
+def test_an_untouched_c_stub_says_to_start_in_the_c_file(stubs: Path) -> None:
     run = learner_pytest("katas/dynamic_batcher", "-k", "hotpath", f"--impl={stubs}")
     lines = (run.stdout + run.stderr).splitlines()
     assert run.returncode == 1, lines[-20:]
@@ -119,8 +136,10 @@ def test_an_untouched_c_stub_says_to_start_in_the_c_file(tmp_path: Path) -> None
     ), lines[-3:]
 
 
-def test_a_stage_2_stub_on_an_unwritten_stage_1_points_at_base_reference() -> None:
-    run = learner_pytest("katas/rate_limiter", "-k", "stage2 and core", "--tb=no")
+def test_a_stage_2_stub_on_an_unwritten_stage_1_points_at_base_reference(stubs: Path) -> None:
+    run = learner_pytest(
+        "katas/rate_limiter", "-k", "stage2 and core", "--tb=no", f"--impl={stubs}"
+    )
     assert "stop in stage 1: write that first, or add --base=reference" in run.stdout
 
 

@@ -56,14 +56,15 @@ def _shown(path: str) -> str:
         return path
 
 
-def stage_failure(kata: KataUnderTest, stage: int) -> str | None:
-    """One line if stage ``stage`` of ``kata`` (as its suite tests it) does not import."""
+def stage_failure(kata: KataUnderTest, stage: int) -> Exception | None:
+    """What stage ``stage`` of ``kata`` (as its suite tests it) raises on import, if it
+    does not import (:func:`import_failure` says it in one line)."""
     try:
         kata.stage(stage)
     except Todo:
         return None  # a stub that says so at import: its tests report it one by one
     except Exception as exc:  # whatever the learner's module raises at import
-        return import_failure(exc)
+        return exc
     return None
 
 

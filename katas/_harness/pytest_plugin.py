@@ -282,16 +282,17 @@ def _preflight(session: pytest.Session) -> None:
     record = config.stash[_report_key]
     broken = []
     for (folder, number), stage_items in sorted(by_stage.items()):
-        why = preflight.stage_failure(KataUnderTest(folder.name, selection, number), number)
-        if why is None:
+        exc = preflight.stage_failure(KataUnderTest(folder.name, selection, number), number)
+        if exc is None:
             continue
-        broken.append(why)
+        broken.append(preflight.import_failure(exc))
+        kind, message = classify(exc)  # recorded as each test would have met it
         for item in stage_items:
             record[item.nodeid] = {
                 "outcome": "failed",
-                "kind": "error",
-                "message": why,
-                "detail": "",
+                "kind": kind,
+                "message": message,
+                "detail": failure_detail(exc, kind),
                 "rules": [],
                 "part": "core" if item.get_closest_marker("core") else "extended",
             }
