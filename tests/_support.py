@@ -396,6 +396,33 @@ def attempts(project: Path) -> list[dict[str, Any]]:
     return found
 
 
+def learner_pytest(
+    *args: str, env: Mapping[str, str] | None = None, quiet: bool = True
+) -> subprocess.CompletedProcess[str]:
+    """``pytest ARGS`` from the repository root as a learner types it (``quiet``: ``-q``),
+    on the embedded Redis and with no kata variable set but ``env``'s."""
+    run_env = {k: v for k, v in embedded_env().items() if k not in KATA_ENV}
+    run_env.update(env or {})
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            *(["-q"] if quiet else []),
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        cwd=REPO_ROOT,
+        env=run_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        **dies_with_parent(),
+    )
+
+
 def kata_command() -> list[str]:
     """The ``kata`` command of this environment, to run as a process."""
     script = Path(sys.executable).with_name("kata")

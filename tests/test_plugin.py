@@ -6,43 +6,20 @@ Each check runs ``pytest`` on a real kata in a subprocess, the way a learner typ
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 from _support import (
     CALC_SOLUTION,
-    KATA_ENV,
     calc_project,
     committed_stubs,
     committed_text,
-    embedded_env,
+    learner_pytest,
 )
 
 from katas._harness.failures import classify, failure_detail, regex_mismatch
 from katas._registry.impl import REPO_ROOT
 from katas._registry.suites import run_suite
-from katas._runtime.children import dies_with_parent
-
-
-def learner_pytest(
-    *args: str, env: Mapping[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``pytest ARGS`` from the repository root, with the learner's defaults."""
-    run_env = {k: v for k, v in embedded_env().items() if k not in KATA_ENV}
-    run_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=REPO_ROOT,
-        env=run_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        **dies_with_parent(),
-    )
 
 
 @pytest.mark.parametrize(

@@ -11,16 +11,14 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from _support import KATA_ENV, embedded_env
+from _support import learner_pytest
 
 from katas._registry.impl import REPO_ROOT
 from katas._runtime import native
-from katas._runtime.children import dies_with_parent
 
 #: What pytest prints around any run: its header, the progress lines, the summary.
 FRAME_LINES = 20
@@ -30,18 +28,7 @@ def pytest_run(
     *args: str, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     """Plain ``pytest ARGS`` from the repository root, as a learner types it."""
-    run_env = {k: v for k, v in embedded_env().items() if k not in KATA_ENV}
-    run_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args],
-        cwd=REPO_ROOT,
-        env=run_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        **dies_with_parent(),
-    )
+    return learner_pytest(*args, env=env, quiet=False)
 
 
 def reference_copy(tmp_path: Path) -> Path:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _support import committed_stubs, embedded_env, stage_suites
+from _support import committed_stubs, embedded_env, learner_pytest, stage_suites
 
 from katas._registry.catalog import Catalog
 from katas._registry.impl import REPO_ROOT
@@ -35,23 +34,17 @@ def _rules(kata: str) -> dict[int, dict[str, Rule]]:
     return all_rules(text, {s.number: s.section for s in entry.stages})
 
 
+def _collect(*args: str) -> subprocess.CompletedProcess[str]:
+    """``pytest --collect-only -q ARGS`` of the reference's suites."""
+    return learner_pytest("--collect-only", "--impl=solutions", *args)
+
+
 @pytest.fixture(scope="module")
 def collected() -> Iterator[dict[str, dict[str, Any]]]:
     """``{nodeid: {kata, stage, part, rules}}`` of every kata test."""
     with tempfile.TemporaryDirectory(prefix="kata-rules-") as tmp:
         out = Path(tmp) / "collected.json"
-        run = subprocess.run(
-            [
-                *(sys.executable, "-m", "pytest", "katas", "--collect-only", "-q"),
-                *("-p", "no:cacheprovider", "--impl=solutions", "--kata-collected", str(out)),
-            ],
-            cwd=REPO_ROOT,
-            env=embedded_env(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        run = _collect("katas", "--kata-collected", str(out))
         assert run.returncode == 0, f"collecting the suites failed:\n{run.stdout[-3000:]}"
         yield json.loads(out.read_text())
 
@@ -156,18 +149,7 @@ def _selected(kata: str, stage: int, keyword: str) -> set[str]:
     """The node ids pytest's ``-k keyword`` selects from the stage's suite (the reference)."""
     entry = CATALOG.get(kata)
     suite = entry.suite_path(entry.stage(stage)).relative_to(REPO_ROOT).as_posix()
-    run = subprocess.run(
-        [
-            *(sys.executable, "-m", "pytest", suite, "--collect-only", "-q", "-k", keyword),
-            *("-p", "no:cacheprovider", "--impl=solutions"),
-        ],
-        cwd=REPO_ROOT,
-        env=embedded_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    run = _collect(suite, "-k", keyword)
     assert run.returncode in (0, 5), f"collecting {suite} -k {keyword!r} failed:\n{run.stdout}"
     return {line for line in run.stdout.splitlines() if "::" in line}
 
