@@ -49,6 +49,7 @@ from katas._cli.watch import Watcher
 from katas._harness.failures import assertion_detail
 from katas._registry import catalog as cat
 from katas._registry.suites import SuiteRun, TestResult, run_suite, start_suite
+from katas._registry.warm import WarmStart
 from katas._runtime.clock import NS_PER_S, ManualClock
 
 #: A hard deadline for anything a test waits for in real time.
@@ -157,15 +158,31 @@ def _until(check: Callable[[], bool], what: str, timeout_s: float = DEADLINE_S) 
         time.sleep(0.02)
 
 
+def _parent(pid: int) -> int:
+    """The parent process id of ``pid`` (Linux /proc)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 # --- the run that goes on while the session reads keys -----------------------------------------
 
 
+@pytest.fixture(params=["cold", "warm"])
+def warm(request: pytest.FixtureRequest) -> Iterator[WarmStart | None]:
+    """No warm start (pytest started as a process of its own), or one (forked from it)."""
+    if request.param == "cold":
+        yield None
+        return
+    found = WarmStart()
+    yield found
+    found.close()
+
+
 def test_suite_process_killed_mid_run_takes_its_whole_process_group_along(
-    project: Path, tmp_path: Path
+    project: Path, tmp_path: Path, warm: WarmStart | None
 ) -> None:
     write(_stage_file(project), ENDLESS)
     looping = tmp_path / "looping"
-    run = start_suite(_suite(project), env=dict(os.environ, LOOPING=str(looping)))
+    run = start_suite(_suite(project), env=dict(os.environ, LOOPING=str(looping)), warm=warm)
     try:
         _until(lambda: looping.is_file() and looping.read_text().isdigit(), "the loop starts")
         child = int(looping.read_text())
@@ -195,10 +212,10 @@ def test_run_suite_past_its_timeout_kills_the_run(project: Path, tmp_path: Path)
     _until(lambda: not _alive(child), "the run's own child process is gone")
 
 
-def test_suite_process_result_reads_like_run_suite(project: Path) -> None:
+def test_suite_process_result_reads_like_run_suite(project: Path, warm: WarmStart | None) -> None:
     write(_stage_file(project), OFF_BY_ONE)
     blocking = run_suite(_suite(project))
-    run = start_suite(_suite(project))
+    run = start_suite(_suite(project), warm=warm)
     result = run.wait(DEADLINE_S)
     assert isinstance(result, SuiteRun)
     assert run.poll() is result and run.wait(0) is result
@@ -211,6 +228,29 @@ def test_suite_process_result_reads_like_run_suite(project: Path) -> None:
     assert by_name["test_stage1_add"].message == "stage 1: assert 6 == 5"  # tagged by the plugin
     assert by_name["test_stage1_add_is_symmetric"].detail == "expected 5, got 6"
     assert by_name["test_stage1_sub"].outcome == "passed"
+
+
+def test_warm_start_forks_each_run_of_its_environment_and_ends_with_close(
+    project: Path,
+) -> None:
+    write(_stage_file(project), OFF_BY_ONE)
+    warm = WarmStart()
+    try:
+        first = start_suite(_suite(project), warm=warm)
+        server = _parent(first.pid)
+        assert server != os.getpid()
+        ran = first.wait(DEADLINE_S)
+        second = start_suite(_suite(project), warm=warm)
+        assert _parent(second.pid) == server  # the same warm process
+        again = second.wait(DEADLINE_S)
+        assert ran is not None and again is not None and ran.results == again.results
+        assert ran.returncode == again.returncode == 1
+        elsewhere = start_suite(_suite(project), warm=warm, env=dict(os.environ, ELSEWHERE="1"))
+        assert _parent(elsewhere.pid) == os.getpid()  # another environment: not forked
+        assert elsewhere.wait(DEADLINE_S) is not None
+    finally:
+        warm.close()
+    _until(lambda: not _alive(server), "the warm process ends with close")
 
 
 def test_report_detail_of_errors_and_syntax_errors(project: Path) -> None:

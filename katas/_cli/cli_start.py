@@ -43,6 +43,7 @@ from katas._cli.watch import Watcher
 from katas._registry.catalog import CatalogError, Kata, Stage, Unit, display_path
 from katas._registry.notes import is_section
 from katas._registry.suites import SuiteProcess, SuiteRun, start_suite
+from katas._registry.warm import WarmStart
 from katas._runtime.clock import NS_PER_S
 
 YES = ("y", "yes")
@@ -275,6 +276,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
 
     # pytest's cache of what failed last, the session's own (the project's stays as it is)
     cache = tempfile.TemporaryDirectory(prefix="kata-start-")
+    warm = WarmStart()  # pytest and the libraries every run imports, imported once
 
     def start_part(core: bool, whole: bool) -> SuiteProcess:
         order = ["-o", f"cache_dir={cache.name}", "--failed-first"] + ([] if whole else ["-x"])
@@ -287,6 +289,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
             env=env,
             pytest_args=order,
             cache=True,
+            warm=warm,
         )
 
     def start_run(whole: bool) -> _CoreElseWhole:
@@ -381,6 +384,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     try:
         outcome = session.run()
     finally:
+        warm.close()
         cache.cleanup()
     last = outcome.last
     # What the attempt is measured on: the run that first went green (the core's, when the

@@ -26,10 +26,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from katas._registry.catalog import PACKAGE_ROOT, Catalog, load_kata
 from katas._registry.impl import ENV_PROFILE, implementation
+from katas._registry.warm import WarmStart
 from katas._runtime.children import dies_with_parent
 
 PLUGIN = "katas._harness.pytest_plugin"
@@ -186,6 +187,19 @@ def resolve_impl(spec: str | None, root: Path) -> str:
     return implementation(spec, "katas" if catalog.is_package else str(catalog.root))
 
 
+class _Process(Protocol):
+    """What a run needs of its process: a :class:`subprocess.Popen` or a forked run."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 class SuiteProcess:
     """A suite run in progress: pytest in a subprocess that leads a process group of its own.
 
@@ -194,21 +208,30 @@ class SuiteProcess:
     that stopped at its first failure says how many it left); :meth:`kill` ends the run
     and every process in its group, so a learner's endless loop (or a server it started)
     goes too. The output goes to a file, not a pipe, so nobody has to read it while the
-    run goes on. A killed run has no result.
+    run goes on. A killed run has no result. With ``warm``, pytest is forked from that
+    warm process (:mod:`katas._registry.warm`) where it can be.
     """
 
-    def __init__(self, cmd: Sequence[str], cwd: Path, env: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        cwd: Path,
+        env: Mapping[str, str],
+        warm: WarmStart | None = None,
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="kata-report-")
         self.report = Path(self._tmp.name) / "report.json"
         self._collected = Path(self._tmp.name) / "collected.json"
-        self._output: IO[bytes] = (Path(self._tmp.name) / "output.txt").open("w+b")
+        output = Path(self._tmp.name) / "output.txt"
+        self._output: IO[bytes] = output.open("w+b")
         self.cmd = [*cmd, "--kata-report", str(self.report)]
         self.cmd += ["--kata-collected", str(self._collected)]
         self._started = time.monotonic()
         self._result: SuiteRun | None = None
         self.killed = False
         try:
-            self._proc = subprocess.Popen(
+            forked = warm.fork(self.cmd, cwd, env, output) if warm else None
+            self._proc: _Process = forked or subprocess.Popen(
                 self.cmd,
                 cwd=cwd,
                 env=dict(env),
@@ -259,7 +282,7 @@ class SuiteProcess:
         self._output.seek(0)
         output = self._output.read().decode(errors="replace")
         self._result = SuiteRun(
-            self._proc.returncode,
+            self._proc.wait(),  # it has exited: its code, at once
             read_report(self.report),
             output,
             seconds,
@@ -329,8 +352,10 @@ def start_suite(
     pytest_args: Sequence[str] = (),
     env: Mapping[str, str] | None = None,
     cache: bool = False,
+    warm: WarmStart | None = None,
 ) -> SuiteProcess:
-    """Start the run :func:`run_suite` makes (the same arguments) and return at once."""
+    """Start the run :func:`run_suite` makes (the same arguments) and return at once;
+    forked from ``warm`` where it can be."""
     cmd, cwd, run_env = _suite_command(
         suite,
         impl=impl,
@@ -342,7 +367,7 @@ def start_suite(
         env=env,
         cache=cache,
     )
-    return SuiteProcess(cmd, cwd, run_env)
+    return SuiteProcess(cmd, cwd, run_env, warm)
 
 
 def run_suite(

@@ -1,0 +1,228 @@
+"""A warm start for the suite runs of one ``kata start`` session.
+
+A run that stops at its first failure spends most of its time before the first test:
+on rate limiter stage 1, 0.7 s a run, of which about 0.45 s is importing pytest,
+hypothesis and trio (``python -X importtime``). :class:`WarmStart` keeps one process that
+has imported them and forks each run from there, so a run pays for the learner's code,
+the harness and the suite only, which it imports fresh.
+
+A forked run is what :func:`~katas._registry.suites.start_suite` starts otherwise: pytest
+with the same arguments, in a process group of its own (killing the group ends it and
+whatever it started), its output in a file, stdin closed; it dies with the warm process,
+which dies with the session (and ends when the session closes its stdin).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from katas._runtime.children import dies_with_parent
+
+#: The warm process: imports what every run imports, then forks a run per request line
+#: (``[pytest arguments, output file]`` as JSON) and says ``started PID`` and, once that
+#: run has ended, ``exit PID CODE`` (a negative code: the signal that ended it).
+SERVER = r"""
+import json, os, select, signal, sys, traceback
+import pytest
+for name in ("hypothesis", "anyio", "trio"):
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+from katas._runtime.children import dies_with_parent
+
+tie = dies_with_parent().get("preexec_fn")
+running = set()
+pending = b""
+
+
+def say(text):
+    os.write(1, (text + "\n").encode())
+
+
+def run(args, output):
+    os.setsid()
+    if tie is not None:
+        tie()
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    sys.argv = ["pytest", *args]
+    code = 3
+    try:
+        code = pytest.console_main()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(int(code))
+
+
+while True:
+    ready, _, _ = select.select([0], [], [], 0.02 if running else None)
+    for pid in list(running):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            running.discard(pid)
+            say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
+    if not ready:
+        continue
+    data = os.read(0, 65536)
+    if not data:
+        break
+    pending += data
+    while b"\n" in pending:
+        line, pending = pending.split(b"\n", 1)
+        args, output = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            run(args, output)
+        running.add(pid)
+        say(f"started {pid}")
+for pid in running:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class WarmStart:
+    """The warm process of a session, started with its first run; :meth:`close` ends it.
+
+    Runs whose working directory or environment differ from the first one's, or that are
+    not ``python -m pytest``, are not forked (:meth:`fork` returns None): the caller starts
+    them as usual.
+    """
+
+    def __init__(self) -> None:
+        self._server: subprocess.Popen[bytes] | None = None
+        self._key: tuple[str, dict[str, str]] | None = None
+        self._pending = b""
+        self._exits: dict[int, int] = {}
+        self._started: list[int] = []
+
+    def fork(
+        self, cmd: Sequence[str], cwd: Path, env: Mapping[str, str], output: Path
+    ) -> ForkedRun | None:
+        """Start ``cmd`` (``python -m pytest ARGS``) forked from the warm process, its output
+        to ``output``; None if this run cannot be forked."""
+        if list(cmd[:3]) != [sys.executable, "-m", "pytest"]:
+            return None
+        key = (str(cwd), dict(env))
+        if self._server is None:
+            self._server = subprocess.Popen(
+                [sys.executable, "-c", SERVER],
+                cwd=cwd,
+                env=dict(env),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                start_new_session=True,  # no Ctrl-C of ours; the session ends it
+                **dies_with_parent(),
+            )
+            self._key = key
+        if key != self._key or self._server.poll() is not None:
+            return None
+        assert self._server.stdin is not None
+        try:
+            self._server.stdin.write(json.dumps([list(cmd[3:]), str(output)]).encode() + b"\n")
+            self._server.stdin.flush()
+        except OSError:
+            return None
+        deadline = time.monotonic() + 30
+        while not self._started:
+            if self._server.poll() is not None or time.monotonic() > deadline:
+                return None
+            self._read(0.05)
+        return ForkedRun(self, self._started.pop(0))
+
+    def _read(self, timeout_s: float) -> None:
+        """Read what the warm process said within ``timeout_s``."""
+        assert self._server is not None and self._server.stdout is not None
+        stdout = self._server.stdout.fileno()
+        ready, _, _ = select.select([stdout], [], [], max(0.0, timeout_s))
+        if not ready:
+            return
+        data = os.read(stdout, 65536)
+        if not data:  # the warm process is gone, and its runs with it
+            time.sleep(timeout_s)
+            return
+        self._pending += data
+        while b"\n" in self._pending:
+            line, self._pending = self._pending.split(b"\n", 1)
+            words = line.decode().split()
+            if words[:1] == ["started"]:
+                self._started.append(int(words[1]))
+            elif words[:1] == ["exit"]:
+                self._exits[int(words[1])] = int(words[2])
+
+    def returncode(self, pid: int, timeout_s: float | None) -> int | None:
+        """Run ``pid``'s exit code, waiting at most ``timeout_s`` (None: for ever)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while pid not in self._exits:
+            if self._server is None or self._server.poll() is not None:
+                self._read(0)
+                if pid not in self._exits:
+                    return -signal.SIGKILL  # it died with the warm process
+                break
+            left = 0.5 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return None
+            self._read(min(left, 0.5))
+        return self._exits[pid]
+
+    def close(self) -> None:
+        """End the warm process and any run it still has (a no-op if none was started)."""
+        if self._server is None:
+            return
+        server, self._server = self._server, None
+        with contextlib.suppress(OSError):
+            if server.stdin is not None:
+                server.stdin.close()
+        try:
+            server.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+class ForkedRun:
+    """A run forked from a :class:`WarmStart`, as much of a :class:`subprocess.Popen` as
+    a suite run uses."""
+
+    def __init__(self, warm: WarmStart, pid: int) -> None:
+        self._warm = warm
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self._warm.returncode(self.pid, 0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._warm.returncode(self.pid, timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired([str(self.pid)], timeout or 0)
+        return self.returncode
+
+
+__all__ = ["ForkedRun", "WarmStart"]
