@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
-from _support import learner_pytest
+from _support import kata_process, learner_pytest
 
 from katas._registry.impl import REPO_ROOT
 from katas._runtime import native
@@ -123,3 +123,9 @@ def test_a_segfault_in_c_fails_the_tests_that_reach_it_and_the_rest_run(tmp_path
         assert re.search(r"SIGSEGV at \S+:\d+ in \w+: .*(fill_token_budget|schedule)\(", line), line
     summary = out.splitlines()[-1]
     assert " passed" in summary and " failed" in summary, summary
+    # kata test: one "crashed" line a test, and the tally counts them
+    shown = kata_process("test", "dynamic_batcher", "1", "--impl", str(impl))
+    lines = shown.stdout.splitlines()
+    assert shown.returncode == 1, shown.stdout + shown.stderr
+    assert len([ln for ln in lines if ln.startswith("! crashed: ")]) == len(crashed), lines
+    assert f"{len(crashed)} crashed" in lines[-1], lines[-1]
