@@ -27,78 +27,9 @@ from pathlib import Path
 
 from katas._runtime.children import dies_with_parent
 
-#: The warm process: imports what every run imports, then forks a run per request line
-#: (``[pytest arguments, output file]`` as JSON) and says ``started PID`` and, once that
-#: run has ended, ``exit PID CODE`` (a negative code: the signal that ended it).
-SERVER = r"""
-import json, os, select, signal, sys, traceback
-import pytest
-for name in ("hypothesis", "anyio", "trio"):
-    try:
-        __import__(name)
-    except ImportError:
-        pass
-from katas._runtime.children import dies_with_parent
-
-tie = dies_with_parent().get("preexec_fn")
-running = set()
-pending = b""
-
-
-def say(text):
-    os.write(1, (text + "\n").encode())
-
-
-def run(args, output):
-    os.setsid()
-    if tie is not None:
-        tie()
-    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    sys.argv = ["pytest", *args]
-    code = 3
-    try:
-        code = pytest.console_main()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(int(code))
-
-
-while True:
-    ready, _, _ = select.select([0], [], [], 0.02 if running else None)
-    for pid in list(running):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            running.discard(pid)
-            say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
-    if not ready:
-        continue
-    data = os.read(0, 65536)
-    if not data:
-        break
-    pending += data
-    while b"\n" in pending:
-        line, pending = pending.split(b"\n", 1)
-        args, output = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            run(args, output)
-        running.add(pid)
-        say(f"started {pid}")
-for pid in running:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-"""
+#: The warm process, a module of the harness that this module only names (the registry
+#: never imports pytest itself): it forks a run per request (see its docstring).
+SERVER = "katas._harness.warm_server"
 
 
 class WarmStart:
@@ -126,7 +57,7 @@ class WarmStart:
         key = (str(cwd), dict(env))
         if self._server is None:
             self._server = subprocess.Popen(
-                [sys.executable, "-c", SERVER],
+                [sys.executable, "-m", SERVER],
                 cwd=cwd,
                 env=dict(env),
                 stdin=subprocess.PIPE,

@@ -1,0 +1,96 @@
+"""The warm process of a ``kata start`` session (:mod:`katas._registry.warm` starts it).
+
+It imports what every suite run imports (pytest, hypothesis, anyio, trio), then forks one
+run per request line on stdin — ``[pytest arguments, output file]`` as JSON — and says
+``started PID`` and, once that run has ended, ``exit PID CODE`` on stdout (a negative
+code: the signal that ended it). Each run leads a process group of its own, writes to
+its output file, reads nothing, and dies with this process, which ends when its stdin
+closes (taking any run still going with it).
+
+Run as ``python -m katas._harness.warm_server``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
+
+import pytest
+
+from katas._runtime.children import dies_with_parent
+
+#: What every run imports: imported once here, inherited by every fork.
+PRELOADED = ("hypothesis", "anyio", "trio")
+
+
+def _say(text: str) -> None:
+    os.write(1, (text + "\n").encode())
+
+
+def _run(args: list[str], output: str, tie: Callable[[], None] | None) -> NoReturn:
+    """The forked child: pytest ``args``, its output to ``output``; never returns. ``tie``
+    (made in the warm process, before the fork) ends it with the warm process."""
+    os.setsid()
+    if tie is not None:
+        tie()
+    fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    sys.argv = ["pytest", *args]
+    code = 3
+    try:
+        code = int(pytest.main(args))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
+
+
+def main() -> None:
+    for name in PRELOADED:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    tie = dies_with_parent().get("preexec_fn")  # made here: it checks for this parent
+    running: set[int] = set()
+    pending = b""
+    while True:
+        ready, _, _ = select.select([0], [], [], 0.02 if running else None)
+        for pid in list(running):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                running.discard(pid)
+                _say(f"exit {pid} {os.waitstatus_to_exitcode(status)}")
+        if not ready:
+            continue
+        data = os.read(0, 65536)
+        if not data:
+            break
+        pending += data
+        while b"\n" in pending:
+            line, pending = pending.split(b"\n", 1)
+            args, output = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _run(args, output, tie)
+            running.add(pid)
+            _say(f"started {pid}")
+    for pid in running:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
