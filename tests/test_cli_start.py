@@ -20,6 +20,8 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from _support import (
@@ -42,7 +44,7 @@ from _support import (
 from rich.console import Console
 
 from katas._cli.cli import main
-from katas._cli.cli_start import _after_stage, show_difference
+from katas._cli.cli_start import _after_stage, _failing_lines, show_difference
 from katas._cli.cliutil import Context
 from katas._cli.practice import SoloOutcome, SoloSession
 from katas._cli.watch import Watcher
@@ -981,3 +983,17 @@ def test_tmux_an_endless_loop_is_a_failure_line_naming_each_test_that_timed_out(
     assert shown.count("! timeout: test_stage1_add ran past 2 s") == 2, shown
     tmux.press("q")
     tmux.wait_for("KATA_EXIT=1")
+
+
+def test_the_watcher_shows_a_compilers_error_line_whole() -> None:
+    # The compiler's first error says what to fix at its end: cut, it would say nothing.
+    compiler = "csrc/hotpath.c:24:5: error: expected expression before 'hp_int' (line end)"
+    message = f"BuildError: the C of dynamic_batcher._hotpath does not build: {compiler}"
+    results = tuple(
+        TestResult(f"t.py::test_{i}", "failed", "error", message, compiler) for i in range(3)
+    )
+    screen = io.StringIO()
+    ctx = cast(Context, SimpleNamespace(out=Console(file=screen, width=60)))
+    _failing_lines(ctx, SuiteRun(1, results, "", 1.0))
+    shown = "".join(screen.getvalue().split())  # the folded lines, joined
+    assert "".join(compiler.split()) in shown, screen.getvalue()

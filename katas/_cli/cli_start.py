@@ -123,8 +123,13 @@ def _failing_lines(ctx: Context, result: SuiteRun, limit: int = 3) -> None:
     """The first few real failures (alike ones once), then the not-implemented ones."""
     width = max(20, ctx.out.width - 2)
     for line in failure_lines(result, limit=limit, width=width):
+        # A detail (indented) wraps: an expected/got pair is already cut around where it
+        # differs, and a compiler's error line must show whole.
+        detail = line.plain.startswith("    ")
         ctx.out.print(
-            Text("  ") + _showing_difference(line, width), overflow="ellipsis", no_wrap=True
+            Text("  ") + _showing_difference(line, width),
+            overflow="fold" if detail else "ellipsis",
+            no_wrap=not detail,
         )
     missing = result.failures("not_implemented")
     if missing:

@@ -21,6 +21,7 @@ import pytest
 
 from katas._harness import profiles
 from katas._registry.impl import NOT_IMPLEMENTED
+from katas._runtime.native import BUILD_SAYS, BuildError
 from katas._runtime.todo import Todo
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -238,12 +239,20 @@ def failure_detail(exc: BaseException, kind: str) -> str:
         detail = assertion_detail(str(focus))
     elif isinstance(focus, SyntaxError):
         detail = " ".join((focus.text or "").split())
+    elif isinstance(focus, BuildError):  # the compiler's first error, its path made short
+        detail = shown_path(str(focus).splitlines()[0].split(BUILD_SAYS, 1)[-1])
+        return detail  # whole: a cut compiler message hides what to fix
     else:
         where = _learners_frame(focus)
         detail = where if focus is exc else f"{type(focus).__name__}: {focus} — {where}"
     if len(detail) > DETAIL_CHARS:
         detail = detail[: DETAIL_CHARS - 1] + "…"
     return detail
+
+
+def shown_path(text: str) -> str:
+    """``text`` with the working directory's absolute path left off the paths it holds."""
+    return text.replace(f"{Path.cwd().as_posix()}/", "")
 
 
 # --- tracebacks --------------------------------------------------------------------------

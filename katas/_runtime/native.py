@@ -45,6 +45,10 @@ QUOTED_LINES = 25
 _ERROR_LINE = re.compile(r"(?:^|:\s*|\s)(?:fatal )?error:|^CMake Error|undefined reference", re.I)
 
 
+#: What a BuildError's first line says between the module and the compiler's first error.
+BUILD_SAYS = " does not build: "
+
+
 class BuildError(ImportError):
     """The C of an implementation does not configure or compile; ``str()`` quotes why."""
 
@@ -166,7 +170,7 @@ def _run(command: list[str], what: str, implementation: Path, tree: Path) -> Non
         shutil.rmtree(tree, ignore_errors=True)
     # The first error on the first line: a one-line report shows what to fix.
     raise BuildError(
-        f"the C of {what} does not build: {errors[0]}\n"
+        f"the C of {what}{BUILD_SAYS}{errors[0]}\n"
         f"(cmake in {tree}, from {implementation / what.split('.')[0] / 'csrc'}):\n"
         + "\n".join(output[-QUOTED_LINES:])
     )
