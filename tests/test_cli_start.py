@@ -997,3 +997,21 @@ def test_the_watcher_shows_a_compilers_error_line_whole() -> None:
     _failing_lines(ctx, SuiteRun(1, results, "", 1.0))
     shown = "".join(screen.getvalue().split())  # the folded lines, joined
     assert "".join(compiler.split()) in shown, screen.getvalue()
+
+
+def test_the_watcher_says_crashed_for_each_test_a_crash_in_c_failed() -> None:
+    # The harness runs a kata's C tests in forked children: a segfault fails its test only.
+    crashed = [
+        f"crashed: test_{i} — the process died of SIGSEGV at running.py:105 in schedule"
+        for i in range(2)
+    ]
+    results = (
+        TestResult("t.py::test_0", "failed", "crashed", crashed[0]),
+        TestResult("t.py::test_1", "failed", "crashed", crashed[1]),
+        TestResult("t.py::test_2", "passed", None, ""),
+    )
+    screen = io.StringIO()
+    ctx = cast(Context, SimpleNamespace(out=Console(file=screen, width=200)))
+    _failing_lines(ctx, SuiteRun(1, results, "", 1.0))
+    shown = screen.getvalue().splitlines()
+    assert [line.strip() for line in shown if "crashed:" in line] == [f"! {c}" for c in crashed]
