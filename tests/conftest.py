@@ -90,7 +90,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         text = "check budgets, s spent/budget: " + ", ".join(figures)
         for line in textwrap.wrap(text, 100, subsequent_indent="  "):
             terminalreporter.write_line(line)
-    edits = learner_edits()
+    edits = [path for path in learner_edits() if path.endswith(".py")]  # what they read
     if edits:
         terminalreporter.write_line(
             f"left out of ruff and mypy as your work in progress: {', '.join(edits)} "

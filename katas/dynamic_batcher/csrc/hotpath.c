@@ -3,8 +3,8 @@
  * TODO(stage1): implement every function below (the prompt: katas/dynamic_batcher/README.md).
  * Check your work with the Python suite, which builds this file when it imports it:
  *   pytest katas/dynamic_batcher -k hotpath
- * or with the C unit test:
- *   cmake -S . -B build/dev && cmake --build build/dev && ctest --test-dir build/dev -C kata
+ * or with the C unit test (then under the sanitizers: --preset sanitize):
+ *   cmake --workflow --preset dev
  */
 #include "hotpath.h"
 
