@@ -6,10 +6,11 @@ traceback per test.
   thousands of lines). The stage modules the selection needs are imported here: one
   that does not import is one line — ``stage1.py:12: SyntaxError: invalid syntax`` —
   every selected test of its stage is recorded as failing with it, and the run ends.
-- **The C builds, once.** A kata's C modules are built and imported here too, in this
-  process, so every test (and every forked child, see :mod:`isolation`) finds them
-  loaded. A compile error is printed once, the compiler's first error line whole; the
-  tests that need the module fail with that line, and nothing is built again.
+- **The C builds, once.** When a C unit's test is selected, the kata's C modules are
+  built and imported here too, in this process, so every test (and every forked child,
+  see :mod:`isolation`) finds them loaded. A compile error is printed once, the
+  compiler's first error line whole; the tests that need the module fail with that
+  line, and nothing is built again.
 - **The Redis server answers.** With ``KATA_REDIS_URL`` set and a Redis test selected,
   a server that does not answer is a configuration error: one line, exit code 2.
 """
@@ -23,7 +24,12 @@ import traceback
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pytest
+from _pytest.mark import KeywordMatcher
+from _pytest.mark.expression import Expression
+
 from katas._harness.under_test import KataUnderTest
+from katas._registry.catalog import CatalogError, load_kata
 from katas._runtime.native import BuildError
 from katas._runtime.todo import Todo
 
@@ -75,6 +81,21 @@ def native_modules(kata_dir: Path) -> list[str]:
     return sorted(p.stem for p in kata_dir.glob("*.pyi"))
 
 
+def reaches_c(items: list[pytest.Item], kata_dir: Path, stage: int) -> bool:
+    """Whether ``items`` (of one stage) include a test of the stage's C unit (a practice
+    unit whose file is C, by its ``-k`` keyword): a run of the Python unit alone builds
+    no C before its tests (one of them that needs it still builds it). True where the
+    stage declares no such unit."""
+    try:
+        units = [u for u in load_kata(kata_dir).stage(stage).units if u.file.endswith(".c")]
+    except CatalogError:
+        return True
+    if not units:
+        return True
+    selects = [Expression.compile(unit.keyword) for unit in units]
+    return any(s.evaluate(KeywordMatcher.from_item(item)) for s in selects for item in items)
+
+
 def build_failure(kata: KataUnderTest, module: str) -> str | None:
     """One line (the compiler's first error, whole) if ``module`` does not build."""
     try:
@@ -112,6 +133,7 @@ __all__ = [
     "build_failure",
     "import_failure",
     "native_modules",
+    "reaches_c",
     "redis_failure",
     "stage_failure",
 ]

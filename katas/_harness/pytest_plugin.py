@@ -300,7 +300,9 @@ def _preflight(session: pytest.Session) -> None:
         for why in dict.fromkeys(broken):
             say(why)
         pytest.exit("the code under test does not import: no test ran", returncode=1)
-    for folder, number in sorted(by_stage):
+    for (folder, number), stage_items in sorted(by_stage.items()):
+        if not preflight.reaches_c(stage_items, folder, number):
+            continue
         for module in preflight.native_modules(folder):
             why = preflight.build_failure(KataUnderTest(folder.name, selection, number), module)
             if why:
