@@ -129,3 +129,22 @@ def test_a_segfault_in_c_fails_the_tests_that_reach_it_and_the_rest_run(tmp_path
     assert shown.returncode == 1, shown.stdout + shown.stderr
     assert len([ln for ln in lines if ln.startswith("! crashed: ")]) == len(crashed), lines
     assert f"{len(crashed)} crashed" in lines[-1], lines[-1]
+
+
+def test_a_loop_in_c_past_its_deadline_is_a_timeout_that_says_where(tmp_path: Path) -> None:
+    # Stuck in C, the test never returns to Python to meet its deadline: it is killed,
+    # and its line says which call into C never came back.
+    impl = reference_copy(tmp_path)
+    source = impl / "dynamic_batcher" / "csrc" / "hotpath.c"
+    plant(
+        source,
+        "hp_int left = token_budget;",
+        "hp_int left = token_budget;\n    for (volatile int spin = 1; spin;) {} /* planted */",
+    )
+    test = "test_hotpath_a_smaller_request_never_jumps_the_queue"
+    run = pytest_run("katas/dynamic_batcher", f"--impl={impl}", "-k", test,
+                     env={"KATA_TEST_TIMEOUT": "1"})  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 1, out[-3000:]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith(f"timeout: {test}")]
+    assert re.search(r"it was at \S+:\d+ in \w+: .*fill_token_budget\(", line), line

@@ -72,14 +72,14 @@ def run_forked(
             _child(item, nextitem, records, write_end, dump.fileno(), arm)
         os.close(write_end)
         sent, stuck = _read_until_closed(read_end, time.monotonic() + deadline_s)
-        if stuck:
-            os.kill(pid, signal.SIGKILL)
-        _, status = os.waitpid(pid, 0)
+        status = _stop(pid) if stuck else os.waitpid(pid, 0)[1]
         name = item.nodeid.split("::", 1)[-1]
         if stuck:
+            dump.seek(0)
             message = (
                 f"timeout: {name} was still running {deadline_s:g} s after it started and "
-                "did not stop at its deadline (stuck in C?), so it was killed"
+                "did not stop at its deadline (stuck in C?), so it was killed; it was"
+                + (crashes.where_it_died(dump.read().decode(errors="replace")) or " somewhere")
             )
             _log_death(item, "timeout", message, records)
         elif os.WIFEXITED(status) and os.WEXITSTATUS(status) == _SENT and sent:
@@ -93,6 +93,24 @@ def run_forked(
             message = crash_message(name, status, dump.read().decode(errors="replace"))
             _log_death(item, "crashed", message, records)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+
+#: Real seconds a stuck child has to write faulthandler's dump before it is killed.
+_DUMP_GRACE_S = 2.0
+
+
+def _stop(pid: int) -> int:
+    """End a stuck child, first with SIGABRT (faulthandler dumps where it is), then, if
+    it is still there, SIGKILL; its wait status."""
+    os.kill(pid, signal.SIGABRT)
+    deadline = time.monotonic() + _DUMP_GRACE_S
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+    return os.waitpid(pid, 0)[1]
 
 
 def _read_until_closed(fd: int, deadline: float) -> tuple[bytes, bool]:
