@@ -46,7 +46,7 @@ from rich.console import Console
 from katas._cli.cli import main
 from katas._cli.cli_start import _after_stage, _failing_lines, show_difference
 from katas._cli.cliutil import Context
-from katas._cli.practice import SoloOutcome, SoloSession
+from katas._cli.practice import SoloOutcome, SoloSession, verdict
 from katas._cli.watch import Watcher
 from katas._harness.failures import assertion_detail
 from katas._registry import catalog as cat
@@ -1015,3 +1015,15 @@ def test_the_watcher_says_crashed_for_each_test_a_crash_in_c_failed() -> None:
     _failing_lines(ctx, SuiteRun(1, results, "", 1.0))
     shown = screen.getvalue().splitlines()
     assert [line.strip() for line in shown if "crashed:" in line] == [f"! {c}" for c in crashed]
+
+
+def test_the_watchers_headline_counts_the_tests_that_timed_out_or_crashed() -> None:
+    results = (
+        TestResult("t.py::test_0", "passed", None, ""),
+        TestResult("t.py::test_1", "failed", "timeout", "timeout: test_1 ran past 30 s"),
+        TestResult("t.py::test_2", "failed", "crashed", "crashed: test_2 — SIGSEGV"),
+        TestResult("t.py::test_3", "failed", "assertion", "assert 1 == 2"),
+    )
+    assert verdict(SuiteRun(1, results, "", 1.0)) == "1/4 passed, 1 timed out, 1 crashed"
+    stopped = SuiteRun(1, results[:2], "", 1.0, selected=4)
+    assert verdict(stopped) == "1 passed, then a failure, 1 timed out; 2 not run"

@@ -292,10 +292,7 @@ def print_summary(
             soft_wrap=True,
         )
     tally = Text(f"{passed}/{ran} passed", style="bold " + ("green" if result.ok else "red"))
-    for kind, words in (("timeout", "timed out"), ("crashed", "crashed")):
-        count = len(result.failures(kind))
-        if count:
-            tally.append(f", {count} {words}", style="red")
+    tally.append(result.troubles(), style="red")
     if skipped:
         tally.append(f", {skipped} skipped")
     tally.append(f" in {result.seconds:.1f}s — {kata.name} stage {stage.number}: {stage.title}")

@@ -50,12 +50,13 @@ def tally(result: SuiteRun) -> tuple[int, int]:
 
 
 def verdict(result: SuiteRun) -> str:
-    """``47/61 passed``, or for a run that stopped at its first failure what it knows:
-    ``3 passed, then a failure; 57 not run``."""
+    """``47/61 passed`` (``, 5 timed out`` and ``, 1 crashed`` where some did), or for a
+    run that stopped at its first failure what it knows: ``3 passed, then a failure; 57
+    not run``."""
     passed, of = tally(result)
     if result.not_run:
-        return f"{passed} passed, then a failure; {result.not_run} not run"
-    return f"{passed}/{of} passed"
+        return f"{passed} passed, then a failure{result.troubles()}; {result.not_run} not run"
+    return f"{passed}/{of} passed{result.troubles()}"
 
 
 class _Refresh(Protocol):

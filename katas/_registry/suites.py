@@ -105,6 +105,15 @@ class SuiteRun:
                 groups.setdefault((failure.kind, failure.message), []).append(failure)
         return [tuple(group) for group in groups.values()]
 
+    def troubles(self) -> str:
+        """``", 2 timed out, 1 crashed"``: the failures a tally names besides its count
+        (a test past its deadline, a test whose process died); "" for none."""
+        counts = (
+            (len(self.failures("timeout")), "timed out"),
+            (len(self.failures("crashed")), "crashed"),
+        )
+        return "".join(f", {count} {words}" for count, words in counts if count)
+
     @property
     def not_run(self) -> int:
         """Selected tests that never ran: the run stopped at a failure (``-x``) first."""
