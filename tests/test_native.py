@@ -204,9 +204,8 @@ def test_reference_rejects_an_output_that_overlaps_the_input() -> None:
 
 
 def tool(name: str) -> str:
-    """``name`` (cmake, ctest) beside this Python (the venv's), else the one on PATH."""
-    beside = Path(sys.executable).parent / name
-    return str(beside) if beside.is_file() else name
+    """``name`` (cmake, ctest) as the build on import finds it."""
+    return native.tool(name) or name
 
 
 def run(*argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -23,6 +23,8 @@ from rich.text import Text
 from katas._cli.cliutil import Command, Context, UserError, add_kata
 from katas._cli.pristine import PristineError, looks_like_stub, pristine_stub
 from katas._registry.catalog import Coderpad, Kata, display_path
+from katas._runtime import native
+from katas._runtime.children import dies_with_parent
 
 #: In the laid-out folder: when the clock started and the timebox.
 CLOCK_FILE = ".coderpad.json"
@@ -141,7 +143,7 @@ def check(pad: Coderpad, folder: Path, ctx: Context) -> int:
             f"{display_path(folder)} has no CMakeLists.txt: lay a project out first "
             "(kata coderpad KATA DIR)"
         )
-    cmake, ctest = shutil.which("cmake"), shutil.which("ctest")
+    cmake, ctest = native.tool("cmake"), native.tool("ctest")
     if cmake is None or ctest is None:
         raise UserError("cmake and ctest must be on PATH (pip install cmake, or your system's)")
     build = folder / BUILD_DIR
@@ -175,7 +177,13 @@ def _step(ctx: Context, what: str, argv: list[str], timeout: int, show_all: bool
     _say(ctx, "$ " + " ".join(Path(a).name if i == 0 else a for i, a in enumerate(argv)))
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, check=False, errors="replace"
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            errors="replace",
+            **dies_with_parent(),
         )
     except subprocess.TimeoutExpired:
         _say(ctx, f"FAILED: the {what} step ran past {timeout} s")

@@ -21,7 +21,7 @@ from rich.text import Text
 from katas._cli.state import State, StateStore
 from katas._cli.terminal import KeyboardTerminal, Terminal
 from katas._registry.catalog import Catalog, Kata, Stage, display_path
-from katas._registry.crashes import crash_message, dying_test, signal_name
+from katas._registry.crashes import crash_message, died_of, dying_test
 from katas._registry.impl import ENV_IMPL, NOT_IMPLEMENTED, profile_name
 from katas._registry.notes import is_section, sections
 from katas._registry.suites import SuiteRun, TestResult, resolve_impl
@@ -259,8 +259,7 @@ def crash_line(returncode: int, output: str) -> str | None:
     has them (:mod:`katas._registry.crashes`). None for a run that exited."""
     if returncode >= 0:
         return None
-    how = f"the process died of {signal_name(-returncode)}"
-    return crash_message(dying_test(output), how, output)
+    return crash_message(dying_test(output), died_of(-returncode), output)
 
 
 def print_summary(

@@ -6,8 +6,9 @@ kata with a C module (see :mod:`katas._runtime.native`) runs in a child forked f
 pytest process: the child runs the test's whole protocol and sends its reports back; a
 child that dies of a signal becomes one failed test — which test, the signal, and the
 line of Python that called into C (faulthandler's dump) — and the run goes on with the
-next test. A forked child inherits everything imported before it (the stage module and
-its C module are imported once, by the run's pre-flight), so it costs milliseconds.
+next test. A forked child inherits everything imported before it (the stage module, and
+its C module when a test of the C unit is selected: the run's pre-flight imports them),
+so it costs milliseconds; a test outside the C unit that needs the C builds it itself.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 import pytest
 from _pytest.runner import runtestprotocol
 
+from katas._harness.preflight import native_modules
 from katas._registry import crashes
-from katas._registry.crashes import signal_name
+from katas._runtime.children import dies_with_parent
 
 #: The exit code of a child that ran its test and sent its reports.
 _SENT = 0
@@ -38,10 +40,7 @@ def wanted(item: pytest.Item) -> bool:
     platform can fork and nobody debugs the run (``--pdb`` needs the terminal here)."""
     if not hasattr(os, "fork") or item.config.getoption("usepdb", False):
         return False
-    if item.get_closest_marker("stage") is None:
-        return False
-    kata_dir = item.path.parent
-    return (kata_dir / "csrc" / "CMakeLists.txt").is_file() and any(kata_dir.glob("*.pyi"))
+    return item.get_closest_marker("stage") is not None and bool(native_modules(item.path.parent))
 
 
 def run_forked(
@@ -62,16 +61,24 @@ def run_forked(
     config = item.config
     ihook = item.ihook
     ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    tie = dies_with_parent().get("preexec_fn")  # made here: it checks for this parent
     with tempfile.TemporaryFile() as dump:
         read_end, write_end = os.pipe()
         gc.freeze()  # the child's collector leaves the parent's objects (and pages) alone
         pid = os.fork()
-        gc.unfreeze()
         if pid == 0:  # the child: run the test, send the reports, and leave at once
             os.close(read_end)
+            if tie is not None:
+                tie()  # a child stuck in C goes when this run goes, whatever ends it
             _child(item, nextitem, records, write_end, dump.fileno(), arm)
+        gc.unfreeze()
         os.close(write_end)
-        sent, stuck = _read_until_closed(read_end, time.monotonic() + deadline_s)
+        try:
+            sent, stuck = _read_until_closed(read_end, time.monotonic() + deadline_s)
+        except BaseException:  # Ctrl-C of the run: its test's child goes first
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise
         status = _stop(pid) if stuck else os.waitpid(pid, 0)[1]
         name = item.nodeid.split("::", 1)[-1]
         if stuck:
@@ -88,10 +95,10 @@ def run_forked(
                 report = config.hook.pytest_report_from_serializable(config=config, data=data)
                 ihook.pytest_runtest_logreport(report=report)
             records.update(payload["records"])
-        else:
+        else:  # died of a signal ("crashed"), or left without its reports ("error")
             dump.seek(0)
             message = crash_message(name, status, dump.read().decode(errors="replace"))
-            _log_death(item, "crashed", message, records)
+            _log_death(item, "crashed" if os.WIFSIGNALED(status) else "error", message, records)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
 
@@ -162,7 +169,7 @@ def _child(
 def crash_message(name: str, status: int, dump: str) -> str:
     """One line for a child that did not come back: which test, how it ended, where."""
     if os.WIFSIGNALED(status):
-        how = f"the process died of {signal_name(os.WTERMSIG(status))}"
+        how = crashes.died_of(os.WTERMSIG(status))
     else:
         how = f"the process exited with code {os.WEXITSTATUS(status)} before it reported"
     return crashes.crash_message(name, how, dump)
@@ -177,7 +184,7 @@ def _log_death(
         "The C under test crashed the process. For the C line, run its C unit tests under "
         "AddressSanitizer and UBSan (the README's C section says how)."
         if kind == "crashed"
-        else ""
+        else ""  # a timeout says it all; an exit without reports is no crash of C
     )
     report = pytest.TestReport(
         item.nodeid,

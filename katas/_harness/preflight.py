@@ -33,10 +33,6 @@ from katas._registry.catalog import CatalogError, load_kata
 from katas._runtime.native import BuildError
 from katas._runtime.todo import Todo
 
-#: The environment variable of an external Redis server (mode 3 of the Redis harness).
-ENV_REDIS_URL = "KATA_REDIS_URL"
-#: The environment variable naming the ``redis-server`` the harness starts (mode 2).
-ENV_REDIS_SERVER = "KATA_REDIS_SERVER"
 #: Real seconds a server has to answer a PING.
 PING_DEADLINE_S = 2.0
 
@@ -108,13 +104,19 @@ def build_failure(kata: KataUnderTest, module: str) -> str | None:
 def redis_failure() -> str | None:
     """One line if the configured Redis cannot serve the run (``None`` if it can, or if
     the run uses the embedded server)."""
-    server = os.environ.get(ENV_REDIS_SERVER)
+    # Imported here, not at the top: pytest loads redis_fixture as a plugin (and rewrites
+    # its asserts) only if nothing imported it before.
+    from katas._harness.redis_fixture import ENV_SERVER, ENV_URL
+
+    server = os.environ.get(ENV_SERVER)
     if server and shutil.which(server) is None:
-        return f"{ENV_REDIS_SERVER}={server}: no such program on PATH (install redis-server)"
-    url = os.environ.get(ENV_REDIS_URL)
+        return f"{ENV_SERVER}={server}: no such program on PATH (install redis-server)"
+    url = os.environ.get(ENV_URL)
     if not url:
         return None
     parsed = urlparse(url)
+    if parsed.scheme != "redis":  # a unix socket or TLS: the first test tells
+        return None
     host, port = parsed.hostname or "127.0.0.1", parsed.port or 6379
     try:
         with socket.create_connection((host, port), timeout=PING_DEADLINE_S) as conn:
@@ -123,9 +125,9 @@ def redis_failure() -> str | None:
             answer = conn.recv(64)
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        return f"{ENV_REDIS_URL}={url}: nothing answers at {host}:{port} ({reason})"
+        return f"{ENV_URL}={url}: nothing answers at {host}:{port} ({reason})"
     if not answer:
-        return f"{ENV_REDIS_URL}={url}: {host}:{port} closed the connection without answering"
+        return f"{ENV_URL}={url}: {host}:{port} closed the connection without answering"
     return None  # +PONG, or an error such as NOAUTH: a Redis is there
 
 

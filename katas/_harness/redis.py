@@ -60,11 +60,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from katas._harness.faultproxy import FaultProxy
+from katas._harness.redis_fixture import ENV_SERVER, ENV_URL
 from katas._runtime.children import dies_with_parent
 from katas._runtime.clock import NS_PER_S
-
-ENV_SERVER = "KATA_REDIS_SERVER"
-ENV_URL = "KATA_REDIS_URL"
 
 Mode = Literal["fakeredis", "server", "url"]
 

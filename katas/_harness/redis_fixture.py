@@ -12,6 +12,11 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+#: The environment variable naming the ``redis-server`` the harness starts (mode 2).
+ENV_SERVER = "KATA_REDIS_SERVER"
+#: The environment variable of an external Redis server (mode 3).
+ENV_URL = "KATA_REDIS_URL"
+
 if TYPE_CHECKING:
     from katas._harness.redis import RedisEnv
 

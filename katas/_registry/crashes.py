@@ -12,15 +12,16 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
-import sys
 import sysconfig
 from pathlib import Path
 
 #: One frame of the fault handler's dump.
 FAULT_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)', re.M)
-#: Python's own installation: frames there are not the code a learner reads.
+#: Python's own installation (its library and the installed packages): frames there are
+#: not the code a learner reads.
 _INSTALLED = tuple(
-    str(Path(p).resolve()) for p in {sysconfig.get_paths()["stdlib"], sys.prefix, sys.base_prefix}
+    Path(sysconfig.get_paths()[key]).resolve()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib")
 )
 
 
@@ -32,12 +33,17 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def died_of(number: int) -> str:
+    """``the process died of SIGSEGV``: how a crash line says a signal ended the run."""
+    return f"the process died of {signal_name(number)}"
+
+
 def where_it_died(dump: str) -> str:
     """`` at running.py:105 in schedule: <the line>``: the innermost frame of the dump
     outside Python's installation (the call into C that never returned); "" if none."""
     for frame in FAULT_FRAME.finditer(dump):
         path = frame["path"]
-        if path.startswith("<") or str(Path(path).resolve()).startswith(_INSTALLED):
+        if path.startswith("<") or any(Path(path).resolve().is_relative_to(p) for p in _INSTALLED):
             continue
         text = ""
         with contextlib.suppress(OSError, IndexError, ValueError):
@@ -57,4 +63,4 @@ def crash_message(test: str, how: str, dump: str) -> str:
     return f"crashed: {test + ' — ' if test else ''}{how}{where_it_died(dump)}"
 
 
-__all__ = ["FAULT_FRAME", "crash_message", "dying_test", "signal_name", "where_it_died"]
+__all__ = ["FAULT_FRAME", "crash_message", "died_of", "dying_test", "signal_name", "where_it_died"]

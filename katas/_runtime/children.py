@@ -1,8 +1,10 @@
 """Child processes that die with the process that started them.
 
-Every process the harness, the registry or the ``kata`` command starts (a suite run, a
-C build, a private ``redis-server``, an HTTP replica) is started with
-``**dies_with_parent()``. On Linux the kernel then sends the child SIGKILL when its
+Every process the harness, the registry or the ``kata`` command starts and may leave
+running (a suite run, a C build, a private ``redis-server``, an HTTP replica, a forked
+test, the warm process and its runs) is started with ``**dies_with_parent()`` (or calls
+its ``preexec_fn`` itself after a fork); the one-shot ``git`` and ``patch`` calls, which
+end in moments, are not. On Linux the kernel then sends the child SIGKILL when its
 parent goes, whatever ends the parent — SIGTERM, Ctrl-C, SIGKILL — so a stopped
 ``pytest`` leaves nothing running: each level of children takes the next one with it.
 
@@ -11,6 +13,9 @@ child from a thread that outlives it — pytest's main thread, or a thread that 
 the child (a suite run in a pool) — never from a pooled worker that may idle out while
 the child should run on (``anyio.to_thread``'s threads do). Where there is no ``prctl``
 (not Linux) the keyword arguments are empty and children outlive their parent as before.
+A ``preexec_fn`` makes :mod:`subprocess` fork rather than vfork, and runs in the child
+before exec; this one only calls ``prctl`` and ``getppid``, which need no lock a thread of
+the parent could hold.
 """
 
 from __future__ import annotations

@@ -85,6 +85,8 @@ def build(kata: str, module: str, implementation: Path) -> Path:
     """Build ``kata``'s ``module`` from ``implementation``; return the built file."""
     tree = BUILD_ROOT / _tree_name(implementation)
     sources = implementation / kata / "csrc"
+    if not sources.is_dir():
+        raise BuildError(f"{kata}.{module}: {sources} is missing (the C of the implementation)")
     key = (tree, kata, module, max((p.stat().st_mtime_ns for p in sources.iterdir()), default=0))
     if key in _FAILED:
         raise _FAILED[key]
@@ -106,7 +108,7 @@ def _build(tree: Path, kata: str, module: str, implementation: Path) -> Path:
             (tree / SOURCE_NOTE).write_text(str(implementation))
             _run(_configure(tree, implementation), f"{kata}.{module}", implementation, tree)
         _run(
-            [_tool("cmake") or "cmake", "--build", str(tree), "--target", target],
+            [tool("cmake") or "cmake", "--build", str(tree), "--target", target],
             f"{kata}.{module}",
             implementation,
             tree,
@@ -136,15 +138,15 @@ def _tree_name(implementation: Path) -> str:
     return "impl-" + hashlib.sha1(str(implementation).encode()).hexdigest()[:12]
 
 
-def _tool(name: str) -> str | None:
+def tool(name: str) -> str | None:
     """``name`` beside this Python (a venv's pip-installed cmake), else on PATH."""
     beside = Path(sys.executable).parent / name
     return str(beside) if beside.is_file() else shutil.which(name)
 
 
 def _configure(tree: Path, implementation: Path) -> list[str]:
-    command = [_tool("cmake") or "cmake", "-S", str(SOURCE_ROOT), "-B", str(tree)]
-    if ninja := _tool("ninja"):
+    command = [tool("cmake") or "cmake", "-S", str(SOURCE_ROOT), "-B", str(tree)]
+    if ninja := tool("ninja"):
         command += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
     return [
         *command,
@@ -155,7 +157,7 @@ def _configure(tree: Path, implementation: Path) -> list[str]:
 
 
 def _run(command: list[str], what: str, implementation: Path, tree: Path) -> None:
-    if _tool("cmake") is None:
+    if tool("cmake") is None:
         raise BuildError(f"{what}: building C needs cmake (pip install cmake ninja)")
     done = subprocess.run(
         command, capture_output=True, text=True, check=False, **dies_with_parent()
