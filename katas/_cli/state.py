@@ -37,6 +37,14 @@ STATUSES = ("passed", "failing", "reset", "not started")
 Attempt = dict[str, Any]
 
 
+def _last_status(attempts: list[Attempt]) -> str | None:
+    """``passed`` or ``failing`` by the newest of ``attempts``; None if there is none."""
+    if not attempts:
+        return None
+    last = max(attempts, key=lambda a: _number(a.get("started")) or 0.0)
+    return "passed" if last.get("green_seconds") is not None else "failing"
+
+
 def _number(value: Any) -> float | None:
     """``value`` if it is a number (not a bool), as a float; else None (a hand-edited file)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -107,11 +115,7 @@ class State:
 
     def unit_status(self, kata: str, stage: int, unit: str) -> str:
         """``passed`` or ``failing`` by the unit's last attempt; ``not started`` without."""
-        attempts = self.learners_attempts(kata, stage, unit)
-        if not attempts:
-            return "not started"
-        last = max(attempts, key=lambda a: _number(a.get("started")) or 0.0)
-        return "passed" if last.get("green_seconds") is not None else "failing"
+        return _last_status(self.learners_attempts(kata, stage, unit)) or "not started"
 
     def passed(self, kata: str, stage: int) -> bool:
         """Whether the learner's code *ever* passed the stage (a green attempt or test run),
@@ -133,10 +137,9 @@ class State:
                 return "reset"
             if isinstance(result.get("last_ok"), bool):
                 return "passed" if result["last_ok"] else "failing"
-        attempts = self.learners_attempts(kata, stage)
-        if attempts:  # no run recorded for the stage: the last attempt says
-            last = max(attempts, key=lambda a: _number(a.get("started")) or 0.0)
-            return "passed" if last.get("green_seconds") is not None else "failing"
+        last = _last_status(self.learners_attempts(kata, stage))
+        if last:  # no run recorded for the stage: the last attempt says
+            return last
         return "failing" if result is not None or self.attempts_of(kata, stage) else "not started"
 
     def green(self, kata: str, stage: int) -> bool:

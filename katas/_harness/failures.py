@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -248,6 +249,26 @@ def failure_detail(exc: BaseException, kind: str) -> str:
     if len(detail) > DETAIL_CHARS:
         detail = detail[: DETAIL_CHARS - 1] + "…"
     return detail
+
+
+def part_of(item: pytest.Item) -> str:
+    """The part of its stage a kata test belongs to: ``core`` or ``extended``."""
+    return "core" if item.get_closest_marker("core") else "extended"
+
+
+def failed_record(
+    item: pytest.Item, kind: str, message: str, detail: str = "", rules: list[str] | None = None
+) -> dict[str, Any]:
+    """A failed test's entry in the ``--kata-report`` JSON, which the ``kata`` command reads:
+    the failure's kind, its one line, the line beside it and the rules it checks."""
+    return {
+        "outcome": "failed",
+        "kind": kind,
+        "message": message,
+        "detail": detail,
+        "rules": rules or [],
+        "part": part_of(item),
+    }
 
 
 def shown_path(text: str) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from _pytest.runner import runtestprotocol
 
+from katas._harness.failures import failed_record
 from katas._harness.preflight import native_modules
 from katas._registry import crashes
 from katas._runtime.children import dies_with_parent
@@ -178,8 +179,8 @@ def crash_message(name: str, status: int, dump: str) -> str:
 def _log_death(
     item: pytest.Item, kind: str, message: str, records: dict[str, dict[str, Any]]
 ) -> None:
-    """Log the failure of a child that did not come back: ``kind`` is ``crashed`` or
-    ``timeout``."""
+    """Log the failure of a child that did not come back: ``kind`` is ``crashed``,
+    ``timeout`` or (it exited without its reports) ``error``."""
     hint = (
         "The C under test crashed the process. For the C line, run its C unit tests under "
         "AddressSanitizer and UBSan (the README's C section says how)."
@@ -195,12 +196,6 @@ def _log_death(
         "call",
         user_properties=list(item.user_properties),
     )
-    records[item.nodeid] = {
-        "outcome": "failed",
-        "kind": kind,
-        "message": message,
-        "detail": "",  # the hint is in pytest's report; the kata command shows one line
-        "rules": [],
-        "part": "core" if item.get_closest_marker("core") else "extended",
-    }
+    # no detail: the hint is in pytest's report; the kata command shows one line
+    records[item.nodeid] = failed_record(item, kind, message)
     item.ihook.pytest_runtest_logreport(report=report)

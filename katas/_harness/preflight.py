@@ -17,6 +17,7 @@ traceback per test.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -28,6 +29,7 @@ import pytest
 from _pytest.mark import KeywordMatcher
 from _pytest.mark.expression import Expression
 
+from katas._harness.failures import shown_path
 from katas._harness.under_test import KataUnderTest
 from katas._registry.catalog import CatalogError, load_kata
 from katas._runtime.native import BuildError
@@ -41,21 +43,13 @@ def import_failure(exc: BaseException) -> str:
     """One line for an exception raised while importing the code under test: where (the
     innermost frame of the code, not of importlib), what."""
     if isinstance(exc, SyntaxError):
-        where = f"{_shown(exc.filename)}:{exc.lineno}: " if exc.filename else ""
+        where = f"{shown_path(exc.filename)}:{exc.lineno}: " if exc.filename else ""
         text = (exc.text or "").strip()
         return f"{where}{type(exc).__name__}: {exc.msg}" + (f" — {text}" if text else "")
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "importlib" not in f.filename]
-    where = f"{_shown(frames[-1].filename)}:{frames[-1].lineno}: " if frames else ""
+    where = f"{shown_path(frames[-1].filename)}:{frames[-1].lineno}: " if frames else ""
     first = str(exc).splitlines()[0] if str(exc) else ""
     return f"{where}{type(exc).__name__}: {first}".rstrip(": ")
-
-
-def _shown(path: str) -> str:
-    """``path`` relative to the working directory where it is below it."""
-    try:
-        return Path(path).resolve().relative_to(Path.cwd()).as_posix()
-    except ValueError:
-        return path
 
 
 def stage_failure(kata: KataUnderTest, stage: int) -> Exception | None:
@@ -70,6 +64,7 @@ def stage_failure(kata: KataUnderTest, stage: int) -> Exception | None:
     return None
 
 
+@functools.cache  # asked for every test of a run (isolation.wanted): a kata's stay put
 def native_modules(kata_dir: Path) -> list[str]:
     """The C modules a kata declares: a ``<module>.pyi`` beside ``csrc/CMakeLists.txt``."""
     if not (kata_dir / "csrc" / "CMakeLists.txt").is_file():

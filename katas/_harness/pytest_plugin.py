@@ -32,8 +32,10 @@ from katas._harness import isolation, preflight, profiles
 from katas._harness import under_test as _stages
 from katas._harness.failures import (
     classify,
+    failed_record,
     failure_detail,
     is_noise,
+    part_of,
     running_place,
     start_hint,
     tell_once,
@@ -235,7 +237,7 @@ def _collected(items: list[pytest.Item]) -> dict[str, dict[str, Any]]:
         found[item.nodeid] = {
             "kata": item.path.parent.name,
             "stage": int(stage.args[0]),
-            "part": "core" if item.get_closest_marker("core") else "extended",
+            "part": part_of(item),
             "rules": sorted({str(a) for m in item.iter_markers("rule") for a in m.args}),
         }
     return found
@@ -287,15 +289,9 @@ def _preflight(session: pytest.Session) -> None:
             continue
         broken.append(preflight.import_failure(exc))
         kind, message = classify(exc)  # recorded as each test would have met it
+        detail = failure_detail(exc, kind)
         for item in stage_items:
-            record[item.nodeid] = {
-                "outcome": "failed",
-                "kind": kind,
-                "message": message,
-                "detail": failure_detail(exc, kind),
-                "rules": [],
-                "part": "core" if item.get_closest_marker("core") else "extended",
-            }
+            record[item.nodeid] = failed_record(item, kind, message, detail)
     if broken:
         for why in dict.fromkeys(broken):
             say(why)
@@ -406,14 +402,8 @@ def pytest_runtest_makereport(
         if rules:
             title = "the rule it checks" if len(rules) == 1 else "the rules it checks"
             report.sections.append((title, "\n".join(rules)))
-        record[item.nodeid] = {
-            "outcome": "failed",
-            "kind": kind,
-            "message": message,
-            "detail": failure_detail(call.excinfo.value, kind),
-            "rules": rules,
-            "part": "core" if item.get_closest_marker("core") else "extended",
-        }
+        detail = failure_detail(call.excinfo.value, kind)
+        record[item.nodeid] = failed_record(item, kind, message, detail, rules)
     elif call.when == "call" or (report.skipped and item.nodeid not in record):
         record.setdefault(
             item.nodeid, {"outcome": report.outcome, "kind": None, "message": "", "detail": ""}

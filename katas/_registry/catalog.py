@@ -304,7 +304,7 @@ class _Fields:
     def learner_file(self, name: str, default: str) -> str:
         """One path inside the kata folder, a Python or C file."""
         value = self.text(name, default)
-        self._inside_the_kata(name, value)
+        self.inside_the_kata(name, value)
         return value
 
     def identifier(self, name: str, default: str) -> str:
@@ -322,12 +322,12 @@ class _Fields:
             "a non-empty list of file paths",
         )
         for v in value:
-            self._inside_the_kata(name, v)
+            self.inside_the_kata(name, v)
         return tuple(value)
 
-    def _inside_the_kata(self, name: str, value: str) -> None:
-        path = Path(value)
-        if path.is_absolute() or ".." in path.parts or path.suffix not in LEARNER_SUFFIXES:
+    def inside_the_kata(self, name: str, value: str) -> None:
+        """Fail unless ``value`` names a Python or C file inside the kata folder."""
+        if not _relative(value) or Path(value).suffix not in LEARNER_SUFFIXES:
             self.fail(
                 name,
                 f"must name files inside the kata folder ending in "
@@ -436,7 +436,7 @@ def _coderpad(file: Path, raw: object) -> Coderpad:
     for pad_path, kata_path in files.items():
         if not isinstance(kata_path, str) or not _relative(pad_path):
             fields.fail("files", f"must map relative paths to kata files, got {pad_path!r}")
-        fields._inside_the_kata("files", kata_path)
+        fields.inside_the_kata("files", kata_path)
         pairs.append((pad_path, kata_path))
     template = fields.text("template")
     if not _relative(template):
@@ -448,6 +448,7 @@ def _coderpad(file: Path, raw: object) -> Coderpad:
 
 
 def _relative(value: str) -> bool:
+    """Whether ``value`` is a path relative to its folder and never above it."""
     path = Path(value)
     return bool(value.strip()) and not path.is_absolute() and ".." not in path.parts
 
