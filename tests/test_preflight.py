@@ -37,6 +37,19 @@ def reference_copy(tmp_path: Path) -> Path:
     return dest
 
 
+#: The line of the reference's hp_fill_token_budget where the C faults are planted.
+C_LINE = "hp_int left = token_budget;"
+
+
+def c_with(tmp_path: Path, line: str) -> tuple[Path, Path]:
+    """A copy of the reference whose hotpath.c has :data:`C_LINE` replaced by ``line``:
+    ``(the implementation, its hotpath.c)``."""
+    impl = reference_copy(tmp_path)
+    source = impl / "dynamic_batcher" / "csrc" / "hotpath.c"
+    plant(source, C_LINE, line)
+    return impl, source
+
+
 def plant(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{path}: the line to plant the bug in has moved: {old!r}"
@@ -69,9 +82,7 @@ def test_a_dead_redis_url_is_one_line_and_exit_code_2() -> None:
 
 
 def test_a_compile_error_is_said_once_and_one_line_per_test(tmp_path: Path) -> None:
-    impl = reference_copy(tmp_path)
-    source = impl / "dynamic_batcher" / "csrc" / "hotpath.c"
-    plant(source, "hp_int left = token_budget;", "hp_int left =")
+    impl, source = c_with(tmp_path, "hp_int left =")
     run = pytest_run("katas/dynamic_batcher", "-k", "hotpath", f"--impl={impl}")
     out = run.stdout + run.stderr
     assert run.returncode == 1, out[-3000:]
@@ -107,13 +118,7 @@ def test_a_broken_build_is_tried_once_per_process(
 
 
 def test_a_segfault_in_c_fails_the_tests_that_reach_it_and_the_rest_run(tmp_path: Path) -> None:
-    impl = reference_copy(tmp_path)
-    source = impl / "dynamic_batcher" / "csrc" / "hotpath.c"
-    plant(
-        source,
-        "hp_int left = token_budget;",
-        "hp_int left = token_budget;\n    if (n > 1) *(volatile int *)0 = 0; /* planted */",
-    )
+    impl, _ = c_with(tmp_path, C_LINE + "\n    if (n > 1) *(volatile int *)0 = 0; /* planted */")
     run = pytest_run("katas/dynamic_batcher", f"--impl={impl}")
     out = run.stdout + run.stderr
     assert run.returncode == 1, f"the run must end with its summary:\n{out[-3000:]}"
@@ -134,13 +139,7 @@ def test_a_segfault_in_c_fails_the_tests_that_reach_it_and_the_rest_run(tmp_path
 def test_a_loop_in_c_past_its_deadline_is_a_timeout_that_says_where(tmp_path: Path) -> None:
     # Stuck in C, the test never returns to Python to meet its deadline: it is killed,
     # and its line says which call into C never came back.
-    impl = reference_copy(tmp_path)
-    source = impl / "dynamic_batcher" / "csrc" / "hotpath.c"
-    plant(
-        source,
-        "hp_int left = token_budget;",
-        "hp_int left = token_budget;\n    for (volatile int spin = 1; spin;) {} /* planted */",
-    )
+    impl, _ = c_with(tmp_path, C_LINE + "\n    for (volatile int spin = 1; spin;) {} /* planted */")
     test = "test_hotpath_a_smaller_request_never_jumps_the_queue"
     run = pytest_run("katas/dynamic_batcher", f"--impl={impl}", "-k", test,
                      env={"KATA_TEST_TIMEOUT": "1"})  # fmt: skip
