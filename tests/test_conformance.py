@@ -17,7 +17,9 @@ their own, compared stub against reference by tests/test_surface.py):
   (leases), ``RedisRateLimiter`` (no ``tracked_keys``/``sweep``: Redis expires the keys)
   and ``AsyncRedisRateLimiter`` (``async``);
 - kv_cache: stage 3's ``ShardedCache`` and ``NearCache`` (remote: no ``len``/iteration);
-- job_scheduler: the queues, pools and workers.
+- job_scheduler: the queues, pools and workers;
+- dynamic_batcher: stage 2's ``AsyncEngine`` and ``DynamicBatcher`` (their streams are
+  ``api.TokenStream``s, below).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import typing
 import pytest
 
 import katas.dynamic_batcher.stage1 as db_stub1
+import katas.dynamic_batcher.stage2 as db_stub2
 import katas.job_scheduler.stage1 as js_stub1
 import katas.job_scheduler.stage3 as js_stub3
 import katas.kv_cache.stage1 as kv_stub1
@@ -37,6 +40,7 @@ import katas.kv_cache.stage2 as kv_stub2
 import katas.rate_limiter.stage1 as rl_stub1
 import katas.rate_limiter.stage2 as rl_stub2
 import solutions.dynamic_batcher.stage1 as db_ref1
+import solutions.dynamic_batcher.stage2 as db_ref2
 import solutions.job_scheduler.stage1 as js_ref1
 import solutions.job_scheduler.stage3 as js_ref3
 import solutions.kv_cache.stage1 as kv_ref1
@@ -179,6 +183,14 @@ def conform_stub_static_batcher(x: db_stub1.StaticBatcher) -> db.Batcher:
 
 
 def conform_ref_static_batcher(x: db_ref1.StaticBatcher) -> db.Batcher:
+    return x
+
+
+def conform_stub_token_stream(x: db_stub2._Stream) -> db.TokenStream:
+    return x
+
+
+def conform_ref_token_stream(x: db_ref2._Stream) -> db.TokenStream:
     return x
 
 

@@ -3,13 +3,17 @@ oracle, the workloads, the simulator's clock and metrics, and the charts."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections import deque
+from pathlib import Path
 
 import pytest
+from _support import committed_stubs
 
+from katas._registry.impl import REPO_ROOT
 from katas._runtime.clock import NS_PER_MS, NS_PER_S, NS_PER_US
-from katas.dynamic_batcher._testing import workload
+from katas.dynamic_batcher._testing import pictures, workload
 from katas.dynamic_batcher._testing.model import (
     DECODE_SEQ_NS,
     PREFILL_TOKEN_NS,
@@ -351,6 +355,58 @@ def test_charts_are_text_of_bounded_width() -> None:
     assert distribution_chart([], title="TPOT") == "TPOT: no values"
     with pytest.raises(ValueError):
         occupancy_chart(reports, width=10)
+
+
+#: A stage 1 whose static batcher is a stub again (appended, it replaces the reference's).
+_STATIC_STUB = """
+
+from katas._runtime.todo import Todo
+
+
+class StaticBatcher:
+    def __init__(self, model: Model, *, batch_size: int) -> None:
+        raise Todo()
+"""
+
+
+def test_the_pictures_of_the_stubs_say_in_one_line_what_they_need(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stubs = committed_stubs(tmp_path / "stubs")
+    assert pictures.main(["--impl", str(stubs)]) == 1
+    assert capsys.readouterr() == (
+        "",
+        "the picture needs ContinuousBatcher (stage 1, core) — not implemented yet: "
+        "ContinuousBatcher.__init__\n",
+    )
+
+
+def test_the_pictures_without_a_static_batcher_say_in_one_line_what_they_need(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kata = tmp_path / "impl" / "dynamic_batcher"
+    source = REPO_ROOT / "solutions" / "dynamic_batcher"
+    shutil.copytree(source, kata, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    stage1 = kata / "stage1.py"
+    stage1.write_text(stage1.read_text() + _STATIC_STUB)
+    assert pictures.main(["--impl", str(tmp_path / "impl")]) == 1
+    assert capsys.readouterr() == (
+        "",
+        "the picture needs StaticBatcher (stage 1, extended) — not implemented yet: "
+        "StaticBatcher.__init__\n",
+    )
+
+
+def test_the_pictures_say_what_occupancy_measures_against_the_90_percent_bar() -> None:
+    found = {"static": _report(1), "continuous": _report(2)}
+    note = pictures.occupancy_note(found, width=72)
+    waiting = [f"{name} {r.occupancy_while_queued:.0%}" for name, r in found.items()]
+    assert (
+        "every step" in note
+        and "90%" in note
+        and all(w in note.replace("\n", " ") for w in waiting)
+    )
+    assert max(len(line) for line in note.splitlines()) <= 72
 
 
 def test_save_png_without_matplotlib_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,14 +19,25 @@ CATALOG = Catalog(REPO_ROOT / "katas")
 STAGES = [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in stage_suites()]
 
 
+def _own(module: ModuleType, name: str, obj: object) -> bool:
+    """``obj`` is ``module``'s own: defined there, or re-exported in its ``__all__`` from a
+    helper module of its package that is no stage (a reference's ``request_batches.py``)."""
+    home = getattr(obj, "__module__", None)
+    if home in (module.__name__, None):
+        return True
+    package = module.__name__.rpartition(".")[0]
+    helper = home.startswith(package + ".") and not home.rpartition(".")[2].startswith("stage")
+    return helper and name in getattr(module, "__all__", ())
+
+
 def _public(module: ModuleType) -> dict[str, Any]:
-    """Names a stage module defines itself (imports excluded), without a leading underscore."""
+    """The names of a stage module's own (:func:`_own`), without a leading underscore."""
     return {
         name: obj
         for name, obj in vars(module).items()
         if not name.startswith("_")
         and (inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj))
-        and getattr(obj, "__module__", None) in (module.__name__, None)
+        and _own(module, name, obj)
     }
 
 

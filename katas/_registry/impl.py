@@ -110,13 +110,20 @@ class _EmptyPackage(importlib.abc.Loader):
 _BASED = _Based()
 
 
+def _source_dir(package: str) -> Path:
+    """The folder of ``package`` that holds its stage files. An editable install puts a
+    built C module's folder (in site-packages) before the source folder in ``__path__``."""
+    folders = [Path(p) for p in importlib.import_module(package).__path__]
+    return next((f for f in folders if any(f.glob("stage*.py"))), folders[0])
+
+
 def _based_package(package: str, kata: str, top: int) -> str:
     """The package holding ``package``'s stage ``top`` of ``kata`` over the reference's."""
     digest = hashlib.sha1(package.encode()).hexdigest()[:10]
     name = f"_kata_based_{digest}_{kata}_{top}"
     if name not in _BASED.packages:
-        own = Path(importlib.import_module(f"{package}.{kata}").__path__[0])
-        reference = Path(importlib.import_module(f"solutions.{kata}").__path__[0])
+        own = _source_dir(f"{package}.{kata}")
+        reference = _source_dir(f"solutions.{kata}")
         _BASED.packages[name] = (kata, top, own, reference)
         if _BASED not in sys.meta_path:
             sys.meta_path.insert(0, _BASED)

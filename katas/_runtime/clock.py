@@ -106,6 +106,13 @@ class ManualClock:
         with self._lock:
             return len(self._thread_sleepers) + len(self._task_sleepers)
 
+    def next_deadline_ns(self) -> int | None:
+        """The earliest deadline a thread or task waits for (None: nobody waits)."""
+        with self._lock:
+            deadlines = [d for _, d in self._thread_sleepers.values() if d is not None]
+            deadlines += [d for _, d in self._task_sleepers.values()]
+        return min(deadlines, default=None)
+
     def _wake_due(self) -> None:
         with self._lock:
             now = self._now

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Literal, NamedTuple, Protocol
 
 #: Why a request finished: a stop token, ``max_new_tokens``, its deadline, ``abort()``.
@@ -23,7 +24,8 @@ Policy = Literal["fcfs", "priority"]
 
 class RequestRejected(ValueError):
     """``submit`` refuses a request: a duplicate id, or one that could never finish
-    (its prompt and ``max_new_tokens`` need more KV blocks than the pool has)."""
+    (its prompt + ``max_new_tokens`` - 1 tokens, the most it ever has in KV since the
+    newest token is never written, need more KV blocks than the pool has)."""
 
 
 @dataclass(frozen=True)
@@ -142,14 +144,147 @@ class Batcher(Protocol):
     def metrics(self) -> list[RequestMetrics]: ...
 
 
+# -- stage 2: the engine and the request batcher ---------------------------------------
+
+
+class Overloaded(Exception):
+    """``AsyncEngine.generate`` refuses a request: the waiting queue is full.
+    ``retry_after_ns``: when retrying can first succeed (nothing leaves the queue before
+    the step in flight ends)."""
+
+    def __init__(self, message: str, *, retry_after_ns: int) -> None:
+        super().__init__(message)
+        self.retry_after_ns = retry_after_ns
+
+
+class EngineClosed(Exception):
+    """The engine (or request batcher) is draining or closed: no new work is accepted."""
+
+
+class ReaderStalled(Exception):
+    """A stream's reader left a token untaken for ``max_stall_ns``: its request was
+    aborted and the tokens it had not taken were dropped."""
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What one read of a stream returns: every token produced since the reader's last
+    read, in order (several when the reader was slower than the engine), and, on the
+    stream's last delivery, why the request finished (its ``tokens`` may then be empty)."""
+
+    tokens: tuple[int, ...]
+    finish_reason: FinishReason | None = None
+
+
+class TokenStream(Protocol):
+    """One request's tokens for one reader: ``async for delivery in stream``, or
+    ``async with stream: ...`` to close it on the way out.
+
+    Each read returns a :class:`Delivery` with every token produced since the previous
+    read (at least one), or, last, the finish reason with whatever was still untaken;
+    then ``StopAsyncIteration``."""
+
+    @property
+    def rid(self) -> str: ...
+
+    def __aiter__(self) -> TokenStream: ...
+
+    async def __anext__(self) -> Delivery: ...
+
+    async def aclose(self) -> None:
+        """Stop reading: the request is aborted if it has not finished."""
+        ...
+
+    async def __aenter__(self) -> TokenStream: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class EngineStatistics:
+    """An :class:`AsyncEngine` at one instant, in simulated time (the engine's clock).
+
+    ``waiting``/``running``: the batcher's queues; ``streams``: requests admitted and not
+    finished (their end not yet handed to their stream); ``output_tokens``:
+    tokens produced by every step so far; ``tokens_per_s``: those tokens over the time
+    from the first step's start to the last step's end (0.0 before any step). TTFT and
+    TPOT are over the requests that finished, by nearest rank (``p`` % of ``n`` values:
+    the ``ceil(p * n / 100)``-th smallest), None without any value."""
+
+    waiting: int
+    running: int
+    streams: int
+    steps: int
+    output_tokens: int
+    tokens_per_s: float
+    ttft_p50_ns: int | None
+    ttft_p99_ns: int | None
+    tpot_p50_ns: float | None
+    tpot_p99_ns: float | None
+
+
+@dataclass(frozen=True)
+class BatchStatistics:
+    """A :class:`DynamicBatcher` at one instant: items ``queued`` (not yet sent), batches
+    ``in_flight`` (sent, ``fn`` not returned), and ``dispatched`` batches so far with the
+    ``sizes`` of each, in order."""
+
+    queued: int
+    in_flight: int
+    dispatched: int
+    sizes: tuple[int, ...]
+
+
+def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """The prefix cache's key of one full KV block: Python's tuple hash of the key of the
+    block before it (``parent``; None for a request's first block, hashed as -1, a value
+    ``hash`` never returns) and the block's tokens. Chained, so a key names the whole
+    prefix up to and including its block (vLLM's ``hash_block_tokens``)."""
+    return hash((-1 if parent is None else parent, tuple(tokens)))
+
+
+@dataclass(frozen=True)
+class PrefixCacheStatistics:
+    """A ``PrefixCachingBatcher``'s cache since it was built. Each admission (a new
+    request's, or a preempted one's again) is one of ``lookups``: it queries its known
+    tokens (``queried_tokens``) and is served ``hit_tokens`` of them from cached blocks.
+    ``cached_blocks``: blocks that hold a key now, in use or free; ``evictions``: cached
+    blocks whose key was dropped because the block was taken for new tokens."""
+
+    lookups: int
+    queried_tokens: int
+    hit_tokens: int
+    cached_blocks: int
+    evictions: int
+
+    @property
+    def hit_rate(self) -> float:
+        """``hit_tokens / queried_tokens`` (0.0 before any lookup)."""
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
 __all__ = [
+    "BatchStatistics",
     "Batcher",
+    "Delivery",
+    "EngineClosed",
+    "EngineStatistics",
     "FinishReason",
     "Model",
+    "Overloaded",
     "Policy",
+    "PrefixCacheStatistics",
+    "ReaderStalled",
     "Request",
     "RequestMetrics",
     "RequestRejected",
     "SeqSlice",
     "StepOutput",
+    "TokenStream",
+    "block_hash",
 ]

@@ -6,15 +6,20 @@ the core; the C hot path is ``-k hotpath``).
 
 Rules (the suite checks each one):
 
-- Each ``step(now_ns)`` schedules running requests first, in admission order (a decode
-  needs 1 token, a prefill the rest of its prompt), then fills what is left of the token
-  budget with waiting requests' prompt chunks, in policy order.
+- Each ``step(now_ns)`` schedules running requests first, in admission order under
+  either policy (a decode needs 1 token, a prefill the rest of its prompt), then fills
+  what is left of the token budget with waiting requests' prompt chunks, in policy order.
 - Every step: scheduled tokens <= max_num_batched_tokens, running <= max_num_seqs.
 - A request holds exactly ceil(tokens in KV / block_size) blocks; blocks are conserved.
-- Out of blocks: preempt the most recently admitted running request (free its blocks,
-  recompute it later, front of the queue); admit nothing in a step that preempted.
+- Out of blocks, a running request is preempted (its blocks freed, recomputed later):
+  ``fcfs``, the most recently admitted, to the front of the queue; ``priority``, the
+  least important by (priority, submission), even one already scheduled in this step
+  (its chunk's tokens go back to the budget), back into the queue by its priority.
+  Admit nothing in a step that preempted.
 - A request finishes on a stop token, max_new_tokens or its deadline; abort() frees it.
-- submit() rejects a duplicate id and a request that could never fit (RequestRejected).
+- submit() rejects a duplicate id and a request that could never finish: one whose
+  prompt + max_new_tokens - 1 tokens (the newest token is never in KV) need more blocks
+  than the pool has (RequestRejected).
 """
 
 from __future__ import annotations
@@ -68,9 +73,16 @@ class ContinuousBatcher:
         raise Todo()
 
     def submit(self, request: Request) -> None:
+        """Queue ``request``: ``fcfs``, behind every waiting request; ``priority``, by
+        ``(priority, submission)``. RequestRejected for an id already submitted, and for
+        one whose ``ceil((len(prompt) + max_new_tokens - 1) / block_size)`` exceeds
+        ``num_blocks``: its newest token is never written to KV, so that is the most KV
+        it ever holds, and more than the pool means it could never finish."""
         raise Todo()
 
     def step(self, now_ns: int) -> StepOutput:
+        """One forward pass: deadlines, the running requests in admission order (blocks,
+        and preemption when the pool runs dry), then admissions unless it preempted."""
         raise Todo()
 
     def abort(self, rid: str) -> None:
@@ -104,7 +116,8 @@ class ContinuousBatcher:
 
 class StaticBatcher:
     """The baseline: admits a batch of up to ``batch_size`` only when the last batch has
-    finished, reserving KV for each request's longest output up front."""
+    finished, reserving KV for each request's longest output up front (its prompt +
+    ``max_new_tokens`` - 1 tokens: the last token is never written)."""
 
     def __init__(self, model: Model, *, batch_size: int) -> None:
         raise Todo()

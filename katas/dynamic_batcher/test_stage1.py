@@ -69,6 +69,24 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def submit_new(b: Any, m: FakeModel, r: Request) -> None:
+    """``b.submit(r)``, for a request never submitted: refusing one whose KV fits the pool
+    fails by its rule, saying why (a refusal of one that does not fit is raised as is)."""
+    try:
+        b.submit(r)
+    except RequestRejected as exc:
+        tokens = len(r.prompt) + r.max_new_tokens - 1
+        blocks = ceil_div(tokens, m.block_size)
+        if blocks > m.num_blocks:
+            raise
+        raise AssertionError(
+            f"§stage1-bad-input: {r.rid} (prompt {len(r.prompt)}, max_new_tokens "
+            f"{r.max_new_tokens}) was refused, but it never has more than {tokens} tokens "
+            f"in KV (the newest token is never written): ceil({tokens}/{m.block_size}) = "
+            f"{blocks} blocks, and the pool has {m.num_blocks}; got {exc!r}"
+        ) from None
+
+
 @dataclass
 class Trace:
     """A batcher driven step by step, checked after each one."""
@@ -86,7 +104,7 @@ class Trace:
 
     def submit(self, *requests: Request) -> None:
         for r in requests:
-            self.b.submit(r)
+            submit_new(self.b, self.m, r)
             self.submitted[r.rid] = r
 
     def step(self) -> StepOutput:
@@ -404,6 +422,142 @@ def test_stage1_the_request_that_needs_the_block_can_be_its_own_victim() -> None
     assert_transparent(t)
 
 
+@dataclass(frozen=True)
+class Shortage:
+    """A step that runs out of blocks under the ``priority`` policy: what arrives before
+    which step, and what the short step must schedule and preempt."""
+
+    config: dict[str, int]
+    arrivals: dict[int, list[Request]]
+    step: int
+    scheduled: dict[str, int]
+    preempted: tuple[str, ...]
+    why: str
+
+
+#: Each a boundary of §preemption's priority rule; the FCFS victim (the newest) differs in
+#: every one, and each needs a rule the others do not.
+SHORTAGES = {
+    "already-scheduled": Shortage(
+        TIGHT,
+        {
+            1: [req("L", 2, 9, priority=5)],
+            2: [req("H", 4, 9, priority=1)],
+            7: [req("A", 3, 2, priority=3), req("Z", 3, 2, priority=9)],
+        },
+        7,
+        {"H": 1},
+        ("L",),
+        "H needs a block and none is free: L (priority 5) is the least important running "
+        "request; admitted first, it was already scheduled in this step, and its chunk "
+        "leaves the step. H, the newest, is not the victim",
+    ),
+    "tie": Shortage(
+        TIGHT,
+        {
+            1: [req("E", 1, 12, priority=5)],
+            2: [req("F", 3, 12, priority=5)],
+            3: [req("H", 4, 12, priority=1)],
+        },
+        4,
+        {"E": 1, "H": 1},
+        ("F",),
+        "H needs a block: E and F share priority 5, and of two requests of one priority "
+        "the later submitted, F, is the less important; F already took a block in this "
+        "step, and it goes back with the others",
+    ),
+    "after-it": Shortage(
+        TIGHT,
+        {
+            1: [req("H", 1, 12, priority=1)],
+            2: [req("L", 1, 12, priority=5)],
+            3: [req("M", 4, 12, priority=3)],
+        },
+        5,
+        {"H": 1, "M": 1},
+        ("L",),
+        "H needs a block: L (priority 5), admitted after H and not yet scheduled, gives "
+        "way; M, admitted after L, is still scheduled",
+    ),
+    "own-victim": Shortage(
+        TIGHT,
+        {1: [req("L", 4, 9, priority=5)], 2: [req("H", 4, 9, priority=1)]},
+        6,
+        {},
+        ("L",),
+        "L needs a block and is itself the least important: it gives way and scheduling "
+        "ends there, so H, admitted after it, gets nothing in this step",
+    ),
+    "tokens-back": Shortage(
+        {"num_blocks": 5, "block_size": 4, "max_num_seqs": 4, "max_num_batched_tokens": 7},
+        {
+            1: [req("V", 4, 10, priority=9)],
+            2: [req("H", 3, 10, priority=0)],
+            3: [req("X", 16, 2, priority=0)],
+        },
+        4,
+        {"H": 1, "X": 6},
+        ("V",),
+        "H needs a block: V (priority 9), scheduled first in this step, gives way and its "
+        "1 token goes back to the budget, so X's prompt gets 7 - 1 (H) = 6 tokens, not 5",
+    ),
+}
+
+
+def _priority_trace(case: Shortage) -> Trace:
+    m = model(case.config["num_blocks"], case.config["block_size"])
+    caps = {k: case.config[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+    return trace(m, **caps, policy="priority")
+
+
+@extended
+@rule("preemption", "transparency")
+@pytest.mark.parametrize("name", list(SHORTAGES))
+def test_stage1_under_priority_the_least_important_running_request_gives_way(name: str) -> None:
+    case = SHORTAGES[name]
+    t = _priority_trace(case)
+    for n in range(1, case.step + 1):
+        t.submit(*case.arrivals.get(n, ()))
+        out = t.step()
+    got = (dict(out.scheduled), tuple(out.preempted))
+    assert got == (case.scheduled, case.preempted), (
+        f"§preemption: priority policy, step {case.step}: {case.why}. Expected scheduled "
+        f"{case.scheduled}, preempted {list(case.preempted)}; got scheduled {got[0]}, "
+        f"preempted {list(got[1])}\n{t.rows()}"
+    )
+    t.run({n: rs for n, rs in case.arrivals.items() if n > case.step})
+    assert_transparent(t)  # the victim recomputes: same tokens, none streamed twice
+
+
+@extended
+@rule("preemption", "admission")
+def test_stage1_under_priority_a_victim_queues_by_its_priority_not_first() -> None:
+    case = SHORTAGES["already-scheduled"]
+    t = _priority_trace(case)
+    for n in range(1, case.step + 1):
+        t.submit(*case.arrivals.get(n, ()))
+        out = t.step()
+    assert out.preempted == ("L",), f"L gives way at step {case.step} (see the test above)"
+    assert t.b.waiting() == ["A", "L", "Z"], (
+        f"§preemption: priority policy: L (priority 5), preempted at step {case.step}, goes "
+        "back into the queue by its priority: behind A (priority 3, waiting) and ahead of "
+        f"Z (priority 9, waiting), not to the front; waiting {t.b.waiting()}"
+    )
+    t.submit(req("B", 3, 2, priority=4))
+    assert t.b.waiting() == ["A", "B", "L", "Z"], (
+        "§admission: priority policy: B (priority 4), submitted after L was preempted, "
+        f"goes ahead of L (priority 5): a preempted request has no place of its own; "
+        f"waiting {t.b.waiting()}"
+    )
+    out = t.step()
+    assert "A" in out.scheduled and "L" not in out.scheduled, (
+        "§admission: priority policy: A (priority 3) is admitted before L (priority 5), "
+        f"preempted or not; step {case.step + 1} scheduled {dict(out.scheduled)}\n{t.rows()}"
+    )
+    t.run()
+    assert_transparent(t)
+
+
 # --- admission order --------------------------------------------------------------------------
 
 
@@ -526,11 +680,11 @@ def test_stage1_the_static_batcher_waits_for_its_whole_batch() -> None:
 @rule("stage1-bad-input")
 def test_stage1_submit_rejects_duplicates_and_requests_that_could_never_finish() -> None:
     t = trace(model(num_blocks=4, block_size=4))
-    t.submit(req("A", 3, 13))  # ceil(16 / 4) = 4 blocks: exactly the pool
+    t.submit(req("A", 3, 14))  # 3 + 14 - 1 = 16 tokens in KV at most: 4 blocks, the pool
     with pytest.raises(RequestRejected, match="A"):
         t.b.submit(req("A", 3, 2))
     with pytest.raises(RequestRejected, match="big"):
-        t.b.submit(req("big", 3, 14))  # ceil(17 / 4) = 5 blocks > 4: it could never finish
+        t.b.submit(req("big", 3, 15))  # 17 tokens in KV: 5 blocks > 4, it could never finish
     t.run()
     assert t.finished == {"A": "length"}, f"a rejected request changes nothing: {t.finished}"
     bad: list[tuple[str, str, tuple[int, ...], int]] = [
@@ -542,6 +696,63 @@ def test_stage1_submit_rejects_duplicates_and_requests_that_could_never_finish()
     for name, rid, prompt, new in bad:
         with pytest.raises(ValueError, match=name):  # api.Request refuses it: never submitted
             Request(rid, prompt, new)
+
+
+#: (block_size, num_blocks, prompt, max_new_tokens) of a request whose KV at its longest,
+#: prompt + max_new_tokens - 1 tokens (the newest token is never written), is the pool.
+JUST_FITS = [
+    pytest.param(4, 4, 3, 14, id="prompt-and-output"),
+    pytest.param(4, 4, 16, 1, id="prompt-alone"),
+    pytest.param(1, 5, 2, 4, id="blocks-of-one"),
+    pytest.param(5, 3, 7, 9, id="last-block-full"),
+]
+
+
+@core
+@rule("stage1-bad-input", "blocks")
+@pytest.mark.parametrize(("block_size", "num_blocks", "prompt", "new"), JUST_FITS)
+def test_stage1_a_request_whose_kv_just_fits_the_pool_is_accepted_and_finishes(
+    block_size: int, num_blocks: int, prompt: int, new: int
+) -> None:
+    tokens = prompt + new - 1
+    assert ceil_div(tokens, block_size) == num_blocks  # the case is at the boundary
+    t = trace(model(num_blocks, block_size))
+    t.submit(req("fits", prompt, new))  # a refusal fails here, by §stage1-bad-input
+    with pytest.raises(RequestRejected, match="more"):
+        t.b.submit(req("more", prompt, new + 1))  # one token more: one block past the pool
+    t.run()
+    assert t.finished == {"fits": "length"}, (
+        f"§finish: the request that just fits runs alone to its length; finished {t.finished}"
+        f"\n{t.rows()}"
+    )
+    assert_transparent(t)
+
+
+@extended
+@rule("static", "stage1-bad-input")
+@pytest.mark.parametrize(("block_size", "num_blocks", "prompt", "new"), JUST_FITS)
+def test_stage1_the_static_batcher_reserves_only_the_kv_a_request_can_write(
+    block_size: int, num_blocks: int, prompt: int, new: int
+) -> None:
+    m = model(num_blocks, block_size)
+    b = stage().StaticBatcher(m, batch_size=2)
+    submit_new(b, m, req("fits", prompt, new))
+    with pytest.raises(RequestRejected, match="more"):
+        b.submit(req("more", prompt, new + 1))
+    with pytest.raises(RequestRejected, match="fits"):
+        b.submit(req("fits", 1, 1))  # an id already submitted
+    emitted: list[int] = []
+    steps = 0
+    while b.has_unfinished() and steps < 2 * new:
+        steps += 1
+        emitted += b.step(steps * STEP_NS).tokens.get("fits", ())
+    want = unbatched(req("fits", prompt, new), block_size)
+    assert not b.has_unfinished() and tuple(emitted) == want, (
+        f"§static: a batch reserves each request's longest KV, prompt + max_new_tokens - 1 "
+        f"= {prompt + new - 1} tokens, which fits the pool of {num_blocks} blocks of "
+        f"{block_size}: the request runs and finishes; after {steps} steps, unfinished: "
+        f"{b.has_unfinished()}, emitted {emitted}, alone it generates {list(want)}"
+    )
 
 
 @extended
@@ -623,9 +834,10 @@ def _workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]
     for i in range(count):
         prompt = draw(st.integers(1, 20))
         new = draw(st.integers(1, 10))
-        worst = max(worst, ceil_div(prompt + new, block_size))
+        worst = max(worst, ceil_div(prompt + new - 1, block_size))  # its longest KV
         at = draw(st.integers(1, 6))
-        arrivals.setdefault(at, []).append(req(f"r{i}", prompt, new))
+        priority = draw(st.integers(0, 2))
+        arrivals.setdefault(at, []).append(req(f"r{i}", prompt, new, priority=priority))
     # from barely enough for the largest request (preemptions) to plenty
     num_blocks = draw(st.integers(worst, worst * 3), label="num_blocks")
     aborts = draw(
@@ -634,7 +846,8 @@ def _workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]
         )
     )
     config = {"num_blocks": num_blocks, "block_size": block_size, "max_num_seqs": seqs,
-              "max_num_batched_tokens": budget}  # fmt: skip
+              "max_num_batched_tokens": budget,
+              "policy": draw(st.sampled_from(["fcfs", "priority"]), label="policy")}  # fmt: skip
     return config, arrivals, aborts
 
 
@@ -643,13 +856,22 @@ def _workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]
 TIGHT_ARRIVALS = {1: [req("A", 4, 9), req("B", 4, 9)], 6: [req("C", 1, 1)]}
 #: ... and, the second time, a running request aborted mid-decode, its blocks due back.
 TIGHT_ABORT = {1: [req("A", 4, 9), req("B", 4, 9)], 3: [req("C", 6, 4)]}
+FCFS_TIGHT = {**TIGHT, "policy": "fcfs"}
+
+
+def _shortage(name: str) -> tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]]:
+    """A :data:`SHORTAGES` case as :func:`_workloads` draws one."""
+    case = SHORTAGES[name]
+    return {**case.config, "policy": "priority"}, case.arrivals, {}
 
 
 @extended
 @rule("hotpath-twin")
 @given(case=_workloads())
-@example(case=(TIGHT, TIGHT_ARRIVALS, {}))
-@example(case=(TIGHT, TIGHT_ABORT, {4: "A"}))
+@example(case=(FCFS_TIGHT, TIGHT_ARRIVALS, {}))
+@example(case=(FCFS_TIGHT, TIGHT_ABORT, {4: "A"}))
+@example(case=_shortage("already-scheduled"))
+@example(case=_shortage("tokens-back"))
 @settings(max_examples=examples(at_ci=30))
 def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
@@ -657,7 +879,7 @@ def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
     config, arrivals, aborts = case
     runs = []
     for hotpath in ("python", "c"):
-        caps = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+        caps = {k: config[k] for k in ("max_num_seqs", "max_num_batched_tokens", "policy")}
         with with_the_c_unit() if hotpath == "c" else nullcontext():
             t = trace(model(config["num_blocks"], config["block_size"]), **caps, hotpath=hotpath)
             t.run(arrivals, max_steps=600, aborts=aborts)
@@ -679,11 +901,15 @@ def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
 @core
 @rule("caps", "blocks", "finish", "transparency", "preemption")
 @given(case=_workloads())
+@example(case=(FCFS_TIGHT, TIGHT_ARRIVALS, {}))
+@example(case=(FCFS_TIGHT, TIGHT_ABORT, {4: "A"}))
+@example(case=_shortage("already-scheduled"))
 @settings(max_examples=examples(at_ci=60))
 def test_stage1_any_workload_keeps_every_invariant_and_every_output(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
 ) -> None:
     config, arrivals, aborts = case
+    config = dict(config)  # an explicit example's dict is reused
     m = model(config.pop("num_blocks"), config.pop("block_size"))
     t = trace(m, **config)
     t.run(arrivals, max_steps=600, aborts=aborts)
@@ -708,7 +934,7 @@ def _runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
     worst = 1
     for i in range(draw(st.integers(1, 8), label="requests")):
         prompt, new = draw(st.integers(1, 14)), draw(st.integers(1, 8))
-        worst = max(worst, ceil_div(prompt + new, block_size))
+        worst = max(worst, ceil_div(prompt + new - 1, block_size))  # its longest KV
         at = draw(st.integers(1, 8))
         options: dict[str, Any] = {"priority": draw(st.integers(0, 2))}
         if draw(st.booleans()):
@@ -724,14 +950,23 @@ def _runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
 
 
 def _tight_run(
-    arrivals: dict[int, list[Request]], aborts: dict[int, str] | None = None
+    arrivals: dict[int, list[Request]],
+    aborts: dict[int, str] | None = None,
+    config: dict[str, Any] = FCFS_TIGHT,
 ) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
-    """A :data:`TIGHT` workload as :func:`_runs` draws one: the config, then the events."""
+    """A workload (the :data:`TIGHT` pool under ``fcfs`` unless told) as :func:`_runs`
+    draws one: the config, then the events."""
     events: list[tuple[int, str, Any]] = [
         (at, "submit", r) for at, rs in arrivals.items() for r in rs
     ]
     events += [(at, "abort", rid) for at, rid in (aborts or {}).items()]
-    return {**TIGHT, "policy": "fcfs"}, events
+    return dict(config), events
+
+
+def _shortage_run(name: str) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
+    """A :data:`SHORTAGES` case as :func:`_runs` draws one."""
+    config, arrivals, _ = _shortage(name)
+    return _tight_run(arrivals, config=config)
 
 
 @core
@@ -739,6 +974,9 @@ def _tight_run(
 @given(case=_runs())
 @example(case=_tight_run(TIGHT_ARRIVALS))
 @example(case=_tight_run(TIGHT_ABORT, {4: "A"}))
+@example(case=_shortage_run("already-scheduled"))
+@example(case=_shortage_run("tie"))
+@example(case=_shortage_run("tokens-back"))
 @settings(max_examples=examples(at_ci=80))
 def test_stage1_every_step_is_the_one_the_rules_make(
     case: tuple[dict[str, Any], list[tuple[int, str, Any]]],

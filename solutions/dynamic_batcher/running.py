@@ -4,11 +4,17 @@ and the two kernels a step runs over them, ``schedule`` and ``apply``: in C (the
 
 Row ``i`` is the ``i``-th running request in admission order. The columns *are* the
 state, kept from step to step: a call into C passes pointers, never builds a column.
+
+The kernels' victim is positional, the last row: the ``fcfs`` rule. The ``priority``
+rule's victim is the least important running request, found by a search, so a step that
+runs short under it is scheduled by :meth:`RunningRows.schedule_by_rank`, plain Python
+shared by both paths (a shortage is rare, and costs a recompute anyway).
 """
 
 from __future__ import annotations
 
 import array
+from collections.abc import Sequence
 from typing import Literal, Protocol
 
 Hotpath = Literal["python", "c"]
@@ -44,6 +50,75 @@ class RunningRows:
         """``hp_schedule``: ``(rows scheduled, tokens, rows preempted)``; the preempted are
         rows ``n .. n + preempted`` afterwards, the first preempted last."""
         return self._kernels.schedule(self, token_budget, max_seqs)
+
+    def schedule_unless_short(self, token_budget: int, max_seqs: int) -> tuple[int, int] | None:
+        """``schedule`` when the free stack covers every grant: ``(rows scheduled, tokens)``.
+        When it does not, the kernel would preempt the newest row: the state is put back as
+        it was, and None says so. Only the rows in use are saved, a copy in C each."""
+        n, top = self.n, self.free_top
+        held, computed, free = self.held[:n], self.computed[:n], self.free_ids[:top]
+        seqs, tokens, preempted = self._kernels.schedule(self, token_budget, max_seqs)
+        if not preempted:
+            return seqs, tokens
+        # The kernel wrote n, free_top, held, the victims' computed, the stack above its
+        # old top and table entries past a row's old held, which nothing reads.
+        self.n, self.free_top = n, top
+        self.held[:n], self.computed[:n], self.free_ids[:top] = held, computed, free
+        return None
+
+    def schedule_by_rank(
+        self, token_budget: int, max_seqs: int, rank: Sequence[tuple[int, int]]
+    ) -> tuple[int, int, list[int]]:
+        """The kernel's budget and blocks, row by row, but out of blocks the running row of
+        the largest ``rank[row]`` gives way, wherever it is (vLLM's priority policy). A
+        victim already scheduled in this step takes its blocks back to the stack and its
+        chunk back to the budget, for the rows after. ``(rows scheduled, tokens, the
+        victims' rows before the call, in preemption order)``; the rows left keep their
+        order, so the scheduled ones are rows 0 .. seqs again."""
+        known, computed, held, table = self.known, self.computed, self.held, self.table
+        free, stride, bs, top = self.free_ids, self.stride, self.block_size, self.free_top
+        alive = list(range(self.n))  # the rows still running, in order
+        granted: dict[int, int] = {}  # row -> chunk: alive[:k], the rows scheduled so far
+        victims: list[int] = []
+        left, k = token_budget, 0
+        while k < len(alive) and k < max_seqs and left > 0:
+            i = alive[k]
+            want = known[i] - computed[i]
+            take = want if want < left else left
+            missing = blocks_for(computed[i] + take, bs) - held[i]
+            own = False
+            while missing > top and not own:
+                victim = max(alive, key=rank.__getitem__)  # the least important
+                alive.remove(victim)
+                victims.append(victim)
+                base = victim * stride
+                for b in range(held[victim] - 1, -1, -1):  # last block first
+                    free[top] = table[base + b]
+                    top += 1
+                held[victim] = computed[victim] = 0
+                if victim in granted:  # scheduled before row i: no longer
+                    left += granted.pop(victim)
+                    k -= 1
+                own = victim == i
+            if own:  # it was its own victim: scheduling ends with it
+                break
+            base = i * stride
+            for _ in range(missing):
+                top -= 1
+                table[base + held[i]] = free[top]
+                held[i] += 1
+            granted[i] = take
+            left -= take
+            k += 1
+        chunk = self.chunk
+        for j, i in enumerate(alive):  # close ranks in order: a row only moves down
+            if j != i:
+                known[j], computed[j], held[j] = known[i], computed[i], held[i]
+                table[j * stride : j * stride + held[i]] = table[i * stride : i * stride + held[i]]
+            chunk[j] = granted.get(i, 0)
+        chunk[len(alive) :] = self.zero_column[len(alive) :]
+        self.n, self.free_top = len(alive), top
+        return k, token_budget - left, victims
 
     def admit(self, known: int, token_budget: int) -> int:
         """Append a request that knows ``known`` tokens and has none in KV, granted

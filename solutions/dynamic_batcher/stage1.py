@@ -8,14 +8,19 @@ Orca's iteration-level scheduling before it):
    what is left of the step's token budget, in order. A long prompt is so cut into
    chunks, and the decodes admitted before it never wait for it.
 2. **Blocks for what was scheduled**: a request holds exactly
-   ``ceil(tokens in KV / block_size)`` blocks. When the pool runs dry, the most recently
-   admitted running request is preempted — its blocks freed, its KV to be recomputed
-   from its prompt and the tokens it already produced — and goes to the front of the
-   queue. The oldest requests therefore always progress: no livelock.
+   ``ceil(tokens in KV / block_size)`` blocks. When the pool runs dry, a running request
+   is preempted — its blocks freed, its KV to be recomputed from its prompt and the
+   tokens it already produced. Under ``fcfs`` it is the most recently admitted, and it
+   goes to the front of the queue: the oldest requests always progress, so no livelock.
+   Under ``priority`` it is the least important, by ``(priority, submission)``, even
+   one scheduled earlier in the step (its chunk leaves the step), and it goes back into
+   the queue by its priority — vLLM's v1 scheduler, both ways.
 
    Moves 1 and 2 are the hot path, ``schedule`` over the running requests' int32
    columns (running.py), and so is its counterpart after the forward pass, ``apply``:
-   in Python, or the kata's C with ``hotpath="c"``.
+   in Python, or the kata's C with ``hotpath="c"``. The kernels' victim is the last
+   row, the ``fcfs`` one; a ``priority`` step that runs short is scheduled by running.py's
+   ``schedule_by_rank`` instead, on either path.
 3. **Waiting requests fill the rest of the budget**, in policy order, while there are
    free slots and blocks — but not in a step that preempted (a step short of blocks
    has no business admitting more).
@@ -114,17 +119,24 @@ class _Blocks:
         seq.blocks.clear()
 
 
+def _kv_tokens(request: Request) -> int:
+    """The most tokens ``request`` ever has in KV: its prompt and every output token but
+    the last, which is sampled and never written."""
+    return len(request.prompt) + request.max_new_tokens - 1
+
+
 def _check_request(request: Request, seen: set[str], num_blocks: int, block_size: int) -> None:
     if not isinstance(request, Request):
         raise TypeError(f"request must be an api.Request, got {request!r}")
     if request.rid in seen:
         raise RequestRejected(f"request id {request.rid!r} was already submitted")
-    worst = blocks_for(len(request.prompt) + request.max_new_tokens, block_size)
+    tokens = _kv_tokens(request)
+    worst = blocks_for(tokens, block_size)
     if worst > num_blocks:
         raise RequestRejected(
             f"request {request.rid!r} can never finish: its prompt ({len(request.prompt)}) "
-            f"and max_new_tokens ({request.max_new_tokens}) need {worst} blocks of "
-            f"{block_size} tokens, the pool has {num_blocks}"
+            f"and max_new_tokens ({request.max_new_tokens}) put up to {tokens} tokens in "
+            f"KV, {worst} blocks of {block_size}; the pool has {num_blocks}"
         )
 
 
@@ -255,10 +267,10 @@ class ContinuousBatcher(_Batcher):
     # -- the interface ------------------------------------------------------------------
     def submit(self, request: Request) -> None:
         seq = self._new(request)
-        r = seq.request
-        self._rows.widen(blocks_for(len(r.prompt) + r.max_new_tokens, self._block_size))
-        keys = [s.key(self._policy) for s in self._waiting if not s.preemptions]
-        skip = len(self._waiting) - len(keys)  # the preempted stay in front
+        self._rows.widen(blocks_for(_kv_tokens(seq.request), self._block_size))
+        fcfs = self._policy == "fcfs"
+        keys = [s.key(self._policy) for s in self._waiting if not (fcfs and s.preemptions)]
+        skip = len(self._waiting) - len(keys)  # fcfs: the preempted stay in front
         self._waiting.insert(skip + bisect.bisect(keys, seq.key(self._policy)), seq)
 
     def step(self, now_ns: int) -> StepOutput:
@@ -272,6 +284,8 @@ class ContinuousBatcher(_Batcher):
     # -- one step -----------------------------------------------------------------------
     def _schedule_running(self) -> tuple[int, int, tuple[str, ...]]:
         """Moves 1 and 2; the rows scheduled are rows 0 .. seqs."""
+        if self._policy == "priority":
+            return self._schedule_by_priority()
         rows = self._rows
         seqs, tokens, count = rows.schedule(self._budget, self._max_seqs)
         if not count:
@@ -282,6 +296,24 @@ class ContinuousBatcher(_Batcher):
             seq.preemptions += 1
         self._waiting[0:0] = victims  # to the front, in admission order
         return seqs, tokens, tuple(v.request.rid for v in reversed(victims))
+
+    def _schedule_by_priority(self) -> tuple[int, int, tuple[str, ...]]:
+        """Moves 1 and 2 under ``priority``: the kernel's schedule when nobody runs short,
+        else the least important give way, wherever they are, and queue by priority."""
+        rows = self._rows
+        plain = rows.schedule_unless_short(self._budget, self._max_seqs)
+        if plain is not None:
+            return (*plain, ())
+        ranks = [seq.key(self._policy) for seq in self._running]
+        seqs, tokens, gone = rows.schedule_by_rank(self._budget, self._max_seqs, ranks)
+        victims = [self._running[row] for row in gone]
+        dropped = set(gone)
+        self._running = [seq for row, seq in enumerate(self._running) if row not in dropped]
+        for seq in victims:
+            seq.preemptions += 1
+            keys = [s.key(self._policy) for s in self._waiting]
+            self._waiting.insert(bisect.bisect(keys, seq.key(self._policy)), seq)  # not first
+        return seqs, tokens, tuple(v.request.rid for v in victims)
 
     def _admit(self, budget: int) -> int:
         """Move 3, after a schedule of every running row: how many were admitted."""
@@ -391,8 +423,7 @@ class StaticBatcher(_Batcher):
     def _form_batch(self) -> None:
         while self._waiting and len(self._running) < self._batch_size:
             seq = self._waiting[0]
-            r = seq.request
-            if not self._pool.grow(seq, len(r.prompt) + r.max_new_tokens, self._block_size):
+            if not self._pool.grow(seq, _kv_tokens(seq.request), self._block_size):
                 break  # its worst case does not fit next to the batch's: next batch
             self._running.append(self._waiting.pop(0))
 

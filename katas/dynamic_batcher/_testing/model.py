@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from katas._runtime.clock import NS_PER_MS, NS_PER_US
-from katas.dynamic_batcher.api import Request, SeqSlice
+from katas.dynamic_batcher.api import Request, SeqSlice, StepOutput
 
 # -- the cost model: a stand-in for GPU time -------------------------------------------
 #: Every step pays a launch-and-sync overhead, however little it computes.
@@ -45,6 +45,24 @@ def step_cost_ns(prefill_tokens: int, decode_seqs: int) -> int:
     if prefill_tokens < 0 or decode_seqs < 0:
         raise ValueError(f"negative work: {prefill_tokens=}, {decode_seqs=}")
     return STEP_OVERHEAD_NS + prefill_tokens * PREFILL_TOKEN_NS + decode_seqs * DECODE_SEQ_NS
+
+
+def work_of(out: StepOutput) -> tuple[int, int]:
+    """``(prefill_tokens, decode_seqs)`` of one step: a request that computed exactly one
+    token *and* emitted one is a decode; every token of any other scheduled request (a
+    prompt chunk, the last chunk, a recompute) is a prefill token."""
+    prefill = decodes = 0
+    for rid, n in out.scheduled.items():
+        if n == 1 and out.tokens.get(rid):
+            decodes += 1
+        elif n > 0:
+            prefill += n
+    return prefill, decodes
+
+
+def step_time_ns(out: StepOutput) -> int:
+    """The simulated duration of the step that produced ``out`` (:func:`step_cost_ns`)."""
+    return step_cost_ns(*work_of(out))
 
 
 # -- hashing ----------------------------------------------------------------------------
@@ -363,4 +381,6 @@ __all__ = [
     "reference_generation",
     "reference_outputs",
     "step_cost_ns",
+    "step_time_ns",
+    "work_of",
 ]

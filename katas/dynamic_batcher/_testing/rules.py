@@ -28,7 +28,6 @@ class _State:
     emitted: int = 0
     computed: int = 0
     blocks: int = 0
-    preempted: bool = False
 
     @property
     def known(self) -> int:
@@ -61,15 +60,19 @@ class BatchingRules:
     def _blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
+    def _rank(self, rid: str) -> tuple[int, int]:
+        """Under ``priority``: smaller first, ties by submission; the largest is the least
+        important."""
+        state = self.states[rid]
+        return (state.request.priority, state.order)
+
     def submit(self, request: Request) -> None:
         rid = request.rid
         self.states[rid] = _State(request, self.outputs[rid], len(self.states))
-        # the preempted first (the last preempted foremost), then the rest by policy
-        front = [r for r in self.waiting if self.states[r].preempted]
-        rest = [r for r in self.waiting if not self.states[r].preempted] + [rid]
-        if self.policy == "priority":
-            rest.sort(key=lambda r: (self.states[r].request.priority, self.states[r].order))
-        self.waiting = front + rest
+        if self.policy == "priority":  # everyone by priority, the preempted too
+            self.waiting = sorted([*self.waiting, rid], key=self._rank)
+        else:  # fcfs: behind everyone (the preempted are at the front)
+            self.waiting.append(rid)
 
     def _drop(self, rid: str) -> None:
         state = self.states[rid]
@@ -90,24 +93,28 @@ class BatchingRules:
             if deadline is not None and now_ns >= deadline:
                 self._drop(rid)
                 finished[rid] = "deadline"
-        plan: list[tuple[str, int]] = []
+        plan: dict[str, int] = {}  # in scheduling order
         preempted: list[str] = []
         left = self.budget
-        for rid in list(self.running):
-            if rid not in self.running or len(plan) == self.max_seqs or left == 0:
+        for rid in list(self.running):  # in admission order, whatever the policy
+            if len(plan) == self.max_seqs or left == 0:
                 break
+            if rid not in self.running:
+                continue  # preempted in this step for someone before it
             s = self.states[rid]
             n = min(s.known - s.computed, left)
             while self._blocks_for(s.computed + n) - s.blocks > self.free:
-                victim = self.running[-1]  # the most recently admitted
+                victim = self._victim()
                 self._preempt(victim)
                 preempted.append(victim)
+                if victim in plan:  # scheduled earlier in this step: its tokens go back
+                    left += plan.pop(victim)
                 if victim == rid:
                     break
             if rid not in self.running:
                 break
             self._take(s, n)
-            plan.append((rid, n))
+            plan[rid] = n
             left -= n
         while not preempted and self.waiting and left > 0 and len(self.running) < self.max_seqs:
             rid = self.waiting[0]
@@ -118,10 +125,10 @@ class BatchingRules:
             self.waiting.pop(0)
             self.running.append(rid)
             self._take(s, n)
-            plan.append((rid, n))
+            plan[rid] = n
             left -= n
         tokens: dict[str, tuple[int, ...]] = {}
-        for rid, n in plan:
+        for rid, n in plan.items():
             s = self.states[rid]
             s.computed += n
             if s.computed < s.known:
@@ -132,19 +139,28 @@ class BatchingRules:
             if s.emitted == len(s.output):
                 self._drop(rid)
                 finished[rid] = "stop" if token in s.request.stop_tokens else "length"
-        return plan, tuple(preempted), tokens, finished
+        return list(plan.items()), tuple(preempted), tokens, finished
 
     def _take(self, s: _State, n: int) -> None:
         more = self._blocks_for(s.computed + n) - s.blocks
         self.free -= more
         s.blocks += more
 
+    def _victim(self) -> str:
+        """Who gives way: ``fcfs``, the most recently admitted; ``priority``, the least
+        important running request, wherever it is."""
+        if self.policy == "priority":
+            return max(self.running, key=self._rank)
+        return self.running[-1]
+
     def _preempt(self, rid: str) -> None:
         s = self.states[rid]
         self._drop(rid)
         s.computed = 0
-        s.preempted = True
-        self.waiting.insert(0, rid)
+        if self.policy == "priority":  # back by its priority, not to the front
+            self.waiting = sorted([*self.waiting, rid], key=self._rank)
+        else:
+            self.waiting.insert(0, rid)
 
 
 __all__ = ["BatchingRules"]

@@ -28,7 +28,7 @@ from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher.api import Batcher, FinishReason, Request, RequestMetrics
 
 from .charts import distribution_chart, format_ns, occupancy_chart, percentile, save_png
-from .model import step_cost_ns
+from .model import step_cost_ns, work_of
 
 #: ``cost(prefill_tokens, decode_seqs) -> ns``
 CostModel = Callable[[int, int], int]
@@ -194,15 +194,8 @@ def simulate(
                 raise AssertionError(
                     f"simulate: step at {now} ns reports request {rid!r}, which is {state}"
                 )
-        prefill = decodes = running = 0
-        for rid, n in out.scheduled.items():
-            if n <= 0:
-                continue
-            running += 1
-            if n == 1 and out.tokens.get(rid):
-                decodes += 1
-            else:
-                prefill += n
+        prefill, decodes = work_of(out)
+        running = sum(1 for n in out.scheduled.values() if n > 0)
         for rid, tokens in out.tokens.items():
             if tokens and rid not in first_token:
                 first_token[rid] = now

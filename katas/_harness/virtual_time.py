@@ -1,0 +1,142 @@
+"""Virtual time for async tests: a :class:`ManualClock` that moves only when every task
+waits, on asyncio and on trio.
+
+A test drives time from its own task. :meth:`VirtualTime.settle` returns once every
+other task is blocked (on an event, a lock, a clock deadline); :meth:`advance_to` then
+moves the clock deadline by deadline — settling at each, so every task due at an instant
+has run before time moves on — and :meth:`run_until` jumps from deadline to deadline
+until a condition holds. Simulated seconds cost microseconds, and nothing depends on
+how fast the machine is. Tasks woken at the same instant run in the backend's order,
+so a test does not depend on the order of two tasks due at one instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import anyio
+import anyio.lowlevel
+import sniffio
+
+from katas._runtime.clock import ManualClock
+
+#: Consecutive passes over asyncio's tasks that must find every one blocked.
+_QUIET_PASSES = 2
+#: Real seconds within which every task must be waiting: they need milliseconds.
+SETTLE_S = 2.0
+_NEVER_WAITS = (
+    "every task to be waiting (on an event or the clock) within {s:g} real seconds; one "
+    "that never waits is a polling loop — such as a task that sleeps again and again "
+    "until a deadline that has passed"
+)
+
+
+def _asyncio_blocked(task: asyncio.Task[object]) -> bool:
+    """A task waiting on a future that is not done yet (asyncio keeps it private)."""
+    if task.done():
+        return True
+    waiter = getattr(task, "_fut_waiter", None)
+    return waiter is not None and not waiter.done()
+
+
+async def _asyncio_settle() -> None:
+    me = asyncio.current_task()
+    deadline = time.monotonic() + SETTLE_S
+    quiet = 0
+    while quiet < _QUIET_PASSES:
+        await asyncio.sleep(0)
+        if all(t is me or _asyncio_blocked(t) for t in asyncio.all_tasks()):
+            quiet += 1
+        else:
+            quiet = 0
+        if time.monotonic() > deadline:
+            raise AssertionError("expected " + _NEVER_WAITS.format(s=SETTLE_S))
+
+
+async def settle() -> None:
+    """Return once every other task of the test is blocked (an AssertionError if some
+    task never waits: a polling loop)."""
+    if sniffio.current_async_library() != "trio":
+        await _asyncio_settle()
+        return
+    import trio.testing
+
+    with anyio.move_on_after(SETTLE_S) as scope:
+        await trio.testing.wait_all_tasks_blocked()
+    if scope.cancelled_caught:
+        raise AssertionError("expected " + _NEVER_WAITS.format(s=SETTLE_S))
+
+
+class VirtualTime:
+    """Moves ``clock`` for a test: only from the test's task, only when all else waits."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    @property
+    def now_ns(self) -> int:
+        return self.clock.now_ns()
+
+    async def settle(self) -> None:
+        await settle()
+
+    async def advance_to(self, when_ns: int) -> None:
+        """Move to ``when_ns`` through every deadline before it; settled at each."""
+        clock = self.clock
+        if when_ns < clock.now_ns():
+            raise ValueError(f"virtual time moves forward: {when_ns} < now {clock.now_ns()}")
+        await settle()
+        while (due := clock.next_deadline_ns()) is not None and due <= when_ns:
+            clock.advance(max(0, due - clock.now_ns()))
+            await settle()
+        clock.advance(when_ns - clock.now_ns())
+        await settle()
+
+    async def advance(self, ns: int) -> None:
+        await self.advance_to(self.clock.now_ns() + ns)
+
+    async def run_until(self, done: Callable[[], bool], *, within_ns: int, what: str) -> None:
+        """Jump from deadline to deadline until ``done()``; an AssertionError naming
+        ``what`` when every task waits with no deadline to reach, or past ``within_ns``."""
+        clock = self.clock
+        limit = clock.now_ns() + within_ns
+        await settle()
+        while not done():
+            due = clock.next_deadline_ns()
+            if due is None:
+                raise AssertionError(
+                    f"expected {what}, but every task waits and none waits for a time "
+                    f"(simulated time {clock.now_ns()} ns): nothing more will happen"
+                )
+            if due > limit:
+                raise AssertionError(
+                    f"expected {what} within {within_ns} simulated ns, but it had not "
+                    f"happened at {clock.now_ns()} ns"
+                )
+            clock.advance(max(0, due - clock.now_ns()))
+            await settle()
+
+
+class JumpingClock:
+    """Simulated time for a benchmark with one sleeper: a sleep moves the clock to its
+    deadline at once (after a checkpoint). Faster than :class:`VirtualTime`, and only
+    right when nothing else waits on the clock."""
+
+    def __init__(self, start_ns: int = 0) -> None:
+        self._now = start_ns
+
+    def now_ns(self) -> int:
+        return self._now
+
+    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        raise NotImplementedError("JumpingClock is for tasks, not threads")
+
+    async def sleep_until_ns_async(self, deadline_ns: int) -> None:
+        self._now = max(self._now, deadline_ns)
+        await anyio.lowlevel.checkpoint()
+
+
+__all__ = ["SETTLE_S", "JumpingClock", "VirtualTime", "settle"]

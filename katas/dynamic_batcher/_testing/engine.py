@@ -1,0 +1,127 @@
+"""Drivers for the stage-2 engine's suite: an engine on a ``FakeModel`` in virtual time,
+and readers that take a stream's deliveries at chosen instants.
+
+:class:`Rig` builds the learner's stage-1 ``ContinuousBatcher`` over a ``FakeModel``,
+the stage-2 ``AsyncEngine`` over it, and a :class:`~katas._harness.virtual_time.VirtualTime`
+to move the clock; ``fixed_step`` makes every step take the same time, so a test knows
+the instant of every step's start and end. A :class:`Reader` records each delivery
+with the instant it was taken, and what ended its stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from katas._harness.under_test import stage
+from katas._harness.virtual_time import VirtualTime
+from katas._runtime.clock import NS_PER_S, ManualClock
+from katas.dynamic_batcher.api import Delivery, FinishReason, Request, StepOutput
+
+from .model import FakeModel, reference_outputs
+
+#: The engine's clock starts here (a step of the tests' fixed cost is 1 µs).
+T0 = 1_000 * NS_PER_S
+STEP_NS = 1_000
+VOCAB = 1_000
+
+
+def fixed_step(ns: int = STEP_NS) -> Callable[[StepOutput], int]:
+    """Every step takes ``ns``: a test knows each step's start and end."""
+    return lambda out: ns
+
+
+@dataclass
+class Rig:
+    """An engine over the learner's stage-1 batcher, in virtual time."""
+
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 64
+    num_blocks: int = 64
+    block_size: int = 4
+    max_waiting: int = 64
+    max_stall_ns: int = 1_000 * STEP_NS
+    step_time_ns: Callable[[StepOutput], int] = field(default_factory=fixed_step)
+    seed: int = 7
+
+    def __post_init__(self) -> None:
+        self.clock = ManualClock(T0)
+        self.time = VirtualTime(self.clock)
+        self.model = FakeModel(VOCAB, self.seed, self.num_blocks, self.block_size)
+        self.batcher: Any = stage(1).ContinuousBatcher(
+            self.model,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+        )
+        self.engine: Any = stage().AsyncEngine(
+            self.batcher,
+            clock=self.clock,
+            step_time_ns=self.step_time_ns,
+            max_waiting=self.max_waiting,
+            max_stall_ns=self.max_stall_ns,
+        )
+
+    @property
+    def now(self) -> int:
+        return self.clock.now_ns()
+
+    def expected(self, requests: Sequence[Request]) -> dict[str, tuple[int, ...]]:
+        """What each request generates alone (batching is invisible)."""
+        return reference_outputs(requests, self.model)
+
+    def holds(self, rid: str) -> bool:
+        """The batcher still has ``rid`` (waiting or running)."""
+        return rid in self.batcher.running() or rid in self.batcher.waiting()
+
+
+def request(rid: str, prompt_len: int = 3, max_new_tokens: int = 5, **kw: Any) -> Request:
+    """A request whose prompt is derived from its id (distinct requests, distinct tokens)."""
+    base = sum(map(ord, rid))
+    prompt = tuple((base * 31 + i * 7) % VOCAB for i in range(prompt_len))
+    return Request(rid, prompt, max_new_tokens, **kw)
+
+
+@dataclass
+class Reader:
+    """Reads one stream to its end; ``pace_ns`` between reads (0: as fast as it can)."""
+
+    stream: Any
+    clock: ManualClock
+    pace_ns: int = 0
+    taken: list[tuple[int, Delivery]] = field(default_factory=list)
+    ended: str = "reading"  # "end", or the exception that ended it (repr)
+    error: BaseException | None = None
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(t for _, d in self.taken for t in d.tokens)
+
+    @property
+    def reason(self) -> FinishReason | None:
+        return self.taken[-1][1].finish_reason if self.taken else None
+
+    async def run(self) -> None:
+        try:
+            while True:
+                if self.pace_ns:
+                    await self.clock.sleep_until_ns_async(self.clock.now_ns() + self.pace_ns)
+                try:
+                    delivery = await self.stream.__anext__()
+                except StopAsyncIteration:
+                    self.ended = "end"
+                    return
+                self.taken.append((self.clock.now_ns(), delivery))
+        except anyio.get_cancelled_exc_class():
+            self.ended = "cancelled"
+            raise
+        except Exception as e:
+            self.ended = repr(e)
+            self.error = e
+
+
+__all__ = ["STEP_NS", "T0", "VOCAB", "Reader", "Rig", "fixed_step", "request"]

@@ -1,0 +1,195 @@
+"""Stage 2 — a streaming engine on anyio (asyncio and trio), and a request batcher.
+
+The prompt is katas/dynamic_batcher/README.md, "Stage 2"; run the suite with
+``pytest katas/dynamic_batcher -k stage2`` (``-k "stage2 and core"`` for the core).
+
+Rules (the suite checks each one):
+
+- One loop task steps your stage-1 batcher: ``step(now)``, then the step's simulated
+  time (``step_time_ns(output)``) passes on the clock, then the step's tokens reach the
+  streams. An idle engine waits without stepping.
+- ``generate()`` stamps the request's arrival with the clock's time; with
+  ``max_waiting`` requests already waiting it raises ``Overloaded`` carrying
+  ``retry_after_ns``: the time left in the step in flight (1 ns when none is).
+- A read returns every token produced since the last read, merged, and on the last
+  delivery the finish reason; then the iteration stops.
+- A reader that closes its stream or is cancelled aborts its request at once: its
+  blocks are freed and nothing of it is delivered afterwards.
+- A token left untaken for ``max_stall_ns`` aborts its request at the next step's
+  start; the reader's next read raises ``ReaderStalled``.
+- ``drain()`` refuses new requests and returns when every admitted one has finished;
+  ``aclose()`` aborts everything (each stream's last delivery has reason ``abort``).
+- ``statistics()``: queues, steps, tokens per second, TTFT and TPOT percentiles.
+- DynamicBatcher (extended): a batch is sent when ``max_batch_size`` items wait, or at
+  the instant its oldest item has waited ``max_queue_delay_ns`` since its own submit;
+  items in submission order. Each caller gets the result at its item's index; ``fn``'s
+  exception (or a wrong number of results: RuntimeError) fails every caller of that
+  batch and no other. Batches run concurrently.
+- A caller cancelled before its batch is sent takes its item out (it counts neither
+  towards full nor towards the delay); after, its result is dropped.
+- Leaving the block sends what is queued at once and waits for every batch; submit()
+  then raises EngineClosed (RuntimeError before the block).
+"""
+
+from __future__ import annotations
+
+# TODO(stage2): implement every class and method below; delete each
+# `raise Todo()` as you go. Build on your stage-1 ContinuousBatcher.
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Generic, TypeVar
+
+from katas._runtime.clock import WaitingClock
+from katas._runtime.todo import Todo
+from katas.dynamic_batcher.api import (
+    BatchStatistics,
+    Delivery,
+    EngineStatistics,
+    Request,
+    StepOutput,
+    TokenStream,
+)
+
+from .stage1 import ContinuousBatcher
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Stream:
+    """One request's tokens for one reader: what ``generate()`` returns (it implements
+    ``api.TokenStream``). A sketch — a buffer of untaken tokens, the finish reason once
+    known, an event the reader waits on; shape it as you like."""
+
+    def __init__(self, engine: AsyncEngine, rid: str, arrival_ns: int) -> None:
+        raise Todo()
+
+    @property
+    def rid(self) -> str:
+        raise Todo()
+
+    def __aiter__(self) -> _Stream:
+        raise Todo()
+
+    async def __anext__(self) -> Delivery:
+        """The next delivery; waits while nothing is untaken. Cancelled while waiting,
+        the reader is gone: its request is aborted."""
+        raise Todo()
+
+    async def aclose(self) -> None:
+        """Stop reading: the request is aborted if it has not finished."""
+        raise Todo()
+
+    async def __aenter__(self) -> _Stream:
+        raise Todo()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        raise Todo()
+
+
+class AsyncEngine:
+    """Serves many streaming readers from one continuous batcher, in simulated time.
+
+    ``async with AsyncEngine(batcher, ...) as engine:`` starts the loop task; leaving
+    the block calls :meth:`aclose` and returns once the loop has ended.
+    ``step_time_ns(output)``: how long the step that produced ``output`` takes on the
+    GPU (an int > 0). ``max_waiting``: requests the batcher may hold waiting before
+    :meth:`generate` refuses more. ``max_stall_ns``: how long a produced token may stay
+    untaken before its request is aborted.
+    """
+
+    def __init__(
+        self,
+        batcher: ContinuousBatcher,
+        *,
+        clock: WaitingClock,
+        step_time_ns: Callable[[StepOutput], int],
+        max_waiting: int,
+        max_stall_ns: int,
+    ) -> None:
+        raise Todo()
+
+    async def __aenter__(self) -> AsyncEngine:
+        raise Todo()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        raise Todo()
+
+    def generate(self, request: Request) -> TokenStream:
+        """Admit ``request`` with its arrival stamped now, and return its stream.
+        ``Overloaded`` when ``max_waiting`` requests wait; ``EngineClosed`` once
+        draining or closed; the batcher's ``RequestRejected`` as it is."""
+        raise Todo()
+
+    async def drain(self) -> None:
+        """Refuse new requests; return once every admitted request has finished and its
+        last delivery is in its stream."""
+        raise Todo()
+
+    async def aclose(self) -> None:
+        """Abort every request (each stream ends with its untaken tokens and reason
+        ``abort``) and stop the loop."""
+        raise Todo()
+
+    def statistics(self) -> EngineStatistics:
+        raise Todo()
+
+
+class DynamicBatcher(Generic[T, R]):
+    """Batches concurrent ``submit`` calls into calls of ``fn``: ``async with`` it."""
+
+    def __init__(
+        self,
+        fn: Callable[[Sequence[T]], Awaitable[Sequence[R]]],
+        *,
+        max_batch_size: int,
+        max_queue_delay_ns: int,
+        clock: WaitingClock,
+    ) -> None:
+        """``fn`` takes a batch of items and returns one result per item, in order.
+        ``max_batch_size``: an int >= 1; ``max_queue_delay_ns``: an int >= 0 (TypeError if
+        not an int, ValueError if below). ``fn`` not callable, ``clock`` not a
+        WaitingClock: ValueError. Each error names the parameter."""
+        raise Todo()
+
+    async def __aenter__(self) -> DynamicBatcher[T, R]:
+        """Start the batcher's tasks (a task group). A batcher is entered once."""
+        raise Todo()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Close: refuse new items (EngineClosed), send what is queued at once, return
+        when every batch has ended. Left by a cancellation: cancel the batches in flight,
+        send nothing more, and every caller still waiting gets EngineClosed."""
+        raise Todo()
+
+    async def submit(self, item: T) -> R:
+        """Queue ``item``; return ``fn``'s result for it once its batch is done, or raise
+        the batch's error. A batch is sent when ``max_batch_size`` items wait, or when its
+        oldest item has waited ``max_queue_delay_ns`` since its own ``submit``.
+
+        Cancelled before its batch is sent, the item leaves the queue and is never sent;
+        after, its result is dropped. Before the ``async with`` block: RuntimeError; while
+        the batcher closes or after: EngineClosed."""
+        raise Todo()
+
+    def statistics(self) -> BatchStatistics:
+        """Items queued (not sent), batches in flight, batches dispatched and their sizes."""
+        raise Todo()
+
+
+__all__ = ["AsyncEngine", "DynamicBatcher"]
