@@ -20,7 +20,7 @@ Rules (the suite checks each one):
 - ``drain()`` refuses new requests and returns when every admitted one has finished;
   ``aclose()`` aborts everything (each stream's last delivery has reason ``abort``).
 - ``statistics()``: queues, steps, tokens per second, TTFT and TPOT percentiles.
-- DynamicBatcher (extended): a batch is sent when ``max_batch_size`` items wait, or at
+- DynamicBatcher (``-k batches``): a batch is sent when ``max_batch_size`` items wait, or at
   the instant its oldest item has waited ``max_queue_delay_ns`` since its own submit;
   items in submission order. Each caller gets the result at its item's index; ``fn``'s
   exception (or a wrong number of results: RuntimeError) fails every caller of that
