@@ -94,6 +94,15 @@ def _ended(readers: dict[str, Reader]) -> bool:
     return all(r.ended != "reading" for r in readers.values())
 
 
+async def take(stream: Any, what: str) -> Delivery:
+    """The stream's next delivery; anything else it raises fails the test, saying so."""
+    try:
+        delivery: Delivery = await stream.__anext__()
+    except (ReaderStalled, StopAsyncIteration, EngineClosed) as e:
+        raise AssertionError(f"{what}: expected a delivery, the read raised {e!r}") from e
+    return delivery
+
+
 def tokens_of(deliveries: list[tuple[int, Delivery]]) -> tuple[int, ...]:
     return tuple(t for _, d in deliveries for t in d.tokens)
 
@@ -261,11 +270,29 @@ async def _leave_by_cancel(stream: Any, reader_scope: anyio.CancelScope) -> None
 LEAVES = {"aclose": _leave_by_aclose, "cancelled in __anext__": _leave_by_cancel}
 
 
+WHEN = ["waiting", "prefill", "decode"]
+
+
 @core
 @rule("reader-leaves")
-@pytest.mark.parametrize("how", list(LEAVES))
-@pytest.mark.parametrize("when", ["waiting", "prefill", "decode"])
-async def test_stage2_a_reader_that_leaves_aborts_its_request_at_once(how: str, when: str) -> None:
+@pytest.mark.parametrize("when", WHEN)
+async def test_stage2_a_reader_that_closes_its_stream_aborts_its_request_at_once(
+    when: str,
+) -> None:
+    await _leaving(when, "aclose")
+
+
+@core
+@rule("reader-leaves")
+@pytest.mark.parametrize("when", WHEN)
+async def test_stage2_a_reader_cancelled_while_waiting_aborts_its_request_at_once(
+    when: str,
+) -> None:
+    await _leaving(when, "cancelled in __anext__")
+
+
+async def _leaving(when: str, how: str) -> None:
+    """The reader of "a" or "b" leaves (``how``) while its request is ``when``."""
     # max_num_seqs=1: "b" waits behind "a"; a budget of 4 cuts "a"'s 10-token prompt.
     rig = Rig(max_num_seqs=1, max_num_batched_tokens=4, num_blocks=16)
     a, b = request("a", 10, 6), request("b", 3, 4)
@@ -321,7 +348,7 @@ async def test_stage2_leaving_the_streams_async_with_block_aborts_it() -> None:
     async with rig.engine:
         async with rig.engine.generate(request("a", 3, 9)) as stream:
             await rig.time.advance_to(T0 + 1_500)
-            first = await stream.__anext__()
+            first = await take(stream, "the first read, at +1500")
             assert len(first.tokens) == 1
         assert not rig.holds("a"), "leaving `async with stream` aborts the request at once"
         assert rig.batcher.free_blocks() == rig.num_blocks
@@ -519,7 +546,7 @@ async def test_stage2_taking_a_delivery_restarts_the_stall_measure() -> None:
     async with rig.engine:
         stream = rig.engine.generate(request("a", 3, 20))
         await rig.time.advance_to(T0 + 4 * STEP_NS - 1)
-        got = await stream.__anext__()  # tokens of +1000, +2000, +3000
+        got = await take(stream, "a read at +3999 (nothing has waited max_stall_ns)")
         assert len(got.tokens) == 3
         # The next token is produced at +4000: stalled from the step at +7000.
         await rig.time.advance_to(T0 + 7 * STEP_NS - 1)
@@ -545,7 +572,7 @@ async def test_stage2_a_finished_request_is_never_stalled() -> None:
         await rig.time.run_until(
             lambda: reader.ended != "reading", within_ns=WITHIN, what="the long stream to end"
         )
-        got = await stream.__anext__()
+        got = await take(stream, "a read of the finished request, long after it finished")
     assert got == Delivery(want, "length"), (
         "a request that finished is not aborted for a slow reader (it holds no blocks, "
         f"its tokens are bounded): expected {Delivery(want, 'length')}, got {got}"
@@ -623,7 +650,7 @@ async def test_stage2_aclose_aborts_everything_and_each_stream_ends_with_abort()
         await rig.time.advance_to(T0 + 2_500)
         await rig.engine.aclose()
         assert not rig.holds("a") and rig.batcher.free_blocks() == rig.num_blocks
-        got = await stream.__anext__()
+        got = await take(stream, "the read after aclose()")
         assert got == Delivery(want[:2], "abort"), (
             f"the stream's last delivery: its untaken tokens and reason 'abort'; got {got}"
         )
@@ -669,6 +696,8 @@ async def test_stage2_statistics_follow_their_definitions() -> None:
         stats = rig.engine.statistics()
         await rig.time.advance(NS_PER_S)
         later = rig.engine.statistics()
+    broken = {rid: rd.ended for rid, rd in readers.items() if rd.ended != "end" or not rd.taken}
+    assert not broken, f"every stream must end normally, with its tokens: {broken}"
     ttft = [rd.taken[0][0] - arrivals[rid] for rid, rd in readers.items()]
     tpot = [(rd.taken[-1][0] - rd.taken[0][0]) / (len(rd.tokens) - 1)
             for rd in readers.values() if len(rd.tokens) >= 2]  # fmt: skip
