@@ -186,6 +186,14 @@ def conform_ref_static_batcher(x: db_ref1.StaticBatcher) -> db.Batcher:
     return x
 
 
+def conform_stub_prefix_caching_batcher(x: db_stub2.PrefixCachingBatcher) -> db.Batcher:
+    return x
+
+
+def conform_ref_prefix_caching_batcher(x: db_ref2.PrefixCachingBatcher) -> db.Batcher:
+    return x
+
+
 def conform_stub_token_stream(x: db_stub2._Stream) -> db.TokenStream:
     return x
 

@@ -29,6 +29,12 @@ Rules (the suite checks each one):
   towards full nor towards the delay); after, its result is dropped.
 - Leaving the block sends what is queued at once and waits for every batch; submit()
   then raises EngineClosed (RuntimeError before the block).
+- PrefixCachingBatcher (extended): stage 1's batcher, with every full KV block keyed
+  by ``api.block_hash(key of the block before, its tokens)`` once the step that fills it
+  has run. An admission shares the longest run of cached blocks matching its known
+  tokens, never the block of its last token; those tokens are not scheduled. Blocks are
+  ref-counted; one nobody holds joins the back of a free queue and keeps its key until
+  an allocation takes it from the front (its key evicted). Release last block first.
 """
 
 from __future__ import annotations
@@ -45,7 +51,11 @@ from katas.dynamic_batcher.api import (
     BatchStatistics,
     Delivery,
     EngineStatistics,
+    Model,
+    Policy,
+    PrefixCacheStatistics,
     Request,
+    RequestMetrics,
     StepOutput,
     TokenStream,
 )
@@ -192,4 +202,78 @@ class DynamicBatcher(Generic[T, R]):
         raise Todo()
 
 
-__all__ = ["AsyncEngine", "DynamicBatcher"]
+class PrefixCachingBatcher:
+    """Stage 1's continuous batching, with automatic prefix caching: full KV blocks are
+    shared between requests with the same prefix, and kept after use until their room is
+    needed. The model must be built with ``shared_reads=True`` (``FakeModel``)."""
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        num_blocks: int,
+        block_size: int,
+        policy: Policy = "fcfs",
+    ) -> None:
+        """As stage 1's ``ContinuousBatcher`` (without ``hotpath``): ``num_blocks`` and
+        ``block_size`` are the model's pool, ints >= 1, ``max_num_batched_tokens >=
+        max_num_seqs``, ``policy`` ``"fcfs"`` or ``"priority"`` (ValueError or TypeError
+        naming the parameter)."""
+        raise Todo()
+
+    def submit(self, request: Request) -> None:
+        """Queue ``request`` as stage 1 does; RequestRejected for an id already submitted
+        and for one whose ``ceil((len(prompt) + max_new_tokens - 1) / block_size)``
+        exceeds ``num_blocks`` (a shared block still counts in its table)."""
+        raise Todo()
+
+    def step(self, now_ns: int) -> StepOutput:
+        """Stage 1's step. An admission first looks its known tokens up: it shares the
+        longest run of cached full blocks that match them, block 0 onward, at most
+        ``(known - 1) // block_size`` of them (the last known token is always computed),
+        and schedules only the rest (``scheduled`` counts what is computed). It is
+        admitted only if its free hits and its new blocks fit the free queue. After the
+        forward pass, every block a slice filled is cached under its key, unless that key
+        is cached already (one block per key)."""
+        raise Todo()
+
+    def abort(self, rid: str) -> None:
+        """Finish ``rid`` now (reason ``abort``) in any state, its blocks released; a
+        finished one: nothing to do; an unknown one: KeyError."""
+        raise Todo()
+
+    def has_unfinished(self) -> bool:
+        raise Todo()
+
+    def metrics(self) -> list[RequestMetrics]:
+        """The finished requests' metrics, in the order they finished."""
+        raise Todo()
+
+    def cache_statistics(self) -> PrefixCacheStatistics:
+        """``lookups``: admissions so far (a preempted request's again included);
+        ``queried_tokens``: their known tokens; ``hit_tokens``: those served from cached
+        blocks; ``cached_blocks``: blocks with a key now, held or free; ``evictions``:
+        keys dropped because their block was allocated for new tokens."""
+        raise Todo()
+
+    # -- what the tests read ---------------------------------------------------------------
+    def free_blocks(self) -> int:
+        """Blocks that no request holds — cached or not: the free queue's length."""
+        raise Todo()
+
+    def blocks_of(self, rid: str) -> tuple[int, ...]:
+        """``rid``'s block table, shared blocks included (``()`` if none, or finished)."""
+        raise Todo()
+
+    def running(self) -> list[str]:
+        """The running requests, in admission order."""
+        raise Todo()
+
+    def waiting(self) -> list[str]:
+        """The waiting requests, in the order they will be admitted."""
+        raise Todo()
+
+
+__all__ = ["AsyncEngine", "DynamicBatcher", "PrefixCachingBatcher"]

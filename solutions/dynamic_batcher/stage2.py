@@ -1,5 +1,6 @@
-"""Reference solution, stage 2: a streaming engine over the stage-1 batcher, and a
-request batcher for models that answer in one piece (request_batches.py).
+"""Reference solution, stage 2: a streaming engine over the stage-1 batcher; a request
+batcher for models that answer in one piece (request_batches.py); and stage 1's batcher
+with automatic prefix caching (prefix_cache.py).
 
 The engine is one task, as vLLM's engine core loop: step the batcher, let the step's
 simulated GPU time pass on the clock, then hand each request's new tokens to its
@@ -40,6 +41,7 @@ from katas.dynamic_batcher.api import (
     TokenStream,
 )
 
+from .prefix_cache import PrefixCachingBatcher
 from .request_batches import DynamicBatcher
 from .stage1 import ContinuousBatcher
 
@@ -358,4 +360,4 @@ def _nearest_rank(values: list[_V], p: int) -> _V | None:
     return sorted(values)[math.ceil(p * len(values) / 100) - 1]
 
 
-__all__ = ["AsyncEngine", "DynamicBatcher"]
+__all__ = ["AsyncEngine", "DynamicBatcher", "PrefixCachingBatcher"]

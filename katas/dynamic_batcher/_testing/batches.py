@@ -116,9 +116,10 @@ class Caller:
     Records what it got: ``result``, ``error`` (the exception submit raised) or
     ``cancelled``. A stub's ``Todo`` is not an outcome: it propagates."""
 
-    def __init__(self, batcher: Any, item: Any) -> None:
+    def __init__(self, batcher: Any, item: Any, order: list[Any] | None = None) -> None:
         self.batcher = batcher
         self.item = item
+        self.order = order  # where to note the item as submit() is called
         self.scope = anyio.CancelScope()
         self.result: Any = _NOTHING
         self.error: BaseException | None = None
@@ -128,6 +129,8 @@ class Caller:
     async def run(self) -> None:
         try:
             with self.scope:
+                if self.order is not None:
+                    self.order.append(self.item)
                 self.result = await self.batcher.submit(self.item)
             self.cancelled = self.scope.cancelled_caught
         except Todo:
