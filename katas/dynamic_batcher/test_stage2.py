@@ -2016,6 +2016,55 @@ def test_stage2_prefix_a_preempted_request_recomputes_from_the_cache() -> None:
     )
 
 
+@extended
+@rule("prefix-hit", "prefix-transparency")
+def test_stage2_prefix_a_lookup_stops_at_the_first_block_not_cached() -> None:
+    """A key can stay cached behind one that is gone: B's third block (after the shared
+    prefix P) outlives A's copies of P's blocks, which D evicts. C = P + B's next block +
+    more must then share nothing: its lookup misses at block 0 and stops there."""
+    t = run_of(prefix_model(num_blocks=10), max_num_seqs=4, max_num_batched_tokens=32)
+    p, q, r = toks(100, 8), toks(50, 4), toks(60, 4)
+    t.run(
+        {
+            1: [Request("A", p, 1), Request("B", (*p, *q, 9), 10)],
+            2: [Request("D", toks(300, 24), 1)],
+            3: [Request("C", (*p, *q, *r, 7), 3)],
+        }
+    )
+    expect(
+        t.hits["C"] == [0],
+        "§prefix-hit: C's first block (P's first) is no longer cached, so its lookup stops "
+        "there and shares nothing — not a later block whose key happens to be cached; C's "
+        f"admissions were served {t.hits['C']} tokens\n{t.rows()}",
+    )
+    t.assert_transparent()
+
+
+@extended
+@rule("prefix-preemption", "prefix-stage1")
+def test_stage2_prefix_victims_give_way_until_the_chunk_has_its_blocks() -> None:
+    """Under priority, U's chunk needs two blocks and none is free: Y (the least
+    important) frees one, which is not enough, so X gives way too."""
+    t = run_of(
+        prefix_model(num_blocks=6), max_num_seqs=4, max_num_batched_tokens=16, policy="priority"
+    )
+    t.run(
+        {
+            1: [Request("X", (1, 2), 10, priority=5), Request("Y", (3, 4), 10, priority=6)],
+            2: [Request("U", toks(10, 24), 1, priority=0)],
+        }
+    )
+    step3 = t.outputs[2]
+    expect(
+        (dict(step3.scheduled), step3.preempted) == ({"U": 10}, ("Y", "X")),
+        "§prefix-preemption: at step 3 U's chunk (10 tokens) needs 2 blocks and none is "
+        "free; victims are taken one at a time until it has them — Y, then X — expected "
+        f"scheduled {{'U': 10}}, preempted ('Y', 'X'); got {dict(step3.scheduled)}, "
+        f"{step3.preempted}\n{t.rows()}",
+    )
+    t.assert_transparent()
+
+
 # -- prefix caching: any workload ------------------------------------------------------
 
 Case = tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]]
