@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict
 
-from katas._runtime.checks import positive_int
 from katas.dynamic_batcher.api import (
     FinishReason,
     Model,
@@ -45,7 +44,7 @@ from katas.dynamic_batcher.api import (
 )
 
 from .running import blocks_for
-from .stage1 import _Batcher, _check_pool, _Seq
+from .stage1 import _Batcher, _check_config, _Seq
 
 
 class _Pool:
@@ -105,18 +104,9 @@ class PrefixCachingBatcher(_Batcher):
         block_size: int,
         policy: Policy = "fcfs",
     ) -> None:
-        self._max_seqs = positive_int("max_num_seqs", max_num_seqs)
-        self._budget = positive_int("max_num_batched_tokens", max_num_batched_tokens)
-        if self._budget < self._max_seqs:  # a full batch of decodes must fit one step
-            raise ValueError(
-                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
-                f"max_num_seqs ({max_num_seqs}): otherwise running requests can starve"
-            )
-        positive_int("num_blocks", num_blocks)
-        positive_int("block_size", block_size)
-        _check_pool(model, num_blocks, block_size)
-        if policy not in ("fcfs", "priority"):
-            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        self._max_seqs, self._budget = _check_config(
+            model, max_num_seqs, max_num_batched_tokens, num_blocks, block_size, policy
+        )
         super().__init__(model)
         self._policy: Policy = policy
         self._pool = _Pool(num_blocks)

@@ -148,6 +148,31 @@ def _check_pool(model: Model, num_blocks: int, block_size: int) -> None:
         )
 
 
+def _check_config(
+    model: Model,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    num_blocks: int,
+    block_size: int,
+    policy: Policy,
+) -> tuple[int, int]:
+    """A continuous batcher's settings, refused by name unless they make sense:
+    ``(max_num_seqs, max_num_batched_tokens)``."""
+    max_seqs = positive_int("max_num_seqs", max_num_seqs)
+    budget = positive_int("max_num_batched_tokens", max_num_batched_tokens)
+    if budget < max_seqs:  # a full batch of decodes must fit one step
+        raise ValueError(
+            f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
+            f"max_num_seqs ({max_num_seqs}): otherwise running requests can starve"
+        )
+    positive_int("num_blocks", num_blocks)
+    positive_int("block_size", block_size)
+    _check_pool(model, num_blocks, block_size)
+    if policy not in ("fcfs", "priority"):
+        raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+    return max_seqs, budget
+
+
 class _Batcher:
     """What both batchers share: the requests not finished, in a waiting and a running
     list; finishing, whatever the reason; the finished requests' metrics."""
@@ -246,18 +271,9 @@ class ContinuousBatcher(_Batcher):
         policy: Policy = "fcfs",
         hotpath: Hotpath = "python",
     ) -> None:
-        self._max_seqs = positive_int("max_num_seqs", max_num_seqs)
-        self._budget = positive_int("max_num_batched_tokens", max_num_batched_tokens)
-        if self._budget < self._max_seqs:  # a full batch of decodes must fit one step
-            raise ValueError(
-                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= "
-                f"max_num_seqs ({max_num_seqs}): otherwise running requests can starve"
-            )
-        positive_int("num_blocks", num_blocks)
-        positive_int("block_size", block_size)
-        _check_pool(model, num_blocks, block_size)
-        if policy not in ("fcfs", "priority"):
-            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        self._max_seqs, self._budget = _check_config(
+            model, max_num_seqs, max_num_batched_tokens, num_blocks, block_size, policy
+        )
         if hotpath not in ("python", "c"):
             raise ValueError(f"hotpath must be 'python' or 'c', got {hotpath!r}")
         super().__init__(model)  # waiting: in admission order, the preempted first
