@@ -1,7 +1,9 @@
-"""Stage 2 — a streaming engine on anyio (asyncio and trio), and a request batcher.
+"""Stage 2 — a streaming engine on anyio (asyncio and trio), automatic prefix caching,
+and a request batcher.
 
 The prompt is katas/dynamic_batcher/README.md, "Stage 2"; run the suite with
-``pytest katas/dynamic_batcher -k stage2`` (``-k "stage2 and core"`` for the core).
+``pytest katas/dynamic_batcher -k stage2`` (``-k "stage2 and core and not batches"`` for
+the engine's core, ``-k batches`` for the request batcher, ``-k prefix`` for the cache).
 
 Rules (the suite checks each one):
 
@@ -20,11 +22,12 @@ Rules (the suite checks each one):
 - ``drain()`` refuses new requests and returns when every admitted one has finished;
   ``aclose()`` aborts everything (each stream's last delivery has reason ``abort``).
 - ``statistics()``: queues, steps, tokens per second, TTFT and TPOT percentiles.
-- DynamicBatcher (``-k batches``): a batch is sent when ``max_batch_size`` items wait, or at
-  the instant its oldest item has waited ``max_queue_delay_ns`` since its own submit;
-  items in submission order. Each caller gets the result at its item's index; ``fn``'s
-  exception (or a wrong number of results: RuntimeError) fails every caller of that
-  batch and no other. Batches run concurrently.
+- DynamicBatcher (``-k batches``): a batch is sent when ``max_batch_size`` items wait,
+  or at the instant its oldest item has waited ``max_queue_delay_ns`` since its own
+  submit; items in submission order, never more than ``max_batch_size``. Each caller
+  gets the result at its item's index; ``fn``'s exception (or a wrong number of
+  results: RuntimeError) fails every caller of that batch and no other. Batches run
+  concurrently.
 - A caller cancelled before its batch is sent takes its item out (it counts neither
   towards full nor towards the delay); after, its result is dropped.
 - Leaving the block sends what is queued at once and waits for every batch; submit()
