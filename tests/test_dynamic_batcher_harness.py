@@ -3,17 +3,27 @@ oracle, the workloads, the simulator's clock and metrics, and the charts."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import sys
+import time
+import urllib.request
 from collections import deque
 from pathlib import Path
+from typing import Any
 
+import anyio
+import anyio.abc
+import anyio.to_thread
+import httpx
 import pytest
 from _support import committed_stubs
 
+from katas._registry import impl
 from katas._registry.impl import REPO_ROOT
 from katas._runtime.clock import NS_PER_MS, NS_PER_S, NS_PER_US
-from katas.dynamic_batcher._testing import pictures, workload
+from katas.dynamic_batcher._testing import pictures, replica, workload
 from katas.dynamic_batcher._testing.model import (
     DECODE_SEQ_NS,
     PREFILL_TOKEN_NS,
@@ -23,6 +33,7 @@ from katas.dynamic_batcher._testing.model import (
     reference_outputs,
     step_cost_ns,
 )
+from katas.dynamic_batcher._testing.replica_client import stream_completion
 from katas.dynamic_batcher._testing.simulate import (
     Report,
     distribution_chart,
@@ -32,6 +43,8 @@ from katas.dynamic_batcher._testing.simulate import (
 )
 from katas.dynamic_batcher.api import (
     FinishReason,
+    Overloaded,
+    ReplicaError,
     Request,
     RequestMetrics,
     SeqSlice,
@@ -414,3 +427,197 @@ def test_save_png_without_matplotlib_says_how_to_get_it(monkeypatch: pytest.Monk
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(RuntimeError, match=r"pip install 'infra-katas\[plot\]'"):
         save_png({"serial": _report(1)}, "unused.png")
+
+
+# -- the replica server and its client (stage 3's harness) -------------------------------
+#: Every wait on a replica, in real seconds: a hang fails a test, it never stalls it.
+REPLICA_DEADLINE_S = 5.0
+LONG = Request("long", PROMPT, 800)  # 800 steps of 1 ms: still running when the test acts
+
+
+def _replica_stats(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "/stats", timeout=REPLICA_DEADLINE_S) as answer:
+        found: dict[str, Any] = json.loads(answer.read())
+    return found
+
+
+async def _collect(url: str, request: Request) -> list[tuple[tuple[int, ...], str | None]]:
+    with anyio.fail_after(REPLICA_DEADLINE_S):
+        return [item async for item in stream_completion(url, request)]
+
+
+def test_a_replica_streams_the_reference_tokens_of_concurrent_requests() -> None:
+    requests = [
+        Request("r1", PROMPT, 12),
+        Request("r2", (7, 8, 9), 30, stop_tokens={reference_outputs(
+            [Request("x", (7, 8, 9), 30)], replica.model())["x"][9]}),
+        Request("r3", tuple(range(40)), 5),
+    ]  # fmt: skip
+    expected = reference_outputs(requests, replica.model())
+    with replica.running(impl.resolve("solutions")) as server:
+
+        async def main() -> dict[str, list[tuple[tuple[int, ...], str | None]]]:
+            got: dict[str, list[tuple[tuple[int, ...], str | None]]] = {}
+
+            async def one(request: Request) -> None:
+                got[request.rid] = await _collect(server.url, request)
+
+            async with anyio.create_task_group() as tg:
+                for request in requests:
+                    tg.start_soon(one, request)
+            return got
+
+        got = anyio.run(main)
+        stats = _replica_stats(server.url)
+    for request in requests:
+        items = got[request.rid]
+        assert tuple(t for tokens, _ in items for t in tokens) == expected[request.rid]
+        assert [reason for _, reason in items[:-1]] == [None] * (len(items) - 1)
+    assert [got[r.rid][-1][1] for r in requests] == ["length", "stop", "length"]
+    assert stats["finished"] == {"r1": "length", "r2": "stop", "r3": "length"}
+    assert stats["engine"]["streams"] == 0 and stats["replica"]["streamed"] == 3
+
+
+def test_a_replica_answers_429_with_retry_after_past_max_waiting() -> None:
+    with replica.running(impl.resolve("solutions"), max_num_seqs=1, max_waiting=1) as server:
+
+        async def main() -> tuple[httpx.Response, Overloaded]:
+            with anyio.fail_after(REPLICA_DEADLINE_S):
+                async with stream_completion(server.url, LONG) as running:
+                    await running.__anext__()  # admitted: it is running, not waiting
+                    queued = stream_completion(server.url, Request("queued", PROMPT, 5))
+                    async with queued, anyio.create_task_group() as tg:
+                        tg.start_soon(queued.__anext__)  # waits behind "long"
+                        while not server.process.lines("request queued"):
+                            await anyio.sleep(0.001)
+                        async with httpx.AsyncClient() as client:
+                            raw = await client.post(
+                                server.url + "/v1/completions",
+                                json=replica.request_body(Request("raw", PROMPT, 5)),
+                            )
+                        with pytest.raises(Overloaded) as refused:
+                            await stream_completion(
+                                server.url, Request("refused", PROMPT, 5)
+                            ).__anext__()
+                        tg.cancel_scope.cancel()
+            return raw, refused.value
+
+        raw, refused = anyio.run(main)
+    assert raw.status_code == 429
+    assert raw.headers["retry-after"] == "1"
+    assert 0 < int(raw.headers["x-retry-after-ns"]) <= NS_PER_MS  # within the step in flight
+    assert 0 < refused.retry_after_ns <= NS_PER_MS
+
+
+def test_a_replica_killed_mid_stream_is_a_replica_error_at_once() -> None:
+    with replica.running(impl.resolve("solutions")) as server:
+
+        async def main() -> tuple[ReplicaError, float, int]:
+            got, killed = 0, 0.0
+            with anyio.fail_after(REPLICA_DEADLINE_S):
+                try:
+                    async with stream_completion(server.url, LONG) as completion:
+                        async for _ in completion:
+                            got += 1
+                            if got == 3:
+                                await anyio.to_thread.run_sync(server.kill)
+                                killed = time.monotonic()
+                except ReplicaError as error:
+                    return error, time.monotonic() - killed, got
+            raise AssertionError(f"the stream of a killed replica ended cleanly after {got}")
+
+        error, after_s, got = anyio.run(main)
+        assert not server.process.alive()
+    assert got < LONG.max_new_tokens and after_s < 1.0
+    assert "died" in str(error) or "broke" in str(error), error
+
+
+def test_a_client_that_leaves_mid_stream_aborts_its_request_at_the_replica() -> None:
+    with replica.running(impl.resolve("solutions")) as server:
+
+        async def main() -> int:
+            got = 0
+            with anyio.fail_after(REPLICA_DEADLINE_S):
+                async with stream_completion(server.url, LONG) as completion:
+                    async for tokens, _ in completion:
+                        got += len(tokens)
+                        if got >= 3:
+                            break
+            return got
+
+        taken = anyio.run(main)
+        server.wait_for("disconnected long")
+        deadline = time.monotonic() + REPLICA_DEADLINE_S
+        while (stats := _replica_stats(server.url))["finished"] != {"long": "abort"}:
+            assert time.monotonic() < deadline, f"the request was never aborted: {stats}"
+            time.sleep(0.01)
+    assert stats["engine"]["streams"] == 0 and stats["engine"]["running"] == 0
+    assert stats["replica"]["disconnected"] == 1
+    assert taken <= stats["engine"]["output_tokens"] < LONG.max_new_tokens
+
+
+def test_a_replica_answers_400_to_a_body_that_is_not_a_request() -> None:
+    with replica.running(impl.resolve("solutions")) as server:
+        for body in (b"{not json", b'{"prompt": [1], "max_tokens": 2, "request_id": "x"}'):
+            answer = httpx.post(
+                server.url + "/v1/completions", content=body, timeout=REPLICA_DEADLINE_S
+            )
+            assert answer.status_code == 400, body
+        assert httpx.get(server.url + "/health", timeout=REPLICA_DEADLINE_S).status_code == 200
+        with pytest.raises(ReplicaError, match="status 404"):
+            anyio.run(_collect, server.url + "/v2/nothing", Request("x", PROMPT, 2))
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nhello", "not an event stream"),
+        (b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n", "status 503"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+            b'data: {"id": "x", "choi',
+            "truncated",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+            b"garbage\n\n",
+            "garbled",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+            b'data: {"id": "x", "choices": [{"tokens": [1], "finish_reason": null}]}\n\n',
+            "no \\[DONE\\]",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+            b'data: {"id": "x", "choices": [{"tokens": [1], "finish_reason": "length"}]}\n\n'
+            b"data: [DONE]\n\n",
+            None,
+        ),
+    ],
+    ids=["text", "503", "truncated", "garbled", "no-done", "whole"],
+)
+def test_the_replica_client_names_every_broken_answer(answer: bytes, why: str | None) -> None:
+    async def main() -> list[tuple[tuple[int, ...], str | None]] | ReplicaError:
+        async def handle(sock: anyio.abc.SocketStream) -> None:
+            async with sock:
+                await sock.receive()
+                await sock.send(answer)
+
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        port = listener.extra(anyio.abc.SocketAttribute.local_port)
+        async with listener, anyio.create_task_group() as tg:
+            tg.start_soon(listener.serve, handle)
+            try:
+                return await _collect(f"http://127.0.0.1:{port}", Request("x", PROMPT, 2))
+            except ReplicaError as error:
+                return error
+            finally:
+                tg.cancel_scope.cancel()
+        raise AssertionError("unreachable: the block returns")
+
+    got = anyio.run(main)
+    if why is None:
+        assert got == [((1,), "length")]
+    else:
+        assert isinstance(got, ReplicaError) and re.search(why, str(got)), got

@@ -166,6 +166,11 @@ class ReaderStalled(Exception):
     aborted and the tokens it had not taken were dropped."""
 
 
+class ReplicaError(Exception):
+    """A replica's answer broke off or made no sense: the connection died mid-stream, an
+    unexpected status, a body that is not an event stream, a truncated or garbled event."""
+
+
 @dataclass(frozen=True)
 class Delivery:
     """What one read of a stream returns: every token produced since the reader's last
@@ -280,6 +285,7 @@ __all__ = [
     "Policy",
     "PrefixCacheStatistics",
     "ReaderStalled",
+    "ReplicaError",
     "Request",
     "RequestMetrics",
     "RequestRejected",
