@@ -5,7 +5,8 @@ What each module may import, by where it lives (the standard library always):
 
 - ``katas/_runtime``: itself, anyio, redis.
 - ``katas/_registry``: itself (tomli on old Pythons).
-- ``katas/_harness``: the runtime, the registry, itself, and the test tools.
+- ``katas/_harness``: the runtime, the registry, itself, the test tools, and h11 (the
+  replicas' HTTP).
 - ``katas/_cli``: the runtime, the registry, itself, rich — never pytest or hypothesis,
   which run in child processes.
 - ``katas/<kata>/api.py``: the runtime.
@@ -52,7 +53,7 @@ ANY = None  # any third-party library
 LAYERS: dict[str, tuple[set[str], set[str] | None]] = {
     "_runtime": ({"_runtime"}, {"anyio", "redis"}),
     "_registry": ({"_runtime", "_registry"}, {"tomli"}),
-    "_harness": ({"_runtime", "_registry", "_harness"}, {*TEST_TOOLS, "exceptiongroup"}),
+    "_harness": ({"_runtime", "_registry", "_harness"}, {*TEST_TOOLS, "exceptiongroup", "h11"}),
     "_cli": ({"_runtime", "_registry", "_cli"}, {"rich"}),
     "api": ({"_runtime"}, set()),
     "stage": ({"_runtime"}, ANY),

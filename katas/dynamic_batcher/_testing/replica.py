@@ -58,6 +58,7 @@ import anyio.abc
 import h11
 
 from katas._harness.child import ChildProcess, say
+from katas._harness.http_replica import head, serve_one, stream_head
 from katas._registry import impl
 from katas._runtime.clock import NS_PER_S, NS_PER_US, MonotonicClock
 from katas.dynamic_batcher.api import (
@@ -161,18 +162,12 @@ class Server:
     counts: Counts = field(default_factory=Counts)
 
     async def handle(self, stream: anyio.abc.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_REQUEST)
-        try:
+        async def answer(conn: h11.Connection) -> None:
             got = await _request(stream, conn)
             if got is not None:
                 await self._answer(stream, conn, *got)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, h11.ProtocolError, OSError):
-            pass  # the client went away: its connection is over, the replica is not
-        except Exception as exc:  # a bug here must show, and not take the replica down
-            say(f"error {exc!r}")
-        finally:
-            with contextlib.suppress(Exception):
-                await stream.aclose()
+
+        await serve_one(stream, answer, max_request=_MAX_REQUEST)
 
     async def _answer(
         self,
@@ -257,7 +252,7 @@ class Server:
 
             tg.start_soon(client_gone)
             try:
-                await send(_stream_head())
+                await send(stream_head())
                 try:
                     async for delivery in tokens:
                         choice: dict[str, Any] = {
@@ -318,22 +313,12 @@ async def _request(
             return None
 
 
-def _head(status: int, headers: list[tuple[str, str]]) -> h11.Response:
-    return h11.Response(
-        status_code=status, headers=[*headers, ("Connection", "close"), ("Server", "replica")]
-    )
-
-
-def _stream_head() -> h11.Response:
-    return _head(200, [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")])
-
-
 async def _plain(
     send: Callable[[Any], Any], status: int, text: str, headers: list[tuple[str, str]]
 ) -> None:
     data = text.encode()
     await send(
-        _head(
+        head(
             status,
             [("Content-Type", "text/plain"), ("Content-Length", str(len(data))), *headers],
         )
@@ -345,7 +330,7 @@ async def _plain(
 async def _json(send: Callable[[Any], Any], status: int, payload: dict[str, Any]) -> None:
     data = json.dumps(payload).encode()
     await send(
-        _head(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
+        head(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data)))])
     )
     await send(h11.Data(data=data))
     await send(h11.EndOfMessage())

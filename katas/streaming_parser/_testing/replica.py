@@ -51,6 +51,7 @@ import anyio.abc
 import h11
 
 from katas._harness.child import say
+from katas._harness.http_replica import head, serve_one, stream_head
 from katas._registry import impl
 
 LOG = "log.json"
@@ -143,16 +144,6 @@ def remaining(blocks: list[Block], last_event_id: str | None) -> list[Block] | N
 _REQUEST = b"GET " + target(1).encode() + b" HTTP/1.1\r\nHost: replica\r\n\r\n"
 
 
-def head(status: int, headers: list[tuple[str, str]]) -> h11.Response:
-    return h11.Response(
-        status_code=status, headers=[*headers, ("Connection", "close"), ("Server", "replica")]
-    )
-
-
-def stream_head(content_type: str = "text/event-stream") -> h11.Response:
-    return head(200, [("Content-Type", content_type), ("Cache-Control", "no-cache")])
-
-
 def wire(response: h11.Response, body: list[bytes]) -> tuple[bytes, list[int]]:
     """The bytes a replica writes for ``response`` with ``body`` (one chunk per part), and
     the wire offset just past each part — what a test needs to cut a connection through
@@ -180,19 +171,12 @@ class Replica:
         self.drop = anyio.Event()
 
     async def handle(self, stream: anyio.abc.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_REQUEST)
-        try:
+        async def answer(conn: h11.Connection) -> None:
             request = await self._request(stream, conn)
-            if request is None:
-                return
-            await self._answer(stream, conn, request)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, h11.ProtocolError, OSError):
-            pass  # the client went away: its connection is over, the replica is not
-        except Exception as exc:  # a bug here must show, and not take the replica down
-            say(f"error {exc!r}")
-        finally:
-            with contextlib.suppress(Exception):
-                await stream.aclose()
+            if request is not None:
+                await self._answer(stream, conn, request)
+
+        await serve_one(stream, answer, max_request=_MAX_REQUEST)
 
     async def _request(
         self, stream: anyio.abc.SocketStream, conn: h11.Connection

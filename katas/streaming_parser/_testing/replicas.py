@@ -26,13 +26,14 @@ import anyio
 import anyio.lowlevel
 
 from katas._harness.child import ChildProcess
+from katas._harness.http_replica import stream_head
 from katas._harness.waiting import DEADLINE_S
 from katas._registry import impl
 from katas._runtime.clock import ManualClock
 from katas.streaming_parser.api import ServerSentEvent
 
 from . import replica as _replica
-from .replica import Block, stream_head, target, wire
+from .replica import Block, target, wire
 from .sse import interpret
 
 TARGET = "katas.streaming_parser._testing.replica:serve"
