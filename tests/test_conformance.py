@@ -18,8 +18,9 @@ their own, compared stub against reference by tests/test_surface.py):
   and ``AsyncRedisRateLimiter`` (``async``);
 - kv_cache: stage 3's ``ShardedCache`` and ``NearCache`` (remote: no ``len``/iteration);
 - job_scheduler: the queues, pools and workers;
-- dynamic_batcher: stage 2's ``AsyncEngine`` and ``DynamicBatcher`` (their streams are
-  ``api.TokenStream``s, below).
+- dynamic_batcher: stage 2's ``AsyncEngine`` and ``DynamicBatcher``, stage 3's
+  ``ReplicaSet`` and ``Router`` (their streams are ``api.TokenStream``s, below; the
+  router's replicas, ``api.ReplicaLink`` and ``api.Completion``, are the harness's).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import pytest
 
 import katas.dynamic_batcher.stage1 as db_stub1
 import katas.dynamic_batcher.stage2 as db_stub2
+import katas.dynamic_batcher.stage3 as db_stub3
 import katas.job_scheduler.stage1 as js_stub1
 import katas.job_scheduler.stage3 as js_stub3
 import katas.kv_cache.stage1 as kv_stub1
@@ -41,6 +43,7 @@ import katas.rate_limiter.stage1 as rl_stub1
 import katas.rate_limiter.stage2 as rl_stub2
 import solutions.dynamic_batcher.stage1 as db_ref1
 import solutions.dynamic_batcher.stage2 as db_ref2
+import solutions.dynamic_batcher.stage3 as db_ref3
 import solutions.job_scheduler.stage1 as js_ref1
 import solutions.job_scheduler.stage3 as js_ref3
 import solutions.kv_cache.stage1 as kv_ref1
@@ -49,7 +52,10 @@ import solutions.rate_limiter.stage1 as rl_ref1
 import solutions.rate_limiter.stage2 as rl_ref2
 from katas._registry.impl import REPO_ROOT
 from katas.dynamic_batcher import api as db
+from katas.dynamic_batcher._testing.fleet import SimCompletion
+from katas.dynamic_batcher._testing.http_link import HttpLink
 from katas.dynamic_batcher._testing.model import FakeModel
+from katas.dynamic_batcher._testing.replica_client import CompletionStream
 from katas.job_scheduler import api as js
 from katas.kv_cache import api as kv
 from katas.rate_limiter import api as rl
@@ -202,8 +208,28 @@ def conform_ref_token_stream(x: db_ref2._Stream) -> db.TokenStream:
     return x
 
 
+def conform_stub_routed_stream(x: db_stub3._RoutedStream) -> db.TokenStream:
+    return x
+
+
+def conform_ref_routed_stream(x: db_ref3._RoutedStream) -> db.TokenStream:
+    return x
+
+
 def conform_harness_fake_model(x: FakeModel) -> db.Model:
     return x  # a Protocol the kata calls and the harness implements: no stub, no reference
+
+
+def conform_harness_http_link(x: HttpLink) -> db.ReplicaLink:
+    return x  # the router calls links; the harness implements them, over HTTP and in process
+
+
+def conform_harness_completion_stream(x: CompletionStream) -> db.Completion:
+    return x
+
+
+def conform_harness_sim_completion(x: SimCompletion) -> db.Completion:
+    return x
 
 
 # --- run time ---------------------------------------------------------------------------

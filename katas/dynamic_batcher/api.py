@@ -273,9 +273,77 @@ class PrefixCacheStatistics:
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
 
 
+# -- stage 3: the router over replicas ------------------------------------------------------
+
+#: Why the router sent a request where it did.
+RouteReason = Literal["affinity", "least-loaded", "balance"]
+
+
+@dataclass(frozen=True)
+class Route:
+    """One routing decision: the ``replica`` chosen, ``why``, and how many leading full
+    blocks of the prompt the router believes that replica has cached (``matched_blocks``)."""
+
+    replica: str
+    why: RouteReason
+    matched_blocks: int = 0
+
+
+class Completion(Protocol):
+    """One attempt's answer from one replica: ``async for tokens, finish_reason in it``.
+
+    Each item is one event of the replica's stream: the tokens of one delivery, and None
+    — or, on the last item, why the request finished. The first read connects: it raises
+    :class:`Overloaded` when the replica refuses (HTTP 429); any read raises
+    :class:`ReplicaError` when the replica's answer breaks off or makes no sense.
+    ``aclose()`` ends the attempt (the replica aborts the request)."""
+
+    def __aiter__(self) -> Completion: ...
+
+    async def __anext__(self) -> tuple[tuple[int, ...], FinishReason | None]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ReplicaLink(Protocol):
+    """How the router reaches one replica: over loopback HTTP in a real fleet, in process
+    in most tests. The harness provides both; the router only routes."""
+
+    @property
+    def name(self) -> str: ...
+
+    def stream(self, request: Request) -> Completion:
+        """Ask the replica to generate ``request`` (nothing is sent before the first read)."""
+        ...
+
+    async def healthy(self) -> bool:
+        """Probe the replica: True if it answers that it serves. A stopped replica never
+        answers, so the caller bounds the wait; a dead one raises or says False."""
+        ...
+
+
+@dataclass(frozen=True)
+class RouterStatistics:
+    """A router at one instant. ``routed``: attempts sent to each replica (first attempts
+    and failovers); ``by_affinity`` / ``by_balance``: routes chosen for a cached prefix /
+    by the imbalance guard; ``failovers``: attempts started because a replica failed;
+    ``refused``: requests the router itself refused (``Overloaded``); ``outstanding``:
+    each replica's load in tokens; ``down`` and ``draining``: replicas out of routing."""
+
+    routed: Mapping[str, int]
+    by_affinity: int
+    by_balance: int
+    failovers: int
+    refused: int
+    outstanding: Mapping[str, int]
+    down: tuple[str, ...]
+    draining: tuple[str, ...]
+
+
 __all__ = [
     "BatchStatistics",
     "Batcher",
+    "Completion",
     "Delivery",
     "EngineClosed",
     "EngineStatistics",
@@ -286,9 +354,13 @@ __all__ = [
     "PrefixCacheStatistics",
     "ReaderStalled",
     "ReplicaError",
+    "ReplicaLink",
     "Request",
     "RequestMetrics",
     "RequestRejected",
+    "Route",
+    "RouteReason",
+    "RouterStatistics",
     "SeqSlice",
     "StepOutput",
     "TokenStream",

@@ -18,7 +18,7 @@ import anyio
 
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import VirtualTime
-from katas._runtime.clock import NS_PER_S, ManualClock
+from katas._runtime.clock import NS_PER_S, ManualClock, WaitingClock
 from katas.dynamic_batcher.api import Delivery, FinishReason, Request, StepOutput
 
 from .model import FakeModel, reference_outputs
@@ -91,7 +91,7 @@ class Reader:
     """Reads one stream to its end; ``pace_ns`` between reads (0: as fast as it can)."""
 
     stream: Any
-    clock: ManualClock
+    clock: WaitingClock
     pace_ns: int = 0
     taken: list[tuple[int, Delivery]] = field(default_factory=list)
     ended: str = "reading"  # "end", or the exception that ended it (repr)

@@ -1,0 +1,316 @@
+"""Drivers for the stage-3 suite: replicas in process and in virtual time, that die,
+stop and come back exactly when a test says.
+
+A :class:`SimReplica` is one replica as the router sees it through
+:class:`~katas.dynamic_batcher.api.ReplicaLink`: your stage-2 ``AsyncEngine`` over your
+``PrefixCachingBatcher`` on the fleet's ``ManualClock``, every step one ``STEP_NS``. Its
+faults are the real ones, placed at a token:
+
+- ``kill()`` — SIGKILL: every open stream breaks (``ReplicaError``) at its next read,
+  nothing new connects, probes fail; the engine and its cache are gone.
+- ``die_after(rid, n)`` — the replica dies the moment the ``n``-th token it sends for
+  ``rid`` (any attempt of it: ``rid`` or ``rid#k``) has reached the router (the rest of
+  that event is lost with it).
+- ``stop()`` / ``resume()`` — SIGSTOP / SIGCONT: streams and probes hang; what the
+  engine produced meanwhile arrives late, after ``resume()``.
+- ``break_stream(rid, after=n)`` — one stream's answer breaks after ``n`` tokens (a
+  garbled event): the process lives on.
+- ``restart()`` — a fresh engine under the same name, its cache empty.
+- ``refuse(n, retry_after_ns)`` — the next ``n`` connections are answered 429.
+
+A :class:`Fleet` holds the replicas, the clock and :class:`VirtualTime`, and builds the
+router under test over them with the suite's defaults.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from katas._harness.under_test import stage
+from katas._harness.virtual_time import VirtualTime
+from katas._runtime.clock import ManualClock
+from katas.dynamic_batcher.api import (
+    FinishReason,
+    Overloaded,
+    PrefixCacheStatistics,
+    ReplicaError,
+    Request,
+    StepOutput,
+)
+
+from .engine import STEP_NS, T0, VOCAB
+from .model import FakeModel, reference_outputs
+
+SEED = 7
+
+
+@dataclass
+class SimReplica:
+    """One replica in process (see the module's docstring)."""
+
+    name: str
+    clock: ManualClock
+    num_blocks: int = 256
+    block_size: int = 4
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 64
+    max_waiting: int = 64
+    step_ns: int = STEP_NS
+    #: Every request this replica was asked to generate, in order (resubmissions too).
+    seen: list[Request] = field(default_factory=list)
+    #: Streams opened and closed by the router (a stream is closed when the router is done).
+    opened: int = 0
+    closed: int = 0
+    lives: int = 0  # 1 after the first start, +1 per restart
+
+    def __post_init__(self) -> None:
+        self.dead = True
+        self._running = anyio.Event()
+        self._running.set()
+        self._fault: tuple[str, int] | None = None  # die after this token of this request
+        self._breaks: dict[str, int] = {}
+        self._refusals: list[int] = []  # retry hints of the next connections refused
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._killed = anyio.Event()
+        self.batcher: Any = None
+        self.engine: Any = None
+        self.caches: list[PrefixCacheStatistics] = []  # of engines killed or restarted
+
+    # -- life --------------------------------------------------------------------------------
+    def start(self, tasks: anyio.abc.TaskGroup) -> None:
+        self._tasks = tasks
+        model = FakeModel(VOCAB, SEED, self.num_blocks, self.block_size, shared_reads=True)
+        self.batcher = stage(2).PrefixCachingBatcher(
+            model,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+        )
+        step_ns = self.step_ns
+
+        def step_time(out: StepOutput) -> int:
+            return step_ns
+
+        self.engine = stage(2).AsyncEngine(
+            self.batcher,
+            clock=self.clock,
+            step_time_ns=step_time,
+            max_waiting=self.max_waiting,
+            max_stall_ns=10
+            ** 15,  # the router reads what it gets; a stopped link is not a slow reader
+        )
+        self._killed = anyio.Event()
+        self.dead = False
+        self.lives += 1
+        tasks.start_soon(self._serve, self.engine, self._killed)
+
+    async def _serve(self, engine: Any, killed: anyio.Event) -> None:
+        async with engine:
+            await killed.wait()
+
+    def kill(self) -> None:
+        if not self.dead:
+            self.dead = True
+            self.caches.append(self.batcher.cache_statistics())
+            self._killed.set()
+            self._running.set()  # a killed process is not stopped any more
+
+    def restart(self) -> None:
+        assert self._tasks is not None
+        self.kill()
+        self._running = anyio.Event()
+        self._running.set()
+        self.start(self._tasks)
+
+    def stop(self) -> None:
+        self._running = anyio.Event()
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def stopped(self) -> bool:
+        return not self._running.is_set()
+
+    def die_after(self, rid: str, tokens: int) -> None:
+        self._fault = (rid, tokens)
+
+    def break_stream(self, rid: str, *, after: int) -> None:
+        self._breaks[rid] = after
+
+    def refuse(self, n: int, retry_after_ns: int) -> None:
+        self._refusals += [retry_after_ns] * n
+
+    def hits(self) -> int:
+        """Prompt tokens served from this replica's prefix cache, over all its lives."""
+        now = 0 if self.dead else self.batcher.cache_statistics().hit_tokens
+        return now + sum(c.hit_tokens for c in self.caches)
+
+    def computed_prompt_tokens(self) -> int:
+        """Prompt tokens this replica queried and had to compute (all lives)."""
+        stats = list(self.caches) + ([] if self.dead else [self.batcher.cache_statistics()])
+        return sum(c.queried_tokens - c.hit_tokens for c in stats)
+
+    # -- the link ----------------------------------------------------------------------------
+    def stream(self, request: Request) -> SimCompletion:
+        return SimCompletion(self, request)
+
+    async def healthy(self) -> bool:
+        await self._running.wait()
+        if self.dead:
+            raise ReplicaError(f"replica {self.name!r}: connection refused")
+        return True
+
+    async def wait_running(self) -> None:
+        await self._running.wait()
+
+    def _cut(self, rid: str, had: int, tokens: tuple[int, ...]) -> tuple[int, str] | None:
+        """How many of ``tokens`` get through before a fault, and which fault."""
+        if (
+            self._fault is not None
+            and self._fault[0] == rid
+            and had + len(tokens) >= self._fault[1]
+        ):
+            return self._fault[1] - had, "die"
+        broken = self._breaks.get(rid)
+        if broken is not None and had + len(tokens) >= broken:
+            return broken - had, "break"
+        return None
+
+
+class SimCompletion:
+    """One attempt's stream from a :class:`SimReplica` (an ``api.Completion``)."""
+
+    def __init__(self, replica: SimReplica, request: Request) -> None:
+        self.replica = replica
+        self.request = request
+        self._stream: Any = None
+        self._life = -1
+        self._had = 0  # tokens delivered
+        self._over = False
+        self._broken: str | None = None
+        self.closed = False
+
+    def __aiter__(self) -> SimCompletion:
+        return self
+
+    async def __anext__(self) -> tuple[tuple[int, ...], FinishReason | None]:
+        r = self.replica
+        if self._over:
+            raise StopAsyncIteration
+        if self._broken is not None:
+            raise ReplicaError(self._broken)
+        if self._stream is None:
+            await r.wait_running()  # a stopped process accepts the connection, then says nothing
+            if r.dead:
+                raise ReplicaError(f"replica {r.name!r}: connection refused")
+            r.opened += 1
+            if r._refusals:
+                raise Overloaded(f"replica {r.name!r}: 429", retry_after_ns=r._refusals.pop(0))
+            r.seen.append(self.request)
+            self._life = r.lives
+            try:
+                self._stream = r.engine.generate(self.request)
+            except Overloaded:
+                raise
+            except (ValueError, TypeError) as exc:
+                raise ReplicaError(f"replica {r.name!r}: status 400: {exc}") from None
+        try:
+            delivery = await self._stream.__anext__()
+        except StopAsyncIteration:
+            delivery = None
+        await r.wait_running()  # stopped: the event waits in the replica until SIGCONT
+        if r.dead or r.lives != self._life:
+            raise ReplicaError(f"replica {r.name!r}: the connection died mid-stream")
+        if delivery is None:
+            raise ReplicaError(f"replica {r.name!r}: the stream ended with no [DONE]")
+        tokens, reason = tuple(delivery.tokens), delivery.finish_reason
+        client_rid = self.request.rid.partition("#")[0]  # any attempt of the client's request
+        cut = r._cut(client_rid, self._had, tokens)
+        if cut is not None:
+            keep, kind = cut
+            tokens, reason = tokens[:keep], None
+            if kind == "die":
+                r._fault = None
+                r.kill()
+            else:
+                del r._breaks[client_rid]
+                self._broken = f"replica {r.name!r}: a truncated event"
+            if not tokens:
+                raise ReplicaError(
+                    self._broken or f"replica {r.name!r}: the connection died mid-stream"
+                )
+        self._had += len(tokens)
+        self._over = reason is not None
+        return tokens, reason
+
+    async def aclose(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.replica.closed += 1
+            if self._stream is not None and not self.replica.dead:
+                await self._stream.aclose()
+
+
+@dataclass
+class Fleet:
+    """Replicas named ``names`` on one virtual clock (``replica`` options for each)."""
+
+    names: Sequence[str] = ("a", "b", "c")
+    replica: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.clock = ManualClock(T0)
+        self.time = VirtualTime(self.clock)
+        self.replicas = {n: SimReplica(n, self.clock, **self.replica) for n in self.names}
+        self.block_size = next(iter(self.replicas.values())).block_size
+
+    def __getitem__(self, name: str) -> SimReplica:
+        return self.replicas[name]
+
+    @property
+    def now(self) -> int:
+        return self.clock.now_ns()
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[Fleet]:
+        async with anyio.create_task_group() as tasks:
+            for replica in self.replicas.values():
+                replica.start(tasks)
+            try:
+                yield self
+            finally:
+                for replica in self.replicas.values():
+                    replica.kill()
+
+    def router(self, **options: Any) -> Any:
+        """The router under test over every replica, with the suite's defaults."""
+        settings: dict[str, Any] = {
+            "clock": self.clock,
+            "block_size": self.block_size,
+            "max_outstanding_tokens": 1_000_000,
+            "retry_after_ns": 1_000 * STEP_NS,
+            "stall_timeout_ns": 50 * STEP_NS,
+            "probe_interval_ns": 10_000 * STEP_NS,
+            "probe_timeout_ns": 20 * STEP_NS,
+        }
+        settings.update(options)
+        return stage().Router(list(self.replicas.values()), **settings)
+
+    def expected(self, requests: Sequence[Request]) -> dict[str, tuple[int, ...]]:
+        """What each request generates (on any replica: they serve one model)."""
+        model = FakeModel(VOCAB, SEED, 256, self.block_size, shared_reads=True)
+        return reference_outputs(requests, model)
+
+    def hits(self) -> int:
+        return sum(r.hits() for r in self.replicas.values())
+
+
+__all__ = ["SEED", "Fleet", "SimCompletion", "SimReplica"]
