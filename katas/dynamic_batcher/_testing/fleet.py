@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import anyio
@@ -48,6 +49,14 @@ from .engine import STEP_NS, T0, VOCAB
 from .model import FakeModel, reference_outputs
 
 SEED = 7
+#: The router's settings in the suite (and the pictures), besides its clock and block size.
+ROUTER_SETTINGS: dict[str, int] = {
+    "max_outstanding_tokens": 1_000_000,
+    "retry_after_ns": 1_000 * STEP_NS,
+    "stall_timeout_ns": 50 * STEP_NS,
+    "probe_interval_ns": 10_000 * STEP_NS,
+    "probe_timeout_ns": 20 * STEP_NS,
+}
 
 
 @dataclass
@@ -68,6 +77,9 @@ class SimReplica:
     opened: int = 0
     closed: int = 0
     lives: int = 0  # 1 after the first start, +1 per restart
+    #: The stage-2 module whose engine it runs: the code under test's unless given (a
+    #: picture runs outside a test, on a selection's module).
+    stage2: ModuleType | None = None
 
     def __post_init__(self) -> None:
         self.dead = True
@@ -85,8 +97,10 @@ class SimReplica:
     # -- life --------------------------------------------------------------------------------
     def start(self, tasks: anyio.abc.TaskGroup) -> None:
         self._tasks = tasks
+        # shared_reads: with a prefix cache, two requests read one cached block in a step
         model = FakeModel(VOCAB, SEED, self.num_blocks, self.block_size, shared_reads=True)
-        self.batcher = stage(2).PrefixCachingBatcher(
+        stage2 = self.stage2 or stage(2)
+        self.batcher = stage2.PrefixCachingBatcher(
             model,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
@@ -98,7 +112,7 @@ class SimReplica:
         def step_time(out: StepOutput) -> int:
             return step_ns
 
-        self.engine = stage(2).AsyncEngine(
+        self.engine = stage2.AsyncEngine(
             self.batcher,
             clock=self.clock,
             step_time_ns=step_time,
@@ -295,11 +309,7 @@ class Fleet:
         settings: dict[str, Any] = {
             "clock": self.clock,
             "block_size": self.block_size,
-            "max_outstanding_tokens": 1_000_000,
-            "retry_after_ns": 1_000 * STEP_NS,
-            "stall_timeout_ns": 50 * STEP_NS,
-            "probe_interval_ns": 10_000 * STEP_NS,
-            "probe_timeout_ns": 20 * STEP_NS,
+            **ROUTER_SETTINGS,
         }
         settings.update(options)
         return stage().Router(list(self.replicas.values()), **settings)
@@ -313,4 +323,4 @@ class Fleet:
         return sum(r.hits() for r in self.replicas.values())
 
 
-__all__ = ["SEED", "Fleet", "SimCompletion", "SimReplica"]
+__all__ = ["ROUTER_SETTINGS", "SEED", "Fleet", "SimCompletion", "SimReplica"]

@@ -56,12 +56,11 @@ from katas.dynamic_batcher.api import (
     ReplicaError,
     ReplicaLink,
     Request,
-    StepOutput,
 )
 
 from . import workload
 from .engine import STEP_NS, T0, VOCAB, request
-from .fleet import SEED, SimReplica
+from .fleet import ROUTER_SETTINGS, SEED, SimReplica
 from .fleet_charts import Attempt, LoadRun, Timeline, load_chart, save_png, timeline_chart
 from .model import FakeModel, reference_outputs
 
@@ -75,14 +74,6 @@ NEEDS = {
     1: "your stage 1 (the replicas' batchers stand on it)",
     2: "PrefixCachingBatcher and AsyncEngine (stage 2): every replica runs them",
     3: "ReplicaSet and Router (stage 3, core)",
-}
-#: The router's settings: the suite's (``Fleet.router``).
-ROUTER_SETTINGS: dict[str, int] = {
-    "max_outstanding_tokens": 1_000_000,
-    "retry_after_ns": 1_000 * STEP_NS,
-    "stall_timeout_ns": 50 * STEP_NS,
-    "probe_interval_ns": 10_000 * STEP_NS,
-    "probe_timeout_ns": 20 * STEP_NS,
 }
 #: Simulated time a picture's run may take before it is called stuck (the reference's
 #: load runs take ~600 steps, its failover run ~35).
@@ -121,44 +112,6 @@ class LoadSetup:
             rate_per_s=self.per_step * 1e9 / STEP_NS,
             vocab_size=VOCAB,
         )
-
-
-# -- the replicas, from a selection ------------------------------------------------------------
-@dataclass
-class SelectedReplica(SimReplica):
-    """The suite's :class:`~.fleet.SimReplica`, its engine built from ``stage2`` (a
-    selection's stage-2 module) instead of ``stage(2)``, which reaches the code under
-    test only while a kata test runs. Its ``start`` is ``SimReplica.start`` otherwise."""
-
-    stage2: Any = None
-
-    def start(self, tasks: anyio.abc.TaskGroup) -> None:
-        self._tasks = tasks
-        # shared_reads: with a prefix cache, two requests read one cached block in a step
-        model = FakeModel(VOCAB, SEED, self.num_blocks, self.block_size, shared_reads=True)
-        self.batcher = self.stage2.PrefixCachingBatcher(
-            model,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-        )
-        step_ns = self.step_ns
-
-        def step_time(out: StepOutput) -> int:
-            return step_ns
-
-        self.engine = self.stage2.AsyncEngine(
-            self.batcher,
-            clock=self.clock,
-            step_time_ns=step_time,
-            max_waiting=self.max_waiting,
-            max_stall_ns=10**15,
-        )
-        self._killed = anyio.Event()
-        self.dead = False
-        self.lives += 1
-        tasks.start_soon(self._serve, self.engine, self._killed)
 
 
 # -- the meter: one account of every attempt, whatever routes it ------------------------------
@@ -316,7 +269,7 @@ class _Fleet:
         self.clock = ManualClock(T0)
         self.time = VirtualTime(self.clock)
         self.replicas = {
-            n: SelectedReplica(n, self.clock, stage2=self.stage2, **self.options) for n in NAMES
+            n: SimReplica(n, self.clock, stage2=self.stage2, **self.options) for n in NAMES
         }
         self.meter = Meter(self.clock, self.originals)
         self.links = [self.meter.link(r) for r in self.replicas.values()]
