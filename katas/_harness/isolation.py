@@ -38,9 +38,12 @@ _SENT = 0
 
 def wanted(item: pytest.Item) -> bool:
     """Whether ``item`` runs in a child: a kata test whose kata has a C module, when this
-    platform can fork and nobody debugs the run (``--pdb`` needs the terminal here)."""
+    platform can fork and nobody debugs the run (``--pdb`` needs the terminal here) —
+    benchmarks excepted, whose results must reach the run's report."""
     if not hasattr(os, "fork") or item.config.getoption("usepdb", False):
         return False
+    if "benchmark" in getattr(item, "fixturenames", ()):
+        return False  # pytest-benchmark keeps its results in this process, for its report
     return item.get_closest_marker("stage") is not None and bool(native_modules(item.path.parent))
 
 
