@@ -189,7 +189,7 @@ class Router:
         if (
             isinstance(max_failovers, bool)
             or not isinstance(max_failovers, int)
-            or (max_failovers < 0)
+            or max_failovers < 0
         ):
             raise ValueError(f"max_failovers must be an int >= 0, got {max_failovers!r}")
         self._max_failovers = max_failovers
@@ -243,12 +243,12 @@ class Router:
     def generate(self, request: Request) -> TokenStream:
         """Admit ``request`` and route it; its stream raises ``Overloaded`` on the first
         read if every replica refuses it, ``ReplicaError`` if it cannot be served."""
+        if not isinstance(request, Request):
+            raise TypeError(f"request must be an api.Request, got {request!r}")
         if self._state != "open":
             if self._state == "new":
                 raise RuntimeError("generate() needs the router running: `async with`")
             raise ReplicaError(f"the router is closed: request {request.rid!r} refused")
-        if not isinstance(request, Request):
-            raise TypeError(f"request must be an api.Request, got {request!r}")
         if request.rid in self._streams:
             raise ValueError(f"request {request.rid!r} is already in flight")
         weight = len(request.prompt) + request.max_new_tokens
