@@ -45,7 +45,7 @@ from katas._harness.under_test import stage
 from katas._registry import impl
 from katas.dynamic_batcher._testing import replica
 from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, request
-from katas.dynamic_batcher._testing.fleet import Fleet
+from katas.dynamic_batcher._testing.fleet import Fleet, serving
 from katas.dynamic_batcher._testing.http_link import HttpLink
 from katas.dynamic_batcher._testing.real_fleet import (
     GARBAGE,
@@ -96,6 +96,12 @@ def test_stage3_routes_a_request_weighs_its_prompt_and_budget_until_its_first_to
     rs.assign("a", "r1", prompt_of(10), 5)
     steps = [("assign r1 (prompt 10, max_new_tokens 5)", 15)]
     assert rs.load("a") == 15, f"{steps}: expected load('a') == 15, got {rs.load('a')}"
+    rs.progress("r1", 0)
+    steps.append(("progress r1 by 0 (an event with no token)", 15))
+    assert rs.load("a") == 15, (
+        "no token arrived, so the prefill is not known to be done: the prompt still weighs."
+        f"\n  steps {steps}\n  got load('a') = {rs.load('a')}"
+    )
     rs.progress("r1", 1)
     steps.append(("progress r1 by 1 (its prefill is done)", 4))
     assert rs.load("a") == 4, (
@@ -160,18 +166,33 @@ def test_stage3_routes_pick_only_replicas_up_and_not_draining_and_not_excluded()
     expect_route(rs.pick(p, exclude=["a"]), Route("b", "least-loaded"), "a excluded")
 
 
+@extended
+@rule("route-available", "route-history")
+def test_stage3_routes_a_drained_replica_keeps_its_history() -> None:
+    rs = replica_set(("a", "b"))
+    p = prompt_of(16, seed=7)
+    rs.assign("a", "r1", p, 1)
+    rs.release("r1")
+    rs.drain("a")
+    rs.restore("a")
+    assert rs.matched_blocks("a", p) == 4, (
+        "a drained replica keeps running and keeps its cache: drain and restore leave its "
+        f"history as it was (4 blocks of p); got matched_blocks {rs.matched_blocks('a', p)}"
+    )
+
+
 @core
 @rule("route-least-loaded")
 def test_stage3_routes_the_least_loaded_wins_and_ties_go_in_the_order_given() -> None:
-    rs = replica_set(("x", "y", "z"))
+    rs = replica_set(("y", "z", "x"))  # the order given is not the names' order
     p = prompt_of(3)
-    expect_route(rs.pick(p), Route("x", "least-loaded"), "three idle replicas")
-    rs.assign("x", "r1", prompt_of(3), 4)
-    expect_route(rs.pick(p), Route("y", "least-loaded"), "x carries 7, y and z nothing")
-    rs.assign("y", "r2", prompt_of(2), 2)
-    expect_route(rs.pick(p), Route("z", "least-loaded"), "x 7, y 4, z 0")
-    rs.assign("z", "r3", prompt_of(1), 3)
-    expect_route(rs.pick(p), Route("y", "least-loaded"), "x 7, y 4, z 4: a tie goes to y")
+    expect_route(rs.pick(p), Route("y", "least-loaded"), "replicas y, z, x, all idle")
+    rs.assign("y", "r1", prompt_of(3), 4)
+    expect_route(rs.pick(p), Route("z", "least-loaded"), "y carries 7, z and x nothing")
+    rs.assign("z", "r2", prompt_of(2), 2)
+    expect_route(rs.pick(p), Route("x", "least-loaded"), "y 7, z 4, x 0")
+    rs.assign("x", "r3", prompt_of(1), 3)
+    expect_route(rs.pick(p), Route("z", "least-loaded"), "y 7, z 4, x 4: a tie goes to z")
 
 
 @core
@@ -308,6 +329,18 @@ def test_stage3_routes_history_is_bounded_least_recently_used_first() -> None:
         "history_blocks=4; routed pa, pb, pa again, pc: pb's blocks are the least recently "
         f"used and go first. Expected {{'pa': 2, 'pb': 0, 'pc': 2}}, got {got}"
     )
+    rs2 = replica_set(("a",), history_blocks=4)
+    rs2.assign("a", "1", pa, 1)
+    rs2.assign("a", "2", pb, 1)
+    rs2.pick(pa)  # looking is not routing
+    rs2.matched_blocks("a", pa)
+    rs2.assign("a", "3", pc, 1)
+    got = {name: rs2.matched_blocks("a", p) for name, p in (("pa", pa), ("pb", pb), ("pc", pc))}
+    assert got == {"pa": 0, "pb": 2, "pc": 2}, (
+        "history_blocks=4; routed pa, pb, then pick(pa) and matched_blocks(pa), then routed "
+        "pc: only assign records, so pa is still the least recently used and goes. Expected "
+        f"{{'pa': 0, 'pb': 2, 'pc': 2}}, got {got}"
+    )
 
 
 @extended
@@ -432,7 +465,7 @@ async def test_stage3_each_client_gets_what_its_request_generates() -> None:
     want = fleet.expected(reqs)
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, reqs, tg)
             await finish(fleet, readers)
     expect_whole(readers, want, "five requests over three healthy replicas")
@@ -457,7 +490,7 @@ async def test_stage3_a_slow_client_gets_what_arrived_merged_into_one_read() -> 
     want = fleet.expected([r])["slow"]
     async with fleet.running():
         router = fleet.router()
-        async with router:
+        async with serving(router):
             stream = router.generate(r)
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             first = await stream.__anext__()
@@ -482,7 +515,7 @@ async def test_stage3_the_router_charges_a_replica_until_the_first_token_then_th
     r = request("r", 10, 6)
     async with fleet.running():
         router = fleet.router()
-        async with router:
+        async with serving(router):
             stream = router.generate(r)
             load = router.statistics().outstanding
             assert load == {"a": 16, "b": 0, "c": 0}, (
@@ -509,7 +542,7 @@ async def test_stage3_admission_takes_the_budget_exactly_and_refuses_one_token_m
     fleet = Fleet()
     async with fleet.running():
         router = fleet.router(max_outstanding_tokens=40, retry_after_ns=777)
-        async with router:
+        async with serving(router):
             s1 = router.generate(request("r1", 10, 10))  # 20
             s2 = router.generate(request("r2", 10, 10))  # 40: exactly the budget
             with pytest.raises(Overloaded) as refused:
@@ -532,7 +565,7 @@ async def test_stage3_admission_refuses_what_could_never_fit_and_a_duplicate_id(
     fleet = Fleet()
     async with fleet.running():
         router = fleet.router(max_outstanding_tokens=40)
-        async with router:
+        async with serving(router):
             with pytest.raises(ValueError, match="max_outstanding_tokens"):
                 router.generate(request("huge", 30, 11))
             s = router.generate(request("r1", 3, 3))
@@ -550,7 +583,7 @@ async def test_stage3_no_replica_up_and_not_draining_is_a_replica_error() -> Non
     fleet = Fleet(names=("a", "b"))
     async with fleet.running():
         router = fleet.router()
-        async with router:
+        async with serving(router):
             router.replicas.drain("a")
             router.replicas.mark_down("b")
             with pytest.raises(ReplicaError):
@@ -570,7 +603,7 @@ async def test_stage3_a_replica_that_refuses_is_skipped_not_failed() -> None:
     fleet["a"].refuse(1, 5_000)
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await finish(fleet, readers)
             stats = router.statistics()
@@ -593,7 +626,7 @@ async def test_stage3_when_every_replica_refuses_the_read_raises_the_smallest_re
         fleet[name].refuse(1, hint)
     async with fleet.running():
         router = fleet.router()
-        async with router:
+        async with serving(router):
             stream = router.generate(request("r", 4, 4))
             with pytest.raises(Overloaded) as refused:
                 await stream.__anext__()
@@ -612,20 +645,29 @@ async def test_stage3_when_every_replica_refuses_the_read_raises_the_smallest_re
 @anyio_test
 async def test_stage3_a_replica_dying_mid_stream_is_continued_elsewhere_exactly_once() -> None:
     fleet = Fleet()
-    r = request("r", 9, 12)
+    r = request("r", 9, 12, priority=3, stop_tokens={1_001})  # a stop token never generated
     want = fleet.expected([r])
     fleet["a"].die_after("r", 5)
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await fleet.time.advance_to(T0 + 5 * STEP_NS)
-            seen = [(x.rid, x.prompt, x.max_new_tokens) for x in fleet["b"].seen]
-            resubmitted = ("r#1", r.prompt + want["r"][:5], 12 - 5)
+            first = [(x.rid, x.priority, x.stop_tokens) for x in fleet["a"].seen]
+            assert first == [("r", 3, frozenset({1_001}))], (
+                "the first attempt is the request itself, its priority and stop tokens "
+                f"included: a saw {first}"
+            )
+            seen = [
+                (x.rid, x.prompt, x.max_new_tokens, x.priority, x.stop_tokens)
+                for x in fleet["b"].seen
+            ]
+            resubmitted = ("r#1", r.prompt + want["r"][:5], 12 - 5, 3, frozenset({1_001}))
             assert seen == [resubmitted], (
                 "a died as the 5th token of r reached the router: at that instant r is sent "
                 "to b as its prompt plus the 5 tokens already streamed, with 7 tokens of "
-                f"budget left, under the id of its second attempt, 'r#1'.\n  expected b to see "
+                "budget left, its priority and stop tokens, under the id of its second "
+                "attempt, 'r#1' (id, prompt, budget, priority, stop tokens).\n  expected b to see "
                 f"{[resubmitted]}\n  b saw            {seen}"
             )
             loads = router.statistics().outstanding
@@ -649,7 +691,7 @@ async def test_stage3_a_replica_that_had_the_request_takes_it_again_under_a_new_
     fleet["b"].die_after("r", 3)
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await fleet.time.advance_to(T0 + 2 * STEP_NS)
             await router.check_health()  # a answers: up again
@@ -671,7 +713,7 @@ async def test_stage3_every_request_on_a_dead_replica_fails_over_at_that_instant
     want = fleet.expected(reqs)
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, reqs, tg)
             on_a = sorted(x.rid for x in fleet["a"].seen) or sorted(
                 rid for rid in want if router.replicas.replica_of(rid) == "a"
@@ -709,7 +751,7 @@ async def test_stage3_a_broken_answer_is_a_replica_failure_not_a_crash() -> None
     fleet["a"].break_stream("r", after=3)
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await finish(fleet, readers)
             stats = router.statistics()
@@ -720,24 +762,35 @@ async def test_stage3_a_broken_answer_is_a_replica_failure_not_a_crash() -> None
 @extended
 @rule("failover")
 @anyio_test
-async def test_stage3_a_replica_dying_after_its_last_token_ends_the_stream_unresubmitted() -> None:
+@pytest.mark.parametrize("max_failovers", [3, 0])
+async def test_stage3_a_replica_dying_after_its_last_token_ends_the_stream_unresubmitted(
+    max_failovers: int,
+) -> None:
     fleet = Fleet()
     r = request("r", 5, 6)
     want = fleet.expected([r])
     fleet["a"].die_after("r", 6)
     async with fleet.running():
-        router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        router = fleet.router(max_failovers=max_failovers)
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await finish(fleet, readers)
-    expect_whole(
-        readers, want, "a died right after the 6th and last token, before its finish event"
+            stats = router.statistics()
+    story = (
+        f"a died right after the 6th and last token, before its finish event "
+        f"(max_failovers={max_failovers})"
     )
+    expect_whole(readers, want, story)
     assert readers["r"].reason == "length", (
-        f"no budget left: the stream finishes with 'length'; got {readers['r'].reason!r}"
+        f"{story}: no budget left, so the stream finishes with 'length' — the failover cap "
+        f"does not apply to a request that is over; got {readers['r'].reason!r}"
     )
     others = [x for n in ("b", "c") for x in fleet[n].seen]
     assert others == [], f"nothing is left to generate, so nothing is resubmitted: {others}"
+    assert stats.failovers == 0 and stats.down == ("a",), (
+        f"{story}: a is down, but no request failed over; got failovers={stats.failovers}, "
+        f"down={stats.down}"
+    )
 
 
 @extended
@@ -752,7 +805,7 @@ async def test_stage3_a_replica_dying_right_after_a_stop_token_ends_the_stream_w
     fleet["a"].die_after("r", k + 1)  # dies with the stop token, before its finish event
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await finish(fleet, readers)
     expect_whole(readers, {"r": tokens[: k + 1]}, f"a died as stop token {tokens[k]} arrived")
@@ -762,6 +815,99 @@ async def test_stage3_a_replica_dying_right_after_a_stop_token_ends_the_stream_w
     )
     resent = [x.rid for n in ("b", "c") for x in fleet[n].seen]
     assert resent == [], f"a finished request is not resubmitted: {resent}"
+
+
+@core
+@rule("failover")
+@anyio_test
+async def test_stage3_a_stream_that_breaks_moves_every_request_off_its_replica() -> None:
+    fleet = Fleet()
+    reqs = [request("r1", 4, 12), request("r2", 5, 12), request("r3", 6, 12)]
+    want = fleet.expected(reqs)
+    async with fleet.running():
+        router = fleet.router(balance_abs_tokens=1_000)
+        async with serving(router), anyio.create_task_group() as tg:
+            readers = start(router, fleet, reqs[:2], tg)  # r1 on a, r2 on b
+            router.replicas.drain("b")
+            router.replicas.drain("c")
+            readers |= start(router, fleet, reqs[2:], tg)  # r3 on a too
+            router.replicas.restore("b")
+            router.replicas.restore("c")
+            on_a = sorted(x.rid for x in fleet["a"].seen) or ["r1", "r3"]
+            fleet["a"].break_stream("r1", after=3)  # only r1's answer breaks; a lives on
+            await fleet.time.advance_to(T0 + 3 * STEP_NS)
+            moved = sorted(x.rid for n in ("b", "c") for x in fleet[n].seen if x.rid.endswith("#1"))
+            assert moved == ["r1#1", "r3#1"], (
+                f"r1 and r3 ran on a; r1's stream broke at +{3 * STEP_NS} ns: a is down, so "
+                f"every request on it fails over at that instant, r3 too. Resubmitted: {moved}"
+            )
+            await finish(fleet, readers)
+    assert sorted(on_a) == ["r1", "r3"]
+    expect_whole(readers, want, "r1's stream on a broke after 3 tokens; r3 was on a too")
+
+
+@extended
+@rule("relay", "failover-cap")
+@anyio_test
+async def test_stage3_a_stream_that_ends_in_error_first_delivers_what_it_accepted() -> None:
+    fleet = Fleet()
+    r = request("r", 4, 12)
+    want = fleet.expected([r])["r"]
+    fleet["a"].die_after("r", 3)
+    async with fleet.running():
+        router = fleet.router(max_failovers=0)
+        async with serving(router):
+            stream = router.generate(r)
+            await fleet.time.advance_to(T0 + 10 * STEP_NS)  # the client read nothing yet
+            first = await stream.__anext__()
+            assert first.tokens == want[:3], (
+                "a died after 3 tokens and max_failovers=0 ends the stream in error; the "
+                "client, which had read nothing, first gets the 3 tokens the router "
+                f"accepted. Expected {list(want[:3])}, got {first}"
+            )
+            with pytest.raises(ReplicaError):
+                await stream.__anext__()
+            with pytest.raises(StopAsyncIteration):
+                await stream.__anext__()
+
+
+@extended
+@rule("relay")
+@anyio_test
+async def test_stage3_the_router_accepts_no_token_past_the_budget() -> None:
+    fleet = Fleet()
+    r = request("r", 4, 6)
+    want = fleet.expected([r])
+    for sim in fleet.replicas.values():
+        sim.babble("r")  # its last event carries a 7th token
+    async with fleet.running():
+        router = fleet.router()
+        async with serving(router), anyio.create_task_group() as tg:
+            readers = start(router, fleet, [r], tg)
+            await finish(fleet, readers)
+    expect_whole(readers, want, "the replica sent 7 tokens for max_new_tokens=6")
+
+
+@extended
+@rule("replica-429")
+@anyio_test
+async def test_stage3_a_failover_forgets_the_refusals_before_it() -> None:
+    fleet = Fleet(names=("a", "b"))
+    r = request("r", 4, 8)
+    want = fleet.expected([r])
+    fleet["a"].refuse(1, 5_000)  # a refuses once: r goes to b
+    fleet["b"].die_after("r", 0)  # b dies before r's first event
+    async with fleet.running():
+        router = fleet.router()
+        async with serving(router), anyio.create_task_group() as tg:
+            readers = start(router, fleet, [r], tg)
+            await finish(fleet, readers)
+    expect_whole(
+        readers,
+        want,
+        "a answered 429, b took r and died before its first token: the failover is a new "
+        "start, a's old refusal no longer counts, and a takes r",
+    )
 
 
 @extended
@@ -776,7 +922,7 @@ async def test_stage3_a_request_fails_over_at_most_max_failovers_times() -> None
         fleet["b"].die_after("r", 2)  # b's own 2nd token: the request's 4th
         async with fleet.running():
             router = fleet.router(max_failovers=cap)
-            async with router, anyio.create_task_group() as tg:
+            async with serving(router), anyio.create_task_group() as tg:
                 readers = start(router, fleet, [r], tg)
                 await finish(fleet, readers)
         reader = readers["r"]
@@ -804,7 +950,7 @@ async def test_stage3_a_silent_replica_is_presumed_dead_at_the_stall_timeout() -
     want = fleet.expected([r, other])
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r, other], tg)
             await fleet.time.advance_to(T0 + 4 * STEP_NS)  # the 4th token arrives
             assert router.replicas.replica_of("other") == "b"
@@ -838,7 +984,7 @@ async def test_stage3_silence_is_counted_from_the_attempts_start() -> None:
     fleet["a"].stop()
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await fleet.time.advance_to(T0 + STALL - 1)
             assert fleet["b"].seen == [], "no failover before the timeout"
@@ -860,7 +1006,7 @@ async def test_stage3_a_replica_that_keeps_streaming_is_never_presumed_dead() ->
     want = fleet.expected([r])
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await finish(fleet, readers)
             stats = router.statistics()
@@ -879,7 +1025,7 @@ async def test_stage3_a_request_waiting_in_a_busy_replicas_queue_is_not_silence(
     want = fleet.expected(reqs)
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, reqs, tg)
             await finish(fleet, readers)
             stats = router.statistics()
@@ -902,7 +1048,7 @@ async def test_stage3_a_new_request_on_a_silent_replica_does_not_restart_its_sil
     want = fleet.expected([r1, r2])
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             router.replicas.drain("b")
             readers = start(router, fleet, [r1], tg)
             await fleet.time.advance_to(T0 + STEP_NS)  # r1's first token: a's last event
@@ -932,7 +1078,7 @@ async def test_stage3_a_stopped_replica_that_comes_back_injects_nothing() -> Non
     want = fleet.expected([r])
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             fleet["a"].stop()
@@ -955,7 +1101,7 @@ async def test_stage3_a_zombie_resumed_at_the_failover_instant_injects_nothing()
     want = fleet.expected([r])
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await fleet.time.advance_to(T0 + 2 * STEP_NS)
             fleet["a"].stop()
@@ -975,7 +1121,7 @@ async def test_stage3_a_probe_waits_at_most_the_probe_timeout() -> None:
     fleet = Fleet()
     async with fleet.running():
         router = fleet.router(probe_timeout_ns=PROBE_TIMEOUT)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             fleet["b"].stop()
             done = anyio.Event()
 
@@ -1002,13 +1148,68 @@ async def test_stage3_a_probe_waits_at_most_the_probe_timeout() -> None:
 @extended
 @rule("probe")
 @anyio_test
+async def test_stage3_probes_run_at_once_and_any_exception_is_a_failed_probe() -> None:
+    fleet = Fleet(names=("a", "b", "c"))
+    async with fleet.running():
+        router = fleet.router(probe_timeout_ns=PROBE_TIMEOUT)
+        async with serving(router), anyio.create_task_group() as tg:
+            fleet["a"].stop()
+            fleet["b"].stop()
+            fleet["c"].probe_error = OSError("connection reset by peer")
+            done: list[int] = []
+
+            async def probe() -> None:
+                await router.check_health()
+                done.append(fleet.now)
+
+            tg.start_soon(probe)
+            await fleet.time.run_until(lambda: bool(done), within_ns=WITHIN, what="the round")
+            assert done == [T0 + PROBE_TIMEOUT], (
+                "a and b do not answer: the replicas are probed at once, so the round ends "
+                f"when both probes time out together, at +{PROBE_TIMEOUT} ns; it ended at "
+                f"{[t - T0 for t in done]}"
+            )
+            assert router.statistics().down == ("a", "b", "c"), (
+                "c's probe raised OSError: any exception is a failed probe, and c is down "
+                f"(a and b did not answer); got down={router.statistics().down}"
+            )
+            fleet["a"].resume()
+            fleet["b"].resume()
+
+
+@extended
+@rule("probe")
+@anyio_test
+async def test_stage3_the_next_probe_round_is_an_interval_after_the_last_one_ends() -> None:
+    fleet = Fleet(names=("a", "b"))
+    interval = 1_000 * STEP_NS
+    async with fleet.running():
+        router = fleet.router(probe_interval_ns=interval, probe_timeout_ns=PROBE_TIMEOUT)
+        async with serving(router):
+            fleet["b"].stop()  # every round lasts the probe timeout
+            await fleet.time.run_until(
+                lambda: len(fleet["a"].probes) >= 3, within_ns=WITHIN, what="three rounds"
+            )
+            fleet["b"].resume()
+    rounds = [t - T0 for t in fleet["a"].probes[:3]]
+    want = [interval, 2 * interval + PROBE_TIMEOUT, 3 * interval + 2 * PROBE_TIMEOUT]
+    assert rounds == want, (
+        f"probe_interval_ns={interval}, and each round lasts probe_timeout_ns="
+        f"{PROBE_TIMEOUT} (b never answers): rounds start {interval} ns after the router "
+        f"starts, then {interval} ns after each round ends. Expected {want}, got {rounds}"
+    )
+
+
+@extended
+@rule("probe")
+@anyio_test
 async def test_stage3_a_failed_probe_fails_over_the_replicas_requests_at_once() -> None:
     fleet = Fleet()
     r = request("r", 6, 12)
     want = fleet.expected([r])
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             fleet["a"].stop()
@@ -1030,7 +1231,7 @@ async def test_stage3_the_router_probes_on_its_own_and_brings_a_restarted_replic
     interval = 1_000 * STEP_NS
     async with fleet.running():
         router = fleet.router(probe_interval_ns=interval, probe_timeout_ns=PROBE_TIMEOUT)
-        async with router:
+        async with serving(router):
             fleet["c"].kill()
             await fleet.time.run_until(
                 lambda: router.statistics().down == ("c",),
@@ -1054,7 +1255,7 @@ async def test_stage3_a_replica_back_from_the_dead_is_not_routed_for_its_old_cac
     first, again = Request("r1", prompt, 2), Request("r2", (*prompt[:-1], 5), 2)
     async with fleet.running():
         router = fleet.router(affinity_threshold=0.5)
-        async with router:
+        async with serving(router):
             await consume(fleet, router.generate(first))
             assert fleet["a"].seen and fleet["a"].seen[0].rid == "r1"
             fleet["a"].restart()
@@ -1081,7 +1282,7 @@ async def test_stage3_a_client_that_leaves_ends_its_attempt_at_once() -> None:
     fleet = Fleet()
     async with fleet.running():
         router = fleet.router()
-        async with router:
+        async with serving(router):
             stream = router.generate(request("r", 6, 50))
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             await stream.__anext__()
@@ -1099,6 +1300,42 @@ async def test_stage3_a_client_that_leaves_ends_its_attempt_at_once() -> None:
             )
 
 
+@extended
+@rule("client-leaves")
+@anyio_test
+async def test_stage3_the_id_of_a_client_that_left_is_free_again() -> None:
+    fleet = Fleet()
+    async with fleet.running():
+        router = fleet.router()
+        async with serving(router):
+            stream = router.generate(request("r", 6, 50))
+            await fleet.time.advance_to(T0 + 2 * STEP_NS)
+            await stream.aclose()
+            again = router.generate(request("r", 6, 3))  # not "already in flight"
+            reader = await consume(fleet, again)
+    assert reader.error is None and len(reader.tokens) == 3
+
+
+@extended
+@rule("client-leaves", "router-close")
+@anyio_test
+async def test_stage3_an_attempt_is_closed_even_when_the_routers_host_is_cancelled() -> None:
+    fleet = Fleet()
+    async with fleet.running():
+        with anyio.CancelScope() as host:
+            router = fleet.router()
+            async with serving(router), anyio.create_task_group() as tg:
+                start(router, fleet, [request("r1", 4, 50), request("r2", 5, 50)], tg)
+                await fleet.time.advance_to(T0 + 3 * STEP_NS)
+                host.cancel()  # the task serving the router is cancelled mid-stream
+        closed = {n: (r.opened, r.closed) for n, r in fleet.replicas.items()}
+    assert all(o == c for o, c in closed.values()), (
+        "the router's host was cancelled with two attempts streaming: each attempt's "
+        "connection is still closed (a close that awaits must be shielded from the "
+        f"cancellation); (opened, closed) per replica: {closed}"
+    )
+
+
 @core
 @rule("client-leaves")
 @anyio_test
@@ -1106,7 +1343,7 @@ async def test_stage3_a_cancelled_client_ends_its_attempt_at_once() -> None:
     fleet = Fleet()
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             reader = Reader(router.generate(request("r", 6, 50)), fleet.clock)
             scope = anyio.CancelScope()
 
@@ -1135,7 +1372,7 @@ async def test_stage3_drain_routes_nothing_more_and_returns_when_the_last_reques
     r = request("r", 4, 10)
     async with fleet.running():
         router = fleet.router()
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [r], tg)  # on a
             drained_at: list[int] = []
 
@@ -1173,7 +1410,7 @@ async def test_stage3_closing_the_router_ends_every_stream() -> None:
         router = fleet.router()
         with pytest.raises(RuntimeError):
             router.generate(request("early", 2, 2))
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, [request("r", 4, 100)], tg)
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             await router.aclose()
@@ -1198,7 +1435,7 @@ async def test_stage3_statistics_count_routes_failovers_and_refusals() -> None:
     fleet["a"].die_after("r2", 2)
     async with fleet.running():
         router = fleet.router(max_outstanding_tokens=60, affinity_threshold=0.5)
-        async with router:
+        async with serving(router):
             await consume(fleet, router.generate(Request("r1", prompt, 3)))
             stream = router.generate(Request("r2", (*prompt[:-1], 9), 4))  # affinity: a
             with pytest.raises(Overloaded):
@@ -1232,6 +1469,8 @@ async def test_stage3_statistics_count_routes_failovers_and_refusals() -> None:
         ("probe_interval_ns", -5),
         ("probe_timeout_ns", 0),
         ("max_failovers", -1),
+        ("max_failovers", True),
+        ("retry_after_ns", True),
         ("block_size", 0),
         ("balance_rel", 0.9),
         ("affinity_threshold", 2),
@@ -1240,7 +1479,8 @@ async def test_stage3_statistics_count_routes_failovers_and_refusals() -> None:
 )
 def test_stage3_the_router_refuses_a_nonsense_configuration(param: str, value: Any) -> None:
     fleet = Fleet()
-    with pytest.raises(ValueError, match=param):
+    wrong = (TypeError, ValueError) if value is True else ValueError  # not an int: either
+    with pytest.raises(wrong, match=param):
         fleet.router(**{param: value})
 
 
@@ -1251,7 +1491,7 @@ async def test_stage3_generate_refuses_what_is_not_a_request() -> None:
     fleet = Fleet()
     async with fleet.running():
         router = fleet.router()
-        async with router:
+        async with serving(router):
             with pytest.raises(TypeError):
                 router.generate(("r", (1, 2), 3))
 
@@ -1284,7 +1524,7 @@ async def test_stage3_no_token_is_lost_or_repeated_whatever_fails_and_when(
     story = ["six requests over a, b and c"]
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL, max_failovers=5)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start(router, fleet, reqs, tg)
             for kind, which, at in sorted(faults, key=lambda f: f[2]):
                 rid = reqs[which].rid
@@ -1343,7 +1583,7 @@ async def test_stage3_under_the_guard_no_replica_carries_more_than_1_5x_the_mean
     worst: list[tuple[float, dict[str, int]]] = []
     async with fleet.running():
         router = fleet.router(balance_abs_tokens=32, balance_rel=1.2, affinity_threshold=0.5)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers: dict[str, Reader] = {}
             for i, r in enumerate(reqs):
                 readers[r.rid] = Reader(router.generate(r), fleet.clock)
@@ -1379,7 +1619,7 @@ async def test_stage3_prefix_affinity_gets_at_least_twice_round_robins_cache_hit
         async with fleet.running():
             if routed:
                 router = fleet.router(affinity_threshold=0.5, balance_abs_tokens=10_000)
-                async with router:
+                async with serving(router):
                     for r in reqs:
                         await consume(fleet, router.generate(r))
             else:
@@ -1422,7 +1662,7 @@ async def test_stage3_real_a_replica_killed_mid_stream_loses_and_repeats_nothing
     with replicas(impl_selection, "a", "b", "c") as procs:
         links = [HttpLink(n, p.url) for n, p in procs.items()]
         router = real_router(links)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start_real(router, reqs, tg)
             await stream_until(readers, lambda: len(readers["r0"].tokens) >= 5, "r0 at token 5")
             victim = router.replicas.replica_of("r0")
@@ -1444,7 +1684,7 @@ async def test_stage3_real_a_stopped_replica_that_continues_injects_nothing(
     with replicas(impl_selection, "a", "b") as procs:
         links = [HttpLink(n, p.url) for n, p in procs.items()]
         router = real_router(links)
-        async with router, anyio.create_task_group() as tg:
+        async with serving(router), anyio.create_task_group() as tg:
             readers = start_real(router, reqs, tg)
             await stream_until(readers, lambda: len(readers["r0"].tokens) >= 3, "r0 at token 3")
             victim = router.replicas.replica_of("r0")
@@ -1475,7 +1715,7 @@ async def test_stage3_real_a_replica_restarted_on_its_port_is_routed_again(
     with replicas(impl_selection, "a", "b") as procs:
         links = [HttpLink(n, p.url) for n, p in procs.items()]
         router = real_router(links)
-        async with router:
+        async with serving(router):
             port = procs["a"].port
             procs["a"].kill()
             await router.check_health()
@@ -1505,7 +1745,7 @@ async def test_stage3_real_a_replica_answering_garbage_is_a_failure_not_a_crash(
         async with garbage_server(GARBAGE[answer]) as url:
             links = [HttpLink("bad", url), HttpLink("good", procs["good"].url)]
             router = real_router(links)
-            async with router, anyio.create_task_group() as tg:
+            async with serving(router), anyio.create_task_group() as tg:
                 readers = start_real(router, reqs, tg)
                 await stream_until(readers, lambda: ended(readers), "every stream to end")
                 stats = router.statistics()

@@ -17,6 +17,9 @@ faults are the real ones, placed at a token:
   garbled event): the process lives on.
 - ``restart()`` — a fresh engine under the same name, its cache empty.
 - ``refuse(n, retry_after_ns)`` — the next ``n`` connections are answered 429.
+- ``babble(rid)`` — the last event of ``rid`` carries one token past its budget.
+- ``probe_error`` — an exception every health probe raises while it is set; ``probes``
+  records the instant of every probe.
 
 A :class:`Fleet` holds the replicas, the clock and :class:`VirtualTime`, and builds the
 router under test over them with the suite's defaults.
@@ -32,6 +35,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import VirtualTime
@@ -88,6 +92,9 @@ class SimReplica:
         self._fault: tuple[str, int] | None = None  # die after this token of this request
         self._breaks: dict[str, int] = {}
         self._refusals: list[int] = []  # retry hints of the next connections refused
+        self._babbles: set[str] = set()
+        self.probes: list[int] = []  # the instant of every health probe it received
+        self.probe_error: Exception | None = None  # raised by every probe while set
         self._tasks: anyio.abc.TaskGroup | None = None
         self._killed = anyio.Event()
         self.batcher: Any = None
@@ -159,6 +166,10 @@ class SimReplica:
     def break_stream(self, rid: str, *, after: int) -> None:
         self._breaks[rid] = after
 
+    def babble(self, rid: str) -> None:
+        """Send one token more than ``rid``'s budget, with its last event."""
+        self._babbles.add(rid)
+
     def refuse(self, n: int, retry_after_ns: int) -> None:
         self._refusals += [retry_after_ns] * n
 
@@ -177,9 +188,12 @@ class SimReplica:
         return SimCompletion(self, request)
 
     async def healthy(self) -> bool:
+        self.probes.append(self.clock.now_ns())
         await self._running.wait()
         if self.dead:
             raise ReplicaError(f"replica {self.name!r}: connection refused")
+        if self.probe_error is not None:
+            raise self.probe_error
         return True
 
     async def wait_running(self) -> None:
@@ -261,16 +275,56 @@ class SimCompletion:
                 raise ReplicaError(
                     self._broken or f"replica {r.name!r}: the connection died mid-stream"
                 )
+        if reason is not None and client_rid in r._babbles:
+            tokens += tokens[-1:] or (0,)  # one token past the budget, with the last event
         self._had += len(tokens)
         self._over = reason is not None
         return tokens, reason
 
     async def aclose(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.replica.closed += 1
-            if self._stream is not None and not self.replica.dead:
-                await self._stream.aclose()
+        """Close the connection: an await, as a socket's close is, so a close that is not
+        shielded from a cancellation never happens."""
+        if self.closed:
+            return
+        if self._stream is not None and not self.replica.dead:
+            await self._stream.aclose()
+        else:
+            await anyio.lowlevel.checkpoint()
+        self.closed = True
+        self.replica.closed += 1
+
+
+#: Real seconds a router may take to leave its ``async with`` once its streams are over.
+EXIT_S = 2.0
+
+
+@contextlib.asynccontextmanager
+async def serving(router: Any, *, exit_s: float = EXIT_S) -> AsyncIterator[Any]:
+    """``async with router``, with a bound on leaving it. A router whose exit waits for a
+    task that never ends — an attempt it superseded and never cancelled, blocked on a
+    replica that will not speak again — fails in ``exit_s`` real seconds, saying so,
+    instead of hanging the run until a hard deadline."""
+    stuck = False
+    async with anyio.create_task_group() as guard:
+        async with router:
+            try:
+                yield router
+            finally:
+
+                async def watchdog() -> None:
+                    nonlocal stuck
+                    await anyio.sleep(exit_s)
+                    stuck = True
+                    guard.cancel_scope.cancel()  # the router's tasks with it
+
+                guard.start_soon(watchdog)
+        guard.cancel_scope.cancel()
+    if stuck:
+        raise AssertionError(
+            f"leaving the router's `async with` did not return within {exit_s:g} real "
+            "seconds: a task of the router never ended — an attempt it superseded or "
+            "closed without cancelling, still reading a replica (§epoch, §router-close)"
+        )
 
 
 @dataclass
@@ -323,4 +377,4 @@ class Fleet:
         return sum(r.hits() for r in self.replicas.values())
 
 
-__all__ = ["ROUTER_SETTINGS", "SEED", "Fleet", "SimCompletion", "SimReplica"]
+__all__ = ["EXIT_S", "ROUTER_SETTINGS", "SEED", "Fleet", "SimCompletion", "SimReplica", "serving"]
