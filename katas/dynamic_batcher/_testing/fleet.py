@@ -197,7 +197,10 @@ class SimReplica:
         return True
 
     async def wait_running(self) -> None:
-        await self._running.wait()
+        """Wait while stopped. A running replica's event is handed over at once, with no
+        checkpoint: a read that woke with an event returns it, whatever happened since."""
+        if not self._running.is_set():
+            await self._running.wait()
 
     def _cut(self, rid: str, had: int, tokens: tuple[int, ...]) -> tuple[int, str] | None:
         """How many of ``tokens`` get through before a fault, and which fault."""
@@ -237,6 +240,7 @@ class SimCompletion:
             raise ReplicaError(self._broken)
         if self._stream is None:
             await r.wait_running()  # a stopped process accepts the connection, then says nothing
+            await anyio.lowlevel.checkpoint()  # connecting is a round trip
             if r.dead:
                 raise ReplicaError(f"replica {r.name!r}: connection refused")
             r.opened += 1
