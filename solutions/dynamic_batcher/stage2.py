@@ -42,6 +42,7 @@ from katas.dynamic_batcher.api import (
 )
 
 from .prefix_cache import PrefixCachingBatcher
+from .reader import ReaderEnd
 from .request_batches import DynamicBatcher
 from .stage1 import ContinuousBatcher
 
@@ -49,7 +50,7 @@ _State = Literal["new", "open", "draining", "closed"]
 _V = TypeVar("_V", int, float)
 
 
-class _Stream:
+class _Stream(ReaderEnd):
     """One request's tokens for one reader: ``async for delivery in stream``."""
 
     def __init__(self, engine: AsyncEngine, rid: str, arrival_ns: int) -> None:
@@ -60,7 +61,6 @@ class _Stream:
         self._reason: FinishReason | None = None  # the request finished, and why
         self._error: ReaderStalled | None = None
         self._over = False  # the last delivery was taken, or the reader left
-        self._changed: anyio.Event | None = None  # set while the reader waits
         # Timings in simulated time, for the engine's statistics.
         self.arrival_ns = arrival_ns
         self.first_ns: int | None = None
@@ -70,9 +70,6 @@ class _Stream:
     @property
     def rid(self) -> str:
         return self._rid
-
-    def __aiter__(self) -> _Stream:
-        return self
 
     async def __anext__(self) -> Delivery:
         while True:
@@ -87,30 +84,7 @@ class _Stream:
                 self._engine._taken(self)
                 self._over = self._reason is not None
                 return delivery
-            self._changed = changed = anyio.Event()
-            try:
-                await changed.wait()
-            except BaseException:
-                # Cancelled (or interrupted) while waiting: the reader is gone. Leaving
-                # is synchronous, so no await of the cleanup can itself be cancelled.
-                self._leave()
-                raise
-
-    async def aclose(self) -> None:
-        """Stop reading: the request is aborted if it has not finished."""
-        self._leave()
-        await anyio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> _Stream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._leave()
+            await self._wait()  # a reader cancelled here leaves (ReaderEnd)
 
     # -- the engine's side -------------------------------------------------------------
     def _push(self, tokens: tuple[int, ...], at_ns: int) -> bool:
@@ -141,12 +115,6 @@ class _Stream:
             self._pending.clear()
             self._engine._left(self)
             self._wake()  # a read waiting in another task ends too
-
-    def _wake(self) -> None:
-        # An event only while the reader waits: most tokens find it busy elsewhere.
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
 
 
 class AsyncEngine:

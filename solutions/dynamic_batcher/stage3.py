@@ -47,6 +47,7 @@ from katas.dynamic_batcher.api import (
     TokenStream,
 )
 
+from .reader import ReaderEnd
 from .replica_set import ReplicaSet
 
 
@@ -59,7 +60,7 @@ class _Attempt:
     scope: anyio.CancelScope
 
 
-class _RoutedStream:
+class _RoutedStream(ReaderEnd):
     """One request's tokens for its client, across every replica it runs on."""
 
     def __init__(self, router: Router, request: Request) -> None:
@@ -75,7 +76,6 @@ class _RoutedStream:
         self.failovers = 0
         self.attempts = 0  # attempts started, refused ones included
         self.refusals: dict[str, int] = {}  # replicas that answered 429 since the last start
-        self._changed: anyio.Event | None = None
 
     @property
     def rid(self) -> str:
@@ -98,9 +98,6 @@ class _RoutedStream:
             priority=r.priority,
         )
 
-    def __aiter__(self) -> _RoutedStream:
-        return self
-
     async def __anext__(self) -> Delivery:
         while True:
             if self.over:
@@ -113,38 +110,13 @@ class _RoutedStream:
             if self.error is not None:
                 self.over = True
                 raise self.error
-            self._changed = changed = anyio.Event()
-            try:
-                await changed.wait()
-            except BaseException:
-                self._leave()  # cancelled while waiting: the client is gone
-                raise
-
-    async def aclose(self) -> None:
-        self._leave()
-        await anyio.lowlevel.checkpoint()
-
-    async def __aenter__(self) -> _RoutedStream:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._leave()
+            await self._wait()  # a client cancelled here leaves (ReaderEnd)
 
     def _leave(self) -> None:
         if not self.over:
             self.over = True
             self._router._left(self)
-            self.wake()
-
-    def wake(self) -> None:
-        if self._changed is not None:
-            self._changed.set()
-            self._changed = None
+            self._wake()
 
 
 class Router:
@@ -348,7 +320,7 @@ class Router:
         if reason is not None:
             self._end(stream, reason=reason)
         else:
-            stream.wake()
+            stream._wake()
 
     def _refused_by(self, stream: _RoutedStream, attempt: _Attempt, retry_after_ns: int) -> None:
         """A replica answered 429: not a failure; try the others."""
@@ -406,7 +378,7 @@ class Router:
         self._stop_attempt(stream)
         stream.reason, stream.error = reason, error
         self._streams.pop(stream.rid, None)
-        stream.wake()
+        stream._wake()
 
     # -- health -----------------------------------------------------------------------------
     async def _run_background(self) -> None:
