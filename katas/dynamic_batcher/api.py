@@ -324,9 +324,11 @@ class ReplicaLink(Protocol):
 
 @dataclass(frozen=True)
 class RouterStatistics:
-    """A router at one instant. ``routed``: attempts sent to each replica (first attempts
-    and failovers); ``by_affinity`` / ``by_balance``: routes chosen for a cached prefix /
-    by the imbalance guard; ``failovers``: attempts started because a replica failed;
+    """A router at one instant. ``routed``: attempts sent to each replica (first attempts,
+    failovers and retries after a 429); ``by_affinity`` / ``by_balance``: routes chosen
+    for a cached prefix / by the imbalance guard; ``failovers``: requests moved off a
+    failed replica (under the cap, with budget left; counted even if no replica could
+    then take one);
     ``refused``: requests the router itself refused (``Overloaded``); ``outstanding``:
     each replica's load in tokens; ``down`` and ``draining``: replicas out of routing."""
 
