@@ -35,7 +35,7 @@ def stage_suites() -> list[tuple[str, int]]:
         (kata.name, stage.number)
         for kata in sorted(_catalog().katas(), key=lambda k: k.name)
         for stage in kata.stages
-        if kata.suite_path(stage).is_file()
+        if all(p.is_file() for p in kata.suite_paths(stage))
     ]
 
 

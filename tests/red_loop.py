@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _support import embedded_env
 
 from katas._registry import mutants
-from katas._registry.suites import SuiteRun, run_suite, suite_file
+from katas._registry.suites import SuiteRun, run_suite, suite_files
 
 MAX_RATIO = 3.0
 MAX_TEST_S = 30.0
@@ -49,7 +49,7 @@ def timed_run(kata: str, stage: int, impl: str) -> Timed:
         env = {k: v for k, v in embedded_env().items() if k != "KATA_PROFILE"}
         env["HYPOTHESIS_STORAGE_DIRECTORY"] = db
         run: SuiteRun = run_suite(
-            suite_file(kata, stage),
+            suite_files(kata, stage),
             impl=impl,
             env=env,
             pytest_args=["--durations=1", "--durations-min=0"],

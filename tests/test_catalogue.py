@@ -25,7 +25,7 @@ import pytest
 from _support import Pool, embedded_env, selected
 
 from katas._registry import mutants
-from katas._registry.suites import SuiteRun, run_suite, suite_file
+from katas._registry.suites import SuiteRun, run_suite, suite_files
 
 CATALOGUE = mutants.load()
 OTHERS_MUST_PASS = 0.8
@@ -51,7 +51,7 @@ def _run(mutant: mutants.Mutant) -> Runs:
             _sampled.OTHERS: str(OTHERS_SAMPLED),
             _sampled.SEED: mutant.name,
         }
-        suite = suite_file(mutant.kata, mutant.stage)
+        suite = suite_files(mutant.kata, mutant.stage)
         run = run_suite(suite, impl=impl, env=env, pytest_args=["-p", "_sampled"])
     named = set(mutant.catches)
 

@@ -184,7 +184,8 @@ def test_cli_every_kata_toml_names_stub_and_suite_files_that_exist() -> None:
         f"{kata.name}/{cat.MANIFEST} stage {stage.number}: {what} {path.name} does not exist"
         for kata in katas
         for stage in kata.stages
-        for what, path in (("stub", kata.stub_path(stage)), ("suite", kata.suite_path(stage)))
+        for what, path in [("stub", kata.stub_path(stage))]
+        + [("suite", p) for p in kata.suite_paths(stage)]
         if not path.is_file()
     ]
     assert not missing, "kata.toml names files that are not there:\n" + "\n".join(missing)

@@ -148,8 +148,9 @@ UNITS = [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in SUITES if CATALOG.ge
 def _selected(kata: str, stage: int, keyword: str) -> set[str]:
     """The node ids pytest's ``-k keyword`` selects from the stage's suite (the reference)."""
     entry = CATALOG.get(kata)
-    suite = entry.suite_path(entry.stage(stage)).relative_to(REPO_ROOT).as_posix()
-    run = _collect(suite, "-k", keyword)
+    suites = [p.relative_to(REPO_ROOT).as_posix() for p in entry.suite_paths(entry.stage(stage))]
+    suite = " ".join(suites)
+    run = _collect(*suites, "-k", keyword)
     assert run.returncode in (0, 5), f"collecting {suite} -k {keyword!r} failed:\n{run.stdout}"
     return {line for line in run.stdout.splitlines() if "::" in line}
 
@@ -188,8 +189,12 @@ def test_each_unit_goes_green_alone_on_the_reference(kata: str, stage: int, tmp_
         shutil.copytree(REPO_ROOT / "solutions", impl, ignore=shutil.ignore_patterns("__pycache__"))
         for other in {u.file for u in units} - {unit.file}:
             shutil.copyfile(stubs / kata / other, impl / kata / other)
-        suite = entry.suite_path(entry.stage(stage))
-        run = run_suite(suite, impl=str(impl), keyword=unit.keyword, env=embedded_env())
+        run = run_suite(
+            entry.suite_paths(entry.stage(stage)),
+            impl=str(impl),
+            keyword=unit.keyword,
+            env=embedded_env(),
+        )
         failed = [f"{r.nodeid}: {r.message}" for r in run.failures()]
         assert run.ok, (
             f"{kata} stage {stage}: unit {unit.name} (-k {unit.keyword!r}) is not green on the "

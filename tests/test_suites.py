@@ -21,7 +21,7 @@ from _support import (
     uses_redis,
 )
 
-from katas._registry.suites import SuiteRun, run_suite, suite_file
+from katas._registry.suites import SuiteRun, run_suite, suite_files
 
 SUITES = stage_suites()
 #: A test here waits for a whole suite run that shares the machine with others.
@@ -48,13 +48,13 @@ def _summary(run: SuiteRun, limit: int = 15) -> str:
 
 def _reference(kata: str, stage: int, mode: str) -> SuiteRun:
     env = None if mode == "real-redis" else embedded_env()
-    return run_suite(suite_file(kata, stage), impl="solutions", env=env)
+    return run_suite(suite_files(kata, stage), impl="solutions", env=env)
 
 
 def _stubs(kata: str, stage: int) -> SuiteRun:
     with tempfile.TemporaryDirectory(prefix="kata-stubs-") as tmp:
         stubs = committed_stubs(Path(tmp) / "stubs")
-        return run_suite(suite_file(kata, stage), impl=str(stubs), env=embedded_env())
+        return run_suite(suite_files(kata, stage), impl=str(stubs), env=embedded_env())
 
 
 @pytest.fixture(scope="module")

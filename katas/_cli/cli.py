@@ -38,6 +38,7 @@ from katas._cli.cliutil import (
     add_kata_stage,
     check_profile,
     crash_line,
+    display_paths,
     impl_or_error,
     is_learners_code,
     markdown_sections,
@@ -48,7 +49,7 @@ from katas._cli.cliutil import (
     stage_file_or_error,
     stage_number,
     stage_prompt,
-    suite_or_error,
+    suites_or_error,
 )
 from katas._cli.practice import clock_text
 from katas._cli.state import ENV_STATE_DIR, State, StateError, StateStore, stage_key
@@ -307,14 +308,14 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
     impl = impl_or_error(args.impl, ctx)
     if not args.thorough:  # --thorough sets the profile itself
         check_profile()
-    suite = suite_or_error(kata, stage)
+    suites = suites_or_error(kata, stage)
     if is_learners_code(args.impl):
         stage_file_or_error(kata, stage)
     with ExitStack() as stack:
         if not args.verbose:  # pytest's output is kept for the summary; show that it runs
             stack.enter_context(ctx.out.status(f"Running {kata.name} stage {stage.number}…"))
         result = run_suite(
-            suite,
+            suites,
             impl=impl,
             base=args.base,
             keyword=unit.keyword if unit else None,
@@ -349,7 +350,7 @@ def run_test(args: argparse.Namespace, ctx: Context) -> int:
             why = result.collection_error or result.run_error
             if result.output and (args.verbose or why is None):
                 ctx.out.print(Text(result.output.rstrip()))
-            said = f"pytest could not run {display_path(suite)} (exit code {result.returncode})"
+            said = f"pytest could not run {display_paths(suites)} (exit code {result.returncode})"
             if result.collection_error:
                 said += f": {result.collection_error}"
             elif result.run_error:  # it says "pytest could not run the suite" itself

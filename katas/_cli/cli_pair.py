@@ -27,13 +27,14 @@ from katas._cli.cliutil import (
     Context,
     UserError,
     check_profile,
+    display_paths,
     is_learners_code,
     print_summary,
     read_text,
     shorten,
     stage_file_or_error,
     stage_prompt,
-    suite_or_error,
+    suites_or_error,
 )
 from katas._cli.practice import PairSession, SessionKey, clock_text, tally
 from katas._registry.catalog import Kata, Stage, display_path
@@ -201,7 +202,7 @@ def _sheet_markdown(
 def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
-    suite = suite_or_error(kata, stage)
+    suites = suites_or_error(kata, stage)
     text = read_text(kata.interviewer, f"the interviewer notes of {kata.name}")
     pages = _notes_or_error(kata, stage, text)
     impl = learners_impl(ctx)
@@ -269,13 +270,13 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     result: SuiteRun | None = None
     try:
         with ctx.out.status(f"Running {kata.name} stage {stage.number} on the candidate's code…"):
-            result = run_suite(suite, impl=impl, timeout_s=None)
+            result = run_suite(suites, impl=impl, timeout_s=None)
         if result.results:
             print_summary(ctx.out, result, kata, stage)
         else:  # nothing ran: pytest's own words say why
             ctx.out.print(Text(result.output.rstrip()[-2000:]))
             ctx.out.print(
-                f"pytest could not run {display_path(suite)} (exit code {result.returncode}).",
+                f"pytest could not run {display_paths(suites)} (exit code {result.returncode}).",
                 style="red",
                 highlight=False,
             )

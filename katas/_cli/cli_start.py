@@ -29,13 +29,14 @@ from katas._cli.cliutil import (
     UserError,
     check_profile,
     crash_line,
+    display_paths,
     failure_lines,
     is_learners_code,
     markdown_sections,
     not_implemented_names,
     print_summary,
     stage_file_or_error,
-    suite_or_error,
+    suites_or_error,
 )
 from katas._cli.practice import SoloSession, clock_text, tally, verdict
 from katas._cli.state import Attempt, StateError
@@ -189,7 +190,7 @@ def _print_prompt_summary(
 def _check_configuration(ctx: Context, kata: Kata, stage: Stage) -> str:
     """What stops an attempt before its clock starts, each as one line: a missing suite or
     stage file, a bad ``KATA_IMPL`` or ``KATA_PROFILE``. Returns the impl to test."""
-    suite_or_error(kata, stage)
+    suites_or_error(kata, stage)
     stage_file_or_error(kata, stage)
     impl = learners_impl(ctx)
     check_profile()
@@ -253,7 +254,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
     unit = stage.unit(args.unit) if args.unit else None
-    suite = suite_or_error(kata, stage)
+    suites = suites_or_error(kata, stage)
     impl = _check_configuration(ctx, kata, stage)
     state = ctx.state()  # an unusable state file stops us before the clock starts
     number = len(state.attempts_of(kata.name, stage.number)) + 1
@@ -270,7 +271,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     ctx.out.print(
         f"Edit {display_path(kata.path / unit.file if unit else kata.stub_path(stage))}; "
         f"every save re-runs {part} of "
-        f"{display_path(suite)}, what failed last first, up to the first failure. "
+        f"{display_paths(suites)}, what failed last first, up to the first failure. "
         "Keys: r run now, a run all (no stop), h next hint, q stop.",
         highlight=False,
     )
@@ -286,7 +287,7 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     def start_part(core: bool, whole: bool) -> SuiteProcess:
         order = ["-o", f"cache_dir={cache.name}", "--failed-first"] + ([] if whole else ["-x"])
         return start_suite(
-            suite,
+            suites,
             impl=impl,
             base=args.base,
             keyword=unit.keyword if unit else None,

@@ -336,15 +336,23 @@ def check_profile() -> str:
         raise UserError(str(exc)) from None
 
 
-def suite_or_error(kata: Kata, stage: Stage) -> Path:
-    """The stage's suite file, or a :class:`UserError` naming it and the kata.toml."""
-    suite = kata.suite_path(stage)
-    if not suite.is_file():
-        raise UserError(
-            f"{display_path(suite)} does not exist (the suite of {kata.name} stage "
-            f"{stage.number}, named in {display_path(kata.manifest)})"
-        )
-    return suite
+def suites_or_error(kata: Kata, stage: Stage) -> list[Path]:
+    """The stage's suite files, or a :class:`UserError` naming a missing one and the
+    kata.toml."""
+    suites = kata.suite_paths(stage)
+    for suite in suites:
+        if not suite.is_file():
+            raise UserError(
+                f"{display_path(suite)} does not exist (a suite of {kata.name} stage "
+                f"{stage.number}, named in {display_path(kata.manifest)})"
+            )
+    return suites
+
+
+def display_paths(paths: list[Path]) -> str:
+    """``a.py``, or ``a.py and b.py``, or ``a.py, b.py and c.py``, as :func:`display_path`."""
+    shown = [display_path(p) for p in paths]
+    return shown[0] if len(shown) == 1 else ", ".join(shown[:-1]) + " and " + shown[-1]
 
 
 def is_learners_code(impl_spec: str | None) -> bool:

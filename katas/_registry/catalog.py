@@ -23,8 +23,10 @@ kata. The file (every field is checked, unknown fields are errors so typos surfa
     files = ["stage1.py", "csrc/x.c"]      # optional, default [stub]: every file the
                                            # learner edits (.py, .c, .h), which kata
                                            # reset restores and kata reveal compares
-    suite = "test_stage1.py"               # optional, default test_stage<N>.py
-    bench = "bench_stage1.py"              # optional, default bench_<suite without test_>
+    suite = "test_stage1.py"               # optional, default test_stage<N>.py; or a list
+                                           # of files when the stage has several subjects
+                                           # (["test_stage3.py", "test_stage3_routes.py"])
+    bench = "bench_stage1.py"              # optional, default bench_<first suite without test_>
     redis = true                           # optional, default false: the suite needs Redis
     section = "Stage 1"                    # optional, default "Stage <N>": the `## Stage 1`
                                            # heading in README.md, HINTS.md, INTERVIEWER.md
@@ -117,7 +119,7 @@ class Stage:
     core: str
     extended: str
     stub: str
-    suite: str
+    suites: tuple[str, ...]  # the suite files, in the order a run lists them
     section: str
     files: tuple[str, ...] = ()
     bench: str = ""
@@ -127,6 +129,11 @@ class Stage:
     module: str = ""
     #: The parts practised alone (``--unit``); none: the stage is one unit.
     units: tuple[Unit, ...] = ()
+
+    @property
+    def suite(self) -> str:
+        """The stage's first suite file: the one whose docstring maps all of them."""
+        return self.suites[0]
 
     def unit(self, name: str) -> Unit:
         """The unit called ``name``; a :class:`CatalogError` naming the ones there are."""
@@ -209,8 +216,8 @@ class Kata:
         """Every file of ``stage`` the learner edits, the stage module first."""
         return [self.path / name for name in stage.files]
 
-    def suite_path(self, stage: Stage) -> Path:
-        return self.path / stage.suite
+    def suite_paths(self, stage: Stage) -> list[Path]:
+        return [self.path / name for name in stage.suites]
 
     def bench_path(self, stage: Stage) -> Path:
         return self.path / stage.bench
@@ -300,6 +307,25 @@ class _Fields:
         if not value.endswith(".py") or Path(value).name != value or value.startswith("."):
             self.fail(name, f"must be a .py file name inside the kata folder, got {value!r}")
         return value
+
+    def file_names(self, name: str, default: str) -> tuple[str, ...]:
+        """One ``.py`` file name, or a non-empty list of distinct ones."""
+        value: str | list[str] = self._get(
+            name,
+            default,
+            lambda v: (
+                isinstance(v, str)
+                or (isinstance(v, list) and bool(v) and all(isinstance(s, str) for s in v))
+            ),
+            "a .py file name or a non-empty list of them",
+        )
+        names = [value] if isinstance(value, str) else value
+        for v in names:
+            if not v.endswith(".py") or Path(v).name != v or v.startswith("."):
+                self.fail(name, f"must be a .py file name inside the kata folder, got {v!r}")
+        if len(set(names)) != len(names):
+            self.fail(name, f"names a file twice: {names!r}")
+        return tuple(names)
 
     def learner_file(self, name: str, default: str) -> str:
         """One path inside the kata folder, a Python or C file."""
@@ -399,10 +425,10 @@ def load_kata(path: Path) -> Kata:
                 core=fields.text("core"),
                 extended=fields.text("extended", ""),
                 stub=(stub := fields.learner_file("stub", f"stage{number}.py")),
-                suite=(suite := fields.file_name("suite", f"test_stage{number}.py")),
+                suites=(suites := fields.file_names("suite", f"test_stage{number}.py")),
                 section=fields.text("section", f"Stage {number}"),
                 files=fields.learner_files("files", [stub]),
-                bench=fields.file_name("bench", "bench_" + suite.removeprefix("test_")),
+                bench=fields.file_name("bench", "bench_" + suites[0].removeprefix("test_")),
                 redis=fields.flag("redis", False),
                 module=fields.identifier("module", stub.removesuffix(".py")),
             )

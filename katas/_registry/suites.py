@@ -149,10 +149,11 @@ class SuiteRun:
         return self.returncode == 0 and bool(self.by_outcome("passed")) and not self.failures()
 
 
-def suite_file(kata: str, stage: int, root: Path = PACKAGE_ROOT) -> Path:
-    """The suite of ``kata`` stage ``stage`` in the folder of katas ``root`` (kata.toml)."""
+def suite_files(kata: str, stage: int, root: Path = PACKAGE_ROOT) -> list[Path]:
+    """The suite files of ``kata`` stage ``stage`` in the folder of katas ``root``
+    (kata.toml)."""
     found = load_kata(root / kata)
-    return found.suite_path(found.stage(stage))
+    return found.suite_paths(found.stage(stage))
 
 
 def read_report(path: Path) -> tuple[TestResult, ...]:
@@ -304,8 +305,12 @@ class SuiteProcess:
         self._tmp.cleanup()
 
 
+#: What a run runs: one suite file, or a stage's several (all in one kata folder).
+Suite = Path | Sequence[Path]
+
+
 def _suite_command(
-    suite: Path,
+    suite: Suite,
     *,
     impl: str | None,
     base: str | None,
@@ -317,8 +322,10 @@ def _suite_command(
     cache: bool,
 ) -> tuple[list[str], Path, dict[str, str]]:
     """``(argv without --kata-report, cwd, env)`` of one suite run."""
-    suite = suite.resolve()
-    catalog = Catalog(suite.parent.parent)
+    files = [p.resolve() for p in ([suite] if isinstance(suite, Path) else suite)]
+    if not files:
+        raise ValueError("suite must name at least one file")
+    catalog = Catalog(files[0].parent.parent)
     cwd = catalog.project_root
     # The harness the subprocess imports: the checkout's own, or the one running now.
     harness = cwd if catalog.is_package else PACKAGE_ROOT.parent
@@ -328,7 +335,7 @@ def _suite_command(
     )
     if thorough:
         run_env[ENV_PROFILE] = "thorough"
-    cmd = [sys.executable, "-m", "pytest", str(suite.relative_to(cwd)), "-q"]
+    cmd = [sys.executable, "-m", "pytest", *(str(p.relative_to(cwd)) for p in files), "-q"]
     cmd += ["-p", PLUGIN]  # a no-op in a checkout (conftest.py loads it); needed elsewhere
     run_env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     for plugin in INSTALLED_PLUGINS:
@@ -351,7 +358,7 @@ def _suite_command(
 
 
 def start_suite(
-    suite: Path,
+    suite: Suite,
     *,
     impl: str | None = None,
     base: str | None = None,
@@ -380,7 +387,7 @@ def start_suite(
 
 
 def run_suite(
-    suite: Path,
+    suite: Suite,
     *,
     impl: str | None = None,
     base: str | None = None,
@@ -393,7 +400,8 @@ def run_suite(
     cache: bool = False,
     timeout_s: float | None = 900,
 ) -> SuiteRun:
-    """Run the suite file ``suite`` (``<katas>/<kata>/test_stageN.py``); print nothing.
+    """Run the suite file ``suite`` (``<katas>/<kata>/test_stageN.py``), or a stage's
+    suite files together; print nothing.
 
     ``impl`` as :func:`resolve_impl` reads it; ``keyword`` is pytest's ``-k``; ``core_only``
     selects ``-m core``; ``thorough`` sets the ``thorough`` hypothesis profile. ``env`` is

@@ -1,11 +1,5 @@
-"""Stage 3: a router over replicas that die mid-stream (see katas/dynamic_batcher/README.md,
-"Stage 3").
-
-``ReplicaSet`` (``-k routes``) is routing without I/O: each rule at its boundary (the
-token where a request's prefill charge ends, the load difference where the imbalance
-guard trips, the matched block where affinity starts), then a state machine that
-compares it with :class:`~katas.dynamic_batcher._testing.routes.RoutesModel`, the rules
-written plainly from the prompt.
+"""Stage 3: a router over replicas that die mid-stream (see
+katas/dynamic_batcher/README.md, "Stage 3").
 
 The ``Router`` runs over :class:`~katas.dynamic_batcher._testing.fleet.SimReplica`
 replicas: your stage-2 engine over your prefix-caching batcher, in process, on one
@@ -15,54 +9,34 @@ it reached the replica, so a test knows the instant of every token, and places e
 fault on one: a replica killed as the n-th token of a request reaches the router, a
 stream broken after n tokens, a replica stopped (SIGSTOP) between two tokens and
 resumed after the router gave up on it. Every client's stream is compared with what its
-request generates alone: nothing lost, nothing twice. Hypothesis draws fault schedules.
-The last tests run real replica processes over loopback HTTP, killed and stopped with
-real signals.
+request generates alone: nothing lost, nothing twice.
 
-Map: routes (§route-load, §route-available, §route-balance, §route-affinity,
-§route-least-loaded, §route-history, §routes-bad-input) · relaying (§relay) · admission
-(§router-admission) · replicas that refuse (§replica-429) · failover (§failover,
-§failover-cap) · silence and probes (§router-stall, §probe) · the epoch (§epoch) · clients that
-leave (§client-leaves) · draining (§router-drain) · closing (§router-close) · statistics
-(§router-statistics) · bad input (§router-bad-input) · the fleet's properties (load
-within 1.5× the mean, affinity ≥ 2× round-robin's cache hits) · real processes.
+The stage's other suites: ``test_stage3_routes.py`` (``ReplicaSet``, the routing policy
+without I/O) and ``test_stage3_fleet.py`` (properties drawn by hypothesis over whole
+fleets, and real replica processes killed and stopped with real signals).
+
+Map: relaying (relay) · admission (router-admission) · replicas that refuse
+(replica-429) · failover (failover, failover-cap) · silence and probes (router-stall,
+probe) · the epoch (epoch) · clients that leave (client-leaves) · draining
+(router-drain) · closing (router-close) · statistics (router-statistics) · bad input
+(router-bad-input).
 """
 
 from __future__ import annotations
 
-import signal
-from collections.abc import Sequence
 from typing import Any
 
 import anyio
 import anyio.abc
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
-from katas._harness.profiles import examples
-from katas._harness.under_test import stage
-from katas._registry import impl
-from katas.dynamic_batcher._testing import replica
 from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, request
-from katas.dynamic_batcher._testing.fleet import Fleet, serving
-from katas.dynamic_batcher._testing.http_link import HttpLink
-from katas.dynamic_batcher._testing.real_fleet import (
-    GARBAGE,
-    consume_real,
-    garbage_server,
-    real_expected,
-    real_router,
-    replicas,
-    start_real,
-    stream_until,
-)
-from katas.dynamic_batcher._testing.routes import BLOCK, RoutesMachine, keys, replica_set, shared
+from katas.dynamic_batcher._testing.fleet import WITHIN, Fleet, expect_whole, serving
+from katas.dynamic_batcher._testing.routes import shared
 from katas.dynamic_batcher.api import (
     Overloaded,
     ReplicaError,
     Request,
-    Route,
     RouterStatistics,
 )
 
@@ -72,409 +46,8 @@ extended = pytest.mark.extended
 rule = pytest.mark.rule
 anyio_test = pytest.mark.anyio
 
-#: Long enough for any test's requests to finish, in simulated ns.
-WITHIN = 100_000 * STEP_NS
 STALL = 50 * STEP_NS
 PROBE_TIMEOUT = 20 * STEP_NS
-
-
-# -- ReplicaSet ------------------------------------------------------------------------------
-
-
-def prompt_of(n: int, seed: int = 0) -> tuple[int, ...]:
-    return tuple((seed * 131 + i * 17 + 3) % 1000 for i in range(n))
-
-
-def expect_route(got: Any, want: Route | None, situation: str) -> None:
-    assert got == want, f"{situation}\n  expected pick() = {want}\n  got               {got}"
-
-
-@core
-@rule("route-load")
-def test_stage3_routes_a_request_weighs_its_prompt_and_budget_until_its_first_tokens() -> None:
-    rs = replica_set()
-    rs.assign("a", "r1", prompt_of(10), 5)
-    steps = [("assign r1 (prompt 10, max_new_tokens 5)", 15)]
-    assert rs.load("a") == 15, f"{steps}: expected load('a') == 15, got {rs.load('a')}"
-    rs.progress("r1", 0)
-    steps.append(("progress r1 by 0 (an event with no token)", 15))
-    assert rs.load("a") == 15, (
-        "no token arrived, so the prefill is not known to be done: the prompt still weighs."
-        f"\n  steps {steps}\n  got load('a') = {rs.load('a')}"
-    )
-    rs.progress("r1", 1)
-    steps.append(("progress r1 by 1 (its prefill is done)", 4))
-    assert rs.load("a") == 4, (
-        "after the first token the prompt no longer weighs, only the budget left "
-        f"(5 - 1):\n  steps {steps}\n  got load('a') = {rs.load('a')}"
-    )
-    rs.progress("r1", 3)
-    assert rs.load("a") == 1, f"budget 5 - 4 tokens: expected 1, got {rs.load('a')}"
-    rs.progress("r1", 3)
-    assert rs.load("a") == 0, (
-        f"more tokens than the budget left never make a load negative: got {rs.load('a')}"
-    )
-    rs.release("r1")
-    assert rs.load("a") == 0 and rs.total_load() == 0
-
-
-@core
-@rule("route-load")
-def test_stage3_routes_loads_add_up_and_release_removes_what_is_left() -> None:
-    rs = replica_set()
-    rs.assign("a", "r1", prompt_of(10), 5)
-    rs.assign("a", "r2", prompt_of(3), 7)
-    rs.assign("b", "r3", prompt_of(2), 2)
-    assert rs.loads() == {"a": 25, "b": 4, "c": 0}, (
-        f"a carries 10+5 and 3+7, b 2+2: expected {{'a': 25, 'b': 4, 'c': 0}}, got {rs.loads()}"
-    )
-    assert rs.total_load() == 29, f"total_load(): expected 29, got {rs.total_load()}"
-    rs.progress("r2", 2)
-    rs.release("r1")
-    assert rs.loads() == {"a": 5, "b": 4, "c": 0}, (
-        "release r1 before its first token (all 15 go), r2 past its prefill with 5 left: "
-        f"expected {{'a': 5, 'b': 4, 'c': 0}}, got {rs.loads()}"
-    )
-    rs.release("r2")
-    rs.release("nobody")
-    rs.progress("nobody", 3)
-    assert rs.loads() == {"a": 0, "b": 4, "c": 0}, (
-        f"release and progress of an unknown id change nothing: got {rs.loads()}"
-    )
-
-
-@core
-@rule("route-available")
-def test_stage3_routes_pick_only_replicas_up_and_not_draining_and_not_excluded() -> None:
-    rs = replica_set()
-    p = prompt_of(2)
-    assert rs.available() == ["a", "b", "c"], f"available(): got {rs.available()}"
-    rs.mark_down("a")
-    rs.drain("b")
-    assert rs.available() == ["c"], f"a down, b draining: expected ['c'], got {rs.available()}"
-    expect_route(rs.pick(p), Route("c", "least-loaded"), "a is down and b draining")
-    expect_route(rs.pick(p, exclude={"c"}), None, "a down, b draining, c excluded")
-    flags = {n: (rs.is_up(n), rs.is_draining(n)) for n in "abc"}
-    assert flags == {"a": (False, False), "b": (True, True), "c": (True, False)}, (
-        f"(is_up, is_draining) of each: got {flags}"
-    )
-    rs.mark_up("a")
-    rs.restore("b")
-    assert rs.available() == ["a", "b", "c"], (
-        f"mark_up and restore put them back, in the order given: got {rs.available()}"
-    )
-    expect_route(rs.pick(p, exclude=["a"]), Route("b", "least-loaded"), "a excluded")
-
-
-@core
-@rule("route-available", "route-affinity")
-def test_stage3_routes_affinity_never_picks_a_draining_or_excluded_replica() -> None:
-    p = prompt_of(16, seed=9)
-    rs = replica_set(("a", "b"))
-    rs.assign("a", "r1", p, 1)
-    rs.release("r1")
-    rs.drain("a")
-    expect_route(rs.pick(p), Route("b", "least-loaded"), "a has p's prefix but is draining")
-    rs.restore("a")
-    expect_route(rs.pick(p, exclude={"a"}), Route("b", "least-loaded"), "a is excluded")
-    expect_route(rs.pick(p), Route("a", "affinity", 4), "a is back: its prefix counts again")
-
-
-@extended
-@rule("route-available", "route-history")
-def test_stage3_routes_a_drained_replica_keeps_its_history() -> None:
-    rs = replica_set(("a", "b"))
-    p = prompt_of(16, seed=7)
-    rs.assign("a", "r1", p, 1)
-    rs.release("r1")
-    rs.drain("a")
-    rs.restore("a")
-    assert rs.matched_blocks("a", p) == 4, (
-        "a drained replica keeps running and keeps its cache: drain and restore leave its "
-        f"history as it was (4 blocks of p); got matched_blocks {rs.matched_blocks('a', p)}"
-    )
-
-
-@core
-@rule("route-least-loaded")
-def test_stage3_routes_the_least_loaded_wins_and_ties_go_in_the_order_given() -> None:
-    rs = replica_set(("y", "z", "x"))  # the order given is not the names' order
-    p = prompt_of(3)
-    expect_route(rs.pick(p), Route("y", "least-loaded"), "replicas y, z, x, all idle")
-    rs.assign("y", "r1", prompt_of(3), 4)
-    expect_route(rs.pick(p), Route("z", "least-loaded"), "y carries 7, z and x nothing")
-    rs.assign("z", "r2", prompt_of(2), 2)
-    expect_route(rs.pick(p), Route("x", "least-loaded"), "y 7, z 4, x 0")
-    rs.assign("x", "r3", prompt_of(1), 3)
-    expect_route(rs.pick(p), Route("z", "least-loaded"), "y 7, z 4, x 4: a tie goes to z")
-
-
-@core
-@rule("route-balance")
-def test_stage3_routes_the_imbalance_guard_needs_both_thresholds_strictly() -> None:
-    p = prompt_of(3)
-    # abs 10, rel 1.5: b = 10 each time; a's load moves across both thresholds.
-    cases = [(20, False), (21, True)]  # difference 10 is not > 10; 11 is (and 21 > 15)
-    for a_load, trips in cases:
-        rs = replica_set(("a", "b"), balance_abs_tokens=10, balance_rel=1.5)
-        rs.assign("a", "ra", prompt_of(a_load - 1), 1)
-        rs.assign("b", "rb", prompt_of(9), 1)
-        want = Route("b", "balance" if trips else "least-loaded")
-        expect_route(rs.pick(p), want, f"loads a={a_load}, b=10, balance_abs_tokens=10, rel=1.5")
-    cases = [(15, False), (16, True)]  # 15 is not > 1.5 x 10; 16 is (difference > 0)
-    for a_load, trips in cases:
-        rs = replica_set(("a", "b"), balance_abs_tokens=0, balance_rel=1.5)
-        rs.assign("a", "ra", prompt_of(a_load - 1), 1)
-        rs.assign("b", "rb", prompt_of(9), 1)
-        want = Route("b", "balance" if trips else "least-loaded")
-        expect_route(rs.pick(p), want, f"loads a={a_load}, b=10, balance_abs_tokens=0, rel=1.5")
-
-
-@core
-@rule("route-balance")
-def test_stage3_routes_the_imbalance_guard_overrides_affinity() -> None:
-    rs = replica_set(("a", "b"), balance_abs_tokens=10, balance_rel=1.5)
-    cached = prompt_of(16, seed=1)
-    rs.assign("a", "r1", cached, 20)  # a: 36 tokens, and the prefix
-    expect_route(
-        rs.pick(cached),
-        Route("b", "balance"),
-        "a holds the whole prefix but carries 36 tokens against b's 0 (> 10 and > 1.5 x 0): "
-        "the guard ignores affinity",
-    )
-    rs2 = replica_set(("a", "b"), balance_abs_tokens=100, balance_rel=1.5)
-    rs2.assign("a", "r1", cached, 20)
-    expect_route(
-        rs2.pick(cached),
-        Route("a", "affinity", 4),
-        "the same, with balance_abs_tokens=100: 36 - 0 is not > 100, so affinity decides",
-    )
-
-
-@core
-@rule("route-affinity")
-def test_stage3_routes_affinity_starts_at_the_threshold_of_full_blocks() -> None:
-    base = prompt_of(32, seed=2)  # 8 full blocks
-    for matched, want_affinity in [(4, True), (3, False)]:
-        rs = replica_set(("a", "b"), affinity_threshold=0.5)
-        rs.assign("b", "other", prompt_of(1), 1)  # b is lighter only after a's charge
-        rs.assign("a", "seed", base[: matched * BLOCK] + (999,) * 2, 0 + 1)
-        rs.release("seed")
-        rs.release("other")
-        rs.assign("a", "x", prompt_of(1), 1)  # a carries 2: least-loaded would be b
-        got = rs.pick(base)
-        want = Route("a", "affinity", matched) if want_affinity else Route("b", "least-loaded")
-        expect_route(
-            got,
-            want,
-            f"a's history holds the first {matched} of the prompt's 8 full blocks, "
-            "affinity_threshold=0.5 (4 blocks needed); a carries 2 tokens, b none",
-        )
-
-
-@core
-@rule("route-affinity")
-def test_stage3_routes_affinity_takes_the_longest_match_then_the_lighter_load() -> None:
-    base = prompt_of(24, seed=3)  # 6 full blocks
-    rs = replica_set(("a", "b", "c"), affinity_threshold=0.25)
-    rs.assign("a", "ra", base[:8], 1)  # 2 blocks
-    rs.assign("b", "rb", base[:16], 1)  # 4 blocks
-    rs.assign("c", "rc", (*base[:16], 1, 2, 3), 1)  # 4 blocks, and 3 tokens heavier
-    expect_route(
-        rs.pick(base),
-        Route("b", "affinity", 4),
-        "a matches 2 blocks, b and c 4 (c carries more): the longest match, then the lighter",
-    )
-    rs.release("rc")
-    rs.assign("c", "rc2", prompt_of(1, seed=9), 0 + 1)
-    assert rs.load("b") == 17 and rs.load("c") == 2
-    expect_route(rs.pick(base), Route("c", "affinity", 4), "b and c match 4; c is lighter")
-
-
-@core
-@rule("route-affinity")
-def test_stage3_routes_a_match_counts_leading_chained_blocks_only() -> None:
-    p = prompt_of(16, seed=4)
-    other_first = (7, 7, 7, 7, *p[4:])  # blocks 2-4 have the same tokens, another first block
-    rs = replica_set(("a", "b"), affinity_threshold=0.25)
-    rs.assign("a", "r1", other_first, 1)
-    assert rs.matched_blocks("a", p) == 0, (
-        "a block's key chains every block before it (api.block_hash(parent, tokens)): the "
-        "same tokens after a different first block are a different prefix. Expected "
-        f"matched_blocks 0, got {rs.matched_blocks('a', p)}"
-    )
-    rs.assign("b", "r2", p[:9], 1)  # 2 full blocks and one token
-    rs.assign("a", "r3", (*p[:4], 7, 7, 7, 7), 1)  # p's block 0, then other tokens
-    rs.assign("a", "r4", (7, 7, 7, 7, *p[4:8]), 1)  # p's block 1, after another block 0
-    assert rs.matched_blocks("a", p[:8]) == 1, (
-        "a was sent p's block 0 (r3), and p's block 1 only after a different block 0 (r4): "
-        "p's first two blocks match 1, since block 1's key chains block 0's; got "
-        f"{rs.matched_blocks('a', p[:8])}"
-    )
-    assert rs.matched_blocks("b", p) == 2, (
-        "only full blocks are remembered: a 9-token prompt leaves 2 blocks (block_size 4); "
-        f"got {rs.matched_blocks('b', p)}"
-    )
-    assert rs.matched_blocks("b", p[:3]) == 0, "a prompt shorter than a block matches nothing"
-    expect_route(
-        rs.pick(p[:3]),
-        Route("b", "least-loaded"),
-        "a 3-token prompt has no full block: b is lighter",
-    )
-
-
-@core
-@rule("route-history")
-def test_stage3_routes_history_uses_the_replicas_own_block_keys() -> None:
-    p = prompt_of(12, seed=5)
-    rs = replica_set(("a",))
-    rs.assign("a", "r1", p, 1)
-    want = keys(p)
-    assert len(want) == 3
-    for n in range(4):
-        got = rs.matched_blocks("a", p[: n * BLOCK])
-        assert got == n, f"the first {n} blocks of a routed prompt: expected {n}, got {got}"
-
-
-@extended
-@rule("route-history")
-def test_stage3_routes_history_is_bounded_least_recently_used_first() -> None:
-    rs = replica_set(("a", "b"), history_blocks=4)
-    pa, pb, pc = prompt_of(8, 10), prompt_of(8, 11), prompt_of(8, 12)
-    rs.assign("a", "1", pa, 1)
-    rs.assign("a", "2", pb, 1)
-    rs.assign("a", "3", pa, 1)  # pa used again: pb is now the least recently used
-    rs.assign("a", "4", pc, 1)  # 6 keys > 4: pb's two go
-    got = {name: rs.matched_blocks("a", p) for name, p in (("pa", pa), ("pb", pb), ("pc", pc))}
-    assert got == {"pa": 2, "pb": 0, "pc": 2}, (
-        "history_blocks=4; routed pa, pb, pa again, pc: pb's blocks are the least recently "
-        f"used and go first. Expected {{'pa': 2, 'pb': 0, 'pc': 2}}, got {got}"
-    )
-    rs2 = replica_set(("a",), history_blocks=4)
-    rs2.assign("a", "1", pa, 1)
-    rs2.assign("a", "2", pb, 1)
-    rs2.pick(pa)  # looking is not routing
-    rs2.matched_blocks("a", pa)
-    rs2.assign("a", "3", pc, 1)
-    got = {name: rs2.matched_blocks("a", p) for name, p in (("pa", pa), ("pb", pb), ("pc", pc))}
-    assert got == {"pa": 0, "pb": 2, "pc": 2}, (
-        "history_blocks=4; routed pa, pb, then pick(pa) and matched_blocks(pa), then routed "
-        "pc: only assign records, so pa is still the least recently used and goes. Expected "
-        f"{{'pa': 0, 'pb': 2, 'pc': 2}}, got {got}"
-    )
-
-
-@extended
-@rule("route-history")
-def test_stage3_routes_a_prompt_longer_than_the_history_keeps_its_first_blocks() -> None:
-    rs = replica_set(("a",), history_blocks=2)
-    p = prompt_of(4 * BLOCK, seed=8)
-    rs.assign("a", "r1", p, 1)
-    got = rs.matched_blocks("a", p)
-    assert got == 2, (
-        "history_blocks=2 and a 4-block prompt: the first blocks, which every longer prompt "
-        "shares, are recorded last (most recently used), so the last blocks go and the "
-        f"first two are still matched. Expected matched_blocks 2, got {got}"
-    )
-
-
-@core
-@rule("route-history")
-def test_stage3_routes_a_replica_marked_down_forgets_its_history() -> None:
-    p = prompt_of(16, seed=6)
-    rs = replica_set(("a", "b"))
-    rs.assign("a", "r1", p, 1)
-    rs.release("r1")
-    rs.mark_down("a")
-    rs.mark_up("a")
-    assert rs.matched_blocks("a", p) == 0, (
-        "a replica that went down lost its cache (a crash, a restart): mark_down forgets "
-        f"what it was sent. Got matched_blocks {rs.matched_blocks('a', p)} after down and up"
-    )
-    expect_route(rs.pick(p), Route("a", "least-loaded"), "nothing remembered, both idle")
-
-
-@extended
-@rule("routes-bad-input")
-@pytest.mark.parametrize(
-    ("param", "value"),
-    [
-        ("names", []),
-        ("names", ["a", "a"]),
-        ("names", "ab"),
-        ("names", ["a", ""]),
-        ("block_size", 0),
-        ("balance_abs_tokens", -1),
-        ("balance_rel", 0.5),
-        ("affinity_threshold", 0.0),
-        ("affinity_threshold", 1.5),
-        ("history_blocks", 0),
-    ],
-)
-def test_stage3_routes_refuse_a_nonsense_configuration(param: str, value: Any) -> None:
-    options: dict[str, Any] = {
-        "block_size": 4,
-        "balance_abs_tokens": 1,
-        "balance_rel": 1.5,
-        "affinity_threshold": 0.5,
-        "history_blocks": 10,
-    }
-    names: Any = ["a", "b"]
-    if param == "names":
-        names = value
-    else:
-        options[param] = value
-    with pytest.raises(ValueError, match=param):
-        stage().ReplicaSet(names, **options)
-
-
-RoutesMachine.TestCase.settings = settings(max_examples=examples(200), stateful_step_count=30)
-test_stage3_routes_agree_with_the_rules_written_plainly = core(
-    rule("route-load", "route-balance", "route-affinity", "route-history")(RoutesMachine.TestCase)
-)
-
-
-# -- the Router, over replicas in process ----------------------------------------------------
-
-
-def ended(readers: dict[str, Reader]) -> bool:
-    return all(r.ended != "reading" for r in readers.values())
-
-
-def start(router: Any, fleet: Fleet, requests: Sequence[Request], tg: Any) -> dict[str, Reader]:
-    readers = {r.rid: Reader(router.generate(r), fleet.clock) for r in requests}
-    for reader in readers.values():
-        tg.start_soon(reader.run)
-    return readers
-
-
-def expect_whole(readers: dict[str, Reader], want: dict[str, tuple[int, ...]], story: str) -> None:
-    for rid, reader in readers.items():
-        assert reader.error is None, f"{story}\n  request {rid}: its stream raised {reader.ended}"
-        got = reader.tokens
-        if got != want[rid]:
-            n = len(want[rid])
-            extra = [t for t in got[n:]]
-            raise AssertionError(
-                f"{story}\n  request {rid}: the client must get every token exactly once, in "
-                f"order\n  expected {list(want[rid])}\n  got      {list(got)}"
-                + (f"\n  ({len(got) - n} tokens too many: {extra})" if len(got) > n else "")
-            )
-
-
-async def finish(
-    fleet: Fleet, readers: dict[str, Reader], what: str = "every stream to end"
-) -> None:
-    await fleet.time.run_until(lambda: ended(readers), within_ns=WITHIN, what=what)
-
-
-async def consume(fleet: Fleet, stream: Any) -> Reader:
-    """Read ``stream`` to its end, moving virtual time as needed."""
-    reader = Reader(stream, fleet.clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(reader.run)
-        await finish(fleet, {"r": reader}, f"the stream of {stream.rid!r} to end")
-    return reader
 
 
 @core
@@ -487,8 +60,8 @@ async def test_stage3_each_client_gets_what_its_request_generates() -> None:
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, reqs, tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, reqs, tg)
+            await fleet.finish(readers)
     expect_whole(readers, want, "five requests over three healthy replicas")
     for rid, reader in readers.items():
         want_reason = "stop" if want[rid] and want[rid][-1] == 3 and rid == "r2" else "length"
@@ -550,7 +123,7 @@ async def test_stage3_the_router_charges_a_replica_until_the_first_token_then_th
             )
             await fleet.time.advance_to(T0 + 6 * STEP_NS)
             assert router.statistics().outstanding["a"] == 0
-            await consume(fleet, stream)
+            await fleet.consume(stream)
 
 
 # -- admission -----------------------------------------------------------------------------
@@ -582,7 +155,7 @@ async def test_stage3_admission_takes_the_budget_exactly_and_refuses_one_token_m
             await fleet.time.advance_to(T0 + STEP_NS)  # both past their prefill: 9 + 9
             s3 = router.generate(request("r3", 10, 10))  # 18 + 20 = 38
             for s in (s1, s2, s3):
-                await consume(fleet, s)
+                await fleet.consume(s)
 
 
 @core
@@ -598,9 +171,9 @@ async def test_stage3_admission_refuses_what_could_never_fit_and_a_duplicate_id(
             s = router.generate(request("r1", 3, 3))
             with pytest.raises(ValueError, match="r1"):
                 router.generate(request("r1", 3, 3))
-            await consume(fleet, s)
+            await fleet.consume(s)
             s = router.generate(request("r1", 3, 3))  # finished: the id is free again
-            await consume(fleet, s)
+            await fleet.consume(s)
 
 
 @core
@@ -631,8 +204,8 @@ async def test_stage3_a_replica_that_refuses_is_skipped_not_failed() -> None:
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, [r], tg)
+            await fleet.finish(readers)
             stats = router.statistics()
     expect_whole(readers, want, "a answered 429 at the first read")
     assert [x.rid for x in fleet["b"].seen] == ["r#1"], (
@@ -678,7 +251,7 @@ async def test_stage3_a_replica_dying_mid_stream_is_continued_elsewhere_exactly_
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
+            readers = fleet.start(router, [r], tg)
             await fleet.time.advance_to(T0 + 5 * STEP_NS)
             first = [(x.rid, x.priority, x.stop_tokens) for x in fleet["a"].seen]
             assert first == [("r", 3, frozenset({1_001}))], (
@@ -703,7 +276,7 @@ async def test_stage3_a_replica_dying_mid_stream_is_continued_elsewhere_exactly_
                 f"its 14-token prompt and 7 tokens of budget. Expected {{'a': 0, 'b': 21, "
                 f"'c': 0}}, got {loads}"
             )
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "a died after streaming 5 of 12 tokens")
 
 
@@ -719,10 +292,10 @@ async def test_stage3_a_replica_that_had_the_request_takes_it_again_under_a_new_
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
+            readers = fleet.start(router, [r], tg)
             await fleet.time.advance_to(T0 + 2 * STEP_NS)
             await router.check_health()  # a answers: up again
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "a broke r's stream at token 2; b died at r's 5th token")
     ids = [x.rid for x in fleet["a"].seen]
     assert ids == ["r", "r#2"], (
@@ -741,7 +314,7 @@ async def test_stage3_every_request_on_a_dead_replica_fails_over_at_that_instant
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, reqs, tg)
+            readers = fleet.start(router, reqs, tg)
             on_a = sorted(x.rid for x in fleet["a"].seen) or sorted(
                 rid for rid in want if router.replicas.replica_of(rid) == "a"
             )
@@ -760,7 +333,7 @@ async def test_stage3_every_request_on_a_dead_replica_fails_over_at_that_instant
                 f"a was killed at +{3 * STEP_NS + 1} ns with {on_a} in flight: each fails over "
                 f"at that instant, once. Resubmitted by then: {moved}"
             )
-            await finish(fleet, readers)
+            await fleet.finish(readers)
             stats = router.statistics()
     expect_whole(readers, want, "a killed with two requests in flight")
     assert stats.failovers == 2 and stats.down == ("a",), (
@@ -779,8 +352,8 @@ async def test_stage3_a_broken_answer_is_a_replica_failure_not_a_crash() -> None
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, [r], tg)
+            await fleet.finish(readers)
             stats = router.statistics()
     expect_whole(readers, want, "a's answer broke (a truncated event) after 3 tokens")
     assert stats.down == ("a",), f"a replica whose answer broke is down: got down={stats.down}"
@@ -800,8 +373,8 @@ async def test_stage3_a_replica_dying_after_its_last_token_ends_the_stream_unres
     async with fleet.running():
         router = fleet.router(max_failovers=max_failovers)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, [r], tg)
+            await fleet.finish(readers)
             stats = router.statistics()
     story = (
         f"a died right after the 6th and last token, before its finish event "
@@ -833,8 +406,8 @@ async def test_stage3_a_replica_dying_right_after_a_stop_token_ends_the_stream_w
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, [r], tg)
+            await fleet.finish(readers)
     expect_whole(readers, {"r": tokens[: k + 1]}, f"a died as stop token {tokens[k]} arrived")
     assert readers["r"].reason == "stop", (
         f"the last token accepted was a stop token: the request is over, reason 'stop'; "
@@ -854,10 +427,10 @@ async def test_stage3_a_stream_that_breaks_moves_every_request_off_its_replica()
     async with fleet.running():
         router = fleet.router(balance_abs_tokens=1_000)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, reqs[:2], tg)  # r1 on a, r2 on b
+            readers = fleet.start(router, reqs[:2], tg)  # r1 on a, r2 on b
             router.replicas.drain("b")
             router.replicas.drain("c")
-            readers |= start(router, fleet, reqs[2:], tg)  # r3 on a too
+            readers |= fleet.start(router, reqs[2:], tg)  # r3 on a too
             router.replicas.restore("b")
             router.replicas.restore("c")
             on_a = sorted(x.rid for x in fleet["a"].seen) or ["r1", "r3"]
@@ -875,7 +448,7 @@ async def test_stage3_a_stream_that_breaks_moves_every_request_off_its_replica()
                 "r1 and r3 ran on a; r1's stream broke after 3 tokens: a is down, so every "
                 f"request on it fails over at that instant, r3 too. Resubmitted: {resubmitted()}"
             )
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     assert sorted(on_a) == ["r1", "r3"]
     expect_whole(readers, want, "r1's stream on a broke after 3 tokens; r3 was on a too")
 
@@ -923,8 +496,8 @@ async def test_stage3_the_router_accepts_no_token_past_the_budget() -> None:
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, [r], tg)
+            await fleet.finish(readers)
     expect_whole(readers, want, "the replica sent 7 tokens for max_new_tokens=6")
 
 
@@ -940,8 +513,8 @@ async def test_stage3_a_failover_forgets_the_refusals_before_it() -> None:
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, [r], tg)
+            await fleet.finish(readers)
     expect_whole(
         readers,
         want,
@@ -963,8 +536,8 @@ async def test_stage3_a_request_fails_over_at_most_max_failovers_times() -> None
         async with fleet.running():
             router = fleet.router(max_failovers=cap)
             async with serving(router), anyio.create_task_group() as tg:
-                readers = start(router, fleet, [r], tg)
-                await finish(fleet, readers)
+                readers = fleet.start(router, [r], tg)
+                await fleet.finish(readers)
         reader = readers["r"]
         if survives:
             expect_whole(readers, want, "a died at token 2, b at token 4, max_failovers=2")
@@ -991,7 +564,7 @@ async def test_stage3_a_silent_replica_is_presumed_dead_at_the_stall_timeout() -
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r, other], tg)
+            readers = fleet.start(router, [r, other], tg)
             await fleet.time.advance_to(T0 + 4 * STEP_NS)  # the 4th token arrives
             assert router.replicas.replica_of("other") == "b"
             fleet["a"].stop()
@@ -1010,7 +583,7 @@ async def test_stage3_a_silent_replica_is_presumed_dead_at_the_stall_timeout() -
             assert router.replicas.replica_of("other") == "b", (
                 "only the silent replica's requests move: 'other' streams on from b"
             )
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "a stopped after 4 tokens, while b streamed on")
 
 
@@ -1025,7 +598,7 @@ async def test_stage3_silence_is_counted_from_the_attempts_start() -> None:
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
+            readers = fleet.start(router, [r], tg)
             await fleet.time.advance_to(T0 + STALL - 1)
             assert fleet["b"].seen == [], "no failover before the timeout"
             await fleet.time.advance_to(T0 + STALL)
@@ -1033,7 +606,7 @@ async def test_stage3_silence_is_counted_from_the_attempts_start() -> None:
                 "a stopped before its first token: silence counts from the attempt's start, "
                 f"so r fails over at +{STALL} ns"
             )
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "a was stopped from the start")
 
 
@@ -1047,8 +620,8 @@ async def test_stage3_a_replica_that_keeps_streaming_is_never_presumed_dead() ->
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, [r], tg)
+            await fleet.finish(readers)
             stats = router.statistics()
     expect_whole(readers, want, "one long healthy stream")
     assert stats.failovers == 0 and stats.down == (), (
@@ -1066,8 +639,8 @@ async def test_stage3_a_request_waiting_in_a_busy_replicas_queue_is_not_silence(
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, reqs, tg)
-            await finish(fleet, readers)
+            readers = fleet.start(router, reqs, tg)
+            await fleet.finish(readers)
             stats = router.statistics()
     expect_whole(
         readers,
@@ -1090,11 +663,11 @@ async def test_stage3_a_new_request_on_a_silent_replica_does_not_restart_its_sil
         router = fleet.router(stall_timeout_ns=STALL)
         async with serving(router), anyio.create_task_group() as tg:
             router.replicas.drain("b")
-            readers = start(router, fleet, [r1], tg)
+            readers = fleet.start(router, [r1], tg)
             await fleet.time.advance_to(T0 + STEP_NS)  # r1's first token: a's last event
             fleet["a"].stop()
             await fleet.time.advance_to(T0 + STEP_NS + STALL // 2)
-            readers |= start(router, fleet, [r2], tg)  # to a, silent for STALL / 2 already
+            readers |= fleet.start(router, [r2], tg)  # to a, silent for STALL / 2 already
             router.replicas.restore("b")
             await fleet.time.advance_to(T0 + STEP_NS + STALL - 1)
             assert fleet["b"].seen == [], "a's silence has not reached the timeout yet"
@@ -1105,7 +678,7 @@ async def test_stage3_a_new_request_on_a_silent_replica_does_not_restart_its_sil
                 f"+{STEP_NS + STALL // 2} ns, which is not a sign of life: at "
                 f"+{STEP_NS + STALL} ns a is presumed dead and both fail over. b saw {moved}"
             )
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "a stopped after r1's first token; r2 sent to it later")
 
 
@@ -1119,7 +692,7 @@ async def test_stage3_a_stopped_replica_that_comes_back_injects_nothing() -> Non
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
+            readers = fleet.start(router, [r], tg)
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             fleet["a"].stop()
             await fleet.time.advance_to(T0 + 3 * STEP_NS + STALL)
@@ -1128,7 +701,7 @@ async def test_stage3_a_stopped_replica_that_comes_back_injects_nothing() -> Non
                 f"connection is closed at once; a's connections closed: {fleet['a'].closed}"
             )
             fleet["a"].resume()  # SIGCONT: a wakes up with r's tokens in its buffers
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "a stopped after 3 tokens, failed over, then resumed (SIGCONT)")
 
 
@@ -1144,7 +717,7 @@ async def test_stage3_an_event_read_just_before_a_failover_is_dropped() -> None:
         async with serving(router), anyio.create_task_group() as tg:
             for name in ("b", "c"):
                 router.replicas.drain(name)
-            readers = start(router, fleet, reqs, tg)  # both on a
+            readers = fleet.start(router, reqs, tg)  # both on a
             for name in ("b", "c"):
                 router.replicas.restore(name)
             # Both answers break at their 3rd token, which a's step hands to both pumps at
@@ -1152,7 +725,7 @@ async def test_stage3_an_event_read_just_before_a_failover_is_dropped() -> None:
             # 3rd token — an event of an attempt that has just lost its request.
             fleet["a"].break_stream("r1", after=3)
             fleet["a"].break_stream("r2", after=3)
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "r1 and r2 on a, both answers broken at the 3rd token, in one step")
 
 
@@ -1166,7 +739,7 @@ async def test_stage3_a_zombie_resumed_at_the_failover_instant_injects_nothing()
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=STALL)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
+            readers = fleet.start(router, [r], tg)
             await fleet.time.advance_to(T0 + 2 * STEP_NS)
             fleet["a"].stop()
             await fleet.time.advance_to(T0 + 2 * STEP_NS + STALL - 1)
@@ -1174,7 +747,7 @@ async def test_stage3_a_zombie_resumed_at_the_failover_instant_injects_nothing()
             fleet["a"].stop()  # a's next event is ready, held at the instant of the timeout
             await fleet.time.advance_to(T0 + 2 * STEP_NS + STALL)
             fleet["a"].resume()
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "a's late event released at the instant r failed over")
 
 
@@ -1274,7 +847,7 @@ async def test_stage3_a_failed_probe_fails_over_the_replicas_requests_at_once() 
     async with fleet.running():
         router = fleet.router(stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT)
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)
+            readers = fleet.start(router, [r], tg)
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             fleet["a"].stop()
             tg.start_soon(router.check_health)
@@ -1283,7 +856,7 @@ async def test_stage3_a_failed_probe_fails_over_the_replicas_requests_at_once() 
                 "a failed its probe: its request fails over at that instant, long before the "
                 "stall timeout"
             )
-            await finish(fleet, readers)
+            await fleet.finish(readers)
     expect_whole(readers, want, "a stopped, found down by a probe")
 
 
@@ -1320,7 +893,7 @@ async def test_stage3_a_replica_back_from_the_dead_is_not_routed_for_its_old_cac
     async with fleet.running():
         router = fleet.router(affinity_threshold=0.5)
         async with serving(router):
-            await consume(fleet, router.generate(first))
+            await fleet.consume(router.generate(first))
             assert fleet["a"].seen and fleet["a"].seen[0].rid == "r1"
             fleet["a"].restart()
             router.replicas.mark_down("a")
@@ -1328,7 +901,7 @@ async def test_stage3_a_replica_back_from_the_dead_is_not_routed_for_its_old_cac
             assert router.statistics().down == ()
             stream = router.generate(again)
             why = router.statistics().by_affinity
-            await consume(fleet, stream)
+            await fleet.consume(stream)
     assert why == 0, (
         "a restarted (its cache is empty) and was marked down, then up: the router forgot "
         "what it had sent there, so r2 is routed by load, not by affinity; by_affinity = "
@@ -1381,7 +954,7 @@ async def test_stage3_the_id_of_a_client_that_left_is_free_again() -> None:
                 raise AssertionError(
                     f"r's client left: its id is free again, not 'in flight'; got {exc!r}"
                 ) from None
-            reader = await consume(fleet, again)
+            reader = await fleet.consume(again)
     assert reader.error is None and len(reader.tokens) == 3
 
 
@@ -1394,7 +967,7 @@ async def test_stage3_an_attempt_is_closed_even_when_the_routers_host_is_cancell
         with anyio.CancelScope() as host:
             router = fleet.router()
             async with serving(router), anyio.create_task_group() as tg:
-                start(router, fleet, [request("r1", 4, 50), request("r2", 5, 50)], tg)
+                fleet.start(router, [request("r1", 4, 50), request("r2", 5, 50)], tg)
                 await fleet.time.advance_to(T0 + 3 * STEP_NS)
                 host.cancel()  # the task serving the router is cancelled mid-stream
         closed = {n: (r.opened, r.closed) for n, r in fleet.replicas.items()}
@@ -1442,7 +1015,7 @@ async def test_stage3_drain_routes_nothing_more_and_returns_when_the_last_reques
     async with fleet.running():
         router = fleet.router()
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [r], tg)  # on a
+            readers = fleet.start(router, [r], tg)  # on a
             drained_at: list[int] = []
 
             async def drain() -> None:
@@ -1456,7 +1029,7 @@ async def test_stage3_drain_routes_nothing_more_and_returns_when_the_last_reques
             readers["later"] = Reader(later, fleet.clock)
             tg.start_soon(readers["later"].run)
             fleet["b"].die_after("later", 1)
-            await finish(fleet, readers)
+            await fleet.finish(readers)
             await fleet.time.settle()
     assert drained_at == [T0 + 10 * STEP_NS], (
         f"drain('a') returns when r, the last request on a, ends at +{10 * STEP_NS} ns; "
@@ -1480,7 +1053,7 @@ async def test_stage3_closing_the_router_ends_every_stream() -> None:
         with pytest.raises(RuntimeError):
             router.generate(request("early", 2, 2))
         async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, [request("r", 4, 100)], tg)
+            readers = fleet.start(router, [request("r", 4, 100)], tg)
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             await router.aclose()
             await fleet.time.settle()
@@ -1498,18 +1071,18 @@ async def test_stage3_closing_the_router_ends_every_stream() -> None:
 @extended
 @rule("router-statistics")
 @anyio_test
-async def test_stage3_statistics_count_routes_failovers_and_refusals() -> None:
+async def test_stage3_statistics_count_what_was_routed_failed_over_and_refused() -> None:
     fleet = Fleet(names=("a", "b"))
     prompt = shared(3, 4, 1, 0)
     fleet["a"].die_after("r2", 2)
     async with fleet.running():
         router = fleet.router(max_outstanding_tokens=60, affinity_threshold=0.5)
         async with serving(router):
-            await consume(fleet, router.generate(Request("r1", prompt, 3)))
+            await fleet.consume(router.generate(Request("r1", prompt, 3)))
             stream = router.generate(Request("r2", (*prompt[:-1], 9), 4))  # affinity: a
             with pytest.raises(Overloaded):
                 router.generate(Request("big", (1,) * 40, 20))
-            await consume(fleet, stream)
+            await fleet.consume(stream)
             stats = router.statistics()
     want = RouterStatistics(
         routed={"a": 2, "b": 1},
@@ -1563,260 +1136,3 @@ async def test_stage3_generate_refuses_what_is_not_a_request() -> None:
         async with serving(router):
             with pytest.raises(TypeError):
                 router.generate(("r", (1, 2), 3))
-
-
-# -- the fleet's properties ---------------------------------------------------------------------
-
-
-@core
-@rule("failover", "epoch", "router-stall")
-@anyio_test
-@settings(max_examples=examples(25), deadline=None)
-@given(
-    faults=st.lists(
-        st.tuples(
-            st.sampled_from(["kill", "break", "stop", "restart"]),
-            st.integers(0, 5),  # which request it hits
-            st.integers(1, 14),  # at which token
-        ),
-        min_size=1,
-        max_size=3,
-    )
-)
-@example(faults=[("kill", 0, 2), ("kill", 0, 3), ("break", 0, 1)])
-async def test_stage3_no_token_is_lost_or_repeated_whatever_fails_and_when(
-    faults: list[tuple[str, int, int]],
-) -> None:
-    fleet = Fleet()
-    reqs = [request(f"r{i}", 3 + 2 * i, 8 + i) for i in range(6)]
-    want = fleet.expected(reqs)
-    story = ["six requests over a, b and c"]
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL, max_failovers=5)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = start(router, fleet, reqs, tg)
-            for kind, which, at in sorted(faults, key=lambda f: f[2]):
-                rid = reqs[which].rid
-                if readers[rid].ended != "reading" or len(readers[rid].tokens) >= at:
-                    continue
-
-                def reached(rid: str = rid, at: int = at) -> bool:
-                    return len(readers[rid].tokens) >= at or readers[rid].ended != "reading"
-
-                await fleet.time.run_until(reached, within_ns=WITHIN, what=f"{rid} at token {at}")
-                where = router.replicas.replica_of(rid)
-                if where is None:
-                    continue
-                replica = fleet[where]
-                story.append(f"at +{fleet.now - T0} ns ({rid} at token {at}): {kind} {where}")
-                if kind == "kill":
-                    replica.kill()
-                elif kind == "break":
-                    replica.break_stream(rid, after=0)
-                elif kind == "restart":
-                    replica.restart()
-                else:
-                    replica.stop()
-                    await fleet.time.advance(STALL + STEP_NS)
-                    replica.resume()
-                    story.append(f"  resumed at +{fleet.now - T0} ns")
-                # Once the router has moved rid off that replica, a supervisor restarts
-                # the others that died, and a probe brings every live one back.
-
-                def moved(rid: str = rid, where: str = where) -> bool:
-                    return bool(router.replicas.replica_of(rid) != where)
-
-                await fleet.time.run_until(
-                    moved, within_ns=WITHIN, what=f"the router to move {rid} off {where}"
-                )
-                for other in fleet.replicas.values():
-                    if other is not replica and other.dead:
-                        other.restart()
-                        story.append(f"  {other.name} restarted")
-                await router.check_health()
-            for replica in fleet.replicas.values():
-                if replica.dead:
-                    replica.restart()
-            await router.check_health()
-            await finish(fleet, readers)
-    expect_whole(readers, want, "\n    ".join(story))
-
-
-@core
-@rule("route-balance")
-@anyio_test
-async def test_stage3_under_the_guard_no_replica_carries_more_than_1_5x_the_mean() -> None:
-    fleet = Fleet(names=("a", "b", "c", "d"), replica={"max_num_seqs": 16})
-    # One shared prefix pulls every request to one replica; lengths are uneven.
-    reqs = [Request(f"r{i}", shared(7, 6, 1 + i % 3, i), 8 + (i * 37) % 41) for i in range(48)]
-    worst: list[tuple[float, dict[str, int]]] = []
-    async with fleet.running():
-        router = fleet.router(balance_abs_tokens=32, balance_rel=1.2, affinity_threshold=0.5)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers: dict[str, Reader] = {}
-            for i, r in enumerate(reqs):
-                readers[r.rid] = Reader(router.generate(r), fleet.clock)
-                tg.start_soon(readers[r.rid].run)
-                loads = router.statistics().outstanding
-                mean = sum(loads.values()) / len(loads)
-                if i >= 8:
-                    worst.append((max(loads.values()) / mean, dict(loads)))
-                if i % 4 == 3:
-                    await fleet.time.advance(STEP_NS)
-            await finish(fleet, readers)
-    ratio, loads = max(worst, key=lambda w: w[0])
-    assert ratio <= 1.5, (
-        "48 requests sharing one prefix, uneven budgets, balance_abs_tokens=32, "
-        f"balance_rel=1.2: the most loaded replica must stay within 1.5x the mean; worst "
-        f"{ratio:.2f}x with loads {loads}"
-    )
-
-
-@core
-@rule("route-affinity")
-@anyio_test
-async def test_stage3_prefix_affinity_gets_at_least_twice_round_robins_cache_hits() -> None:
-    families, per_family = 5, 6  # over four replicas, round-robin moves every family
-    reqs = [
-        Request(f"f{f}-{i}", shared(f, 8, 3, i), 4)
-        for i in range(per_family)
-        for f in range(families)
-    ]
-
-    async def run(routed: bool) -> int:
-        fleet = Fleet(names=("a", "b", "c", "d"))
-        async with fleet.running():
-            if routed:
-                router = fleet.router(affinity_threshold=0.5, balance_abs_tokens=10_000)
-                async with serving(router):
-                    for r in reqs:
-                        await consume(fleet, router.generate(r))
-            else:
-                names = list(fleet.replicas)
-                for i, r in enumerate(reqs):
-                    completion = fleet[names[i % len(names)]].stream(r)
-                    done = anyio.Event()
-
-                    async def read(completion: Any = completion, done: anyio.Event = done) -> None:
-                        async for _ in completion:
-                            pass
-                        done.set()
-
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(read)
-                        await fleet.time.run_until(done.is_set, within_ns=WITHIN, what="a request")
-                    await completion.aclose()
-        return fleet.hits()
-
-    affine, round_robin = await run(True), await run(False)
-    assert affine >= 2 * round_robin, (
-        f"{families} prompt families of 8 shared blocks, {per_family} requests each, one at "
-        f"a time: routing by prefix must get at least twice round-robin's prefix-cache hits "
-        f"(real hits of the replicas' caches). Got {affine} hit tokens, round-robin "
-        f"{round_robin}"
-    )
-
-
-# -- real replica processes over loopback HTTP -------------------------------------------------
-
-
-@core
-@rule("failover")
-@anyio_test
-async def test_stage3_real_a_replica_killed_mid_stream_loses_and_repeats_nothing(
-    impl_selection: impl.Selection,
-) -> None:
-    reqs = [request(f"r{i}", 5 + i, 40) for i in range(6)]
-    want = real_expected(reqs)
-    with replicas(impl_selection, "a", "b", "c") as procs:
-        links = [HttpLink(n, p.url) for n, p in procs.items()]
-        router = real_router(links)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = start_real(router, reqs, tg)
-            await stream_until(readers, lambda: len(readers["r0"].tokens) >= 5, "r0 at token 5")
-            victim = router.replicas.replica_of("r0")
-            procs[victim].kill()  # SIGKILL
-            await stream_until(readers, lambda: ended(readers), "every stream to end")
-            stats = router.statistics()
-    expect_whole(readers, want, f"replica {victim} got SIGKILL while r0 had 5 of 40 tokens")
-    assert victim in stats.down and stats.failovers >= 1, f"got {stats}"
-
-
-@extended
-@rule("epoch", "router-stall")
-@anyio_test
-async def test_stage3_real_a_stopped_replica_that_continues_injects_nothing(
-    impl_selection: impl.Selection,
-) -> None:
-    reqs = [request(f"r{i}", 4 + i, 30) for i in range(3)]
-    want = real_expected(reqs)
-    with replicas(impl_selection, "a", "b") as procs:
-        links = [HttpLink(n, p.url) for n, p in procs.items()]
-        router = real_router(links)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = start_real(router, reqs, tg)
-            await stream_until(readers, lambda: len(readers["r0"].tokens) >= 3, "r0 at token 3")
-            victim = router.replicas.replica_of("r0")
-            assert victim is not None
-            procs[victim].process.send(signal.SIGSTOP)
-            try:
-                await stream_until(
-                    readers,
-                    lambda: router.replicas.replica_of("r0") not in (None, victim),
-                    "r0 to fail over after the stall timeout",
-                )
-            finally:
-                procs[victim].process.send(signal.SIGCONT)  # the zombie wakes up
-            await stream_until(readers, lambda: ended(readers), "every stream to end")
-            procs[victim].wait_for("disconnected r0")  # its old connection was closed
-            await router.check_health()
-            stats = router.statistics()
-    expect_whole(readers, want, f"replica {victim} got SIGSTOP at r0's 3rd token, then SIGCONT")
-    assert stats.down == (), f"the resumed replica answers its probe again: {stats}"
-
-
-@extended
-@rule("probe")
-@anyio_test
-async def test_stage3_real_a_replica_restarted_on_its_port_is_routed_again(
-    impl_selection: impl.Selection,
-) -> None:
-    with replicas(impl_selection, "a", "b") as procs:
-        links = [HttpLink(n, p.url) for n, p in procs.items()]
-        router = real_router(links)
-        async with serving(router):
-            port = procs["a"].port
-            procs["a"].kill()
-            await router.check_health()
-            assert router.statistics().down == ("a",), "a was killed: its probe fails"
-            with replica.running(
-                impl_selection, "a", batcher="prefix", suite_stage=3, port=port
-            ) as again:
-                await router.check_health()
-                assert router.statistics().down == (), "a is back on its port: up again"
-                router.replicas.drain("b")
-                reader = start_real(router, [request("back", 3, 4)], None)
-                await consume_real(reader["back"])
-                again.wait_for("finished back")
-    assert reader["back"].tokens == real_expected([request("back", 3, 4)])["back"]
-
-
-@extended
-@rule("failover", "router-bad-input")
-@anyio_test
-@pytest.mark.parametrize("answer", sorted(GARBAGE))
-async def test_stage3_real_a_replica_answering_garbage_is_a_failure_not_a_crash(
-    impl_selection: impl.Selection, answer: str
-) -> None:
-    reqs = [request(f"r{i}", 3 + i, 6) for i in range(3)]
-    want = real_expected(reqs)
-    with replicas(impl_selection, "good") as procs:
-        async with garbage_server(GARBAGE[answer]) as url:
-            links = [HttpLink("bad", url), HttpLink("good", procs["good"].url)]
-            router = real_router(links)
-            async with serving(router), anyio.create_task_group() as tg:
-                readers = start_real(router, reqs, tg)
-                await stream_until(readers, lambda: ended(readers), "every stream to end")
-                stats = router.statistics()
-    expect_whole(readers, want, f"replica 'bad' answered {answer}")
-    assert stats.down == ("bad",), f"a replica answering {answer} is down: got {stats.down}"

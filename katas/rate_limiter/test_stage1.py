@@ -3,431 +3,55 @@
 Core: TokenBucket and SlidingLog. Extended: GCRA, FixedWindow, SlidingWindowCounter,
 MultiLimiter and retry_after_header. Run ``pytest katas/rate_limiter -k "stage1 and core"``.
 
-The exact models below are written from the definitions, slowly and obviously (Fractions,
-whole lists, searches), and never look at an implementation: a differential test runs the
-same operations on the implementation and on its model and compares whole Decisions step
-by step — that catches over-denial too, which an envelope cannot.
+The exact models (:mod:`katas.rate_limiter._testing.models`) are written from the
+definitions, slowly and obviously (Fractions, whole lists, searches), and never look at an
+implementation: a differential test (:mod:`katas.rate_limiter._testing.limiters` drives
+it) runs the same operations on the implementation and on its model and compares whole
+Decisions step by step — that catches over-denial too, which an envelope cannot.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-import math
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, is_dataclass
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from types import ModuleType
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from katas._harness.story import Story, differences, expect
 from katas._harness.under_test import stage
 from katas._harness.walks import Drawn, Step, Walk, walked
+from katas.rate_limiter._testing.limiters import (
+    ALGOS,
+    KEYS,
+    S_,
+    START_NS,
+    Algo,
+    D,
+    Op,
+    Setup,
+    admit_all,
+    by_algo,
+    durations,
+    needs,
+    operations,
+    run_against_model,
+    setups,
+    smoke,
+    state_of,
+)
+from katas.rate_limiter._testing.models import Model
 from katas.rate_limiter.api import NS_PER_S, Decision, ManualClock, MultiDecision, RateLimiter
 
 pytestmark = [pytest.mark.stage(1)]
 
 core = pytest.mark.core
 extended = pytest.mark.extended
-
-START_NS = 10_000 * NS_PER_S  # far from 0, so clock steps back stay positive
-KEYS = ("alice", "bob", "carol")
-Algo = Literal["token_bucket", "sliding_log", "gcra", "fixed_window", "sliding_window_counter"]
-ALGOS: tuple[Algo, ...] = (
-    "token_bucket",
-    "sliding_log",
-    "gcra",
-    "fixed_window",
-    "sliding_window_counter",
-)
-CORE_ALGOS = ("token_bucket", "sliding_log")
-
-
-def by_algo(algos: Iterable[Algo] = ALGOS) -> list[Any]:
-    """Parameters for a test run on each algorithm, marked core or extended."""
-    return [pytest.param(a, marks=core if a in CORE_ALGOS else extended, id=a) for a in algos]
-
-
-# --------------------------------------------------------------------------------------
-# Exact models, written from the definitions
-# --------------------------------------------------------------------------------------
-
-NEVER = -(10**30)  # the stored time of a key never written: any clock is past it
-
-
-@dataclass
-class KeyState:
-    last: int = NEVER  # latest time this key's state was written
-
-
-S = TypeVar("S", bound=KeyState)
-
-
-class Model(Generic[S]):
-    """One limiter's exact behaviour. Subclasses say what a key holds and frees."""
-
-    limit: int
-
-    def __init__(self) -> None:
-        self.keys: dict[str, S] = {}
-
-    # --- what each algorithm defines -----------------------------------------------
-    def new(self) -> S:
-        raise NotImplementedError
-
-    def free(self, ks: S, at: int) -> Fraction:
-        """Units available at ``at`` (>= ks.last), before flooring."""
-        raise NotImplementedError
-
-    def record(self, ks: S, at: int, cost: int) -> None:
-        """Consume ``cost`` at ``at``."""
-        raise NotImplementedError
-
-    def give_back(self, ks: S, at: int, cost: int) -> None:
-        """Refund ``cost`` at ``at``, capped."""
-        raise NotImplementedError
-
-    def wait(self, ks: S, now: int, cost: int) -> int:
-        """First clock time >= now at which ``cost`` fits (no other traffic)."""
-        eff = max(now, ks.last)
-        return first_true(lambda t: self.free(ks, max(t, eff)) >= cost, now)
-
-    def idle_from(self, ks: S, now: int) -> int:
-        """First clock time >= now from which the key is fresh."""
-        full = Fraction(self.limit)
-        eff = max(now, ks.last)
-        return first_true(lambda t: t >= ks.last and self.free(ks, max(t, eff)) == full, now)
-
-    # --- shared semantics ------------------------------------------------------------
-    def decide(self, key: str, cost: int, now: int, *, commit: bool) -> Decision:
-        stored = self.keys.get(key)
-        ks = copy.deepcopy(stored) if stored is not None else self.new()
-        eff = max(now, ks.last)  # a key's time never goes back
-        retry: int | None
-        if cost > self.limit:
-            retry = None
-        elif self.free(ks, eff) >= cost:
-            retry = 0
-            self.record(ks, eff, cost)
-            ks.last = eff
-            if commit:
-                self.keys[key] = ks
-        else:
-            retry = self.wait(ks, now, cost) - now
-        remaining = math.floor(self.free(ks, eff))
-        return Decision(retry == 0, self.limit, remaining, retry, self.idle_from(ks, now) - now)
-
-    def refund(self, key: str, cost: int, now: int) -> None:
-        ks = self.keys.get(key)
-        if ks is not None:  # a key holding nothing has nothing to give back
-            eff = max(now, ks.last)
-            self.give_back(ks, eff, cost)
-            ks.last = eff
-
-    def reset(self, key: str) -> None:
-        self.keys.pop(key, None)
-
-    def tracked(self, now: int) -> int:
-        return sum(1 for ks in self.keys.values() if self.idle_from(ks, now) > now)
-
-
-def first_true(pred: Callable[[int], bool], lo: int) -> int:
-    """The least t >= lo with pred(t), for a predicate that stays true once true."""
-    if pred(lo):
-        return lo
-    step = 1
-    while not pred(lo + step):
-        step *= 2
-        assert step < 10**16, "model bug: predicate never becomes true"
-    bad, good = lo + step // 2, lo + step
-    while good - bad > 1:
-        mid = (bad + good) // 2
-        bad, good = (bad, mid) if pred(mid) else (mid, good)
-    return good
-
-
-@dataclass
-class Bucket(KeyState):
-    tokens: Fraction = Fraction(0)
-
-
-class TokenBucketModel(Model[Bucket]):
-    """Tokens refill continuously at ``rate`` per second up to ``capacity``."""
-
-    def __init__(self, capacity: int, rate: Fraction) -> None:
-        super().__init__()
-        self.limit = capacity
-        self.per_ns = Fraction(rate) / NS_PER_S
-
-    def new(self) -> Bucket:
-        return Bucket(tokens=Fraction(self.limit))
-
-    def free(self, ks: Bucket, at: int) -> Fraction:
-        return min(Fraction(self.limit), ks.tokens + (at - ks.last) * self.per_ns)
-
-    def record(self, ks: Bucket, at: int, cost: int) -> None:
-        ks.tokens = self.free(ks, at) - cost
-
-    def give_back(self, ks: Bucket, at: int, cost: int) -> None:
-        ks.tokens = min(Fraction(self.limit), self.free(ks, at) + cost)
-
-    def wait(self, ks: Bucket, now: int, cost: int) -> int:
-        eff = max(now, ks.last)
-        return eff + math.ceil((cost - self.free(ks, eff)) / self.per_ns)
-
-    def idle_from(self, ks: Bucket, now: int) -> int:
-        eff = max(now, ks.last)
-        return eff + math.ceil((self.limit - self.free(ks, eff)) / self.per_ns)
-
-
-@dataclass
-class Log(KeyState):
-    admitted: list[list[int]] = field(default_factory=list)  # [time, units], oldest first
-
-
-class SlidingLogModel(Model[Log]):
-    """Units admitted at t count in every window (t' - W, t'] that contains t."""
-
-    def __init__(self, limit: int, window_ns: int) -> None:
-        super().__init__()
-        self.limit, self.window = limit, window_ns
-
-    def new(self) -> Log:
-        return Log()
-
-    def in_window(self, ks: Log, at: int) -> list[list[int]]:
-        return [e for e in ks.admitted if at - self.window < e[0] <= at and e[1]]
-
-    def free(self, ks: Log, at: int) -> Fraction:
-        return Fraction(self.limit - sum(units for _, units in self.in_window(ks, at)))
-
-    def record(self, ks: Log, at: int, cost: int) -> None:
-        ks.admitted.append([at, cost])
-
-    def give_back(self, ks: Log, at: int, cost: int) -> None:
-        for entry in reversed(self.in_window(ks, at)):  # newest first
-            taken = min(cost, entry[1])
-            entry[1] -= taken
-            cost -= taken
-
-    def wait(self, ks: Log, now: int, cost: int) -> int:
-        eff = max(now, ks.last)
-        counted = self.limit - int(self.free(ks, eff))
-        excess = counted + cost - self.limit  # units that must leave the window first
-        for at, units in self.in_window(ks, eff):  # oldest first
-            excess -= units
-            if excess <= 0:
-                return at + self.window  # no longer in (t - W, t] at t = at + W
-        raise AssertionError("model bug")
-
-
-@dataclass
-class Window(KeyState):
-    start: int | None = None
-    count: int = 0
-
-
-class FixedWindowModel(Model[Window]):
-    """A count per window; windows cut at multiples of W, or opened by a first hit."""
-
-    def __init__(self, limit: int, window_ns: int, align: str) -> None:
-        super().__init__()
-        self.limit, self.window, self.align = limit, window_ns, align
-
-    def new(self) -> Window:
-        return Window()
-
-    def current(self, ks: Window, at: int) -> tuple[int, int]:
-        if self.align == "epoch":
-            start = at // self.window * self.window
-        elif ks.start is not None and ks.count and at < ks.start + self.window:
-            start = ks.start
-        else:
-            start = at  # first_hit: the next admission opens a window here
-        return start, ks.count if ks.start == start else 0
-
-    def free(self, ks: Window, at: int) -> Fraction:
-        return Fraction(self.limit - self.current(ks, at)[1])
-
-    def record(self, ks: Window, at: int, cost: int) -> None:
-        ks.start, count = self.current(ks, at)
-        ks.count = count + cost
-
-    def give_back(self, ks: Window, at: int, cost: int) -> None:
-        ks.start, count = self.current(ks, at)
-        ks.count = count - min(cost, count)
-
-
-@dataclass
-class Counts(KeyState):
-    per_window: dict[int, int] = field(default_factory=dict)  # window index -> units
-
-
-class SlidingWindowCounterModel(Model[Counts]):
-    """prev weighted by the part of the previous window still inside (now - W, now]."""
-
-    def __init__(self, limit: int, window_ns: int) -> None:
-        super().__init__()
-        self.limit, self.window = limit, window_ns
-
-    def new(self) -> Counts:
-        return Counts()
-
-    def free(self, ks: Counts, at: int) -> Fraction:
-        index, into = divmod(at, self.window)
-        prev = ks.per_window.get(index - 1, 0)
-        curr = ks.per_window.get(index, 0)
-        return self.limit - Fraction(prev * (self.window - into), self.window) - curr
-
-    def record(self, ks: Counts, at: int, cost: int) -> None:
-        index = at // self.window
-        ks.per_window[index] = ks.per_window.get(index, 0) + cost
-
-    def give_back(self, ks: Counts, at: int, cost: int) -> None:
-        index = at // self.window
-        curr = ks.per_window.get(index, 0)
-        ks.per_window[index] = curr - min(cost, curr)
-
-
-# --------------------------------------------------------------------------------------
-# Configurations: how to build an implementation and its model
-# --------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Setup:
-    algo: Algo
-    limit: int
-    rate: Fraction = Fraction(1)  # token bucket, GCRA
-    window_ns: int = NS_PER_S  # windows
-    align: str = "epoch"  # fixed window
-
-    def __str__(self) -> str:
-        rate = str(self.rate.numerator) if self.rate.denominator == 1 else repr(self.rate)
-        return {
-            "token_bucket": f"TokenBucket(capacity={self.limit}, refill_per_s={rate})",
-            "gcra": f"GCRA(rate_per_s={rate}, burst={self.limit})",
-            "sliding_log": f"SlidingLog(limit={self.limit}, window_ns={self.window_ns})",
-            "fixed_window": f"FixedWindow(limit={self.limit}, window_ns={self.window_ns}, "
-            f"align={self.align!r})",
-            "sliding_window_counter": f"SlidingWindowCounter(limit={self.limit}, "
-            f"window_ns={self.window_ns})",
-        }[self.algo]
-
-    def build(self, stage: ModuleType, clock: ManualClock, auto_sweep: bool = True) -> RateLimiter:
-        rate: int | Fraction = self.rate.numerator if self.rate.denominator == 1 else self.rate
-        limiter: RateLimiter
-        if self.algo == "token_bucket":
-            limiter = stage.TokenBucket(
-                capacity=self.limit, refill_per_s=rate, clock=clock, auto_sweep=auto_sweep
-            )
-        elif self.algo == "gcra":
-            limiter = stage.GCRA(
-                rate_per_s=rate, burst=self.limit, clock=clock, auto_sweep=auto_sweep
-            )
-        elif self.algo == "sliding_log":
-            limiter = stage.SlidingLog(
-                limit=self.limit, window_ns=self.window_ns, clock=clock, auto_sweep=auto_sweep
-            )
-        elif self.algo == "fixed_window":
-            limiter = stage.FixedWindow(
-                limit=self.limit,
-                window_ns=self.window_ns,
-                clock=clock,
-                align=self.align,
-                auto_sweep=auto_sweep,
-            )
-        else:
-            limiter = stage.SlidingWindowCounter(
-                limit=self.limit, window_ns=self.window_ns, clock=clock, auto_sweep=auto_sweep
-            )
-        return limiter
-
-    def model(self) -> Model[Any]:
-        if self.algo in ("token_bucket", "gcra"):
-            return TokenBucketModel(self.limit, self.rate)
-        if self.algo == "sliding_log":
-            return SlidingLogModel(self.limit, self.window_ns)
-        if self.algo == "fixed_window":
-            return FixedWindowModel(self.limit, self.window_ns, self.align)
-        return SlidingWindowCounterModel(self.limit, self.window_ns)
-
-    @property
-    def scale_ns(self) -> int:
-        """The natural time step: one unit's refill, or one window."""
-        if self.algo in ("token_bucket", "gcra"):
-            return math.ceil(NS_PER_S / self.rate)
-        return self.window_ns
-
-    @property
-    def recovery_ns(self) -> int:
-        """From any state (clock monotonic), a key is fresh again after this long."""
-        if self.algo in ("token_bucket", "gcra"):
-            return math.ceil(self.limit * NS_PER_S / self.rate)
-        return 2 * self.window_ns
-
-
-RATES = st.one_of(
-    st.integers(1, 4).map(Fraction),
-    st.builds(Fraction, st.integers(1, 9), st.integers(2, 9)),
-)
-WINDOWS = st.one_of(st.integers(1, 30), st.integers(1_000, 10 * NS_PER_S))
-
-
-@functools.cache  # building strategies is slow; draws from one are cheap
-def setups(algo: Algo) -> st.SearchStrategy[Setup]:
-    limits = st.integers(1, 6)
-    if algo in ("token_bucket", "gcra"):
-        return st.builds(Setup, st.just(algo), limits, rate=RATES)
-    if algo == "fixed_window":
-        aligns = st.sampled_from(["epoch", "first_hit"])
-        return st.builds(Setup, st.just(algo), limits, window_ns=WINDOWS, align=aligns)
-    return st.builds(Setup, st.just(algo), limits, window_ns=WINDOWS)
-
-
-# --------------------------------------------------------------------------------------
-# Failing fast on stubs
-# --------------------------------------------------------------------------------------
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def needs(*parts: str) -> Callable[[F], F]:
-    """Declare which limiters a property test drives (besides its ``algo`` parameter)."""
-
-    def mark(test: F) -> F:
-        test.kata_needs = parts  # type: ignore[attr-defined]
-        return test
-
-    return mark
-
-
-def smoke(stage: ModuleType, part: str) -> None:
-    """Call every public method once; a stub's Todo surfaces here."""
-    clock = ManualClock(START_NS)
-    if part == "header":
-        stage.retry_after_header(D(False, 1, 0, 1, 1))
-        return
-    if part == "multi":
-        multi = stage.MultiLimiter({"n": Setup("token_bucket", 3).build(stage, clock)})
-        multi.try_acquire("smoke", {"n": 1})
-        multi.peek("smoke", {"n": 1})
-        multi.refund("smoke", {"n": 1})
-        multi.reset("smoke")
-        multi.sweep()
-        return
-    limiter = Setup(part, 3).build(stage, clock)  # type: ignore[arg-type]
-    limiter.try_acquire("smoke")
-    limiter.peek("smoke")
-    limiter.refund("smoke", 1)
-    limiter.tracked_keys()
-    limiter.sweep()
-    limiter.reset("smoke")
 
 
 @pytest.fixture(autouse=True)
@@ -445,191 +69,6 @@ def _fail_fast_on_stubs(request: pytest.FixtureRequest, stage_module: ModuleType
         parts.append(callspec.params["algo"])
     for part in parts:
         smoke(stage_module, part)
-
-
-# --------------------------------------------------------------------------------------
-# Operations, and running them on an implementation and its model side by side
-# --------------------------------------------------------------------------------------
-
-OpKind = Literal["acquire", "peek", "refund", "reset", "advance", "back", "sweep", "tracked"]
-
-
-@dataclass(frozen=True)
-class Op:
-    kind: OpKind
-    key: str = "alice"
-    n: int = 0
-
-    def __str__(self) -> str:
-        return {
-            "acquire": f"try_acquire({self.key!r}, {self.n})",
-            "peek": f"peek({self.key!r}, {self.n})",
-            "refund": f"refund({self.key!r}, {self.n})",
-            "reset": f"reset({self.key!r})",
-            "advance": f"clock.advance({self.n})",
-            "back": f"clock.set(now - {self.n})   # the clock steps back",
-            "sweep": "sweep()",
-            "tracked": "tracked_keys()",
-        }[self.kind]
-
-
-@functools.cache  # building strategies is slow; draws from one are cheap
-def durations(setup: Setup) -> st.SearchStrategy[int]:
-    """Time steps around a limiter's interesting boundaries, and long idle periods."""
-    scale = setup.scale_ns
-    return st.one_of(
-        st.integers(0, 3),
-        st.integers(0, 2 * scale),
-        st.sampled_from(sorted({max(1, scale - 1), scale, scale + 1, scale // 2 + 1})),
-        st.integers(setup.recovery_ns, 3 * setup.recovery_ns),
-    )
-
-
-@functools.cache  # building strategies is slow; draws from one are cheap
-def operations(
-    setup: Setup, *, steps_back: bool = False, keys: tuple[str, ...] = KEYS
-) -> st.SearchStrategy[list[Op]]:
-    key = st.sampled_from([keys[0], *keys])  # the first key gets most of the traffic
-    cost = st.integers(1, setup.limit + 1)  # limit + 1 can never fit
-    dt = durations(setup)
-    choices = [
-        st.builds(Op, st.just("acquire"), key, cost),
-        st.builds(Op, st.just("acquire"), key, cost),
-        st.builds(Op, st.just("acquire"), key, st.just(1)),
-        st.builds(Op, st.just("peek"), key, cost),
-        st.builds(Op, st.just("refund"), key, st.integers(1, setup.limit + 2)),
-        st.builds(Op, st.just("advance"), n=dt),
-        st.builds(Op, st.just("advance"), n=dt),
-        st.builds(Op, st.just("reset"), key),
-        st.builds(Op, st.just("tracked")),
-    ]
-    if steps_back:
-        choices += [st.builds(Op, st.just("back"), n=dt)] * 3
-    else:
-        # Sweeping forgets a fresh key's stored time, which a later step back below it
-        # could reveal: with a clock that steps back, only reset() forgets keys.
-        choices.append(st.builds(Op, st.just("sweep")))
-    return st.lists(st.one_of(choices), min_size=10, max_size=40)
-
-
-def diff_fields(want: object, got: object) -> str:
-    """'field: expected x, got y' for each differing field of two dataclasses."""
-    if type(want) is not type(got) or not is_dataclass(want):
-        return f"expected {want!r}, got {got!r}"
-    return "; ".join(
-        f"{f.name}: expected {getattr(want, f.name)!r}, got {getattr(got, f.name)!r}"
-        for f in fields(want)
-        if getattr(want, f.name) != getattr(got, f.name)
-    )
-
-
-class Story:
-    """The steps taken so far, to print the minimal failing sequence in a failure."""
-
-    def __init__(self, title: str, clock: ManualClock) -> None:
-        self.title, self.clock, self.lines = title, clock, [title]
-
-    def add(self, text: str) -> None:
-        self.lines.append(f"  t=+{self.clock.now_ns() - START_NS:<14} {text}")
-
-    def fail(self, invariant: str, detail: str) -> str:
-        return "\n".join([f"{invariant}", *self.lines, f"  => {detail}"])
-
-
-def run_against_model(
-    limiter: RateLimiter, model: Model[Any], clock: ManualClock, ops: Iterable[Op], title: str
-) -> None:
-    """Apply ``ops`` to both; every Decision and every tracked_keys() must be equal."""
-    __tracebackhide__ = True  # the assertion message tells the story
-    story = Story(title, clock)
-    for op in ops:
-        now = clock.now_ns()
-        if op.kind in ("acquire", "peek"):
-            commit = op.kind == "acquire"
-            got = limiter.try_acquire(op.key, op.n) if commit else limiter.peek(op.key, op.n)
-            want = model.decide(op.key, op.n, now, commit=commit)
-            story.add(f"{op} -> {got}")
-            if got != want:
-                raise AssertionError(
-                    story.fail("the decision differs from the exact model", diff_fields(want, got))
-                )
-        elif op.kind == "refund":
-            limiter.refund(op.key, op.n)
-            model.refund(op.key, op.n, now)
-            story.add(str(op))
-        elif op.kind == "reset":
-            limiter.reset(op.key)
-            model.reset(op.key)
-            story.add(str(op))
-        elif op.kind == "advance":
-            clock.advance(op.n)
-            story.add(str(op))
-        elif op.kind == "back":
-            clock.set(now - op.n)
-            story.add(str(op))
-        elif op.kind == "sweep":
-            story.add(f"{op} -> {limiter.sweep()}")
-            again = limiter.sweep()
-            if again != 0:
-                raise AssertionError(
-                    story.fail(
-                        "a second sweep at the same instant has nothing left to forget",
-                        f"sweep() returned {again}",
-                    )
-                )
-        if op.kind in ("tracked", "sweep", "refund", "reset"):
-            got_n, want_n = limiter.tracked_keys(), model.tracked(clock.now_ns())
-            if got_n != want_n:
-                raise AssertionError(
-                    story.fail(
-                        "tracked_keys() counts the keys whose state differs from fresh",
-                        f"expected {want_n}, got {got_n}",
-                    )
-                )
-
-
-def admit_all(limiter: RateLimiter, clock: ManualClock, ops: Iterable[Op]) -> None:
-    """Apply ``ops`` to a limiter without checking anything (a history to build on)."""
-    for op in ops:
-        if op.kind == "acquire":
-            limiter.try_acquire(op.key, op.n)
-        elif op.kind == "peek":
-            limiter.peek(op.key, op.n)
-        elif op.kind == "refund":
-            limiter.refund(op.key, op.n)
-        elif op.kind == "reset":
-            limiter.reset(op.key)
-        elif op.kind == "advance":
-            clock.advance(op.n)
-        elif op.kind == "back":
-            clock.set(clock.now_ns() - op.n)
-        elif op.kind == "sweep":
-            limiter.sweep()
-        else:
-            limiter.tracked_keys()
-
-
-def state_of(limiter: RateLimiter, key: str, limit: int) -> Decision:
-    """The key's current remaining/reset, read without changing anything.
-
-    A cost above the limit can never fit, so this peek is denied whatever the state.
-    """
-    return limiter.peek(key, limit + 1)
-
-
-def D(allowed: bool, limit: int, remaining: int, retry: int | None, reset: int) -> Decision:
-    return Decision(allowed, limit, remaining, retry, reset)
-
-
-S_ = NS_PER_S  # seconds, for readable examples
-
-
-def expect(got: object, want: object, what: str) -> None:
-    __tracebackhide__ = True  # the assertion message tells the story
-    if got != want:
-        raise AssertionError(
-            f"{what}\n  expected {want}\n  got      {got}\n  ({diff_fields(want, got)})"
-        )
 
 
 # --------------------------------------------------------------------------------------
@@ -1534,14 +973,14 @@ def same_future(
 ) -> None:
     """Replay ``ops`` on both twins: every decision and tracked_keys() must agree."""
     __tracebackhide__ = True  # the assertion message tells the story
-    story = Story(f"the same operations on both twins ({why}):", ca)
+    story = Story(f"the same operations on both twins ({why}):", ca.now_ns, START_NS)
     for op in ops:
         if op.kind in ("acquire", "peek"):
             da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
             db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
             story.add(f"{op} -> {da}")
             if da != db:
-                raise AssertionError(story.fail(why, f"the other twin decided {db}"))
+                raise AssertionError(story.tell(why, f"the other twin decided {db}"))
         else:
             admit_all(a, ca, [op])
             admit_all(b, cb, [op])
@@ -1588,7 +1027,9 @@ def test_stage1_denials_and_peeks_change_nothing(
     a, ca, b, cb = twins(stage_module, setup)
     ops = data.draw(operations(setup), label="ops")
     probes = data.draw(st.lists(st.booleans(), min_size=len(ops), max_size=len(ops)))
-    story = Story(f"{setup}: twin A also gets peeks and denied requests, twin B not:", ca)
+    story = Story(
+        f"{setup}: twin A also gets peeks and denied requests, twin B not:", ca.now_ns, START_NS
+    )
     for op, probe in zip(ops, probes, strict=True):
         if probe:
             for key in KEYS:
@@ -1598,7 +1039,7 @@ def test_stage1_denials_and_peeks_change_nothing(
                         denied = a.try_acquire(key, cost)
                         if denied != peeked:
                             raise AssertionError(
-                                story.fail(
+                                story.tell(
                                     "peek returns what try_acquire would", f"{peeked} vs {denied}"
                                 )
                             )
@@ -1609,7 +1050,7 @@ def test_stage1_denials_and_peeks_change_nothing(
             story.add(f"{op} -> {da}")
             if da != db:
                 raise AssertionError(
-                    story.fail(
+                    story.tell(
                         "a denial or a peek changed the limiter's state", f"twin B decided {db}"
                     )
                 )
@@ -1722,7 +1163,7 @@ def test_stage1_keys_are_isolated(
         st.lists(st.lists(other_op, max_size=3), min_size=len(mine), max_size=len(mine)),
         label="others' ops",
     )
-    story = Story(f"{setup}: twin B also serves bob and carol:", ca)
+    story = Story(f"{setup}: twin B also serves bob and carol:", ca.now_ns, START_NS)
     for op, extra in zip(mine, others, strict=True):
         admit_all(b, cb, extra)
         if op.kind in ("acquire", "peek"):
@@ -1731,7 +1172,7 @@ def test_stage1_keys_are_isolated(
             story.add(f"{op} -> {da}")
             if da != db:
                 raise AssertionError(
-                    story.fail("other keys' traffic changed alice's decisions", f"with it: {db}")
+                    story.tell("other keys' traffic changed alice's decisions", f"with it: {db}")
                 )
         else:
             admit_all(a, ca, [op])
@@ -1851,7 +1292,7 @@ def check_multi(
     }
     multi = stage_module.MultiLimiter(inner)
     model = MultiModel({"requests": requests.model(), "tokens": tokens.model()})
-    story = Story(f"MultiLimiter(requests={requests}, tokens={tokens}):", clock)
+    story = Story(f"MultiLimiter(requests={requests}, tokens={tokens}):", clock.now_ns, START_NS)
     for kind, key, arg in steps:
         now = clock.now_ns()
         if kind == "advance":
@@ -1870,9 +1311,9 @@ def check_multi(
             story.add(f"{'try_acquire' if commit else 'peek'}({key!r}, {arg}) -> {got}")
             if got != want:
                 raise AssertionError(
-                    story.fail(
+                    story.tell(
                         "a multi-limit request is admitted by all its limits or consumes from none",
-                        diff_fields(want, got),
+                        differences(want, got),
                     )
                 )
 
@@ -1951,7 +1392,9 @@ class LimiterMachine(RuleBasedStateMachine):
         self.steps_back = data.draw(st.booleans(), label="clock may step back")
         self.limiter = self.setup.build(stage(), self.clock, auto_sweep=not self.steps_back)
         self.model = self.setup.model()
-        self.story = Story(f"{self.setup} (auto_sweep={not self.steps_back}):", self.clock)
+        self.story = Story(
+            f"{self.setup} (auto_sweep={not self.steps_back}):", self.clock.now_ns, START_NS
+        )
 
     @rule(key=st.sampled_from(KEYS), cost=st.integers(1, 7))
     def acquire(self, key: str, cost: int) -> None:
@@ -1995,7 +1438,7 @@ class LimiterMachine(RuleBasedStateMachine):
         except AssertionError as failure:
             detail = str(failure).splitlines()[-1]
             raise AssertionError(
-                self.story.fail("the limiter and its exact model disagree", f"{op}: {detail}")
+                self.story.tell("the limiter and its exact model disagree", f"{op}: {detail}")
             ) from None
         self.story.add(str(op))
 

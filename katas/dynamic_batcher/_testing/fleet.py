@@ -49,7 +49,7 @@ from katas.dynamic_batcher.api import (
     StepOutput,
 )
 
-from .engine import STEP_NS, T0, VOCAB
+from .engine import STEP_NS, T0, VOCAB, Reader
 from .model import FakeModel, reference_outputs
 
 SEED = 7
@@ -298,6 +298,9 @@ class SimCompletion:
         self.replica.closed += 1
 
 
+#: Long enough for any test's requests to finish, in simulated ns.
+WITHIN = 100_000 * STEP_NS
+
 #: Real seconds a router may take to leave its ``async with`` once its streams are over.
 EXIT_S = 2.0
 
@@ -380,5 +383,54 @@ class Fleet:
     def hits(self) -> int:
         return sum(r.hits() for r in self.replicas.values())
 
+    # -- clients ---------------------------------------------------------------------------
+    def start(
+        self, router: Any, requests: Sequence[Request], tg: anyio.abc.TaskGroup
+    ) -> dict[str, Reader]:
+        """A client task for each request, reading its stream from ``router``."""
+        readers = {r.rid: Reader(router.generate(r), self.clock) for r in requests}
+        for reader in readers.values():
+            tg.start_soon(reader.run)
+        return readers
 
-__all__ = ["EXIT_S", "ROUTER_SETTINGS", "SEED", "Fleet", "SimCompletion", "SimReplica", "serving"]
+    async def finish(self, readers: dict[str, Reader], what: str = "every stream to end") -> None:
+        """Move virtual time until every reader's stream has ended."""
+        await self.time.run_until(lambda: ended(readers), within_ns=WITHIN, what=what)
+
+    async def consume(self, stream: Any) -> Reader:
+        """Read ``stream`` to its end, moving virtual time as needed."""
+        reader = Reader(stream, self.clock)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await self.finish({"r": reader}, f"the stream of {stream.rid!r} to end")
+        return reader
+
+
+def ended(readers: dict[str, Reader]) -> bool:
+    return all(r.ended != "reading" for r in readers.values())
+
+
+def expect_whole(readers: dict[str, Reader], want: dict[str, tuple[int, ...]], story: str) -> None:
+    """Each client got exactly what its request generates: every token once, in order."""
+    for rid, reader in readers.items():
+        assert reader.error is None, f"{story}\n  request {rid}: its stream raised {reader.ended}"
+        got, n = reader.tokens, len(want[rid])
+        extra = f"\n  ({len(got) - n} tokens too many: {list(got[n:])})" if len(got) > n else ""
+        assert got == want[rid], (
+            f"{story}\n  request {rid}: the client must get every token exactly once, in "
+            f"order\n  expected {list(want[rid])}\n  got      {list(got)}{extra}"
+        )
+
+
+__all__ = [
+    "EXIT_S",
+    "ROUTER_SETTINGS",
+    "SEED",
+    "WITHIN",
+    "Fleet",
+    "SimCompletion",
+    "SimReplica",
+    "ended",
+    "expect_whole",
+    "serving",
+]

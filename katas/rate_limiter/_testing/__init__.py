@@ -1,0 +1,1 @@
+"""What the rate limiter's suites share: exact models and the drivers around them."""

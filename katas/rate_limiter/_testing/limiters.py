@@ -1,0 +1,334 @@
+"""Driving a stage-1 limiter beside its exact model: the configurations (``Setup``), the
+operations hypothesis draws (``Op``), and the run that compares every Decision."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from fractions import Fraction
+from types import ModuleType
+from typing import Any, Literal, TypeVar
+
+import pytest
+from hypothesis import strategies as st
+
+from katas._harness.story import Story, differences
+from katas.rate_limiter._testing.models import (
+    FixedWindowModel,
+    Model,
+    SlidingLogModel,
+    SlidingWindowCounterModel,
+    TokenBucketModel,
+)
+from katas.rate_limiter.api import NS_PER_S, Decision, ManualClock, RateLimiter
+
+core = pytest.mark.core
+extended = pytest.mark.extended
+
+START_NS = 10_000 * NS_PER_S  # far from 0, so clock steps back stay positive
+KEYS = ("alice", "bob", "carol")
+Algo = Literal["token_bucket", "sliding_log", "gcra", "fixed_window", "sliding_window_counter"]
+ALGOS: tuple[Algo, ...] = (
+    "token_bucket",
+    "sliding_log",
+    "gcra",
+    "fixed_window",
+    "sliding_window_counter",
+)
+CORE_ALGOS = ("token_bucket", "sliding_log")
+
+
+def by_algo(algos: Iterable[Algo] = ALGOS) -> list[Any]:
+    """Parameters for a test run on each algorithm, marked core or extended."""
+    return [pytest.param(a, marks=core if a in CORE_ALGOS else extended, id=a) for a in algos]
+
+
+# --------------------------------------------------------------------------------------
+# Configurations: how to build an implementation and its model
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setup:
+    algo: Algo
+    limit: int
+    rate: Fraction = Fraction(1)  # token bucket, GCRA
+    window_ns: int = NS_PER_S  # windows
+    align: str = "epoch"  # fixed window
+
+    def __str__(self) -> str:
+        rate = str(self.rate.numerator) if self.rate.denominator == 1 else repr(self.rate)
+        return {
+            "token_bucket": f"TokenBucket(capacity={self.limit}, refill_per_s={rate})",
+            "gcra": f"GCRA(rate_per_s={rate}, burst={self.limit})",
+            "sliding_log": f"SlidingLog(limit={self.limit}, window_ns={self.window_ns})",
+            "fixed_window": f"FixedWindow(limit={self.limit}, window_ns={self.window_ns}, "
+            f"align={self.align!r})",
+            "sliding_window_counter": f"SlidingWindowCounter(limit={self.limit}, "
+            f"window_ns={self.window_ns})",
+        }[self.algo]
+
+    def build(self, stage: ModuleType, clock: ManualClock, auto_sweep: bool = True) -> RateLimiter:
+        rate: int | Fraction = self.rate.numerator if self.rate.denominator == 1 else self.rate
+        limiter: RateLimiter
+        if self.algo == "token_bucket":
+            limiter = stage.TokenBucket(
+                capacity=self.limit, refill_per_s=rate, clock=clock, auto_sweep=auto_sweep
+            )
+        elif self.algo == "gcra":
+            limiter = stage.GCRA(
+                rate_per_s=rate, burst=self.limit, clock=clock, auto_sweep=auto_sweep
+            )
+        elif self.algo == "sliding_log":
+            limiter = stage.SlidingLog(
+                limit=self.limit, window_ns=self.window_ns, clock=clock, auto_sweep=auto_sweep
+            )
+        elif self.algo == "fixed_window":
+            limiter = stage.FixedWindow(
+                limit=self.limit,
+                window_ns=self.window_ns,
+                clock=clock,
+                align=self.align,
+                auto_sweep=auto_sweep,
+            )
+        else:
+            limiter = stage.SlidingWindowCounter(
+                limit=self.limit, window_ns=self.window_ns, clock=clock, auto_sweep=auto_sweep
+            )
+        return limiter
+
+    def model(self) -> Model[Any]:
+        if self.algo in ("token_bucket", "gcra"):
+            return TokenBucketModel(self.limit, self.rate)
+        if self.algo == "sliding_log":
+            return SlidingLogModel(self.limit, self.window_ns)
+        if self.algo == "fixed_window":
+            return FixedWindowModel(self.limit, self.window_ns, self.align)
+        return SlidingWindowCounterModel(self.limit, self.window_ns)
+
+    @property
+    def scale_ns(self) -> int:
+        """The natural time step: one unit's refill, or one window."""
+        if self.algo in ("token_bucket", "gcra"):
+            return math.ceil(NS_PER_S / self.rate)
+        return self.window_ns
+
+    @property
+    def recovery_ns(self) -> int:
+        """From any state (clock monotonic), a key is fresh again after this long."""
+        if self.algo in ("token_bucket", "gcra"):
+            return math.ceil(self.limit * NS_PER_S / self.rate)
+        return 2 * self.window_ns
+
+
+RATES = st.one_of(
+    st.integers(1, 4).map(Fraction),
+    st.builds(Fraction, st.integers(1, 9), st.integers(2, 9)),
+)
+WINDOWS = st.one_of(st.integers(1, 30), st.integers(1_000, 10 * NS_PER_S))
+
+
+@functools.cache  # building strategies is slow; draws from one are cheap
+def setups(algo: Algo) -> st.SearchStrategy[Setup]:
+    limits = st.integers(1, 6)
+    if algo in ("token_bucket", "gcra"):
+        return st.builds(Setup, st.just(algo), limits, rate=RATES)
+    if algo == "fixed_window":
+        aligns = st.sampled_from(["epoch", "first_hit"])
+        return st.builds(Setup, st.just(algo), limits, window_ns=WINDOWS, align=aligns)
+    return st.builds(Setup, st.just(algo), limits, window_ns=WINDOWS)
+
+
+# --------------------------------------------------------------------------------------
+# Failing fast on stubs
+# --------------------------------------------------------------------------------------
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def needs(*parts: str) -> Callable[[F], F]:
+    """Declare which limiters a property test drives (besides its ``algo`` parameter)."""
+
+    def mark(test: F) -> F:
+        test.kata_needs = parts  # type: ignore[attr-defined]
+        return test
+
+    return mark
+
+
+def smoke(stage: ModuleType, part: str) -> None:
+    """Call every public method once; a stub's Todo surfaces here."""
+    clock = ManualClock(START_NS)
+    if part == "header":
+        stage.retry_after_header(D(False, 1, 0, 1, 1))
+        return
+    if part == "multi":
+        multi = stage.MultiLimiter({"n": Setup("token_bucket", 3).build(stage, clock)})
+        multi.try_acquire("smoke", {"n": 1})
+        multi.peek("smoke", {"n": 1})
+        multi.refund("smoke", {"n": 1})
+        multi.reset("smoke")
+        multi.sweep()
+        return
+    limiter = Setup(part, 3).build(stage, clock)  # type: ignore[arg-type]
+    limiter.try_acquire("smoke")
+    limiter.peek("smoke")
+    limiter.refund("smoke", 1)
+    limiter.tracked_keys()
+    limiter.sweep()
+    limiter.reset("smoke")
+
+
+# --------------------------------------------------------------------------------------
+# Operations, and running them on an implementation and its model side by side
+# --------------------------------------------------------------------------------------
+
+OpKind = Literal["acquire", "peek", "refund", "reset", "advance", "back", "sweep", "tracked"]
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: OpKind
+    key: str = "alice"
+    n: int = 0
+
+    def __str__(self) -> str:
+        return {
+            "acquire": f"try_acquire({self.key!r}, {self.n})",
+            "peek": f"peek({self.key!r}, {self.n})",
+            "refund": f"refund({self.key!r}, {self.n})",
+            "reset": f"reset({self.key!r})",
+            "advance": f"clock.advance({self.n})",
+            "back": f"clock.set(now - {self.n})   # the clock steps back",
+            "sweep": "sweep()",
+            "tracked": "tracked_keys()",
+        }[self.kind]
+
+
+@functools.cache  # building strategies is slow; draws from one are cheap
+def durations(setup: Setup) -> st.SearchStrategy[int]:
+    """Time steps around a limiter's interesting boundaries, and long idle periods."""
+    scale = setup.scale_ns
+    return st.one_of(
+        st.integers(0, 3),
+        st.integers(0, 2 * scale),
+        st.sampled_from(sorted({max(1, scale - 1), scale, scale + 1, scale // 2 + 1})),
+        st.integers(setup.recovery_ns, 3 * setup.recovery_ns),
+    )
+
+
+@functools.cache  # building strategies is slow; draws from one are cheap
+def operations(
+    setup: Setup, *, steps_back: bool = False, keys: tuple[str, ...] = KEYS
+) -> st.SearchStrategy[list[Op]]:
+    key = st.sampled_from([keys[0], *keys])  # the first key gets most of the traffic
+    cost = st.integers(1, setup.limit + 1)  # limit + 1 can never fit
+    dt = durations(setup)
+    choices = [
+        st.builds(Op, st.just("acquire"), key, cost),
+        st.builds(Op, st.just("acquire"), key, cost),
+        st.builds(Op, st.just("acquire"), key, st.just(1)),
+        st.builds(Op, st.just("peek"), key, cost),
+        st.builds(Op, st.just("refund"), key, st.integers(1, setup.limit + 2)),
+        st.builds(Op, st.just("advance"), n=dt),
+        st.builds(Op, st.just("advance"), n=dt),
+        st.builds(Op, st.just("reset"), key),
+        st.builds(Op, st.just("tracked")),
+    ]
+    if steps_back:
+        choices += [st.builds(Op, st.just("back"), n=dt)] * 3
+    else:
+        # Sweeping forgets a fresh key's stored time, which a later step back below it
+        # could reveal: with a clock that steps back, only reset() forgets keys.
+        choices.append(st.builds(Op, st.just("sweep")))
+    return st.lists(st.one_of(choices), min_size=10, max_size=40)
+
+
+def run_against_model(
+    limiter: RateLimiter, model: Model[Any], clock: ManualClock, ops: Iterable[Op], title: str
+) -> None:
+    """Apply ``ops`` to both; every Decision and every tracked_keys() must be equal."""
+    __tracebackhide__ = True  # the assertion message tells the story
+    story = Story(title, clock.now_ns, START_NS)
+    for op in ops:
+        now = clock.now_ns()
+        if op.kind in ("acquire", "peek"):
+            commit = op.kind == "acquire"
+            got = limiter.try_acquire(op.key, op.n) if commit else limiter.peek(op.key, op.n)
+            want = model.decide(op.key, op.n, now, commit=commit)
+            story.add(f"{op} -> {got}")
+            if got != want:
+                raise AssertionError(
+                    story.tell("the decision differs from the exact model", differences(want, got))
+                )
+        elif op.kind == "refund":
+            limiter.refund(op.key, op.n)
+            model.refund(op.key, op.n, now)
+            story.add(str(op))
+        elif op.kind == "reset":
+            limiter.reset(op.key)
+            model.reset(op.key)
+            story.add(str(op))
+        elif op.kind == "advance":
+            clock.advance(op.n)
+            story.add(str(op))
+        elif op.kind == "back":
+            clock.set(now - op.n)
+            story.add(str(op))
+        elif op.kind == "sweep":
+            story.add(f"{op} -> {limiter.sweep()}")
+            again = limiter.sweep()
+            if again != 0:
+                raise AssertionError(
+                    story.tell(
+                        "a second sweep at the same instant has nothing left to forget",
+                        f"sweep() returned {again}",
+                    )
+                )
+        if op.kind in ("tracked", "sweep", "refund", "reset"):
+            got_n, want_n = limiter.tracked_keys(), model.tracked(clock.now_ns())
+            if got_n != want_n:
+                raise AssertionError(
+                    story.tell(
+                        "tracked_keys() counts the keys whose state differs from fresh",
+                        f"expected {want_n}, got {got_n}",
+                    )
+                )
+
+
+def admit_all(limiter: RateLimiter, clock: ManualClock, ops: Iterable[Op]) -> None:
+    """Apply ``ops`` to a limiter without checking anything (a history to build on)."""
+    for op in ops:
+        if op.kind == "acquire":
+            limiter.try_acquire(op.key, op.n)
+        elif op.kind == "peek":
+            limiter.peek(op.key, op.n)
+        elif op.kind == "refund":
+            limiter.refund(op.key, op.n)
+        elif op.kind == "reset":
+            limiter.reset(op.key)
+        elif op.kind == "advance":
+            clock.advance(op.n)
+        elif op.kind == "back":
+            clock.set(clock.now_ns() - op.n)
+        elif op.kind == "sweep":
+            limiter.sweep()
+        else:
+            limiter.tracked_keys()
+
+
+def state_of(limiter: RateLimiter, key: str, limit: int) -> Decision:
+    """The key's current remaining/reset, read without changing anything.
+
+    A cost above the limit can never fit, so this peek is denied whatever the state.
+    """
+    return limiter.peek(key, limit + 1)
+
+
+def D(allowed: bool, limit: int, remaining: int, retry: int | None, reset: int) -> Decision:
+    return Decision(allowed, limit, remaining, retry, reset)
+
+
+S_ = NS_PER_S  # seconds, for readable examples
