@@ -16,27 +16,46 @@ whose twin replays the draws the rules prescribe.
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
 
 import pytest
-from hypothesis import example, given
+from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from katas._harness.story import Story, differences
 from katas._harness.under_test import stage
-from katas._harness.walks import Drawn, Step, Walk, walked
-from katas.job_scheduler._testing.model import Model
+from katas.job_scheduler._testing.clients import (
+    Client,
+    Op,
+    client_for,
+    workloads,
+)
+from katas.job_scheduler._testing.queues import (
+    BASE,
+    CANCELLED,
+    CAP,
+    DEAD,
+    FINISHED,
+    LEASE,
+    LEASED,
+    READY,
+    SCHEDULED,
+    SEED,
+    START,
+    SUCCEEDED,
+    claim,
+    delay_none,
+    drawn_delays,
+    held,
+    new_queue,
+    rejects,
+    rel,
+)
 from katas.job_scheduler.api import (
-    JITTERS,
     LEASE_EXPIRED,
-    Jitter,
-    Job,
     JobNotFound,
-    JobState,
     Lease,
     ManualClock,
     QueueFull,
@@ -50,16 +69,6 @@ pytestmark = [pytest.mark.stage(1)]
 core = pytest.mark.core
 extended = pytest.mark.extended
 
-SCHEDULED, READY, LEASED = JobState.SCHEDULED, JobState.READY, JobState.LEASED
-SUCCEEDED, DEAD, CANCELLED = JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED
-FINISHED = (SUCCEEDED, DEAD, CANCELLED)
-
-START = 1_000_000  # the clock's start; messages show times relative to it
-LEASE = 1_000
-BASE = 100
-CAP = 1_600
-SEED = 20240601
-
 
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
@@ -69,112 +78,6 @@ def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
     stage_module.JobQueue(
         clock=ManualClock(START), lease_ns=LEASE, retry=RetryPolicy(BASE, CAP), max_attempts=1
     )
-
-
-def new_queue(
-    *,
-    jitter: Jitter = "none",
-    base: int = BASE,
-    cap: int = CAP,
-    seed: int = SEED,
-    **overrides: Any,
-) -> tuple[ManualClock, Any]:
-    """A queue on a frozen ManualClock: lease 1000, backoff 100·2^(n-1) capped at 1600."""
-    clock = ManualClock(START)
-    kwargs: dict[str, Any] = {
-        "clock": clock,
-        "lease_ns": LEASE,
-        "retry": RetryPolicy(base, cap, jitter),
-        "max_attempts": 3,
-        "rng": random.Random(seed),
-    }
-    kwargs.update(overrides)
-    return clock, stage().JobQueue(**kwargs)
-
-
-def delay_none(n: int, base: int = BASE, cap: int = CAP) -> int:
-    """The un-jittered backoff after failed attempt n, straight from the formula."""
-    return min(cap, base * int(2 ** (n - 1)))
-
-
-def drawn_delays(
-    policy: RetryPolicy, seed: int | random.Random, failed_attempts: list[int]
-) -> list[int]:
-    """The delays the rules prescribe for one job failing attempts n1, n2, … in turn,
-    drawn from ``Random(seed)`` (or from the Random given)."""
-    rng = seed if isinstance(seed, random.Random) else random.Random(seed)
-    out, prev = [], policy.base_ns
-    for n in failed_attempts:
-        d = min(policy.cap_ns, policy.base_ns * int(2 ** (n - 1)))
-        if policy.jitter == "none":
-            out.append(d)
-        elif policy.jitter == "full":
-            out.append(rng.randrange(d + 1))
-        elif policy.jitter == "equal":
-            out.append(d // 2 + rng.randrange(d // 2 + 1))
-        else:
-            prev = min(policy.cap_ns, rng.randrange(policy.base_ns, 3 * prev + 1))
-            out.append(prev)
-    return out
-
-
-def claim(queue: Any, worker: str = "w") -> Lease:
-    """``queue.claim(worker)``, which must return a lease here."""
-    lease = queue.claim(worker)
-    assert isinstance(lease, Lease), (
-        f"claim({worker!r}) returned {lease!r}, but a job is READY here"
-    )
-    return lease
-
-
-def rejects(error: type[Exception], call: Callable[[], Any], message: str) -> None:
-    """``call()`` must raise ``error``; if it returns, fail with ``message``."""
-    try:
-        call()
-    except error:
-        return
-    except (StaleLease, JobNotFound, QueueFull) as other:
-        raise AssertionError(
-            f"{message.replace(' was accepted', '')}: expected {error.__name__}, got "
-            f"{type(other).__name__}: {other}"
-        ) from None
-    raise AssertionError(f"{message} (expected {error.__name__})")
-
-
-def held(queue: Any, job_id: str) -> Job | None:
-    """``queue.get(job_id)``, or None if the queue says JobNotFound."""
-    try:
-        job: Job = queue.get(job_id)
-    except JobNotFound:
-        return None
-    return job
-
-
-def diff(expected: Any, got: Any) -> str:
-    """The fields in which two dataclass snapshots differ."""
-    if expected is None or got is None or type(expected) is not type(got):
-        return f"expected {expected}, got {got}"
-    parts = [
-        f"{f.name}: expected {getattr(expected, f.name)!r}, got {getattr(got, f.name)!r}"
-        for f in fields(expected)
-        if getattr(expected, f.name) != getattr(got, f.name)
-    ]
-    return "; ".join(parts) or "equal"
-
-
-class Story:
-    """The operations a test ran, with their times, for failure messages."""
-
-    def __init__(self, clock: ManualClock, header: str = "") -> None:
-        self.clock = clock
-        self.lines = [header] if header else []
-
-    def add(self, text: str) -> None:
-        self.lines.append(f"    t={self.clock.now_ns() - START:<6} {text}")
-
-    def fail(self, invariant: str, detail: str) -> str:
-        shown = self.lines if len(self.lines) <= 40 else ["    …", *self.lines[-40:]]
-        return f"{invariant}\n  operations:\n" + "\n".join(shown) + f"\n  => {detail}"
 
 
 # --------------------------------------------------------------------------------------
@@ -285,12 +188,12 @@ def test_stage1_job_is_not_claimed_before_its_run_at() -> None:
 def test_stage1_nack_retries_after_exponential_backoff() -> None:
     clock, queue = new_queue(max_attempts=7)
     job_id = queue.enqueue("flaky")
-    story = Story(clock, "enqueue('flaky') with backoff 100·2^(n-1) capped at 1600:")
+    story = Story("enqueue('flaky') with backoff 100·2^(n-1) capped at 1600:", clock.now_ns, START)
     for n in range(1, 7):  # 100, 200, 400, 800, 1600 (= the cap), then 1600 (capped)
         lease = queue.claim("w")
         if not (lease is not None and lease.attempt == n):
             raise AssertionError(
-                story.fail(
+                story.tell(
                     "a retried job is claimable once its backoff is over",
                     f"attempt {n}: claim() -> {lease}",
                 )
@@ -308,7 +211,7 @@ def test_stage1_nack_retries_after_exponential_backoff() -> None:
             )
         ):
             raise AssertionError(
-                story.fail(
+                story.tell(
                     "after nack of attempt n the job waits min(cap, base·2^(n-1)) and keeps the "
                     "error",
                     f"expected SCHEDULED at now + {want}, got {job.state} at now + "
@@ -318,7 +221,7 @@ def test_stage1_nack_retries_after_exponential_backoff() -> None:
         clock.advance(want - 1)
         if queue.claim("w") is not None:
             raise AssertionError(
-                story.fail(
+                story.tell(
                     "a retry is never claimed before its backoff is over",
                     f"claimed at now + {want - 1}",
                 )
@@ -373,7 +276,7 @@ def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() ->
         after = queue.get(job_id)
         assert after == before, (
             f"{name} with the superseded token {zombie.token} (live token "
-            f"{fresh.token}) must raise StaleLease and change nothing: {diff(before, after)}"
+            f"{fresh.token}) must raise StaleLease and change nothing: {differences(before, after)}"
         )
     queue.ack(fresh, "done")
     assert queue.get(job_id).result == "done"
@@ -531,18 +434,14 @@ def test_stage1_next_due_ns_tells_when_to_claim_next() -> None:
     lease = claim(queue, "w")
     assert queue.next_due_ns() == START + 700, (
         f"with one job leased until {lease.expires_at_ns - START} and one due at 700, "
-        f"next_due_ns is 700, got {_rel(queue.next_due_ns())}"
+        f"next_due_ns is 700, got {rel(queue.next_due_ns())}"
     )
     clock.advance(400)
     assert claim(queue, "w").job_id == later
     assert queue.next_due_ns() == lease.expires_at_ns, (
         "with only leases out, next_due_ns is the earliest lease expiry (the job may "
-        f"come back then): expected {lease.expires_at_ns - START}, got {_rel(queue.next_due_ns())}"
+        f"come back then): expected {lease.expires_at_ns - START}, got {rel(queue.next_due_ns())}"
     )
-
-
-def _rel(t: int | None) -> int | None:
-    return None if t is None else t - START
 
 
 _LEASE, _JOB = object(), object()  # placeholders for the live lease and a job id
@@ -625,7 +524,7 @@ def test_stage1_bad_input_raises_naming_the_parameter_and_changes_nothing(
     with pytest.raises(exc, match=word):
         call(queue, lease, job_id)
     after = queue.get(job_id)
-    assert after == before, f"{what} raised but changed the job: {diff(before, after)}"
+    assert after == before, f"{what} raised but changed the job: {differences(before, after)}"
     assert queue.claim("w") is None, f"{what} must change nothing (no job created)"
     queue.ack(lease)  # the lease is still live
 
@@ -690,8 +589,8 @@ def test_stage1_a_job_that_dies_draws_no_backoff(how: str) -> None:
     if (job.state, job.finished_at_ns) != (DEAD, died_at) or rng.getstate() != before:
         raise AssertionError(
             f"the failure ({how}) of attempt max_attempts=2 makes the job DEAD at "
-            f"once ({_rel(died_at)}) with no backoff drawn; got {job.state.value} at "
-            f"{_rel(job.finished_at_ns)}, rng "
+            f"once ({rel(died_at)}) with no backoff drawn; got {job.state.value} at "
+            f"{rel(job.finished_at_ns)}, rng "
             + ("untouched" if rng.getstate() == before else "drawn from")
         )
 
@@ -789,526 +688,6 @@ def test_stage1_calls_on_a_job_forgotten_after_its_retention() -> None:
 
 
 # --------------------------------------------------------------------------------------
-# Properties, core: a client that knows from its own calls what the queue must do
-# --------------------------------------------------------------------------------------
-
-
-@dataclass
-class Seen:
-    """One job as its client saw it. With jitter "none" every due time is computable."""
-
-    id: str
-    priority: int
-    seq: int
-    run_at: int
-    leases: list[Lease] = field(default_factory=list)
-    nacked_at: int | None = None  # when the latest lease was nacked (None: not nacked)
-    acked: bool = False
-
-
-@dataclass(frozen=True)
-class ClaimFact:
-    now: int
-    lease: Lease | None
-    expected: str | None  # the best READY job by the client's reckoning
-    states: dict[str, JobState]  # every known job's state just before the claim
-    dues: dict[str, int | None]  # and its due time, while it waits
-    tokens: dict[str, int]  # every known job's latest token just before the claim
-
-
-@dataclass(frozen=True)
-class AnswerFact:
-    now: int
-    kind: str  # "ack" or "nack"
-    lease: Lease
-    live: bool  # by the client's reckoning
-    raised: bool  # StaleLease
-    before: Job | None
-    after: Job | None
-
-
-WORKERS = ("w1", "w2")
-ADVANCES = (1, 50, 99, 100, 200, 999, 1000, 1500, 4000)
-Op = tuple[Any, ...]
-
-
-def workloads(max_size: int = 40) -> st.SearchStrategy[list[Op]]:
-    """A few jobs, then random operations: enqueue (priority, run_at offset), claim,
-    ack/nack (of a recent lease, stale ones included), advance."""
-    enqueue = st.tuples(
-        st.just("enqueue"), st.integers(-1, 2), st.one_of(st.none(), st.integers(-300, 2500))
-    )
-    claim = st.tuples(st.just("claim"), st.sampled_from(WORKERS))
-    answer = st.tuples(st.sampled_from(["ack", "nack", "nack"]), st.integers(0, 4))
-    advance = st.tuples(st.just("advance"), st.sampled_from(ADVANCES))
-    first = st.lists(enqueue, min_size=1, max_size=4)
-    rest = st.lists(
-        st.one_of(claim, answer, advance, enqueue), min_size=max_size // 4, max_size=max_size
-    )
-    return st.builds(lambda a, b: a + b, first, rest)
-
-
-class Client:
-    """Runs a workload on a queue (jitter "none") and records facts for tests to judge.
-
-    It follows what actually happened (the lease it got, whether an ack raised), so one
-    broken rule is reported where it happens and does not derail the rest.
-    """
-
-    def __init__(self, queue: Any, clock: ManualClock, max_attempts: int) -> None:
-        self.queue, self.clock, self.max_attempts = queue, clock, max_attempts
-        self.jobs: dict[str, Seen] = {}
-        self.leases: list[Lease] = []
-        self.claims: list[ClaimFact] = []
-        self.answers: list[AnswerFact] = []
-        self.duplicate_ids: list[str] = []
-        self.story = Story(clock, f"JobQueue(lease_ns={LEASE}, max_attempts={max_attempts}):")
-
-    def state(self, seen: Seen, now: int) -> tuple[JobState, int | None]:
-        """The job's state now and, while it waits, its due time."""
-        if seen.acked:
-            return SUCCEEDED, None
-        if not seen.leases:
-            return (READY if seen.run_at <= now else SCHEDULED), seen.run_at
-        last = seen.leases[-1]
-        if seen.nacked_at is None and now < last.expires_at_ns:
-            return LEASED, None
-        failed_at = last.expires_at_ns if seen.nacked_at is None else seen.nacked_at
-        if len(seen.leases) >= self.max_attempts:
-            return DEAD, None
-        due = failed_at + delay_none(len(seen.leases))
-        return (READY if due <= now else SCHEDULED), due
-
-    def live(self, lease: Lease, now: int) -> bool:
-        seen = self.jobs.get(lease.job_id)
-        return (
-            seen is not None
-            and seen.leases[-1] == lease
-            and seen.nacked_at is None
-            and not seen.acked
-            and now < lease.expires_at_ns
-        )
-
-    def best(self, now: int) -> str | None:
-        ready = []
-        for seen in self.jobs.values():
-            state, due = self.state(seen, now)
-            if state is READY:
-                ready.append((-seen.priority, due, seen.seq, seen.id))
-        return min(ready)[3] if ready else None
-
-    def expected_next_due(self, now: int) -> int | None:
-        times: list[int] = []
-        for seen in self.jobs.values():
-            state, due = self.state(seen, now)
-            if state is READY:
-                return now
-            if state is SCHEDULED and due is not None:
-                times.append(due)
-            elif state is LEASED:
-                times.append(seen.leases[-1].expires_at_ns)
-        return min(times) if times else None
-
-    def run(self, ops: list[Op], each_step: Callable[[], None] | None = None) -> None:
-        for op in ops:
-            self.step(op)
-            if each_step is not None:
-                each_step()
-
-    def step(self, op: Op) -> None:
-        queue, now = self.queue, self.clock.now_ns()
-        if op[0] == "enqueue":
-            run_at = None if op[2] is None else now + op[2]
-            job_id = queue.enqueue(
-                f"payload {len(self.jobs) + 1}", priority=op[1], run_at_ns=run_at
-            )
-            if job_id in self.jobs:
-                self.duplicate_ids.append(job_id)
-            seen = Seen(job_id, op[1], len(self.jobs) + 1, now if run_at is None else run_at)
-            self.jobs[job_id] = seen
-            self.story.add(f"enqueue(priority={op[1]}, run_at_ns={_rel(run_at)}) -> {job_id!r}")
-        elif op[0] == "claim":
-            expected = self.best(now)
-            reckoned = {j: self.state(s, now) for j, s in self.jobs.items()}
-            states = {j: state for j, (state, _) in reckoned.items()}
-            dues = {j: due for j, (_, due) in reckoned.items()}
-            tokens = {j: s.leases[-1].token if s.leases else 0 for j, s in self.jobs.items()}
-            lease = queue.claim(op[1])
-            self.claims.append(ClaimFact(now, lease, expected, states, dues, tokens))
-            self.story.add(f"claim({op[1]!r}) -> {lease}")
-            if lease is not None:
-                self.leases.append(lease)
-                claimed = self.jobs.get(lease.job_id)
-                if claimed is not None:
-                    claimed.leases.append(lease)
-                    claimed.nacked_at = None
-        elif op[0] in ("ack", "nack") and self.leases:
-            lease = self.leases[-1 - op[1] % len(self.leases)]
-            live = self.live(lease, now)
-            before = held(queue, lease.job_id)
-            try:
-                if op[0] == "ack":
-                    queue.ack(lease, "ok")
-                else:
-                    queue.nack(lease, "failed")
-                raised = False
-            except (StaleLease, JobNotFound):  # JobNotFound: forgotten after retention
-                raised = True
-            after = held(queue, lease.job_id)
-            self.answers.append(AnswerFact(now, op[0], lease, live, raised, before, after))
-            self.story.add(
-                f"{op[0]}(token {lease.token} of {lease.job_id!r})"
-                + (" -> StaleLease" if raised else "")
-            )
-            answered = self.jobs.get(lease.job_id)
-            if not raised and answered is not None:
-                if op[0] == "ack":
-                    answered.acked = True
-                else:
-                    answered.nacked_at = now
-        elif op[0] == "advance":
-            self.clock.advance(op[1])
-            self.story.add(f"advance({op[1]})")
-
-
-def client_for(max_attempts: int = 3) -> Client:
-    clock, queue = new_queue(max_attempts=max_attempts)
-    return Client(queue, clock, max_attempts)
-
-
-@pytest.mark.rule("never-early")
-@core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
-def test_stage1_never_claims_a_job_before_it_is_due(ops: list[Op], max_attempts: int) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
-    for fact in client.claims:
-        if fact.lease is None:
-            continue
-        job_id = fact.lease.job_id
-        if fact.states.get(job_id) is not SCHEDULED:
-            continue  # other properties judge unknown, leased or finished jobs
-        raise AssertionError(
-            client.story.fail(
-                "a job is never claimed before it is due (run_at_ns, then each retry's backoff)",
-                f"claim at t={fact.now - START} returned {job_id!r}, due at "
-                f"t={_rel(fact.dues[job_id])}",
-            )
-        )
-
-
-@pytest.mark.rule("claim-order", "future-does-not-block")
-@core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
-def test_stage1_claim_takes_the_highest_priority_then_earliest_due_then_oldest(
-    ops: list[Op], max_attempts: int
-) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
-    for fact in client.claims:
-        got = None if fact.lease is None else fact.lease.job_id
-        if got is not None and fact.states.get(got) is not READY:
-            continue  # claimed something not READY: judged by the other properties
-        if not (got == fact.expected):
-            raise AssertionError(
-                client.story.fail(
-                    "claim leases the READY job with the largest priority, then the earliest due "
-                    "time, then the smallest sequence number — and returns None only when none is "
-                    "READY",
-                    f"claim at t={fact.now - START} returned {got!r}, expected {fact.expected!r}",
-                )
-            )
-
-
-@pytest.mark.rule("lease-live")
-@core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
-def test_stage1_at_most_one_live_lease_per_job(ops: list[Op], max_attempts: int) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
-    for fact in client.claims:
-        if fact.lease is not None and fact.states.get(fact.lease.job_id) is LEASED:
-            raise AssertionError(
-                client.story.fail(
-                    "a job has at most one live lease: it is not claimed again until its "
-                    "lease is acked, nacked or expired",
-                    f"claim at t={fact.now - START} leased {fact.lease.job_id!r} again while "
-                    f"token {fact.tokens[fact.lease.job_id]} was still live",
-                )
-            )
-
-
-#: Every kind of stale lease, each at its boundary: expired at the very instant of its
-#: expiry, superseded by a newer claim of the same job (ack and nack), already answered.
-STALE_LEASES = [
-    ("enqueue", 0, None),
-    ("claim", "w1"),
-    ("advance", LEASE),
-    ("ack", 0),  # token 1 at its expiry instant: expired
-    ("advance", BASE),
-    ("claim", "w2"),  # token 2: the retry, due BASE after the expiry
-    ("ack", 1),  # token 1 again: superseded
-    ("nack", 1),
-    ("ack", 0),  # token 2: live, accepted
-    ("ack", 0),  # token 2 again: already answered
-]
-
-
-@pytest.mark.rule("claim-counts", "stale-changes-nothing")
-@core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
-@example(ops=STALE_LEASES, max_attempts=3)
-def test_stage1_fencing_tokens_grow_and_stale_leases_change_nothing(
-    ops: list[Op], max_attempts: int
-) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
-    for fact in client.claims:
-        if fact.lease is not None and fact.lease.job_id in fact.tokens:
-            previous = fact.tokens[fact.lease.job_id]
-            if not (fact.lease.token > previous):
-                raise AssertionError(
-                    client.story.fail(
-                        "every claim of a job issues a larger fencing token than the last",
-                        f"claim at t={fact.now - START} issued token {fact.lease.token} for "
-                        f"{fact.lease.job_id!r}, whose previous token was {previous}",
-                    )
-                )
-    for answer in client.answers:
-        where = f"{answer.kind} at t={answer.now - START} with token {answer.lease.token}"
-        if answer.live:
-            if answer.raised:
-                raise AssertionError(
-                    client.story.fail(
-                        "a live lease (latest token, not expired, not yet answered) is accepted",
-                        f"{where} raised StaleLease",
-                    )
-                )
-        else:
-            if not (answer.raised):
-                raise AssertionError(
-                    client.story.fail(
-                        "a lease that is not live (superseded, expired or already answered) is "
-                        "rejected with StaleLease",
-                        f"{where} of {answer.lease.job_id!r} was accepted",
-                    )
-                )
-            if not (answer.before == answer.after):
-                raise AssertionError(
-                    client.story.fail(
-                        "a rejected lease changes nothing",
-                        f"{where}: {diff(answer.before, answer.after)}",
-                    )
-                )
-
-
-@pytest.mark.rule("claim-counts", "dead-at-max")
-@core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
-def test_stage1_attempts_are_counted_at_claim_and_the_job_dies_at_max_attempts(
-    ops: list[Op], max_attempts: int
-) -> None:
-    client = client_for(max_attempts)
-
-    def check() -> None:
-        now = client.clock.now_ns()
-        for seen in client.jobs.values():
-            state, _ = client.state(seen, now)
-            job = held(client.queue, seen.id)
-            got = None if job is None else (job.attempts, job.state is DEAD)
-            want = (len(seen.leases), state is DEAD)
-            if not (got == want):
-                raise AssertionError(
-                    client.story.fail(
-                        "attempts count claims (a crash costs one), and a job is DEAD exactly "
-                        f"when attempt max_attempts={max_attempts} has failed",
-                        f"{seen.id!r}: (attempts, dead) expected {want}, got {got}",
-                    )
-                )
-
-    client.run(ops, check)
-    for fact in client.claims:
-        if fact.lease is not None and fact.lease.job_id in client.jobs:
-            earlier = [
-                le for le in client.jobs[fact.lease.job_id].leases if le.token < fact.lease.token
-            ]
-            if not (fact.lease.attempt == len(earlier) + 1):
-                raise AssertionError(
-                    client.story.fail(
-                        "a lease's attempt is the number of claims of its job so far",
-                        f"{fact.lease} follows {len(earlier)} earlier claims",
-                    )
-                )
-
-
-@pytest.mark.rule("unique-ids", "failed-attempt", "lease-live")
-@core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
-def test_stage1_conservation_every_job_is_in_exactly_the_state_its_history_says(
-    ops: list[Op], max_attempts: int
-) -> None:
-    client = client_for(max_attempts)
-
-    def check() -> None:
-        now = client.clock.now_ns()
-        if client.duplicate_ids:
-            raise AssertionError(
-                client.story.fail(
-                    "job ids are unique", f"enqueue returned {client.duplicate_ids[0]!r} twice"
-                )
-            )
-        for fact in client.claims:
-            if not (fact.lease is None or fact.lease.job_id in client.jobs):
-                raise AssertionError(
-                    client.story.fail("claim only returns enqueued jobs", f"got {fact.lease}")
-                )
-        for seen in client.jobs.values():
-            want, _ = client.state(seen, now)
-            job = held(client.queue, seen.id)
-            if not (job is not None):
-                raise AssertionError(
-                    client.story.fail(
-                        "nothing vanishes",
-                        f"get({seen.id!r}) raised JobNotFound (state should be {want})",
-                    )
-                )
-            if job.state is not want:
-                raise AssertionError(
-                    client.story.fail(
-                        "every job is in exactly the state its history gives it",
-                        f"{seen.id!r} is {job.state}, expected {want}",
-                    )
-                )
-
-    client.run(ops, check)
-
-
-@pytest.mark.rule("next-due")
-@core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
-def test_stage1_next_due_ns_is_when_the_next_claim_can_succeed(
-    ops: list[Op], max_attempts: int
-) -> None:
-    client = client_for(max_attempts)
-
-    def check() -> None:
-        now = client.clock.now_ns()
-        want, got = client.expected_next_due(now), client.queue.next_due_ns()
-        if not (got == want):
-            raise AssertionError(
-                client.story.fail(
-                    "next_due_ns() is now if a job is READY, else the earliest run time of a "
-                    "SCHEDULED job or expiry of a live lease, else None",
-                    f"expected {_rel(want)}, got {_rel(got)} (relative to start)",
-                )
-            )
-
-    client.run(ops, check)
-
-
-@pytest.mark.rule("next-due", "dead-at-max")
-@core
-@given(
-    ops=workloads(),
-    max_attempts=st.integers(1, 4),
-    outcomes=st.lists(st.sampled_from(["ack", "nack", "crash"]), min_size=1, max_size=8),
-)
-def test_stage1_liveness_every_job_finishes(
-    ops: list[Op], max_attempts: int, outcomes: list[str]
-) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
-    queue, clock = client.queue, client.clock
-    budget = 3 * max_attempts * (len(client.jobs) + 1) + 10
-    for step in range(budget):
-        due = queue.next_due_ns()
-        if due is None:
-            break
-        clock.set(max(due, clock.now_ns()))
-        lease = queue.claim("drainer")
-        if lease is None:
-            continue
-        outcome = outcomes[step % len(outcomes)]
-        if outcome == "ack":
-            queue.ack(lease)
-        elif outcome == "nack":
-            queue.nack(lease, "failed again")
-        client.story.add(f"drain: claim -> {lease.job_id!r} attempt {lease.attempt}, {outcome}")
-    unfinished = {
-        seen.id: job.state
-        for seen in client.jobs.values()
-        if (job := queue.get(seen.id)).state not in (SUCCEEDED, DEAD)
-    }
-    if unfinished:
-        raise AssertionError(
-            client.story.fail(
-                "liveness: a worker that keeps claiming at next_due_ns() finishes every job "
-                "(SUCCEEDED or DEAD within max_attempts)",
-                f"still unfinished after {budget} drain steps: {unfinished}; next_due_ns() = "
-                f"{_rel(queue.next_due_ns())}",
-            )
-        )
-
-
-@pytest.mark.rule("backoff-formula", "decorrelated", "one-draw", "backoff-from-failure")
-@core
-@given(
-    jitter=st.sampled_from(JITTERS),
-    base=st.integers(0, 400),
-    extra=st.integers(0, 3000),
-    seed=st.integers(0, 2**32),
-    failures=st.lists(st.sampled_from(["nack", "crash"]), min_size=1, max_size=7),
-)
-# Every mode on every run, each through both kinds of failure, up to the cap: a
-# decorrelated delay grows from the one before, and caps before it is kept.
-@example(jitter="decorrelated", base=100, extra=1_500, seed=7, failures=["nack", "crash"] * 3)
-@example(jitter="full", base=100, extra=1_500, seed=7, failures=["nack", "crash"] * 3)
-@example(jitter="equal", base=100, extra=1_500, seed=7, failures=["crash", "nack"] * 3)
-@example(jitter="none", base=100, extra=1_500, seed=7, failures=["nack", "crash"] * 3)
-def test_stage1_backoff_delays_follow_the_formula_for_each_jitter_mode(
-    jitter: Jitter, base: int, extra: int, seed: int, failures: list[str]
-) -> None:
-    policy = RetryPolicy(base, base + extra, jitter)
-    rng = random.Random(seed)
-    clock, queue = new_queue(
-        jitter=jitter, base=base, cap=base + extra, rng=rng, max_attempts=len(failures) + 1
-    )
-    job_id = queue.enqueue("flaky")
-    twin = random.Random(seed)
-    want = drawn_delays(policy, twin, list(range(1, len(failures) + 1)))
-    story = Story(clock, f"{policy}, rng=Random({seed}):")
-    for n, how in enumerate(failures, start=1):
-        lease = queue.claim("w")
-        if not (lease is not None):
-            raise AssertionError(story.fail("a retry is claimable at its due time", "got None"))
-        if how == "nack":
-            clock.advance(7)
-            queue.nack(lease, "boom")
-            failed_at = clock.now_ns()
-        else:
-            clock.advance(LEASE)
-            failed_at = lease.expires_at_ns
-        story.add(f"claim, {how} attempt {n}")
-        got = queue.get(job_id).run_at_ns - failed_at
-        if not (got == want[n - 1]):
-            raise AssertionError(
-                story.fail(
-                    f"the delay after failed attempt n is exactly the {jitter!r} formula with one "
-                    "rng draw per retry",
-                    f"after attempt {n}: expected delay {want[n - 1]}, got {got}",
-                )
-            )
-        clock.set(max(clock.now_ns(), failed_at + got))
-    if not (rng.getstate() == twin.getstate()):
-        raise AssertionError(
-            story.fail(
-                "each jittered retry makes exactly one rng call ('none' makes none)",
-                f"the queue's rng did not advance as {len(failures)} retries' draws do",
-            )
-        )
-
-
-# --------------------------------------------------------------------------------------
 # Examples and properties, extended
 # --------------------------------------------------------------------------------------
 
@@ -1346,7 +725,7 @@ def test_stage1_heartbeat_never_revives_an_expired_lease(beats: list[int], recla
     clock, queue = new_queue(max_attempts=5)
     job_id = queue.enqueue("x")
     lease = claim(queue, "w")
-    story = Story(clock, "enqueue, claim:")
+    story = Story("enqueue, claim:", clock.now_ns, START)
     for gap in beats:
         clock.advance(gap)
         expires = lease.expires_at_ns
@@ -1361,7 +740,7 @@ def test_stage1_heartbeat_never_revives_an_expired_lease(beats: list[int], recla
         rejects(
             StaleLease,
             lambda: queue.heartbeat(lease),  # noqa: B023 - called at once
-            story.fail(
+            story.tell(
                 "a heartbeat never revives an expired lease, even before anyone else calls",
                 f"heartbeat at {clock.now_ns() - START} of a lease that expired at "
                 f"{expires - START} was accepted",
@@ -1372,7 +751,7 @@ def test_stage1_heartbeat_never_revives_an_expired_lease(beats: list[int], recla
         got = (after.attempts, after.last_error, after.run_at_ns)
         if not (got == want and (after.state is LEASED) == reclaimed):
             raise AssertionError(
-                story.fail(
+                story.tell(
                     "the expiry stands: its attempt counted, its retry due at expires_at + backoff",
                     f"(attempts, last_error, run_at_ns) expected {want}, got {got}; {after.state}",
                 )
@@ -1408,7 +787,7 @@ def test_stage1_release_refunds_the_attempt_and_keeps_the_place_in_line() -> Non
 def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
     clock, queue = new_queue(max_attempts=3)
     job_id = queue.enqueue("x")
-    story, failures = Story(clock, "max_attempts=3:"), 0
+    story, failures = Story("max_attempts=3:", clock.now_ns, START), 0
     for claims, how in enumerate(pattern, start=1):
         clock.advance(2 * CAP)
         lease = queue.claim("w")
@@ -1416,7 +795,7 @@ def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
             break
         if not (lease.attempt == failures + 1 and lease.token == claims):
             raise AssertionError(
-                story.fail(
+                story.tell(
                     "a release refunds its attempt; tokens still grow on every claim",
                     f"after {failures} failures and {claims - 1} claims got {lease}",
                 )
@@ -1434,7 +813,7 @@ def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
     state = queue.get(job_id).state
     if not ((state is DEAD) == (failures >= 3)):
         raise AssertionError(
-            story.fail(
+            story.tell(
                 "a job dies after max_attempts failures; releases do not count",
                 f"{failures} failures, state {state}",
             )
@@ -1489,7 +868,7 @@ def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
     client.story.add(f"cancel({job_id!r}) -> {cancelled}")
     if not (cancelled == (before.state not in FINISHED)):
         raise AssertionError(
-            client.story.fail(
+            client.story.tell(
                 "cancel returns True exactly for unfinished jobs", f"{before.state}: {cancelled}"
             )
         )
@@ -1497,7 +876,7 @@ def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
         rejects(
             StaleLease,
             lambda: queue.ack(lease, "late"),  # noqa: B023 - called at once
-            client.story.fail("cancel stales every lease", f"ack of {lease} was accepted"),
+            client.story.tell("cancel stales every lease", f"ack of {lease} was accepted"),
         )
     clock.advance(20 * CAP)
     for _ in range(4 * len(client.jobs)):
@@ -1505,7 +884,7 @@ def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
         if lease is None:
             break
         if not (lease.job_id != job_id):
-            raise AssertionError(client.story.fail("a cancelled job is never claimed", ""))
+            raise AssertionError(client.story.tell("a cancelled job is never claimed", ""))
         queue.ack(lease)
     assert queue.get(job_id).state is (CANCELLED if cancelled else before.state)
 
@@ -1553,18 +932,18 @@ def test_stage1_redrive_zeroes_attempts_and_tokens_keep_growing(
 ) -> None:
     clock, queue = new_queue(max_attempts=max_attempts)
     job_id = queue.enqueue("x")
-    story, tokens, old = Story(clock, f"max_attempts={max_attempts}:"), [], []
+    story, tokens, old = Story(f"max_attempts={max_attempts}:", clock.now_ns, START), [], []
     for how in rounds:
         clock.advance(2 * CAP)
         lease = queue.claim("w")
         if lease is None:
             if queue.redrive(job_id) is not True:
-                raise AssertionError(story.fail("a DEAD job can be redriven", ""))
+                raise AssertionError(story.tell("a DEAD job can be redriven", ""))
             story.add("redrive")
             lease = queue.claim("w")
             if not (lease is not None and lease.attempt == 1):
                 raise AssertionError(
-                    story.fail("a redriven job starts again at attempt 1", f"got {lease}")
+                    story.tell("a redriven job starts again at attempt 1", f"got {lease}")
                 )
         tokens.append(lease.token)
         old.append(lease)
@@ -1575,7 +954,7 @@ def test_stage1_redrive_zeroes_attempts_and_tokens_keep_growing(
         story.add(f"claim -> token {lease.token}, attempt {lease.attempt}; {how}")
     if not (tokens == sorted(set(tokens))):
         raise AssertionError(
-            story.fail(
+            story.tell(
                 "fencing tokens grow on every claim and never reset, not even on redrive",
                 f"{tokens}",
             )
@@ -1584,7 +963,7 @@ def test_stage1_redrive_zeroes_attempts_and_tokens_keep_growing(
         rejects(
             StaleLease,
             lambda: queue.ack(lease),  # noqa: B023 - called at once
-            story.fail("every lease before the last is stale", f"ack of {lease} was accepted"),
+            story.tell("every lease before the last is stale", f"ack of {lease} was accepted"),
         )
 
 
@@ -1625,7 +1004,7 @@ def test_stage1_idempotent_enqueue_dedups_exactly_within_the_ttl_of_the_first(
 ) -> None:
     clock, queue = new_queue(dedup_ttl_ns=ttl)
     first: dict[str, tuple[str, int]] = {}  # key -> (id, first enqueue time)
-    story = Story(clock, f"dedup_ttl_ns={ttl}:")
+    story = Story(f"dedup_ttl_ns={ttl}:", clock.now_ns, START)
     for key, gap in calls:
         clock.advance(gap)
         now = clock.now_ns()
@@ -1634,7 +1013,7 @@ def test_stage1_idempotent_enqueue_dedups_exactly_within_the_ttl_of_the_first(
         if key in first and now < first[key][1] + ttl:
             if not (got == first[key][0]):
                 raise AssertionError(
-                    story.fail(
+                    story.tell(
                         "within its TTL (counted from the first enqueue) a key returns the first "
                         "id",
                         f"expected {first[key][0]!r}",
@@ -1643,7 +1022,7 @@ def test_stage1_idempotent_enqueue_dedups_exactly_within_the_ttl_of_the_first(
         else:
             if not (got not in {v[0] for v in first.values()}):
                 raise AssertionError(
-                    story.fail(
+                    story.tell(
                         "a key past its TTL (or new) creates a new job", f"got an old id {got!r}"
                     )
                 )
@@ -1699,9 +1078,9 @@ def test_stage1_retention_forgets_finished_jobs_exactly_on_time(
                 continue
             if not (job.finished_at_ns is None or now < job.finished_at_ns + retention):
                 raise AssertionError(
-                    client.story.fail(
+                    client.story.tell(
                         f"a finished job is forgotten at finished_at + retention_ns ({retention})",
-                        f"{job.id!r} finished at {_rel(job.finished_at_ns)} is still held",
+                        f"{job.id!r} finished at {rel(job.finished_at_ns)} is still held",
                     )
                 )
             client_state, _ = client.state(seen, now)
@@ -1718,16 +1097,16 @@ def test_stage1_retention_forgets_finished_jobs_exactly_on_time(
         for job_id, at in finished_at.items():
             if not ((held(queue, job_id) is None) == (at + retention <= clock.now_ns())):
                 raise AssertionError(
-                    client.story.fail(
+                    client.story.tell(
                         "a finished job is held until exactly finished_at + retention_ns",
-                        f"{job_id!r} (finished at {_rel(at)}) at t={_rel(clock.now_ns())}",
+                        f"{job_id!r} (finished at {rel(at)}) at t={rel(clock.now_ns())}",
                     )
                 )
     clock.advance(retention + 10 * CAP + 10 * LEASE)
     stats = queue.statistics()
     if not (stats.succeeded + stats.dead + stats.cancelled == 0):
         raise AssertionError(
-            client.story.fail(
+            client.story.tell(
                 "memory is bounded by recent work: every finished job is forgotten in time",
                 f"{stats}",
             )
@@ -1841,7 +1220,9 @@ def test_stage1_each_jobs_effect_is_applied_exactly_once_under_crashes(
     ids = [queue.enqueue(i) for i in range(len(plans))]
     turn = dict.fromkeys(ids, 0)
     zombies: list[tuple[Lease, str]] = []
-    story = Story(clock, "workers running jobs with crashes between claim, effect and ack:")
+    story = Story(
+        "workers running jobs with crashes between claim, effect and ack:", clock.now_ns, START
+    )
     for _ in range(8 * len(plans) * 6):
         due = queue.next_due_ns()
         if due is None:
@@ -1865,494 +1246,17 @@ def test_stage1_each_jobs_effect_is_applied_exactly_once_under_crashes(
                 rejects(
                     StaleLease,
                     lambda: store.commit(old, effect),  # noqa: B023 - called at once
-                    story.fail("a zombie commits no effect", f"{old} committed {effect!r}"),
+                    story.tell("a zombie commits no effect", f"{old} committed {effect!r}"),
                 )
     effects = store.effects()
     if not (effects == {j: f"effect of {j}" for j in ids}):
         raise AssertionError(
-            story.fail(
+            story.tell(
                 "each job's effect is applied exactly once, by a live lease, whatever crashes",
                 f"effects: {effects}",
             )
         )
     if not (all(queue.get(j).state is SUCCEEDED for j in ids)):
         raise AssertionError(
-            story.fail("every job finishes", f"{[queue.get(j).state for j in ids]}")
+            story.tell("every job finishes", f"{[queue.get(j).state for j in ids]}")
         )
-
-
-# --------------------------------------------------------------------------------------
-# The exact model, written from the rules, and the state machines that use it
-# --------------------------------------------------------------------------------------
-
-
-SETUPS: dict[str, st.SearchStrategy[Any]] = {
-    "jitter": st.sampled_from(JITTERS),
-    "base": st.sampled_from([0, 1, 100, 250]),
-    "extra": st.sampled_from([0, 300, 5_000]),
-    "max_attempts": st.integers(1, 4),
-    "seed": st.integers(0, 2**16),
-    "lease_ns": st.sampled_from([500, 1_000]),
-    "data": st.data(),
-}
-
-
-class QueueMachine(RuleBasedStateMachine):
-    """A queue and its exact model under random operations, compared at every step.
-
-    Observation is a rule, not an invariant: ``get`` settles what is due, and observing
-    after every step would hide an operation that forgets to settle first.
-    """
-
-    extended = False
-
-    @initialize(
-        jitter=SETUPS["jitter"],
-        base=SETUPS["base"],
-        extra=SETUPS["extra"],
-        max_attempts=SETUPS["max_attempts"],
-        seed=SETUPS["seed"],
-        lease_ns=SETUPS["lease_ns"],
-        data=SETUPS["data"],
-    )
-    def build(
-        self, jitter: Jitter, base: int, extra: int, max_attempts: int, seed: int,
-        lease_ns: int, data: st.DataObject,
-    ) -> None:  # fmt: skip
-        self.clock = ManualClock(START)
-        retry = RetryPolicy(base, base + extra, jitter)
-        options: dict[str, Any] = {}
-        if self.extended:
-            options = {
-                "dedup_ttl_ns": data.draw(st.sampled_from([0, 700, 5_000]), label="dedup_ttl_ns"),
-                "retention_ns": data.draw(st.sampled_from([0, 800, 4_000]), label="retention_ns"),
-                "max_pending": data.draw(st.sampled_from([None, 2, 5]), label="max_pending"),
-            }
-        self.queue = stage().JobQueue(
-            clock=self.clock, lease_ns=lease_ns, retry=retry, max_attempts=max_attempts,
-            rng=random.Random(seed), **options,
-        )  # fmt: skip
-        self.model = Model(
-            lease_ns=lease_ns, retry=retry, max_attempts=max_attempts, seed=seed, **options
-        )
-        self.ids: dict[int, str] = {}  # model seq -> the queue's job id
-        self.leases: list[tuple[int, Lease]] = []  # (model seq, lease) ever issued
-        self.story = Story(
-            self.clock,
-            f"JobQueue(lease_ns={lease_ns}, retry={retry}, max_attempts={max_attempts}, "
-            f"rng=Random({seed}){''.join(f', {k}={v}' for k, v in options.items())}):",
-        )
-        first = st.tuples(st.integers(-1, 2), st.sampled_from([None, 0, 300]))
-        for priority, when in data.draw(st.lists(first, min_size=1, max_size=4), label="jobs"):
-            self.enqueue(priority, when, None)
-
-    def now(self) -> int:
-        return self.clock.now_ns()
-
-    def accepted(self, what: str, call: Callable[[], Any]) -> Any:
-        """``call()``, which the model says must succeed: a queue error fails the test."""
-        try:
-            return call()
-        except (StaleLease, JobNotFound, QueueFull) as error:
-            raise AssertionError(
-                self.story.fail(
-                    "the queue and its exact model disagree",
-                    f"{what} raised {type(error).__name__}: {error}; the model accepts it",
-                )
-            ) from None
-
-    def check(self, what: str, expected: Any, got: Any) -> None:
-        if got != expected:
-            raise AssertionError(
-                self.story.fail(
-                    "the queue and its exact model disagree", f"{what}: {diff(expected, got)}"
-                )
-            )
-
-    def refused(self, error: type[Exception], what: str, call: Callable[[], Any], why: str) -> None:
-        """``call()`` must raise ``error`` (the model says so, because ``why``)."""
-        try:
-            call()
-        except error:
-            return
-        except (StaleLease, JobNotFound, QueueFull) as other:
-            raise AssertionError(
-                self.story.fail(
-                    "the queue and its exact model disagree",
-                    f"{what}: expected {error.__name__} ({why}), got {type(other).__name__}: "
-                    f"{other}",
-                )
-            ) from None
-        raise AssertionError(
-            self.story.fail(
-                "the queue and its exact model disagree",
-                f"{what} was accepted; expected {error.__name__} ({why})",
-            )
-        )
-
-    def why_refused(self, seq: int, lease: Lease) -> str:
-        """Why the model refuses ``lease`` now, in words."""
-        job = self.model.jobs.get(seq)
-        if job is None:
-            return "its job was forgotten after its retention"
-        if job.token != lease.token:
-            return f"superseded: the job's latest token is {job.token}"
-        if job.state in FINISHED:
-            return f"its job is {job.state.value} already"
-        if self.now() >= lease.expires_at_ns:
-            return f"it expired at {_rel(lease.expires_at_ns)}; the job is {job.state.value}"
-        return f"it was answered already; the job is {job.state.value}"
-
-    # --- core rules ---------------------------------------------------------------------
-    @rule(
-        priority=st.integers(-1, 2),
-        when=st.one_of(st.none(), st.sampled_from([-200, 0, 1, 300, 1_200])),
-        key=st.one_of(st.none(), st.sampled_from(["k1", "k2"])),
-    )
-    def enqueue(self, priority: int, when: int | None, key: str | None) -> None:
-        key = key if self.extended else None
-        run_at = None if when is None else self.now() + when
-        payload = {"n": self.model.enqueued + 1}
-        expected = self.model.enqueue(payload, priority, run_at, key, self.now())
-        call = f"enqueue({payload}, priority={priority}, run_at_ns={_rel(run_at)}, key={key!r})"
-        if expected is None:
-            self.refused(
-                QueueFull,
-                call,
-                lambda: self.queue.enqueue(
-                    payload, priority=priority, run_at_ns=run_at, idempotency_key=key
-                ),
-                f"max_pending={self.model.max_pending} unfinished jobs are held",
-            )
-            self.story.add(f"{call} -> QueueFull")
-            return
-        got = self.accepted(
-            call,
-            lambda: self.queue.enqueue(
-                payload, priority=priority, run_at_ns=run_at, idempotency_key=key
-            ),
-        )
-        self.story.add(f"{call} -> {got!r}")
-        if expected in self.ids:
-            self.check(f"{call} (a key seen within its TTL)", self.ids[expected], got)
-        else:
-            if not (got not in self.ids.values()):
-                raise AssertionError(self.story.fail("job ids are unique", f"{got!r} reused"))
-            self.ids[expected] = got
-
-    @rule(worker=st.sampled_from(WORKERS))
-    def claim(self, worker: str) -> None:
-        job = self.model.claim(worker, self.now())
-        got = self.accepted(f"claim({worker!r})", lambda: self.queue.claim(worker))
-        self.story.add(f"claim({worker!r}) -> {got}")
-        if job is None:
-            self.check(f"claim({worker!r})", None, got)
-            return
-        self.check(
-            f"claim({worker!r})",
-            Lease(self.ids[job.seq], job.token, job.attempts, job.expires, worker),  # type: ignore[arg-type]
-            got,
-        )
-        self.leases.append((job.seq, got))
-
-    def answer(
-        self, name: str, i: int, call: Callable[[Lease], Any], apply: Callable[[int], Any]
-    ) -> Any:
-        """Present lease number ``i`` (from the newest) to ``call``; the model decides."""
-        seq, lease = self.leases[-1 - i % len(self.leases)]
-        verdict = self.model.live(seq, lease.token, self.now())
-        text = f"{name}(token {lease.token} of {lease.job_id!r})"
-        if verdict == "ok":
-            got = self.accepted(text, lambda: call(lease))
-            self.story.add(f"{text} -> {got}")
-            return got, apply(seq)
-        error = StaleLease if verdict == "stale" else JobNotFound
-        self.refused(error, text, lambda: call(lease), self.why_refused(seq, lease))
-        self.story.add(f"{text} -> {error.__name__}")
-        return None
-
-    @precondition(lambda self: self.leases)
-    @rule(i=st.integers(0, 5), result=st.sampled_from([None, 7]))
-    def ack(self, i: int, result: Any) -> None:
-        self.answer(
-            "ack",
-            i,
-            lambda le: self.queue.ack(le, result),
-            lambda s: self.model.ack(s, result, self.now()),
-        )
-
-    @precondition(lambda self: self.leases)
-    @rule(i=st.integers(0, 5), error=st.sampled_from(["boom", "timeout"]))
-    def nack(self, i: int, error: str) -> None:
-        self.answer(
-            "nack",
-            i,
-            lambda le: self.queue.nack(le, error),
-            lambda s: self.model.nack(s, error, self.now()),
-        )
-
-    @precondition(lambda self: self.leases)
-    @rule(i=st.integers(0, 5), how=st.sampled_from(["ack", "nack", "heartbeat", "release"]))
-    def answer_at_expiry(self, i: int, how: str) -> None:
-        """Move the clock to a lease's expiry (if still ahead) and answer at once: the
-        queue must settle the expiry before it looks at the lease."""
-        expires = self.leases[-1 - i % len(self.leases)][1].expires_at_ns
-        if expires > self.now():
-            self.story.add(f"advance({expires - self.now()})")
-            self.clock.set(expires)
-        if how == "nack":
-            self.nack(i, "late")
-        elif how == "ack" or not self.extended:
-            self.ack(i, None)
-        else:
-            getattr(self, how)(i)
-
-    @rule(ns=st.sampled_from([1, 99, 100, 250, 499, 500, 1_000, 3_000]))
-    def advance(self, ns: int) -> None:
-        self.clock.advance(ns)
-        self.story.add(f"advance({ns})")
-
-    @rule()
-    def observe(self) -> None:
-        self.compare_all()
-
-    def compare_all(self) -> None:
-        now = self.now()
-        self.model.settle(now)
-        for seq, job_id in self.ids.items():
-            job = self.model.jobs.get(seq)
-            expected = None if job is None else self.model.snapshot(job, job_id)
-            self.check(f"get({job_id!r})", expected, held(self.queue, job_id))
-        self.check("next_due_ns()", _rel(self.model.next_due(now)), _rel(self.queue.next_due_ns()))
-        if self.extended:
-            self.check("statistics()", self.model.statistics(now), self.queue.statistics())
-            expected_dead = [
-                self.model.snapshot(self.model.jobs[s], self.ids[s]) for s in self.model.died
-            ]
-            self.check("dead_letters()", expected_dead, self.queue.dead_letters())
-        self.story.add(
-            "observe: every job, next_due_ns"
-            + (", statistics, dead_letters" if self.extended else "")
-        )
-
-    def teardown(self) -> None:
-        # A final comparison, unless a step already failed (its explanation stands alone).
-        if hasattr(self, "queue") and sys.exc_info()[0] is None:
-            self.compare_all()
-
-
-class ExtendedQueueMachine(QueueMachine):
-    """The core machine plus heartbeat, release, cancel, redrive, keys, retention, bounds."""
-
-    extended = True
-
-    @precondition(lambda self: self.leases)
-    @rule(i=st.integers(0, 5))
-    def heartbeat(self, i: int) -> None:
-        got = self.answer(
-            "heartbeat", i, self.queue.heartbeat, lambda s: self.model.heartbeat(s, self.now())
-        )
-        if got is not None:
-            renewed, expires = got
-            _, lease = next(
-                (s, le)
-                for s, le in self.leases
-                if le.job_id == renewed.job_id and le.token == renewed.token
-            )
-            self.check(
-                "heartbeat(...)",
-                Lease(lease.job_id, lease.token, lease.attempt, expires, lease.worker_id),
-                renewed,
-            )
-
-    @precondition(lambda self: self.leases)
-    @rule(i=st.integers(0, 5))
-    def release(self, i: int) -> None:
-        self.answer("release", i, self.queue.release, lambda s: self.model.release(s, self.now()))
-
-    @precondition(lambda self: self.leases)
-    @rule(i=st.integers(0, 5))
-    def is_current(self, i: int) -> None:
-        seq, lease = self.leases[-1 - i % len(self.leases)]
-        expected = self.model.live(seq, lease.token, self.now()) == "ok"
-        self.check(
-            f"is_current(token {lease.token} of {lease.job_id!r})",
-            expected,
-            self.queue.is_current(lease),
-        )
-
-    def pick(self, i: int) -> tuple[int, str]:
-        seq = sorted(self.ids)[i % len(self.ids)]
-        return seq, self.ids[seq]
-
-    @precondition(lambda self: self.ids)
-    @rule(i=st.integers(0, 20))
-    def cancel(self, i: int) -> None:
-        seq, job_id = self.pick(i)
-        expected = self.model.cancel(seq, self.now())
-        if expected is None:
-            self.refused(
-                JobNotFound,
-                f"cancel({job_id!r})",
-                lambda: self.queue.cancel(job_id),
-                "the job was forgotten after its retention",
-            )
-            self.story.add(f"cancel({job_id!r}) -> JobNotFound")
-            return
-        got = self.accepted(f"cancel({job_id!r})", lambda: self.queue.cancel(job_id))
-        self.story.add(f"cancel({job_id!r}) -> {got}")
-        self.check(f"cancel({job_id!r})", expected, got)
-
-    @precondition(lambda self: self.ids)
-    @rule(i=st.integers(0, 20))
-    def redrive(self, i: int) -> None:
-        seq, job_id = self.pick(i)
-        expected = self.model.redrive(seq, self.now())
-        if expected is None or expected == "full":
-            error = JobNotFound if expected is None else QueueFull
-            why = (
-                "the job was forgotten after its retention"
-                if expected is None
-                else f"max_pending={self.model.max_pending} unfinished jobs are held"
-            )
-            self.refused(error, f"redrive({job_id!r})", lambda: self.queue.redrive(job_id), why)
-            self.story.add(f"redrive({job_id!r}) -> {error.__name__}")
-            return
-        got = self.accepted(f"redrive({job_id!r})", lambda: self.queue.redrive(job_id))
-        self.story.add(f"redrive({job_id!r}) -> {got}")
-        self.check(f"redrive({job_id!r})", expected, got)
-
-
-#: What the machines check: every core rule a random run reaches, and the extended ones.
-MODEL_RULES = (
-    "claim-order", "never-early", "claim-counts", "lease-live", "stale-changes-nothing",
-    "failed-attempt", "backoff-from-failure", "dead-at-max", "backoff-formula", "decorrelated",
-    "one-draw", "settle-first", "expiry-order", "next-due", "snapshot",
-)  # fmt: skip
-EXTENDED_MODEL_RULES = (
-    "heartbeat", "heartbeat-never-revives", "release", "cancel", "cancel-finished",
-    "dead-letters", "redrive", "redrive-keeps-token", "idempotency", "dedup-ttl-from-first",
-    "retention", "max-pending", "full-queue-dedups", "statistics", "is-current",
-    "lease-unknown-job",
-)  # fmt: skip
-
-
-def _setup(extended: bool) -> Step:
-    """Decorrelated jitter from 100 ns, three attempts, leases of 1 000 ns; a job due now
-    and a more urgent one due in 300 ns (and, extended: keys live 700 ns, finished jobs
-    800 ns, at most 2 unfinished)."""
-    options = (700, 800, 2) if extended else ()
-    jobs = [(0, None), (1, 300)]
-    return ("build", {
-        "jitter": "decorrelated", "base": 100, "extra": 5_000, "max_attempts": 3, "seed": 7,
-        "lease_ns": 1_000, "data": Drawn(*options, jobs),
-    })  # fmt: skip
-
-
-def _answer(how: str, i: int = 0) -> Step:
-    arguments: dict[str, Any] = {"i": i}
-    if how == "ack":
-        arguments["result"] = 7
-    elif how == "nack":
-        arguments["error"] = "boom"
-    return (how, arguments)
-
-
-_OBSERVE: Step = ("observe", {})
-
-
-def life(extended: bool) -> Walk:
-    """Two jobs' lives at their boundaries, on every run of the model tests: one answered
-    at the very instant its lease expires (the expiry settles first), superseded by its
-    retry and dead by expiry at its third attempt; the other, more urgent once due, nacked
-    and then answered at its expiry instant."""
-    return [
-        _setup(extended), ("claim", {"worker": "w1"}),
-        ("answer_at_expiry", {"i": 0, "how": "ack"}), _OBSERVE, ("advance", {"ns": 3_000}),
-        ("claim", {"worker": "w2"}), ("claim", {"worker": "w1"}), _answer("ack", 2),
-        _answer("nack", 1), _OBSERVE, ("advance", {"ns": 3_000}), ("claim", {"worker": "w2"}),
-        ("claim", {"worker": "w1"}), ("advance", {"ns": 1_000}), _OBSERVE, _answer("ack", 0),
-        _answer("nack", 1), _OBSERVE,
-    ]  # fmt: skip
-
-
-_SWEEP: list[Step] = [("claim", {"worker": "w1"}), ("claim", {"worker": "w2"}),
-                      ("advance", {"ns": 1_000}), ("advance", {"ns": 5_000})]  # fmt: skip
-#: The extended rules at theirs: a full queue refuses; a heartbeat 1 ns before the expiry
-#: extends the lease; a release refunds its attempt; a key dedups for its TTL from its
-#: first use, not from the duplicates; a finished job is forgotten exactly at its
-#: retention; a job dead at max_attempts is listed and redriven with its token; a cancel.
-EXTENDED: Walk = [
-    _setup(True), ("enqueue", {"priority": 0, "when": None, "key": "k1"}),
-    ("claim", {"worker": "w1"}), ("advance", {"ns": 999}), ("heartbeat", {"i": 0}),
-    ("answer_at_expiry", {"i": 0, "how": "heartbeat"}), ("is_current", {"i": 0}), _OBSERVE,
-    ("advance", {"ns": 3_000}), ("claim", {"worker": "w2"}), ("release", {"i": 0}),
-    ("is_current", {"i": 0}), ("claim", {"worker": "w1"}), _answer("ack", 0),
-    ("enqueue", {"priority": 2, "when": 0, "key": "k1"}), ("advance", {"ns": 350}),
-    ("enqueue", {"priority": 2, "when": 0, "key": "k1"}), ("advance", {"ns": 350}),
-    ("enqueue", {"priority": 2, "when": 0, "key": "k1"}), ("advance", {"ns": 100}), _OBSERVE,
-    *_SWEEP, *_SWEEP[:3], _OBSERVE, ("redrive", {"i": 0}), ("cancel", {"i": 2}),
-    ("advance", {"ns": 800}), _OBSERVE,
-]  # fmt: skip
-
-TestStage1JobQueueModel = pytest.mark.rule(*MODEL_RULES)(
-    core(walked(QueueMachine, {"two jobs' lives": life(False)}))
-)
-TestStage1JobQueueExtendedModel = pytest.mark.rule(*EXTENDED_MODEL_RULES)(
-    extended(walked(ExtendedQueueMachine, {"two jobs' lives": life(True), "extended": EXTENDED}))
-)
-
-
-def model_ops(extended: bool) -> st.SearchStrategy[list[Op]]:
-    """Operations for ``QueueMachine`` rules, well mixed: (rule name, *arguments)."""
-    i = st.integers(0, 5)
-    ops = [
-        st.tuples(
-            st.just("enqueue"),
-            st.integers(-1, 2),
-            st.one_of(st.none(), st.sampled_from([-200, 0, 1, 300, 1_200])),
-            st.one_of(st.none(), st.sampled_from(["k1", "k2"])),
-        ),
-        st.tuples(st.just("claim"), st.sampled_from(WORKERS)),
-        st.tuples(st.just("ack"), i, st.sampled_from([None, 7])),
-        st.tuples(st.just("nack"), i, st.sampled_from(["boom", "timeout"])),
-        st.tuples(
-            st.just("answer_at_expiry"), i, st.sampled_from(["ack", "nack", "heartbeat", "release"])
-        ),
-        st.tuples(st.just("advance"), st.sampled_from([1, 99, 100, 250, 499, 500, 1_000, 3_000])),
-        st.tuples(st.just("observe")),
-    ]
-    if extended:
-        ops += [
-            st.tuples(st.sampled_from(["heartbeat", "release", "is_current"]), i),
-            st.tuples(st.sampled_from(["cancel", "redrive"]), st.integers(0, 20)),
-        ]
-    return st.lists(st.one_of(*ops), min_size=10, max_size=60)
-
-
-def run_model_ops(machine: QueueMachine, ops: list[Op], setup: dict[str, Any]) -> None:
-    machine.build(**setup)
-    for name, *args in ops:
-        needs = {"ack", "nack", "answer_at_expiry", "heartbeat", "release", "is_current"}
-        if (name in needs and not machine.leases) or (
-            name in {"cancel", "redrive"} and not machine.ids
-        ):
-            continue  # the rule's precondition
-        getattr(machine, name)(*args)
-    machine.teardown()
-
-
-@pytest.mark.rule(*MODEL_RULES)
-@core
-@given(ops=model_ops(extended=False), **SETUPS)
-def test_stage1_queue_matches_its_exact_model_step_by_step(ops: list[Op], **setup: Any) -> None:
-    run_model_ops(QueueMachine(), ops, setup)
-
-
-@pytest.mark.rule(*EXTENDED_MODEL_RULES)
-@extended
-@given(ops=model_ops(extended=True), **SETUPS)
-def test_stage1_extended_queue_matches_its_exact_model_step_by_step(
-    ops: list[Op], **setup: Any
-) -> None:
-    run_model_ops(ExtendedQueueMachine(), ops, setup)
