@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -48,6 +47,7 @@ from katas.job_scheduler._testing.queues import (
     claim,
     delay_none,
     drawn_delays,
+    fail_fast_on_stubs,  # noqa: F401 (autouse)
     held,
     new_queue,
     rejects,
@@ -68,16 +68,6 @@ pytestmark = [pytest.mark.stage(1)]
 
 core = pytest.mark.core
 extended = pytest.mark.extended
-
-
-@pytest.fixture(autouse=True)
-def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
-    """Build one queue before anything else: on a stub this fails at once with "not
-    implemented yet: ..." instead of letting hypothesis shrink a Todo.
-    (State machines, being unittest classes, also find the stage module here.)"""
-    stage_module.JobQueue(
-        clock=ManualClock(START), lease_ns=LEASE, retry=RetryPolicy(BASE, CAP), max_attempts=1
-    )
 
 
 # --------------------------------------------------------------------------------------

@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 import sys
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -33,7 +32,6 @@ from katas.job_scheduler._testing.clients import (
 from katas.job_scheduler._testing.model import Model
 from katas.job_scheduler._testing.queues import (
     BASE,
-    CAP,
     DEAD,
     FINISHED,
     LEASE,
@@ -43,6 +41,7 @@ from katas.job_scheduler._testing.queues import (
     START,
     SUCCEEDED,
     drawn_delays,
+    fail_fast_on_stubs,  # noqa: F401 (autouse)
     held,
     new_queue,
     rel,
@@ -62,16 +61,6 @@ pytestmark = [pytest.mark.stage(1)]
 
 core = pytest.mark.core
 extended = pytest.mark.extended
-
-
-@pytest.fixture(autouse=True)
-def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
-    """Build one queue before anything else: on a stub this fails at once with "not
-    implemented yet: ..." instead of letting hypothesis shrink a Todo.
-    (State machines, being unittest classes, also find the stage module here.)"""
-    stage_module.JobQueue(
-        clock=ManualClock(START), lease_ns=LEASE, retry=RetryPolicy(BASE, CAP), max_attempts=1
-    )
 
 
 # --------------------------------------------------------------------------------------
