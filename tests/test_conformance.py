@@ -17,7 +17,6 @@ their own, compared stub against reference by tests/test_surface.py):
   acquire, no ``peek``/``reset``), ``ConcurrencyLimiter`` and ``RedisConcurrencyLimiter``
   (leases), ``RedisRateLimiter`` (no ``tracked_keys``/``sweep``: Redis expires the keys)
   and ``AsyncRedisRateLimiter`` (``async``);
-- kv_cache: stage 3's ``ShardedCache`` and ``NearCache`` (remote: no ``len``/iteration);
 - job_scheduler: the queues, pools and workers;
 - dynamic_batcher: stage 2's ``AsyncEngine`` and ``DynamicBatcher``, stage 3's
   ``ReplicaSet`` and ``Router`` (their streams are ``api.TokenStream``s, below; the

@@ -3,70 +3,57 @@
 Core: ``LRUCache`` and ``TTLCache`` by count, with ``on_evict`` and ``statistics()``.
 Extended: weights (``max_weight``, ``weigh``) and ``LFUCache``.
 
-Examples read like the prompt; state machines compare every observable result — values,
-eviction order, recency order, callbacks, stats — with an O(n) list ``Model`` written
-here from the rules (never reading an implementation), by count and by weight: a
-count-only model misses the weight bugs. Time is a ``ManualClock``.
+The map of this file:
+
+- examples, core: LRU order, capacity, update-not-insert, falsy hits, pure observations,
+  delete and clear, the counters, TTL deadlines, bad parameters, unhashable keys;
+- examples, extended: weights (update, heavy values, oversize, bad weights), LFU;
+- boundaries: each rule at its edge on every path — the instants around a deadline, a
+  weight at and past the limit, every way a value can leave (``on_evict`` sees a
+  consistent cache, and may be assigned later);
+- the model tests: state machines (``_testing/machine.py``) compare every observable
+  result — values, eviction order, recency order, callbacks, stats — with an O(n) list
+  model written from the rules (``_testing/model.py``), by count and by weight.
+
+Time is a ``ManualClock``; caches are built by ``_testing/caches.py``'s ``make``.
 """
 
 from __future__ import annotations
 
-import functools
-import operator
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from katas._harness.under_test import stage
-from katas._harness.walks import Step, Walk, walked
-from katas.kv_cache.api import CacheStats, ManualClock, RemovalCause
+from katas._harness.story import check
+from katas.kv_cache._testing.caches import (
+    ALL_KINDS,
+    EVICTED,
+    EXPIRED,
+    EXPLICIT,
+    REPLACED,
+    START,
+    TTL,
+    Heard,
+    Log,
+    make,
+)
+from katas.kv_cache._testing.callbacks import consistency_problems
+from katas.kv_cache._testing.machine import model_test
+from katas.kv_cache.api import CacheStats, ExpiringCache, ManualClock
 
 pytestmark = [pytest.mark.stage(1)]
 
 core = pytest.mark.core
 extended = pytest.mark.extended
 
-EVICTED, EXPIRED = RemovalCause.EVICTED, RemovalCause.EXPIRED
-EXPLICIT, REPLACED = RemovalCause.EXPLICIT, RemovalCause.REPLACED
-START = 1_000_000
-TTL = 1_000
-
 
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
     """Build a cache first: on a stub this fails at once with "not implemented yet"."""
     stage_module.LRUCache(1)
-
-
-class Log:
-    """Records ``on_evict`` calls."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, Any, RemovalCause]] = []
-        self.taken: list[tuple[Any, Any, RemovalCause]] = []  # what take() last returned
-
-    def __call__(self, key: Any, value: Any, cause: RemovalCause) -> None:
-        self.calls.append((key, value, cause))
-
-    def __repr__(self) -> str:  # as the steps of a failure show it
-        return "log"
-
-    def take(self) -> list[tuple[Any, Any, RemovalCause]]:
-        self.taken, self.calls = self.calls, []
-        return self.taken
-
-
-def make(kind: str, maxsize: int, clock: ManualClock | None = None, **kw: Any) -> Any:
-    cls = getattr(stage(), kind)
-    if kind == "TTLCache":
-        return cls(maxsize, kw.pop("ttl_ns", TTL), clock=clock or ManualClock(START), **kw)
-    return cls(maxsize, **kw)
 
 
 # --------------------------------------------------------------------------- examples
@@ -131,7 +118,7 @@ def test_stage1_update_is_not_an_insert(kind: str) -> None:
 @pytest.mark.rule("falsy-hits")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 @pytest.mark.parametrize("value", [0, "", None, False, []])
-def test_stage1_falsy_values_are_hits(kind: str, value: Any) -> None:
+def test_stage1_falsy_values_are_hits(kind: str, value: object) -> None:
     cache = make(kind, 2)
     cache.put("k", value)
     assert cache.get("k", "missing") == value and "k" in cache, (
@@ -297,9 +284,9 @@ def test_stage1_ttl_survives_a_clock_stepping_back() -> None:
     assert len(cache) == 1
 
 
-_BAD: list[Any] = [
+_BAD: list[tuple[str, Callable[[], object], type[Exception], str]] = [
     ("maxsize zero", lambda: make("LRUCache", 0), ValueError, "maxsize"),
-    ("maxsize float", lambda: make("LRUCache", 1.5), TypeError, "maxsize"),  # type: ignore[arg-type]
+    ("maxsize float", lambda: make("LRUCache", 1.5), TypeError, "maxsize"),  # type: ignore[call-overload]
     ("ttl zero", lambda: make("TTLCache", 2, ttl_ns=0), ValueError, "ttl_ns"),
     ("ttl negative", lambda: make("TTLCache", 2, ttl_ns=-1), ValueError, "ttl_ns"),
 ]
@@ -309,7 +296,7 @@ _BAD: list[Any] = [
 @pytest.mark.rule("bad-parameters")
 @pytest.mark.parametrize(("call", "error", "name"), [pytest.param(*b[1:], id=b[0]) for b in _BAD])
 def test_stage1_bad_parameters_raise_naming_them(
-    call: Callable[[], Any], error: type[Exception], name: str
+    call: Callable[[], object], error: type[Exception], name: str
 ) -> None:
     with pytest.raises(error) as raised:
         call()
@@ -484,16 +471,7 @@ def test_stage1_expired_entries_never_pile_up() -> None:
 # and past the limit, every way a value can leave.
 
 
-def expect(ok: bool, message: str) -> None:
-    """Fail with ``message`` alone (an ``assert`` would add pytest's diff of the same)."""
-    if not ok:
-        raise AssertionError(message)
-
-
-ALL_KINDS = ["LRUCache", "TTLCache", "LFUCache"]
-
-
-def _boundary_cache(maxsize: int = 4) -> tuple[Any, ManualClock, Log]:
+def _boundary_cache(maxsize: int = 4) -> tuple[ExpiringCache, ManualClock, Log]:
     """A TTL cache holding ``k`` (written at START, deadline START + TTL)."""
     clock, log = ManualClock(START), Log()
     cache = make("TTLCache", maxsize, clock, ttl_ns=TTL, on_evict=log)
@@ -502,7 +480,7 @@ def _boundary_cache(maxsize: int = 4) -> tuple[Any, ManualClock, Log]:
 
 
 #: op name -> (what to do, what it returns/hears while live, and once expired)
-_AT_DEADLINE: dict[str, tuple[Callable[[Any], Any], Any, Any]] = {
+_AT_DEADLINE: dict[str, tuple[Callable[[ExpiringCache], object], object, object]] = {
     "get": (lambda c: c.get("k", "gone"), "v", "gone"),
     "in": (lambda c: "k" in c, True, False),
     "len": (lambda c: len(c), 1, 0),
@@ -514,7 +492,7 @@ _AT_DEADLINE: dict[str, tuple[Callable[[Any], Any], Any, Any]] = {
     "clear": (lambda c: c.clear(), None, None),
 }
 #: What on_evict hears from each op, while live and once expired.
-_HEARD: dict[str, tuple[list[Any], list[Any]]] = {
+_HEARD: dict[str, tuple[list[Heard], list[Heard]]] = {
     "get": ([], [("k", "v", EXPIRED)]),
     "delete": ([("k", "v", EXPLICIT)], [("k", "v", EXPIRED)]),
     "put over it": ([("k", "v", REPLACED)], [("k", "v", EXPIRED)]),
@@ -535,7 +513,7 @@ def test_stage1_ttl_every_path_at_the_deadline(op: str, offset: int) -> None:
     got = do(cache)
     want = live if alive else expired
     when = f"at deadline{offset:+d} ns" if offset else "at the deadline exactly"
-    expect(
+    check(
         got == want,
         f"put('k', 'v') at t with ttl_ns={TTL}; {op} {when} must give {want!r} "
         f"(live iff now < t + ttl_ns); got {got!r}",
@@ -544,20 +522,20 @@ def test_stage1_ttl_every_path_at_the_deadline(op: str, offset: int) -> None:
     expired_heard = [c for c in heard if c[2] is EXPIRED]
     if op in _HEARD:
         want_heard = _HEARD[op][0 if alive else 1]
-        expect(
+        check(
             heard == want_heard,
             f"{op} {when}: on_evict must hear {want_heard} (an entry at or past "
             f"its deadline leaves as EXPIRED, a live one as EXPLICIT/REPLACED); heard {heard}",
         )
     else:  # an observation may reclaim the expired entry, as EXPIRED, at most once
-        expect(
+        check(
             heard == expired_heard and len(heard) <= (0 if alive else 1),
             f"{op} {when} is an observation: it may only reclaim an expired entry "
             f"(EXPIRED, once); heard {heard}",
         )
     stats = cache.statistics()
     log.take()
-    expect(
+    check(
         stats.expirations == (0 if alive else 1),
         f"{op} {when}: expirations must be {0 if alive else 1}; {stats}",
     )
@@ -571,7 +549,7 @@ def test_stage1_ttl_delete_at_the_deadline() -> None:
         clock.set(START + TTL + offset)
         got = cache.delete("k")
         cause = EXPLICIT if offset < 0 else EXPIRED
-        expect(
+        check(
             got is (offset < 0) and log.take() == [("k", "v", cause)],
             f"delete('k') at deadline{offset:+d} ns must return {offset < 0} and report "
             f"{cause.name} (live iff now < deadline; an expired entry leaves as EXPIRED); got "
@@ -587,7 +565,7 @@ def test_stage1_ttl_a_full_cache_at_the_deadline(offset: int) -> None:
     clock.set(START + TTL + offset)
     cache.put("new", "n")
     want = [("k", "v", EVICTED if offset < 0 else EXPIRED)]
-    expect(
+    check(
         log.take() == want,
         f"a full TTLCache(1) holding k, put of another key at deadline{offset:+d}: "
         f"k must leave as {want[0][2].name} (expired entries go before live ones, and k is "
@@ -606,66 +584,21 @@ def test_stage1_ttl_clear_reports_expired_entries_as_expired() -> None:
     clock.advance(TTL // 2)  # old's deadline exactly
     cache.clear()
     heard = sorted(log.take(), key=lambda c: str(c[0]))
-    expect(
+    check(
         heard == [("live", 2, EXPLICIT), ("old", 1, EXPIRED)],
         "clear() on a TTL cache reports an entry already expired as EXPIRED (its "
         f"time ran out before clear came) and a live one as EXPLICIT; heard {heard}",
     )
     stats = cache.statistics()
-    expect(
+    check(
         (stats.expirations, stats.evictions, stats.size) == (1, 0, 0),
         f"after clear() the expired entry is counted in expirations: {stats}",
     )
 
 
-def _consistency_problems(kind: str, weighted: bool) -> list[str]:
-    clock = ManualClock(START)
-    problems: list[str] = []
-    where = f"{kind}{' by weight' if weighted else ''}"
-
-    def on_evict(key: Any, value: Any, cause: RemovalCause) -> None:
-        held = list(cache)  # pure observations only
-        inside = key in cache
-        if cause is REPLACED and not inside:
-            problems.append(f"{cause.name} of {key!r}: the new value is not in place")
-        if cause is not REPLACED and (inside or key in held):
-            problems.append(f"{cause.name} of {key!r}: it is still in the cache")
-        if len(held) > cache.maxsize:
-            problems.append(f"{cause.name} of {key!r}: {len(held)} keys > maxsize")
-        if weighted and kind != "TTLCache" and cache.statistics().weight > cache.max_weight:
-            problems.append(f"{cause.name} of {key!r}: weight {cache.statistics().weight} > max")
-
-    kw: dict[str, Any] = {"on_evict": on_evict}
-    if weighted:
-        kw |= {"max_weight": 6, "weigh": len}
-    cache = make(kind, 3, clock, **kw)
-    steps: list[tuple[str, Callable[[], Any]]] = [
-        ("put a, b, c", lambda: [cache.put(k, "x") for k in "abc"]),
-        ("put d (evicts)", lambda: cache.put("d", "x")),
-        ("put d again (replaces)", lambda: cache.put("d", "y")),
-        ("delete c", lambda: cache.delete("c")),
-        ("put e (a heavy one)", lambda: cache.put("e", "eeee" if weighted else "e")),
-        ("clear", lambda: cache.clear()),
-    ]
-    if kind == "TTLCache":
-        steps += [
-            ("put f, g", lambda: [cache.put(k, "x") for k in "fg"]),
-            ("at their deadline", lambda: clock.advance(TTL)),
-            ("get f", lambda: cache.get("f")),
-            ("expire()", lambda: cache.expire()),
-        ]
-    done: list[str] = []
-    for what, step in steps:
-        step()
-        done.append(what)
-        if problems:
-            return [f"{where}: {p} (after {'; '.join(done)})" for p in problems]
-    return []
-
-
 def _expect_consistent(cases: list[tuple[str, bool]]) -> None:
-    problems = [p for kind, weighted in cases for p in _consistency_problems(kind, weighted)]
-    expect(
+    problems = [p for kind, weighted in cases for p in consistency_problems(kind, weighted)]
+    check(
         not problems,
         "on_evict must run only once the cache is consistent again (the victim "
         "gone, within capacity):\n  " + "\n  ".join(problems),
@@ -698,10 +631,10 @@ def test_stage1_a_weight_given_to_put_is_validated_like_weighs() -> None:
 
 
 def _check_put_weight(kind: str, weight: Any, names: str) -> None:
-    weighed: list[Any] = []
+    weighed: list[object] = []
     log = Log()
 
-    def weigh(value: Any) -> int:
+    def weigh(value: object) -> int:
         weighed.append(value)
         return 1
 
@@ -712,20 +645,20 @@ def _check_put_weight(kind: str, weight: Any, names: str) -> None:
         try:
             cache.put(key, "y", weight=weight)
         except ValueError as e:
-            expect(names in str(e), f"{kind}: the ValueError must name {names}: {e!r}")
+            check(names in str(e), f"{kind}: the ValueError must name {names}: {e!r}")
         else:
             raise AssertionError(
                 f"{kind}(10, max_weight=10).put({key!r}, 'y', weight={weight!r}) must "
                 f"raise ValueError naming {names}: a weight given to put is validated like "
                 f"weigh's result"
             )
-    expect(
+    check(
         log.calls == [] and list(cache) == ["a"] and cache.statistics().weight == 1,
         f"{kind}: a refused weight={weight!r} changes nothing: heard {log.calls}, "
         f"keys {list(cache)}, {cache.statistics()}",
     )
     cache.put("f", "ffff", weight=5)
-    expect(
+    check(
         weighed == [] and cache.statistics().weight == 6,
         f"{kind}: put('f', 'ffff', weight=5) takes the weight given (total 1 + 5 = 6) "
         f"and does not call weigh; weigh saw {weighed}, {cache.statistics()}",
@@ -740,7 +673,7 @@ def test_stage1_without_max_weight_a_weight_is_ignored(kind: str) -> None:
     cache.put("a", 1, weight=7)
     cache.put("b", 2, weight=7)
     stats = cache.statistics()
-    expect(
+    check(
         (stats.size, stats.weight) == (2, 2) and list(cache) == ["a", "b"],
         f"without max_weight every entry weighs 1 (weight= is ignored): {stats}",
     )
@@ -756,7 +689,7 @@ def test_stage1_on_evict_can_be_assigned_later(kind: str) -> None:
     cache.put("b", 2)
     cache.put("b", 3)
     cache.delete("b")
-    expect(
+    check(
         log.take() == [("a", 1, EVICTED), ("b", 2, REPLACED), ("b", 3, EXPLICIT)],
         f"on_evict is a plain attribute read at each removal: a callback assigned "
         f"after the cache was built hears every later removal; heard {log.taken}",
@@ -764,7 +697,7 @@ def test_stage1_on_evict_can_be_assigned_later(kind: str) -> None:
     cache.on_evict = None
     cache.put("c", 1)
     cache.put("d", 1)
-    expect(log.calls == [], f"on_evict = None silences it; heard {log.calls}")
+    check(log.calls == [], f"on_evict = None silences it; heard {log.calls}")
 
 
 @extended
@@ -775,19 +708,19 @@ def test_stage1_lfu_a_key_that_comes_back_starts_at_one() -> None:
     for _ in range(3):
         cache.get("a")
     cache.put("a", 2)
-    expect(cache.frequency("a") == 5, f"1 + 3 hits + 1 update: {cache.frequency('a')}")
-    expect(cache.frequency("zz") == 0, "frequency of a key not held is 0")
+    check(cache.frequency("a") == 5, f"1 + 3 hits + 1 update: {cache.frequency('a')}")
+    check(cache.frequency("zz") == 0, "frequency of a key not held is 0")
     cache.delete("a")
-    expect(cache.frequency("a") == 0, "a deleted key has frequency 0")
+    check(cache.frequency("a") == 0, "a deleted key has frequency 0")
     cache.put("a", 3)
-    expect(
+    check(
         cache.frequency("a") == 1,
         f"a key that leaves and comes back starts again at 1; got {cache.frequency('a')}",
     )
     cache.put("b", 1)
     cache.get("b")
     cache.put("c", 1)  # a (1) is the victim, not b (2)
-    expect(
+    check(
         list(cache) == ["c", "b"],
         f"a's old count is forgotten, so a (frequency 1) was evicted: {list(cache)}",
     )
@@ -817,7 +750,7 @@ def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entrie
         grown = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    expect(
+    check(
         grown < 256 * 1024,
         f"20 000 updates of one key grew the cache's memory by {grown // 1024} KiB: "
         "the stale deadlines of updated keys must be reclaimed (in proportion to the live "
@@ -825,260 +758,23 @@ def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entrie
     )
     cache.on_evict = log
     clock.set(START + ttl - 1)
-    expect(
+    check(
         cache.expire() == 0 and len(cache) == 11,
         f"1 ns before their deadline all 11 keys are live: len {len(cache)}",
     )
     clock.set(START + ttl)
     gone = cache.expire()
-    expect(
+    check(
         (gone, len(cache), list(cache), cache.statistics().expirations) == (10, 1, ["hot"], 10),
         f"at their deadline the 10 keys written first expire (expire() -> 10, "
         f"'hot' stays); got expire() -> {gone}, keys {list(cache)}, {cache.statistics()} — the "
         "deadline bookkeeping lost track of them while it reclaimed the stale ones",
     )
     heard = sorted(k for k, _, c in log.take() if c is EXPIRED)
-    expect(heard == list(range(10)), f"EXPIRED heard for 0..9; heard {heard}")
+    check(heard == list(range(10)), f"EXPIRED heard for 0..9; heard {heard}")
 
 
-# --------------------------------------------------------------------------- the model
-
-
-@dataclass
-class Entry:
-    key: Any
-    value: Any
-    weight: int
-    deadline: int | None
-    freq: int = 1
-    tick: int = 0
-
-
-@dataclass
-class Model:
-    """One cache's exact behaviour: a plain list, least recently used first."""
-
-    kind: str
-    maxsize: int
-    max_weight: int | None
-    ttl: int | None
-    entries: list[Entry] = field(default_factory=list)
-    dead: dict[Any, Any] = field(default_factory=dict)  # expired, not yet reported
-    ticks: int = 0
-    hits: int = 0
-    misses: int = 0
-    evictions: int = 0
-    expirations: int = 0
-
-    def find(self, key: Any) -> Entry | None:
-        return next((e for e in self.entries if e.key == key), None)
-
-    def expired(self, e: Entry, now: int) -> bool:
-        return e.deadline is not None and now >= e.deadline
-
-    def settle(self, now: int) -> None:
-        """Expired entries leave the live list (the cache reports them when it likes)."""
-        for e in [e for e in self.entries if self.expired(e, now)]:
-            self.entries.remove(e)
-            self.dead[e.key] = e.value
-
-    def touch(self, e: Entry) -> None:
-        self.ticks += 1
-        e.freq, e.tick = e.freq + 1, self.ticks
-        self.entries.remove(e)
-        self.entries.append(e)
-
-    def get(self, key: Any, now: int) -> tuple[bool, Any]:
-        self.settle(now)
-        e = self.find(key)
-        if e is None:
-            self.misses += 1
-            return False, None
-        self.hits += 1
-        self.touch(e)
-        return True, e.value
-
-    def put(self, key: Any, value: Any, weight: int, now: int) -> list[tuple[Any, Any, Any]]:
-        """The non-EXPIRED callbacks this put makes, in order."""
-        self.settle(now)
-        heard: list[tuple[Any, Any, Any]] = []
-        deadline = None if self.ttl is None else now + self.ttl
-        e = self.find(key)
-        if e is not None:
-            heard.append((key, e.value, REPLACED))
-            e.value, e.weight, e.deadline = value, weight, deadline
-            self.touch(e)
-        else:
-            self.ticks += 1
-            self.entries.append(Entry(key, value, weight, deadline, 1, self.ticks))
-        while len(self.entries) > self.maxsize or (
-            self.max_weight is not None and sum(x.weight for x in self.entries) > self.max_weight
-        ):
-            others = [x for x in self.entries if x.key != key]
-            victim = (
-                min(others, key=lambda x: (x.freq, x.tick))
-                if self.kind == "LFUCache"
-                else others[0]
-            )
-            self.entries.remove(victim)
-            self.evictions += 1
-            heard.append((victim.key, victim.value, EVICTED))
-        return heard
-
-    def delete(self, key: Any, now: int) -> bool:
-        self.settle(now)
-        e = self.find(key)
-        if e is None:
-            return False
-        self.entries.remove(e)
-        return True
-
-    def order(self) -> list[Any]:
-        if self.kind == "LFUCache":
-            return [e.key for e in sorted(self.entries, key=lambda x: (x.freq, x.tick))]
-        return [e.key for e in self.entries]
-
-
-KEYS = st.sampled_from(["a", "b", "c", "d", "e", "f"])
-
-
-class CacheMachine(RuleBasedStateMachine):
-    """A cache and its model under random operations, compared at every step."""
-
-    kind = "LRUCache"
-    weighted = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.clock = ManualClock(START)
-        self.log = Log()
-        self.history: list[str] = []
-
-    @initialize(maxsize=st.integers(1, 6), max_weight=st.integers(3, 12))
-    def build(self, maxsize: int, max_weight: int) -> None:
-        kw: dict[str, Any] = {"on_evict": self.log}
-        if self.weighted:
-            kw |= {"max_weight": max_weight, "weigh": lambda v: v % 7}
-        self.cache = make(self.kind, maxsize, self.clock, **kw)
-        ttl = TTL if self.kind == "TTLCache" else None
-        self.model = Model(self.kind, maxsize, max_weight if self.weighted else None, ttl)
-        self.history.append(f"{self.kind}({maxsize}, {kw})")
-
-    def fail(self, what: str) -> str:
-        steps = "\n".join(f"    {h}" for h in self.history[-15:])
-        return f"{what}\n  the last steps:\n{steps}"
-
-    def heard(self, expected: list[tuple[Any, Any, Any]]) -> None:
-        calls = self.log.take()
-        now = self.clock.now_ns()
-        for key, value, cause in calls:
-            if cause is EXPIRED:
-                expect(
-                    self.model.dead.get(key, object()) == value
-                    or any(
-                        e.key == key and e.value == value and self.model.expired(e, now)
-                        for e in self.model.entries
-                    ),
-                    self.fail(f"on_evict({key!r}, {value!r}, EXPIRED) for an entry not expired"),
-                )
-                self.model.dead.pop(key, None)
-                self.model.expirations += 1
-        others = [c for c in calls if c[2] is not EXPIRED]
-        expect(
-            others == expected,
-            self.fail(f"on_evict calls: expected {expected} (and any EXPIRED), got {calls}"),
-        )
-
-    @rule(key=KEYS, value=st.integers(0, 20))
-    def put(self, key: str, value: int) -> None:
-        self.history.append(f"put({key!r}, {value})")
-        weight = value % 7
-        if self.weighted and weight > self.model.max_weight:  # type: ignore[operator]
-            why = f"it weighs {weight} > max_weight={self.model.max_weight}"
-            try:
-                self.cache.put(key, value)
-            except ValueError:
-                pass
-            except Exception as e:
-                raise AssertionError(
-                    self.fail(f"put({key!r}, {value}): expected ValueError ({why}), got {e!r}")
-                ) from e
-            else:
-                raise AssertionError(
-                    self.fail(f"put({key!r}, {value}): expected ValueError ({why}); it returned")
-                )
-            self.heard([])
-            return
-        expected = self.model.put(key, value, weight if self.weighted else 1, self.clock.now_ns())
-        self.call(f"put({key!r}, {value})", lambda: self.cache.put(key, value))
-        self.heard(expected)
-
-    def call(self, what: str, fn: Callable[[], Any]) -> Any:
-        """``fn()``; an exception where the model expects none fails with the steps."""
-        try:
-            return fn()
-        except Exception as e:
-            raise AssertionError(
-                self.fail(f"{what} raised {e!r}; the model expected no exception")
-            ) from e
-
-    @rule(key=KEYS)
-    def get(self, key: str) -> None:
-        self.history.append(f"get({key!r})")
-        hit, value = self.model.get(key, self.clock.now_ns())
-        got = self.call(f"get({key!r})", lambda: self.cache.get(key, "MISS"))
-        expect(
-            got == (value if hit else "MISS"),
-            self.fail(f"get({key!r}): expected {value if hit else 'a miss'}, got {got!r}"),
-        )
-        self.heard([])
-
-    @rule(key=KEYS)
-    def delete(self, key: str) -> None:
-        self.history.append(f"delete({key!r})")
-        value = e.value if (e := self.model.find(key)) else None
-        expected = self.model.delete(key, self.clock.now_ns())
-        got = self.call(f"delete({key!r})", lambda: self.cache.delete(key))
-        expect(got is expected, self.fail(f"delete({key!r}): expected {expected}, got {got}"))
-        self.heard([(key, value, EXPLICIT)] if expected else [])
-
-    @precondition(lambda self: self.kind == "TTLCache")
-    @rule(ns=st.sampled_from([1, 250, 499, 500, 999, 1_000]))
-    def advance(self, ns: int) -> None:
-        self.history.append(f"advance({ns})")
-        self.clock.advance(ns)
-
-    # A rule, not an invariant: len() and statistics() may reclaim expired entries, and
-    # observing after every step would hide a get or put that mishandles one.
-    @rule()
-    def observations_agree(self) -> None:
-        now = self.clock.now_ns()
-        self.model.settle(now)
-        keys = self.model.order()
-        held = self.call("list(cache)", lambda: list(self.cache))
-        size = self.call("len(cache)", lambda: len(self.cache))
-        expect(
-            held == keys and size == len(keys),
-            self.fail(f"held keys (in eviction order): expected {keys}, got {held} (len {size})"),
-        )
-        for key in ["a", "b", "c", "d", "e", "f"]:
-            contains = functools.partial(operator.contains, self.cache, key)
-            expect(
-                self.call(f"{key!r} in cache", contains) == (key in keys),
-                self.fail(f"{key!r} in cache: expected {key in keys}"),
-            )
-        self.heard([])  # observing may reclaim expired entries: EXPIRED calls only
-        stats = self.call("statistics()", self.cache.statistics)
-        self.heard([])
-        m = self.model
-        weight = sum(e.weight for e in m.entries) if self.weighted else len(keys)
-        want = CacheStats(m.hits, m.misses, m.evictions, m.expirations, len(keys), weight)
-        expect(stats == want, self.fail(f"statistics(): expected {want}, got {stats}"))
-
-
-def machine(kind: str, weighted: bool) -> type[RuleBasedStateMachine]:
-    return type(f"{kind}{'Weighted' if weighted else ''}Machine", (CacheMachine,),
-                {"kind": kind, "weighted": weighted})  # fmt: skip
+# --------------------------------------------------------------------- the model tests
 
 
 _MODEL_RULES = (
@@ -1093,89 +789,6 @@ lru_rules = pytest.mark.rule(*_MODEL_RULES)
 ttl_rules = pytest.mark.rule(*_MODEL_RULES, *_TTL_RULES)
 weight_rules = pytest.mark.rule(*_WEIGHT_RULES)
 lfu_rules = pytest.mark.rule(*_MODEL_RULES, *_LFU_RULES)
-
-
-def _put(key: str, value: int) -> Step:
-    return ("put", {"key": key, "value": value})
-
-
-def _key(rule: str, key: str) -> Step:
-    return (rule, {"key": key})
-
-
-_BUILD: Step = ("build", {"maxsize": 3, "max_weight": 12})
-_OBSERVE: Step = ("observations_agree", {})
-#: The walks every model test replays before its random steps (weights v % 7 stay under
-#: max_weight, so the weighted caches walk the same way).
-WALKS: dict[str, Walk] = {
-    # A read refreshes recency and a membership test does not: after get("a") the order
-    # is b, c, a whatever `in` asked in between, and the next put evicts b.
-    "recency": [
-        _BUILD,
-        _put("a", 1),
-        _put("b", 2),
-        _put("c", 3),
-        _key("get", "a"),
-        _OBSERVE,
-        _OBSERVE,
-        _put("d", 4),
-        _OBSERVE,
-    ],
-    # A replacement and a delete are no evictions.
-    "removals": [_BUILD, _put("a", 1), _put("a", 8), _key("delete", "a"), _OBSERVE],
-    # An update of a full cache evicts nothing; the key being written is never the victim.
-    "full": [
-        _BUILD,
-        _put("a", 1),
-        _put("b", 2),
-        _put("c", 3),
-        _put("b", 9),
-        _OBSERVE,
-        _put("d", 4),
-        _OBSERVE,
-    ],
-    # What a delete took leaves no trace in the order: the next evictions go as in a
-    # fresh cache.
-    "ghosts": [
-        _BUILD,
-        _put("a", 1),
-        _put("b", 2),
-        _key("delete", "a"),
-        _put("c", 3),
-        _put("d", 4),
-        _put("e", 5),
-        _OBSERVE,
-    ],
-}
-TTL_WALKS: dict[str, Walk] = {
-    **WALKS,
-    # A deleted key's deadline goes with it (its new value outlives the old deadline),
-    # and an entry is gone at the very instant of its deadline: for a read, and for
-    # iteration, len and the counters.
-    "deadlines": [
-        _BUILD, _put("a", 1), _key("delete", "a"), ("advance", {"ns": TTL // 2}),
-        _put("a", 2), _put("b", 3), ("advance", {"ns": TTL // 2}), _OBSERVE,
-        ("advance", {"ns": TTL // 2}), _key("get", "a"), _OBSERVE,
-    ],
-    # An update restarts the deadline: the old one passes, the new one holds.
-    "update": [
-        _BUILD, _put("a", 1), ("advance", {"ns": TTL // 2}), _put("a", 2),
-        ("advance", {"ns": TTL // 2}), _key("get", "a"), ("advance", {"ns": TTL // 2}),
-        _key("get", "a"), _OBSERVE,
-    ],
-    # A full cache drops an expired entry before it evicts a live one; a delete at the
-    # deadline finds nothing (EXPIRED, not EXPLICIT); a put over an expired key is no
-    # replacement.
-    "expired": [
-        _BUILD, _put("a", 1), ("advance", {"ns": TTL // 2}), _put("b", 2), _put("c", 3),
-        ("advance", {"ns": TTL // 2}), _put("d", 4), _OBSERVE,
-        ("advance", {"ns": TTL // 2}), _key("delete", "b"), _put("c", 6), _OBSERVE,
-    ],
-}  # fmt: skip
-
-
-def model_test(kind: str, weighted: bool) -> type[Any]:
-    return walked(machine(kind, weighted), TTL_WALKS if kind == "TTLCache" else WALKS)
 
 
 TestStage1LRUMatchesTheModel = core(lru_rules(model_test("LRUCache", False)))

@@ -4,11 +4,13 @@ Core: ``ConcurrentCache`` — exact stats and capacity under racing threads, per
 linearizability, single-flight ``get_or_load``, user code outside the lock. Extended:
 ``AsyncCache`` on asyncio and trio, with the cancellation rules.
 
-How these tests stay deterministic: loaders block on events the test sets, and the test
-sequences threads and tasks by ``load_statistics()`` (loads in flight, waiters) instead of
-sleeping; every wait has a hard real-time deadline and every thread is a daemon. Races
-are provoked with many threads under a tiny ``sys.setswitchinterval`` and judged by
-exact counts and by a linearizability search over the recorded history.
+How these tests stay deterministic: loaders block on events the test sets
+(``_testing/loaders.py``), and the test sequences threads and tasks by
+``load_statistics()`` (loads in flight, waiters) instead of sleeping, probing the
+cache's lock from another thread (``_testing/locks.py``); every wait has a hard
+real-time deadline and every thread is a daemon. Races are provoked with many threads
+under a tiny ``sys.setswitchinterval`` and judged by exact counts and by a
+linearizability search over the recorded history.
 """
 
 from __future__ import annotations
@@ -18,13 +20,13 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import anyio
 import pytest
 
 from katas._harness.history import Call, check_per_key
 from katas._harness.interleave import Gate, Parked
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
@@ -33,6 +35,17 @@ from katas._harness.waiting import (
     spawn,
     tiny_switch_interval,
 )
+from katas.kv_cache._testing.caches import EVICTED, EXPIRED, async_cache, concurrent, lru, wrap
+from katas.kv_cache._testing.loaders import AsyncLoader, Loader
+from katas.kv_cache._testing.locks import (
+    GRACE_S,
+    PROMPTLY_S,
+    free_while,
+    free_while_loading,
+    loading,
+    loads,
+    waiting_now,
+)
 from katas.kv_cache.api import LoadStatistics, ManualClock, RemovalCause
 
 pytestmark = [pytest.mark.stage(2)]
@@ -40,84 +53,11 @@ pytestmark = [pytest.mark.stage(2)]
 core = pytest.mark.core
 extended = pytest.mark.extended
 
-EVICTED, EXPIRED = RemovalCause.EVICTED, RemovalCause.EXPIRED
-
 
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs() -> None:
     """Wrap a cache first: on a stub this fails at once with "not implemented yet"."""
     stage(2).ConcurrentCache(stage(1).LRUCache(1))
-
-
-def concurrent(maxsize: int = 100, kind: str = "LRUCache", **kw: Any) -> Any:
-    cls = getattr(stage(1), kind)
-    inner = (
-        cls(maxsize, 10**15, clock=ManualClock(), **kw)
-        if kind == "TTLCache"
-        else cls(maxsize, **kw)
-    )
-    return stage(2).ConcurrentCache(inner)
-
-
-def loads(cache: Any) -> LoadStatistics:
-    stats = cache.load_statistics()
-    assert isinstance(stats, LoadStatistics), f"load_statistics() returned {stats!r}"
-    return stats
-
-
-class Loader:
-    """A loader that blocks until the test releases it (hard deadline); counts calls."""
-
-    def __init__(self, result: Callable[[int], Any] = lambda n: object()) -> None:
-        self.release = threading.Event()
-        self.entered = threading.Event()
-        self.calls = 0
-        self._result = result
-        self._lock = threading.Lock()
-
-    def __call__(self) -> Any:
-        with self._lock:
-            self.calls += 1
-            n = self.calls
-        self.entered.set()
-        self.release.wait(DEADLINE_S)
-        return self._result(n)
-
-
-def stats_now(cache: Any) -> Any:
-    """``load_statistics()``, or None if the cache's lock is held past :data:`GRACE_S`."""
-    probe = spawn(lambda: loads(cache), "probe")
-    probe.join(GRACE_S)
-    return None if probe.is_alive() else probe.result
-
-
-def waiting_now(cache: Any) -> bool:
-    """Some caller waits for a flight (False if the lock cannot be had at once)."""
-    stats = stats_now(cache)
-    return stats is not None and stats.waiters > 0
-
-
-def free_while(cache: Any, release: Callable[[], None], what: str) -> None:
-    """User code is running (``what``): the cache's lock must be free (``load_statistics()``
-    takes it). If it is held, fail now, after letting the user code go, rather than let
-    every later step of the test wait out its deadline behind it."""
-    if stats_now(cache) is None:
-        release()
-        raise AssertionError(
-            f"while {what}, load_statistics() could not take the cache's lock: user code runs "
-            "under it, so every miss of any key, and every get and put, queues behind it"
-        )
-
-
-def free_while_loading(cache: Any, release: Callable[[], None]) -> None:
-    """A loader is running: the cache's lock must be free (see :func:`free_while`)."""
-    free_while(cache, release, "the loader ran")
-
-
-def loading(cache: Any, loader: Loader) -> None:
-    """Wait (hard deadline) until ``loader`` runs for a miss, and check the lock is free."""
-    assert loader.entered.wait(DEADLINE_S), "a miss in get_or_load must call the loader"
-    free_while_loading(cache, loader.release.set)
 
 
 # --------------------------------------------------------------------------- core
@@ -127,7 +67,7 @@ def loading(cache: Any, loader: Loader) -> None:
 @pytest.mark.rule("exact-under-threads")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
-    evicted: list[Any] = []
+    evicted: list[object] = []
     cache = concurrent(
         32, kind, on_evict=lambda k, v, c: evicted.append(k) if c is EVICTED else None
     )
@@ -169,13 +109,12 @@ def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() ->
         "15 callers waiting for the one load already running — a miss of a key being "
         "loaded joins its flight; it must not queue behind a lock held by the loader",
     )
-    if loader.calls > 1:
-        loader.release.set()
-        raise AssertionError(
-            f"a miss of a key whose load is running must join that flight; the loader "
-            f"was called {loader.calls} times for one key (single-flight: once)"
-        )
     loader.release.set()
+    check(
+        loader.calls <= 1,
+        f"a miss of a key whose load is running must join that flight; the loader "
+        f"was called {loader.calls} times for one key (single-flight: once)",
+    )
     results = [t.outcome("a waiter must get the loaded value") for t in threads]
     assert loader.calls == 1, (
         f"16 concurrent misses of one key must run the loader ONCE (single-flight); "
@@ -192,12 +131,12 @@ def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() ->
 def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
     cache = concurrent()
 
-    def loader() -> Any:
+    def loader() -> object:
         return cache.get_or_load("k", lambda: "inner")  # waits for itself, if allowed
 
     caller = spawn(lambda: cache.get_or_load("k", loader), "caller")
     caller.join(PROMPTLY_S)  # the refusal takes microseconds; a deadlock never ends
-    expect(
+    check(
         not caller.is_alive(),
         f"get_or_load('k') from inside the loader of 'k' had not returned after {PROMPTLY_S} s: "
         "it waits for itself, for ever, and so will every later caller of 'k' — raise "
@@ -206,7 +145,7 @@ def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -
     with pytest.raises(RuntimeError):
         caller.outcome("a loader that calls get_or_load for its own key must not hang")
         raise AssertionError("get_or_load from inside its own loader returned: RuntimeError")
-    expect(
+    check(
         cache.get_or_load("k", lambda: "later") == "later",
         "after the refused reentrant call the key must be free: the next miss loads again",
     )
@@ -220,7 +159,7 @@ def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> N
     release = threading.Event()
     calls = []
 
-    def failing() -> Any:
+    def failing() -> object:
         calls.append(1)
         release.wait(DEADLINE_S)
         raise boom
@@ -236,10 +175,8 @@ def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> N
     eventually(lambda: len(calls) >= 1, "a miss to call the loader")
     free_while_loading(cache, release.set)
     eventually(lambda: loads(cache).waiters == 4 or len(calls) > 1, "4 callers waiting")
-    if len(calls) > 1:
-        release.set()
-        raise AssertionError(f"5 misses of one key called the loader {len(calls)} times")
     release.set()
+    check(len(calls) <= 1, f"5 misses of one key called the loader {len(calls)} times")
     errors = [t.outcome("a waiter of a failed load must return") for t in threads]
     assert all(e is boom for e in errors) and len(calls) == 1, (
         f"the loader's exception must reach every caller of its flight (one call); "
@@ -260,7 +197,7 @@ def test_stage2_misses_of_different_keys_load_in_parallel() -> None:
         deadline = time.monotonic() + 1.0  # four threads start in microseconds, not seconds
         while loader.calls < 4 and time.monotonic() < deadline:
             time.sleep(0.001)
-        expect(
+        check(
             loader.calls == 4,
             f"4 misses of 4 different keys must load in parallel — the loader must not "
             f"run under the cache's lock (that serialises every miss); within 1 s only "
@@ -285,11 +222,11 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
         if other.is_alive():
             blocked.append(what)
 
-    def weigh(value: Any) -> int:
+    def weigh(value: object) -> int:
         uses_the_cache("weigh")
         return 1
 
-    def on_evict(key: Any, value: Any, cause: RemovalCause) -> None:
+    def on_evict(key: object, value: object, cause: RemovalCause) -> None:
         uses_the_cache("on_evict")
 
     cache = concurrent(1, max_weight=10, weigh=weigh, on_evict=on_evict)
@@ -341,9 +278,9 @@ def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
 @pytest.mark.rule("one-lock", "exact-under-threads")
 def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None:
     """A turnstile around the inner cache: every call on it must hold the lock."""
-    inner = stage(1).LRUCache(16)
+    inner = lru(16)
     turnstile = Parked(inner, let_in=True, ignore={"weigh"})
-    cache = stage(2).ConcurrentCache(turnstile)
+    cache = wrap(turnstile)
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
@@ -377,10 +314,12 @@ def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
             what = rng.choice(["get", "get", "put", "delete"])
             t0 = time.monotonic_ns()
             op: tuple[str, ...]
+            result: object
             if what == "get":
                 op, result = ("get",), cache.get(key, "MISS")
             elif what == "put":
-                op, result = ("put", f"t{n}-{i}"), cache.put(key, f"t{n}-{i}")
+                cache.put(key, f"t{n}-{i}")
+                op, result = ("put", f"t{n}-{i}"), None
             else:
                 op, result = ("delete",), cache.delete(key)
             with lock:
@@ -391,7 +330,7 @@ def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
         for t in threads:
             t.outcome("a client thread must finish")
 
-    def register(state: Any, op: Any) -> tuple[Any, Any]:
+    def register(state: object, op: tuple[str, ...]) -> tuple[object, object]:
         if op[0] == "get":
             return state, state
         if op[0] == "put":
@@ -409,12 +348,6 @@ def test_stage2_bad_input_is_refused() -> None:
         raise AssertionError("wrapping something that is not a cache was accepted")
 
 
-def expect(ok: bool, message: str) -> None:
-    """Fail with ``message`` alone (an ``assert`` would add pytest's diff of the same)."""
-    if not ok:
-        raise AssertionError(message)
-
-
 @core
 @pytest.mark.rule("load-hit")
 def test_stage2_get_or_load_on_a_hit_never_calls_the_loader() -> None:
@@ -428,13 +361,13 @@ def test_stage2_get_or_load_on_a_hit_never_calls_the_loader() -> None:
     first = cache.get_or_load("k", loader)
     assert cache.get_or_load("fresh", loader) == "loaded" and len(calls) == 1
     second = cache.get_or_load("fresh", loader)
-    expect(
+    check(
         (first, second, len(calls)) == ("cached", "loaded", 1),
         f"get_or_load on a hit returns the cached value and never calls the loader: "
         f"a put value and a loaded one must both be hits; got {first!r} and {second!r} with "
         f"{len(calls)} loader calls (expected 1: the first miss of 'fresh')",
     )
-    expect(
+    check(
         loads(cache).loads == 1 and cache.statistics().hits == 2,
         f"two hits, one load: {loads(cache)}, {cache.statistics()}",
     )
@@ -448,12 +381,12 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
     clock = ManualClock()
     gate = Gate("inside on_evict, after the second caller's check", limit=1)
 
-    def on_evict(key: Any, value: Any, cause: RemovalCause) -> None:
+    def on_evict(key: object, value: object, cause: RemovalCause) -> None:
         if cause is EXPIRED:
             gate.pass_through()
 
     inner = stage(1).TTLCache(100, 1_000, clock=clock, on_evict=on_evict)
-    cache = stage(2).ConcurrentCache(inner)
+    cache = wrap(inner)
     first, second = Loader(lambda n: "first load"), Loader(lambda n: "second load")
     second.release.set()
     leader = spawn(lambda: cache.get_or_load("k", first), "leader")
@@ -468,7 +401,7 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
         lambda: gate.arrivals >= 1 or not racer.is_alive() or waiting_now(cache),
         "the racer at the gate",
     )
-    if not gate.arrivals:
+    if not gate.arrivals:  # (a raise, not check: the message needs the racer's outcome)
         first.release.set()
         raise AssertionError(
             f"get_or_load('k') over an expired k returned {racer.outcome('')!r} without "
@@ -487,7 +420,7 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
     assert leader.outcome("the leader returns") == "first load"  # it has landed
     gate.open()
     got = racer.outcome("the racer returns")
-    expect(
+    check(
         second.calls == 0 and got == "first load",
         "steps: a load of k is in flight; k is written and expires; a second caller "
         "checks the cache and misses — and before it goes on, the load lands. A miss joins "
@@ -502,11 +435,11 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
     """Park one thread inside the inner cache's put (holding the lock), then try every
     other method from other threads: none may reach the inner cache until it is released."""
     gate = Gate("inside the inner cache's put", limit=1)
-    inner = Parked(stage(1).LRUCache(16), gate, at={"put"})
-    cache = stage(2).ConcurrentCache(inner)
+    inner = Parked(lru(16), gate, at={"put"})
+    cache = wrap(inner)
     writer = spawn(lambda: cache.put("b", 2), "writer")
     gate.wait_arrived()
-    calls: dict[str, Callable[[], Any]] = {
+    calls: dict[str, Callable[[], object]] = {
         "get": lambda: cache.get("a"),
         "put": lambda: cache.put("c", 3),
         "delete": lambda: cache.delete("a"),
@@ -524,7 +457,7 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
     writer.outcome("the parked put returns")
     for t in others:
         t.outcome("every call returns once the put is done")
-    expect(
+    check(
         not entered,
         f"while one thread was inside the inner cache's put (holding the lock), "
         f"these calls went into the inner cache too: {sorted(set(entered))} — every call on "
@@ -538,7 +471,7 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
 def test_stage2_get_or_load_weighs_outside_the_lock() -> None:
     blocked: list[str] = []
 
-    def weigh(value: Any) -> int:
+    def weigh(value: object) -> int:
         other = threading.Thread(target=lambda: cache.get("probe"), daemon=True)
         other.start()
         other.join(1.0)
@@ -548,7 +481,7 @@ def test_stage2_get_or_load_weighs_outside_the_lock() -> None:
 
     cache = concurrent(4, max_weight=10, weigh=weigh)
     assert cache.get_or_load("k", lambda: "loaded") == "loaded"
-    expect(
+    check(
         not blocked and cache.get("k") == "loaded",
         f"get_or_load on a weighted cache called {blocked} while holding the lock: "
         "another thread's get blocked. Weigh the loaded value before taking the lock to "
@@ -565,37 +498,16 @@ def test_stage2_a_loaded_value_too_heavy_to_cache_is_still_returned() -> None:
     eventually(lambda: loads(cache).waiters == 2 or loader.calls > 1, "2 callers waiting")
     loader.release.set()
     got = [t.outcome("a caller of the heavy load returns") for t in threads]
-    expect(loader.calls == 1, f"3 misses, {loader.calls} loader calls (single flight)")
-    expect(
+    check(loader.calls == 1, f"3 misses, {loader.calls} loader calls (single flight)")
+    check(
         got == ["x" * 10] * 3 and "k" not in cache,
         f"a loaded value heavier than max_weight=5 is still the answer for every "
         f"caller of its flight, it is just not cached; got {got}, cached: {'k' in cache}",
     )
-    expect(loads(cache).failures == 0, f"not a failure: {loads(cache)}")
-
-
-#: How long a test gives a thread to get past a lock it must not get past.
-GRACE_S = 0.2
-#: How long a call that needs no other thread gets before it counts as stuck.
-PROMPTLY_S = 1.0
+    check(loads(cache).failures == 0, f"not a failure: {loads(cache)}")
 
 
 # --------------------------------------------------------------------------- async
-
-
-def async_cache() -> Any:
-    return stage(2).AsyncCache(stage(1).LRUCache(100))
-
-
-class AsyncLoader:
-    def __init__(self) -> None:
-        self.release = anyio.Event()
-        self.calls = 0
-
-    async def __call__(self) -> Any:
-        self.calls += 1
-        await self.release.wait()
-        return object()
 
 
 @extended
@@ -603,7 +515,7 @@ class AsyncLoader:
 @pytest.mark.anyio
 async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
     cache, loader = async_cache(), AsyncLoader()
-    results: list[Any] = []
+    results: list[object] = []
 
     async def call() -> None:
         results.append(await cache.get_or_load("k", loader))
@@ -628,7 +540,7 @@ async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
 async def test_stage2_async_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
     cache = async_cache()
 
-    async def loader() -> Any:
+    async def loader() -> object:
         async def inner() -> str:
             return "inner"
 
@@ -643,7 +555,7 @@ async def test_stage2_async_a_loader_asking_for_its_own_key_fails_instead_of_dea
             return "later"
 
         got = await cache.get_or_load("k", later)
-    expect(got == "later", "after the refused reentrant call the next miss loads again")
+    check(got == "later", "after the refused reentrant call the next miss loads again")
 
 
 @extended
@@ -651,7 +563,7 @@ async def test_stage2_async_a_loader_asking_for_its_own_key_fails_instead_of_dea
 @pytest.mark.anyio
 async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> None:
     cache, loader = async_cache(), AsyncLoader()
-    results: list[Any] = []
+    results: list[object] = []
     scopes: list[anyio.CancelScope] = []
 
     async def call() -> None:
@@ -684,7 +596,7 @@ async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> Non
 @pytest.mark.anyio
 async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> None:
     cache, loader = async_cache(), AsyncLoader()
-    results: list[Any] = []
+    results: list[object] = []
 
     async def call() -> None:
         results.append(await cache.get_or_load("k", loader))
@@ -718,7 +630,7 @@ async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
     release = anyio.Event()
     errors: list[BaseException] = []
 
-    async def failing() -> Any:
+    async def failing() -> object:
         await release.wait()
         raise RuntimeError("503")
 
@@ -755,7 +667,7 @@ async def test_stage2_async_get_or_load_on_a_hit_never_calls_the_loader() -> Non
     first = await cache.get_or_load("k", loader)
     await cache.get_or_load("fresh", loader)
     second = await cache.get_or_load("fresh", loader)
-    expect(
+    check(
         (first, second, len(calls)) == ("cached", "loaded", 1),
         f"AsyncCache.get_or_load on a hit returns the cached value and never awaits "
         f"the loader; got {first!r} and {second!r} with {len(calls)} loader calls "
@@ -773,7 +685,7 @@ async def test_stage2_async_a_write_during_a_load_wins_over_the_loaded_value() -
 
 async def _async_write_during_a_load(write: str) -> None:
     cache, loader = async_cache(), AsyncLoader()
-    results: list[Any] = []
+    results: list[object] = []
 
     async def call() -> None:
         results.append(await cache.get_or_load("k", loader))
@@ -791,7 +703,7 @@ async def _async_write_during_a_load(write: str) -> None:
             loader.release.set()
     expected = "written meanwhile" if write == "put" else None
     got = cache.get("k")
-    expect(
+    check(
         got == expected and len(results) == 1 and results[0] is not None,
         f"AsyncCache: a {write} while the key's load was in flight is newer than "
         f"the load: the loaded value goes to its caller but must not be cached over the "

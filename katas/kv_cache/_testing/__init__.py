@@ -1,1 +1,11 @@
-"""What the KV cache's suites share: the entry points of their child processes."""
+"""What the KV cache's suites share, a module per subject:
+
+- ``caches``: building the caches under test (stages 1 and 2) and hearing ``on_evict``;
+- ``model`` and ``machine``: stage 1's exact model and the state machine comparing a
+  cache with it; ``callbacks``: what ``on_evict`` sees of the cache;
+- ``loaders`` and ``locks``: stage 2's controlled loaders and its probes of a lock;
+- ``rings``: measuring a hash ring; ``shards``: a sharded cache over three Redis nodes
+  and its state machine; ``wire``: replies held on the wire; ``near``: near caches, their
+  fleet and their state machine (stage 3);
+- ``placement``: the child process that places keys under another ``PYTHONHASHSEED``.
+"""

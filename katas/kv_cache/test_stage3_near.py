@@ -1,0 +1,453 @@
+"""Stage 3 suite, extended: the near cache (see katas/kv_cache/README.md) — a stage-1
+LRU in front of a ``ShardedCache(channel=)``, kept coherent by invalidations.
+
+The map of this file:
+
+- writes publish: one script per replica that sets (or deletes) and publishes the key;
+- bad arguments; a local hit touches no Redis; a weighted local cache weighs values only;
+- read-your-writes without waiting for a message; another client's write arrives by
+  message;
+- placeholders: an invalidation that overtakes a reply wins, a writer never caches what
+  it wrote, each read stores only over its own placeholder;
+- dropped channels: a flush, nothing cached while down, a read in flight across a drop,
+  a node killed and restarted, a key cached only while all its replicas are subscribed,
+  a TTL local cache bounding a channel that died silently;
+- the state machine (``_testing/near.py``): messages late, in any order, or lost.
+
+These tests order events on purpose. A ``Tap`` (``_testing/wire.py``) holds a client's
+reply to one command — the command ran on the server, its reply is read but not yet
+returned — so the test can make another client write "while the reply is on the wire".
+Messages are delivered either by the near cache's own listeners (and then the test waits
+for the count in statistics()), or, for a near cache that is not started, by the test
+calling invalidate / channel_lost / channel_ready itself, in whatever order it likes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sized
+
+import pytest
+from hypothesis import settings
+
+from katas._harness.redis import RedisEnv
+from katas._harness.story import check
+from katas._harness.under_test import stage
+from katas._harness.waiting import DEADLINE_S, eventually, spawn
+from katas._harness.walks import walked
+from katas.kv_cache._testing.caches import lru
+from katas.kv_cache._testing.near import (
+    NEAR_WALKS,
+    NearCacheMachine,
+    NearFleet,
+    cut,
+    heal,
+    held_read,
+    near_cache,
+    near_stats,
+    unstarted,
+)
+from katas.kv_cache._testing.rings import fail_fast_on_stubs  # noqa: F401 (autouse)
+from katas.kv_cache._testing.shards import MISS, NODES, heavy, sharded
+from katas.kv_cache._testing.wire import Holds
+from katas.kv_cache.api import NS_PER_S, ManualClock
+
+pytestmark = [pytest.mark.stage(3)]
+
+extended = pytest.mark.extended
+
+
+@pytest.fixture
+def fleet(redis_env: RedisEnv) -> Iterator[NearFleet]:
+    f = NearFleet(redis_env)
+    yield f
+    f.close()
+
+
+@extended
+@pytest.mark.rule("near-one-script", "near-message-is-the-key")
+def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
+    fleet: NearFleet,
+) -> None:
+    proxies = fleet.proxies()
+    writer = fleet.sharded({n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()})
+    listeners = {}
+    for name, node in fleet.nodes.items():
+        # redis-py types pubsub() from 8.2 on; before, the call is untyped
+        pubsub = node.client().pubsub()  # type: ignore[no-untyped-call, unused-ignore]
+        pubsub.subscribe(fleet.channel)
+        assert pubsub.get_message(timeout=DEADLINE_S)["type"] == "subscribe"
+        listeners[name] = pubsub
+    key = "prompt:42"
+    writer.put(key, "warm-up")  # the first calls may also load the scripts
+    writer.delete(key)
+    for pubsub in listeners.values():
+        while pubsub.get_message(timeout=0.2) is not None:
+            pass
+    for p in proxies.values():
+        p.reset_counts()
+    writer.put(key, {"tokens": [1, 2]})
+    replicas = writer.replicas_for(key)
+    for name, proxy in proxies.items():
+        sent = proxy.counts().commands
+        if name in replicas:
+            assert sent in (("EVALSHA",), ("EVAL",)), (
+                f"near cache: put on a ShardedCache with channel= sends each replica ONE "
+                f"script (SET and PUBLISH together, atomically); replica {name} got {sent}"
+            )
+            message = listeners[name].get_message(timeout=DEADLINE_S)
+            assert message is not None and message["data"] in (key, key.encode()), (
+                f"near cache: the script publishes the key on {fleet.channel!r} of each "
+                f"replica it writes; {name} published {message}"
+            )
+            raw = fleet.nodes[name].client().get(writer.key_name(name, key))
+            assert raw is not None and json.loads(raw) == {"tokens": [1, 2]}
+        else:
+            assert sent == (), f"near cache: {name} is not a replica of {key!r}: got {sent}"
+            assert listeners[name].get_message(timeout=0.1) is None
+    for p in proxies.values():
+        p.reset_counts()
+    assert writer.delete(key) is True
+    for name in replicas:
+        sent = proxies[name].counts().commands
+        assert sent in (("EVALSHA",), ("EVAL",)), (
+            f"near cache: delete is one script per replica too (DEL and PUBLISH); "
+            f"replica {name} got {sent}"
+        )
+        message = listeners[name].get_message(timeout=DEADLINE_S)
+        assert message is not None and message["data"] in (key, key.encode()), message
+    for pubsub in listeners.values():
+        pubsub.close()
+
+
+@extended
+@pytest.mark.rule("near-bad-input")
+def test_stage3_near_rejects_bad_arguments(fleet: NearFleet) -> None:
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    plain = sharded(clients, replicas=2, key_prefix=fleet.prefix)
+    with pytest.raises(ValueError, match="remote"):
+        near_cache(plain, lru(10))
+    used = lru(10)
+    used.put("k", 1)
+    with pytest.raises(ValueError, match="local"):
+        near_cache(fleet.writer, used)
+    with pytest.raises(ValueError, match="reconnect_ns"):
+        near_cache(fleet.writer, lru(10), reconnect_ns=-1)
+    with pytest.raises(ValueError, match="channel"):
+        sharded(clients, replicas=2, channel="")
+
+
+@extended
+@pytest.mark.rule("near-local-hit")
+def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
+    proxies = fleet.proxies()
+    clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
+    near = near_cache(fleet.sharded(clients), lru(100))
+    for name in NODES:
+        near.channel_ready(name)
+    fleet.writer.put("k", [1, 2, 3])
+    assert near.get("k") == [1, 2, 3]
+    for p in proxies.values():
+        p.reset_counts()
+    for _ in range(5):
+        assert near.get("k") == [1, 2, 3]
+    sent = {name: p.counts().commands for name, p in proxies.items()}
+    assert all(not c for c in sent.values()), (
+        f"near cache: a key read once (channels subscribed) is served from the local "
+        f"cache; 5 more gets sent {sent}"
+    )
+    s = near_stats(near)
+    assert (s.hits, s.misses) == (5, 1), f"near cache: 1 miss then 5 hits: {s}"
+
+
+@extended
+@pytest.mark.rule("near-weighted")
+def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet) -> None:
+    weighed: list[object] = []
+
+    def weigh(value: Sized) -> int:
+        weighed.append(value)
+        return len(value)
+
+    local = lru(10, max_weight=5, weigh=weigh)
+    near = near_cache(fleet.writer, local)
+    for name in NODES:
+        near.channel_ready(name)
+    fleet.writer.put("short", "abc")
+    fleet.writer.put("long", "abcdefgh")
+    assert near.get("short") == "abc" and near.get("short") == "abc"
+    got = [near.get("long"), near.get("long")]
+    assert got == ["abcdefgh", "abcdefgh"], (
+        "near cache: a value heavier than the local cache's max_weight is still the "
+        f"answer, just not kept near; got {got}"
+    )
+    assert all(isinstance(v, str) for v in weighed), (
+        f"near cache: the user's weigh must only ever see values, never a placeholder "
+        f"(store placeholders with weight=0); it saw {weighed}"
+    )
+    s = near_stats(near)
+    assert (s.hits, s.misses) == (1, 3), (
+        f"near cache: 'short' is cached (1 miss, 1 hit), 'long' is not (2 misses): {s}"
+    )
+
+
+@extended
+@pytest.mark.rule("near-read-your-writes")
+def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
+    fleet: NearFleet,
+) -> None:
+    near, _ = fleet.near(started=False)  # nobody delivers messages: only its own writes count
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1" and near.get("k") == "v1"
+    near.put("k", "v2")
+    got = near.get("k")
+    assert got == "v2", (
+        f"near cache: put('k', 'v2') returned, so this client's get must see 'v2' at once "
+        f"(read-your-writes) — not its cached 'v1', and not after some message; got {got!r}"
+    )
+    assert near.delete("k") is True
+    got = near.get("k", MISS)
+    assert got is MISS, f"near cache: after its own delete the key is gone; got {got!r}"
+    near.put("k", "v3")
+    assert near.get("k") == "v3" and near.get("k") == "v3"
+
+
+@extended
+@pytest.mark.rule("near-other-writes", "near-listener")
+def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) -> None:
+    near, _ = fleet.near()
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1" and near.get("k") == "v1"
+    fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
+    got = near.get("k")
+    assert got == "v2", (
+        "near cache: 'v1' was cached; another client put 'v2' and its invalidations "
+        f"were applied, so get('k') must be 'v2'; got {got!r}"
+    )
+    assert near.get("k") == "v2"
+    fleet.writer.delete("k")
+    eventually(
+        lambda: near.get("k", MISS) is MISS,
+        "another client's delete('k') to reach this near cache by an invalidation message "
+        "(it held 'v2')",
+    )
+
+
+@extended
+@pytest.mark.rule("near-placeholder", "near-no-lock-over-io")
+def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFleet) -> None:
+    near, taps = fleet.near(taps=("GET",))
+    fleet.writer.put("k", "v1")
+    tap, reader = held_read(fleet, near, taps, "k")
+    # The reply 'v1' is on the wire. Another client writes; both replicas' messages land.
+    fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
+    tap.release.set()
+    assert reader.outcome("the held read must finish") == "v1"
+    got = near.get("k")
+    assert got == "v2", (
+        "near cache: steps: get('k') misses and reads 'v1' from Redis; before that reply "
+        "is stored, another client puts 'v2' and its invalidation arrives; then the reply "
+        f"lands. It must be discarded (its placeholder is gone), so get('k') == 'v2'; got "
+        f"{got!r} — the near cache stored a reply the invalidation had overtaken"
+    )
+    assert near_stats(near).discarded == 1, near_stats(near)
+
+
+@extended
+@pytest.mark.rule("near-writer-never-stores", "near-no-lock-over-io")
+def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) -> None:
+    near, taps = fleet.near(taps=("EVALSHA", "EVAL"))
+    near.put("k", "v0")  # loads the scripts
+    last = fleet.writer.replicas_for("k")[-1]
+    before = near_stats(near).invalidations
+    taps[last].arm()
+    writer = spawn(lambda: near.put("k", "v1"), "writer")
+    assert taps[last].reached.wait(DEADLINE_S), "near cache: put runs a script per replica"
+    # 'v1' is on every replica, the last reply on the wire: another client overwrites it.
+    fleet.put_heard(near, "k", "v2", since=before, also=fleet.copies("k", "v1"))
+    taps[last].release.set()
+    writer.outcome("the held put must finish")
+    got = near.get("k")
+    assert got == "v2", (
+        "near cache: steps: put('k', 'v1') writes both replicas; before it returns, "
+        "another client puts 'v2' and every invalidation has arrived; then put returns. "
+        f"Redis holds 'v2', so get('k') == 'v2'; got {got!r} — a writer must not store the "
+        "value it wrote (a later write's invalidation may already have come and gone)"
+    )
+
+
+@extended
+@pytest.mark.rule("near-flush", "near-recache", "near-listener")
+def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
+    proxies = fleet.proxies()
+    near, _ = fleet.near(pubsub_proxies=proxies)
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1" and near.get("k") == "v1"
+    cut(proxies, near)
+    fleet.writer.put("k", "v2")  # its invalidation cannot reach the near cache
+    got = near.get("k")
+    assert got == "v2", (
+        "near cache: steps: 'v1' cached; every invalidation channel drops; another client "
+        f"puts 'v2' (the message is lost). get('k') must be 'v2' — got {got!r}: a dropped "
+        "channel means lost messages, so the whole local cache must be flushed"
+    )
+    fleet.writer.put("k", "v3")
+    got = near.get("k")
+    assert got == "v3", (
+        "near cache: while the channels are down nothing may be cached (no message would "
+        f"invalidate it): after another put of 'v3', get('k') must be 'v3'; got {got!r}"
+    )
+    heal(proxies, near)
+    hits = near_stats(near).hits
+    assert near.get("k") == "v3" and near.get("k") == "v3"
+    assert near_stats(near).hits == hits + 1, (
+        "near cache: once the channels are subscribed again, reads are cached again"
+    )
+    fleet.writer.put("k", "v4")
+    eventually(lambda: near.get("k") == "v4", "invalidations to flow again")
+
+
+@extended
+@pytest.mark.rule("near-flush", "near-placeholder")
+def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFleet) -> None:
+    proxies = fleet.proxies()
+    near, taps = fleet.near(pubsub_proxies=proxies, taps=("GET",))
+    fleet.writer.put("k", "v1")
+    tap, reader = held_read(fleet, near, taps, "k")
+    cut(proxies, near)
+    fleet.writer.put("k", "v2")  # lost to the near cache
+    heal(proxies, near)
+    tap.release.set()
+    assert reader.outcome("the held read must finish") == "v1"
+    got = near.get("k")
+    assert got == "v2", (
+        "near cache: steps: get('k') reads 'v1'; before the reply is stored the channels "
+        "drop, another client puts 'v2' (message lost), the channels come back; then the "
+        f"reply lands. It must be discarded (the flush took its placeholder); got {got!r}"
+    )
+
+
+@extended
+@pytest.mark.rule("near-node-restart", "near-listener")
+@pytest.mark.redis_faults
+def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
+    near, _ = fleet.near()
+    keys = [f"doc:{i}" for i in range(30)]
+    for key in keys:
+        fleet.writer.put(key, "old")
+        assert near.get(key) == "old"
+    fleet.nodes["n0"].stop()
+    eventually(
+        lambda: "n0" not in near.subscribed,
+        "the near cache to notice n0's channel dropped when n0 stopped",
+    )
+    for key in keys:
+        fleet.writer.put(key, "new")
+    for key in keys:
+        got = near.get(key)
+        assert got == "new", (
+            f"near cache: n0 died (its channel with it), other nodes took the write of "
+            f"{key!r}; the near cache must not serve 'old'; got {got!r}"
+        )
+    fleet.nodes["n0"].start()
+    eventually(
+        lambda: near.subscribed == set(NODES),
+        "the near cache to subscribe n0's channel again after n0 restarted",
+    )
+    for key in keys:
+        assert near.get(key) == "new"
+
+
+@extended
+@pytest.mark.rule("near-all-replicas-subscribed", "near-recache")
+def test_stage3_near_caches_a_key_only_while_all_its_replicas_are_subscribed(
+    fleet: NearFleet,
+) -> None:
+    key = "prompt:7"
+    fleet.writer.put(key, "v")
+    replicas = fleet.writer.replicas_for(key)
+    other = next(n for n in NODES if n not in replicas)
+    subsets = [set(), {replicas[0]}, {replicas[1]}, {other}, {replicas[0], other}]
+    subsets.append({replicas[1], other})
+    for ready in subsets:
+        near = unstarted(fleet, ready)
+        got = [near.get(key), near.get(key)]
+        s = near_stats(near)
+        check(
+            got == ["v", "v"] and s.hits == 0,
+            f"near cache: {key!r} lives on {replicas}; with only {sorted(ready)} "
+            f"subscribed a write could reach a replica whose channel nobody hears, so get "
+            f"reads through and caches nothing: two gets, 0 hits; got {got}, {s}",
+        )
+    near = unstarted(fleet, set(NODES))
+    near.channel_lost(other)  # not a replica of the key: it flushes, but the key may stay
+    got = [near.get(key), near.get(key)]
+    check(
+        got == ["v", "v"] and near_stats(near).hits == 1,
+        f"near cache: with both replicas {replicas} subscribed (only {other} lost) the "
+        f"key is cached: the second get is a hit; got {got}, {near_stats(near)}",
+    )
+
+
+@extended
+@pytest.mark.rule("near-own-placeholder", "near-placeholder")
+def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearFleet) -> None:
+    key = "prompt:8"
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    first = fleet.writer.replicas_for(key)[0]
+    holds = Holds(clients[first], "GET")
+    near = near_cache(fleet.sharded(clients), lru(100))
+    for name in NODES:
+        near.channel_ready(name)
+    fleet.writer.put(key, "v1")
+    holds.armed = True
+    try:
+        early = spawn(lambda: near.get(key), "early reader")
+        holds.wait(1)  # its reply 'v1' is on the wire
+        fleet.writer.put(key, "v2")
+        near.invalidate(key)  # the message of 'v2' removes the early read's placeholder
+        late = spawn(lambda: near.get(key), "late reader")
+        holds.wait(2)  # its reply 'v2' is on the wire, its placeholder in the cache
+        holds.held[0].set()  # the early reply ('v1') lands first
+        assert early.outcome("the early read returns") == "v1"
+        holds.held[1].set()
+        assert late.outcome("the late read returns") == "v2"
+    finally:
+        holds.release_all()
+    got = near.get(key)
+    check(
+        got == "v2",
+        "near cache: steps: a get reads 'v1'; another client puts 'v2' and its message "
+        "removes that read's placeholder; a second get puts its own placeholder and reads "
+        "'v2'; the 'v1' reply lands, then the 'v2' one. A reply is stored only over its own "
+        f"placeholder, so 'v1' is discarded and 'v2' kept; get('k') must be 'v2', got {got!r}",
+    )
+    check(near_stats(near).discarded == 1, f"near cache: one discarded: {near_stats(near)}")
+
+
+@extended
+@pytest.mark.rule("near-ttl-bound")
+def test_stage3_near_a_ttl_local_cache_bounds_a_silent_channel(fleet: NearFleet) -> None:
+    clock, ttl = ManualClock(), 10 * NS_PER_S
+    near = unstarted(fleet, set(NODES), stage(1).TTLCache(100, ttl, clock=clock))
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1"
+    fleet.writer.put("k", "v2")  # its messages never come: a channel that died silently
+    clock.advance(ttl - 1)
+    stale = near.get("k")
+    clock.advance(1)
+    fresh = near.get("k")
+    check(
+        (stale, fresh) == ("v1", "v2"),
+        f"near cache: with a TTLCache(ttl_ns=10 s) as the local cache and no message ever "
+        f"delivered, 'v1' may be served until 10 s after it was fetched, and not at 10 s: "
+        f"expected 'v1' then 'v2', got {stale!r} then {fresh!r}",
+    )
+
+
+TestStage3NearCacheAdversarialOrder = extended(
+    pytest.mark.rule("near-guarantee", "near-placeholder", "near-read-your-writes")(
+        walked(NearCacheMachine, NEAR_WALKS)
+    )
+)
+TestStage3NearCacheAdversarialOrder.settings = settings(heavy, stateful_step_count=40)
