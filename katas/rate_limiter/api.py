@@ -6,6 +6,7 @@ Every duration is an integer number of nanoseconds; every cost a positive ``int`
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -137,7 +138,92 @@ class ConcurrencyStatistics:
     expired: int
 
 
-__all__ += ["ConcurrencyStatistics", "Lease", "LimiterStatistics", "SweepableLimiter"]
+class BlockingLimiter(RateLimiter, Protocol):
+    """A :class:`RateLimiter` many threads share, whose callers can also wait their turn.
+
+    Implemented by stage 2's ``ThreadSafeLimiter``.
+    """
+
+    def acquire(self, key: str, cost: int = 1, *, timeout_ns: int | None = None) -> bool:
+        """Block until ``cost`` is admitted (True) or ``timeout_ns`` has passed (False);
+        FIFO per key, ``None`` waits forever, ``0`` never waits."""
+        ...
+
+    def statistics(self) -> LimiterStatistics:
+        """Callers blocked in ``acquire``: in total and per key."""
+        ...
+
+
+class AsyncRateLimiter(Protocol):
+    """A limiter for the anyio tasks of one event loop: waiting is awaited and cancellable.
+
+    Implemented by stage 2's ``AsyncLimiter``. Not a :class:`RateLimiter`: no ``peek``,
+    ``reset``, ``tracked_keys`` or ``sweep``; ``acquire`` and ``limit`` wait instead.
+    """
+
+    def try_acquire(self, key: str, cost: int = 1) -> Decision:
+        """Admit now or deny (consuming nothing); always denied while ``key`` has waiters."""
+        ...
+
+    async def acquire(self, key: str, cost: int = 1, *, timeout_ns: int | None = None) -> bool:
+        """Wait until ``cost`` is admitted (True) or ``timeout_ns`` has passed (False);
+        FIFO per key; a waiter cancelled or timed out consumes nothing."""
+        ...
+
+    def limit(self, key: str, cost: int = 1) -> AbstractAsyncContextManager[None]:
+        """``async with limiter.limit(key, cost):`` — wait for admission, then run the body."""
+        ...
+
+    def refund(self, key: str, cost: int) -> None:
+        """Give back ``cost`` units (capped); waiters that now fit are admitted."""
+        ...
+
+    def statistics(self) -> LimiterStatistics:
+        """Tasks waiting in ``acquire``: in total and per key."""
+        ...
+
+
+class LeaseLimiter(Protocol):
+    """At most N requests in flight per key, each holding a :class:`Lease` that expires.
+
+    One surface for stage 2's ``ConcurrencyLimiter`` (in one process) and stage 3's
+    ``RedisConcurrencyLimiter`` (across nodes, on Redis).
+    """
+
+    def try_acquire(self, key: str) -> Lease | None:
+        """A lease for one request on ``key``, or None while the key is full; never waits."""
+        ...
+
+    def release(self, lease: Lease) -> bool:
+        """End ``lease``; True if it was still held (idempotent: then False)."""
+        ...
+
+    def in_flight(self, key: str) -> int:
+        """Leases currently held on ``key`` (expired ones do not count)."""
+        ...
+
+
+class InProcessLeaseLimiter(LeaseLimiter, Protocol):
+    """A :class:`LeaseLimiter` in one process, which can also count what it holds.
+
+    Implemented by stage 2's ``ConcurrencyLimiter``.
+    """
+
+    def statistics(self) -> ConcurrencyStatistics:
+        """Leases held in total and per key, and how many have expired so far."""
+        ...
+
+
+__all__ += [
+    "AsyncRateLimiter",
+    "BlockingLimiter",
+    "ConcurrencyStatistics",
+    "InProcessLeaseLimiter",
+    "Lease",
+    "LeaseLimiter",
+    "LimiterStatistics",
+    "SweepableLimiter",
+]
 
 
 # --- Stage 1: several limits at once ---------------------------------------------------
@@ -162,7 +248,35 @@ class MultiDecision:
     decisions: Mapping[str, Decision]
 
 
-__all__ += ["MultiDecision"]
+class MultiRateLimiter(Protocol):
+    """Several named limits charged together for one request: all of them, or none.
+
+    Implemented by stage 1's ``MultiLimiter``. ``costs`` maps a limit's name to what the
+    request costs there; a limit it does not name (or names with 0) is not charged.
+    """
+
+    def peek(self, key: str, costs: Mapping[str, int]) -> MultiDecision:
+        """The decision ``try_acquire`` would return now, changing nothing."""
+        ...
+
+    def try_acquire(self, key: str, costs: Mapping[str, int]) -> MultiDecision:
+        """Charge every named limit, or (when any denies) none of them."""
+        ...
+
+    def refund(self, key: str, costs: Mapping[str, int]) -> None:
+        """Give back units to each named limit (each capped)."""
+        ...
+
+    def reset(self, key: str) -> None:
+        """Return ``key`` to its fresh state in every limit."""
+        ...
+
+    def sweep(self) -> int:
+        """Sweep every limit; return how many keys were forgotten in all."""
+        ...
+
+
+__all__ += ["MultiDecision", "MultiRateLimiter"]
 
 
 # --- Stage 3: distributed (Redis) ----------------------------------------------------
@@ -211,3 +325,63 @@ class RedisLimiterStats:
 
 
 __all__ += ["FailureMode", "RedisAlgorithm", "RedisLimiterStats", "StampedDecision"]
+
+
+class RedisLimiter(Protocol):
+    """A limit per key that many nodes share through Redis: one script call a decision.
+
+    Implemented by stage 3's ``RedisRateLimiter``. Not a :class:`RateLimiter`: no
+    ``tracked_keys``/``sweep``, as every key expires on Redis by its own TTL.
+    """
+
+    def try_acquire(self, key: str, cost: int = 1) -> Decision:
+        """Admit and consume ``cost`` now, or deny and consume nothing; a
+        :class:`StampedDecision` when Redis decided, a plain ``Decision`` from the failure
+        mode."""
+        ...
+
+    def peek(self, key: str, cost: int = 1) -> Decision:
+        """The decision ``try_acquire`` would return now, writing nothing."""
+        ...
+
+    def refund(self, key: str, cost: int) -> None:
+        """Give back ``cost`` units, capped at a fresh key's allowance."""
+        ...
+
+    def reset(self, key: str) -> None:
+        """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
+        ...
+
+    def statistics(self) -> RedisLimiterStats:
+        """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
+        ...
+
+
+class AsyncRedisLimiter(Protocol):
+    """:class:`RedisLimiter` for ``redis.asyncio`` clients: every call to Redis is awaited.
+
+    Implemented by stage 3's ``AsyncRedisRateLimiter``.
+    """
+
+    async def try_acquire(self, key: str, cost: int = 1) -> Decision:
+        """Admit and consume ``cost`` now, or deny and consume nothing (one round trip)."""
+        ...
+
+    async def peek(self, key: str, cost: int = 1) -> Decision:
+        """The decision ``try_acquire`` would return now, changing nothing."""
+        ...
+
+    async def refund(self, key: str, cost: int) -> None:
+        """Give back ``cost`` units, capped at a fresh key's allowance."""
+        ...
+
+    async def reset(self, key: str) -> None:
+        """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
+        ...
+
+    def statistics(self) -> RedisLimiterStats:
+        """How decisions were made so far: by Redis, by the failure mode; Redis errors."""
+        ...
+
+
+__all__ += ["AsyncRedisLimiter", "RedisLimiter"]

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from katas._harness.story import expect
+from katas._harness.story import check, expect
 from katas.rate_limiter._testing.limiters import (
     S_,
     START_NS,
@@ -31,7 +31,13 @@ from katas.rate_limiter._testing.limiters import (
     needs,
     state_of,
 )
-from katas.rate_limiter.api import NS_PER_S, ManualClock, MultiDecision
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    ManualClock,
+    MultiDecision,
+    MultiRateLimiter,
+    SweepableLimiter,
+)
 
 pytestmark = [pytest.mark.stage(1)]
 
@@ -58,7 +64,7 @@ extended = pytest.mark.extended
 @core
 def test_stage1_token_bucket_example_from_the_prompt(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    bucket = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
+    bucket: SweepableLimiter = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
     expect(bucket.try_acquire("alice"), D(True, 3, 2, 0, 1 * S_), "a new key starts full")
     expect(bucket.try_acquire("alice"), D(True, 3, 1, 0, 2 * S_), "second unit of a burst")
     expect(bucket.try_acquire("alice"), D(True, 3, 0, 0, 3 * S_), "third unit empties it")
@@ -91,7 +97,7 @@ def test_stage1_token_bucket_example_from_the_prompt(stage_module: ModuleType) -
 @core
 def test_stage1_token_bucket_refill_is_capped_at_capacity(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    bucket = stage_module.TokenBucket(capacity=2, refill_per_s=1, clock=clock)
+    bucket: SweepableLimiter = stage_module.TokenBucket(capacity=2, refill_per_s=1, clock=clock)
     expect(bucket.try_acquire("alice", 2), D(True, 2, 0, 0, 2 * S_), "burst of 2")
     clock.advance(3600 * S_)  # an hour idle refills 3600 units — but the bucket holds 2
     expect(bucket.try_acquire("alice"), D(True, 2, 1, 0, 1 * S_), "idle bucket is full, no more")
@@ -107,11 +113,13 @@ def test_stage1_token_bucket_refill_is_capped_at_capacity(stage_module: ModuleTy
 @core
 def test_stage1_token_bucket_fractional_rate_is_exact(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    slow = stage_module.TokenBucket(capacity=1, refill_per_s=Fraction(1, 3), clock=clock)
+    slow: SweepableLimiter = stage_module.TokenBucket(
+        capacity=1, refill_per_s=Fraction(1, 3), clock=clock
+    )
     expect(slow.try_acquire("alice"), D(True, 1, 0, 0, 3 * S_), "1/3 unit per second")
     expect(slow.try_acquire("alice"), D(False, 1, 0, 3 * S_, 3 * S_), "one unit takes 3 s")
 
-    fast = stage_module.TokenBucket(capacity=1, refill_per_s=3, clock=clock)
+    fast: SweepableLimiter = stage_module.TokenBucket(capacity=1, refill_per_s=3, clock=clock)
     third = 333_333_334  # ceil(10⁹ / 3): the first whole ns at which a unit is back
     expect(fast.try_acquire("alice"), D(True, 1, 0, 0, third), "3 units/s")
     expect(fast.try_acquire("alice"), D(False, 1, 0, third, third), "retry_after is a ceiling")
@@ -120,7 +128,9 @@ def test_stage1_token_bucket_fractional_rate_is_exact(stage_module: ModuleType) 
     clock.advance(1)
     expect(fast.try_acquire("alice"), D(True, 1, 0, 0, third), "admitted at exactly retry_after")
 
-    odd = stage_module.TokenBucket(capacity=2, refill_per_s=Fraction(2, 3), clock=clock)
+    odd: SweepableLimiter = stage_module.TokenBucket(
+        capacity=2, refill_per_s=Fraction(2, 3), clock=clock
+    )
     expect(odd.try_acquire("bob", 2), D(True, 2, 0, 0, 3 * S_), "2 units at 2/3 per s: 3 s")
     expect(odd.try_acquire("bob"), D(False, 2, 0, 1_500_000_000, 3 * S_), "1 unit: 1.5 s")
 
@@ -129,7 +139,7 @@ def test_stage1_token_bucket_fractional_rate_is_exact(stage_module: ModuleType) 
 @core
 def test_stage1_token_bucket_cost_above_capacity_never_fits(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    bucket = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
+    bucket: SweepableLimiter = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
     impossible = D(False, 3, 3, None, 0)
     expect(bucket.try_acquire("alice", 4), impossible, "cost 4 > capacity 3: denied forever")
     expect(bucket.tracked_keys(), 0, "an impossible request changes nothing")
@@ -147,7 +157,7 @@ def test_stage1_token_bucket_cost_above_capacity_never_fits(stage_module: Module
 @core
 def test_stage1_token_bucket_denial_consumes_nothing(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    bucket = stage_module.TokenBucket(capacity=5, refill_per_s=1, clock=clock)
+    bucket: SweepableLimiter = stage_module.TokenBucket(capacity=5, refill_per_s=1, clock=clock)
     expect(bucket.try_acquire("alice", 4), D(True, 5, 1, 0, 4 * S_), "4 of 5 units")
     denied = D(False, 5, 1, 2 * S_, 4 * S_)
     expect(bucket.try_acquire("alice", 3), denied, "3 units do not fit in 1")
@@ -159,7 +169,7 @@ def test_stage1_token_bucket_denial_consumes_nothing(stage_module: ModuleType) -
 @core
 def test_stage1_token_bucket_clock_step_back_example(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    bucket = stage_module.TokenBucket(capacity=2, refill_per_s=1, clock=clock)
+    bucket: SweepableLimiter = stage_module.TokenBucket(capacity=2, refill_per_s=1, clock=clock)
     expect(bucket.try_acquire("alice"), D(True, 2, 1, 0, 1 * S_), "one of two units")
     clock.set(START_NS - 10 * S_)  # an NTP step: the clock jumps 10 s back
     expect(
@@ -189,7 +199,7 @@ def test_stage1_token_bucket_clock_step_back_example(stage_module: ModuleType) -
 @core
 def test_stage1_sliding_log_example_from_the_prompt(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    log = stage_module.SlidingLog(limit=3, window_ns=10 * S_, clock=clock)
+    log: SweepableLimiter = stage_module.SlidingLog(limit=3, window_ns=10 * S_, clock=clock)
     expect(log.try_acquire("alice"), D(True, 3, 2, 0, 10 * S_), "t=0: 1 of 3")
     clock.advance(2 * S_)
     expect(log.try_acquire("alice", 2), D(True, 3, 0, 0, 10 * S_), "t=2 s: 3 of 3")
@@ -218,7 +228,7 @@ def test_stage1_sliding_log_example_from_the_prompt(stage_module: ModuleType) ->
 @core
 def test_stage1_sliding_log_window_is_half_open(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    log = stage_module.SlidingLog(limit=1, window_ns=100, clock=clock)
+    log: SweepableLimiter = stage_module.SlidingLog(limit=1, window_ns=100, clock=clock)
     expect(log.try_acquire("alice"), D(True, 1, 0, 0, 100), "t=0: the only unit")
     clock.advance(99)
     expect(log.try_acquire("alice"), D(False, 1, 0, 1, 1), "t=99: t=0 is in (t-100, t]")
@@ -230,7 +240,7 @@ def test_stage1_sliding_log_window_is_half_open(stage_module: ModuleType) -> Non
 @core
 def test_stage1_sliding_log_denied_requests_are_not_logged(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    log = stage_module.SlidingLog(limit=2, window_ns=10 * S_, clock=clock)
+    log: SweepableLimiter = stage_module.SlidingLog(limit=2, window_ns=10 * S_, clock=clock)
     expect(log.try_acquire("alice", 2), D(True, 2, 0, 0, 10 * S_), "t=0: 2 of 2")
     for second in range(1, 10):
         clock.advance(S_)
@@ -256,7 +266,7 @@ def test_stage1_sliding_log_denied_requests_are_not_logged(stage_module: ModuleT
 @extended
 def test_stage1_gcra_example_matches_the_token_bucket(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    gcra = stage_module.GCRA(rate_per_s=1, burst=3, clock=clock)
+    gcra: SweepableLimiter = stage_module.GCRA(rate_per_s=1, burst=3, clock=clock)
     expect(gcra.try_acquire("alice", 2), D(True, 3, 1, 0, 2 * S_), "burst of 2 of 3")
     expect(gcra.try_acquire("alice", 2), D(False, 3, 1, 1 * S_, 2 * S_), "2 more need 1 s")
     expect(gcra.try_acquire("alice", 4), D(False, 3, 1, None, 2 * S_), "4 > burst: never")
@@ -268,8 +278,10 @@ def test_stage1_gcra_example_matches_the_token_bucket(stage_module: ModuleType) 
 @extended
 def test_stage1_fixed_window_epoch_vs_first_hit_alignment(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS + 3 * S_)  # 3 s into the epoch window [START, START+10 s)
-    epoch = stage_module.FixedWindow(limit=2, window_ns=10 * S_, clock=clock)
-    first = stage_module.FixedWindow(limit=2, window_ns=10 * S_, clock=clock, align="first_hit")
+    epoch: SweepableLimiter = stage_module.FixedWindow(limit=2, window_ns=10 * S_, clock=clock)
+    first: SweepableLimiter = stage_module.FixedWindow(
+        limit=2, window_ns=10 * S_, clock=clock, align="first_hit"
+    )
     expect(epoch.try_acquire("alice", 2), D(True, 2, 0, 0, 7 * S_), "epoch window ends at 10 s")
     expect(first.try_acquire("alice", 2), D(True, 2, 0, 0, 10 * S_), "first hit opens a window")
     expect(epoch.try_acquire("alice"), D(False, 2, 0, 7 * S_, 7 * S_), "epoch: wait for 10 s")
@@ -287,7 +299,7 @@ def test_stage1_fixed_window_allows_twice_the_limit_across_a_boundary(
     stage_module: ModuleType,
 ) -> None:
     clock = ManualClock(START_NS + 10 * S_ - 1)  # 1 ns before an epoch boundary
-    window = stage_module.FixedWindow(limit=5, window_ns=10 * S_, clock=clock)
+    window: SweepableLimiter = stage_module.FixedWindow(limit=5, window_ns=10 * S_, clock=clock)
     expect(window.try_acquire("alice", 5), D(True, 5, 0, 0, 1), "5 units at the window's end")
     clock.advance(1)
     expect(
@@ -302,7 +314,7 @@ def test_stage1_fixed_window_allows_twice_the_limit_across_a_boundary(
 @extended
 def test_stage1_fixed_window_denial_consumes_nothing(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    window = stage_module.FixedWindow(limit=3, window_ns=10 * S_, clock=clock)
+    window: SweepableLimiter = stage_module.FixedWindow(limit=3, window_ns=10 * S_, clock=clock)
     expect(window.try_acquire("alice", 2), D(True, 3, 1, 0, 10 * S_), "2 of 3")
     expect(window.try_acquire("alice", 2), D(False, 3, 1, 10 * S_, 10 * S_), "2 > 1: denied")
     expect(
@@ -318,7 +330,7 @@ def test_stage1_fixed_window_refund_after_the_window_rolled_is_dropped(
     stage_module: ModuleType,
 ) -> None:
     clock = ManualClock(START_NS)
-    window = stage_module.FixedWindow(limit=5, window_ns=10 * S_, clock=clock)
+    window: SweepableLimiter = stage_module.FixedWindow(limit=5, window_ns=10 * S_, clock=clock)
     expect(window.try_acquire("alice", 4), D(True, 5, 1, 0, 10 * S_), "4 of 5")
     window.refund("alice", 2)
     expect(state_of(window, "alice", 5), D(False, 5, 3, None, 10 * S_), "2 units came back")
@@ -338,7 +350,9 @@ def test_stage1_sliding_window_counter_weights_the_previous_window(
     stage_module: ModuleType,
 ) -> None:
     clock = ManualClock(START_NS + 5 * S_)  # START is a multiple of the 10 s window
-    counter = stage_module.SlidingWindowCounter(limit=10, window_ns=10 * S_, clock=clock)
+    counter: SweepableLimiter = stage_module.SlidingWindowCounter(
+        limit=10, window_ns=10 * S_, clock=clock
+    )
     expect(counter.try_acquire("alice", 8), D(True, 10, 2, 0, 15 * S_), "8 in this window")
     clock.set(START_NS + 12_500_000_000)  # 2.5 s into the next window
     expect(
@@ -360,9 +374,9 @@ def test_stage1_sliding_window_counter_weights_the_previous_window(
 @extended
 def test_stage1_multi_limiter_denial_consumes_from_no_limit(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    requests = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
-    tokens = stage_module.SlidingLog(limit=1000, window_ns=60 * S_, clock=clock)
-    multi = stage_module.MultiLimiter({"requests": requests, "tokens": tokens})
+    requests: SweepableLimiter = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
+    tokens: SweepableLimiter = stage_module.SlidingLog(limit=1000, window_ns=60 * S_, clock=clock)
+    multi: MultiRateLimiter = stage_module.MultiLimiter({"requests": requests, "tokens": tokens})
     first = multi.try_acquire("alice", {"requests": 1, "tokens": 700})
     expect(
         first,
@@ -398,9 +412,11 @@ def test_stage1_multi_limiter_denial_consumes_from_no_limit(stage_module: Module
 @extended
 def test_stage1_multi_limiter_retry_after_is_the_longest_wait(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    requests = stage_module.TokenBucket(capacity=1, refill_per_s=Fraction(1, 2), clock=clock)
-    tokens = stage_module.FixedWindow(limit=10, window_ns=10 * S_, clock=clock)
-    multi = stage_module.MultiLimiter({"requests": requests, "tokens": tokens})
+    requests: SweepableLimiter = stage_module.TokenBucket(
+        capacity=1, refill_per_s=Fraction(1, 2), clock=clock
+    )
+    tokens: SweepableLimiter = stage_module.FixedWindow(limit=10, window_ns=10 * S_, clock=clock)
+    multi: MultiRateLimiter = stage_module.MultiLimiter({"requests": requests, "tokens": tokens})
     assert multi.try_acquire("alice", {"requests": 1, "tokens": 10}).allowed
     wait = multi.peek("alice", {"requests": 1, "tokens": 1})
     expect(wait.retry_after_ns, 10 * S_, "requests is back in 2 s, tokens in 10 s: 10 s")
@@ -424,8 +440,8 @@ def test_stage1_multi_limiter_retry_after_is_the_longest_wait(stage_module: Modu
 @extended
 def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    requests = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
-    multi = stage_module.MultiLimiter({"requests": requests})
+    requests: SweepableLimiter = stage_module.TokenBucket(capacity=3, refill_per_s=1, clock=clock)
+    multi: MultiRateLimiter = stage_module.MultiLimiter({"requests": requests})
     bad: list[dict[str, Any]] = [
         {"tokens": 1},
         {"requests": -1},
@@ -492,7 +508,7 @@ def test_stage1_retry_after_header_is_the_ceiling_of_the_wait(
 # Validation
 # --------------------------------------------------------------------------------------
 
-GOOD_CONFIG: dict[str, dict[str, Any]] = {
+GOOD_CONFIG: dict[str, dict[str, object]] = {
     "TokenBucket": {"capacity": 3, "refill_per_s": 1},
     "SlidingLog": {"limit": 3, "window_ns": S_},
     "GCRA": {"rate_per_s": 1, "burst": 3},
@@ -573,9 +589,9 @@ def test_stage1_a_key_that_is_not_a_str_is_refused(stage_module: ModuleType, alg
         for name, args in (("try_acquire", (1,)), ("peek", (1,)), ("refund", (1,)), ("reset", ())):
             with pytest.raises(TypeError, match="key"):
                 getattr(limiter, name)(bad, *args)
-                raise AssertionError(f"{name}({bad!r}) was accepted: a key must be a str")
+                check(False, f"{name}({bad!r}) was accepted: a key must be a str")
     expect(limiter.tracked_keys(), 0, "refused keys change nothing")
-    multi = stage_module.MultiLimiter({"requests": limiter})
+    multi: MultiRateLimiter = stage_module.MultiLimiter({"requests": limiter})
     with pytest.raises(TypeError, match="costs"):
-        multi.try_acquire("alice", None)
-        raise AssertionError("MultiLimiter.try_acquire('alice', None) was accepted")
+        multi.try_acquire("alice", None)  # type: ignore[arg-type]
+        check(False, "MultiLimiter.try_acquire('alice', None) was accepted")

@@ -21,11 +21,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from katas._harness.story import Story, differences, expect
+from katas._harness.story import Story, check, expect
 from katas._harness.under_test import stage
 from katas._harness.walks import Drawn, Step, Walk, walked
 from katas.rate_limiter._testing.limiters import (
     ALGOS,
+    BOUNDARY_RUNS,
     KEYS,
     S_,
     START_NS,
@@ -35,6 +36,7 @@ from katas.rate_limiter._testing.limiters import (
     Setup,
     admit_all,
     by_algo,
+    check_against_model,
     durations,
     needs,
     operations,
@@ -44,7 +46,15 @@ from katas.rate_limiter._testing.limiters import (
     state_of,
 )
 from katas.rate_limiter._testing.models import Model
-from katas.rate_limiter.api import NS_PER_S, Decision, ManualClock, MultiDecision, RateLimiter
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    Decision,
+    ManualClock,
+    MultiDecision,
+    MultiRateLimiter,
+    RateLimiter,
+    SweepableLimiter,
+)
 
 pytestmark = [pytest.mark.stage(1)]
 
@@ -72,58 +82,6 @@ def _fail_fast_on_stubs(request: pytest.FixtureRequest, stage_module: ModuleType
 # --------------------------------------------------------------------------------------
 # Differential: whole Decisions equal an exact model, step by step
 # --------------------------------------------------------------------------------------
-
-
-#: A fixed run per limiter that every comparison with the exact model makes before its
-#: drawn ones, so that each meets its boundaries on every run: a retry_after that is a
-#: fraction of a nanosecond past a whole one (3 per second), the very instant a window
-#: lets go of what it counted, a denial that must leave no trace behind.
-BOUNDARY_RUNS: dict[Algo, tuple[Setup, tuple[Op, ...]]] = {
-    "token_bucket": (Setup("token_bucket", 3, Fraction(3)), (
-        Op("acquire", n=3), Op("acquire", n=1), Op("advance", n=NS_PER_S // 3),
-        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=1), Op("acquire", n=4),
-    )),
-    "gcra": (Setup("gcra", 2, Fraction(3)), (
-        Op("acquire", n=2), Op("acquire", n=1), Op("advance", n=NS_PER_S // 3),
-        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=1), Op("acquire", n=3),
-    )),
-    "sliding_log": (Setup("sliding_log", 3, window_ns=1_000), (
-        Op("acquire", n=3), Op("advance", n=1), Op("acquire", n=1), Op("advance", n=998),
-        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=3), Op("tracked"),
-    )),
-    "fixed_window": (Setup("fixed_window", 2, window_ns=1_000), (
-        Op("acquire", n=2), Op("advance", n=999), Op("acquire", n=1), Op("advance", n=1),
-        Op("acquire", n=2), Op("acquire", n=1), Op("tracked"),
-    )),
-    "sliding_window_counter": (Setup("sliding_window_counter", 2, window_ns=1_000), (
-        Op("acquire", n=2), Op("advance", n=1_000), Op("acquire", n=1), Op("advance", n=500),
-        Op("acquire", n=1), Op("advance", n=500), Op("acquire", n=2), Op("tracked"),
-    )),
-}  # fmt: skip
-
-
-def run_boundaries(stage: ModuleType, algo: Algo, *, auto_sweep: bool) -> None:
-    """The limiter's :data:`BOUNDARY_RUNS` entry against the exact model."""
-    __tracebackhide__ = True
-    setup, ops = BOUNDARY_RUNS[algo]
-    clock = ManualClock(START_NS)
-    limiter = setup.build(stage, clock, auto_sweep=auto_sweep)
-    title = f"{setup} with auto_sweep={auto_sweep} (the fixed run, before any drawn one):"
-    run_against_model(limiter, setup.model(), clock, ops, title)
-
-
-def check_against_model(
-    stage: ModuleType, data: st.DataObject, algo: Algo, *, steps_back: bool
-) -> None:
-    __tracebackhide__ = True  # the assertion message tells the story
-    run_boundaries(stage, algo, auto_sweep=not steps_back)
-    setup = data.draw(setups(algo), label="setup")
-    # With a clock that steps back the limiter must keep its keys (see operations()).
-    auto_sweep = False if steps_back else data.draw(st.booleans(), label="auto_sweep")
-    clock = ManualClock(START_NS)
-    limiter = setup.build(stage, clock, auto_sweep=auto_sweep)
-    ops = data.draw(operations(setup, steps_back=steps_back), label="ops")
-    run_against_model(limiter, setup.model(), clock, ops, f"{setup} with auto_sweep={auto_sweep}:")
 
 
 @pytest.mark.rule(
@@ -435,8 +393,7 @@ def same_future(
             da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
             db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
             story.add(f"{op} -> {da}")
-            if da != db:
-                raise AssertionError(story.tell(why, f"the other twin decided {db}"))
+            story.check(da == db, why, f"the other twin decided {db}")
         else:
             admit_all(a, ca, [op])
             admit_all(b, cb, [op])
@@ -462,11 +419,11 @@ def test_stage1_impossible_cost_is_denied_forever_and_changes_nothing(
     for call in (a.try_acquire, a.peek):
         got = call(key, cost)
         want = state_of(b, key, setup.limit)
-        if got != want or got.allowed or got.retry_after_ns is not None:
-            raise AssertionError(
-                f"{setup}: cost {cost} > limit {setup.limit} can never fit: denied, "
-                f"retry_after_ns None, remaining/reset as they stand ({want}), got {got}"
-            )
+        check(
+            got == want and not got.allowed and got.retry_after_ns is None,
+            f"{setup}: cost {cost} > limit {setup.limit} can never fit: denied, "
+            f"retry_after_ns None, remaining/reset as they stand ({want}), got {got}",
+        )
     ca.advance(100 * setup.recovery_ns)
     cb.advance(100 * setup.recovery_ns)
     expect(a.try_acquire(key, cost).retry_after_ns, None, "still impossible after any wait")
@@ -493,23 +450,19 @@ def test_stage1_denials_and_peeks_change_nothing(
                     peeked = a.peek(key, cost)
                     if not peeked.allowed:
                         denied = a.try_acquire(key, cost)
-                        if denied != peeked:
-                            raise AssertionError(
-                                story.tell(
-                                    "peek returns what try_acquire would", f"{peeked} vs {denied}"
-                                )
-                            )
+                        story.check(
+                            denied == peeked,
+                            "peek returns what try_acquire would",
+                            f"{peeked} vs {denied}",
+                        )
             story.add("A: peek every key and cost, try_acquire those denied")
         if op.kind in ("acquire", "peek"):
             da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
             db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
             story.add(f"{op} -> {da}")
-            if da != db:
-                raise AssertionError(
-                    story.tell(
-                        "a denial or a peek changed the limiter's state", f"twin B decided {db}"
-                    )
-                )
+            story.check(
+                da == db, "a denial or a peek changed the limiter's state", f"twin B decided {db}"
+            )
         else:
             admit_all(a, ca, [op])
             admit_all(b, cb, [op])
@@ -551,10 +504,11 @@ def test_stage1_idle_keys_recover_at_reset_after(
 def drain(limiter: RateLimiter, setup: Setup) -> int:
     """Acquire single units at a frozen instant until denied; return how many fit."""
     __tracebackhide__ = True  # the assertion message tells the story
-    for admitted in range(setup.limit + 1):
-        if not limiter.try_acquire("alice", 1).allowed:
-            return admitted
-    raise AssertionError(f"{setup} admitted more than its limit at one instant")
+    admitted = 0
+    while limiter.try_acquire("alice", 1).allowed:
+        admitted += 1
+        check(admitted <= setup.limit, f"{setup} admitted more than its limit at one instant")
+    return admitted
 
 
 @pytest.mark.rule("clock-step-back")
@@ -626,10 +580,7 @@ def test_stage1_keys_are_isolated(
             da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
             db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
             story.add(f"{op} -> {da}")
-            if da != db:
-                raise AssertionError(
-                    story.tell("other keys' traffic changed alice's decisions", f"with it: {db}")
-                )
+            story.check(da == db, "other keys' traffic changed alice's decisions", f"with it: {db}")
         else:
             admit_all(a, ca, [op])
             admit_all(b, cb, [op])
@@ -733,7 +684,7 @@ class MultiModel:
         return MultiDecision(False, retry, alone)
 
 
-MultiStep = tuple[str, str, Any]
+MultiStep = tuple[str, str, Mapping[str, int]]
 
 
 def check_multi(
@@ -746,7 +697,7 @@ def check_multi(
         "requests": requests.build(stage_module, clock),
         "tokens": tokens.build(stage_module, clock),
     }
-    multi = stage_module.MultiLimiter(inner)
+    multi: MultiRateLimiter = stage_module.MultiLimiter(inner)
     model = MultiModel({"requests": requests.model(), "tokens": tokens.model()})
     story = Story(f"MultiLimiter(requests={requests}, tokens={tokens}):", clock.now_ns, START_NS)
     for kind, key, arg in steps:
@@ -765,13 +716,11 @@ def check_multi(
             got = multi.try_acquire(key, arg) if commit else multi.peek(key, arg)
             want = model.decide(key, arg, now, commit=commit)
             story.add(f"{'try_acquire' if commit else 'peek'}({key!r}, {arg}) -> {got}")
-            if got != want:
-                raise AssertionError(
-                    story.tell(
-                        "a multi-limit request is admitted by all its limits or consumes from none",
-                        differences(want, got),
-                    )
-                )
+            story.expect(
+                got,
+                want,
+                "a multi-limit request is admitted by all its limits or consumes from none",
+            )
 
 
 #: The run every multi-limit check starts with: a request the first limit admits and the
@@ -889,14 +838,7 @@ class LimiterMachine(RuleBasedStateMachine):
     def check(self, op: Op) -> None:
         """Run one operation on both; on a mismatch show the whole sequence so far."""
         __tracebackhide__ = True
-        try:
-            run_against_model(self.limiter, self.model, self.clock, [op], "")
-        except AssertionError as failure:
-            detail = str(failure).splitlines()[-1]
-            raise AssertionError(
-                self.story.tell("the limiter and its exact model disagree", f"{op}: {detail}")
-            ) from None
-        self.story.add(str(op))
+        run_against_model(self.limiter, self.model, self.clock, [op], story=self.story)
 
 
 class TokenBucketMachine(LimiterMachine):
@@ -1053,7 +995,7 @@ def check_refund_tops_up(stage_module: ModuleType, algo: Algo) -> None:
 @pytest.mark.rule("refund-newest", "refund-capped")
 def test_stage1_sliding_log_refund_after_units_left_the_window(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
-    log = stage_module.SlidingLog(limit=2, window_ns=10 * S_, clock=clock)
+    log: SweepableLimiter = stage_module.SlidingLog(limit=2, window_ns=10 * S_, clock=clock)
     expect(log.try_acquire("alice"), D(True, 2, 1, 0, 10 * S_), "t=0: 1 of 2")
     clock.advance(5 * S_)
     expect(log.try_acquire("alice"), D(True, 2, 0, 0, 10 * S_), "t=5 s: 2 of 2")

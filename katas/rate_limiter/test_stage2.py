@@ -1,4 +1,4 @@
-"""Stage 2 — the limiters under threads and tasks.
+"""Stage 2 — the limiters under threads and tasks (see katas/rate_limiter/README.md).
 
 Core: ``ThreadSafeLimiter`` (striped locks, blocking FIFO ``acquire``). Extended:
 ``AsyncLimiter`` (anyio: asyncio and trio) and ``ConcurrencyLimiter`` (leases).
@@ -7,145 +7,77 @@ How these tests stay deterministic: the clock is a ``ManualClock`` that moves on
 when a test advances it, so "admitted at this instant" is exact; waiters are sequenced
 through ``statistics()`` instead of sleeps; every wait has a hard real-time deadline,
 and every thread is a daemon. Races are provoked with barrier-started bursts under a
-tiny ``sys.setswitchinterval``, round after round, with exact-count assertions.
+tiny ``sys.setswitchinterval``, round after round, with exact-count assertions, and
+forced by parking a thread inside the inner limiter (:mod:`katas._harness.interleave`).
+The builders and thread drivers are in :mod:`katas.rate_limiter._testing.threads`; the
+model-based tests compare the wrapper with stage 1's exact token bucket
+(:mod:`katas.rate_limiter._testing.models`).
+
+Map: ThreadSafeLimiter — over-admission under threads (atomic-decision), FIFO waiters
+(fifo, acquire-blocks, no-overtaking), timeouts (timeout-consumes-nothing), refund and
+reset wake-ups (refund-reset-wake), bad arguments (bad-arguments), sweeping (sweeping,
+tracked-keys-inner), deadlocks (no-deadlock), the stripe lock held around the inner
+limiter (striped-locks), the model test (same-decisions, statistics) · AsyncLimiter —
+bursts (async-exact), FIFO (async-fifo), cancellation and timeouts (async-cancel),
+``limit()`` (async-limit), refunds (async-refund-wakes), bad arguments
+(async-bad-arguments) · ConcurrencyLimiter — leases granted, released, expired
+(lease-grant, lease-release, lease-expiry, lease-statistics), bad arguments
+(lease-bad-arguments), the model test.
 """
 
 from __future__ import annotations
 
-import math
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
 from functools import partial
-from typing import Any
 
 import anyio
 import anyio.lowlevel
 import pytest
-from anyio.abc import TaskGroup
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
-from katas._harness import waiting
-from katas._harness.interleave import Gate, Parked
+from katas._harness.interleave import Gate
+from katas._harness.story import expect
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
-    Thread,
     eventually_async,
     stays,
     stays_async,
     tiny_switch_interval,
 )
+from katas._runtime.clock import NS_PER_MS
+from katas.rate_limiter._testing.models import TokenBucketModel
+from katas.rate_limiter._testing.threads import (
+    async_limiter,
+    bucket_limiter,
+    concurrency,
+    enqueue,
+    enqueue_async,
+    eventually,
+    parked_limiter,
+    reaches,
+    run_together,
+    start,
+    stays_at,
+    units_left,
+    waiters_on,
+)
 from katas.rate_limiter.api import (
     NS_PER_S,
+    BlockingLimiter,
     ConcurrencyStatistics,
-    Decision,
+    InProcessLeaseLimiter,
     Lease,
     ManualClock,
 )
 
 pytestmark = [pytest.mark.stage(2)]
-
-NS_PER_MS = 1_000_000
-
-
-def bucket_limiter(
-    capacity: int, refill_per_s: int | Fraction = 1, *, stripes: int = 64
-) -> tuple[ManualClock, Any]:
-    """A ThreadSafeLimiter around a stage-1 TokenBucket (auto_sweep off), on a frozen clock."""
-    clock = ManualClock()
-    inner = stage(1).TokenBucket(
-        capacity=capacity, refill_per_s=refill_per_s, clock=clock, auto_sweep=False
-    )
-    return clock, stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=stripes)
-
-
-def async_limiter(capacity: int, refill_per_s: int = 1) -> tuple[ManualClock, Any]:
-    clock = ManualClock()
-    inner = stage(1).TokenBucket(capacity=capacity, refill_per_s=refill_per_s, clock=clock)
-    return clock, stage(2).AsyncLimiter(inner, clock=clock)
-
-
-class Worker(Thread):
-    """A daemon :class:`~katas._harness.waiting.Thread` whose failure :func:`eventually` can
-    re-raise while it waits; ``outcome()`` joins it with a hard deadline."""
-
-    def raise_if_failed(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-    def outcome(self, what: str) -> Any:
-        return super().outcome(
-            f"{what} (a lost wake-up, a waiter stuck behind one that left, or a deadlock)"
-        )
-
-
-def start(fn: Callable[[], Any], name: str) -> Worker:
-    worker = Worker(fn, name)
-    worker.start()
-    return worker
-
-
-def eventually(pred: Callable[[], bool], what: str, workers: tuple[Worker, ...] = ()) -> None:
-    """:func:`katas._harness.waiting.eventually`, re-raising at once what a ``workers`` thread
-    raised while ``pred()`` does not hold yet (instead of waiting out the deadline)."""
-
-    def ready() -> bool:
-        if pred():
-            return True
-        for w in workers:
-            w.raise_if_failed()
-        return False
-
-    waiting.eventually(ready, what)
-
-
-def reaches(count: Callable[[], int], n: int) -> Callable[[], bool]:
-    return lambda: count() >= n
-
-
-def stays_at(count: Callable[[], int], n: int) -> Callable[[], bool]:
-    return lambda: count() == n
-
-
-def units_left(limiter: Any, key: str) -> int:
-    """Whole units on hand (peek's ``remaining`` is what would be left *after* one unit)."""
-    probe = limiter.peek(key)
-    return int(probe.remaining) + int(probe.allowed)
-
-
-def waiters_on(limiter: Any, key: str) -> int:
-    return int(limiter.statistics().waiters_by_key.get(key, 0))
-
-
-def enqueue(limiter: Any, key: str, fn: Callable[[], Any], name: str) -> Worker:
-    """Start a thread that blocks in ``acquire`` on ``key``; return once it is queued."""
-    before = waiters_on(limiter, key)
-    worker = start(fn, name)
-    eventually(
-        lambda: waiters_on(limiter, key) == before + 1,
-        f"{name} to be queued on {key!r} (statistics().waiters_by_key[{key!r}] == {before + 1})",
-        (worker,),
-    )
-    return worker
-
-
-def run_together(n: int, body: Callable[[int], Any]) -> list[Any]:
-    """Run ``body(0..n-1)`` on n threads released at once by a barrier; their results."""
-    barrier = threading.Barrier(n)
-
-    def task(i: int) -> Any:
-        barrier.wait(DEADLINE_S)
-        return body(i)
-
-    workers = [start(partial(task, i), f"burst thread {i}") for i in range(n)]
-    return [w.outcome("a burst thread") for w in workers]
-
 
 # --- ThreadSafeLimiter (core) ---------------------------------------------------------
 
@@ -161,7 +93,7 @@ def test_stage2_no_over_admission_under_threads() -> None:
         for round_no in range(rounds):
             _, limiter = bucket_limiter(capacity, stripes=4)
 
-            def burst(_: int, limiter: Any = limiter) -> list[int]:
+            def burst(_: int, limiter: BlockingLimiter = limiter) -> list[int]:
                 return [
                     sum(limiter.try_acquire(f"k{k}").allowed for _ in range(attempts))
                     for k in range(keys)
@@ -347,7 +279,7 @@ def test_stage2_impossible_cost_and_zero_timeout_return_at_once() -> None:
     assert limiter.peek("k").retry_after_ns == NS_PER_S, "a failed acquire consumed"
 
 
-BAD_CALLS: dict[str, tuple[Callable[[Any, Any, Any], Any], str]] = {
+BAD_CALLS: dict[str, tuple[Callable[[object, ManualClock, BlockingLimiter], object], str]] = {
     "stripes0": (
         lambda inner, clock, lim: stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=0),
         "stripes",
@@ -362,7 +294,7 @@ BAD_CALLS: dict[str, tuple[Callable[[Any, Any, Any], Any], str]] = {
     ),
     "cost0": (lambda inner, clock, lim: lim.try_acquire("k", 0), "cost"),
     "costTrue": (lambda inner, clock, lim: lim.try_acquire("k", True), "cost"),
-    "costFloat": (lambda inner, clock, lim: lim.acquire("k", 1.5), "cost"),
+    "costFloat": (lambda inner, clock, lim: lim.acquire("k", 1.5), "cost"),  # type: ignore[arg-type]
     "peekCost0": (lambda inner, clock, lim: lim.peek("k", 0), "cost"),
     "timeoutNegative": (lambda inner, clock, lim: lim.acquire("k", 1, timeout_ns=-1), "timeout_ns"),
     "refundNegative": (lambda inner, clock, lim: lim.refund("k", -1), "cost"),
@@ -456,18 +388,7 @@ def test_stage2_mixed_operations_neither_deadlock_nor_over_admit() -> None:
     assert limiter.statistics().waiters == 0
 
 
-def parked_limiter(
-    gate: Gate, at: tuple[str, ...], capacity: int = 4, *, holding: tuple[str, ...] = ()
-) -> tuple[ManualClock, Any]:
-    """A ThreadSafeLimiter whose inner bucket parks at ``gate`` in the methods ``at``."""
-    clock = ManualClock()
-    inner = stage(1).TokenBucket(capacity=capacity, refill_per_s=1, clock=clock, auto_sweep=False)
-    for key in holding:
-        inner.try_acquire(key)  # state to refund to, before the gate is in the way
-    return clock, stage(2).ThreadSafeLimiter(Parked(inner, gate, at), clock=clock)
-
-
-PATHS: dict[str, Callable[[Any], Any]] = {
+PATHS: dict[str, Callable[[BlockingLimiter], object]] = {
     "try_acquire('k')": lambda lim: lim.try_acquire("k"),
     "peek('k')": lambda lim: lim.peek("k"),
     "acquire('k', timeout_ns=0)": lambda lim: lim.acquire("k", timeout_ns=0),
@@ -553,53 +474,11 @@ def test_stage2_a_newcomer_acquire_joins_the_back_of_the_queue() -> None:
     assert limiter.peek("k").retry_after_ns == NS_PER_S, "the newcomer took 1 unit"
 
 
-class _BucketModel:
-    """An exact token bucket, written independently: tokens are Fractions of a unit."""
-
-    def __init__(self, capacity: int, refill_per_s: Fraction) -> None:
-        self.capacity = capacity
-        self.per_ns = refill_per_s / NS_PER_S
-        self.keys: dict[str, tuple[Fraction, int]] = {}  # key -> (tokens, at)
-
-    def tokens(self, key: str, now: int) -> Fraction:
-        if key not in self.keys:
-            return Fraction(self.capacity)
-        tokens, at = self.keys[key]
-        return min(Fraction(self.capacity), tokens + max(0, now - at) * self.per_ns)
-
-    def decide(self, key: str, cost: int, now: int, commit: bool) -> Decision:
-        tokens = self.tokens(key, now)
-        fits = cost <= tokens
-        if fits and commit:
-            tokens -= cost
-            self.keys[key] = (tokens, now)
-        if fits:
-            retry: int | None = 0
-        elif cost > self.capacity:
-            retry = None
-        else:
-            retry = math.ceil((cost - tokens) / self.per_ns)
-        left = tokens - cost if fits and not commit else tokens
-        return Decision(
-            allowed=fits,
-            limit=self.capacity,
-            remaining=math.floor(left),
-            retry_after_ns=retry,
-            reset_after_ns=math.ceil((self.capacity - left) / self.per_ns),
-        )
-
-    def refund(self, key: str, cost: int, now: int) -> None:
-        self.keys[key] = (min(Fraction(self.capacity), self.tokens(key, now) + cost), now)
-
-    def tracked(self, now: int) -> int:
-        return sum(self.tokens(k, now) < self.capacity for k in self.keys)
-
-
 KEYS = st.sampled_from(["a", "b", "c"])
 
 
 class ThreadSafeLimiterMachine(RuleBasedStateMachine):
-    """Single-threaded, the wrapper decides exactly like an exact token bucket."""
+    """Single-threaded, the wrapper decides exactly like stage 1's exact token bucket."""
 
     @initialize(
         capacity=st.integers(1, 6),
@@ -611,13 +490,13 @@ class ThreadSafeLimiterMachine(RuleBasedStateMachine):
         inner = stage(1).TokenBucket(
             capacity=capacity, refill_per_s=rate, clock=self.clock, auto_sweep=False
         )
-        self.limiter = stage(2).ThreadSafeLimiter(inner, clock=self.clock, stripes=stripes)
-        self.model = _BucketModel(capacity, rate)
+        self.limiter: BlockingLimiter = stage(2).ThreadSafeLimiter(
+            inner, clock=self.clock, stripes=stripes
+        )
+        self.model = TokenBucketModel(capacity, rate)
 
     def check(self, what: str, got: object, expected: object) -> None:
-        now = self.clock.now_ns()
-        if got != expected:
-            raise AssertionError(f"{what} at t={now}:\n  expected {expected}\n  got      {got}")
+        expect(got, expected, f"{what} at t={self.clock.now_ns()}:")
 
     @rule(key=KEYS, cost=st.integers(1, 7))
     def try_acquire(self, key: str, cost: int) -> None:
@@ -648,7 +527,7 @@ class ThreadSafeLimiterMachine(RuleBasedStateMachine):
     @rule(key=KEYS)
     def reset(self, key: str) -> None:
         self.limiter.reset(key)
-        self.model.keys.pop(key, None)
+        self.model.reset(key)
 
     @rule(ns=st.sampled_from([1, NS_PER_MS, 333_333_333, NS_PER_S, 7 * NS_PER_S]))
     def advance(self, ns: int) -> None:
@@ -672,15 +551,6 @@ TestStage2ThreadSafeLimiterModel = pytest.mark.core(
 
 
 # --- AsyncLimiter (extended) ----------------------------------------------------------
-
-
-async def enqueue_async(tg: TaskGroup, limiter: Any, key: str, fn: Any) -> None:
-    """Start a task that waits in ``acquire`` on ``key``; return once it is queued."""
-    before = waiters_on(limiter, key)
-    tg.start_soon(fn)
-    await eventually_async(
-        lambda: waiters_on(limiter, key) == before + 1, f"a task queued on {key!r}"
-    )
 
 
 @pytest.mark.rule("async-exact")
@@ -739,7 +609,7 @@ async def test_stage2_async_waiters_are_admitted_in_fifo_order() -> None:
 
     async with anyio.create_task_group() as tg:
         for i in range(3):
-            await enqueue_async(tg, limiter, "k", lambda i=i: waiter(i))
+            await enqueue_async(tg, limiter, "k", partial(waiter, i))
         clock.advance(NS_PER_S)
         await stays_async(
             lambda: waiters_on(limiter, "k") == 3 and not admitted,
@@ -961,14 +831,6 @@ async def test_stage2_async_acquire_in_a_cancelled_scope_consumes_nothing() -> N
 # --- ConcurrencyLimiter (extended) ----------------------------------------------------
 
 
-def concurrency(max_in_flight: int, lease_ns: int = 10 * NS_PER_S) -> tuple[ManualClock, Any]:
-    clock = ManualClock()
-    limiter = stage(2).ConcurrencyLimiter(
-        max_in_flight=max_in_flight, lease_ns=lease_ns, clock=clock
-    )
-    return clock, limiter
-
-
 @pytest.mark.rule("lease-grant", "lease-release")
 @pytest.mark.extended
 def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
@@ -977,7 +839,7 @@ def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
         for round_no in range(60):
             _, limiter = concurrency(cap)
 
-            def burst(_: int, limiter: Any = limiter) -> list[Any]:
+            def burst(_: int, limiter: InProcessLeaseLimiter = limiter) -> list[Lease]:
                 return [lease for _ in range(attempts) if (lease := limiter.try_acquire("k"))]
 
             leases = [lease for got in run_together(threads, burst) for lease in got]
@@ -989,7 +851,9 @@ def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
             assert len({lease.id for lease in leases}) == cap, "lease ids must be unique"
             assert limiter.in_flight("k") == cap
 
-            def release(i: int, limiter: Any = limiter, leases: list[Any] = leases) -> list[bool]:
+            def release(
+                i: int, limiter: InProcessLeaseLimiter = limiter, leases: list[Lease] = leases
+            ) -> list[bool]:
                 return [limiter.release(lease) for lease in leases[i::threads]]
 
             released = run_together(threads, release)
@@ -1053,7 +917,7 @@ def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
     ids=["max0", "maxTrue", "lease0", "leaseFloat"],
 )
 def test_stage2_concurrency_bad_arguments_name_the_parameter(
-    kwargs: dict[str, Any], param: str
+    kwargs: dict[str, object], param: str
 ) -> None:
     with pytest.raises((ValueError, TypeError), match=param):
         stage(2).ConcurrencyLimiter(clock=ManualClock(), **kwargs)
@@ -1069,7 +933,7 @@ def test_stage2_concurrency_reads_reclaim_expired_leases_by_themselves() -> None
         second = limiter.try_acquire("k")
         assert first is not None and second is not None
 
-        def held(limiter: Any = limiter, read: str = read) -> object:
+        def held(limiter: InProcessLeaseLimiter = limiter, read: str = read) -> object:
             if read == "in_flight":
                 return limiter.in_flight("k")
             return limiter.statistics()
@@ -1081,13 +945,13 @@ def test_stage2_concurrency_reads_reclaim_expired_leases_by_themselves() -> None
             want: object = n
             if read == "statistics":
                 want = ConcurrencyStatistics(n, {"k": n} if n else {}, expired)
-            if got != want:
-                raise AssertionError(
-                    f"leases granted at 0 and 1 s for 5 s; with no other call, "
-                    f"{read}() at {(at - t1) / NS_PER_S + 5:.9f} s must count the leases "
-                    f"whose expires_at_ns has not come yet (reclaiming the others):\n"
-                    f"  expected {want}\n  got      {got}"
-                )
+            expect(
+                got,
+                want,
+                f"leases granted at 0 and 1 s for 5 s; with no other call, "
+                f"{read}() at {(at - t1) / NS_PER_S + 5:.9f} s must count the leases "
+                f"whose expires_at_ns has not come yet (reclaiming the others)",
+            )
 
 
 class ConcurrencyLimiterMachine(RuleBasedStateMachine):
@@ -1099,7 +963,7 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
     def build(self, cap: int, lease_s: int) -> None:
         self.clock = ManualClock()
         self.cap, self.lease_ns = cap, lease_s * NS_PER_S
-        self.limiter = stage(2).ConcurrencyLimiter(
+        self.limiter: InProcessLeaseLimiter = stage(2).ConcurrencyLimiter(
             max_in_flight=cap, lease_ns=self.lease_ns, clock=self.clock
         )
         self.live: dict[int, tuple[str, int]] = {}  # id -> (key, expires_at)
@@ -1116,7 +980,7 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
         return sum(k == key for k, _ in self.live.values())
 
     @rule(target=leases, key=KEYS)
-    def try_acquire(self, key: str) -> Any:
+    def try_acquire(self, key: str) -> Lease | None:
         self.expire()
         lease = self.limiter.try_acquire(key)
         if self.held(key) >= self.cap:
@@ -1129,16 +993,17 @@ class ConcurrencyLimiterMachine(RuleBasedStateMachine):
         return lease
 
     @rule(lease=leases)
-    def release(self, lease: Any) -> None:
+    def release(self, lease: Lease | None) -> None:
         self.expire()
         expected = lease is not None and lease.id in self.live
         got = self.limiter.release(lease) if lease is not None else False
-        if got != expected:
-            raise AssertionError(
-                f"release({lease}) returned {got}, expected {expected} (True only for "
-                "a lease still held: not released before, not expired)"
-            )
-        if expected:
+        expect(
+            got,
+            expected,
+            f"release({lease}): True only for a lease still held (not released before, "
+            "not expired)",
+        )
+        if expected and lease is not None:
             del self.live[lease.id]
 
     @rule(ns=st.sampled_from([1, NS_PER_S - 1, NS_PER_S, 3 * NS_PER_S]))

@@ -1,5 +1,6 @@
 """Driving a stage-1 limiter beside its exact model: the configurations (``Setup``), the
-operations hypothesis draws (``Op``), and the run that compares every Decision."""
+operations hypothesis draws (``Op``), the run that compares every Decision, and the fixed
+run per limiter (``BOUNDARY_RUNS``) every comparison makes before its drawn ones."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any, Literal, TypeVar
 import pytest
 from hypothesis import strategies as st
 
-from katas._harness.story import Story, differences
+from katas._harness.story import Story
 from katas.rate_limiter._testing.models import (
     FixedWindowModel,
     Model,
@@ -22,7 +23,14 @@ from katas.rate_limiter._testing.models import (
     SlidingWindowCounterModel,
     TokenBucketModel,
 )
-from katas.rate_limiter.api import NS_PER_S, Decision, ManualClock, RateLimiter
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    Decision,
+    ManualClock,
+    MultiRateLimiter,
+    RateLimiter,
+    SweepableLimiter,
+)
 
 core = pytest.mark.core
 extended = pytest.mark.extended
@@ -70,9 +78,11 @@ class Setup:
             f"window_ns={self.window_ns})",
         }[self.algo]
 
-    def build(self, stage: ModuleType, clock: ManualClock, auto_sweep: bool = True) -> RateLimiter:
+    def build(
+        self, stage: ModuleType, clock: ManualClock, auto_sweep: bool = True
+    ) -> SweepableLimiter:
         rate: int | Fraction = self.rate.numerator if self.rate.denominator == 1 else self.rate
-        limiter: RateLimiter
+        limiter: SweepableLimiter
         if self.algo == "token_bucket":
             limiter = stage.TokenBucket(
                 capacity=self.limit, refill_per_s=rate, clock=clock, auto_sweep=auto_sweep
@@ -165,7 +175,9 @@ def smoke(stage: ModuleType, part: str) -> None:
         stage.retry_after_header(D(False, 1, 0, 1, 1))
         return
     if part == "multi":
-        multi = stage.MultiLimiter({"n": Setup("token_bucket", 3).build(stage, clock)})
+        multi: MultiRateLimiter = stage.MultiLimiter(
+            {"n": Setup("token_bucket", 3).build(stage, clock)}
+        )
         multi.try_acquire("smoke", {"n": 1})
         multi.peek("smoke", {"n": 1})
         multi.refund("smoke", {"n": 1})
@@ -247,11 +259,21 @@ def operations(
 
 
 def run_against_model(
-    limiter: RateLimiter, model: Model[Any], clock: ManualClock, ops: Iterable[Op], title: str
+    limiter: RateLimiter,
+    model: Model[Any],
+    clock: ManualClock,
+    ops: Iterable[Op],
+    title: str = "",
+    *,
+    story: Story | None = None,
 ) -> None:
-    """Apply ``ops`` to both; every Decision and every tracked_keys() must be equal."""
+    """Apply ``ops`` to both; every Decision and every tracked_keys() must be equal.
+
+    A failure tells the operations so far: those of ``story`` when a caller keeps one
+    across several runs (a state machine), else those of this run, under ``title``.
+    """
     __tracebackhide__ = True  # the assertion message tells the story
-    story = Story(title, clock.now_ns, START_NS)
+    story = story if story is not None else Story(title, clock.now_ns, START_NS)
     for op in ops:
         now = clock.now_ns()
         if op.kind in ("acquire", "peek"):
@@ -259,10 +281,7 @@ def run_against_model(
             got = limiter.try_acquire(op.key, op.n) if commit else limiter.peek(op.key, op.n)
             want = model.decide(op.key, op.n, now, commit=commit)
             story.add(f"{op} -> {got}")
-            if got != want:
-                raise AssertionError(
-                    story.tell("the decision differs from the exact model", differences(want, got))
-                )
+            story.expect(got, want, "the decision differs from the exact model")
         elif op.kind == "refund":
             limiter.refund(op.key, op.n)
             model.refund(op.key, op.n, now)
@@ -280,22 +299,69 @@ def run_against_model(
         elif op.kind == "sweep":
             story.add(f"{op} -> {limiter.sweep()}")
             again = limiter.sweep()
-            if again != 0:
-                raise AssertionError(
-                    story.tell(
-                        "a second sweep at the same instant has nothing left to forget",
-                        f"sweep() returned {again}",
-                    )
-                )
+            story.check(
+                again == 0,
+                "a second sweep at the same instant has nothing left to forget",
+                f"sweep() returned {again}",
+            )
         if op.kind in ("tracked", "sweep", "refund", "reset"):
-            got_n, want_n = limiter.tracked_keys(), model.tracked(clock.now_ns())
-            if got_n != want_n:
-                raise AssertionError(
-                    story.tell(
-                        "tracked_keys() counts the keys whose state differs from fresh",
-                        f"expected {want_n}, got {got_n}",
-                    )
-                )
+            story.expect(
+                limiter.tracked_keys(),
+                model.tracked(clock.now_ns()),
+                "tracked_keys() counts the keys whose state differs from fresh",
+            )
+
+
+#: A fixed run per limiter that every comparison with the exact model makes before its
+#: drawn ones, so that each meets its boundaries on every run: a retry_after that is a
+#: fraction of a nanosecond past a whole one (3 per second), the very instant a window
+#: lets go of what it counted, a denial that must leave no trace behind.
+BOUNDARY_RUNS: dict[Algo, tuple[Setup, tuple[Op, ...]]] = {
+    "token_bucket": (Setup("token_bucket", 3, Fraction(3)), (
+        Op("acquire", n=3), Op("acquire", n=1), Op("advance", n=NS_PER_S // 3),
+        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=1), Op("acquire", n=4),
+    )),
+    "gcra": (Setup("gcra", 2, Fraction(3)), (
+        Op("acquire", n=2), Op("acquire", n=1), Op("advance", n=NS_PER_S // 3),
+        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=1), Op("acquire", n=3),
+    )),
+    "sliding_log": (Setup("sliding_log", 3, window_ns=1_000), (
+        Op("acquire", n=3), Op("advance", n=1), Op("acquire", n=1), Op("advance", n=998),
+        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=3), Op("tracked"),
+    )),
+    "fixed_window": (Setup("fixed_window", 2, window_ns=1_000), (
+        Op("acquire", n=2), Op("advance", n=999), Op("acquire", n=1), Op("advance", n=1),
+        Op("acquire", n=2), Op("acquire", n=1), Op("tracked"),
+    )),
+    "sliding_window_counter": (Setup("sliding_window_counter", 2, window_ns=1_000), (
+        Op("acquire", n=2), Op("advance", n=1_000), Op("acquire", n=1), Op("advance", n=500),
+        Op("acquire", n=1), Op("advance", n=500), Op("acquire", n=2), Op("tracked"),
+    )),
+}  # fmt: skip
+
+
+def run_boundaries(stage: ModuleType, algo: Algo, *, auto_sweep: bool) -> None:
+    """The limiter's :data:`BOUNDARY_RUNS` entry against the exact model."""
+    __tracebackhide__ = True
+    setup, ops = BOUNDARY_RUNS[algo]
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage, clock, auto_sweep=auto_sweep)
+    title = f"{setup} with auto_sweep={auto_sweep} (the fixed run, before any drawn one):"
+    run_against_model(limiter, setup.model(), clock, ops, title)
+
+
+def check_against_model(
+    stage: ModuleType, data: st.DataObject, algo: Algo, *, steps_back: bool
+) -> None:
+    __tracebackhide__ = True  # the assertion message tells the story
+    run_boundaries(stage, algo, auto_sweep=not steps_back)
+    setup = data.draw(setups(algo), label="setup")
+    # With a clock that steps back the limiter must keep its keys (see operations()).
+    auto_sweep = False if steps_back else data.draw(st.booleans(), label="auto_sweep")
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage, clock, auto_sweep=auto_sweep)
+    ops = data.draw(operations(setup, steps_back=steps_back), label="ops")
+    run_against_model(limiter, setup.model(), clock, ops, f"{setup} with auto_sweep={auto_sweep}:")
 
 
 def admit_all(limiter: RateLimiter, clock: ManualClock, ops: Iterable[Op]) -> None:

@@ -1,0 +1,297 @@
+"""Driving stage-3 nodes that share one Redis, and replaying what Redis decided.
+
+Every decision Redis makes is a ``StampedDecision`` carrying the server time (µs) and the
+key's operation counter. Sorting one key's decisions by ``(server_time_us, op)`` recovers
+the order Redis made them in, whichever node asked; :class:`ServerModel` (stage 1's exact
+models, run on the server's clock) replays them and must produce the very same
+``Decision``s. On fakeredis the server clock is frozen and moved by the test; on a real
+server it moves by itself and the replay still holds.
+
+A refund returns nothing to stamp, so the replay applies it just before the next
+decision on its key, at that decision's server time: for every algorithm the outcome is
+the same as at the refund's own time (see :meth:`ServerModel.refund`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from types import ModuleType
+from typing import Any, Literal
+
+import redis
+from hypothesis import strategies as st
+
+from katas._harness.redis import RedisEnv
+from katas._harness.story import expect
+from katas._runtime.clock import NS_PER_US
+from katas.rate_limiter._testing.models import (
+    FixedWindowModel,
+    Model,
+    SlidingLogModel,
+    TokenBucketModel,
+)
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    Decision,
+    ManualClock,
+    RedisLimiter,
+    StampedDecision,
+)
+
+ALGORITHMS = ("token_bucket", "sliding_log", "fixed_window")
+KEYS = ("alice", "bob")
+NODES = 3
+
+
+# --- the model: one ideal limiter on the server's clock ---------------------------------
+
+
+class ServerModel:
+    """What one ideal limiter decides for ``(key, cost)`` at server time ``now`` (µs).
+
+    Stage 1's exact models with µs as their unit of time: a token bucket refilling
+    ``limit`` per window, a sliding log, a fixed window aligned to the server's epoch.
+    Decisions come back in ns, as the limiters report them (whole µs).
+    """
+
+    def __init__(self, algorithm: str, limit: int, window_us: int) -> None:
+        self.algorithm, self.limit, self.window = algorithm, limit, window_us
+        self.model: Model[Any]
+        if algorithm == "token_bucket":
+            # The model refills ``rate`` per 10⁹ units of its time: here, per 10⁹ µs.
+            self.model = TokenBucketModel(limit, Fraction(limit * NS_PER_S, window_us))
+        elif algorithm == "sliding_log":
+            self.model = SlidingLogModel(limit, window_us)
+        else:
+            self.model = FixedWindowModel(limit, window_us, "epoch")
+
+    def decide(self, key: str, cost: int, now: int, commit: bool) -> Decision:
+        d = self.model.decide(key, cost, now, commit=commit)
+        retry = d.retry_after_ns
+        return Decision(
+            allowed=d.allowed,
+            limit=d.limit,
+            remaining=d.remaining,
+            retry_after_ns=None if retry is None else retry * NS_PER_US,
+            reset_after_ns=d.reset_after_ns * NS_PER_US,
+        )
+
+    def refund(self, key: str, cost: int, now: int) -> None:
+        """Give back ``cost`` units at ``now``: capped, this window's only, newest first.
+
+        Applying it later, at the next decision on ``key``, changes no decision: the
+        bucket's cap binds the same either way (refill is linear and capped); units that
+        leave a log or a window in between would have left anyway.
+        """
+        self.model.refund(key, cost, now)
+
+    def time_to_fresh_us(self, key: str, now: int) -> int:
+        """How long until ``key`` is fresh again, seen at ``now`` (0 if it is)."""
+        return self.model.decide(key, self.limit + 1, now, commit=False).reset_after_ns
+
+
+def plain(d: Decision) -> Decision:
+    """The Decision fields only (a StampedDecision also carries its stamp)."""
+    return Decision(d.allowed, d.limit, d.remaining, d.retry_after_ns, d.reset_after_ns)
+
+
+@dataclass
+class LeaseModel:
+    """The leases held per key, across every node."""
+
+    held: dict[str, set[int]] = field(default_factory=dict)
+
+
+# --- building nodes ---------------------------------------------------------------------
+
+
+def make_limiter(
+    stage: ModuleType, client: redis.Redis, algorithm: str, limit: int, window_us: int, **kw: Any
+) -> RedisLimiter:
+    """A RedisRateLimiter over ``client``; its own ManualClock unless ``clock`` is given."""
+    kw.setdefault("clock", ManualClock())
+    limiter: RedisLimiter = stage.RedisRateLimiter(
+        client, algorithm=algorithm, limit=limit, window_ns=window_us * NS_PER_US, **kw
+    )
+    return limiter
+
+
+def make_nodes(
+    stage: ModuleType,
+    env: RedisEnv,
+    algorithm: str,
+    limit: int,
+    window_us: int,
+    *,
+    prefix: str,
+    clocks: Sequence[ManualClock] | None = None,
+) -> list[RedisLimiter]:
+    """NODES limiters, each with its own client (connection pool) and clock."""
+    clocks = clocks or [ManualClock() for _ in range(NODES)]
+    return [
+        make_limiter(stage, client, algorithm, limit, window_us, key_prefix=prefix, clock=c)
+        for client, c in zip(env.clients(NODES), clocks, strict=True)
+    ]
+
+
+# --- operations, streams of them, and their replay ---------------------------------------
+
+
+Call = Literal["try_acquire", "peek", "refund"]
+
+
+@dataclass(frozen=True)
+class Op:
+    node: int
+    key: str
+    cost: int
+    call: Call = "try_acquire"
+    gap_us: int = 0  # server time passing before it (fakeredis; real servers move alone)
+
+
+@dataclass(frozen=True)
+class Record:
+    node: int
+    key: str
+    cost: int
+    call: Call
+    decision: Decision | None  # None: a refund
+
+
+def call(limiter: RedisLimiter, op: Op) -> Decision | None:
+    """Make ``op``'s call on ``limiter``; a refund returns None."""
+    if op.call == "refund":
+        limiter.refund(op.key, op.cost)
+        return None
+    method = limiter.try_acquire if op.call == "try_acquire" else limiter.peek
+    return method(op.key, op.cost)
+
+
+def run_stream(
+    env: RedisEnv, nodes: Sequence[RedisLimiter], ops: Sequence[Op], *, bracket: bool = False
+) -> list[Record]:
+    """Run ``ops``; with ``bracket``, check each stamp lies between two server TIME reads."""
+    server = env.server()
+    records = []
+    for op in ops:
+        if op.gap_us and env.time_is_controlled:
+            env.pass_time(op.gap_us * NS_PER_US)
+        before = server.time_us() if bracket else 0
+        d = call(nodes[op.node], op)
+        if bracket and d is not None:
+            after = server.time_us()
+            assert isinstance(d, StampedDecision), f"{op}: Redis was up, got unstamped {d}"
+            assert before <= d.server_time_us <= after, (
+                f"decisions must use the server's clock (TIME), not a node's: {op} was "
+                f"stamped {d.server_time_us} µs but the server read {before}..{after} µs around "
+                f"it ({(d.server_time_us - before) / 1e6:+.3f} s off)"
+            )
+        records.append(Record(op.node, op.key, op.cost, op.call, d))
+    return records
+
+
+def replay(records: Sequence[Record], algorithm: str, limit: int, window_us: int) -> None:
+    """Replay every key's decisions in Redis order through the model; all must match.
+
+    Refunds are applied just before the next decision on their key in ``records``
+    (which must then come from one thread, in call order).
+    """
+    __tracebackhide__ = True
+    model = ServerModel(algorithm, limit, window_us)
+    refunds_before: dict[int, list[Record]] = {}  # decision's index -> refunds just before it
+    waiting: dict[str, list[Record]] = {}
+    for i, r in enumerate(records):
+        if r.call == "refund":
+            waiting.setdefault(r.key, []).append(r)
+            continue
+        refunds_before[i] = waiting.pop(r.key, [])
+        assert isinstance(r.decision, StampedDecision), (
+            f"with Redis up every decision comes from the script, stamped with "
+            f"op and server time; node {r.node} got {r.decision}"
+        )
+
+    def order(item: tuple[int, Record]) -> tuple[int, int, int]:
+        r = item[1]
+        d = r.decision
+        assert isinstance(d, StampedDecision)
+        bumps = r.call == "try_acquire" and r.cost <= limit  # peeks, impossible costs: no bump
+        return d.server_time_us, d.op, 0 if bumps else 1
+
+    for key in sorted({r.key for r in records}):
+        history: list[str] = []
+        decided = [(i, r) for i, r in enumerate(records) if r.key == key and i in refunds_before]
+        for i, r in sorted(decided, key=order):
+            d = r.decision
+            assert isinstance(d, StampedDecision)
+            for refund in refunds_before[i]:
+                model.refund(key, refund.cost, d.server_time_us)
+                history.append(f"  node{refund.node}.refund({key!r}, {refund.cost})")
+            want = model.decide(key, r.cost, d.server_time_us, commit=r.call == "try_acquire")
+            history.append(
+                f"  t={d.server_time_us} op={d.op} node{r.node}.{r.call}({key!r}, {r.cost})"
+                f" -> allowed={d.allowed} remaining={d.remaining} retry={d.retry_after_ns}"
+            )
+            expect(
+                plain(d),
+                want,
+                f"{algorithm}, limit={limit}, window={window_us} µs: the nodes must "
+                f"decide exactly as one limiter would. Replaying key {key!r} in Redis order "
+                f"(server time, op):\n" + "\n".join(history[-12:]),
+            )
+
+
+def burst_from_threads(
+    nodes: Sequence[RedisLimiter], *, threads_per_node: int, each: int
+) -> list[Record]:
+    """Every node's threads start together and call try_acquire("alice") ``each`` times."""
+    records: list[Record] = []
+    lock = threading.Lock()
+    count = len(nodes) * threads_per_node
+    start = threading.Barrier(count)
+
+    def worker(i: int) -> None:
+        start.wait(10)
+        for _ in range(each):
+            d = nodes[i].try_acquire("alice")
+            with lock:
+                records.append(Record(i, "alice", 1, "try_acquire", d))
+
+    threads = [
+        threading.Thread(target=worker, args=(i % len(nodes),), daemon=True) for i in range(count)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+        assert not t.is_alive(), "a node's decision hung (deadlock or no timeout?)"
+    return records
+
+
+@st.composite
+def scenarios(draw: st.DrawFn) -> tuple[str, int, int, list[Op]]:
+    """An algorithm, a limit, a window (µs) and the operations of several nodes."""
+    algorithm = draw(st.sampled_from(ALGORITHMS))
+    limit = draw(st.integers(1, 4))
+    window_us = draw(st.sampled_from([2_000, 50_000, 2_000_000]))
+    op = st.builds(
+        Op,
+        node=st.integers(0, NODES - 1),
+        key=st.sampled_from(KEYS),
+        cost=st.integers(1, limit + 1),
+        call=st.sampled_from(["try_acquire", "try_acquire", "try_acquire", "peek", "refund"]),
+        gap_us=st.one_of(st.just(0), st.integers(0, window_us * 3 // 2)),
+    )
+    return algorithm, limit, window_us, draw(st.lists(op, min_size=1, max_size=25))
+
+
+# --- keys on Redis ----------------------------------------------------------------------
+
+
+def hash_tag(name: str) -> str:
+    """What Redis Cluster hashes: the text inside the first ``{…}`` if non-empty, else all."""
+    start = name.find("{")
+    end = name.find("}", start + 1)
+    return name[start + 1 : end] if 0 <= start < end - 1 else name
