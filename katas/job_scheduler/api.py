@@ -182,6 +182,83 @@ class EffectStore(Protocol):
         ...
 
 
+class JobQueue(Protocol):
+    """A job queue, as its producers and workers call it: stage 1's ``JobQueue``, and the
+    queue every later stage builds on (stage 2's pools around it; stage 3's queue on Redis,
+    a :class:`SharedJobQueue`).
+
+    A producer ``enqueue``s and may ``cancel``; a worker ``claim``s a :class:`Lease`, and
+    answers it once with ``ack`` (done) or ``nack`` (this attempt failed), extending it
+    meanwhile with ``heartbeat`` or handing it back unfinished with ``release``. Every
+    answer with a lease that is not the job's live lease raises :class:`StaleLease` and
+    changes nothing (the fence against zombies); an id the queue does not hold raises
+    :class:`JobNotFound`. Every call first settles what is due at now, so what a call
+    returns never depends on whether anyone called before it.
+    """
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        priority: int = 0,
+        run_at_ns: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> str:
+        """Add a job due at ``run_at_ns`` (None: now); its id — the first job's for an
+        idempotency key seen within its TTL. :class:`QueueFull` past ``max_pending``."""
+        ...
+
+    def claim(self, worker_id: str) -> Lease | None:
+        """Lease the best READY job to ``worker_id`` (an attempt counted, the next token
+        issued), or None when none is READY."""
+        ...
+
+    def ack(self, lease: Lease, result: Any = None) -> None:
+        """Finish the leased job as SUCCEEDED with ``result``."""
+        ...
+
+    def nack(self, lease: Lease, error: str) -> None:
+        """Fail this attempt: a retry after the backoff, or DEAD at ``max_attempts``."""
+        ...
+
+    def get(self, job_id: str) -> Job:
+        """A snapshot of the job now."""
+        ...
+
+    def next_due_ns(self) -> int | None:
+        """When the next claim can succeed: now if a job is READY, else the earliest run
+        time or lease expiry, else None."""
+        ...
+
+    def heartbeat(self, lease: Lease) -> Lease:
+        """Extend a live lease to now + ``lease_ns`` (an expired one is never revived)."""
+        ...
+
+    def release(self, lease: Lease) -> None:
+        """Hand the job back unfinished: READY in its old place, its attempt refunded."""
+        ...
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel an unfinished job (its lease goes stale); False if it was finished."""
+        ...
+
+    def dead_letters(self) -> list[Job]:
+        """The DEAD jobs held, in the order they died."""
+        ...
+
+    def redrive(self, job_id: str) -> bool:
+        """Return a DEAD job to READY, attempts zeroed, token kept; False if not DEAD."""
+        ...
+
+    def is_current(self, lease: Lease) -> bool:
+        """Whether ``lease`` is its job's live lease now."""
+        ...
+
+    def statistics(self) -> QueueStatistics:
+        """Jobs held per state, and idempotency records held."""
+        ...
+
+
 #: Defaults: idempotency keys dedupe for a day; finished jobs are kept for a day.
 DEFAULT_DEDUP_TTL_NS = 24 * 3600 * NS_PER_S
 DEFAULT_RETENTION_NS = 24 * 3600 * NS_PER_S
@@ -199,6 +276,7 @@ __all__ = [
     "Jitter",
     "Job",
     "JobNotFound",
+    "JobQueue",
     "JobQueueError",
     "JobState",
     "Lease",
@@ -245,10 +323,64 @@ class PoolStatistics:
     stopping: bool
 
 
+class WorkerPool(Protocol):
+    """Worker threads around a :class:`JobQueue` (stage 2's ``ThreadWorkerPool``): what
+    a service starts, feeds and stops.
+
+    Handlers run outside the pool's lock, their leases heartbeaten while they run; a
+    handler's return value acks its job, an exception nacks it. ``shutdown`` stops
+    claiming at once and returns only when no job of the pool holds a lease: each one
+    finished within ``grace_ns``, or released (its attempt refunded).
+    """
+
+    def start(self) -> None:
+        """Start the workers (once: RuntimeError the second time)."""
+        ...
+
+    def submit(self, payload: Any, **options: Any) -> str:
+        """Enqueue a job (``options`` as for :meth:`JobQueue.enqueue`) and wake an idle
+        worker; its id."""
+        ...
+
+    def shutdown(self, grace_ns: int) -> None:
+        """Stop claiming; wait up to ``grace_ns`` for running jobs; release the rest."""
+        ...
+
+    def statistics(self) -> PoolStatistics:
+        """A snapshot of the pool's counters."""
+        ...
+
+
+class AsyncWorkerPool(Protocol):
+    """The same pool as tasks of one event loop (stage 2's ``AsyncWorkerPool``): ``run``
+    is the pool's life, from the first claim until ``shutdown`` has finished.
+
+    A handler still running ``timeout_ns`` after its claim is cancelled and its job
+    nacked with ``TIMED_OUT``; at the grace deadline ``shutdown`` cancels the handlers
+    still running and releases their jobs.
+    """
+
+    async def run(self) -> None:
+        """Run the workers until ``shutdown`` has finished (once: RuntimeError after)."""
+        ...
+
+    def submit(self, payload: Any, **options: Any) -> str:
+        """Enqueue a job (``options`` as for :meth:`JobQueue.enqueue`); its id."""
+        ...
+
+    async def shutdown(self, grace_ns: int) -> None:
+        """Stop claiming; wait up to ``grace_ns``; cancel and release what still runs."""
+        ...
+
+    def statistics(self) -> PoolStatistics:
+        """A snapshot of the pool's counters."""
+        ...
+
+
 #: The error a timed-out job is nacked with (async pool).
 TIMED_OUT = "timed out"
 
-__all__ += ["TIMED_OUT", "PoolStatistics"]
+__all__ += ["TIMED_OUT", "AsyncWorkerPool", "PoolStatistics", "WorkerPool"]
 
 
 # --- Stage 3: the queue on Redis -------------------------------------------------------
@@ -268,4 +400,62 @@ class OpStamp:
     server_now_ns: int
 
 
-__all__ += ["OpStamp"]
+class SharedJobQueue(JobQueue, Protocol):
+    """A :class:`JobQueue` whose state lives on a server that many processes share
+    (stage 3's ``RedisJobQueue``): each call one atomic script, on the server's clock.
+
+    Besides stage 1's calls: ``delay_ns`` counts from the server's now; ``reap`` settles
+    what is due (lease expiries first) for a queue nobody else calls; ``last_op`` tells
+    where the calling thread's last call stands in the order the server ran every call.
+    """
+
+    @property
+    def lease_ns(self) -> int:
+        """How long a claim or a heartbeat leases a job for."""
+        ...
+
+    def enqueue(
+        self,
+        payload: Any,
+        *,
+        priority: int = 0,
+        run_at_ns: int | None = None,
+        idempotency_key: str | None = None,
+        delay_ns: int | None = None,
+    ) -> str:
+        """As :meth:`JobQueue.enqueue`; ``run_at_ns`` on the server's clock, or
+        ``delay_ns`` from the server's now (one or neither)."""
+        ...
+
+    def reap(self) -> int:
+        """Apply what is due; how many leases expired."""
+        ...
+
+    def last_op(self) -> OpStamp | None:
+        """This thread's last call: the operation counter and the server time of its
+        script (None before the first call)."""
+        ...
+
+
+class Worker(Protocol):
+    """One worker's loop over a :class:`SharedJobQueue` (stage 3's ``RedisWorker``), the
+    body of a worker process: claim, run the handler, commit its effect, ack.
+
+    ``stop`` is safe from a signal handler: the running job has ``grace_ns`` to finish,
+    then it is released. An unreachable server is waited out, never a crash.
+    """
+
+    def run(self, *, max_jobs: int | None = None) -> None:
+        """Work until :meth:`stop`, or until ``max_jobs`` jobs were handled."""
+        ...
+
+    def stop(self, grace_ns: int = 0) -> None:
+        """Stop claiming; the running job has ``grace_ns`` to finish, then is released."""
+        ...
+
+    def statistics(self) -> PoolStatistics:
+        """This worker's counters (``workers`` is 1)."""
+        ...
+
+
+__all__ += ["OpStamp", "SharedJobQueue", "Worker"]

@@ -1,11 +1,20 @@
 """Stage 1 suite, properties: the job queue driven by drawn workloads (see
 katas/job_scheduler/README.md).
 
-The examples that read like the prompt, and the extended examples, are in
-``test_stage1.py``. Here: a client that knows from its own calls what the queue must do
-(:mod:`katas.job_scheduler._testing.clients`), every retry mode through both kinds of
-failure, and state machines that compare the queue with the exact model
-(:mod:`katas.job_scheduler._testing.model`), written from the rules.
+The examples that read like the prompt are in ``test_stage1.py`` (core) and
+``test_stage1_extended.py``. Here: a client that knows from its own calls what the
+queue must do (:mod:`katas.job_scheduler._testing.clients`), every retry mode through
+both kinds of failure, and state machines that compare the queue with the exact model
+(:mod:`katas.job_scheduler._testing.model`), written from the rules. The machines'
+rules are declared once: hypothesis runs them step by step (after fixed walks through
+the boundaries, :mod:`katas._harness.walks`), and whole drawn lists of them run again
+through drivers derived from the same rules (:mod:`katas._harness.machines`).
+
+Map: properties over a client's workloads (never-early, claim-order,
+future-does-not-block, lease-live, claim-counts, stale-changes-nothing, dead-at-max,
+unique-ids, failed-attempt, next-due) · backoff in every jitter mode (backoff-formula,
+decorrelated, one-draw, backoff-from-failure) · the exact model, core (``MODEL_RULES``)
+and extended (``EXTENDED_MODEL_RULES``).
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from katas._harness.machines import Driver
 from katas._harness.story import Story, differences
 from katas._harness.under_test import stage
 from katas._harness.walks import Drawn, Step, Walk, walked
@@ -50,6 +60,7 @@ from katas.job_scheduler.api import (
     JITTERS,
     Jitter,
     JobNotFound,
+    JobQueue,
     Lease,
     ManualClock,
     QueueFull,
@@ -77,15 +88,12 @@ def test_stage1_never_claims_a_job_before_it_is_due(ops: list[Op], max_attempts:
     for fact in client.claims:
         if fact.lease is None:
             continue
-        job_id = fact.lease.job_id
-        if fact.states.get(job_id) is not SCHEDULED:
-            continue  # other properties judge unknown, leased or finished jobs
-        raise AssertionError(
-            client.story.tell(
-                "a job is never claimed before it is due (run_at_ns, then each retry's backoff)",
-                f"claim at t={fact.now - START} returned {job_id!r}, due at "
-                f"t={rel(fact.dues[job_id])}",
-            )
+        job_id = fact.lease.job_id  # unknown, leased or finished: judged by other properties
+        client.story.check(
+            fact.states.get(job_id) is not SCHEDULED,
+            "a job is never claimed before it is due (run_at_ns, then each retry's backoff)",
+            f"claim at t={fact.now - START} returned {job_id!r}, due at "
+            f"t={rel(fact.dues.get(job_id))}",
         )
 
 
@@ -101,15 +109,13 @@ def test_stage1_claim_takes_the_highest_priority_then_earliest_due_then_oldest(
         got = None if fact.lease is None else fact.lease.job_id
         if got is not None and fact.states.get(got) is not READY:
             continue  # claimed something not READY: judged by the other properties
-        if not (got == fact.expected):
-            raise AssertionError(
-                client.story.tell(
-                    "claim leases the READY job with the largest priority, then the earliest due "
-                    "time, then the smallest sequence number — and returns None only when none is "
-                    "READY",
-                    f"claim at t={fact.now - START} returned {got!r}, expected {fact.expected!r}",
-                )
-            )
+        client.story.check(
+            got == fact.expected,
+            "claim leases the READY job with the largest priority, then the earliest due "
+            "time, then the smallest sequence number — and returns None only when none is "
+            "READY",
+            f"claim at t={fact.now - START} returned {got!r}, expected {fact.expected!r}",
+        )
 
 
 @pytest.mark.rule("lease-live")
@@ -119,15 +125,15 @@ def test_stage1_at_most_one_live_lease_per_job(ops: list[Op], max_attempts: int)
     client = client_for(max_attempts)
     client.run(ops)
     for fact in client.claims:
-        if fact.lease is not None and fact.states.get(fact.lease.job_id) is LEASED:
-            raise AssertionError(
-                client.story.tell(
-                    "a job has at most one live lease: it is not claimed again until its "
-                    "lease is acked, nacked or expired",
-                    f"claim at t={fact.now - START} leased {fact.lease.job_id!r} again while "
-                    f"token {fact.tokens[fact.lease.job_id]} was still live",
-                )
-            )
+        if fact.lease is None:
+            continue
+        client.story.check(
+            fact.states.get(fact.lease.job_id) is not LEASED,
+            "a job has at most one live lease: it is not claimed again until its "
+            "lease is acked, nacked or expired",
+            f"claim at t={fact.now - START} leased {fact.lease.job_id!r} again while "
+            f"token {fact.tokens.get(fact.lease.job_id)} was still live",
+        )
 
 
 #: Every kind of stale lease, each at its boundary: expired at the very instant of its
@@ -158,40 +164,32 @@ def test_stage1_fencing_tokens_grow_and_stale_leases_change_nothing(
     for fact in client.claims:
         if fact.lease is not None and fact.lease.job_id in fact.tokens:
             previous = fact.tokens[fact.lease.job_id]
-            if not (fact.lease.token > previous):
-                raise AssertionError(
-                    client.story.tell(
-                        "every claim of a job issues a larger fencing token than the last",
-                        f"claim at t={fact.now - START} issued token {fact.lease.token} for "
-                        f"{fact.lease.job_id!r}, whose previous token was {previous}",
-                    )
-                )
+            client.story.check(
+                fact.lease.token > previous,
+                "every claim of a job issues a larger fencing token than the last",
+                f"claim at t={fact.now - START} issued token {fact.lease.token} for "
+                f"{fact.lease.job_id!r}, whose previous token was {previous}",
+            )
     for answer in client.answers:
         where = f"{answer.kind} at t={answer.now - START} with token {answer.lease.token}"
         if answer.live:
-            if answer.raised:
-                raise AssertionError(
-                    client.story.tell(
-                        "a live lease (latest token, not expired, not yet answered) is accepted",
-                        f"{where} raised StaleLease",
-                    )
-                )
+            client.story.check(
+                not answer.raised,
+                "a live lease (latest token, not expired, not yet answered) is accepted",
+                f"{where} raised StaleLease",
+            )
         else:
-            if not (answer.raised):
-                raise AssertionError(
-                    client.story.tell(
-                        "a lease that is not live (superseded, expired or already answered) is "
-                        "rejected with StaleLease",
-                        f"{where} of {answer.lease.job_id!r} was accepted",
-                    )
-                )
-            if not (answer.before == answer.after):
-                raise AssertionError(
-                    client.story.tell(
-                        "a rejected lease changes nothing",
-                        f"{where}: {differences(answer.before, answer.after)}",
-                    )
-                )
+            client.story.check(
+                answer.raised,
+                "a lease that is not live (superseded, expired or already answered) is "
+                "rejected with StaleLease",
+                f"{where} of {answer.lease.job_id!r} was accepted",
+            )
+            client.story.check(
+                answer.before == answer.after,
+                "a rejected lease changes nothing",
+                f"{where}: {differences(answer.before, answer.after)}",
+            )
 
 
 @pytest.mark.rule("claim-counts", "dead-at-max")
@@ -202,35 +200,31 @@ def test_stage1_attempts_are_counted_at_claim_and_the_job_dies_at_max_attempts(
 ) -> None:
     client = client_for(max_attempts)
 
-    def check() -> None:
+    def judge() -> None:
         now = client.clock.now_ns()
         for seen in client.jobs.values():
             state, _ = client.state(seen, now)
             job = held(client.queue, seen.id)
             got = None if job is None else (job.attempts, job.state is DEAD)
             want = (len(seen.leases), state is DEAD)
-            if not (got == want):
-                raise AssertionError(
-                    client.story.tell(
-                        "attempts count claims (a crash costs one), and a job is DEAD exactly "
-                        f"when attempt max_attempts={max_attempts} has failed",
-                        f"{seen.id!r}: (attempts, dead) expected {want}, got {got}",
-                    )
-                )
+            client.story.check(
+                got == want,
+                "attempts count claims (a crash costs one), and a job is DEAD exactly "
+                f"when attempt max_attempts={max_attempts} has failed",
+                f"{seen.id!r}: (attempts, dead) expected {want}, got {got}",
+            )
 
-    client.run(ops, check)
+    client.run(ops, judge)
     for fact in client.claims:
         if fact.lease is not None and fact.lease.job_id in client.jobs:
             earlier = [
                 le for le in client.jobs[fact.lease.job_id].leases if le.token < fact.lease.token
             ]
-            if not (fact.lease.attempt == len(earlier) + 1):
-                raise AssertionError(
-                    client.story.tell(
-                        "a lease's attempt is the number of claims of its job so far",
-                        f"{fact.lease} follows {len(earlier)} earlier claims",
-                    )
-                )
+            client.story.check(
+                fact.lease.attempt == len(earlier) + 1,
+                "a lease's attempt is the number of claims of its job so far",
+                f"{fact.lease} follows {len(earlier)} earlier claims",
+            )
 
 
 @pytest.mark.rule("unique-ids", "failed-attempt", "lease-live")
@@ -241,38 +235,32 @@ def test_stage1_conservation_every_job_is_in_exactly_the_state_its_history_says(
 ) -> None:
     client = client_for(max_attempts)
 
-    def check() -> None:
+    def judge() -> None:
         now = client.clock.now_ns()
-        if client.duplicate_ids:
-            raise AssertionError(
-                client.story.tell(
-                    "job ids are unique", f"enqueue returned {client.duplicate_ids[0]!r} twice"
-                )
-            )
+        client.story.check(
+            not client.duplicate_ids,
+            "job ids are unique",
+            f"enqueue returned {client.duplicate_ids[:1]} twice",
+        )
         for fact in client.claims:
-            if not (fact.lease is None or fact.lease.job_id in client.jobs):
-                raise AssertionError(
-                    client.story.tell("claim only returns enqueued jobs", f"got {fact.lease}")
-                )
+            client.story.check(
+                fact.lease is None or fact.lease.job_id in client.jobs,
+                "claim only returns enqueued jobs",
+                f"got {fact.lease}",
+            )
         for seen in client.jobs.values():
             want, _ = client.state(seen, now)
             job = held(client.queue, seen.id)
-            if not (job is not None):
-                raise AssertionError(
-                    client.story.tell(
-                        "nothing vanishes",
-                        f"get({seen.id!r}) raised JobNotFound (state should be {want})",
-                    )
-                )
-            if job.state is not want:
-                raise AssertionError(
-                    client.story.tell(
-                        "every job is in exactly the state its history gives it",
-                        f"{seen.id!r} is {job.state}, expected {want}",
-                    )
-                )
+            assert job is not None, client.story.tell(
+                "nothing vanishes", f"get({seen.id!r}) raised JobNotFound (state should be {want})"
+            )
+            client.story.check(
+                job.state is want,
+                "every job is in exactly the state its history gives it",
+                f"{seen.id!r} is {job.state}, expected {want}",
+            )
 
-    client.run(ops, check)
+    client.run(ops, judge)
 
 
 @pytest.mark.rule("next-due")
@@ -283,19 +271,17 @@ def test_stage1_next_due_ns_is_when_the_next_claim_can_succeed(
 ) -> None:
     client = client_for(max_attempts)
 
-    def check() -> None:
+    def judge() -> None:
         now = client.clock.now_ns()
         want, got = client.expected_next_due(now), client.queue.next_due_ns()
-        if not (got == want):
-            raise AssertionError(
-                client.story.tell(
-                    "next_due_ns() is now if a job is READY, else the earliest run time of a "
-                    "SCHEDULED job or expiry of a live lease, else None",
-                    f"expected {rel(want)}, got {rel(got)} (relative to start)",
-                )
-            )
+        client.story.check(
+            got == want,
+            "next_due_ns() is now if a job is READY, else the earliest run time of a "
+            "SCHEDULED job or expiry of a live lease, else None",
+            f"expected {rel(want)}, got {rel(got)} (relative to start)",
+        )
 
-    client.run(ops, check)
+    client.run(ops, judge)
 
 
 @pytest.mark.rule("next-due", "dead-at-max")
@@ -331,15 +317,12 @@ def test_stage1_liveness_every_job_finishes(
         for seen in client.jobs.values()
         if (job := queue.get(seen.id)).state not in (SUCCEEDED, DEAD)
     }
-    if unfinished:
-        raise AssertionError(
-            client.story.tell(
-                "liveness: a worker that keeps claiming at next_due_ns() finishes every job "
-                "(SUCCEEDED or DEAD within max_attempts)",
-                f"still unfinished after {budget} drain steps: {unfinished}; next_due_ns() = "
-                f"{rel(queue.next_due_ns())}",
-            )
-        )
+    assert not unfinished, client.story.tell(
+        "liveness: a worker that keeps claiming at next_due_ns() finishes every job "
+        "(SUCCEEDED or DEAD within max_attempts)",
+        f"still unfinished after {budget} drain steps: {unfinished}; next_due_ns() = "
+        f"{rel(queue.next_due_ns())}",
+    )
 
 
 @pytest.mark.rule("backoff-formula", "decorrelated", "one-draw", "backoff-from-failure")
@@ -371,8 +354,7 @@ def test_stage1_backoff_delays_follow_the_formula_for_each_jitter_mode(
     story = Story(f"{policy}, rng=Random({seed}):", clock.now_ns, START)
     for n, how in enumerate(failures, start=1):
         lease = queue.claim("w")
-        if not (lease is not None):
-            raise AssertionError(story.tell("a retry is claimable at its due time", "got None"))
+        assert lease is not None, story.tell("a retry is claimable at its due time", "got None")
         if how == "nack":
             clock.advance(7)
             queue.nack(lease, "boom")
@@ -382,22 +364,18 @@ def test_stage1_backoff_delays_follow_the_formula_for_each_jitter_mode(
             failed_at = lease.expires_at_ns
         story.add(f"claim, {how} attempt {n}")
         got = queue.get(job_id).run_at_ns - failed_at
-        if not (got == want[n - 1]):
-            raise AssertionError(
-                story.tell(
-                    f"the delay after failed attempt n is exactly the {jitter!r} formula with one "
-                    "rng draw per retry",
-                    f"after attempt {n}: expected delay {want[n - 1]}, got {got}",
-                )
-            )
-        clock.set(max(clock.now_ns(), failed_at + got))
-    if not (rng.getstate() == twin.getstate()):
-        raise AssertionError(
-            story.tell(
-                "each jittered retry makes exactly one rng call ('none' makes none)",
-                f"the queue's rng did not advance as {len(failures)} retries' draws do",
-            )
+        story.check(
+            got == want[n - 1],
+            f"the delay after failed attempt n is exactly the {jitter!r} formula with one "
+            "rng draw per retry",
+            f"after attempt {n}: expected delay {want[n - 1]}, got {got}",
         )
+        clock.set(max(clock.now_ns(), failed_at + got))
+    story.check(
+        rng.getstate() == twin.getstate(),
+        "each jittered retry makes exactly one rng call ('none' makes none)",
+        f"the queue's rng did not advance as {len(failures)} retries' draws do",
+    )
 
 
 # --------------------------------------------------------------------------------------
@@ -447,7 +425,7 @@ class QueueMachine(RuleBasedStateMachine):
                 "retention_ns": data.draw(st.sampled_from([0, 800, 4_000]), label="retention_ns"),
                 "max_pending": data.draw(st.sampled_from([None, 2, 5]), label="max_pending"),
             }
-        self.queue = stage().JobQueue(
+        self.queue: JobQueue = stage().JobQueue(
             clock=self.clock, lease_ns=lease_ns, retry=retry, max_attempts=max_attempts,
             rng=random.Random(seed), **options,
         )  # fmt: skip
@@ -482,13 +460,11 @@ class QueueMachine(RuleBasedStateMachine):
             ) from None
 
     def check(self, what: str, expected: Any, got: Any) -> None:
-        if got != expected:
-            raise AssertionError(
-                self.story.tell(
-                    "the queue and its exact model disagree",
-                    f"{what}: {differences(expected, got)}",
-                )
-            )
+        self.story.check(
+            got == expected,
+            "the queue and its exact model disagree",
+            f"{what}: {differences(expected, got)}",
+        )
 
     def refused(self, error: type[Exception], what: str, call: Callable[[], Any], why: str) -> None:
         """``call()`` must raise ``error`` (the model says so, because ``why``)."""
@@ -557,8 +533,7 @@ class QueueMachine(RuleBasedStateMachine):
         if expected in self.ids:
             self.check(f"{call} (a key seen within its TTL)", self.ids[expected], got)
         else:
-            if not (got not in self.ids.values()):
-                raise AssertionError(self.story.tell("job ids are unique", f"{got!r} reused"))
+            self.story.check(got not in self.ids.values(), "job ids are unique", f"{got!r} reused")
             self.ids[expected] = got
 
     @rule(worker=st.sampled_from(WORKERS))
@@ -824,56 +799,23 @@ TestStage1JobQueueExtendedModel = pytest.mark.rule(*EXTENDED_MODEL_RULES)(
 )
 
 
-def model_ops(extended: bool) -> st.SearchStrategy[list[Op]]:
-    """Operations for ``QueueMachine`` rules, well mixed: (rule name, *arguments)."""
-    i = st.integers(0, 5)
-    ops = [
-        st.tuples(
-            st.just("enqueue"),
-            st.integers(-1, 2),
-            st.one_of(st.none(), st.sampled_from([-200, 0, 1, 300, 1_200])),
-            st.one_of(st.none(), st.sampled_from(["k1", "k2"])),
-        ),
-        st.tuples(st.just("claim"), st.sampled_from(WORKERS)),
-        st.tuples(st.just("ack"), i, st.sampled_from([None, 7])),
-        st.tuples(st.just("nack"), i, st.sampled_from(["boom", "timeout"])),
-        st.tuples(
-            st.just("answer_at_expiry"), i, st.sampled_from(["ack", "nack", "heartbeat", "release"])
-        ),
-        st.tuples(st.just("advance"), st.sampled_from([1, 99, 100, 250, 499, 500, 1_000, 3_000])),
-        st.tuples(st.just("observe")),
-    ]
-    if extended:
-        ops += [
-            st.tuples(st.sampled_from(["heartbeat", "release", "is_current"]), i),
-            st.tuples(st.sampled_from(["cancel", "redrive"]), st.integers(0, 20)),
-        ]
-    return st.lists(st.one_of(*ops), min_size=10, max_size=60)
-
-
-def run_model_ops(machine: QueueMachine, ops: list[Op], setup: dict[str, Any]) -> None:
-    machine.build(**setup)
-    for name, *args in ops:
-        needs = {"ack", "nack", "answer_at_expiry", "heartbeat", "release", "is_current"}
-        if (name in needs and not machine.leases) or (
-            name in {"cancel", "redrive"} and not machine.ids
-        ):
-            continue  # the rule's precondition
-        getattr(machine, name)(*args)
-    machine.teardown()
+#: The machines driven a second way: whole lists of steps drawn at once, from the
+#: machines' own rules (see katas/_harness/machines.py), so that no rule goes unrun here.
+QUEUE_STEPS = Driver(QueueMachine)
+EXTENDED_QUEUE_STEPS = Driver(ExtendedQueueMachine)
 
 
 @pytest.mark.rule(*MODEL_RULES)
 @core
-@given(ops=model_ops(extended=False), **SETUPS)
-def test_stage1_queue_matches_its_exact_model_step_by_step(ops: list[Op], **setup: Any) -> None:
-    run_model_ops(QueueMachine(), ops, setup)
+@given(steps=QUEUE_STEPS.steps(min_size=10, max_size=60), **SETUPS)
+def test_stage1_queue_matches_its_exact_model_step_by_step(steps: list[Step], **setup: Any) -> None:
+    QUEUE_STEPS.run(steps, **setup)
 
 
 @pytest.mark.rule(*EXTENDED_MODEL_RULES)
 @extended
-@given(ops=model_ops(extended=True), **SETUPS)
+@given(steps=EXTENDED_QUEUE_STEPS.steps(min_size=10, max_size=60), **SETUPS)
 def test_stage1_extended_queue_matches_its_exact_model_step_by_step(
-    ops: list[Op], **setup: Any
+    steps: list[Step], **setup: Any
 ) -> None:
-    run_model_ops(ExtendedQueueMachine(), ops, setup)
+    EXTENDED_QUEUE_STEPS.run(steps, **setup)

@@ -2,13 +2,23 @@
 
 Core: ``ThreadWorkerPool`` — concurrent handlers outside the queue's lock, heartbeats
 while a handler runs, bounded in-flight work, ack/nack, ``shutdown(grace_ns)`` and
-``statistics()``.
+``statistics()``. Extended: ``AsyncWorkerPool`` on anyio (asyncio and trio), with
+per-job timeouts by cancellation.
 
 How these tests stay deterministic: the clock is a ``ManualClock`` that moves only when
 a test advances it; handlers block on events the test sets; progress is sequenced
 through ``pool.statistics()`` instead of sleeps; every wait has a hard real-time
 deadline, and every thread is a daemon. Races are provoked with many workers under a
-tiny ``sys.setswitchinterval``, with exact-count assertions.
+tiny ``sys.setswitchinterval``, with exact-count assertions. The pools are built by
+:mod:`katas.job_scheduler._testing.pools`; the clock that knows who sleeps on it is
+:mod:`katas.job_scheduler._testing.clocks`'s.
+
+Map: examples (handler-acked, handler-error-nacked, outside-the-lock, bounded-in-flight,
+no-busy-waiting, heartbeats, heartbeat-default, heartbeat-lost, late-result-dropped,
+shutdown-stops-claiming, shutdown-grace, start-once, pool-bad-input) · a property over
+drawn workloads (one-worker-per-job) · the async pool (async-pool, async-timeout,
+async-shutdown-cancels) · a state machine of the pool's bookkeeping (pool-statistics,
+bounded-in-flight, shutdown-grace).
 """
 
 from __future__ import annotations
@@ -16,8 +26,6 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -29,6 +37,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from katas._harness.profiles import heavy_examples
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
@@ -40,13 +49,24 @@ from katas._harness.waiting import (
     tiny_switch_interval,
 )
 from katas.job_scheduler._testing.clocks import LONG_LEASE, WatchedClock, beats_at_a_third
+from katas.job_scheduler._testing.pools import (
+    Gate,
+    new_async_pool,
+    new_pool,
+    pool_queue,
+    running,
+    stat,
+)
+from katas.job_scheduler._testing.queues import LEASE, START, rel
 from katas.job_scheduler.api import (
     TIMED_OUT,
+    AsyncWorkerPool,
+    JobQueue,
     JobState,
     Lease,
-    ManualClock,
     MonotonicClock,
     RetryPolicy,
+    WorkerPool,
 )
 
 pytestmark = [pytest.mark.stage(2)]
@@ -54,62 +74,12 @@ pytestmark = [pytest.mark.stage(2)]
 core = pytest.mark.core
 extended = pytest.mark.extended
 
-START = 1_000_000
-LEASE = 1_000
-
 
 @pytest.fixture(autouse=True)
 def _fail_fast_on_stubs() -> None:
     """Build a pool first: on a stub this fails at once with "not implemented yet"."""
-    _, queue = new_queue()
+    _, queue = pool_queue()
     stage(2).ThreadWorkerPool(queue, lambda lease, payload: None, workers=1)
-
-
-def new_queue(max_attempts: int = 1, clock: ManualClock | None = None) -> tuple[ManualClock, Any]:
-    """A stage-1 queue on a frozen clock: lease 1000 ns, retries due at once."""
-    clock = ManualClock(START) if clock is None else clock
-    queue = stage(1).JobQueue(
-        clock=clock, lease_ns=LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=max_attempts
-    )
-    return clock, queue
-
-
-def new_pool(
-    handler: Callable[[Lease, Any], Any], *, workers: int, max_attempts: int = 1, **kw: Any
-) -> tuple[ManualClock, Any, Any]:
-    clock, queue = new_queue(max_attempts)
-    pool = stage(2).ThreadWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
-    return clock, queue, pool
-
-
-@contextmanager
-def running(pool: Any) -> Iterator[Any]:
-    """Start ``pool``; on the way out shut it down (grace 0) so no thread waits forever."""
-    pool.start()
-    try:
-        yield pool
-    finally:
-        if not pool.statistics().stopping:
-            pool.shutdown(0)
-
-
-def stat(pool: Any, name: str) -> Callable[[], int]:
-    return lambda: int(getattr(pool.statistics(), name))
-
-
-class Gate:
-    """Handlers block here until the test opens the gate (with a hard deadline)."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.entered: list[Any] = []
-        self._lock = threading.Lock()
-
-    def handler(self, lease: Lease, payload: Any) -> Any:
-        with self._lock:
-            self.entered.append(payload)
-        assert self.event.wait(DEADLINE_S), "a handler waited on its gate for too long"
-        return payload
 
 
 # --- examples --------------------------------------------------------------------------
@@ -205,25 +175,26 @@ def test_stage2_in_flight_work_is_bounded() -> None:
 @core
 def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
     clock = WatchedClock(START)
-    _, queue = new_queue(clock=clock)
+    _, queue = pool_queue(clock=clock)
     # Enqueued before the pool starts, so that nothing but the clock can wake a worker:
     # once every thread sleeps on the clock, nothing happens until it moves.
     queue.enqueue("later", run_at_ns=START + 1_000)
-    pool = stage(2).ThreadWorkerPool(queue, lambda lease, payload: payload, workers=2, clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, lambda lease, payload: payload, workers=2, clock=clock
+    )
     others = set(threading.enumerate())
     with running(pool):
         clock.advance(999)
         clock.settle(others, set())
-        if pool.statistics().claimed != 0:
-            raise AssertionError("a job was claimed 1 ns before its run_at_ns")
+        check(pool.statistics().claimed == 0, "a job was claimed 1 ns before its run_at_ns")
         clock.advance(1)
         clock.settle(others, set())  # every thread asleep on the clock again: judge now
-        if pool.statistics().succeeded != 1:
-            raise AssertionError(
-                "at the job's run_at_ns every worker went back to sleep without "
-                "running it: idle workers must wait until the queue's next_due_ns (through "
-                f"the clock), not only for submit; {pool.statistics()}"
-            )
+        check(
+            pool.statistics().succeeded == 1,
+            "at the job's run_at_ns every worker went back to sleep without "
+            "running it: idle workers must wait until the queue's next_due_ns (through "
+            f"the clock), not only for submit; {pool.statistics()}",
+        )
 
 
 @pytest.mark.rule("no-busy-waiting", "shutdown-grace")
@@ -233,11 +204,13 @@ def test_stage2_a_job_due_in_the_far_future_leaves_the_workers_alive() -> None:
     an OverflowError (the platform's longest wait is ~292 years), a due job still runs,
     and shutdown(grace_ns=2**200) returns at once with nothing running."""
     clock = MonotonicClock()
-    queue = stage(1).JobQueue(
+    queue: JobQueue = stage(1).JobQueue(
         clock=clock, lease_ns=60 * 10**9, retry=RetryPolicy(0, 0, "none"), max_attempts=1
     )
     queue.enqueue("far", run_at_ns=clock.now_ns() + 2**200)
-    pool = stage(2).ThreadWorkerPool(queue, lambda lease, payload: payload, workers=2, clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, lambda lease, payload: payload, workers=2, clock=clock
+    )
     with running(pool):
         pool.submit("now")
         eventually(lambda: pool.statistics().succeeded == 1, "the due job to run")
@@ -362,7 +335,7 @@ def test_stage2_shutdown_releases_jobs_still_running_at_the_deadline() -> None:
     ],
 )
 def test_stage2_bad_arguments_name_the_parameter(kwargs: dict[str, Any], param: str) -> None:
-    _, queue = new_queue()
+    _, queue = pool_queue()
     with pytest.raises(ValueError, match=param):
         stage(2).ThreadWorkerPool(queue, lambda lease, payload: None, **kwargs)
 
@@ -382,10 +355,6 @@ def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
 THIRD = LONG_LEASE // 3
 
 
-def _rel(t: int | None) -> int | None:
-    return None if t is None else t - START
-
-
 @pytest.mark.rule("heartbeat-default", "heartbeats")
 @core
 def test_stage2_default_heartbeat_is_every_third_of_the_lease() -> None:
@@ -398,10 +367,8 @@ def test_stage2_default_heartbeat_is_every_third_of_the_lease() -> None:
         return payload
 
     clock = WatchedClock(START)
-    queue = stage(1).JobQueue(
-        clock=clock, lease_ns=LONG_LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
-    )
-    pool = stage(2).ThreadWorkerPool(queue, handler, workers=1, clock=clock)
+    _, queue = pool_queue(clock=clock, lease_ns=LONG_LEASE)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(queue, handler, workers=1, clock=clock)
     others = set(threading.enumerate())
     with running(pool):
         job_id = pool.submit("long")
@@ -517,12 +484,12 @@ def test_stage2_no_job_is_run_twice_at_once_and_every_job_finishes(
 
         eventually(finished_or_off_course, f"every job finished after {attempts} attempts in all")
         stats = pool.statistics()
-        if (stats.succeeded, stats.failed) != (wins, attempts - wins):
-            raise AssertionError(
-                f"{jobs} jobs, failing (payload, attempt) {sorted(failures)}, "
-                f"max_attempts {max_attempts}: expected {wins} acks and {attempts - wins} nacks "
-                f"(a handler that raises is nacked), got {stats.succeeded} and {stats.failed}"
-            )
+        check(
+            (stats.succeeded, stats.failed) == (wins, attempts - wins),
+            f"{jobs} jobs, failing (payload, attempt) {sorted(failures)}, "
+            f"max_attempts {max_attempts}: expected {wins} acks and {attempts - wins} nacks "
+            f"(a handler that raises is nacked), got {stats.succeeded} and {stats.failed}",
+        )
         pool.shutdown(0)
     assert not doubles, (
         f"jobs {doubles} were in two handlers at once with {workers} workers: "
@@ -537,18 +504,6 @@ def test_stage2_no_job_is_run_twice_at_once_and_every_job_finishes(
 
 
 # --- AsyncWorkerPool (extended) --------------------------------------------------------
-
-
-def new_async_pool(
-    handler: Callable[[Lease, Any], Awaitable[Any]],
-    *,
-    workers: int,
-    max_attempts: int = 1,
-    **kw: Any,
-) -> tuple[ManualClock, Any, Any]:
-    clock, queue = new_queue(max_attempts)
-    pool = stage(2).AsyncWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
-    return clock, queue, pool
 
 
 @pytest.mark.rule("async-pool", "handler-acked", "handler-error-nacked")
@@ -634,11 +589,11 @@ async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> N
         await stays_async(lambda: pool.statistics().in_flight == 1, "the job running at 499 ns")
         clock.advance(1)
         await anyio.wait_all_tasks_blocked()  # nothing more happens until the clock moves
-        if pool.statistics().timed_out != 1:
-            raise AssertionError(
-                f"at timeout_ns=500 after its claim the handler must be cancelled "
-                f"and its job nacked with {TIMED_OUT!r}; {pool.statistics()}"
-            )
+        check(
+            pool.statistics().timed_out == 1,
+            f"at timeout_ns=500 after its claim the handler must be cancelled "
+            f"and its job nacked with {TIMED_OUT!r}; {pool.statistics()}",
+        )
         await pool.shutdown(0)
     job = queue.get(job_id)
     assert (job.state, job.last_error, seen) == (JobState.DEAD, TIMED_OUT, ["cancelled"]), (
@@ -738,7 +693,7 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
     ],
 )
 def test_stage2_async_bad_arguments_name_the_parameter(kwargs: dict[str, Any], param: str) -> None:
-    _, queue = new_queue()
+    _, queue = pool_queue()
 
     async def handler(lease: Lease, payload: Any) -> None:
         return None
@@ -771,10 +726,8 @@ async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> N
         return "done"
 
     clock = WatchedClock(START)
-    queue = stage(1).JobQueue(
-        clock=clock, lease_ns=LONG_LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
-    )
-    pool = stage(2).AsyncWorkerPool(queue, handler, workers=1, clock=clock)
+    _, queue = pool_queue(clock=clock, lease_ns=LONG_LEASE)
+    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(queue, handler, workers=1, clock=clock)
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
         job_id = pool.submit("long")
@@ -786,19 +739,19 @@ async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> N
                 clock.set(at)
                 await anyio.wait_all_tasks_blocked()
                 beats.append(pool.statistics().heartbeats)
-                if beats[-1] != want:
-                    raise AssertionError(
-                        f"async pool, {beats[-1]} heartbeat(s) by {at - START} ns "
-                        f"after the claim, expected {want}: with heartbeat_every_ns=None the "
-                        f"interval is a third of the lease ({LONG_LEASE} // 3 = {THIRD} ns), "
-                        f"so heartbeat {beat} comes at {due - START} ns exactly"
-                    )
-            expires = queue.get(job_id).lease_expires_at_ns
-            if expires != due + LONG_LEASE:
-                raise AssertionError(
-                    f"async heartbeat {beat} must extend the lease to "
-                    f"{due + LONG_LEASE - START}; it expires at {_rel(expires)}"
+                check(
+                    beats[-1] == want,
+                    f"async pool, {beats[-1]} heartbeat(s) by {at - START} ns "
+                    f"after the claim, expected {want}: with heartbeat_every_ns=None the "
+                    f"interval is a third of the lease ({LONG_LEASE} // 3 = {THIRD} ns), "
+                    f"so heartbeat {beat} comes at {due - START} ns exactly",
                 )
+            expires = queue.get(job_id).lease_expires_at_ns
+            check(
+                expires == due + LONG_LEASE,
+                f"async heartbeat {beat} must extend the lease to "
+                f"{due + LONG_LEASE - START}; it expires at {rel(expires)}",
+            )
         done.set()
         await eventually_async(lambda: pool.statistics().succeeded == 1, "the job acked")
         await pool.shutdown(0)
@@ -898,11 +851,11 @@ class PoolMachine(RuleBasedStateMachine):
             f"(in_flight, succeeded + failed) == {(expected[0], done)}",
         )
         got = now()
-        if got != expected:
-            raise AssertionError(
-                f"(in_flight, succeeded, failed) expected {expected}, got {got}: a "
-                f"handler that returns is acked (succeeded), one that raises is nacked (failed)"
-            )
+        check(
+            got == expected,
+            f"(in_flight, succeeded, failed) expected {expected}, got {got}: a "
+            f"handler that returns is acked (succeeded), one that raises is nacked (failed)",
+        )
         with self.lock:
             started = sorted(self.started)
         assert started == sorted(self.running + [p for p in self.gates if self.gates[p][1]]), (

@@ -27,6 +27,7 @@ from katas.job_scheduler._testing.queues import (
 from katas.job_scheduler.api import (
     Job,
     JobNotFound,
+    JobQueue,
     JobState,
     Lease,
     ManualClock,
@@ -96,7 +97,7 @@ class Client:
     broken rule is reported where it happens and does not derail the rest.
     """
 
-    def __init__(self, queue: Any, clock: ManualClock, max_attempts: int) -> None:
+    def __init__(self, queue: JobQueue, clock: ManualClock, max_attempts: int) -> None:
         self.queue, self.clock, self.max_attempts = queue, clock, max_attempts
         self.jobs: dict[str, Seen] = {}
         self.leases: list[Lease] = []

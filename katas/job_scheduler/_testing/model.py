@@ -224,6 +224,3 @@ class Model:
             result=job.result, enqueued_at_ns=job.enqueued_at, lease_expires_at_ns=job.expires,
             worker_id=job.worker, finished_at_ns=job.finished,
         )  # fmt: skip
-
-
-#: How a model-checked queue is configured (shared by the machines and the properties).

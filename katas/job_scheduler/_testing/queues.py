@@ -12,9 +12,11 @@ import pytest
 
 from katas._harness.under_test import stage
 from katas.job_scheduler.api import (
+    EffectStore,
     Jitter,
     Job,
     JobNotFound,
+    JobQueue,
     JobState,
     Lease,
     ManualClock,
@@ -57,7 +59,7 @@ def new_queue(
     cap: int = CAP,
     seed: int = SEED,
     **overrides: Any,
-) -> tuple[ManualClock, Any]:
+) -> tuple[ManualClock, JobQueue]:
     """A queue on a frozen ManualClock: lease 1000, backoff 100·2^(n-1) capped at 1600."""
     clock = ManualClock(START)
     kwargs: dict[str, Any] = {
@@ -68,7 +70,14 @@ def new_queue(
         "rng": random.Random(seed),
     }
     kwargs.update(overrides)
-    return clock, stage().JobQueue(**kwargs)
+    queue: JobQueue = stage().JobQueue(**kwargs)
+    return clock, queue
+
+
+def memory_store(queue: JobQueue) -> EffectStore:
+    """The implementation's ``MemoryEffectStore`` over ``queue``."""
+    store: EffectStore = stage().MemoryEffectStore(queue)
+    return store
 
 
 def delay_none(n: int, base: int = BASE, cap: int = CAP) -> int:
@@ -97,7 +106,7 @@ def drawn_delays(
     return out
 
 
-def claim(queue: Any, worker: str = "w") -> Lease:
+def claim(queue: JobQueue, worker: str = "w") -> Lease:
     """``queue.claim(worker)``, which must return a lease here."""
     lease = queue.claim(worker)
     assert isinstance(lease, Lease), (
@@ -120,7 +129,7 @@ def rejects(error: type[Exception], call: Callable[[], Any], message: str) -> No
     raise AssertionError(f"{message} (expected {error.__name__})")
 
 
-def held(queue: Any, job_id: str) -> Job | None:
+def held(queue: JobQueue, job_id: str) -> Job | None:
     """``queue.get(job_id)``, or None if the queue says JobNotFound."""
     try:
         job: Job = queue.get(job_id)

@@ -38,7 +38,7 @@ from redis.retry import Retry
 
 from katas._harness.child import say
 from katas._registry import impl
-from katas.job_scheduler.api import RetryPolicy
+from katas.job_scheduler.api import Lease, RetryPolicy, Worker
 
 TARGET = "katas.job_scheduler._testing.worker:run"
 #: Empty claims in a row after which a worker that should have found a due job has failed.
@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def handle(lease: Any, payload: Any) -> Any:
+def handle(lease: Lease, payload: Any) -> Any:
     """The test handler (see the module docstring): returns the job's effect."""
     if not isinstance(payload, dict):
         return payload
@@ -118,7 +118,7 @@ def run(selection: impl.Selection, argv: list[str]) -> int:
     )
     release_hold = threading.Event()
 
-    def on_event(event: str, lease: Any) -> None:
+    def on_event(event: str, lease: Lease | None) -> None:
         job, token = (lease.job_id, lease.token) if lease is not None else ("-", "-")
         say(f"EVENT {event} {job} {token}")
         if event == args.hold_at:
@@ -132,7 +132,7 @@ def run(selection: impl.Selection, argv: list[str]) -> int:
 
     threading.Thread(target=read_stdin, daemon=True).start()
     every = 2**62 if args.no_heartbeat else args.heartbeat_every_ns
-    worker = stage3.RedisWorker(
+    worker: Worker = stage3.RedisWorker(
         queue,
         handle,
         worker_id=args.worker_id,

@@ -1,0 +1,498 @@
+"""Stage 3 suite, the queue on Redis, extended: heartbeats, jitter, release, cancel, dead
+letters and redrive, idempotency keys, retention by TTL, the reaper, and outages (see
+katas/job_scheduler/README.md, "Stage 3").
+
+Runs on fakeredis by default, like the rest of the stage (see ``test_stage3.py``, whose
+state machines replay these calls too through the exact model); tests marked
+``redis_faults`` flush scripts and restart a server, those marked ``realtime`` wait for
+server time to pass on a real server.
+
+Map: heartbeats (redis-extended, redis-settle-first) · jitter (redis-jitter) · release,
+cancel, dead letters and redrive (redis-extended) · idempotency keys (redis-dedup-ttl,
+redis-idempotency) · racing workers (one-script, redis-attempts) · retention by TTL and
+bounded memory (ttl-retention, key-prefix, bounded-memory) · the reaper (reap) · scripts
+and outages (scripts-reload, outage-raises, busy-unavailable, worker-outage,
+fault-lost-reply).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import redis
+
+from katas._harness.redis import RedisEnv
+from katas._harness.waiting import eventually
+from katas.job_scheduler._testing.fleets import in_process_worker, run_in_thread
+from katas.job_scheduler._testing.model import CANCELLED, LEASED, READY, SUCCEEDED
+from katas.job_scheduler._testing.redis_queues import (
+    MS,
+    claim,
+    finish,
+    new_queue,
+    race,
+    stamp,
+    text,
+)
+from katas.job_scheduler.api import (
+    LEASE_EXPIRED,
+    JobNotFound,
+    JobState,
+    QueueStatistics,
+    RetryPolicy,
+    SharedJobQueue,
+    StaleLease,
+)
+
+pytestmark = [pytest.mark.stage(3)]
+
+core = pytest.mark.core
+extended = pytest.mark.extended
+
+
+@pytest.mark.rule("redis-extended", "redis-settle-first")
+@extended
+@pytest.mark.realtime
+def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, lease_ns=100 * MS)
+    job_id = queue.enqueue("long")
+    lease = claim(queue)
+    redis_env.pass_time(60 * MS)
+    beat = queue.heartbeat(lease)
+    assert beat.expires_at_ns == stamp(queue, "heartbeat").server_now_ns + 100 * MS, (
+        f"a heartbeat extends the lease to the server's now + lease_ns; got {beat}"
+    )
+    redis_env.pass_time(60 * MS)  # past the first expiry, within the extended one
+    assert queue.get(job_id).state is LEASED, "the heartbeaten lease expired early"
+    redis_env.pass_time(100 * MS)
+    with pytest.raises(StaleLease):
+        queue.heartbeat(beat)
+        raise AssertionError("a heartbeat revived an expired lease")
+    job = queue.get(job_id)
+    assert (job.state, job.last_error, job.attempts) == (READY, LEASE_EXPIRED, 1), (
+        f"the expiry must have been applied (attempt counted, error {LEASE_EXPIRED!r})"
+        f" before the heartbeat was refused; got {job}"
+    )
+
+
+@pytest.mark.rule("redis-jitter")
+@extended
+@pytest.mark.realtime
+@pytest.mark.parametrize("jitter", ["none", "full", "equal", "decorrelated"])
+def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
+    redis_env: RedisEnv, jitter: str
+) -> None:
+    """Jitter is drawn from the injected rng (expanded in the script): every delay within
+    the formula's bounds, spread out, and the same again for the same seed."""
+    redis_env.freeze_time()
+    base, cap = 10 * MS, 60 * MS
+    policy = RetryPolicy(base, cap, jitter)  # type: ignore[arg-type]
+
+    def delays(seed: int, noisy: bool = False) -> list[tuple[str, int, int]]:
+        """(job id, attempt, delay) of 12 jobs failing twice each, in the order they failed;
+        ``noisy``: with reads and refused calls between the failures."""
+        queue = new_queue(
+            redis_env, prefix=redis_env.fresh_prefix(), retry=policy, max_attempts=3,
+            rng=random.Random(seed),
+        )  # fmt: skip
+        for n in range(12):
+            queue.enqueue(n)
+        out: list[tuple[str, int, int]] = []
+        while len(out) < 24:
+            lease = queue.claim("w")
+            if lease is None:  # the retries are not due yet
+                redis_env.pass_time(cap)
+                continue
+            if lease.attempt > 2:  # measured twice already (real time runs on)
+                queue.ack(lease)
+                continue
+            if noisy:
+                queue.get(lease.job_id), queue.statistics(), queue.next_due_ns()
+                with pytest.raises(StaleLease):
+                    queue.nack(replace(lease, token=lease.token + 1), "stale")
+            queue.nack(lease, "503")
+            failed_at = stamp(queue, "nack").server_now_ns
+            delay = queue.get(lease.job_id).run_at_ns - failed_at
+            out.append((lease.job_id, lease.attempt, delay))
+        return out
+
+    seen = delays(seed=7)
+    prev: dict[str, int] = {}
+    for job_id, attempt, delay in seen:
+        d = min(cap, base * 2 ** (attempt - 1))
+        low, high = {
+            "none": (d, d), "full": (0, d), "equal": (d // 2, d),
+            "decorrelated": (base, min(cap, 3 * prev.get(job_id, base))),
+        }[jitter]  # fmt: skip
+        assert low <= delay <= high, (
+            f"{jitter} jitter, base {base}, cap {cap}: the retry of {job_id} after "
+            f"attempt {attempt} must wait within [{low}, {high}] ns; it waited {delay}"
+        )
+        prev[job_id] = delay
+    if jitter != "none":
+        firsts = {delay for _, attempt, delay in seen if attempt == 1}
+        assert len(firsts) >= 4, (
+            f"{jitter} jitter: 12 first retries waited only {sorted(firsts)} — the "
+            f"jitter is not drawn (12 jobs failing together retry together: a thundering herd)"
+        )
+    if redis_env.time_is_controlled:  # on a real server the order of claims varies
+
+        def shape(run: list[tuple[str, int, int]]) -> list[tuple[int, int, int]]:
+            """Each job by its order of first claim: the twin queue's ids are its own."""
+            order: dict[str, int] = {}
+            return [(order.setdefault(job, len(order)), a, d) for job, a, d in run]
+
+        again = delays(seed=7)
+        assert shape(again) == shape(seen), (
+            f"{jitter} jitter: the same calls with rng Random(7) must give the same "
+            f"delays: the randomness comes from the injected rng.\n  first:  {seen}\n  "
+            f"second: {again}"
+        )
+        noisy = delays(seed=7, noisy=True)
+        pairs = zip(shape(seen), shape(noisy), strict=False)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), 0)
+        assert shape(noisy) == shape(seen), (
+            f"{jitter} jitter: the same failures with rng Random(7), with a get(), "
+            f"statistics(), next_due_ns() and a refused (stale) nack before each, must give "
+            f"the same delays: only a retry draws (stage 1's one-draw rule). Failure "
+            f"#{first + 1} (job, attempt, delay ns): expected {shape(seen)[first]}, "
+            f"got {shape(noisy)[first]}"
+        )
+
+
+@pytest.mark.rule("redis-extended")
+@extended
+def test_stage3_release_refunds_the_attempt_and_keeps_the_place_in_line(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env)
+    first, second = queue.enqueue("first"), queue.enqueue("second")
+    lease = claim(queue)
+    queue.release(lease)
+    again = claim(queue)
+    assert (again.job_id, again.attempt, again.token) == (first, 1, 2), (
+        f"a released job is READY again in its old place with its attempt refunded "
+        f"(and a new token); expected {first!r} attempt 1 token 2, got {again}"
+    )
+    assert claim(queue).job_id == second
+
+
+@pytest.mark.rule("redis-extended")
+@extended
+def test_stage3_cancel_stales_the_lease_and_the_job_stays_cancelled(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env)
+    leased, waiting = queue.enqueue("leased"), queue.enqueue("waiting", delay_ns=10**12)
+    lease = claim(queue)
+    assert queue.cancel(leased) is True and queue.cancel(waiting) is True
+    assert queue.cancel(leased) is False, "cancelling a finished job returns False"
+    with pytest.raises(StaleLease):
+        queue.ack(lease)
+        raise AssertionError("ack of a cancelled job's lease turned it SUCCEEDED")
+    assert [queue.get(j).state for j in (leased, waiting)] == [CANCELLED, CANCELLED]
+    assert queue.claim("w") is None and queue.next_due_ns() is None
+
+
+@pytest.mark.rule("redis-extended")
+@extended
+def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, max_attempts=1)
+    a, b = queue.enqueue("a"), queue.enqueue("b")
+    la, lb = claim(queue), claim(queue)
+    queue.nack(lb, "b failed")
+    queue.nack(la, "a failed")
+    dead = [job.id for job in queue.dead_letters()]
+    assert dead == [b, a], f"dead letters in the order they died: {[b, a]}, got {dead}"
+    assert queue.redrive(a) is True and queue.redrive(a) is False
+    again = claim(queue)
+    assert (again.job_id, again.attempt, again.token) == (a, 1, 2), (
+        f"redrive zeroes the attempts but never the token: expected attempt 1, token 2; got {again}"
+    )
+    with pytest.raises(StaleLease):
+        queue.ack(la)
+        raise AssertionError("a lease from before the death passed the fence")
+    assert [job.id for job in queue.dead_letters()] == [b]
+
+
+@pytest.mark.rule("redis-dedup-ttl")
+@extended
+@pytest.mark.realtime
+def test_stage3_idempotency_key_dedups_within_its_ttl_from_the_first_enqueue(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, dedup_ttl_ns=200 * MS)
+    first = queue.enqueue("req", idempotency_key="req-42")
+    redis_env.pass_time(150 * MS)
+    again = queue.enqueue("req (retry)", idempotency_key="req-42")
+    assert again == first, f"a retry within the TTL returns {first!r}, got {again!r}"
+    redis_env.pass_time(60 * MS)  # 210 ms after the FIRST enqueue: the key has expired
+    fresh = queue.enqueue("req (new)", idempotency_key="req-42")
+    assert fresh != first, (
+        "the key's TTL counts from the first enqueue: 210 ms later a new job must "
+        "be created (a duplicate must not refresh the TTL)"
+    )
+    assert queue.statistics().pending == 2
+
+
+@pytest.mark.rule("redis-idempotency")
+@extended
+def test_stage3_racing_producers_with_one_key_create_one_job(redis_env: RedisEnv) -> None:
+    """Idempotency inside the enqueue script: a GET then a SET lets racing retries through."""
+    queues = [new_queue(redis_env, c) for c in redis_env.clients(8)]
+
+    def produce(key: str) -> Callable[[SharedJobQueue, int], list[Any]]:
+        def enqueue(q: SharedJobQueue, i: int) -> list[Any]:
+            return [q.enqueue({"order": key}, idempotency_key=key)]
+
+        return enqueue
+
+    created = {key: set(race(queues, produce(key))) for key in (f"order-{n}" for n in range(15))}
+    dup = {k: v for k, v in created.items() if len(v) != 1}
+    assert not dup, (
+        f"8 producers racing to enqueue one idempotency key must all get the same "
+        f"job id; these keys created several jobs: {dup}"
+    )
+    assert queues[0].statistics().ready == 15
+
+
+@pytest.mark.rule("one-script", "redis-attempts")
+@extended
+def test_stage3_racing_workers_never_claim_one_job_twice(redis_env: RedisEnv) -> None:
+    # Server time stands still (fakeredis) and the lease is long (a real server): a lease
+    # that ran out mid-race would give its job back for a legitimate second claim.
+    redis_env.freeze_time()
+    queues = [new_queue(redis_env, c, lease_ns=3600 * 1000 * MS) for c in redis_env.clients(6)]
+    for i in range(60):
+        queues[0].enqueue({"n": i})
+
+    def drain(q: SharedJobQueue, i: int) -> list[str]:
+        mine: list[str] = []
+        while (lease := q.claim(f"w{i}")) is not None:
+            mine.append(lease.job_id)
+        return mine
+
+    claimed = race(queues, drain)
+    twice = sorted({j for j in claimed if claimed.count(j) > 1})
+    assert not twice and len(claimed) == 60, (
+        f"6 workers racing must claim each of 60 jobs exactly once (claim is one "
+        f"atomic script); claimed {len(claimed)}, twice: {twice}"
+    )
+
+
+@pytest.mark.rule("ttl-retention", "key-prefix")
+@extended
+@pytest.mark.realtime
+def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, retention_ns=200 * MS, dedup_ttl_ns=200 * MS, max_attempts=1)
+    admin = redis_env.client()
+    ids = [queue.enqueue({"n": i}, idempotency_key=f"k{i}") for i in range(12)]
+    for i in range(12):
+        lease = claim(queue)
+        finish(queue, lease, i)
+    keys = redis_env.keys()
+    forever = [k for k in keys if admin.pttl(k) < 0]
+    bounded = [k for k in keys if admin.pttl(k) >= 0]
+    assert len(forever) <= 16, (
+        f"once 12 jobs have finished, their keys and their idempotency records "
+        f"must carry a TTL (set by the script that finishes or records them); "
+        f"{len(forever)} keys have none: {forever[:20]}"
+    )
+    too_long = [k for k in bounded if admin.pttl(k) > 200 + 5]
+    assert not too_long, f"TTLs must not exceed the retention (200 ms): {too_long}"
+    redis_env.pass_time(201 * MS)
+    assert queue.statistics() == QueueStatistics(0, 0, 0, 0, 0, 0, 0), queue.statistics()
+    for job_id in ids:
+        with pytest.raises(JobNotFound):
+            queue.get(job_id)
+            raise AssertionError(f"{job_id} outlived its retention")
+
+
+@pytest.mark.rule("bounded-memory")
+@extended
+@pytest.mark.realtime
+def test_stage3_an_idle_queue_shrinks_to_its_live_jobs(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, retention_ns=100 * MS, dedup_ttl_ns=100 * MS, max_attempts=1)
+    for i in range(60):
+        queue.enqueue({"n": i}, idempotency_key=f"k{i}")
+        lease = claim(queue)
+        finish(queue, lease, i)
+    live = [
+        queue.enqueue("ready"),
+        queue.enqueue("ready"),
+        queue.enqueue("later", delay_ns=3_600_000 * MS),
+    ]
+    redis_env.pass_time(101 * MS)  # and no call: nothing settles the history away
+    admin = redis_env.client()
+    sizes: dict[str, Callable[[str], int]] = {
+        "set": admin.scard, "zset": admin.zcard, "list": admin.llen,
+    }  # fmt: skip
+    held: dict[str, int] = {}  # key -> its members (1 for a string or a hash)
+    members = 0
+    for key in redis_env.keys(redis_env.prefix):
+        size = sizes.get(text(admin.type(key)))
+        held[key] = 1 if size is None else size(key)
+        members += 0 if size is None else held[key]
+    assert len(held) <= 16 and members <= 2 * len(live), (
+        f"60 jobs finished and passed their retention (100 ms) with no call since; the queue "
+        f"keeps {len(live)} live jobs: expected their keys and a few counters (at most 16 "
+        f"keys, {2 * len(live)} index members), got {len(held)} keys and {members} members: "
+        + ", ".join(
+            f"{k.removeprefix(redis_env.prefix)} ({n})"
+            for k, n in sorted(held.items(), key=lambda kv: -kv[1])[:6]
+        )
+        + " — an index of finished jobs or records needs a TTL of its own"
+    )
+    for job_id in live:
+        assert queue.get(job_id).state in (JobState.READY, JobState.SCHEDULED), job_id
+
+
+@pytest.mark.rule("ttl-retention", "redis-extended")
+@extended
+def test_stage3_dead_letters_after_a_thousand_deaths_pass_their_retention(
+    redis_env: RedisEnv,
+) -> None:
+    """1 005 jobs die at one instant and pass their retention together: Redis expires
+    their hashes at once, while a queue may settle its indexes a bounded number at a time.
+    dead_letters() must still answer (with what is held), never trip on a job it lost."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("a real server's clock runs while the deaths are made: they expire one by one")
+    redis_env.freeze_time()
+    retention = 100 * MS
+    queue = new_queue(redis_env, retention_ns=retention, max_attempts=1)
+    for i in range(1005):
+        queue.enqueue(i)
+        queue.nack(claim(queue), "boom")
+    assert len(queue.dead_letters()) == 1005, "every death is held until its retention"
+    redis_env.pass_time(retention // 2)
+    last = queue.enqueue("the last")
+    queue.nack(claim(queue), "boom")  # one more death keeps the dead index alive
+    redis_env.pass_time(retention // 2 + MS)
+    try:
+        held = queue.dead_letters()
+    except Exception as e:
+        raise AssertionError(
+            f"dead_letters() raised {type(e).__name__}: {e} — after 1 005 dead jobs passed "
+            f"their retention at once (their hashes expired by TTL), it must return the "
+            f"DEAD jobs still held: the one that died {retention // 2} ns later"
+        ) from None
+    got = [job.id for job in held]
+    assert got == [last], (
+        f"1 005 dead jobs are past their retention, one is not: expected dead_letters() to "
+        f"give [{last!r}], got {len(got)} jobs {got[:3]}"
+    )
+
+
+@pytest.mark.rule("reap")
+@extended
+@pytest.mark.realtime
+def test_stage3_the_reaper_retries_crashed_jobs_when_nobody_else_calls(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, lease_ns=100 * MS)
+    for n in range(3):
+        queue.enqueue(n)
+    for _ in range(3):
+        claim(queue)  # three workers crash holding these
+    redis_env.pass_time(100 * MS)
+    reaped = queue.reap()
+    assert reaped == 3, f"reap() must expire the 3 dead leases; it reported {reaped}"
+    stats = queue.statistics()
+    assert (stats.ready, stats.leased) == (3, 0), f"after reaping: {stats}"
+    assert queue.reap() == 0, "reaping twice must change nothing the second time"
+
+
+@pytest.mark.rule("scripts-reload")
+@extended
+@pytest.mark.redis_faults
+def test_stage3_script_flush_and_restart_are_survived(redis_env: RedisEnv) -> None:
+    node = redis_env.fault_server()
+    queue = new_queue(redis_env, node.client())
+    job_id = queue.enqueue("before")
+    node.script_flush()
+    lease = claim(queue)  # NOSCRIPT: the script must be loaded again, transparently
+    queue.ack(lease)
+    assert queue.get(job_id).state is SUCCEEDED
+    node.restart()  # without persistence: data and scripts are gone
+    client = node.client()
+    queue = new_queue(redis_env, client)
+    after = queue.enqueue("after")
+    queue.ack(claim(queue))
+    assert queue.get(after).state is SUCCEEDED
+
+
+@pytest.mark.rule("outage-raises")
+@extended
+def test_stage3_outage_raises_and_loses_nothing(redis_env: RedisEnv) -> None:
+    proxy = redis_env.proxy()
+    queue = new_queue(redis_env, redis_env.server().proxied_client(proxy, socket_timeout=0.5))
+    job_id = queue.enqueue("survives")
+    proxy.outage()
+    with pytest.raises(redis.ConnectionError):
+        queue.claim("w")
+        raise AssertionError("a claim during an outage must raise ConnectionError")
+    proxy.heal()
+    lease = claim(queue)
+    assert lease.job_id == job_id and lease.attempt == 1, (
+        f"the failed claim must have changed nothing; got {lease}"
+    )
+
+
+@pytest.mark.rule("busy-unavailable", "worker-outage")
+@extended
+def test_stage3_a_busy_server_is_waited_out_by_the_worker(redis_env: RedisEnv) -> None:
+    """A server answering ``BUSY`` (a long script) is unavailable: the queue raises it as
+    it comes, the worker waits it out (``unavailable`` events) and goes on once it ends."""
+    proxy = redis_env.proxy()
+    client = redis_env.server().proxied_client(proxy)
+    queue, worker, clock, events = in_process_worker(
+        redis_env, lambda lease, payload: payload, poll_ns=1_000, client=client
+    )
+    job_id = queue.enqueue("after the script")
+    proxy.busy()
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: "unavailable" in [e for e, _ in events], "the worker to see BUSY")
+    assert thread.is_alive(), "a BUSY reply must not end the worker (it is an outage)"
+    proxy.heal()
+    clock.advance(1_000)
+    thread.outcome("the worker to run the job once the server answers again")
+    assert queue.get(job_id).state is SUCCEEDED, queue.get(job_id)
+
+
+@pytest.mark.rule("redis-idempotency", "fault-lost-reply")
+@extended
+def test_stage3_producer_retry_after_a_lost_reply_creates_one_job(redis_env: RedisEnv) -> None:
+    """The proxy forwards the enqueue, the server applies it, the reply is lost: the
+    producer cannot know, retries with the same idempotency key, and gets the same job."""
+    proxy = redis_env.proxy()
+    client = redis_env.server().proxied_client(proxy, socket_timeout=0.3)
+    queue = new_queue(redis_env, client)
+    queue.statistics()  # load the scripts first
+    queue.enqueue("warm-up")
+    proxy.drop_replies()
+    with pytest.raises(redis.TimeoutError):
+        queue.enqueue({"order": 7}, idempotency_key="order-7")
+    proxy.heal()
+    job_id = queue.enqueue({"order": 7}, idempotency_key="order-7")
+    stats = queue.statistics()
+    assert stats.ready == 2, (
+        f"the retried enqueue must find the first attempt's job by its key: "
+        f"expected 2 jobs (warm-up and order 7), the queue holds {stats.ready}"
+    )
+    assert queue.get(job_id).payload == {"order": 7}

@@ -1,0 +1,407 @@
+"""Stage 3 suite, the worker: ``RedisWorker`` in this process on a test clock, then as
+OS processes (``python -m katas._harness.child katas.job_scheduler._testing.worker:run``)
+that the tests SIGKILL, SIGSTOP and SIGTERM for real (see katas/job_scheduler/README.md,
+"Stage 3").
+
+In process, the worker's ``ManualClock`` paces its heartbeats and polls, so a test
+decides exactly when each one is due (server time plays no part there). As processes,
+each worker prints its events as it goes (:mod:`katas.job_scheduler._testing.worker`),
+holds at a named point when told, and the test strikes there; the workers' transcripts
+come with every failure (:mod:`katas.job_scheduler._testing.fleets`). Every effect must
+land exactly once, whatever was killed when.
+
+Map: in process (worker-heartbeat-default, worker-heartbeats, worker-nack,
+worker-events, worker-run, worker-poll, worker-loop) · SIGKILL mid-job (fault-sigkill) ·
+SIGSTOP past the lease (fault-sigstop, worker-stale-drops) · a poison job
+(fault-poison) · a job three leases long (fault-long-job) · SIGTERM during a burst
+(fault-sigterm, worker-stop) · an outage and a restart (fault-outage, worker-outage,
+fault-restart, scripts-reload) · random crashes (fault-random-crashes) · skewed clocks
+(fault-skew, worker-clock).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from katas._harness.redis import RedisEnv
+from katas._harness.under_test import stage
+from katas._harness.waiting import DEADLINE_S, eventually, stays
+from katas._registry import impl
+from katas.job_scheduler._testing.clocks import WatchedClock, beats_at_a_third
+from katas.job_scheduler._testing.fleets import (
+    DUE,
+    WORKER_LEASE,
+    Skewed,
+    Workers,
+    applied_once,
+    in_process_worker,
+    long_job,
+    pass_lease,
+    run_in_thread,
+    sigkill_mid_job,
+    wait_until,
+)
+from katas.job_scheduler._testing.model import DEAD, READY, SUCCEEDED
+from katas.job_scheduler._testing.redis_queues import (
+    MS,
+    effect_store,
+    fail_fast_on_redis_stubs,  # noqa: F401 (autouse)
+    heavy,
+    new_queue,
+)
+from katas.job_scheduler.api import LEASE_EXPIRED, Lease, Worker
+
+pytestmark = [pytest.mark.stage(3)]
+
+core = pytest.mark.core
+extended = pytest.mark.extended
+
+
+@pytest.fixture
+def workers(redis_env: RedisEnv, impl_selection: impl.Selection) -> Iterator[Workers]:
+    """This test's worker processes, every one stopped on the way out."""
+    fleet = Workers.on(redis_env, impl_selection)
+    try:
+        yield fleet
+    finally:
+        fleet.close()
+
+
+# --- in process, on a test clock ------------------------------------------------------
+
+
+@pytest.mark.rule("worker-heartbeat-default", "worker-heartbeats")
+@extended
+def test_stage3_worker_default_heartbeat_is_every_third_of_the_lease(redis_env: RedisEnv) -> None:
+    busy: set[int] = set()
+    release = threading.Event()
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        busy.add(threading.get_ident())
+        assert release.wait(DEADLINE_S), "the handler waited for the test too long"
+        return payload
+
+    clock = WatchedClock(10**12)
+    queue, worker, _, _ = in_process_worker(redis_env, handler, clock=clock)
+    queue.enqueue("long")
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: len(busy) == 1, "the job's handler running")
+    beats_at_a_third(
+        lambda: worker.statistics().heartbeats,
+        lambda: None,  # the lease's expiry is on the server's clock, not this one
+        clock,
+        lambda: clock.settle(others | {thread}, busy),
+        who="RedisWorker",
+        lease=WORKER_LEASE,
+    )
+    release.set()
+    thread.outcome("the worker to finish its one job")
+    stats = worker.statistics()
+    assert (stats.succeeded, stats.lost) == (1, 0), f"{stats}"
+
+
+@pytest.mark.rule("worker-nack", "worker-events", "worker-run")
+@extended
+def test_stage3_worker_nacks_a_failing_handler_with_its_error(redis_env: RedisEnv) -> None:
+    def handler(lease: Lease, payload: Any) -> Any:
+        raise ValueError(f"bad payload {payload}")
+
+    queue, worker, _clock, events = in_process_worker(redis_env, handler)
+    job_id = queue.enqueue(7)
+    run_in_thread(worker, 1).outcome("the worker to handle its one job")
+    job = queue.get(job_id)
+    assert (job.state, job.last_error) == (DEAD, "ValueError: bad payload 7"), (
+        f"a handler's exception nacks the job with '<ExceptionType>: <message>' "
+        f"(max_attempts=1: DEAD); got {job.state.value}, last_error {job.last_error!r}"
+    )
+    stats = worker.statistics()
+    assert (stats.workers, stats.claimed, stats.failed, stats.succeeded) == (1, 1, 1, 0), (
+        f"the worker's statistics after one failed job: {stats}"
+    )
+    assert [e for e, _ in events] == ["claimed", "failed"], (
+        f"a failed job reports 'claimed' then 'failed'; got {events}"
+    )
+    assert effect_store(queue).effects() == {}, "a failed handler committed"
+
+
+@pytest.mark.rule("worker-poll", "worker-loop")
+@extended
+def test_stage3_idle_worker_polls_claim_every_poll_ns(redis_env: RedisEnv) -> None:
+    queue, worker, clock, events = in_process_worker(
+        redis_env, lambda lease, payload: {"done": payload}, poll_ns=1_000
+    )
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: worker.statistics().idle == 1, "the worker idle")
+    job_id = queue.enqueue("arrives while the worker sleeps")
+    clock.advance(999)
+    stays(
+        lambda: worker.statistics().claimed == 0,
+        "no claim 1 ns before the next poll (poll_ns=1000 on the worker's clock)",
+    )
+    clock.advance(1)
+    thread.outcome("the worker to claim at its next poll and finish the job")
+    job = queue.get(job_id)
+    assert (job.state, job.result) == (SUCCEEDED, {"done": job.payload}), (
+        f"the worker commits the handler's return value and acks with it; got {job}"
+    )
+    assert effect_store(queue).effects() == {job_id: {"done": job.payload}}
+    assert [e for e, _ in events] == ["claimed", "committed", "after_effect", "acked"], events
+
+
+# --- as OS processes, under real signals ----------------------------------------------
+
+
+@pytest.mark.rule("fault-sigkill", "worker-loop")
+@extended
+@pytest.mark.realtime
+def test_stage3_sigkill_after_the_claim_the_job_comes_back(workers: Workers) -> None:
+    sigkill_mid_job(workers, "claimed")
+
+
+@pytest.mark.rule("fault-sigkill", "worker-events")
+@extended
+@pytest.mark.realtime
+def test_stage3_sigkill_between_effect_and_ack_the_effect_lands_once(workers: Workers) -> None:
+    sigkill_mid_job(workers, "after_effect")
+
+
+@pytest.mark.rule("fault-sigstop", "worker-stale-drops")
+@extended
+@pytest.mark.realtime
+def test_stage3_sigstop_past_the_lease_then_sigcont_the_zombie_is_fenced(
+    workers: Workers,
+) -> None:
+    workers.env.freeze_time()  # fakeredis: leases run out only when the test says
+    queue = workers.queue()
+    job_id = queue.enqueue({"effect": "the real one"})
+    zombie = workers.start("--hold-at", "claimed", "--max-jobs", "1")
+    zombie.wait_for(f"HOLD claimed {job_id} 1", idle_polls=DUE)
+    zombie.send(signal.SIGSTOP)  # a GC pause, a VM migration: it does not know
+    pass_lease(workers)
+    other = workers.start("--max-jobs", "1")
+    other.wait_for("EXIT", idle_polls=DUE)
+    zombie.send(signal.SIGCONT)
+    zombie.tell()
+    zombie.wait_for("EXIT")
+    assert workers.events("lost") == [f"{job_id} 1"], (
+        "the zombie woke up after its lease was taken over: its commit must be "
+        f"refused (StaleLease) and the job dropped.\n{workers.transcripts()}"
+    )
+    applied_once(workers, queue, [job_id])
+
+
+@pytest.mark.rule("fault-poison")
+@extended
+@pytest.mark.realtime
+def test_stage3_poison_job_that_kills_every_worker_is_dead_lettered(workers: Workers) -> None:
+    workers.env.freeze_time()  # fakeredis: leases run out only when the test says
+    queue = workers.queue()
+    job_id = queue.enqueue({"crash": True})
+    for attempt in range(1, workers.max_attempts + 1):
+        victim = workers.start("--max-jobs", "1")
+        code = victim.wait(idle_polls=DUE)
+        assert code == -signal.SIGKILL, f"attempt {attempt}: the poison job did not crash"
+        pass_lease(workers)
+        queue.reap()
+    job = queue.get(job_id)
+    assert (job.state, job.attempts, job.last_error) == (DEAD, 3, LEASE_EXPIRED), (
+        f"a job that kills its worker every time must be DEAD after max_attempts=3 "
+        f"crashes (each lease expiry counts an attempt); got {job}"
+    )
+    assert [j.id for j in queue.dead_letters()] == [job_id]
+
+
+@pytest.mark.rule("fault-long-job", "worker-heartbeats")
+@extended
+@pytest.mark.realtime
+def test_stage3_a_job_three_leases_long_keeps_its_lease_by_heartbeats(workers: Workers) -> None:
+    queue, job_id = long_job(workers)
+    worker = workers.start("--heartbeat-every-ns", str(workers.lease_ns // 3), "--max-jobs", "2")
+    worker.wait_for(f"EVENT acked {job_id} 1")
+    applied_once(workers, queue, [job_id])
+    assert queue.get(job_id).attempts == 1, (
+        f"heartbeats every lease/3 must keep the lease of a job three leases long: "
+        f"one attempt; got {queue.get(job_id)}\n{workers.transcripts()}"
+    )
+
+
+@pytest.mark.rule("fault-long-job")
+@extended
+@pytest.mark.realtime
+def test_stage3_a_job_three_leases_long_without_heartbeats_loses_every_attempt(
+    workers: Workers,
+) -> None:
+    queue, job_id = long_job(workers)
+    workers.start("--no-heartbeat", "--max-jobs", "2")
+    # Each attempt outlives its lease: its commit is refused, and the job runs out of attempts.
+    wait_until(lambda: len(workers.events("lost")) == 2, "both attempts lost", workers)
+    job = queue.get(job_id)
+    assert (job.state, job.last_error) == (DEAD, LEASE_EXPIRED), (
+        f"without heartbeats a job 3 leases long loses its lease every attempt: "
+        f"DEAD after 2, no effect; got {job}"
+    )
+    assert effect_store(queue).effects() == {}, "an expired attempt committed"
+
+
+@pytest.mark.rule("fault-sigterm", "worker-stop")
+@extended
+@pytest.mark.realtime
+def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
+    workers: Workers,
+) -> None:
+    workers.env.freeze_time()  # fakeredis: leases run out only when the test says
+    queue = workers.queue()
+    burst = [workers.start("--grace-ns", str(250 * MS)) for _ in range(3)]
+    # The long job goes first and outlives the grace period: it must be released.
+    long_job = queue.enqueue({"effect": "long", "work_ms": 800}, priority=1)
+    ids = [long_job] + [queue.enqueue({"effect": i, "work_ms": 40}) for i in range(12)]
+    wait_until(
+        lambda: len(workers.events("acked")) >= 3 and f"{long_job} 1" in workers.events("claimed"),
+        "a few jobs done while the long one runs",
+        workers,
+    )
+    for w in burst:
+        w.send(signal.SIGTERM)
+    for w in burst:
+        assert w.wait() == 0, f"SIGTERM must stop a worker cleanly:\n{w.transcript()}"
+        assert w.lines("EXIT stopped"), w.transcript()
+    stats = queue.statistics()
+    assert stats.leased == 0, (
+        f"after SIGTERM no lease may be left behind (finish within the grace, or "
+        f"release): {stats}\n{workers.transcripts()}"
+    )
+    for job_id in ids:
+        job = queue.get(job_id)
+        assert job.state is SUCCEEDED or (job.state is READY and job.attempts == 0), (
+            f"a job interrupted by SIGTERM must be finished, or back with its attempt "
+            f"refunded: {job}"
+        )
+    assert queue.get(long_job).state is READY, (
+        f"the job still running when the 250 ms grace ran out must be released "
+        f"(READY again, attempt refunded): {queue.get(long_job)}\n{workers.transcripts()}"
+    )
+    left = sum(queue.get(j).state is READY for j in ids)
+    workers.start("--max-jobs", str(left)).wait_for("EXIT", idle_polls=DUE)
+    applied_once(workers, queue, ids)
+
+
+@pytest.mark.rule("fault-outage", "worker-outage")
+@extended
+@pytest.mark.realtime
+def test_stage3_workers_ride_out_a_redis_outage(workers: Workers) -> None:
+    # Server time runs: a claim whose reply the outage swallowed leaves a lease nobody
+    # knows of, and only its expiry (lease_ns later) gives that job back.
+    proxy = workers.env.proxy(workers.node)
+    queue = workers.queue()
+    ids = [queue.enqueue({"effect": i, "work_ms": 5}) for i in range(8)]
+    workers.url = f"redis://{proxy.host}:{proxy.port}/0"  # the fleet reaches Redis via the proxy
+    fleet = [workers.start("--socket-timeout", "0.2", name=f"w{i}") for i in range(2)]
+    wait_until(lambda: len(workers.events("acked")) >= 2, "work under way", workers)
+    proxy.outage()
+    wait_until(lambda: len(workers.events("unavailable")) >= 2, "workers see the outage", workers)
+    proxy.heal()
+    wait_until(lambda: queue.statistics().succeeded == 8, "all 8 jobs succeeded", workers)
+    applied_once(workers, queue, ids, lost_replies=True)
+    crashed = [w.name for w in fleet if w.lines("<closed>")]
+    assert not crashed, (
+        f"a worker must wait out an outage, not crash: {crashed}\n{workers.transcripts()}"
+    )
+
+
+@pytest.mark.rule("fault-restart", "scripts-reload")
+@extended
+@pytest.mark.realtime
+@pytest.mark.redis_faults
+def test_stage3_a_worker_survives_a_real_redis_restart(workers: Workers) -> None:
+    queue = workers.queue()
+    worker = workers.start("--socket-timeout", "0.2")
+    first = queue.enqueue({"effect": "before"})
+    worker.wait_for(f"EVENT acked {first}")
+    workers.node.restart()  # data and the script cache are gone
+    queue = workers.queue()
+    after = queue.enqueue({"effect": "after"})
+    wait_until(
+        lambda: queue.get(after).state is SUCCEEDED, "the job enqueued after the restart", workers
+    )
+    assert not worker.lines("<closed>"), worker.transcript()
+
+
+@pytest.mark.rule("fault-random-crashes")
+@extended
+@pytest.mark.realtime
+@heavy
+@given(plan=st.lists(st.sampled_from(["claimed", "after_effect", None]), min_size=1, max_size=3))
+def test_stage3_under_random_crashes_every_job_finishes_and_applies_its_effect_once(
+    workers: Workers, plan: list[str | None]
+) -> None:
+    workers.env.freeze_time()  # fakeredis: leases run out only when the test says
+    workers.env.prefix = workers.env.fresh_prefix()
+    queue = workers.queue(max_attempts=len(plan) + 1)
+    ids = [queue.enqueue({"effect": f"e{i}"}) for i in range(3)]
+    for point in plan:
+        if point is None:
+            continue
+        victim = workers.start("--hold-at", point)
+        victim.wait_for(f"HOLD {point}", idle_polls=DUE)  # no job dies: one is always due
+        victim.send(signal.SIGKILL)
+        victim.wait()
+        pass_lease(workers)
+    drain = workers.start()
+    # No job ran out of attempts, so the drain has a due job until all three succeeded: a
+    # run of empty claims is a lost job, and fails the example at once (hypothesis then
+    # shrinks it, one process fleet per example, within the suite's time).
+    wait_until(
+        lambda: queue.statistics().succeeded == 3, "all 3 jobs succeeded", workers, busy=drain
+    )
+    drain.send(signal.SIGTERM)
+    drain.wait()
+    applied_once(workers, queue, ids)
+    workers.close()
+    workers.started.clear()
+
+
+@pytest.mark.rule("fault-skew", "worker-clock", "worker-run")
+@extended
+@pytest.mark.realtime
+def test_stage3_skewed_worker_clocks_change_nothing(redis_env: RedisEnv) -> None:
+    """Two in-process workers whose clocks are an hour off either way: heartbeats are
+    paced by intervals, never by comparing a local clock with a server time."""
+
+    queue = new_queue(redis_env, lease_ns=120 * MS)
+    ids = [queue.enqueue(i) for i in range(4)]
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        time.sleep(0.3)  # 2.5 leases: only heartbeats keep it
+        return payload
+
+    hour = 3600 * 10**9
+    fleet: list[Worker] = [
+        stage().RedisWorker(
+            new_queue(redis_env, lease_ns=120 * MS), handler, worker_id=f"w{i}",
+            clock=Skewed(offset), heartbeat_every_ns=40 * MS,
+        )
+        for i, offset in enumerate((hour, -hour))
+    ]  # fmt: skip
+    threads = [threading.Thread(target=w.run, kwargs={"max_jobs": 2}, daemon=True) for w in fleet]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+        assert not t.is_alive(), "a worker with a skewed clock never finished"
+    stats = [w.statistics() for w in fleet]
+    assert [queue.get(j).state for j in ids] == [SUCCEEDED] * 4 and all(
+        s.lost == 0 and s.heartbeats >= 2 for s in stats
+    ), (
+        f"with clocks skewed ±1 h, both workers must keep their leases by "
+        f"heartbeats and finish every job once: {stats}, "
+        f"{[queue.get(j) for j in ids]}"
+    )
