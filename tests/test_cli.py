@@ -26,10 +26,11 @@ import pytest
 from _support import calc_project, private_state, write
 from rich.console import Console
 
-from katas._cli import cli, cli_study
+from katas._cli import cli_bench, cli_test
 from katas._cli.cli import main, markdown_sections
-from katas._cli.cliutil import failure_lines, print_summary, shorten
-from katas._cli.state import StateStore
+from katas._cli.cliutil import shorten
+from katas._cli.state import Attempt, StateStore
+from katas._cli.summary import failure_lines, print_summary
 from katas._harness import bench
 from katas._registry import catalog as cat
 from katas._registry.suites import SuiteRun, TestResult, run_suite
@@ -574,7 +575,7 @@ def test_cli_overview_when_everything_is_green(
         for index, (kata, stage) in enumerate(stages):
             state.record_result(kata, stage, ok=True, passed=3, total=3, at=float(index))
             seconds = 300.0 if (kata, stage) == stages[-2] else 60.0
-            state.attempts.append(_green_attempt(kata, stage, seconds))
+            state.attempts.append(Attempt.from_json(_green_attempt(kata, stage, seconds)))
     text = "\n".join(_overview(capsys, ["list"], len(stages)))
     assert f"{len(stages)} of {len(stages)} stages green — all done" in text, text
     kata, stage = stages[-2]  # the slowest best time
@@ -641,7 +642,7 @@ def test_cli_reset_makes_the_status_reset_and_keeps_the_history(
     stage1 = kata_root / "calc" / "stage1.py"
     write(stage1, CALC_SOLUTION)
     with StateStore().update() as state:  # an earlier timed attempt went green in 01:30
-        state.attempts.append(_green_attempt("calc", 1, 90.0))
+        state.attempts.append(Attempt.from_json(_green_attempt("calc", 1, 90.0)))
     assert main(["test", "calc", "1"]) == 0
     row = _row(capsys)
     assert "passed" in row and "01:30" in row and row.rstrip().endswith("1"), row
@@ -739,15 +740,15 @@ def test_cli_bench_reads_the_ratios_from_a_benchmark_json(tmp_path: Path) -> Non
         ),
         encoding="utf-8",
     )
-    assert cli_study.read_ratios(path) == [
-        cli_study.Ratio("test_bench_stage1_a", "speedup_vs_limits", 5.5, ">= 5", True),
-        cli_study.Ratio("test_bench_stage1_a", "speed_vs_reference", 0.98, "~1", None),
-        cli_study.Ratio("test_bench_stage1_c[64x]", "cost", 4.0, "<= 3", None),
+    assert cli_bench.read_ratios(path) == [
+        cli_bench.Ratio("test_bench_stage1_a", "speedup_vs_limits", 5.5, ">= 5", True),
+        cli_bench.Ratio("test_bench_stage1_a", "speed_vs_reference", 0.98, "~1", None),
+        cli_bench.Ratio("test_bench_stage1_c[64x]", "cost", 4.0, "<= 3", None),
     ]
-    assert cli_study.read_ratios(tmp_path / "missing.json") == []
+    assert cli_bench.read_ratios(tmp_path / "missing.json") == []
     path.write_text("{not json", encoding="utf-8")
-    assert cli_study.read_ratios(path) == []
-    assert cli_study.bench_ratios([1, 2]) == []
+    assert cli_bench.read_ratios(path) == []
+    assert cli_bench.bench_ratios([1, 2]) == []
 
 
 def test_cli_bench_reads_what_the_harness_records(capsys: pytest.CaptureFixture[str]) -> None:
@@ -767,7 +768,7 @@ def test_cli_bench_reads_what_the_harness_records(capsys: pytest.CaptureFixture[
         "nothing_measured = nan   (target: >= 1)",
     ]
     data = json.loads(json.dumps({"benchmarks": [{"name": "t", "extra_info": fake.extra_info}]}))
-    got = [(r.label, r.value, r.met) for r in cli_study.bench_ratios(data)]
+    got = [(r.label, r.value, r.met) for r in cli_bench.bench_ratios(data)]
     assert got[:4] == [
         ("rate_vs_heapq", 0.234, True),
         ("cost_64k_over_1k", 3.5, False),
@@ -775,8 +776,8 @@ def test_cli_bench_reads_what_the_harness_records(capsys: pytest.CaptureFixture[
         ("speed_vs_reference", 1.02, None),
     ]
     assert got[4][0] == "nothing_measured" and math.isnan(got[4][1]) and got[4][2] is None
-    assert cli_study.RATIOS == bench.RATIOS
-    assert cli_study.ENV_BENCH_ROUNDS == bench.ENV_ROUNDS
+    assert cli_bench.RATIOS == bench.RATIOS
+    assert cli_bench.ENV_BENCH_ROUNDS == bench.ENV_ROUNDS
 
 
 def test_cli_bench_without_the_bench_extra_names_the_anchor_and_the_install_command(
@@ -792,7 +793,7 @@ def test_cli_bench_without_the_bench_extra_names_the_anchor_and_the_install_comm
         ")\n\n\n"
         "def test_bench_stage1_vs_anchor():\n    pass\n",
     )
-    assert cli_study.missing_anchors(bench_file) == ["kata_anchor_not_installed"]
+    assert cli_bench.missing_anchors(bench_file) == ["kata_anchor_not_installed"]
     assert main(["bench", "calc", "1"]) == 1
     out = capsys.readouterr().out
     assert "No ratios were reported: the benchmarks compare with kata_anchor_not_installed, " in out
@@ -834,14 +835,14 @@ def test_cli_bench_shows_the_spread_of_the_rounds_and_says_within_noise(
         "scaled = 4000000.000   (target: >= 1)   met",
     ]
     data = json.loads(json.dumps({"benchmarks": [{"name": "t", "extra_info": fake.extra_info}]}))
-    ratios = cli_study.bench_ratios(data)
+    ratios = cli_bench.bench_ratios(data)
     assert [(r.spread, r.noise) for r in ratios] == [
         ((0.533, 1.25), True),
         ((0.8, 1.875), True),
         (None, False),
     ]
     console = Console(width=160, record=True, file=io.StringIO())
-    console.print(cli_study.ratios_table("ratios", ratios))
+    console.print(cli_bench.ratios_table("ratios", ratios))
     table = console.export_text()
     row = next(ln for ln in table.splitlines() if "speed_vs_reference" in ln)
     assert "0.533–1.250" in row and "noise" in row, table
@@ -956,7 +957,7 @@ def test_cli_test_details_command_reruns_the_same_selection(
         calls.append((kwargs, result))
         return result
 
-    monkeypatch.setattr(cli, "run_suite", recording_run_suite)
+    monkeypatch.setattr(cli_test, "run_suite", recording_run_suite)
     assert main(["test", "calc", "1", *options]) == 1
     out = capsys.readouterr().out
     details = next(ln for ln in out.splitlines() if ln.startswith("Details: "))
@@ -1116,11 +1117,11 @@ def test_kata_test_with_a_redis_that_does_not_answer_is_a_configuration_error(
 
 
 def test_a_units_attempt_is_green_for_the_unit_and_not_the_stage() -> None:
-    from katas._cli.state import State
+    from katas._cli.state import Practice
 
     unit = {"kata": "k", "stage": 1, "unit": "hotpath", "started": 1.0, "green_seconds": 60.0}
     stage = {"kata": "k", "stage": 1, "started": 2.0, "green_seconds": None}
-    state = State([unit, stage], {}, {})
+    state = Practice([Attempt.from_json(unit), Attempt.from_json(stage)], {}, {})
     assert state.status("k", 1) == "failing" and state.best_seconds("k", 1) is None
     assert not state.passed("k", 1)
     assert state.units_attempted("k", 1) == ["hotpath"]

@@ -44,9 +44,10 @@ from _support import (
 from rich.console import Console
 
 from katas._cli.cli import main
-from katas._cli.cli_start import _after_stage, _failing_lines, show_difference
+from katas._cli.cli_start import _after_stage
 from katas._cli.cliutil import Context
 from katas._cli.practice import SoloOutcome, SoloSession, verdict
+from katas._cli.summary import print_failing_lines, show_difference
 from katas._cli.watch import Watcher
 from katas._harness.failures import assertion_detail
 from katas._registry import catalog as cat
@@ -994,7 +995,7 @@ def test_the_watcher_shows_a_compilers_error_line_whole() -> None:
     )
     screen = io.StringIO()
     ctx = cast(Context, SimpleNamespace(out=Console(file=screen, width=60)))
-    _failing_lines(ctx, SuiteRun(1, results, "", 1.0))
+    print_failing_lines(ctx, SuiteRun(1, results, "", 1.0))
     shown = "".join(screen.getvalue().split())  # the folded lines, joined
     assert "".join(compiler.split()) in shown, screen.getvalue()
 
@@ -1012,7 +1013,7 @@ def test_the_watcher_says_crashed_for_each_test_a_crash_in_c_failed() -> None:
     )
     screen = io.StringIO()
     ctx = cast(Context, SimpleNamespace(out=Console(file=screen, width=200)))
-    _failing_lines(ctx, SuiteRun(1, results, "", 1.0))
+    print_failing_lines(ctx, SuiteRun(1, results, "", 1.0))
     shown = screen.getvalue().splitlines()
     assert [line.strip() for line in shown if "crashed:" in line] == [f"! {c}" for c in crashed]
 

@@ -238,21 +238,19 @@ def _verdict(ctx: Context, folder: Path, pad: Coderpad, *, ok: bool) -> int:
     return 0 if ok else 1
 
 
-COMMANDS = (
-    Command(
-        "coderpad",
-        "rehearse a kata's C on an interview pad: a CMake project of its own",
-        "Lay out a kata's C as a standalone CMake project in DIR, as an interview pad has "
-        "it: its own CMakeLists.txt (missing one target you add: TASK.md says which), the "
-        "header, the stub sources and a test program that prints to the console. Prints the "
-        "timebox and starts the clock. Work in DIR with plain cmake and ctest, no Python.\n\n"
-        "With --check: build DIR with `cmake -S DIR -B DIR/build`, `cmake --build DIR/build` "
-        "and `ctest --test-dir DIR/build`, check the target exists, and report the time "
-        "taken.\n\n"
-        "exit code: 0 laid out, or (--check) every step passed; 1 a step failed; 2 bad input",
-        _configure,
-        run_coderpad,
-    ),
+COMMAND = Command(
+    "coderpad",
+    "rehearse a kata's C on an interview pad: a CMake project of its own",
+    "Lay out a kata's C as a standalone CMake project in DIR, as an interview pad has "
+    "it: its own CMakeLists.txt (missing one target you add: TASK.md says which), the "
+    "header, the stub sources and a test program that prints to the console. Prints the "
+    "timebox and starts the clock. Work in DIR with plain cmake and ctest, no Python.\n\n"
+    "With --check: build DIR with `cmake -S DIR -B DIR/build`, `cmake --build DIR/build` "
+    "and `ctest --test-dir DIR/build`, check the target exists, and report the time "
+    "taken.\n\n"
+    "exit code: 0 laid out, or (--check) every step passed; 1 a step failed; 2 bad input",
+    _configure,
+    run_coderpad,
 )
 
-__all__ = ["CLOCK_FILE", "COMMANDS", "check", "lay_out", "run_coderpad"]
+__all__ = ["CLOCK_FILE", "COMMAND", "check", "lay_out", "run_coderpad"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-from typing import Any
 
 from rich.markdown import Markdown
 from rich.rule import Rule
@@ -29,14 +28,15 @@ from katas._cli.cliutil import (
     check_profile,
     display_paths,
     is_learners_code,
-    print_summary,
     read_text,
     shorten,
     stage_file_or_error,
     stage_prompt,
     suites_or_error,
 )
-from katas._cli.practice import PairSession, SessionKey, clock_text, tally
+from katas._cli.practice import PairSession, SessionKey, tally
+from katas._cli.state import Attempt, clock_text
+from katas._cli.summary import print_summary
 from katas._registry.catalog import Kata, Stage, display_path
 from katas._registry.notes import (
     LADDER,
@@ -199,6 +199,42 @@ def _sheet_markdown(
     return "\n".join(lines) + "\n"
 
 
+class _SessionKeys:
+    """What the interviewer's keys do while the timer runs (it keeps running): n pages
+    through the notes, p shows the candidate's prompt; and the swaps it announces."""
+
+    def __init__(self, ctx: Context, kata: Kata, stage: Stage, pages: list[Part]) -> None:
+        self.ctx, self.kata, self.stage, self.pages = ctx, kata, stage, pages
+        self.page = 0  # the next page n shows
+
+    def next_note(self) -> None:
+        out, pages = self.ctx.out, self.pages
+        if not pages:
+            out.print("No interviewer notes for this stage.", style="dim")
+            return
+        number = self.page % len(pages)
+        self.page = number + 1
+        out.print(Rule(f"notes {number + 1} of {len(pages)}", style="dim"))
+        _print_page(self.ctx, pages[number])
+
+    def prompt(self) -> None:
+        kata, stage, out = self.kata, self.stage, self.ctx.out
+        try:
+            readme = read_text(kata.prompt, f"the prompt of {kata.name}")
+            out.print(Rule(f"the candidate's prompt · kata show {kata.name} {stage.number}"))
+            out.print(Markdown(stage_prompt(readme, kata, stage, kata.prompt)))
+        except UserError as exc:
+            out.print(f"no prompt: {exc}", style="yellow", highlight=False)
+
+    def on_swap(self, number: int, at_ns: int) -> None:
+        self.ctx.out.print(
+            Text(
+                f"⇄ [{clock_text(at_ns)}] swap {number}: driver and navigator change places",
+                style="bold magenta",
+            )
+        )
+
+
 def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
@@ -223,33 +259,7 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
         + (f" Driver and navigator swap every {clock_text(swap_ns)}." if swap_ns else ""),
         highlight=False,
     )
-    shown = {"page": 0}
-
-    def next_note() -> None:
-        if not pages:
-            ctx.out.print("No interviewer notes for this stage.", style="dim")
-            return
-        number = shown["page"] % len(pages)
-        shown["page"] = number + 1
-        ctx.out.print(Rule(f"notes {number + 1} of {len(pages)}", style="dim"))
-        _print_page(ctx, pages[number])
-
-    def prompt() -> None:
-        try:
-            readme = read_text(kata.prompt, f"the prompt of {kata.name}")
-            ctx.out.print(Rule(f"the candidate's prompt · kata show {kata.name} {stage.number}"))
-            ctx.out.print(Markdown(stage_prompt(readme, kata, stage, kata.prompt)))
-        except UserError as exc:
-            ctx.out.print(f"no prompt: {exc}", style="yellow", highlight=False)
-
-    def on_swap(number: int, at_ns: int) -> None:
-        ctx.out.print(
-            Text(
-                f"⇄ [{clock_text(at_ns)}] swap {number}: driver and navigator change places",
-                style="bold magenta",
-            )
-        )
-
+    keys = _SessionKeys(ctx, kata, stage, pages)
     started_wall = ctx.wall()
     outcome = PairSession(
         clock=ctx.clock,
@@ -257,9 +267,12 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
         console=ctx.out,
         timebox_ns=timebox_ns,
         swap_ns=swap_ns,
-        on_swap=on_swap,
+        on_swap=keys.on_swap,
         title=f"{kata.name} stage {stage.number}",
-        keys={"n": SessionKey("next note", next_note), "p": SessionKey("the prompt", prompt)},
+        keys={
+            "n": SessionKey("next note", keys.next_note),
+            "p": SessionKey("the prompt", keys.prompt),
+        },
     ).run()
     ended = {
         "timeout": "Time is up.",
@@ -302,29 +315,28 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     )
     stamp = dt.datetime.fromtimestamp(started_wall).strftime("%Y%m%d-%H%M%S")
     passed, ran = tally(result) if result is not None else (0, 0)
-    attempt: dict[str, Any] = {
-        "kata": kata.name,
-        "stage": stage.number,
-        "mode": "pair",
-        "started": started_wall,
-        "seconds": outcome.elapsed_ns / NS_PER_S,
-        "timebox_minutes": minutes,
-        "green_seconds": None,
-        "result": outcome.result,
-        "passed": passed,
-        "total": ran,
-        "swaps": outcome.swaps,
-        "rubric": sheet,
-        "learners_code": is_learners_code(None),
-        "_hints_before": state.hints_revealed(kata.name, stage.number),
-    }
+    attempt = Attempt(
+        kata=kata.name,
+        stage=stage.number,
+        mode="pair",
+        started=started_wall,
+        seconds=outcome.elapsed_ns / NS_PER_S,
+        timebox_minutes=minutes,
+        green_seconds=None,
+        result=outcome.result,
+        passed=passed,
+        total=ran,
+        swaps=outcome.swaps,
+        rubric=sheet,
+        learners_code=is_learners_code(None),
+    )
     try:
         path = ctx.store.save_file(f"sheets/{kata.name}-stage{stage.number}-{stamp}.md", markdown)
-        attempt["sheet"] = str(path)
+        attempt.sheet = str(path)
         ctx.out.print(f"Rubric sheet saved to {path} — fill it in there.", highlight=False)
     except OSError as exc:
         ctx.out.print(f"could not save the rubric sheet: {exc}", style="yellow")
-    save_attempt(ctx, attempt, result, kata, stage)
+    save_attempt(ctx, attempt, state.hints_revealed(kata.name, stage.number), result)
     if result is None:  # Ctrl-C stopped the suite: nobody knows whether it passes
         return 130
     return 0 if result.ok else 1
@@ -346,26 +358,24 @@ def _configure_pair(parser: argparse.ArgumentParser) -> None:
     )
 
 
-COMMANDS: tuple[Command, ...] = (
-    Command(
-        "pair",
-        "interviewer mode: notes, timer with swaps, rubric sheet",
-        "Run a pairing session. First the interviewer notes of the stage from the kata's "
-        "INTERVIEWER.md, a part at a time (Enter shows the next, s starts the timer at once; "
-        "all at once without a terminal): what to read aloud, the clarifying questions a strong"
-        " candidate asks and the answers, then the timebox, the follow-ups and the follow-up "
-        "ladder, the rubric. Then a timer announcing a driver/navigator swap every --swap "
-        "minutes, with the read-aloud part above it; n shows the notes again a part at a time, "
-        "p the candidate's prompt. At the end (time up, q or Ctrl-C) the stage's suite runs on "
-        "the candidate's code and a rubric sheet is printed, filled in at the prompt if there "
-        "is a terminal (s, a or w and a line of evidence per axis; Enter skips), and saved with"
-        " the attempt in the state directory."
-        "\n\n"
-        "exit code: 0 the candidate's suite passed, 1 it did not, 2 bad input, 130 Ctrl-C "
-        "during the suite run",
-        _configure_pair,
-        run_pair,
-    ),
+COMMAND = Command(
+    "pair",
+    "interviewer mode: notes, timer with swaps, rubric sheet",
+    "Run a pairing session. First the interviewer notes of the stage from the kata's "
+    "INTERVIEWER.md, a part at a time (Enter shows the next, s starts the timer at once; "
+    "all at once without a terminal): what to read aloud, the clarifying questions a strong"
+    " candidate asks and the answers, then the timebox, the follow-ups and the follow-up "
+    "ladder, the rubric. Then a timer announcing a driver/navigator swap every --swap "
+    "minutes, with the read-aloud part above it; n shows the notes again a part at a time, "
+    "p the candidate's prompt. At the end (time up, q or Ctrl-C) the stage's suite runs on "
+    "the candidate's code and a rubric sheet is printed, filled in at the prompt if there "
+    "is a terminal (s, a or w and a line of evidence per axis; Enter skips), and saved with"
+    " the attempt in the state directory."
+    "\n\n"
+    "exit code: 0 the candidate's suite passed, 1 it did not, 2 bad input, 130 Ctrl-C "
+    "during the suite run",
+    _configure_pair,
+    run_pair,
 )
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMAND"]

@@ -11,7 +11,6 @@ import sys
 from katas._cli.cliutil import Context, add_kata_stage, impl_or_error
 from katas._cli.practice import tally
 from katas._cli.state import Attempt, StateError
-from katas._registry.catalog import Kata, Stage
 from katas._registry.suites import SuiteRun
 from katas._runtime.clock import NS_PER_S
 
@@ -44,21 +43,15 @@ def add_session_arguments(parser: argparse.ArgumentParser, length: str) -> None:
     )
 
 
-def save_attempt(
-    ctx: Context, attempt: Attempt, last: SuiteRun | None, kata: Kata, stage: Stage
-) -> bool:
-    """Record ``attempt`` (and the last run's result); False, with a warning, if impossible."""
+def save_attempt(ctx: Context, attempt: Attempt, hints_before: int, last: SuiteRun | None) -> bool:
+    """Record ``attempt`` (and the last run's result); False, with a warning, if impossible.
+
+    ``hints_before``: the hints of the stage revealed when the attempt began.
+    """
     try:
         with ctx.store.update() as state:
-            attempt["hints_used"] = max(
-                0, state.hints_revealed(kata.name, stage.number) - attempt.pop("_hints_before", 0)
-            )
-            state.attempts.append(attempt)
-            if last is not None and attempt.get("learners_code"):
-                passed, total = tally(last)
-                state.record_result(
-                    kata.name, stage.number, ok=last.ok, passed=passed, total=total, at=ctx.wall()
-                )
+            ran = (last.ok, *tally(last)) if last is not None else None
+            state.record_attempt(attempt, hints_before, ran, ctx.wall())
         return True
     except StateError as exc:
         print(f"kata: error: this attempt was not recorded: {exc}", file=sys.stderr)

@@ -10,44 +10,35 @@ import argparse
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from pathlib import Path
 
 from rich.markdown import Markdown
 from rich.rule import Rule
 from rich.text import Text
 
-from katas._cli.cli_sessions import (
-    NS_PER_MIN,
-    add_session_arguments,
-    learners_impl,
-    save_attempt,
-)
-from katas._cli.cli_study import reveal_next_hint, stage_hints
+from katas._cli.cli_hint import reveal_next_hint, stage_hints
+from katas._cli.cli_sessions import NS_PER_MIN, add_session_arguments, learners_impl, save_attempt
 from katas._cli.cliutil import (
+    YES,
     Command,
     Context,
     UserError,
     check_profile,
-    crash_line,
     display_paths,
-    failure_lines,
     is_learners_code,
     markdown_sections,
-    not_implemented_names,
-    print_summary,
     stage_file_or_error,
     suites_or_error,
 )
-from katas._cli.practice import SoloSession, clock_text, tally, verdict
-from katas._cli.state import Attempt, StateError
+from katas._cli.practice import SoloOutcome, SoloSession, tally, verdict
+from katas._cli.state import Attempt, StateError, clock_text
+from katas._cli.summary import crash_line, nothing_selected, print_failing_lines, print_summary
 from katas._cli.watch import Watcher
 from katas._registry.catalog import CatalogError, Kata, Stage, Unit, display_path
 from katas._registry.notes import is_section
 from katas._registry.suites import SuiteProcess, SuiteRun, start_suite
 from katas._registry.warm import WarmStart
 from katas._runtime.clock import NS_PER_S
-
-YES = ("y", "yes")
 
 
 def _poll_seconds(text: str) -> float:
@@ -58,89 +49,6 @@ def _poll_seconds(text: str) -> float:
     if not 0.05 <= value <= 60:
         raise argparse.ArgumentTypeError(f"must be between 0.05 and 60 seconds, got {text!r}")
     return value
-
-
-# --- a line cut where it differs ---------------------------------------------------------------
-
-#: One compared pair of a failure's detail: ``expected X, got Y`` (several, as ``field:
-#: expected X, got Y`` apart by "; "), pytest's ``X != Y`` and ``assert X == Y``.
-_COMPARED = (
-    re.compile(r"expected (?P<expected>.+?), got (?P<got>.+?)(?=; [\w.\[\]]+: expected |$)"),
-    re.compile(r"(?P<got>[^\s:][^:]*?) != (?P<expected>.+)$"),
-    re.compile(r"^\s*assert (?P<got>.+?) == (?P<expected>.+)$"),
-)
-#: Characters kept before the first difference of a pair, so it reads in context.
-CONTEXT_CHARS = 12
-
-
-def _common_length(one: str, other: str) -> int:
-    """How many characters ``one`` and ``other`` have alike from the start."""
-    pairs = zip(one, other, strict=False)
-    return next((i for i, (a, b) in enumerate(pairs) if a != b), min(len(one), len(other)))
-
-
-def show_difference(line: str, width: int) -> str:
-    """``line`` fitted into ``width`` so that each compared pair shows where it differs.
-
-    A line that fits stays as it is. Otherwise each expected and got value starts a few
-    characters before their first difference ("…" for the common part left out) and is
-    cut, with "…", to its share of the room: the differing characters stay in sight, not
-    behind the end of the screen.
-    """
-    if len(line) <= width:
-        return line
-    pairs: list[re.Match[str]] = []
-    for pattern in _COMPARED:
-        pairs = list(pattern.finditer(line))
-        if pairs:
-            break
-    if not pairs:
-        return line
-    values = sum(len(pair["expected"]) + len(pair["got"]) for pair in pairs)
-    room = max(2 * CONTEXT_CHARS, (width - (len(line) - values)) // (2 * len(pairs)))
-    pieces: list[str] = []
-    done = 0
-    for pair in pairs:
-        same = _common_length(pair["expected"], pair["got"])
-        start = same - CONTEXT_CHARS if same > CONTEXT_CHARS + 1 else 0
-        for name in sorted(("expected", "got"), key=pair.start):
-            value = pair[name]
-            shown = "…" + value[start:] if start else value
-            pieces += [
-                line[done : pair.start(name)],
-                shown[: room - 1] + "…" if len(shown) > room else shown,
-            ]
-            done = pair.end(name)
-    return "".join(pieces) + line[done:]
-
-
-def _showing_difference(line: Text, width: int) -> Text:
-    """A plain line (a failure's detail) through :func:`show_difference`; a styled one
-    (a failure's first line, its detail repeated below it when cut) as it is."""
-    return line if line.spans else Text(show_difference(line.plain, width), style=line.style)
-
-
-def _failing_lines(ctx: Context, result: SuiteRun, limit: int = 3) -> None:
-    """The first few real failures (alike ones once), then the not-implemented ones."""
-    width = max(20, ctx.out.width - 2)
-    for line in failure_lines(result, limit=limit, width=width):
-        # A detail (indented) wraps: an expected/got pair is already cut around where it
-        # differs, and a compiler's error line must show whole.
-        detail = line.plain.startswith("    ")
-        ctx.out.print(
-            Text("  ") + _showing_difference(line, width),
-            overflow="fold" if detail else "ellipsis",
-            no_wrap=not detail,
-        )
-    missing = result.failures("not_implemented")
-    if missing:
-        names = not_implemented_names(missing)
-        shown = ", ".join(names[:6]) + ("…" if len(names) > 6 else "")
-        ctx.out.print(
-            Text(f"  … {len(missing)} not implemented yet: {shown}", style="yellow"),
-            overflow="ellipsis",
-            no_wrap=True,
-        )
 
 
 # --- before the clock starts -----------------------------------------------------------------
@@ -187,14 +95,14 @@ def _print_prompt_summary(
     )
 
 
-def _check_configuration(ctx: Context, kata: Kata, stage: Stage) -> str:
+def _check_configuration(ctx: Context, kata: Kata, stage: Stage) -> tuple[list[Path], str]:
     """What stops an attempt before its clock starts, each as one line: a missing suite or
-    stage file, a bad ``KATA_IMPL`` or ``KATA_PROFILE``. Returns the impl to test."""
-    suites_or_error(kata, stage)
+    stage file, a bad ``KATA_IMPL`` or ``KATA_PROFILE``. Returns the suites and the impl."""
+    suites = suites_or_error(kata, stage)
     stage_file_or_error(kata, stage)
     impl = learners_impl(ctx)
     check_profile()
-    return impl
+    return suites, impl
 
 
 # --- after green -----------------------------------------------------------------------------
@@ -219,27 +127,21 @@ def _after_stage(ctx: Context, kata: Kata, stage: Stage) -> str:
 
 
 class _CoreElseWhole:
-    """A run of the selected part; if no test is marked core, the whole suite's instead.
-    ``start(core, whole)`` starts one (``whole``: every test, no stop at a failure)."""
+    """A run of the session's selected part; if no test is marked core, the whole suite's
+    instead (``whole``: every test, no stop at a failure)."""
 
-    def __init__(
-        self,
-        start: Callable[[bool, bool], SuiteProcess],
-        selection: dict[str, bool],
-        whole: bool,
-    ) -> None:
-        self._start = start
-        self._selection = selection
+    def __init__(self, session: StartSession, whole: bool) -> None:
+        self._session = session
         self._whole = whole
-        self._run = start(selection["core"], whole)
+        self._run = session.start_part(whole)
 
     def wait(self, timeout_s: float | None = None) -> SuiteRun | None:
         result = self._run.wait(timeout_s)
         if result is None:
             return None
-        if self._selection["core"] and result.returncode == 5 and not result.results:
-            self._selection["core"] = False  # no test is marked core: the whole suite it is
-            self._run = self._start(False, self._whole)
+        if self._session.core and nothing_selected(result):
+            self._session.core = False  # no test is marked core: the whole suite it is
+            self._run = self._session.start_part(self._whole)
             return None
         return result
 
@@ -247,68 +149,86 @@ class _CoreElseWhole:
         self._run.kill()
 
 
-# --- kata start ------------------------------------------------------------------------------
+class StartSession:
+    """One ``kata start``: what the attempt runs and what it has seen so far.
 
+    :class:`~katas._cli.practice.SoloSession` drives the clock, the keys and the runs; it
+    calls back :meth:`on_result`, :meth:`on_hint` and :meth:`on_green`, and this object
+    keeps what they learn (the part watched, the times to green, the runs finished) for
+    :meth:`attempt`, the record of the attempt once it is over.
+    """
 
-def run_start(args: argparse.Namespace, ctx: Context) -> int:
-    kata = ctx.catalog.get(args.kata)
-    stage = kata.stage(args.stage)
-    unit = stage.unit(args.unit) if args.unit else None
-    suites = suites_or_error(kata, stage)
-    impl = _check_configuration(ctx, kata, stage)
-    state = ctx.state()  # an unusable state file stops us before the clock starts
-    number = len(state.attempts_of(kata.name, stage.number)) + 1
-    minutes = args.minutes if args.minutes is not None else stage.timebox_minutes
-    timebox_ns = int(minutes * NS_PER_MIN)
-    if not args.no_prompt:
-        _print_prompt_summary(ctx, kata, stage, minutes, unit)
-    core_only = not args.full
-    part = "the core tests" if core_only else "the whole suite"
-    part += f" of the {unit.name} unit" if unit else ""
-    ctx.out.print(
-        Rule(f"{kata.name} stage {stage.number} · attempt {number} · {clock_text(timebox_ns)}"),
-    )
-    ctx.out.print(
-        f"Edit {display_path(kata.path / unit.file if unit else kata.stub_path(stage))}; "
-        f"every save re-runs {part} of "
-        f"{display_paths(suites)}, what failed last first, up to the first failure. "
-        "Keys: r run now, a run all (no stop), h next hint, q stop.",
-        highlight=False,
-    )
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")  # a save within a second never runs stale
-    selection = {"core": core_only}
-    greens: list[tuple[int, bool]] = []  # (time to green, whether of the core only)
-    finished = [0]
+    def __init__(self, args: argparse.Namespace, ctx: Context) -> None:
+        self.ctx = ctx
+        self.kata = kata = ctx.catalog.get(args.kata)
+        self.stage = stage = kata.stage(args.stage)
+        self.unit = stage.unit(args.unit) if args.unit else None
+        self.suites, self.impl = _check_configuration(ctx, kata, stage)
+        self.state = ctx.state()  # an unusable state file stops us before the clock starts
+        self.base: str | None = args.base
+        self.minutes: float = args.minutes if args.minutes is not None else stage.timebox_minutes
+        self.timebox_ns = int(self.minutes * NS_PER_MIN)
+        self.core = not args.full  # the part watched: the core tests, or the whole suite
+        self.greens: list[tuple[int, bool]] = []  # (time to green, whether of the core only)
+        self.finished = 0  # runs finished
+        # a save within a second never runs stale
+        self.env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+        # pytest's cache of what failed last, the session's own (the project's stays as it
+        # is), and pytest with the libraries every run imports, imported once: from run()
+        self.cache: tempfile.TemporaryDirectory[str]
+        self.warm: WarmStart
 
-    # pytest's cache of what failed last, the session's own (the project's stays as it is)
-    cache = tempfile.TemporaryDirectory(prefix="kata-start-")
-    warm = WarmStart()  # pytest and the libraries every run imports, imported once
+    @property
+    def title(self) -> str:
+        return f"{self.kata.name} stage {self.stage.number}"
 
-    def start_part(core: bool, whole: bool) -> SuiteProcess:
-        order = ["-o", f"cache_dir={cache.name}", "--failed-first"] + ([] if whole else ["-x"])
-        return start_suite(
-            suites,
-            impl=impl,
-            base=args.base,
-            keyword=unit.keyword if unit else None,
-            core_only=core,
-            env=env,
-            pytest_args=order,
-            cache=True,
-            warm=warm,
+    def introduce(self, prompt: bool) -> None:
+        """The stage's summary (with ``prompt``), the attempt's rule and what to do."""
+        kata, stage, unit = self.kata, self.stage, self.unit
+        if prompt:
+            _print_prompt_summary(self.ctx, kata, stage, self.minutes, unit)
+        number = len(self.state.attempts_of(kata.name, stage.number)) + 1
+        part = "the core tests" if self.core else "the whole suite"
+        part += f" of the {unit.name} unit" if unit else ""
+        self.ctx.out.print(
+            Rule(f"{self.title} · attempt {number} · {clock_text(self.timebox_ns)}"),
+        )
+        self.ctx.out.print(
+            f"Edit {display_path(kata.path / unit.file if unit else kata.stub_path(stage))}; "
+            f"every save re-runs {part} of "
+            f"{display_paths(self.suites)}, what failed last first, up to the first failure. "
+            "Keys: r run now, a run all (no stop), h next hint, q stop.",
+            highlight=False,
         )
 
-    def start_run(whole: bool) -> _CoreElseWhole:
-        return _CoreElseWhole(start_part, selection, whole)
+    def start_part(self, whole: bool) -> SuiteProcess:
+        """A run of the part watched: failed first, stopping at a failure unless ``whole``."""
+        order = ["-o", f"cache_dir={self.cache.name}", "--failed-first"]
+        return start_suite(
+            self.suites,
+            impl=self.impl,
+            base=self.base,
+            keyword=self.unit.keyword if self.unit else None,
+            core_only=self.core,
+            env=self.env,
+            pytest_args=order + ([] if whole else ["-x"]),
+            cache=True,
+            warm=self.warm,
+        )
 
-    def on_result(result: SuiteRun, elapsed_ns: int) -> None:
-        finished[0] += 1
-        if finished[0] == 1 and result.config_error:  # nothing the learner's code can fix
+    def start_run(self, whole: bool) -> _CoreElseWhole:
+        return _CoreElseWhole(self, whole)
+
+    def on_result(self, result: SuiteRun, elapsed_ns: int) -> None:
+        """A line for each finished run, and its first few failures."""
+        self.finished += 1
+        if self.finished == 1 and result.config_error:  # nothing the learner's code can fix
             raise UserError(result.config_error)
-        if finished[0] == 1 and result.run_error:
+        if self.finished == 1 and result.run_error:
             raise UserError(result.run_error)
+        out = self.ctx.out
         line = Text(f"[{clock_text(elapsed_ns)}] ", style="dim")
-        crashed = None if result.results else crash_line(result.returncode, result.output)
+        crashed = None if result.results else crash_line(result)
         if crashed:  # the process died: no test reported, so no tally either
             line.append(crashed, style="bold red")
         else:
@@ -316,39 +236,43 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
         line.append(f"{', after' if crashed else ' in'} {result.seconds:.1f}s")
         if result.not_run and not crashed:
             line.append(" (a runs them all)", style="dim")
-        ctx.out.print(line, overflow="ellipsis", no_wrap=True)
+        out.print(line, overflow="ellipsis", no_wrap=True)
         if crashed:
             return  # its one line says all there is
         if result.results:
             if not result.ok:
-                _failing_lines(ctx, result)
+                print_failing_lines(self.ctx, result)
         elif result.collection_error:
             error = Text("  ! ", style="red bold")
             error.append(result.collection_error)
             error.append(" — pytest could not collect the suite", style="dim")
-            ctx.out.print(error, overflow="ellipsis", no_wrap=True)
-        elif result.returncode == 5:
-            ctx.out.print("  No tests were selected.", style="yellow", highlight=False)
+            out.print(error, overflow="ellipsis", no_wrap=True)
+        elif nothing_selected(result):
+            out.print("  No tests were selected.", style="yellow", highlight=False)
         elif result.run_error:
-            ctx.out.print(Text(f"  ! {result.run_error}", style="red"))
+            out.print(Text(f"  ! {result.run_error}", style="red"))
 
-    def on_hint() -> None:
+    def on_hint(self) -> None:
         try:
-            if not reveal_next_hint(ctx, kata, stage):
-                ctx.out.print("No more hints for this stage.", style="dim")
+            if not reveal_next_hint(self.ctx, self.kata, self.stage):
+                self.ctx.out.print("No more hints for this stage.", style="dim")
         except (UserError, StateError) as exc:
-            ctx.out.print(f"no hint: {exc}", style="yellow")
+            self.ctx.out.print(f"no hint: {exc}", style="yellow")
 
-    def on_green(result: SuiteRun, green_ns: int) -> str | None:
-        greens.append((green_ns, selection["core"]))
-        if len(greens) > 1:
-            ctx.out.print(
+    def on_green(self, result: SuiteRun, green_ns: int) -> str | None:
+        """Say so; with an extended part, offer to go on with the whole suite (what to
+        watch then), else None: the attempt is over."""
+        out, stage = self.ctx.out, self.stage
+        self.greens.append((green_ns, self.core))
+        if len(self.greens) > 1:
+            out.print(
                 Text(
                     f"✓ the whole suite is green too, at {clock_text(green_ns)}", style="bold green"
                 )
             )
             return None
-        best = None if unit else state.best_seconds(kata.name, stage.number)  # the stage's
+        # the stage's best (a unit's attempt is never the stage's)
+        best = None if self.unit else self.state.best_seconds(self.kata.name, stage.number)
         note = ""
         if best is not None:
             note = (
@@ -356,105 +280,138 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
                 if green_ns / NS_PER_S < best
                 else f" (best {clock_text(int(best * NS_PER_S))})"
             )
-        what = " (the core)" if selection["core"] and stage.extended else ""
-        ctx.out.print(Text(f"✓ green in {clock_text(green_ns)}{what}{note}", style="bold green"))
-        if not (selection["core"] and stage.extended):
+        what = " (the core)" if self.core and stage.extended else ""
+        out.print(Text(f"✓ green in {clock_text(green_ns)}{what}{note}", style="bold green"))
+        if not (self.core and stage.extended):
             return None
-        answer = ctx.terminal.ask(
+        answer = self.ctx.terminal.ask(
             f"Keep going on the extended part ({stage.extended}) with the whole suite? [y/N] "
         )
         if answer is None or answer.strip().lower() not in YES:
             return None
-        selection["core"] = False
-        ctx.out.print(
+        self.core = False
+        out.print(
             "Watching the whole suite now; the time to green of the core is kept.",
             style="dim",
             highlight=False,
         )
         return "the whole suite"
 
-    session = SoloSession(
-        clock=ctx.clock,
-        terminal=ctx.terminal,
-        console=ctx.out,
-        timebox_ns=timebox_ns,
-        watcher=Watcher([kata.path]),
-        start_run=start_run,
-        on_result=on_result,
-        on_hint=on_hint,
-        on_green=on_green,
-        title=f"{kata.name} stage {stage.number}",
-        poll_ns=int(args.poll * NS_PER_S),
-    )
-    started_wall = ctx.wall()
-    try:
-        outcome = session.run()
-    finally:
-        warm.close()
-        cache.cleanup()
-    last = outcome.last
-    # What the attempt is measured on: the run that first went green (the core's, when the
-    # learner went on to the whole suite), unless the whole suite went green too.
-    recorded = last if outcome.result == "green" or outcome.green is None else outcome.green
-    passed, ran = tally(recorded) if recorded is not None else (0, 0)
-    attempt: Attempt = {
-        "kata": kata.name,
-        "stage": stage.number,
-        "mode": "solo",
-        "started": started_wall,
-        "seconds": outcome.elapsed_ns / NS_PER_S,
-        "timebox_minutes": minutes,
-        "green_seconds": None if outcome.green_ns is None else outcome.green_ns / NS_PER_S,
-        "result": "green" if outcome.green_ns is not None else outcome.result,
-        "passed": passed,
-        "total": ran,
-        "runs": outcome.runs,
-        "core_only": greens[0][1] if greens else selection["core"],
-        "base": args.base or "own",
-        "learners_code": is_learners_code(None),
-        **({"unit": unit.name} if unit else {}),
-        "_hints_before": state.hints_revealed(kata.name, stage.number),
-    }
-    continued = bool(greens) and not selection["core"] and greens[0][1]
-    if continued:
-        attempt["whole_green_seconds"] = greens[1][0] / NS_PER_S if len(greens) > 1 else None
-    if outcome.result == "green":
-        after = _after_stage(ctx, kata, stage)
-        if selection["core"] and stage.extended:  # the extended part is still to do
-            again = f" --unit {unit.name}" if unit else ""
-            extended = f"kata start {kata.name} {stage.number}{again} --full (the extended part)"
-            ctx.out.print(f"Next: {extended}" + (f", or {after}" if after else ""), highlight=False)
-        elif after:
-            ctx.out.print(f"Next: {after}", highlight=False)
-        else:
-            ctx.out.print("That was the last stage of the last kata: kata progress shows them all.")
-        ctx.out.print(
-            f"Reference and common mistakes: kata reveal {kata.name} {stage.number}",
-            style="dim",
-            highlight=False,
-        )
-    elif outcome.result == "timeout":
-        ctx.out.print(Text(f"⏰ time is up ({clock_text(timebox_ns)}).", style="bold red"))
-        if last is not None:
-            ctx.out.print("Still failing:")
-            print_summary(ctx.out, last, kata, stage, notes=["core"] if selection["core"] else [])
-        else:
-            ctx.out.print("No run finished in the timebox.")
+    def run(self, poll_ns: int) -> SoloOutcome:
+        """Watch and run until green, the timebox's end or q: how the attempt ended."""
+        self.cache = tempfile.TemporaryDirectory(prefix="kata-start-")
+        self.warm = WarmStart()
         try:
-            _offer_hint(ctx, kata, stage)
-        except KeyboardInterrupt:  # the attempt is still recorded below
-            ctx.out.print()
-    else:
-        how = "interrupted" if outcome.result == "interrupted" else "stopped"
-        ctx.out.print(f"Attempt {how} after {clock_text(outcome.elapsed_ns)}.")
-    if outcome.result != "green" and outcome.green_ns is not None:
-        ctx.out.print(
-            f"The core went green at {clock_text(outcome.green_ns)}: that is what is recorded.",
-            highlight=False,
+            return SoloSession(
+                clock=self.ctx.clock,
+                terminal=self.ctx.terminal,
+                console=self.ctx.out,
+                timebox_ns=self.timebox_ns,
+                watcher=Watcher([self.kata.path]),
+                start_run=self.start_run,
+                on_result=self.on_result,
+                on_hint=self.on_hint,
+                on_green=self.on_green,
+                title=self.title,
+                poll_ns=poll_ns,
+            ).run()
+        finally:
+            self.warm.close()
+            self.cache.cleanup()
+
+    def recorded_run(self, outcome: SoloOutcome) -> SuiteRun | None:
+        """What the attempt is measured on: the run that first went green (the core's, when
+        the learner went on to the whole suite), unless the whole suite went green too."""
+        if outcome.result == "green" or outcome.green is None:
+            return outcome.last
+        return outcome.green
+
+    def attempt(self, outcome: SoloOutcome, started_wall: float) -> Attempt:
+        recorded = self.recorded_run(outcome)
+        passed, ran = tally(recorded) if recorded is not None else (0, 0)
+        greens = self.greens
+        continued = bool(greens) and not self.core and greens[0][1]
+        return Attempt(
+            kata=self.kata.name,
+            stage=self.stage.number,
+            mode="solo",
+            started=started_wall,
+            seconds=outcome.elapsed_ns / NS_PER_S,
+            timebox_minutes=self.minutes,
+            green_seconds=None if outcome.green_ns is None else outcome.green_ns / NS_PER_S,
+            result="green" if outcome.green_ns is not None else outcome.result,
+            passed=passed,
+            total=ran,
+            runs=outcome.runs,
+            core_only=greens[0][1] if greens else self.core,
+            base=self.base or "own",
+            learners_code=is_learners_code(None),
+            unit=self.unit.name if self.unit else None,
+            went_on=continued,
+            whole_green_seconds=greens[1][0] / NS_PER_S if continued and len(greens) > 1 else None,
         )
+
+    def tell_the_end(self, outcome: SoloOutcome) -> None:
+        """What comes next after green; what still fails (and a hint) at the timebox's end."""
+        ctx, kata, stage, unit = self.ctx, self.kata, self.stage, self.unit
+        if outcome.result == "green":
+            after = _after_stage(ctx, kata, stage)
+            if self.core and stage.extended:  # the extended part is still to do
+                again = f" --unit {unit.name}" if unit else ""
+                extended = (
+                    f"kata start {kata.name} {stage.number}{again} --full (the extended part)"
+                )
+                ctx.out.print(
+                    f"Next: {extended}" + (f", or {after}" if after else ""), highlight=False
+                )
+            elif after:
+                ctx.out.print(f"Next: {after}", highlight=False)
+            else:
+                ctx.out.print(
+                    "That was the last stage of the last kata: kata progress shows them all."
+                )
+            ctx.out.print(
+                f"Reference and common mistakes: kata reveal {kata.name} {stage.number}",
+                style="dim",
+                highlight=False,
+            )
+        elif outcome.result == "timeout":
+            ctx.out.print(Text(f"⏰ time is up ({clock_text(self.timebox_ns)}).", style="bold red"))
+            if outcome.last is not None:
+                ctx.out.print("Still failing:")
+                notes = ["core"] if self.core else []
+                print_summary(ctx.out, outcome.last, kata, stage, notes=notes)
+            else:
+                ctx.out.print("No run finished in the timebox.")
+            try:
+                _offer_hint(ctx, kata, stage)
+            except KeyboardInterrupt:  # the attempt is still recorded below
+                ctx.out.print()
+        else:
+            how = "interrupted" if outcome.result == "interrupted" else "stopped"
+            ctx.out.print(f"Attempt {how} after {clock_text(outcome.elapsed_ns)}.")
+        if outcome.result != "green" and outcome.green_ns is not None:
+            ctx.out.print(
+                f"The core went green at {clock_text(outcome.green_ns)}: that is what is recorded.",
+                highlight=False,
+            )
+
+
+# --- kata start ------------------------------------------------------------------------------
+
+
+def run_start(args: argparse.Namespace, ctx: Context) -> int:
+    session = StartSession(args, ctx)
+    session.introduce(prompt=not args.no_prompt)
+    started_wall = ctx.wall()
+    outcome = session.run(int(args.poll * NS_PER_S))
+    attempt = session.attempt(outcome, started_wall)
+    session.tell_the_end(outcome)
+    hints_before = session.state.hints_revealed(session.kata.name, session.stage.number)
     # A unit's run is not the stage's result (the progress file keeps one a stage).
-    if save_attempt(ctx, attempt, None if unit else recorded, kata, stage):
-        ctx.out.print(f"Recorded: kata progress {kata.name}", style="dim", highlight=False)
+    last = None if session.unit else session.recorded_run(outcome)
+    if save_attempt(ctx, attempt, hints_before, last):
+        ctx.out.print(f"Recorded: kata progress {session.kata.name}", style="dim", highlight=False)
     if outcome.result == "interrupted":
         return 130
     return 0 if outcome.green_ns is not None else 1
@@ -511,26 +468,24 @@ def _configure_start(parser: argparse.ArgumentParser) -> None:
     )
 
 
-COMMANDS: tuple[Command, ...] = (
-    Command(
-        "start",
-        "a timed practice attempt at a stage",
-        "Start a timed attempt: print what the stage asks (its title, core, timebox and the "
-        "first paragraph of its prompt; kata show prints all of it), count down its timebox "
-        "(from kata.toml, or --minutes), and re-run the stage's core tests every time you "
-        "save a file in the kata folder (polling; press r to run now), with passed/total as "
-        "a progress bar. A save (or r) runs what failed last first and stops at the first "
-        "failure, for an answer in seconds; the first run, and one after pressing a, run "
-        "every test. "
-        "Keys act at once, also while tests run: r starts a fresh run, a one of every test, "
-        "q stops. When the tests go green the time to green is recorded and the next step "
-        "offered (the extended part, or the next stage); at the end of the timebox you see "
-        "what still fails and are offered the next hint. q or Ctrl-C ends the attempt, "
-        "which is recorded too (kata progress).\n\n"
-        "exit code: 0 green, 1 not green (time up or stopped), 2 bad input, 130 Ctrl-C",
-        _configure_start,
-        run_start,
-    ),
+COMMAND = Command(
+    "start",
+    "a timed practice attempt at a stage",
+    "Start a timed attempt: print what the stage asks (its title, core, timebox and the "
+    "first paragraph of its prompt; kata show prints all of it), count down its timebox "
+    "(from kata.toml, or --minutes), and re-run the stage's core tests every time you "
+    "save a file in the kata folder (polling; press r to run now), with passed/total as "
+    "a progress bar. A save (or r) runs what failed last first and stops at the first "
+    "failure, for an answer in seconds; the first run, and one after pressing a, run "
+    "every test. "
+    "Keys act at once, also while tests run: r starts a fresh run, a one of every test, "
+    "q stops. When the tests go green the time to green is recorded and the next step "
+    "offered (the extended part, or the next stage); at the end of the timebox you see "
+    "what still fails and are offered the next hint. q or Ctrl-C ends the attempt, "
+    "which is recorded too (kata progress).\n\n"
+    "exit code: 0 green, 1 not green (time up or stopped), 2 bad input, 130 Ctrl-C",
+    _configure_start,
+    run_start,
 )
 
-__all__ = ["COMMANDS"]
+__all__ = ["COMMAND"]

@@ -21,6 +21,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from katas._cli.state import clock_text
 from katas._cli.terminal import Terminal
 from katas._cli.watch import Watcher
 from katas._registry.suites import SuiteRun
@@ -32,14 +33,6 @@ RUN_KEYS = ("r", " ", "\n", "\r")
 WHOLE_KEYS = ("a",)  # the full picture: every selected test, no stop at the first failure
 HINT_KEYS = ("h",)
 QUIT_KEYS = ("q",)
-
-
-def clock_text(ns: int) -> str:
-    """``mm:ss`` (``h:mm:ss`` past an hour), never negative."""
-    seconds = max(0, ns) // NS_PER_S
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02}:{secs:02}" if hours else f"{minutes:02}:{secs:02}"
 
 
 def tally(result: SuiteRun) -> tuple[int, int]:

@@ -9,7 +9,7 @@ tests ran or in what order.
 
 :func:`report` records a ratio, its target and whether the target is met in the
 benchmark's ``extra_info`` (under :data:`RATIOS`, which ``--benchmark-json`` writes and
-``kata bench`` reads back: ``katas._cli.cli_study.bench_ratios``), and prints it as one
+``kata bench`` reads back: ``katas._cli.cli_bench.bench_ratios``), and prints it as one
 line (:func:`ratio_line`) with :func:`say`, which writes past pytest's capture, so the
 numbers show even without ``-s``.
 ``KATA_BENCH_ROUNDS`` (``kata bench --rounds N``) caps every benchmark's rounds, for a
