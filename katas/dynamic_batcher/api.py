@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Literal, NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol, TypeVar
 
 #: Why a request finished: a stop token, ``max_new_tokens``, its deadline, ``abort()``.
 FinishReason = Literal["stop", "length", "deadline", "abort"]
@@ -144,6 +144,28 @@ class Batcher(Protocol):
     def metrics(self) -> list[RequestMetrics]: ...
 
 
+class PagedBatcher(Batcher, Protocol):
+    """A continuous batcher over paged KV blocks, as the tests read it: stage 1's
+    ``ContinuousBatcher`` (and stage 2's prefix-caching one). Besides what a
+    :class:`Batcher` is driven by, where its blocks and its requests are."""
+
+    def free_blocks(self) -> int:
+        """Blocks no request holds."""
+        ...
+
+    def blocks_of(self, rid: str) -> tuple[int, ...]:
+        """``rid``'s block table (``()`` if none, or finished)."""
+        ...
+
+    def running(self) -> list[str]:
+        """The running requests, in admission order."""
+        ...
+
+    def waiting(self) -> list[str]:
+        """The waiting requests, in the order they will be admitted."""
+        ...
+
+
 # -- stage 2: the engine and the request batcher ---------------------------------------
 
 
@@ -233,6 +255,64 @@ class EngineStatistics:
     tpot_p99_ns: float | None
 
 
+class Engine(Protocol):
+    """Serves many streaming readers from one continuous batcher, in simulated time:
+    stage 2's ``AsyncEngine`` (and what each replica of stage 3 runs). ``async with`` it
+    to run its loop; leaving the block closes it."""
+
+    async def __aenter__(self) -> Engine: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None: ...
+
+    def generate(self, request: Request) -> TokenStream:
+        """Admit ``request`` (its arrival stamped now) and return its stream:
+        :class:`Overloaded` when the waiting queue is full, :class:`EngineClosed` once
+        draining or closed."""
+        ...
+
+    async def drain(self) -> None:
+        """Refuse new requests; return once every admitted one has finished."""
+        ...
+
+    async def aclose(self) -> None:
+        """Abort every request (each stream ends with reason ``abort``) and stop."""
+        ...
+
+    def statistics(self) -> EngineStatistics: ...
+
+
+#: What a request batcher's caller submits (its ``fn`` takes a batch of them).
+Item = TypeVar("Item", contravariant=True)
+#: What the caller gets back for its item (``fn`` returns one per item).
+Result = TypeVar("Result", covariant=True)
+
+
+class RequestBatcher(Protocol[Item, Result]):
+    """Batches concurrent callers' items into calls of one function: stage 2's
+    ``DynamicBatcher``. ``async with`` it; each ``submit`` waits for its item's result."""
+
+    async def __aenter__(self) -> RequestBatcher[Item, Result]: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...
+
+    async def submit(self, item: Item) -> Result:
+        """Queue ``item`` and return its result once its batch is done (or raise the
+        batch's error); :class:`EngineClosed` while closing or after."""
+        ...
+
+    def statistics(self) -> BatchStatistics: ...
+
+
 @dataclass(frozen=True)
 class BatchStatistics:
     """A :class:`DynamicBatcher` at one instant: items ``queued`` (not yet sent), batches
@@ -271,6 +351,14 @@ class PrefixCacheStatistics:
     def hit_rate(self) -> float:
         """``hit_tokens / queried_tokens`` (0.0 before any lookup)."""
         return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class CachingBatcher(PagedBatcher, Protocol):
+    """A paged batcher with automatic prefix caching: stage 2's ``PrefixCachingBatcher``.
+    Its :meth:`blocks_of` includes the blocks it shares; :meth:`free_blocks` counts the
+    free queue, cached blocks included."""
+
+    def cache_statistics(self) -> PrefixCacheStatistics: ...
 
 
 # -- stage 3: the router over replicas ------------------------------------------------------
@@ -322,6 +410,102 @@ class ReplicaLink(Protocol):
         ...
 
 
+class RoutingPolicy(Protocol):
+    """Where each attempt of a request goes, with no I/O and no clock: stage 3's
+    ``ReplicaSet``. It keeps each replica's health, load in tokens and prefix history;
+    the router tells it what happened and asks it where to go. Unknown replica names
+    raise KeyError."""
+
+    def available(self) -> list[str]:
+        """Replicas that may take a request now: up and not draining, in the order given."""
+        ...
+
+    def load(self, name: str) -> int:
+        """``name``'s outstanding tokens."""
+        ...
+
+    def loads(self) -> dict[str, int]:
+        """Every replica's load, in the order given (down ones included)."""
+        ...
+
+    def total_load(self) -> int: ...
+
+    def is_up(self, name: str) -> bool: ...
+
+    def is_draining(self, name: str) -> bool: ...
+
+    def matched_blocks(self, name: str, prompt: Sequence[int]) -> int:
+        """Leading full blocks of ``prompt`` in ``name``'s routing history."""
+        ...
+
+    def pick(self, prompt: Sequence[int], *, exclude: Collection[str] = ()) -> Route | None:
+        """Where ``prompt`` should go (None: no replica may take it); changes nothing."""
+        ...
+
+    def assign(self, name: str, rid: str, prompt: Sequence[int], max_new_tokens: int) -> None:
+        """``rid`` now runs on ``name``: charge its weight, record its prompt's blocks."""
+        ...
+
+    def progress(self, rid: str, tokens: int) -> None:
+        """``tokens`` more tokens of ``rid`` arrived."""
+        ...
+
+    def release(self, rid: str) -> None:
+        """``rid`` left its replica: what is left of its weight comes off."""
+        ...
+
+    def replica_of(self, rid: str) -> str | None: ...
+
+    def mark_down(self, name: str) -> None:
+        """``name`` failed: no request goes there, and its history is forgotten."""
+        ...
+
+    def mark_up(self, name: str) -> None: ...
+
+    def drain(self, name: str) -> None: ...
+
+    def restore(self, name: str) -> None: ...
+
+
+class StreamRouter(Protocol):
+    """Routes streaming requests over replicas and keeps each stream whole when a
+    replica dies under it: stage 3's ``Router``. ``async with`` it to run its watchdog
+    and prober; leaving the block closes it."""
+
+    async def __aenter__(self) -> StreamRouter: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None: ...
+
+    async def aclose(self) -> None:
+        """End every stream not ended yet (:class:`ReplicaError`), stop probing."""
+        ...
+
+    def generate(self, request: Request) -> TokenStream:
+        """Admit ``request`` and start its first attempt; return its stream at once:
+        :class:`Overloaded` past ``max_outstanding_tokens``, :class:`ReplicaError` when
+        no replica may take it or once closed."""
+        ...
+
+    async def check_health(self) -> None:
+        """Probe every replica at once; one that did not answer True is down."""
+        ...
+
+    async def drain(self, name: str) -> None:
+        """Route nothing more to ``name``; return once nothing runs there."""
+        ...
+
+    def restore(self, name: str) -> None:
+        """Route to ``name`` again after a drain."""
+        ...
+
+    def statistics(self) -> RouterStatistics: ...
+
+
 @dataclass(frozen=True)
 class RouterStatistics:
     """A router at one instant. ``routed``: attempts sent to each replica (first attempts,
@@ -345,26 +529,32 @@ class RouterStatistics:
 __all__ = [
     "BatchStatistics",
     "Batcher",
+    "CachingBatcher",
     "Completion",
     "Delivery",
+    "Engine",
     "EngineClosed",
     "EngineStatistics",
     "FinishReason",
     "Model",
     "Overloaded",
+    "PagedBatcher",
     "Policy",
     "PrefixCacheStatistics",
     "ReaderStalled",
     "ReplicaError",
     "ReplicaLink",
     "Request",
+    "RequestBatcher",
     "RequestMetrics",
     "RequestRejected",
     "Route",
     "RouteReason",
     "RouterStatistics",
+    "RoutingPolicy",
     "SeqSlice",
     "StepOutput",
+    "StreamRouter",
     "TokenStream",
     "block_hash",
 ]

@@ -29,6 +29,7 @@ from typing import Any, cast
 import anyio
 import pytest
 
+from katas._harness.under_test import stage
 from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher._testing.engine import (
     STEP_NS,
@@ -45,6 +46,7 @@ from katas.dynamic_batcher.api import (
     Overloaded,
     ReaderStalled,
     Request,
+    TokenStream,
 )
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -63,7 +65,7 @@ def _ended(readers: dict[str, Reader]) -> bool:
     return all(r.ended != "reading" for r in readers.values())
 
 
-async def take(stream: Any, what: str) -> Delivery:
+async def take(stream: TokenStream, what: str) -> Delivery:
     """The stream's next delivery; anything else it raises fails the test, saying so."""
     try:
         delivery: Delivery = await stream.__anext__()
@@ -228,11 +230,11 @@ async def test_stage2_a_reader_that_takes_nothing_does_not_slow_the_others() -> 
 # -- readers that leave -----------------------------------------------------------------
 
 
-async def _leave_by_aclose(stream: Any, reader_scope: anyio.CancelScope) -> None:
+async def _leave_by_aclose(stream: TokenStream, reader_scope: anyio.CancelScope) -> None:
     await stream.aclose()
 
 
-async def _leave_by_cancel(stream: Any, reader_scope: anyio.CancelScope) -> None:
+async def _leave_by_cancel(stream: TokenStream, reader_scope: anyio.CancelScope) -> None:
     reader_scope.cancel()
 
 
@@ -712,7 +714,7 @@ async def test_stage2_the_engine_refuses_nonsense_naming_the_parameter(
     kwargs[field] = value
     wrong_type = not isinstance(value, int) or isinstance(value, bool)  # TypeError will do
     with pytest.raises((TypeError, ValueError) if wrong_type else ValueError, match=field):
-        type(rig.engine)(rig.batcher, **kwargs)
+        stage().AsyncEngine(rig.batcher, **kwargs)
 
 
 @extended

@@ -74,15 +74,15 @@ async def test_stage2_batches_a_full_batch_is_sent_at_once(size: int) -> None:
             serving(new_batcher(model, max_batch_size=size), model) as b,
         ):
             assert stats(b) == BatchStatistics(0, 0, 0, ()), (
-                f"§batch-statistics: a new batcher: expected {BatchStatistics(0, 0, 0, ())}, "
+                f"batch-statistics: a new batcher: expected {BatchStatistics(0, 0, 0, ())}, "
                 f"got {stats(b)}"
             )
             callers = []
             for n in range(size - 1):
                 callers.append(await submit(tg, b, f"x{n}"))
-                expect_nothing_sent(model, b, f"§batch-full: {n + 1} of max_batch_size={size}")
+                expect_nothing_sent(model, b, f"batch-full: {n + 1} of max_batch_size={size}")
                 assert stats(b) == BatchStatistics(n + 1, 0, 0, ()), (
-                    f"§batch-statistics: {n + 1} item(s) queued, nothing sent: expected "
+                    f"batch-statistics: {n + 1} item(s) queued, nothing sent: expected "
                     f"{BatchStatistics(n + 1, 0, 0, ())}, got {stats(b)}"
                 )
             callers.append(await submit(tg, b, "last"))
@@ -91,24 +91,24 @@ async def test_stage2_batches_a_full_batch_is_sent_at_once(size: int) -> None:
                 model,
                 [items],
                 t0,
-                f"§batch-full: the item that makes max_batch_size={size} is queued sends the "
+                f"batch-full: the item that makes max_batch_size={size} is queued sends the "
                 "batch at once, the clock not moved",
             )
             await outcomes(callers, "a full batch")
-            expect_results(callers, "§batch-full")
+            expect_results(callers, "batch-full")
             assert stats(b) == BatchStatistics(0, 0, 1, (size,)), (
-                f"§batch-statistics: one batch of {size} sent and done: expected "
+                f"batch-statistics: one batch of {size} sent and done: expected "
                 f"{BatchStatistics(0, 0, 1, (size,))}, got {stats(b)}"
             )
             extra = await submit(tg, b, "next")
             if size > 1:
                 assert len(model.batches) == 1 and stats(b).queued == 1, (
-                    f"§batch-full: the item after a full batch waits for the next one: "
+                    f"batch-full: the item after a full batch waits for the next one: "
                     f"{model.describe()}, statistics() {stats(b)}"
                 )
                 clock.advance(DELAY)
             await outcomes([extra], "the item after a full batch")
-            expect_results([extra], "§batch-full: the item after a full batch")
+            expect_results([extra], "batch-full: the item after a full batch")
 
 
 # -- the delay, from the oldest item's own submit --------------------------------------
@@ -132,7 +132,7 @@ async def test_stage2_batches_a_lone_item_is_sent_exactly_when_its_delay_is_up()
             expect_nothing_sent(
                 model,
                 b,
-                f"§batch-delay: 1 ns before the item's delay (submitted at {t0}, "
+                f"batch-delay: 1 ns before the item's delay (submitted at {t0}, "
                 f"max_queue_delay_ns={DELAY}, now {clock.now_ns()})",
             )
             clock.advance(1)
@@ -140,14 +140,14 @@ async def test_stage2_batches_a_lone_item_is_sent_exactly_when_its_delay_is_up()
                 model,
                 [["a"]],
                 t0 + DELAY,
-                f"§batch-delay: at the instant the item has waited max_queue_delay_ns "
+                f"batch-delay: at the instant the item has waited max_queue_delay_ns "
                 f"(submitted at {t0}, now {t0 + DELAY})",
             )
             await outcomes([caller], "the lone item")
-            expect_results([caller], "§batch-delay")
+            expect_results([caller], "batch-delay")
             clock.advance(1)
             await settle()
-            assert stats(b).sizes == (1,), f"§batch-delay: sent once, got {stats(b)}"
+            assert stats(b).sizes == (1,), f"batch-delay: sent once, got {stats(b)}"
 
 
 @core
@@ -167,7 +167,7 @@ async def test_stage2_batches_the_delay_counts_from_the_oldest_items_own_submit(
             expect_nothing_sent(
                 model,
                 b,
-                f"§batch-delay: an item submitted at {t1}, {10 * DELAY} ns after the "
+                f"batch-delay: an item submitted at {t1}, {10 * DELAY} ns after the "
                 f"batcher started (at {start}); its delay counts from its own submit",
             )
             clock.advance(DELAY // 2)
@@ -175,19 +175,19 @@ async def test_stage2_batches_the_delay_counts_from_the_oldest_items_own_submit(
             clock.advance(DELAY // 2 - 1)
             await settle()
             expect_nothing_sent(
-                model, b, f"§batch-delay: 1 ns before the oldest item's delay ({t1} + {DELAY})"
+                model, b, f"batch-delay: 1 ns before the oldest item's delay ({t1} + {DELAY})"
             )
             clock.advance(1)
             await expect_sent(
                 model,
                 [["first", "second"]],
                 t1 + DELAY,
-                f"§batch-delay: the batch goes when its OLDEST item has waited "
+                f"batch-delay: the batch goes when its OLDEST item has waited "
                 f"max_queue_delay_ns (submitted at {t1}); a later item (at {t1 + DELAY // 2}) "
                 "does not restart the timer",
             )
             await outcomes([first, second], "the two items")
-            expect_results([first, second], "§batch-delay")
+            expect_results([first, second], "batch-delay")
 
 
 @core
@@ -206,30 +206,30 @@ async def test_stage2_batches_the_delay_does_not_count_from_the_last_dispatch() 
             callers.append(await submit(tg, b, "b"))  # full: sent at t0 + 1
             clock.advance(1)
             callers.append(await submit(tg, b, "c"))  # the remainder, submitted at t0 + 2
-            await expect_sent(model, [["a", "b"]], t0 + 1, "§batch-full: a and b fill a batch")
+            await expect_sent(model, [["a", "b"]], t0 + 1, "batch-full: a and b fill a batch")
             clock.advance(DELAY - 2)  # t0 + DELAY: the full batch's instant + DELAY - 1
             await settle()
             assert len(model.batches) == 1, (
-                f"§batch-delay: item c was submitted at {t0 + 2}; its delay ends at "
+                f"batch-delay: item c was submitted at {t0 + 2}; its delay ends at "
                 f"{t0 + 2 + DELAY}, not {DELAY} after the last batch was sent ({t0 + 1}); "
                 f"now {clock.now_ns()}: {model.describe()}"
             )
             clock.advance(1)
             await settle()
             assert len(model.batches) == 1, (
-                f"§batch-delay: 1 ns before item c's delay (now {clock.now_ns()}), nothing may be "
+                f"batch-delay: 1 ns before item c's delay (now {clock.now_ns()}), nothing may be "
                 f"sent: {model.describe()}"
             )
             clock.advance(1)
             t_c = t0 + 2 + DELAY
-            await expect_sent(model, [["a", "b"], ["c"]], t_c, "§batch-delay: c at its own delay")
+            await expect_sent(model, [["a", "b"], ["c"]], t_c, "batch-delay: c at its own delay")
             # A batch sent by the delay: the next item's delay is its own too.
             clock.advance(DELAY // 2)
             callers.append(await submit(tg, b, "d"))
             clock.advance(DELAY // 2)  # t_c + DELAY: the last dispatch + DELAY
             await settle()
             assert len(model.batches) == 2, (
-                f"§batch-delay: item d was submitted at {t_c + DELAY // 2}: {DELAY} ns after the "
+                f"batch-delay: item d was submitted at {t_c + DELAY // 2}: {DELAY} ns after the "
                 f"last dispatch ({t_c}) is not its delay; {model.describe()}"
             )
             clock.advance(DELAY // 2)
@@ -237,10 +237,10 @@ async def test_stage2_batches_the_delay_does_not_count_from_the_last_dispatch() 
                 model,
                 [["a", "b"], ["c"], ["d"]],
                 t_c + DELAY // 2 + DELAY,
-                "§batch-delay: d at its delay",
+                "batch-delay: d at its delay",
             )
             await outcomes(callers, "four items")
-            expect_results(callers, "§batch-delay")
+            expect_results(callers, "batch-delay")
 
 
 @extended
@@ -258,14 +258,14 @@ async def test_stage2_batches_a_zero_delay_sends_each_item_without_waiting() -> 
                 model,
                 [["a"]],
                 clock.now_ns(),
-                "§batch-delay: max_queue_delay_ns=0 waits for nothing",
+                "batch-delay: max_queue_delay_ns=0 waits for nothing",
             )
             callers.append(await submit(tg, b, "b"))
             await expect_sent(
-                model, [["a"], ["b"]], clock.now_ns(), "§batch-delay: max_queue_delay_ns=0"
+                model, [["a"], ["b"]], clock.now_ns(), "batch-delay: max_queue_delay_ns=0"
             )
             await outcomes(callers, "two items, no delay")
-            expect_results(callers, "§batch-delay")
+            expect_results(callers, "batch-delay")
 
 
 # -- order, and each caller its own result ---------------------------------------------
@@ -289,11 +289,11 @@ async def test_stage2_batches_hold_the_oldest_items_in_submission_order() -> Non
                 model,
                 want,
                 clock.now_ns(),
-                "§batch-order: seven items submitted one after the other, max_batch_size=3: "
+                "batch-order: seven items submitted one after the other, max_batch_size=3: "
                 "the oldest first, each batch in submission order",
             )
             await outcomes(callers, "seven items")
-            expect_results(callers, "§batch-routing")
+            expect_results(callers, "batch-routing")
 
 
 class _Rule:
@@ -362,7 +362,7 @@ async def test_stage2_batches_every_caller_gets_its_own_result_under_random_work
         done.append(event)
         await settle()
         assert model.batches == expected.batches, (
-            f"§batch-full, §batch-delay, §batch-order: {setup}; after\n    "
+            f"batch-full, batch-delay, batch-order: {setup}; after\n    "
             + "\n    ".join(done)
             + f"\n  expected fn called with {expected.batches}\n  got {model.describe()}"
         )
@@ -390,13 +390,13 @@ async def test_stage2_batches_every_caller_gets_its_own_result_under_random_work
         n = batch_of[c.item]
         if n in model.raised:
             assert c.error is model.raised[n], (
-                f"§batch-errors: {setup}: fn raised {model.raised[n]!r} for batch {n} "
+                f"batch-errors: {setup}: fn raised {model.raised[n]!r} for batch {n} "
                 f"{model.batches[n]}; every caller of that batch gets that exception; "
                 f"submit({c.item!r}) {c.outcome()}"
             )
         else:
             assert c.result == answer(c.item) and c.error is None, (
-                f"§batch-routing: {setup}: submit({c.item!r}) (batch {n}: {model.batches[n]}) "
+                f"batch-routing: {setup}: submit({c.item!r}) (batch {n}: {model.batches[n]}) "
                 f"must return {answer(c.item)!r}; it {c.outcome()}"
             )
 
@@ -419,19 +419,19 @@ async def test_stage2_batches_64_concurrent_callers_each_get_their_own_result(si
                 tg.start_soon(c.run)  # all at once: no caller waits for another
             await settle()
             assert stats(b).sizes == (size,) * full and stats(b).queued == rest, (
-                f"§batch-full: 64 callers at one instant, max_batch_size={size}: {full} full "
+                f"batch-full: 64 callers at one instant, max_batch_size={size}: {full} full "
                 f"batches at once and {rest} item(s) left waiting for the delay; got "
                 f"statistics() {stats(b)}"
             )
             clock.advance(DELAY)
             await outcomes(callers, "64 concurrent callers")
-            expect_results(callers, "§batch-routing: 64 concurrent callers")
+            expect_results(callers, "batch-routing: 64 concurrent callers")
             sent = sorted(item for batch in model.batches for item in batch)
-            assert sent == sorted(items), f"§batch-routing: each item sent once, got {sent}"
+            assert sent == sorted(items), f"batch-routing: each item sent once, got {sent}"
             want = BatchStatistics(
                 0, 0, full + (rest > 0), (size,) * full + ((rest,) if rest else ())
             )
-            assert stats(b) == want, f"§batch-statistics: expected {want}, got {stats(b)}"
+            assert stats(b) == want, f"batch-statistics: expected {want}, got {stats(b)}"
 
 
 @extended
@@ -455,13 +455,13 @@ async def test_stage2_batches_a_wrong_number_of_results_fails_every_caller_of_th
                 assert isinstance(err, RuntimeError) and all(
                     re.search(rf"\b{n}\b", str(err)) for n in (3, returned)
                 ), (
-                    f"§batch-routing: fn returned {returned} results for a batch of 3 items: "
+                    f"batch-routing: fn returned {returned} results for a batch of 3 items: "
                     f"every caller of the batch gets a RuntimeError naming both counts; "
                     f"submit({c.item!r}) {c.outcome()}"
                 )
             after = [await submit(tg, b, item) for item in ("d", "e", "f")]
             await outcomes(after, "the next batch")
-            expect_results(after, "§batch-routing: the batcher keeps serving after a bad batch")
+            expect_results(after, "batch-routing: the batcher keeps serving after a bad batch")
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -493,20 +493,20 @@ async def test_stage2_batches_an_exception_fails_exactly_the_callers_of_its_batc
                 await outcomes(batches[n], f"batch {n}")
             for c in batches[failing]:
                 assert c.error is boom, (
-                    f"§batch-errors: fn raised {boom!r} for batch {failing} "
+                    f"batch-errors: fn raised {boom!r} for batch {failing} "
                     f"{model.batches[failing]}: EVERY caller of that batch gets that exception; "
                     f"submit({c.item!r}) {c.outcome()}"
                 )
             expect_results(
                 batches[1 - failing],
-                f"§batch-errors: batch {failing} failed; batch {1 - failing} is not its business",
+                f"batch-errors: batch {failing} failed; batch {1 - failing} is not its business",
             )
             after = [await submit(tg, b, item) for item in ("x", "y")]
             model.release(2)
             await outcomes(after, "a batch after the failed one")
-            expect_results(after, "§batch-errors: the batcher keeps serving after fn raised")
+            expect_results(after, "batch-errors: the batcher keeps serving after fn raised")
             assert stats(b) == BatchStatistics(0, 0, 3, (2, 2, 2)), (
-                f"§batch-statistics: three batches of 2 ended, one by an exception: expected "
+                f"batch-statistics: three batches of 2 ended, one by an exception: expected "
                 f"{BatchStatistics(0, 0, 3, (2, 2, 2))}, got {stats(b)}"
             )
 
@@ -529,14 +529,14 @@ async def test_stage2_batches_a_caller_cancelled_before_its_batch_is_sent_sends_
             gone.cancel()
             await settled(lambda: gone.done, "the cancelled caller to leave submit()")
             assert gone.cancelled and stats(b).queued == 1, (
-                f"§batch-cancel: a caller cancelled before its batch was sent takes its item "
+                f"batch-cancel: a caller cancelled before its batch was sent takes its item "
                 f"out of the queue: it {gone.outcome()}, statistics() {stats(b)}"
             )
             c = await submit(tg, b, "c")
             expect_nothing_sent(
                 model,
                 b,
-                "§batch-cancel: 'a' and 'c' queued, 'gone' cancelled: 2 of "
+                "batch-cancel: 'a' and 'c' queued, 'gone' cancelled: 2 of "
                 "max_batch_size=3 (a cancelled item does not count towards full)",
             )
             d = await submit(tg, b, "d")
@@ -544,10 +544,10 @@ async def test_stage2_batches_a_caller_cancelled_before_its_batch_is_sent_sends_
                 model,
                 [["a", "c", "d"]],
                 clock.now_ns(),
-                "§batch-cancel: the batch is a, c, d — the cancelled item is never sent",
+                "batch-cancel: the batch is a, c, d — the cancelled item is never sent",
             )
             await outcomes([a, c, d], "the batch without the cancelled item")
-            expect_results([a, c, d], "§batch-cancel: a cancelled caller blocks no one")
+            expect_results([a, c, d], "batch-cancel: a cancelled caller blocks no one")
 
 
 @extended
@@ -566,7 +566,7 @@ async def test_stage2_batches_the_delay_counts_from_the_oldest_item_left_after_a
             clock.advance(2 * DELAY)
             await settle()
             expect_nothing_sent(
-                model, b, "§batch-cancel: the only item was cancelled; past its delay"
+                model, b, "batch-cancel: the only item was cancelled; past its delay"
             )
             t0 = clock.now_ns()
             oldest = await submit(tg, b, "oldest")
@@ -579,18 +579,18 @@ async def test_stage2_batches_the_delay_counts_from_the_oldest_item_left_after_a
             expect_nothing_sent(
                 model,
                 b,
-                f"§batch-cancel: the oldest item (at {t0}) was cancelled: the delay "
+                f"batch-cancel: the oldest item (at {t0}) was cancelled: the delay "
                 f"now counts from 'kept' (at {t0 + DELAY // 4}); now {clock.now_ns()}",
             )
             clock.advance(DELAY // 4 - 1)
             await settle()
-            expect_nothing_sent(model, b, "§batch-cancel: 1 ns before the delay of 'kept'")
+            expect_nothing_sent(model, b, "batch-cancel: 1 ns before the delay of 'kept'")
             clock.advance(1)
             await expect_sent(
-                model, [["kept"]], t0 + DELAY // 4 + DELAY, "§batch-delay: 'kept' at its delay"
+                model, [["kept"]], t0 + DELAY // 4 + DELAY, "batch-delay: 'kept' at its delay"
             )
             await outcomes([kept], "'kept'")
-            expect_results([kept], "§batch-cancel")
+            expect_results([kept], "batch-cancel")
 
 
 @extended
@@ -613,15 +613,15 @@ async def test_stage2_batches_a_caller_cancelled_after_its_batch_was_sent_blocks
             await outcomes(callers[1:], "the callers left in the batch")
             expect_results(
                 callers[1:],
-                "§batch-cancel: the first caller was cancelled after the batch was sent: its "
+                "batch-cancel: the first caller was cancelled after the batch was sent: its "
                 "result is dropped, the others get theirs",
             )
             more = [await submit(tg, b, item) for item in ("d", "e", "f")]
             model.release(1)
             await outcomes(more, "the next batch")
-            expect_results(more, "§batch-cancel: the batcher keeps serving")
+            expect_results(more, "batch-cancel: the batcher keeps serving")
             assert stats(b) == BatchStatistics(0, 0, 2, (3, 3)), (
-                f"§batch-statistics: two batches of 3 sent and done, got {stats(b)}"
+                f"batch-statistics: two batches of 3 sent and done, got {stats(b)}"
             )
 
 
@@ -643,29 +643,29 @@ async def test_stage2_batches_a_slow_batch_holds_back_neither_the_next_nor_its_c
             second = [await submit(tg, b, item) for item in ("c", "d")]
             await settled(
                 lambda: len(model.batches) == 2,
-                "§batch-concurrent: the second batch (full) sent while the first is still in fn",
+                "batch-concurrent: the second batch (full) sent while the first is still in fn",
             )
             third = [await submit(tg, b, "e")]
             clock.advance(DELAY)
             await settled(
                 lambda: len(model.batches) == 3,
-                "§batch-concurrent: the third batch (due) sent while two are still in fn",
+                "batch-concurrent: the third batch (due) sent while two are still in fn",
             )
             await settle()
             assert stats(b) == BatchStatistics(0, 3, 3, (2, 2, 1)), (
-                f"§batch-statistics: three batches in flight: expected "
+                f"batch-statistics: three batches in flight: expected "
                 f"{BatchStatistics(0, 3, 3, (2, 2, 1))}, got {stats(b)}"
             )
             for n, group in ((2, third), (1, second), (0, first)):
                 model.release(n)
                 await outcomes(group, f"batch {n}")
-                expect_results(group, f"§batch-concurrent: batch {n} released")
+                expect_results(group, f"batch-concurrent: batch {n} released")
                 waiting = [c.item for g in (first, second)[:n] for c in g if c.done]
                 assert not waiting, (
-                    f"§batch-concurrent: only batch {n} was released, yet {waiting} got outcomes"
+                    f"batch-concurrent: only batch {n} was released, yet {waiting} got outcomes"
                 )
             assert stats(b) == BatchStatistics(0, 0, 3, (2, 2, 1)), (
-                f"§batch-statistics: every batch done, got {stats(b)}"
+                f"batch-statistics: every batch done, got {stats(b)}"
             )
 
 
@@ -688,10 +688,10 @@ async def test_stage2_batches_leaving_the_block_sends_what_is_queued_and_waits(h
         """While __aexit__ drains: check it, try a late submit, then let fn finish."""
         await settled(
             lambda: len(model.batches) == 2,
-            f"§batch-close: leaving the block ({how}) sends the queued items at once, the "
+            f"batch-close: leaving the block ({how}) sends the queued items at once, the "
             "clock not moved",
         )
-        assert not exited, "§batch-close: __aexit__ returned while batches were in flight"
+        assert not exited, "batch-close: __aexit__ returned while batches were in flight"
         late.append(await submit(tg, b, "late"))
         model.release_all()
 
@@ -714,25 +714,25 @@ async def test_stage2_batches_leaving_the_block_sends_what_is_queued_and_waits(h
                 if group.subgroup(Todo) is not None:
                     raise
                 raise AssertionError(
-                    f"§batch-close: the block's own exception propagates unchanged, not wrapped "
+                    f"batch-close: the block's own exception propagates unchanged, not wrapped "
                     f"in a group: got {group!r}"
                 ) from group
             else:
-                assert how == "normally", "§batch-close: the block's exception must propagate"
+                assert how == "normally", "batch-close: the block's exception must propagate"
             exited = True
             assert (
                 model.batches == [["a", "b", "c"], ["d", "e"]] and model.times[1] == model.times[0]
             ), (
-                f"§batch-close: the queued items are sent at once, when the block is left "
+                f"batch-close: the queued items are sent at once, when the block is left "
                 f"(not at their delay); {model.describe()}"
             )
             assert all(e == "returned" for e in model.ended), (
-                f"§batch-close: __aexit__ returns once every batch has ended: {model.ended}"
+                f"batch-close: __aexit__ returns once every batch has ended: {model.ended}"
             )
             await outcomes(in_flight + queued, "the drained batches")
-            expect_results(in_flight + queued, f"§batch-close: the block left {how}")
+            expect_results(in_flight + queued, f"batch-close: the block left {how}")
             assert late and isinstance(late[0].error, EngineClosed), (
-                f"§batch-close: submit() while the batcher closes raises EngineClosed; "
+                f"batch-close: submit() while the batcher closes raises EngineClosed; "
                 f"it {late[0].outcome() if late else 'never ran'}"
             )
             assert stats(b) == BatchStatistics(0, 0, 2, (3, 2)), f"closed: {stats(b)}"
@@ -769,7 +769,7 @@ async def test_stage2_batches_a_drain_of_more_than_a_batch_sends_several() -> No
                 tg.start_soon(caller.run)
             await anyio.lowlevel.checkpoint()
     await outcomes(callers, "the drained batches")
-    expect_capped_and_in_order(model, callers, order, 2, "§batch-close: items queued at close")
+    expect_capped_and_in_order(model, callers, order, 2, "batch-close: items queued at close")
 
 
 @extended
@@ -791,7 +791,7 @@ async def test_stage2_batches_items_queued_when_a_batch_falls_due_go_in_several(
             clock.advance(DELAY)  # what was left (if 'a' went before the others queued)
             await outcomes(callers, "the due batches")
     expect_capped_and_in_order(
-        model, callers, order, 2, "§batch-order: items queued when 'a' fell due"
+        model, callers, order, 2, "batch-order: items queued when 'a' fell due"
     )
 
 
@@ -818,16 +818,16 @@ async def test_stage2_batches_leaving_by_cancellation_cancels_fn_and_tells_every
                 runner.cancel_scope.cancel()
             await outcomes(callers, "a cancelled batcher's callers")
     assert model.batches == [["a", "b"]] and model.ended == ["cancelled"], (
-        f"§batch-close: the task running the block was cancelled: fn's call in flight is "
+        f"batch-close: the task running the block was cancelled: fn's call in flight is "
         f"cancelled and nothing more is sent; {model.describe()}, ended {model.ended}"
     )
     wrong = [c for c in callers if not isinstance(c.error, EngineClosed)]
-    assert not wrong, "§batch-close: every caller still waiting gets EngineClosed:\n" + "\n".join(
+    assert not wrong, "batch-close: every caller still waiting gets EngineClosed:\n" + "\n".join(
         f"  submit({c.item!r}) {c.outcome()}" for c in wrong
     )
     with bounded("submit() after the block to raise", SETTLE_S), pytest.raises(EngineClosed):
         await b.submit("late")
-        raise AssertionError("§batch-close: submit() after the block must raise EngineClosed")
+        raise AssertionError("batch-close: submit() after the block must raise EngineClosed")
 
 
 @extended
@@ -841,15 +841,15 @@ async def test_stage2_batches_submit_outside_the_block_is_refused() -> None:
         pytest.raises(RuntimeError, match="async with"),
     ):
         await b.submit("early")
-        raise AssertionError("§batch-close: submit() before `async with` must raise RuntimeError")
+        raise AssertionError("batch-close: submit() before `async with` must raise RuntimeError")
     with bounded("a batcher entered twice to raise", SETTLE_S):
         async with b:
             with pytest.raises(RuntimeError):
                 async with b:
-                    raise AssertionError("§batch-close: a batcher is entered once")
+                    raise AssertionError("batch-close: a batcher is entered once")
     with bounded("submit() after the block to raise", SETTLE_S), pytest.raises(EngineClosed):
         await b.submit("late")
-        raise AssertionError("§batch-close: submit() after the block must raise EngineClosed")
+        raise AssertionError("batch-close: submit() after the block must raise EngineClosed")
     assert not model.batches, f"nothing was submitted: {model.describe()}"
 
 
@@ -892,9 +892,9 @@ async def test_stage2_batches_bad_input_names_the_parameter(
     with pytest.raises(kind) as caught:
         cls(fn, **args)
         raise AssertionError(
-            f"§batch-bad-input: DynamicBatcher({name}={value!r}) must raise {kind.__name__}"
+            f"batch-bad-input: DynamicBatcher({name}={value!r}) must raise {kind.__name__}"
         )
     assert name in str(caught.value), (
-        f"§batch-bad-input: DynamicBatcher({name}={value!r}) raised {caught.value!r}: the "
+        f"batch-bad-input: DynamicBatcher({name}={value!r}) raised {caught.value!r}: the "
         f"message must name {name}"
     )

@@ -5,8 +5,8 @@ A ``FakeModel(shared_reads=True)`` lets requests share the blocks they only read
 samples every token from what it reads back, so a block freed while shared, evicted in
 use or recomputed into the wrong place changes the output;
 :mod:`katas.dynamic_batcher._testing.prefix` holds a run that checks every step and a
-model of the rules, written from the prompt alone, that a state machine compares with
-the batcher.
+model of the rules, written from the prompt alone, that a state machine
+(:mod:`katas.dynamic_batcher._testing.prefix_machine`) compares with the batcher.
 
 Map: the worked example · prefix-keys · prefix-hit · prefix-last-token ·
 prefix-no-shared-writes · prefix-refcount · prefix-lru · prefix-preemption ·
@@ -15,43 +15,31 @@ prefix-transparency · prefix-stage1 · prefix-statistics · prefix-bad-input.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-import hypothesis.stateful as stateful
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from katas._harness.profiles import examples
+from katas._harness.story import Story, check
 from katas._harness.under_test import stage
-from katas._harness.walks import Walk, walked
+from katas._harness.walks import walked
 from katas.dynamic_batcher._testing.prefix import (
-    BASES,
-    LONGEST,
-    TICK_NS,
-    PrefixRules,
     S,
-    ceil_div,
-    expect,
-    prefix_batcher,
     prefix_model,
     run_of,
-    shape,
     toks,
-    unbatched,
 )
-from katas.dynamic_batcher._testing.rules import BatchingRules
+from katas.dynamic_batcher._testing.prefix_machine import PREFIX_WALKS, PrefixCacheMachine
+from katas.dynamic_batcher._testing.rules import BatchingRules, step_of
+from katas.dynamic_batcher._testing.trace import STEP_NS, ceil_div, unbatched
 from katas.dynamic_batcher._testing.workload import shared_prefixes
 from katas.dynamic_batcher.api import (
-    Policy,
     PrefixCacheStatistics,
     Request,
     RequestRejected,
 )
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    pass
 
 pytestmark = [pytest.mark.stage(2), pytest.mark.anyio]
 core = pytest.mark.core
@@ -94,23 +82,23 @@ def test_stage2_prefix_the_worked_example_step_by_step() -> None:
         t.submit(*arrivals[n])
         out = t.step()
         got = (dict(out.scheduled), t.b.cache_statistics())
-        expect(
+        check(
             got == (scheduled, PrefixCacheStatistics(*counts)),
-            f"§prefix-hit: the README's worked example, step {n}: {why}. Expected scheduled "
+            f"prefix-hit: the README's worked example, step {n}: {why}. Expected scheduled "
             f"{scheduled} and {PrefixCacheStatistics(*counts)}; got {got[0]} and {got[1]}\n"
             f"{t.rows()}",
         )
     shared = (t.b.blocks_of("B")[0], t.b.blocks_of("C")[0])
-    expect(
+    check(
         shared[0] == shared[1] and t.b.blocks_of("B")[1] != t.b.blocks_of("C")[1],
-        f"§prefix-last-token: after step 4, B and C share S's first block and not its second "
+        f"prefix-last-token: after step 4, B and C share S's first block and not its second "
         f"(C computed its own); B holds {t.b.blocks_of('B')}, C {t.b.blocks_of('C')}",
     )
     t.run()
     t.assert_transparent()
-    expect(
+    check(
         t.hits["D"] == [0, 8],
-        f"§prefix-preemption: D is preempted at step 5 and its recompute finds its first "
+        f"prefix-preemption: D is preempted at step 5 and its recompute finds its first "
         f"two blocks still cached (8 tokens); its admissions were served {t.hits['D']}\n"
         f"{t.rows()}",
     )
@@ -133,9 +121,9 @@ def test_stage2_prefix_the_same_block_after_a_different_prefix_is_no_hit() -> No
     for rid, prompt, want, why in cases:
         t.submit(Request(rid, prompt, 1))
         got = dict(t.step().scheduled)
-        expect(
+        check(
             got == {rid: want},
-            f"§prefix-keys: after XY ({list(x + y)}) is cached, {rid} ({list(prompt)}) must "
+            f"prefix-keys: after XY ({list(x + y)}) is cached, {rid} ({list(prompt)}) must "
             f"compute {want} tokens — {why}; step scheduled {got}\n{t.rows()}",
         )
     t.assert_transparent()
@@ -147,9 +135,9 @@ def test_stage2_prefix_a_block_is_cached_once_the_step_that_fills_it_has_run() -
     t = run_of(max_num_batched_tokens=32)
     t.submit(Request("A", (*S, 1), 6), Request("B", (*S, 2), 6))
     got = dict(t.step().scheduled)
-    expect(
+    check(
         got == {"A": 9, "B": 9} and not set(t.b.blocks_of("A")) & set(t.b.blocks_of("B")),
-        "§prefix-no-shared-writes: A and B share S but are admitted in the same step: A's "
+        "prefix-no-shared-writes: A and B share S but are admitted in the same step: A's "
         "blocks are written in that step, so B cannot share them (nor A B's); both compute "
         f"9 tokens into blocks of their own. Scheduled {got}, A holds "
         f"{t.b.blocks_of('A')}, B {t.b.blocks_of('B')}",
@@ -157,9 +145,9 @@ def test_stage2_prefix_a_block_is_cached_once_the_step_that_fills_it_has_run() -
     t.submit(Request("C", (*S, 3), 2))
     got = dict(t.step().scheduled)
     a, b, c = (t.b.blocks_of(rid) for rid in "ABC")
-    expect(
+    check(
         got.get("C") == 1 and c[:2] == a[:2] and not set(c) & set(b),
-        "§prefix-keys: one block per key, the first to fill it: A, scheduled before B, "
+        "prefix-keys: one block per key, the first to fill it: A, scheduled before B, "
         f"cached S's two blocks; C shares A's, not B's, and computes 1 token. Scheduled "
         f"{got}; A holds {a}, B {b}, C {c}",
     )
@@ -176,18 +164,18 @@ def test_stage2_prefix_a_partial_block_is_never_shared() -> None:
     t.submit(Request("B", (*toks(10, 6), 99), 2), Request("C", toks(10, 6), 2))
     got = dict(t.step().scheduled)
     a = t.b.blocks_of("A")
-    expect(
+    check(
         got == {"A": 1, "B": 3, "C": 2},
-        "§prefix-no-shared-writes: A's prompt is 6 tokens in blocks of 4: block 0 is full "
+        "prefix-no-shared-writes: A's prompt is 6 tokens in blocks of 4: block 0 is full "
         "and cached, block 1 is partial — A writes its next tokens there — so it has no key "
         "and is never shared. B (A's prompt + 1) shares block 0 and computes 3 tokens, C "
         f"(A's prompt) shares block 0 and computes 2; scheduled {got}\n{t.rows()}",
     )
     for rid in "BC":
         mine = t.b.blocks_of(rid)
-        expect(
+        check(
             mine[0] == a[0] and a[1] not in mine,
-            f"§prefix-no-shared-writes: {rid} shares A's block 0 ({a[0]}) and not its partial "
+            f"prefix-no-shared-writes: {rid} shares A's block 0 ({a[0]}) and not its partial "
             f"block 1 ({a[1]}); it holds {mine}",
         )
     t.run()
@@ -210,19 +198,19 @@ def test_stage2_prefix_a_shared_system_prompt_saves_exactly_its_full_blocks() ->
     t.submit(*rest)
     got = dict(t.step().scheduled)
     want = {"r0": 1, **{r.rid: 5 for r in rest}}
-    expect(
+    check(
         got == want,
-        "§prefix-hit: r0 (a system prompt of 10 tokens + 3 of its own) cached the prompt's "
+        "prefix-hit: r0 (a system prompt of 10 tokens + 3 of its own) cached the prompt's "
         "two full blocks; r1..r5 (the same system prompt, 3 tokens of their own) share "
         "them and compute 13 - 8 = 5 tokens each — the system prompt's last 2 tokens share "
         f"a block with each request's own and are computed; expected {want}, got {got}",
     )
     t.run()
     stats = t.b.cache_statistics()
-    expect(
+    check(
         (stats.lookups, stats.queried_tokens, stats.hit_tokens) == (6, 78, 40)
         and m.prefill_tokens == 78 - 40,
-        "§prefix-statistics: 6 admissions queried 6 × 13 = 78 prompt tokens and 5 × 8 = 40 "
+        "prefix-statistics: 6 admissions queried 6 × 13 = 78 prompt tokens and 5 × 8 = 40 "
         f"were served from the cache, so the model prefilled 38; got {stats}, the model "
         f"prefilled {m.prefill_tokens}",
     )
@@ -238,9 +226,9 @@ def test_stage2_prefix_tokens_served_from_the_cache_cost_no_budget() -> None:
     t.step()  # A's prompt of 9 in chunks of 8 and 1: S's two blocks are cached
     t.submit(Request("B", S + toks(20, 5), 2), Request("C", toks(40, 3), 2))
     got = dict(t.step().scheduled)
-    expect(
+    check(
         got == {"A": 1, "B": 5, "C": 2},
-        "§prefix-hit: budget 8: A decodes (1); B (S + 5 tokens: 13) is served S's 8 tokens "
+        "prefix-hit: budget 8: A decodes (1); B (S + 5 tokens: 13) is served S's 8 tokens "
         "from the cache and computes 5 — only those are charged — so C gets the 2 left; "
         f"expected {{'A': 1, 'B': 5, 'C': 2}}, got {got}\n{t.rows()}",
     )
@@ -270,9 +258,9 @@ def test_stage2_prefix_the_last_prompt_token_is_always_computed(
     prompt = S + (7,) * extra if extra >= 0 else S[:extra]
     t.submit(Request("again", prompt, 3))
     out = t.step()
-    expect(
+    check(
         dict(out.scheduled) == {"again": want} and "again" in out.tokens,
-        f"§prefix-last-token: a prompt of {len(prompt)} tokens after S ({len(S)} tokens, two "
+        f"prefix-last-token: a prompt of {len(prompt)} tokens after S ({len(S)} tokens, two "
         f"blocks of 4) is cached — {why}: it computes {want} and the model samples its first "
         f"token; scheduled {dict(out.scheduled)}, emitted {dict(out.tokens)}",
     )
@@ -291,9 +279,9 @@ def test_stage2_prefix_a_chat_turn_reuses_the_previous_turn_and_its_answer() -> 
     second = Request("turn2", first.prompt + answer + toks(50, 3), 2)
     t.submit(second)
     got = dict(t.step().scheduled)
-    expect(
+    check(
         got == {"turn2": 4},
-        "§prefix-hit: turn 1 put its 6-token prompt and 6 of its 7 answer tokens in KV (the "
+        "prefix-hit: turn 1 put its 6-token prompt and 6 of its 7 answer tokens in KV (the "
         "last token is never written): three full blocks, cached as they filled, generated "
         "tokens and all. Turn 2 (turn 1's prompt, its answer, 3 new tokens: 16) shares them "
         f"and computes 16 - 12 = 4 tokens; scheduled {got}",
@@ -327,23 +315,23 @@ def test_stage2_prefix_eviction_takes_the_least_recently_freed_block_first(
     t.submit(Request("Z", toks(50, 16), 1))  # 4 blocks: the 3 never used, then 1 more
     t.step()
     stats = t.b.cache_statistics()
-    expect(
+    check(
         (stats.cached_blocks, stats.evictions, t.b.free_blocks()) == (7, 1, 7),
-        "§prefix-lru: X and Y (8 tokens each) cached two blocks each and finished, then Z "
+        "prefix-lru: X and Y (8 tokens each) cached two blocks each and finished, then Z "
         "(16 tokens) took the 3 blocks never used and one cached block: 1 eviction, 7 "
         f"cached blocks (3 + Z's 4), 7 free; got {stats}, free {t.b.free_blocks()}",
     )
     rid = again + "2"
     t.submit(Request(rid, prompts[again] + (5,), 2))
     got = dict(t.step().scheduled)
-    expect(
+    check(
         got == {rid: want},
-        f"§prefix-lru: {rid} is {again}'s prompt and one token more — {why}: it computes "
+        f"prefix-lru: {rid} is {again}'s prompt and one token more — {why}: it computes "
         f"{want}; scheduled {got}\n{t.rows()}",
     )
-    expect(
+    check(
         t.b.free_blocks() == 4,
-        f"§prefix-lru: {rid} holds 3 blocks now, its hits among them: a cached free block "
+        f"prefix-lru: {rid} holds 3 blocks now, its hits among them: a cached free block "
         f"that a request reuses leaves the free queue; free_blocks() is "
         f"{t.b.free_blocks()}, expected 7 - 3 = 4",
     )
@@ -360,9 +348,9 @@ def test_stage2_prefix_a_reused_free_block_is_never_handed_out_again() -> None:
     t.submit(Request("B", S + toks(20, 4), 3))  # shares both, takes 1 + 1 more
     t.step()
     b = t.b.blocks_of("B")
-    expect(
+    check(
         t.b.free_blocks() == 6 - len(b) == 3,
-        f"§prefix-lru: B shares S's two cached blocks, free until now, and takes one "
+        f"prefix-lru: B shares S's two cached blocks, free until now, and takes one "
         f"new block: it holds {b}; the shared blocks left the free queue, so 6 - 3 = 3 "
         f"are free, got {t.b.free_blocks()}",
     )
@@ -380,11 +368,11 @@ def test_stage2_prefix_aborting_one_of_two_sharers_leaves_the_other_its_blocks()
     t.submit(Request("B", (*S, 2), 8))
     t.step()
     a, b = t.b.blocks_of("A"), t.b.blocks_of("B")
-    expect(a[:2] == b[:2], f"§prefix-hit: B shares S's two blocks with A: A {a}, B {b}")
+    check(a[:2] == b[:2], f"prefix-hit: B shares S's two blocks with A: A {a}, B {b}")
     t.abort("A")  # checks held + free = num_blocks
-    expect(
+    check(
         t.b.blocks_of("B") == b and t.b.free_blocks() == 7 - len(b),
-        f"§prefix-refcount: A is aborted: its own block goes back to the free queue, the "
+        f"prefix-refcount: A is aborted: its own block goes back to the free queue, the "
         f"two it shares stay B's (their ref count drops to 1, not 0): B holds "
         f"{t.b.blocks_of('B')} (was {b}), free {t.b.free_blocks()}, expected {7 - len(b)}",
     )
@@ -406,16 +394,16 @@ def test_stage2_prefix_a_preempted_request_recomputes_from_the_cache() -> None:
     for _ in range(4):
         t.step()
     out = t.step()
-    expect(
+    check(
         out.preempted == ("B",),
-        f"§prefix-stage1 (§preemption): at step 6 A needs a block and none is free: B, the "
+        f"prefix-stage1 (preemption): at step 6 A needs a block and none is free: B, the "
         f"newest, gives way\n{t.rows()}",
     )
     t.run()
     resumed = t.outputs[9]  # step 10: A finished at step 9, and its blocks are free
-    expect(
+    check(
         dict(resumed.scheduled) == {"B": 4} and t.hits["B"] == [0, 8],
-        "§prefix-preemption: B held two full blocks and a partial one when it was "
+        "prefix-preemption: B held two full blocks and a partial one when it was "
         "preempted; it released them last first, so A took the partial one and the two "
         "full ones stayed cached. B's recompute (its 9 prompt tokens and 3 it generated) "
         "shares them and computes 12 - 8 = 4 tokens, where stage 1 recomputes all 12; "
@@ -423,9 +411,9 @@ def test_stage2_prefix_a_preempted_request_recomputes_from_the_cache() -> None:
         f"{t.hits['B']}\n{t.rows()}",
     )
     t.assert_transparent()
-    expect(
+    check(
         {m.rid: m.preemptions for m in t.b.metrics()} == {"A": 0, "B": 1},
-        f"§prefix-stage1 (§metrics): B was preempted once: {t.b.metrics()}",
+        f"prefix-stage1 (metrics): B was preempted once: {t.b.metrics()}",
     )
 
 
@@ -444,9 +432,9 @@ def test_stage2_prefix_a_lookup_stops_at_the_first_block_not_cached() -> None:
             3: [Request("C", (*p, *q, *r, 7), 3)],
         }
     )
-    expect(
+    check(
         t.hits["C"] == [0],
-        "§prefix-hit: C's first block (P's first) is no longer cached, so its lookup stops "
+        "prefix-hit: C's first block (P's first) is no longer cached, so its lookup stops "
         "there and shares nothing — not a later block whose key happens to be cached; C's "
         f"admissions were served {t.hits['C']} tokens\n{t.rows()}",
     )
@@ -468,9 +456,9 @@ def test_stage2_prefix_victims_give_way_until_the_chunk_has_its_blocks() -> None
         }
     )
     step3 = t.outputs[2]
-    expect(
+    check(
         (dict(step3.scheduled), step3.preempted) == ({"U": 10}, ("Y", "X")),
-        "§prefix-preemption: at step 3 U's chunk (10 tokens) needs 2 blocks and none is "
+        "prefix-preemption: at step 3 U's chunk (10 tokens) needs 2 blocks and none is "
         "free; victims are taken one at a time until it has them — Y, then X — expected "
         f"scheduled {{'U': 10}}, preempted ('Y', 'X'); got {dict(step3.scheduled)}, "
         f"{step3.preempted}\n{t.rows()}",
@@ -552,16 +540,16 @@ def test_stage2_prefix_any_shared_prefix_workload_keeps_every_output(case: Case)
     t = run_of(prefix_model(config.pop("num_blocks"), config.pop("block_size")), **config)
     t.run(arrivals, aborts, max_steps=600)
     never = set(t.submitted) - set(t.finished)
-    expect(not never, f"§prefix-stage1 (§finish): every request finishes once; never: {never}")
+    check(not never, f"prefix-stage1 (finish): every request finishes once; never: {never}")
     reasons = {m.rid: m.finish_reason for m in t.b.metrics()}
-    expect(
+    check(
         reasons == t.finished and len(t.b.metrics()) == len(t.finished),
-        f"§prefix-stage1 (§metrics): metrics() lists each finished request once, with its "
+        f"prefix-stage1 (metrics): metrics() lists each finished request once, with its "
         f"reason: expected {t.finished}, got {reasons}",
     )
-    expect(
+    check(
         t.b.free_blocks() == t.m.num_blocks,
-        f"§prefix-refcount: with every request finished, every block is free (cached or "
+        f"prefix-refcount: with every request finished, every block is free (cached or "
         f"not): free_blocks() is {t.b.free_blocks()} of {t.m.num_blocks}",
     )
     t.assert_transparent()
@@ -589,7 +577,7 @@ def distinct_prompt_runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[in
         at = draw(st.integers(1, 8))
         options: dict[str, Any] = {"priority": draw(st.integers(0, 2))}
         if draw(st.booleans()):
-            options["deadline_ns"] = (at + draw(st.integers(0, 12))) * TICK_NS
+            options["deadline_ns"] = (at + draw(st.integers(0, 12))) * STEP_NS
         r = Request(f"r{i}", prompt, new, **options)
         if draw(st.booleans()):  # stop at its own 2nd token: some stop early, some never
             stop = {unbatched(r, block_size)[:2][-1]}
@@ -613,6 +601,7 @@ def test_stage2_prefix_with_nothing_shared_every_step_is_stage_ones(
     block_size = config["block_size"]
     outputs = {r.rid: unbatched(r, block_size) for _, kind, r in events if kind == "submit"}
     rules = BatchingRules(outputs, **config)
+    story = Story(f"a run of {config}, each step at n * {STEP_NS} ns:", lambda: n * STEP_NS)
     t = run_of(prefix_model(config.pop("num_blocks"), config.pop("block_size")), **config)
     last = max(at for at, _, _ in events)
     for n in range(1, 400):
@@ -620,232 +609,25 @@ def test_stage2_prefix_with_nothing_shared_every_step_is_stage_ones(
             if at == n and kind == "submit":
                 t.submit(what)
                 rules.submit(what)
+                story.add(f"before step {n}: submit {what}")
             elif at == n and what not in t.finished:
                 t.abort(what)
                 rules.abort(what)
+                story.add(f"before step {n}: abort {what}")
         if n > last and not t.b.has_unfinished():
             break
-        out = t.step()
-        plan, preempted, tokens, finished = rules.step(n * TICK_NS)
-        got = (list(out.scheduled.items()), tuple(out.preempted), dict(out.tokens),
-               dict(out.finished))  # fmt: skip
-        expect(
-            got == (plan, preempted, tokens, finished),
-            f"§prefix-stage1: with no prompt sharing a block, step {n} must be the one stage "
-            f"1's rules make ({config}):\n  expected scheduled {plan}, preempted "
-            f"{list(preempted)}, emitted {tokens}, finished {finished}\n  got      scheduled "
-            f"{got[0]}, preempted {list(got[1])}, emitted {got[2]}, finished {got[3]}\n"
-            f"{t.rows()[-2500:]}",
+        got = step_of(t.step())
+        want = rules.step(n * STEP_NS)
+        story.expect(
+            got,
+            want,
+            f"prefix-stage1: with no prompt sharing a block, step {n} must be the one stage 1's "
+            "rules make",
         )
-    expect(not t.b.has_unfinished(), f"liveness: unfinished after 400 steps\n{t.rows()[-2000:]}")
+        story.add(f"step {n}: scheduled {want.scheduled}, preempted {list(want.preempted)}, "
+                  f"emitted {want.emitted}, finished {want.finished}")  # fmt: skip
+    check(not t.b.has_unfinished(), f"liveness: unfinished after 400 steps\n{t.rows()[-2000:]}")
 
-
-class PrefixCacheMachine(stateful.RuleBasedStateMachine):
-    """A prefix-caching batcher and :class:`PrefixRules` under random submissions (prompts
-    that share prefixes, chat turns that extend an earlier request's prompt and answer),
-    steps and aborts, compared after every rule: what each step schedules, preempts,
-    emits and finishes; the queues; which positions share a block; the free count; the
-    statistics; and, read off the batcher alone, ref counts and conservation."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.history: list[str] = []
-        self.requests: list[Request] = []
-        self.steps = 0
-
-    @stateful.initialize(
-        block_size=st.integers(1, 4), max_num_seqs=st.integers(1, 3),
-        extra_budget=st.integers(0, 9), policy=st.sampled_from(["fcfs", "priority"]),
-        spare=st.integers(0, 3),
-    )  # fmt: skip
-    def build(
-        self, block_size: int, max_num_seqs: int, extra_budget: int, policy: Policy, spare: int
-    ) -> None:
-        num_blocks = ceil_div(LONGEST, block_size) + spare
-        config: dict[str, Any] = {
-            "max_num_seqs": max_num_seqs,
-            "max_num_batched_tokens": max_num_seqs + extra_budget,
-            "num_blocks": num_blocks,
-            "block_size": block_size,
-            "policy": policy,
-        }
-        self.m = prefix_model(num_blocks, block_size)
-        self.b = prefix_batcher(self.m, **{k: v for k, v in config.items() if "block" not in k})
-        self.spec = PrefixRules(**config)
-        self.history.append(f"PrefixCachingBatcher({config})")
-
-    def fail(self, what: str) -> str:
-        steps = "\n".join(f"    {h}" for h in self.history[-20:])
-        return f"{what}\n  what happened (the last 20):\n{steps}"
-
-    def _submit(self, prompt: tuple[int, ...], new: int, **options: Any) -> None:
-        rid = f"r{len(self.requests)}"
-        r = Request(rid, prompt, new, **options)
-        self.history.append(
-            f"before step {self.steps + 1}: submit {rid} (prompt {list(prompt)}, "
-            f"max_new_tokens {new}, {options or 'no options'})"
-        )
-        if ceil_div(len(prompt) + new - 1, self.m.block_size) > self.m.num_blocks:
-            with pytest.raises(RequestRejected):
-                self.b.submit(r)
-            self.history[-1] += ": refused (it could never finish)"
-            return
-        self.requests.append(r)
-        self.b.submit(r)
-        self.spec.submit(r, unbatched(r, self.m.block_size))
-
-    @stateful.rule(
-        base=st.integers(0, 1), cut=st.integers(0, 12), own=st.integers(0, 3),
-        new=st.integers(1, 6), priority=st.integers(0, 2), stop=st.booleans(),
-        deadline=st.none() | st.integers(0, 8),
-    )  # fmt: skip
-    def submit(
-        self, base: int, cut: int, own: int, new: int, priority: int, stop: bool,
-        deadline: int | None,
-    ) -> None:  # fmt: skip
-        i = len(self.requests)
-        prompt = BASES[base][:cut] + toks(1000 + 10 * i, own if cut + own else 1)
-        options: dict[str, Any] = {"priority": priority}
-        if deadline is not None:
-            options["deadline_ns"] = (self.steps + 1 + deadline) * TICK_NS
-        if stop:  # its own 2nd token: some stop early, some never
-            plain = Request("probe", prompt, new)
-            options["stop_tokens"] = {unbatched(plain, self.m.block_size)[:2][-1]}
-        self._submit(prompt, new, **options)
-
-    @stateful.rule(index=st.integers(0, 50), own=st.integers(1, 3), new=st.integers(1, 6))
-    def follow_up(self, index: int, own: int, new: int) -> None:
-        """The next turn of a chat: an earlier request's prompt, its whole answer, more."""
-        if not self.requests:
-            return
-        earlier = self.requests[index % len(self.requests)]
-        answer = unbatched(earlier, self.m.block_size)
-        self._submit(earlier.prompt + answer + toks(1000 + 10 * len(self.requests), own), new)
-
-    @stateful.rule(index=st.integers(0, 50))
-    def abort(self, index: int) -> None:
-        if not self.requests:
-            return
-        rid = self.requests[index % len(self.requests)].rid
-        self.history.append(f"before step {self.steps + 1}: abort {rid}")
-        self.b.abort(rid)
-        self.spec.abort(rid)
-
-    @stateful.rule()
-    def step(self) -> None:
-        self.steps += 1
-        out = self.b.step(self.steps * TICK_NS)
-        plan, preempted, tokens, finished = self.spec.step(self.steps * TICK_NS)
-        got = (list(out.scheduled.items()), tuple(out.preempted), dict(out.tokens),
-               dict(out.finished))  # fmt: skip
-        expect(
-            got == (plan, preempted, tokens, finished),
-            self.fail(
-                f"step {self.steps} is not the one the rules make:\n"
-                f"  expected scheduled {plan}, preempted {list(preempted)}, emitted {tokens}, "
-                f"finished {finished}\n  got      scheduled {got[0]}, preempted "
-                f"{list(got[1])}, emitted {got[2]}, finished {got[3]}\n  (a request admitted "
-                "with a hit computes only what the cache did not have)"
-            ),
-        )
-        self.history.append(f"step {self.steps}: scheduled {plan}, preempted {list(preempted)}")
-
-    @stateful.rule()
-    def run_out(self) -> None:
-        """Step until nothing is left (the frees, the queue, what stays cached)."""
-        for _ in range(60):
-            if not self.spec.seqs:
-                break
-            self.step()
-
-    @stateful.invariant()
-    @stateful.precondition(lambda self: hasattr(self, "b"))
-    def blocks_agree(self) -> None:
-        rids = list(self.spec.seqs)
-        tables = {rid: tuple(self.b.blocks_of(rid)) for rid in rids}
-        holders: dict[int, int] = {}
-        for rid in rids:
-            for block in set(tables[rid]):
-                holders[block] = holders.get(block, 0) + 1
-        free = self.b.free_blocks()
-        expect(
-            len(holders) + free == self.m.num_blocks
-            and all(len(set(t)) == len(t) for t in tables.values()),
-            self.fail(
-                f"§prefix-refcount: every block is held (by one request or several: its ref "
-                f"count) or free, never both and never lost: {len(holders)} held + {free} "
-                f"free != {self.m.num_blocks}; tables {tables}"
-            ),
-        )
-        want = shape({rid: self.spec.seqs[rid].blocks for rid in rids})
-        expect(
-            shape(tables) == want,
-            self.fail(
-                "§prefix-hit: which positions share a block (blocks numbered by first "
-                f"appearance; the same number is one block, held by each):\n  expected "
-                f"{want}\n  got      {shape(tables)}"
-            ),
-        )
-        expect(
-            (list(self.b.running()), list(self.b.waiting()))
-            == (self.spec.running, self.spec.waiting),
-            self.fail(
-                f"running {self.b.running()} and waiting {self.b.waiting()}: expected "
-                f"{self.spec.running} and {self.spec.waiting}"
-            ),
-        )
-        stats = self.b.cache_statistics()
-        want_stats = self.spec.statistics()
-        expect(
-            free == len(self.spec.free) and stats == want_stats,
-            self.fail(
-                f"§prefix-lru / §prefix-statistics: expected {len(self.spec.free)} free "
-                f"blocks and {want_stats}; got {free} and {stats}"
-            ),
-        )
-
-
-def _build(block_size: int, max_num_seqs: int, extra_budget: int, policy: str, spare: int) -> Any:
-    return ("build", {"block_size": block_size, "max_num_seqs": max_num_seqs,
-                      "extra_budget": extra_budget, "policy": policy, "spare": spare})  # fmt: skip
-
-
-def _submit(base: int, cut: int, own: int, new: int, priority: int = 0, stop: bool = False,
-            deadline: int | None = None) -> Any:  # fmt: skip
-    return ("submit", {"base": base, "cut": cut, "own": own, "new": new, "priority": priority,
-                       "stop": stop, "deadline": deadline})  # fmt: skip
-
-
-_STEP: Any = ("step", {})
-_RUN_OUT: Any = ("run_out", {})
-
-#: The walks every run of the model test replays before its random steps: the
-#: boundaries random steps reach only sometimes.
-PREFIX_WALKS: dict[str, Walk] = {
-    # Two sharers of a prefix, one of them finished; a long request then needs the whole
-    # pool: the least recently freed cached blocks go first, the shared ones last; a chat
-    # turn on the first request finds what is left.
-    "evicted": [
-        _build(4, 2, 6, "fcfs", 0), _submit(0, 8, 1, 2), _STEP, _submit(0, 8, 2, 3), _STEP,
-        _STEP, _submit(1, 12, 3, 5), _RUN_OUT, ("follow_up", {"index": 0, "own": 1, "new": 2}),
-        _RUN_OUT,
-    ],
-    # Three requests sharing twelve tokens on a pool too small for all of them: a victim's
-    # shared blocks free nothing, so the victims keep coming; each recompute is a hit.
-    "crowded": [
-        _build(2, 3, 3, "fcfs", 0), _submit(0, 12, 1, 5), _STEP, _submit(0, 12, 2, 5), _STEP,
-        _submit(0, 12, 3, 5), _STEP, _STEP, _STEP, _STEP, _RUN_OUT,
-    ],
-    # Priorities, a deadline and an abort among sharers: the victim is the least important,
-    # wherever it is; a deadline and an abort free shared blocks only when the last holder
-    # goes.
-    "priority": [
-        _build(2, 2, 6, "priority", 0), _submit(0, 8, 1, 6, priority=2), _STEP, _STEP,
-        _submit(0, 8, 3, 6, priority=0), _STEP, _STEP, _STEP, _STEP,
-        _submit(0, 12, 0, 6, priority=1, deadline=4), _STEP, _STEP, ("abort", {"index": 1}),
-        _STEP, _RUN_OUT,
-    ],
-}  # fmt: skip
 
 TestStage2PrefixCacheMatchesTheModel = extended(
     rule(
@@ -886,9 +668,9 @@ def test_stage2_prefix_bad_configurations_are_refused_by_name(
     config.update(options)
     with pytest.raises((ValueError, TypeError)) as caught:
         stage().PrefixCachingBatcher(m, **config)
-    expect(
+    check(
         name in str(caught.value),
-        f"§prefix-bad-input: {options} must be refused naming {name!r}, got {caught.value!r}",
+        f"prefix-bad-input: {options} must be refused naming {name!r}, got {caught.value!r}",
     )
 
 
@@ -906,9 +688,9 @@ def test_stage2_prefix_submit_rejects_duplicates_and_requests_that_could_never_f
     with pytest.raises(RequestRejected, match="A"):
         t.b.submit(Request("A", S, 1))  # finished, still an id already submitted
     t.run()
-    expect(
+    check(
         t.finished == {"A": "length", "again": "length"} and t.hits["again"] == [4],
-        f"§prefix-bad-input: a refused request changes nothing; A and again finish, again "
+        f"prefix-bad-input: a refused request changes nothing; A and again finish, again "
         f"served S's first block from the cache; finished {t.finished}, hits {t.hits}",
     )
     t.assert_transparent()

@@ -1135,4 +1135,4 @@ async def test_stage3_generate_refuses_what_is_not_a_request() -> None:
         router = fleet.router()
         async with serving(router):
             with pytest.raises(TypeError):
-                router.generate(("r", (1, 2), 3))
+                router.generate(("r", (1, 2), 3))  # type: ignore[arg-type]  # not a Request

@@ -15,7 +15,6 @@ router-bad-input, each over a whole fleet.
 from __future__ import annotations
 
 import signal
-from typing import Any
 
 import anyio
 import anyio.abc
@@ -41,6 +40,7 @@ from katas.dynamic_batcher._testing.real_fleet import (
 )
 from katas.dynamic_batcher._testing.routes import shared
 from katas.dynamic_batcher.api import (
+    Completion,
     Request,
 )
 
@@ -186,7 +186,9 @@ async def test_stage3_prefix_affinity_gets_at_least_twice_round_robins_cache_hit
                     completion = fleet[names[i % len(names)]].stream(r)
                     done = anyio.Event()
 
-                    async def read(completion: Any = completion, done: anyio.Event = done) -> None:
+                    async def read(
+                        completion: Completion = completion, done: anyio.Event = done
+                    ) -> None:
                         async for _ in completion:
                             pass
                         done.set()
@@ -224,6 +226,7 @@ async def test_stage3_real_a_replica_killed_mid_stream_loses_and_repeats_nothing
             readers = start_real(router, reqs, tg)
             await stream_until(readers, lambda: len(readers["r0"].tokens) >= 5, "r0 at token 5")
             victim = router.replicas.replica_of("r0")
+            assert victim is not None, "r0, streaming, runs on a replica"
             procs[victim].kill()  # SIGKILL
             await stream_until(readers, lambda: ended(readers), "every stream to end")
             stats = router.statistics()

@@ -40,7 +40,7 @@ def prompt_of(n: int, seed: int = 0) -> tuple[int, ...]:
     return tuple((seed * 131 + i * 17 + 3) % 1000 for i in range(n))
 
 
-def expect_route(got: Any, want: Route | None, situation: str) -> None:
+def expect_route(got: Route | None, want: Route | None, situation: str) -> None:
     assert got == want, f"{situation}\n  expected pick() = {want}\n  got               {got}"
 
 

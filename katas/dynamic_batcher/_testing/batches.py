@@ -17,15 +17,18 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
 from katas._harness.waiting import DEADLINE_S
 from katas._runtime.clock import NS_PER_MS, ManualClock
 from katas._runtime.todo import Todo
-from katas.dynamic_batcher.api import BatchStatistics
+from katas.dynamic_batcher.api import BatchStatistics, RequestBatcher
 
 #: The max_queue_delay_ns of most tests: 100 ms.
 DELAY = 100 * NS_PER_MS
+#: The request batcher under test, over a :class:`Model` (any item in, a string out).
+ItemBatcher = RequestBatcher[object, str]
 
 
 # -- the test's side: a model for fn, callers, waits --------------------------------------
@@ -116,7 +119,7 @@ class Caller:
     Records what it got: ``result``, ``error`` (the exception submit raised) or
     ``cancelled``. A stub's ``Todo`` is not an outcome: it propagates."""
 
-    def __init__(self, batcher: Any, item: Any, order: list[Any] | None = None) -> None:
+    def __init__(self, batcher: ItemBatcher, item: Any, order: list[Any] | None = None) -> None:
         self.batcher = batcher
         self.item = item
         self.order = order  # where to note the item as submit() is called
@@ -157,8 +160,7 @@ def bounded(what: str, seconds: float = 2 * DEADLINE_S) -> Iterator[None]:
     awaited (instead of hanging the suite)."""
     with anyio.move_on_after(seconds) as scope:
         yield
-    if scope.cancelled_caught:
-        raise AssertionError(f"within {seconds:g} real seconds, expected {what}")
+    check(not scope.cancelled_caught, f"within {seconds:g} real seconds, expected {what}")
 
 
 async def settled(pred: Callable[[], bool], what: str) -> None:
@@ -168,14 +170,15 @@ async def settled(pred: Callable[[], bool], what: str) -> None:
     assert pred(), f"once every task waits (the clock still), expected {what}"
 
 
-def new_batcher(model: Model, *, max_batch_size: int, delay: int = DELAY) -> Any:
-    return stage().DynamicBatcher(
+def new_batcher(model: Model, *, max_batch_size: int, delay: int = DELAY) -> ItemBatcher:
+    batcher: ItemBatcher = stage().DynamicBatcher(
         model, max_batch_size=max_batch_size, max_queue_delay_ns=delay, clock=model.clock
     )
+    return batcher
 
 
 @asynccontextmanager
-async def serving(batcher: Any, model: Model) -> AsyncIterator[Any]:
+async def serving(batcher: ItemBatcher, model: Model) -> AsyncIterator[ItemBatcher]:
     """``async with batcher``; a test that fails leaves no batch held, so closing ends."""
     async with batcher:
         try:
@@ -184,7 +187,7 @@ async def serving(batcher: Any, model: Model) -> AsyncIterator[Any]:
             model.release_all()
 
 
-async def submit(tg: anyio.abc.TaskGroup, batcher: Any, item: Any) -> Caller:
+async def submit(tg: anyio.abc.TaskGroup, batcher: ItemBatcher, item: Any) -> Caller:
     """Start a caller of ``submit(item)`` and let every task run until all wait."""
     caller = Caller(batcher, item)
     tg.start_soon(caller.run, name=f"submit({item!r})")
@@ -202,7 +205,7 @@ async def outcomes(callers: Sequence[Caller], what: str) -> None:
     )
 
 
-def stats(batcher: Any) -> BatchStatistics:
+def stats(batcher: ItemBatcher) -> BatchStatistics:
     got = batcher.statistics()
     assert isinstance(got, BatchStatistics), f"statistics() must return BatchStatistics: {got!r}"
     return got
@@ -215,7 +218,7 @@ def expect_results(callers: Sequence[Caller], why: str) -> None:
     )
 
 
-def expect_nothing_sent(model: Model, batcher: Any, why: str) -> None:
+def expect_nothing_sent(model: Model, batcher: ItemBatcher, why: str) -> None:
     assert not model.batches and stats(batcher).dispatched == 0, (
         f"{why}: no batch may be sent yet; {model.describe()}, statistics() {stats(batcher)}"
     )

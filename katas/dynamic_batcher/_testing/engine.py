@@ -19,7 +19,15 @@ import anyio
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import VirtualTime
 from katas._runtime.clock import NS_PER_S, ManualClock, WaitingClock
-from katas.dynamic_batcher.api import Delivery, FinishReason, Request, StepOutput
+from katas.dynamic_batcher.api import (
+    Delivery,
+    Engine,
+    FinishReason,
+    PagedBatcher,
+    Request,
+    StepOutput,
+    TokenStream,
+)
 
 from .model import FakeModel, reference_outputs
 
@@ -51,14 +59,14 @@ class Rig:
         self.clock = ManualClock(T0)
         self.time = VirtualTime(self.clock)
         self.model = FakeModel(VOCAB, self.seed, self.num_blocks, self.block_size)
-        self.batcher: Any = stage(1).ContinuousBatcher(
+        self.batcher: PagedBatcher = stage(1).ContinuousBatcher(
             self.model,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
         )
-        self.engine: Any = stage().AsyncEngine(
+        self.engine: Engine = stage().AsyncEngine(
             self.batcher,
             clock=self.clock,
             step_time_ns=self.step_time_ns,
@@ -90,7 +98,7 @@ def request(rid: str, prompt_len: int = 3, max_new_tokens: int = 5, **kw: Any) -
 class Reader:
     """Reads one stream to its end; ``pace_ns`` between reads (0: as fast as it can)."""
 
-    stream: Any
+    stream: TokenStream
     clock: WaitingClock
     pace_ns: int = 0
     taken: list[tuple[int, Delivery]] = field(default_factory=list)

@@ -31,22 +31,28 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import VirtualTime
 from katas._runtime.clock import ManualClock
 from katas.dynamic_batcher.api import (
+    CachingBatcher,
+    Engine,
     FinishReason,
     Overloaded,
     PrefixCacheStatistics,
     ReplicaError,
     Request,
+    RoutingPolicy,
     StepOutput,
+    StreamRouter,
+    TokenStream,
 )
 
 from .engine import STEP_NS, T0, VOCAB, Reader
@@ -97,8 +103,8 @@ class SimReplica:
         self.probe_error: Exception | None = None  # raised by every probe while set
         self._tasks: anyio.abc.TaskGroup | None = None
         self._killed = anyio.Event()
-        self.batcher: Any = None
-        self.engine: Any = None
+        self.batcher: CachingBatcher  # each life's, from start()
+        self.engine: Engine
         self.caches: list[PrefixCacheStatistics] = []  # of engines killed or restarted
 
     # -- life --------------------------------------------------------------------------------
@@ -132,7 +138,7 @@ class SimReplica:
         self.lives += 1
         tasks.start_soon(self._serve, self.engine, self._killed)
 
-    async def _serve(self, engine: Any, killed: anyio.Event) -> None:
+    async def _serve(self, engine: Engine, killed: anyio.Event) -> None:
         async with engine:
             await killed.wait()
 
@@ -222,7 +228,7 @@ class SimCompletion:
     def __init__(self, replica: SimReplica, request: Request) -> None:
         self.replica = replica
         self.request = request
-        self._stream: Any = None
+        self._stream: TokenStream | None = None
         self._life = -1
         self._had = 0  # tokens delivered
         self._over = False
@@ -298,6 +304,16 @@ class SimCompletion:
         self.replica.closed += 1
 
 
+class RouterUnderTest(StreamRouter, Protocol):
+    """The router as the suite reads it: an ``api.StreamRouter`` whose routing policy, the
+    ``ReplicaSet`` it asks, is in sight (``replicas``)."""
+
+    @property
+    def replicas(self) -> RoutingPolicy: ...
+
+
+R = TypeVar("R", bound=StreamRouter)
+
 #: Long enough for any test's requests to finish, in simulated ns.
 WITHIN = 100_000 * STEP_NS
 
@@ -306,7 +322,7 @@ EXIT_S = 2.0
 
 
 @contextlib.asynccontextmanager
-async def serving(router: Any, *, exit_s: float = EXIT_S) -> AsyncIterator[Any]:
+async def serving(router: R, *, exit_s: float = EXIT_S) -> AsyncIterator[R]:
     """``async with router``, with a bound on leaving it. A router whose exit waits for a
     task that never ends — an attempt it superseded and never cancelled, blocked on a
     replica that will not speak again — fails in ``exit_s`` real seconds, saying so,
@@ -326,12 +342,12 @@ async def serving(router: Any, *, exit_s: float = EXIT_S) -> AsyncIterator[Any]:
 
                 guard.start_soon(watchdog)
         guard.cancel_scope.cancel()
-    if stuck:
-        raise AssertionError(
-            f"leaving the router's `async with` did not return within {exit_s:g} real "
-            "seconds: a task of the router never ended — an attempt it superseded or "
-            "closed without cancelling, still reading a replica (§epoch, §router-close)"
-        )
+    check(
+        not stuck,
+        f"leaving the router's `async with` did not return within {exit_s:g} real "
+        "seconds: a task of the router never ended — an attempt it superseded or "
+        "closed without cancelling, still reading a replica (rules epoch and router-close)",
+    )
 
 
 @dataclass
@@ -365,7 +381,7 @@ class Fleet:
                 for replica in self.replicas.values():
                     replica.kill()
 
-    def router(self, **options: Any) -> Any:
+    def router(self, **options: Any) -> RouterUnderTest:
         """The router under test over every replica, with the suite's defaults."""
         settings: dict[str, Any] = {
             "clock": self.clock,
@@ -373,7 +389,8 @@ class Fleet:
             **ROUTER_SETTINGS,
         }
         settings.update(options)
-        return stage().Router(list(self.replicas.values()), **settings)
+        router: RouterUnderTest = stage().Router(list(self.replicas.values()), **settings)
+        return router
 
     def expected(self, requests: Sequence[Request]) -> dict[str, tuple[int, ...]]:
         """What each request generates (on any replica: they serve one model)."""
@@ -385,7 +402,7 @@ class Fleet:
 
     # -- clients ---------------------------------------------------------------------------
     def start(
-        self, router: Any, requests: Sequence[Request], tg: anyio.abc.TaskGroup
+        self, router: StreamRouter, requests: Sequence[Request], tg: anyio.abc.TaskGroup
     ) -> dict[str, Reader]:
         """A client task for each request, reading its stream from ``router``."""
         readers = {r.rid: Reader(router.generate(r), self.clock) for r in requests}
@@ -397,7 +414,7 @@ class Fleet:
         """Move virtual time until every reader's stream has ended."""
         await self.time.run_until(lambda: ended(readers), within_ns=WITHIN, what=what)
 
-    async def consume(self, stream: Any) -> Reader:
+    async def consume(self, stream: TokenStream) -> Reader:
         """Read ``stream`` to its end, moving virtual time as needed."""
         reader = Reader(stream, self.clock)
         async with anyio.create_task_group() as tg:
@@ -428,6 +445,7 @@ __all__ = [
     "SEED",
     "WITHIN",
     "Fleet",
+    "RouterUnderTest",
     "SimCompletion",
     "SimReplica",
     "ended",

@@ -45,17 +45,20 @@ from typing import Any
 import anyio
 import anyio.abc
 
+from katas._harness.story import check
 from katas._harness.virtual_time import VirtualTime
 from katas._registry import impl
 from katas._runtime.clock import ManualClock
 from katas._runtime.todo import Todo
 from katas.dynamic_batcher.api import (
+    Completion,
     Delivery,
     FinishReason,
     Overloaded,
     ReplicaError,
     ReplicaLink,
     Request,
+    StreamRouter,
 )
 
 from . import workload
@@ -234,7 +237,7 @@ class RoundRobin:
 class Relay:
     """One replica's completion as a client's token stream."""
 
-    def __init__(self, completion: Any) -> None:
+    def __init__(self, completion: Completion) -> None:
         self._completion = completion
 
     def __aiter__(self) -> Relay:
@@ -315,8 +318,10 @@ async def _load_run(
             for r in requests:
                 clients.start_soon(client, r)
             while len(ended) < len(requests):
-                if fleet.clock.now_ns() - T0 > WITHIN_NS:
-                    raise AssertionError(f"{name}: the workload did not end in {WITHIN_NS} ns")
+                check(
+                    fleet.clock.now_ns() - T0 <= WITHIN_NS,
+                    f"{name}: the workload did not end in {WITHIN_NS} ns",
+                )
                 await fleet.time.advance(STEP_NS)
                 samples.append((fleet.clock.now_ns() - T0, dict(fleet.meter.loads)))
         stats = router.statistics() if hasattr(router, "statistics") else None
@@ -432,8 +437,9 @@ def load_runs(selection: impl.Selection, setup: LoadSetup = LoadSetup()) -> dict
     def round_robin(links: list[MeteredLink], clock: ManualClock) -> RoundRobin:
         return RoundRobin(links)
 
-    def router(links: list[MeteredLink], clock: ManualClock) -> Any:
-        return stage3.Router(links, clock=clock, block_size=4, **ROUTER_SETTINGS)
+    def router(links: list[MeteredLink], clock: ManualClock) -> StreamRouter:
+        mine: StreamRouter = stage3.Router(links, clock=clock, block_size=4, **ROUTER_SETTINGS)
+        return mine
 
     async def both() -> dict[str, LoadRun]:
         # the Router's run first: a stub Router is named even when stage 2 is one too

@@ -67,11 +67,11 @@ def reports(selection: impl.Selection, c: Comparison = COMPARISON) -> dict[str, 
 
 
 def occupancy_note(found: Mapping[str, Report], width: int = 72) -> str:
-    """What the occupancy figures are, against §continuous-wins's 90%: one sentence."""
+    """What the occupancy figures are, against the continuous-wins rule's 90%: one sentence."""
     waiting = ", ".join(f"{name} {r.occupancy_while_queued:.0%}" for name, r in found.items())
     return textwrap.fill(
         "Occupancy is running requests / slots, averaged over every step, the drain at the "
-        "end included; the 90% bar (§continuous-wins) counts only the steps with a request "
+        "end included; the 90% bar (rule continuous-wins) counts only the steps with a request "
         f"waiting (here {waiting}), because only then is an idle slot the batcher's own "
         "waste.",
         width,

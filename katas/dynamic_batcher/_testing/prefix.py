@@ -9,7 +9,9 @@ generates, and ``reference_outputs`` is what each request generates alone. A req
 hits are read from what a step schedules: the tokens served from the cache are not
 computed. A :class:`Run` checks after every step what holds whatever the cache did (the
 caps, the block counts, the conservation of blocks); :class:`PrefixRules`, written from
-the rules alone (it never reads the batcher's internals), says what every step must do.
+the rules alone (it never reads the batcher's internals), says what every step must do
+(:mod:`.prefix_machine` compares the two). The seed, the vocabulary, the step clock and
+``unbatched`` are stage 1's (:mod:`.trace`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,11 @@ from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from katas._harness.story import check
 from katas._harness.under_test import stage
-from katas.dynamic_batcher._testing.model import (
-    FakeModel,
-    reference_generation,
-    reference_outputs,
-)
+from katas.dynamic_batcher._testing.model import FakeModel, reference_outputs
 from katas.dynamic_batcher.api import (
+    CachingBatcher,
     FinishReason,
     Policy,
     PrefixCacheStatistics,
@@ -32,44 +32,28 @@ from katas.dynamic_batcher.api import (
     StepOutput,
 )
 
-VOCAB = 1000
-SEED = 7
-TICK_NS = 1_000_000  # the now_ns of step n is n * TICK_NS
+from .rules import Step
+from .trace import SEED, STEP_NS, VOCAB, ceil_div
 
 
 def prefix_model(num_blocks: int = 16, block_size: int = 4) -> FakeModel:
     return FakeModel(VOCAB, SEED, num_blocks, block_size, shared_reads=True)
 
 
-def prefix_batcher(m: FakeModel, **options: Any) -> Any:
+def prefix_batcher(m: FakeModel, **options: Any) -> CachingBatcher:
+    """The learner's ``PrefixCachingBatcher`` over ``m``'s pool (4 seqs, 16 tokens unless
+    told)."""
     options.setdefault("max_num_seqs", 4)
     options.setdefault("max_num_batched_tokens", 16)
-    return stage().PrefixCachingBatcher(
+    b: CachingBatcher = stage().PrefixCachingBatcher(
         m, num_blocks=m.num_blocks, block_size=m.block_size, **options
     )
+    return b
 
 
 def toks(first: int, n: int) -> tuple[int, ...]:
     """``n`` tokens of their own: ``first``, ``first + 1``, …"""
     return tuple(range(first, first + n))
-
-
-def unbatched(r: Request, block_size: int) -> tuple[int, ...]:
-    """The tokens ``r`` generates alone (its stop tokens and max_new_tokens)."""
-    return reference_generation(
-        r.prompt, r.max_new_tokens, r.stop_tokens, vocab_size=VOCAB, seed=SEED,
-        block_size=block_size,
-    )  # fmt: skip
-
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def expect(ok: bool, message: str) -> None:
-    """Fail with ``message`` alone (an ``assert`` would add pytest's diff of the same)."""
-    if not ok:
-        raise AssertionError(message)
 
 
 @dataclass
@@ -81,7 +65,7 @@ class Run:
     lookups, queried tokens and hits. A request's hit is read off its admission step: it
     holds ``hit / block_size`` blocks more than its chunk needs."""
 
-    b: Any
+    b: CachingBatcher
     m: FakeModel
     max_num_seqs: int
     budget: int
@@ -120,26 +104,26 @@ class Run:
         n = len(self.outputs) + 1
         running, waiting = list(self.b.running()), list(self.b.waiting())
         known = {rid: self.known(rid) for rid in running + waiting}
-        out: StepOutput = self.b.step(n * TICK_NS)
+        out: StepOutput = self.b.step(n * STEP_NS)
         self.outputs.append(out)
         where = f"step {n} (scheduled {dict(out.scheduled)}, preempted {list(out.preempted)})"
-        expect(
+        check(
             out.scheduled_tokens <= self.budget and len(out.scheduled) <= self.max_num_seqs,
-            f"§prefix-stage1 (§caps): {where}: {out.scheduled_tokens} tokens for "
+            f"prefix-stage1 (caps): {where}: {out.scheduled_tokens} tokens for "
             f"{len(out.scheduled)} requests, over max_num_batched_tokens={self.budget} or "
             f"max_num_seqs={self.max_num_seqs}",
         )
         order = list(out.scheduled)
         admitted = [rid for rid in order if rid not in running]
-        expect(
+        check(
             order == [rid for rid in order if rid in running] + admitted
             and admitted == [rid for rid in waiting if rid in admitted],
-            f"§prefix-stage1 (§running-first): {where}: the running requests {running} come "
+            f"prefix-stage1 (running-first): {where}: the running requests {running} come "
             f"first, in admission order, then the waiting ones {waiting} in theirs",
         )
-        expect(
+        check(
             not (out.preempted and admitted),
-            f"§prefix-stage1 (§preemption): {where}: a step that preempted admits nobody, "
+            f"prefix-stage1 (preemption): {where}: a step that preempted admits nobody, "
             f"yet {admitted} were admitted",
         )
         for rid in out.preempted:
@@ -157,9 +141,9 @@ class Run:
                 unread = unread or hit is None
                 if hit is not None:
                     limit = (known[rid] - 1) // self.bs * self.bs
-                    expect(
+                    check(
                         0 <= hit <= limit,
-                        f"§prefix-last-token: {where}: {rid} (known {known[rid]} tokens) was "
+                        f"prefix-last-token: {where}: {rid} (known {known[rid]} tokens) was "
                         f"admitted computing {count} and holds {held} blocks of {self.bs}, "
                         f"so {hit} tokens came from the cache; that must be 0 to {limit}: "
                         "whole blocks, never the block of its last known token",
@@ -170,23 +154,23 @@ class Run:
             self.in_kv[rid] = start + count
             written[rid] = range(start // self.bs, ceil_div(start + count, self.bs))
         for rid, tokens in out.tokens.items():
-            expect(rid not in self.finished, f"§finish: {where}: {rid} emitted after it finished")
+            check(rid not in self.finished, f"finish: {where}: {rid} emitted after it finished")
             self.streamed.setdefault(rid, []).extend(tokens)
         for rid, reason in out.finished.items():
-            expect(rid not in self.finished, f"§finish: {where}: {rid} finished twice")
+            check(rid not in self.finished, f"finish: {where}: {rid} finished twice")
             self.finished[rid] = reason
             self.in_kv[rid] = 0
         stats: PrefixCacheStatistics = self.b.cache_statistics()
-        expect(
+        check(
             (stats.lookups, stats.queried_tokens) == (self.lookups, self.queried),
-            f"§prefix-statistics: after {where}: {self.lookups} admissions so far, which "
+            f"prefix-statistics: after {where}: {self.lookups} admissions so far, which "
             f"queried {self.queried} known tokens; cache_statistics() says {stats}",
         )
         step_hits = stats.hit_tokens - self.hit_tokens
         self.hit_tokens = stats.hit_tokens
-        expect(
+        check(
             step_hits == fresh or (step_hits > fresh and unread),
-            f"§prefix-statistics: {where}: the requests admitted were served {fresh} tokens "
+            f"prefix-statistics: {where}: the requests admitted were served {fresh} tokens "
             f"from the cache (read off their blocks), but hit_tokens grew by {step_hits}",
         )
         self.check_blocks(where, written)
@@ -197,31 +181,31 @@ class Run:
         holders: dict[int, list[str]] = {}
         for rid, blocks in tables.items():
             want = ceil_div(self.in_kv.get(rid, 0), self.bs)
-            expect(
+            check(
                 len(blocks) == want,
-                f"§prefix-stage1 (§blocks): after {where}: {rid} has {self.in_kv.get(rid, 0)} "
+                f"prefix-stage1 (blocks): after {where}: {rid} has {self.in_kv.get(rid, 0)} "
                 f"tokens in KV (those served from the cache included), so it holds "
                 f"ceil(…/{self.bs}) = {want} blocks; it holds {list(blocks)}",
             )
-            expect(
+            check(
                 len(set(blocks)) == len(blocks),
-                f"§prefix-refcount: after {where}: {rid} holds a block twice: {list(blocks)}",
+                f"prefix-refcount: after {where}: {rid} holds a block twice: {list(blocks)}",
             )
             for block in blocks:
                 holders.setdefault(block, []).append(rid)
         free = self.b.free_blocks()
-        expect(
+        check(
             len(holders) + free == self.m.num_blocks,
-            f"§prefix-refcount: after {where}: {len(holders)} blocks are held and "
+            f"prefix-refcount: after {where}: {len(holders)} blocks are held and "
             f"free_blocks() says {free}: held + free must be num_blocks="
             f"{self.m.num_blocks} (a shared block is held once however many share it; a "
             "cached block nobody holds is free). Held: "
             f"{ {rid: list(t) for rid, t in tables.items() if t} }",
         )
         stats = self.b.cache_statistics()
-        expect(
+        check(
             0 <= stats.cached_blocks <= self.m.num_blocks,
-            f"§prefix-statistics: {stats.cached_blocks} cached blocks in a pool of "
+            f"prefix-statistics: {stats.cached_blocks} cached blocks in a pool of "
             f"{self.m.num_blocks}",
         )
         for block, rids in holders.items():
@@ -229,15 +213,15 @@ class Run:
                 continue
             for rid in rids:
                 index = tables[rid].index(block)
-                expect(
+                check(
                     index < self.in_kv.get(rid, 0) // self.bs,
-                    f"§prefix-no-shared-writes: after {where}: block {block} is shared by "
+                    f"prefix-no-shared-writes: after {where}: block {block} is shared by "
                     f"{rids}, but it is {rid}'s block {index}, which is not full ({rid} has "
                     f"{self.in_kv.get(rid, 0)} tokens in KV): only full blocks are shared",
                 )
-                expect(
+                check(
                     written is None or index not in written.get(rid, range(0)),
-                    f"§prefix-no-shared-writes: after {where}: {rid} wrote its block {index} "
+                    f"prefix-no-shared-writes: after {where}: {rid} wrote its block {index} "
                     f"(block {block}) in this step, and {[r for r in rids if r != rid]} "
                     "share it already: a block is cached only after the step that fills it",
                 )
@@ -259,7 +243,7 @@ class Run:
                 self.abort(rid)
             if n > last and not self.b.has_unfinished():
                 return
-            expect(
+            check(
                 n <= max_steps,
                 f"liveness: unfinished after {max_steps} steps: running "
                 f"{self.b.running()}, waiting {self.b.waiting()}",
@@ -279,9 +263,9 @@ class Run:
             if self.finished.get(rid) not in ("stop", "length"):
                 continue
             want, got = alone[rid], tuple(self.streamed.get(rid, ()))
-            expect(
+            check(
                 got == want,
-                f"§prefix-transparency: {rid} streamed {list(got)}, but alone it generates "
+                f"prefix-transparency: {rid} streamed {list(got)}, but alone it generates "
                 f"{list(want)}: the model reads every token back from the blocks you name, "
                 "so a shared block freed, evicted or written while in use changes it\n"
                 f"{self.rows()}",
@@ -326,11 +310,6 @@ class Seq:
     @property
     def known(self) -> int:
         return len(self.request.prompt) + self.emitted
-
-
-Step = tuple[
-    list[tuple[str, int]], tuple[str, ...], dict[str, tuple[int, ...]], dict[str, FinishReason]
-]
 
 
 class PrefixRules:
@@ -489,7 +468,7 @@ class PrefixRules:
             if s.emitted == len(s.output):
                 self._drop(rid)
                 finished[rid] = "stop" if token in s.request.stop_tokens else "length"
-        return list(plan.items()), tuple(preempted), tokens, finished
+        return Step(list(plan.items()), tuple(preempted), tokens, finished)
 
 
 def shape(tables: Mapping[str, Sequence[Hashable]]) -> dict[str, list[int]]:

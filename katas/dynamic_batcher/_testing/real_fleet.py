@@ -15,10 +15,11 @@ import anyio.abc
 from katas._harness.under_test import stage
 from katas._registry import impl
 from katas._runtime.clock import NS_PER_MS, NS_PER_S, MonotonicClock
-from katas.dynamic_batcher.api import Request
+from katas.dynamic_batcher.api import ReplicaLink, Request, StreamRouter
 
 from . import replica
 from .engine import Reader
+from .fleet import RouterUnderTest
 from .model import reference_outputs
 
 #: A real step: long enough for the router to act between two tokens on a loaded machine.
@@ -26,7 +27,7 @@ REAL_STEP_US = 2_000
 REAL_DEADLINE_S = 30.0
 
 
-def real_router(links: list[Any], **options: Any) -> Any:
+def real_router(links: Sequence[ReplicaLink], **options: Any) -> RouterUnderTest:
     settings: dict[str, Any] = {
         "clock": MonotonicClock(),
         "block_size": replica.BLOCK_SIZE,
@@ -37,7 +38,8 @@ def real_router(links: list[Any], **options: Any) -> Any:
         "probe_timeout_ns": 200 * NS_PER_MS,
     }
     settings.update(options)
-    return stage().Router(links, **settings)
+    router: RouterUnderTest = stage().Router(links, **settings)
+    return router
 
 
 @contextlib.contextmanager
@@ -64,7 +66,9 @@ def real_expected(requests: Sequence[Request]) -> dict[str, tuple[int, ...]]:
     return reference_outputs(requests, replica.model())
 
 
-def start_real(router: Any, requests: Sequence[Request], tg: Any) -> dict[str, Reader]:
+def start_real(
+    router: StreamRouter, requests: Sequence[Request], tg: anyio.abc.TaskGroup | None
+) -> dict[str, Reader]:
     readers = {r.rid: Reader(router.generate(r), MonotonicClock()) for r in requests}
     if tg is not None:
         for reader in readers.values():

@@ -62,8 +62,10 @@ from katas._harness.http_replica import head, serve_one, stream_head
 from katas._registry import impl
 from katas._runtime.clock import NS_PER_S, NS_PER_US, MonotonicClock
 from katas.dynamic_batcher.api import (
+    Engine,
     EngineClosed,
     Overloaded,
+    PagedBatcher,
     ReaderStalled,
     Request,
     StepOutput,
@@ -157,8 +159,8 @@ class Counts:
 class Server:
     """The HTTP side of one replica: its engine, its batcher, its counts."""
 
-    engine: Any  # the implementation's AsyncEngine
-    batcher: Any  # the batcher under it
+    engine: Engine  # the implementation's AsyncEngine
+    batcher: PagedBatcher  # the batcher under it
     counts: Counts = field(default_factory=Counts)
 
     async def handle(self, stream: anyio.abc.SocketStream) -> None:
@@ -357,7 +359,9 @@ def _options(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _batcher(selection: impl.Selection, options: argparse.Namespace) -> tuple[Any, ModuleType]:
+def _batcher(
+    selection: impl.Selection, options: argparse.Namespace
+) -> tuple[PagedBatcher, ModuleType]:
     """The implementation's batcher over the replica's model, and its stage-2 module."""
     top = max(2, options.suite_stage)
     stage2 = selection.stage(KATA, 2, top=top)
@@ -366,7 +370,7 @@ def _batcher(selection: impl.Selection, options: argparse.Namespace) -> tuple[An
         if options.batcher == "prefix"
         else selection.stage(KATA, 1, top=top).ContinuousBatcher
     )
-    batcher = kind(
+    batcher: PagedBatcher = kind(
         model(options.vocab, options.seed, options.num_blocks, options.block_size),
         max_num_seqs=options.max_num_seqs,
         max_num_batched_tokens=options.max_num_batched_tokens,
@@ -383,7 +387,7 @@ async def _main(selection: impl.Selection, options: argparse.Namespace) -> None:
     def step_time_ns(out: StepOutput) -> int:
         return step_ns
 
-    engine = stage2.AsyncEngine(
+    engine: Engine = stage2.AsyncEngine(
         batcher,
         clock=MonotonicClock(),
         step_time_ns=step_time_ns,

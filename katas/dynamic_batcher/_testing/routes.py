@@ -11,13 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import hypothesis.stateful as stateful
 from hypothesis import strategies as st
 
 from katas._harness.under_test import stage
-from katas.dynamic_batcher.api import Route, block_hash
+from katas.dynamic_batcher.api import Route, RoutingPolicy, block_hash
 
 BLOCK = 4
 
@@ -142,9 +141,9 @@ def replica_set(
     balance_rel: float = 1.5,
     affinity_threshold: float = 0.5,
     history_blocks: int = 1_000,
-) -> Any:
+) -> RoutingPolicy:
     """The learner's ``ReplicaSet`` (the suite's defaults: guard and history out of the way)."""
-    return stage().ReplicaSet(
+    rs: RoutingPolicy = stage().ReplicaSet(
         list(names),
         block_size=block_size,
         balance_abs_tokens=balance_abs_tokens,
@@ -152,6 +151,7 @@ def replica_set(
         affinity_threshold=affinity_threshold,
         history_blocks=history_blocks,
     )
+    return rs
 
 
 class RoutesMachine(stateful.RuleBasedStateMachine):
@@ -161,7 +161,7 @@ class RoutesMachine(stateful.RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.rs: Any = None
+        self.rs: RoutingPolicy  # from build()
         self.model: RoutesModel | None = None
         self.steps: list[str] = []
         self.next_rid = 0

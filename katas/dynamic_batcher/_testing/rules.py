@@ -12,12 +12,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from katas.dynamic_batcher.api import FinishReason, Policy, Request
+from katas.dynamic_batcher.api import FinishReason, Policy, Request, StepOutput
 
-Step = tuple[
-    list[tuple[str, int]], tuple[str, ...], dict[str, tuple[int, ...]], dict[str, FinishReason]
-]
+
+class Step(NamedTuple):
+    """What one step does, as a model says it (and, by :func:`step_of`, as a batcher's
+    ``StepOutput`` says it), so a failure names the parts that differ."""
+
+    scheduled: list[tuple[str, int]]  # in scheduling order
+    preempted: tuple[str, ...]
+    emitted: dict[str, tuple[int, ...]]
+    finished: dict[str, FinishReason]
+
+
+def step_of(out: StepOutput) -> Step:
+    """A batcher's step, as the models say one."""
+    return Step(list(out.scheduled.items()), tuple(out.preempted), dict(out.tokens),
+                dict(out.finished))  # fmt: skip
 
 
 @dataclass
@@ -139,7 +152,7 @@ class BatchingRules:
             if s.emitted == len(s.output):
                 self._drop(rid)
                 finished[rid] = "stop" if token in s.request.stop_tokens else "length"
-        return list(plan.items()), tuple(preempted), tokens, finished
+        return Step(list(plan.items()), tuple(preempted), tokens, finished)
 
     def _take(self, s: _State, n: int) -> None:
         more = self._blocks_for(s.computed + n) - s.blocks
@@ -163,4 +176,4 @@ class BatchingRules:
             self.waiting.insert(0, rid)
 
 
-__all__ = ["BatchingRules"]
+__all__ = ["BatchingRules", "Step", "step_of"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from katas._harness.story import check, expect
 from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher.api import Batcher, FinishReason, Request, RequestMetrics
 
@@ -163,37 +164,36 @@ def simulate(
             outputs[request.rid] = []
             nxt += 1
         if not batcher.has_unfinished():
-            if unfinished:
-                raise AssertionError(
-                    f"simulate: the batcher has nothing unfinished at {now} ns, but "
-                    f"{_few(unfinished)} were submitted and never reported finished"
-                )
+            check(
+                not unfinished,
+                f"simulate: the batcher has nothing unfinished at {now} ns, but "
+                f"{_few(unfinished)} were submitted and never reported finished",
+            )
             if nxt == len(arrivals):
                 break
             now = arrivals[nxt].arrival_ns  # idle: jump to the next arrival
             continue
-        if not unfinished:
-            raise AssertionError(
-                f"simulate: every submitted request was reported finished, yet the "
-                f"batcher's has_unfinished() is still True at {now} ns (a finished "
-                "request left running?)"
-            )
-        if len(series) >= max_steps:
-            raise AssertionError(
-                f"simulate: liveness — {len(series)} steps (max_steps) and "
-                f"{len(unfinished)} requests still unfinished at {now} ns: "
-                f"{_few(unfinished)}; every request must finish in a bounded number of steps"
-            )
+        check(
+            unfinished,
+            f"simulate: every submitted request was reported finished, yet the batcher's "
+            f"has_unfinished() is still True at {now} ns (a finished request left running?)",
+        )
+        check(
+            len(series) < max_steps,
+            f"simulate: liveness — {len(series)} steps (max_steps) and "
+            f"{len(unfinished)} requests still unfinished at {now} ns: "
+            f"{_few(unfinished)}; every request must finish in a bounded number of steps",
+        )
 
         out = batcher.step(now)
-        if out.now_ns != now:
-            raise AssertionError(f"simulate: step({now}) returned now_ns={out.now_ns}")
-        for rid in (*out.scheduled, *out.tokens, *out.finished, *out.preempted):
-            if rid not in unfinished:
-                state = "already finished" if rid in finished_at else "never submitted"
-                raise AssertionError(
-                    f"simulate: step at {now} ns reports request {rid!r}, which is {state}"
-                )
+        expect(out.now_ns, now, f"simulate: step({now}) returned another now_ns")
+        stray = [r for r in (*out.scheduled, *out.tokens, *out.finished, *out.preempted)
+                 if r not in unfinished]  # fmt: skip
+        check(
+            not stray,
+            f"simulate: step at {now} ns reports requests {stray}, already finished "
+            f"({[r for r in stray if r in finished_at]}) or never submitted",
+        )
         prefill, decodes = work_of(out)
         running = sum(1 for n in out.scheduled.values() if n > 0)
         for rid, tokens in out.tokens.items():
