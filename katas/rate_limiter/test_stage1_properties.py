@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize
 
 from katas._harness.story import Story, check, expect
 from katas._harness.under_test import stage
@@ -28,12 +28,14 @@ from katas.rate_limiter._testing.limiters import (
     ALGOS,
     BOUNDARY_RUNS,
     KEYS,
+    OPERATIONS,
     S_,
     START_NS,
     Algo,
     D,
     Op,
     Setup,
+    Traffic,
     admit_all,
     by_algo,
     check_against_model,
@@ -782,8 +784,13 @@ def test_stage1_multi_limiter_is_all_or_nothing(
 # --------------------------------------------------------------------------------------
 
 
+@OPERATIONS.machine(every_step={"tracked": Op("tracked")})
 class LimiterMachine(RuleBasedStateMachine):
-    """A limiter and its exact model under random operations, compared at every step."""
+    """A limiter and its exact model under random operations, compared at every step.
+
+    Its rules are derived from :data:`OPERATIONS`, one a kind of ``Op``, each drawing
+    its operation as the differential tests' lists do; ``tracked`` is checked after every
+    step (``tests/test_model_drivers.py`` checks that no kind goes unwalked)."""
 
     algo: Algo = "token_bucket"
 
@@ -801,43 +808,12 @@ class LimiterMachine(RuleBasedStateMachine):
             f"{self.setup} (auto_sweep={not self.steps_back}):", self.clock.now_ns, START_NS
         )
 
-    @rule(key=st.sampled_from(KEYS), cost=st.integers(1, 7))
-    def acquire(self, key: str, cost: int) -> None:
-        self.check(Op("acquire", key, cost))
+    def draws(self) -> Traffic:
+        """This limiter's operations: a step back only if its clock may (else a sweep)."""
+        return Traffic(self.setup, steps_back=self.steps_back)
 
-    @rule(key=st.sampled_from(KEYS), cost=st.integers(1, 7))
-    def peek(self, key: str, cost: int) -> None:
-        self.check(Op("peek", key, cost))
-
-    @rule(key=st.sampled_from(KEYS), cost=st.integers(1, 8))
-    def refund(self, key: str, cost: int) -> None:
-        self.check(Op("refund", key, cost))
-
-    @rule(key=st.sampled_from(KEYS))
-    def reset(self, key: str) -> None:
-        self.check(Op("reset", key))
-
-    @rule(data=st.data())
-    def advance(self, data: st.DataObject) -> None:
-        self.check(Op("advance", n=data.draw(durations(self.setup))))
-
-    @precondition(lambda self: self.steps_back)
-    @rule(data=st.data())
-    def step_back(self, data: st.DataObject) -> None:
-        self.check(Op("back", n=data.draw(durations(self.setup))))
-
-    @precondition(lambda self: not self.steps_back)  # see operations()
-    @rule()
-    def sweep(self) -> None:
-        self.check(Op("sweep"))
-
-    @invariant()
-    def tracked_keys_match(self) -> None:
-        self.check(Op("tracked"))
-
-    def check(self, op: Op) -> None:
+    def apply(self, op: Op) -> None:
         """Run one operation on both; on a mismatch show the whole sequence so far."""
-        __tracebackhide__ = True
         run_against_model(self.limiter, self.model, self.clock, [op], story=self.story)
 
 
@@ -860,16 +836,11 @@ MACHINE_RULES = (
 
 
 def boundary_walk(algo: Algo) -> Walk:
-    """The limiter's :data:`BOUNDARY_RUNS` entry as the machine's steps."""
+    """The limiter's :data:`BOUNDARY_RUNS` entry as the machine's steps (its ``tracked``
+    left to the machine, which checks it after every step)."""
     setup, ops = BOUNDARY_RUNS[algo]
-    walk: list[Step] = [("build", {"data": Drawn(setup, False)})]  # the clock never steps back
-    for op in ops:
-        if op.kind == "advance":
-            walk.append(("advance", {"data": Drawn(op.n)}))
-        elif op.kind in ("acquire", "peek", "refund"):
-            walk.append((op.kind, {"key": op.key, "cost": op.n}))
-        # "tracked" is the machine's invariant, checked after every step anyway
-    return walk
+    build: Step = ("build", {"data": Drawn(setup, False)})  # the clock never steps back
+    return [build, *OPERATIONS.walk(LimiterMachine, ops)]
 
 
 def model_test(machine: type[LimiterMachine]) -> type[Any]:

@@ -49,6 +49,7 @@ from hypothesis.stateful import (
 )
 from redis.crc import key_slot
 
+from katas._harness.machines import machine_only
 from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv
 from katas._harness.story import check, expect
@@ -58,8 +59,10 @@ from katas.rate_limiter._testing.nodes import (
     ALGORITHMS,
     KEYS,
     NODES,
+    OPERATIONS,
     Call,
     LeaseModel,
+    Limits,
     Op,
     Record,
     ServerModel,
@@ -581,8 +584,13 @@ def test_stage3_each_decision_is_one_round_trip(
 # --------------------------------------------------------------------------- stateful
 
 
+@OPERATIONS.machine()
 class RedisLimiterMachine(RuleBasedStateMachine):
-    """Several nodes, keys, peeks, time passing and script flushes against one model."""
+    """Several nodes, keys, peeks, time passing and script flushes against one model.
+
+    Its rules are derived from :data:`OPERATIONS`, one a call, each drawing its operation
+    (server time passing first) as the scenarios' lists do; ``script_flush`` is its own
+    (``tests/test_model_drivers.py`` checks that no call goes unwalked)."""
 
     stage: ModuleType  # bound by the _bind_stage fixture
 
@@ -604,14 +612,25 @@ class RedisLimiterMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         self.env.close()
 
-    def _check(self, node: int, key: str, cost: int, acquire: bool) -> None:
-        limiter = self.nodes[node]
-        d = limiter.try_acquire(key, cost) if acquire else limiter.peek(key, cost)
-        self.log.append(f"node{node}.{'try_acquire' if acquire else 'peek'}({key!r}, {cost})")
+    def draws(self) -> Limits:
+        """The scenarios' operations, on this machine's limit and window."""
+        return Limits(self.limit, self.window_us)
+
+    def apply(self, op: Op) -> None:
+        """Run one operation as a scenario runs it; a decision must be the model's at once,
+        a refund is given to the model just before the key's next decision."""
+        if op.gap_us and self.env.time_is_controlled:
+            self.log.append(f"pass {op.gap_us} µs")
+        (record,) = run_stream(self.env, self.nodes, [op])
+        self.log.append(f"node{op.node}.{op.call}({op.key!r}, {op.cost})")
+        d = record.decision
+        if d is None:
+            self.refunds.setdefault(op.key, []).append(op.cost)
+            return
         assert isinstance(d, StampedDecision), d
-        for back in self.refunds.pop(key, []):  # at this decision's time: the same outcome
-            self.model.refund(key, back, d.server_time_us)
-        want = self.model.decide(key, cost, d.server_time_us, commit=acquire)
+        for back in self.refunds.pop(op.key, []):  # at this decision's time: the same outcome
+            self.model.refund(op.key, back, d.server_time_us)
+        want = self.model.decide(op.key, op.cost, d.server_time_us, commit=op.call == "try_acquire")
         expect(
             plain(d),
             want,
@@ -619,26 +638,7 @@ class RedisLimiterMachine(RuleBasedStateMachine):
             f"limiter would, after {self.log[-10:]}",
         )
 
-    @rule(node=st.integers(0, NODES - 1), key=st.sampled_from(KEYS), cost=st.integers(1, 4))
-    def try_acquire(self, node: int, key: str, cost: int) -> None:
-        self._check(node, key, cost, True)
-
-    @rule(node=st.integers(0, NODES - 1), key=st.sampled_from(KEYS), cost=st.integers(1, 4))
-    def peek(self, node: int, key: str, cost: int) -> None:
-        self._check(node, key, cost, False)
-
-    @rule(node=st.integers(0, NODES - 1), key=st.sampled_from(KEYS), cost=st.integers(1, 4))
-    def refund(self, node: int, key: str, cost: int) -> None:
-        self.nodes[node].refund(key, cost)
-        self.refunds.setdefault(key, []).append(cost)
-        self.log.append(f"node{node}.refund({key!r}, {cost})")
-
-    @precondition(lambda self: self.env.time_is_controlled)
-    @rule(us=st.sampled_from([1, 999, 10_000, 13_333, 40_000, 100_000]))
-    def pass_time(self, us: int) -> None:
-        self.env.pass_time(us * 1000)
-        self.log.append(f"pass {us} µs")
-
+    @machine_only("a fault: the scenarios run with Redis up and its scripts loaded")
     @precondition(lambda self: self.env.server().can_fault)
     @rule()
     def script_flush(self) -> None:
@@ -662,13 +662,18 @@ def _bind_stage(stage_module: ModuleType) -> None:
 SAME_INSTANT_WALKS: dict[str, Walk] = {
     algorithm: [
         ("start", {"algorithm": algorithm}),
-        ("try_acquire", {"node": 0, "key": KEYS[0], "cost": 2}),
-        ("try_acquire", {"node": 1, "key": KEYS[0], "cost": 1}),
-        ("peek", {"node": 1, "key": KEYS[0], "cost": 1}),
-        ("try_acquire", {"node": 0, "key": KEYS[0], "cost": 1}),
-        ("refund", {"node": 1, "key": KEYS[0], "cost": 1}),
-        ("try_acquire", {"node": 0, "key": KEYS[0], "cost": 1}),
-        ("try_acquire", {"node": 1, "key": KEYS[0], "cost": 1}),
+        *OPERATIONS.walk(
+            RedisLimiterMachine,
+            [
+                Op(0, KEYS[0], 2),
+                Op(1, KEYS[0], 1),
+                Op(1, KEYS[0], 1, "peek"),
+                Op(0, KEYS[0], 1),
+                Op(1, KEYS[0], 1, "refund"),
+                Op(0, KEYS[0], 1),
+                Op(1, KEYS[0], 1),
+            ],
+        ),
     ]
     for algorithm in ALGORITHMS
 }

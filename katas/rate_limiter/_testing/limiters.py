@@ -1,6 +1,8 @@
 """Driving a stage-1 limiter beside its exact model: the configurations (``Setup``), the
-operations hypothesis draws (``Op``), the run that compares every Decision, and the fixed
-run per limiter (``BOUNDARY_RUNS``) every comparison makes before its drawn ones."""
+operations hypothesis draws (``Op``, declared once in ``OPERATIONS``: the differential
+tests' lists and the state machine's rules are both drawn from it), the run that compares
+every Decision, and the fixed run per limiter (``BOUNDARY_RUNS``) every comparison makes
+before its drawn ones."""
 
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 from types import ModuleType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, assert_never, get_args
 
 import pytest
 from hypothesis import strategies as st
 
+from katas._harness.machines import Operations
 from katas._harness.story import Story
 from katas.rate_limiter._testing.models import (
     FixedWindowModel,
@@ -231,31 +234,60 @@ def durations(setup: Setup) -> st.SearchStrategy[int]:
     )
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """What the operations drawn for a limiter depend on: its configuration, whether its
+    clock may step back, and the keys (the first gets most of the traffic)."""
+
+    setup: Setup
+    steps_back: bool = False
+    keys: tuple[str, ...] = KEYS
+
+    def key(self) -> st.SearchStrategy[str]:
+        return st.sampled_from([self.keys[0], *self.keys])
+
+    def cost(self) -> st.SearchStrategy[int]:
+        return st.integers(1, self.setup.limit + 1)  # limit + 1 can never fit
+
+
+#: Every kind of operation, declared once, with how to draw one: the differential tests'
+#: lists (:func:`operations`) and ``LimiterMachine``'s rules (one a kind) are both drawn
+#: from it. A draw of n branches weighs n: acquires come thrice as often, clock moves twice.
+OPERATIONS: Operations[Traffic, Op] = Operations(
+    get_args(OpKind),
+    {
+        "acquire": lambda t: st.one_of(
+            st.builds(Op, st.just("acquire"), t.key(), t.cost()),
+            st.builds(Op, st.just("acquire"), t.key(), t.cost()),
+            st.builds(Op, st.just("acquire"), t.key(), st.just(1)),
+        ),
+        "peek": lambda t: st.builds(Op, st.just("peek"), t.key(), t.cost()),
+        "refund": lambda t: st.builds(
+            Op, st.just("refund"), t.key(), st.integers(1, t.setup.limit + 2)
+        ),
+        "advance": lambda t: st.one_of(
+            st.builds(Op, st.just("advance"), n=durations(t.setup)),
+            st.builds(Op, st.just("advance"), n=durations(t.setup)),
+        ),
+        "reset": lambda t: st.builds(Op, st.just("reset"), t.key()),
+        "tracked": lambda t: st.builds(Op, st.just("tracked")),
+        "back": lambda t: (
+            st.builds(Op, st.just("back"), n=durations(t.setup)) if t.steps_back else st.nothing()
+        ),
+        # Sweeping forgets a fresh key's stored time, which a later step back below it
+        # could reveal: with a clock that steps back, only reset() forgets keys.
+        "sweep": lambda t: st.nothing() if t.steps_back else st.builds(Op, st.just("sweep")),
+    },
+    kind_of=lambda op: op.kind,
+)
+
+
 @functools.cache  # building strategies is slow; draws from one are cheap
 def operations(
     setup: Setup, *, steps_back: bool = False, keys: tuple[str, ...] = KEYS
 ) -> st.SearchStrategy[list[Op]]:
-    key = st.sampled_from([keys[0], *keys])  # the first key gets most of the traffic
-    cost = st.integers(1, setup.limit + 1)  # limit + 1 can never fit
-    dt = durations(setup)
-    choices = [
-        st.builds(Op, st.just("acquire"), key, cost),
-        st.builds(Op, st.just("acquire"), key, cost),
-        st.builds(Op, st.just("acquire"), key, st.just(1)),
-        st.builds(Op, st.just("peek"), key, cost),
-        st.builds(Op, st.just("refund"), key, st.integers(1, setup.limit + 2)),
-        st.builds(Op, st.just("advance"), n=dt),
-        st.builds(Op, st.just("advance"), n=dt),
-        st.builds(Op, st.just("reset"), key),
-        st.builds(Op, st.just("tracked")),
-    ]
-    if steps_back:
-        choices += [st.builds(Op, st.just("back"), n=dt)] * 3
-    else:
-        # Sweeping forgets a fresh key's stored time, which a later step back below it
-        # could reveal: with a clock that steps back, only reset() forgets keys.
-        choices.append(st.builds(Op, st.just("sweep")))
-    return st.lists(st.one_of(choices), min_size=10, max_size=40)
+    """A differential test's operations: 10 to 40 drawn from :data:`OPERATIONS`."""
+    return OPERATIONS.lists(Traffic(setup, steps_back, keys), min_size=10, max_size=40)
 
 
 def run_against_model(
@@ -276,7 +308,7 @@ def run_against_model(
     story = story if story is not None else Story(title, clock.now_ns, START_NS)
     for op in ops:
         now = clock.now_ns()
-        if op.kind in ("acquire", "peek"):
+        if op.kind == "acquire" or op.kind == "peek":
             commit = op.kind == "acquire"
             got = limiter.try_acquire(op.key, op.n) if commit else limiter.peek(op.key, op.n)
             want = model.decide(op.key, op.n, now, commit=commit)
@@ -304,6 +336,8 @@ def run_against_model(
                 "a second sweep at the same instant has nothing left to forget",
                 f"sweep() returned {again}",
             )
+        elif op.kind != "tracked":  # checked below, as after every change of keys
+            assert_never(op.kind)
         if op.kind in ("tracked", "sweep", "refund", "reset"):
             story.expect(
                 limiter.tracked_keys(),
@@ -381,8 +415,10 @@ def admit_all(limiter: RateLimiter, clock: ManualClock, ops: Iterable[Op]) -> No
             clock.set(clock.now_ns() - op.n)
         elif op.kind == "sweep":
             limiter.sweep()
-        else:
+        elif op.kind == "tracked":
             limiter.tracked_keys()
+        else:
+            assert_never(op.kind)
 
 
 def state_of(limiter: RateLimiter, key: str, limit: int) -> Decision:

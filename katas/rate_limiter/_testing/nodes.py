@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import ModuleType
-from typing import Any, Literal
+from typing import Any, Literal, assert_never, get_args
 
 import redis
 from hypothesis import strategies as st
 
+from katas._harness.machines import Operations
 from katas._harness.redis import RedisEnv
 from katas._harness.story import expect
 from katas._runtime.clock import NS_PER_US
@@ -140,7 +141,7 @@ def make_nodes(
 # --- operations, streams of them, and their replay ---------------------------------------
 
 
-Call = Literal["try_acquire", "peek", "refund"]
+Call = Literal["try_acquire", "peek", "refund"]  # the kinds of OPERATIONS, below
 
 
 @dataclass(frozen=True)
@@ -166,8 +167,11 @@ def call(limiter: RedisLimiter, op: Op) -> Decision | None:
     if op.call == "refund":
         limiter.refund(op.key, op.cost)
         return None
-    method = limiter.try_acquire if op.call == "try_acquire" else limiter.peek
-    return method(op.key, op.cost)
+    if op.call == "try_acquire":
+        return limiter.try_acquire(op.key, op.cost)
+    if op.call == "peek":
+        return limiter.peek(op.key, op.cost)
+    assert_never(op.call)
 
 
 def run_stream(
@@ -270,21 +274,47 @@ def burst_from_threads(
     return records
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What the operations drawn for the nodes depend on: the limit and window they share."""
+
+    limit: int
+    window_us: int
+
+    def op(self, call: Call) -> st.SearchStrategy[Op]:
+        return st.builds(
+            Op,
+            node=st.integers(0, NODES - 1),
+            key=st.sampled_from(KEYS),
+            cost=st.integers(1, self.limit + 1),
+            call=st.just(call),
+            gap_us=st.one_of(st.just(0), st.integers(0, self.window_us * 3 // 2)),
+        )
+
+
+#: Every call a node makes, declared once, with how to draw one (server time passing
+#: before it, as its ``gap_us``): the scenarios' lists (:func:`scenarios`) and
+#: ``RedisLimiterMachine``'s rules (one a call) are both drawn from it. A draw of n
+#: branches weighs n: try_acquire comes thrice as often as a peek or a refund.
+OPERATIONS: Operations[Limits, Op] = Operations(
+    get_args(Call),
+    {
+        "try_acquire": lambda d: st.one_of(*(d.op("try_acquire") for _ in range(3))),
+        "peek": lambda d: d.op("peek"),
+        "refund": lambda d: d.op("refund"),
+    },
+    kind_of=lambda op: op.call,
+)
+
+
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[str, int, int, list[Op]]:
     """An algorithm, a limit, a window (µs) and the operations of several nodes."""
     algorithm = draw(st.sampled_from(ALGORITHMS))
     limit = draw(st.integers(1, 4))
     window_us = draw(st.sampled_from([2_000, 50_000, 2_000_000]))
-    op = st.builds(
-        Op,
-        node=st.integers(0, NODES - 1),
-        key=st.sampled_from(KEYS),
-        cost=st.integers(1, limit + 1),
-        call=st.sampled_from(["try_acquire", "try_acquire", "try_acquire", "peek", "refund"]),
-        gap_us=st.one_of(st.just(0), st.integers(0, window_us * 3 // 2)),
-    )
-    return algorithm, limit, window_us, draw(st.lists(op, min_size=1, max_size=25))
+    ops = OPERATIONS.lists(Limits(limit, window_us), min_size=1, max_size=25)
+    return algorithm, limit, window_us, draw(ops)
 
 
 # --- keys on Redis ----------------------------------------------------------------------
