@@ -5,22 +5,14 @@ without building anything.
 Each ``conform_*`` function (in ``tests/conform_<kata>.py``, one module a kata) takes an
 instance of one stage class and returns it as the Protocol that class implements, so a
 missing method, or one whose signature the Protocol's callers could not use, is a type
-error there. The tests below keep the list
-honest at run time: each function's class has every member of its Protocol, and every
-Protocol an ``api.py`` defines is implemented by at least one stub class and one
-reference class.
+error there. The tests below keep the list honest at run time: each function's class has
+every member of its Protocol, and every Protocol an ``api.py`` defines is implemented by
+at least one stub class and one reference class.
 
-Not listed, because they implement no Protocol of their ``api.py`` (their surfaces are
-their own, compared stub against reference by tests/test_surface.py):
-
-- rate_limiter: ``MultiLimiter`` (a cost per limit), ``AsyncLimiter`` (an ``async``
-  acquire, no ``peek``/``reset``), ``ConcurrencyLimiter`` and ``RedisConcurrencyLimiter``
-  (leases), ``RedisRateLimiter`` (no ``tracked_keys``/``sweep``: Redis expires the keys)
-  and ``AsyncRedisRateLimiter`` (``async``);
-- job_scheduler: the queues, pools and workers;
-- dynamic_batcher: stage 2's ``AsyncEngine`` and ``DynamicBatcher``, stage 3's
-  ``ReplicaSet`` and ``Router`` (their streams are ``api.TokenStream``s, below; the
-  router's replicas, ``api.ReplicaLink`` and ``api.Completion``, are the harness's).
+Every class a stub builds implements one. Some Protocols describe what the learner's code
+calls rather than builds — the dynamic batcher's ``Model`` (the harness's ``FakeModel``)
+and the router's replicas, ``ReplicaLink`` and ``Completion`` — and are checked against
+the harness's classes instead.
 """
 
 from __future__ import annotations
@@ -34,8 +26,10 @@ import conform_dynamic_batcher
 import conform_job_scheduler
 import conform_kv_cache
 import conform_rate_limiter
+import conform_streaming_parser
 import pytest
 
+from katas._registry.catalog import Catalog
 from katas._registry.impl import REPO_ROOT
 
 #: The modules holding the ``conform_*`` functions, one a kata.
@@ -44,6 +38,7 @@ MODULES: tuple[ModuleType, ...] = (
     conform_job_scheduler,
     conform_kv_cache,
     conform_rate_limiter,
+    conform_streaming_parser,
 )
 
 
@@ -115,4 +110,32 @@ def test_every_api_protocol_has_a_stub_and_a_reference_implementing_it(protocol:
     assert roots >= {"katas", "solutions"}, (
         f"{protocol.__module__}.{protocol.__name__}: no conform_* function for a "
         f"{'stub' if 'katas' not in roots else 'reference'} class in tests/conform_<kata>.py"
+    )
+
+
+def _stub_classes() -> list[type]:
+    """Every public class a kata's Python stub defines, errors aside: each a component
+    the learner builds."""
+    out = []
+    for kata in Catalog(REPO_ROOT / "katas").katas():
+        for stage in kata.stages:
+            if not stage.stub.endswith(".py"):
+                continue
+            stub = importlib.import_module(f"katas.{kata.name}.{stage.module}")
+            out += [
+                cls
+                for name, cls in vars(stub).items()
+                if inspect.isclass(cls)
+                and cls.__module__ == stub.__name__
+                and not name.startswith("_")
+                and not issubclass(cls, BaseException)
+            ]
+    return out
+
+
+@pytest.mark.parametrize("cls", _stub_classes(), ids=lambda c: f"{c.__module__}.{c.__name__}")
+def test_every_class_a_stub_builds_implements_a_protocol_of_its_api(cls: type) -> None:
+    assert any(c is cls for _, c, _ in CONFORMANCES), (
+        f"{cls.__module__}.{cls.__name__} implements no Protocol of its api.py: give the "
+        "component its Protocol there and conform_* functions in tests/conform_<kata>.py"
     )

@@ -6,13 +6,18 @@ it; :class:`ParseError` is input the parser refuses (a line or an event over its
 limit, a malformed chat chunk), and :class:`StreamTimeout` and :class:`EventSourceError`
 how the stages that do I/O end a stream. The chat types are what a ``chat.completion.chunk``
 stream folds into.
+
+The Protocols are what each stage builds, as its callers (and the suites) use it:
+:class:`EventParser` and :class:`ChatAssembler` (stage 1), :class:`Multiplexer` and the
+:class:`MuxedStream` it opens (stage 2), :class:`EventSource` (stage 3).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from types import TracebackType
+from typing import NamedTuple, Protocol
 
 #: The default limits: a line of 1 MiB, an event's data of 8 MiB.
 DEFAULT_MAX_LINE_BYTES = 1 << 20
@@ -122,12 +127,153 @@ class ChatCompletion:
     done: bool
 
 
+# --- what each stage builds ---------------------------------------------------------------
+
+
+class EventParser(Protocol):
+    """A sans-I/O ``text/event-stream`` parser (stage 1's ``EventStreamParser``): bytes in,
+    each event out of the ``feed`` that brought its blank line. One parser reads one
+    source across its responses: ``close()`` ends a response, the ID and the reconnection
+    time stay."""
+
+    @property
+    def last_event_id(self) -> str:
+        """The ID of the last event dispatched in full (``""`` if none): what a client
+        resuming the stream sends as ``Last-Event-ID``."""
+        ...
+
+    @property
+    def retry_ms(self) -> int | None:
+        """The reconnection time the stream last set with a valid ``retry:`` (else None)."""
+        ...
+
+    def feed(self, data: bytes) -> list[ServerSentEvent]:
+        """Parse the next chunk; return the events it completed, in order. A line or an
+        event over its limit raises :class:`ParseError`, then every later call does."""
+        ...
+
+    def close(self) -> list[ServerSentEvent]:
+        """End this response: an unterminated event is discarded, and the parser is ready
+        for the next response, keeping ``last_event_id`` and ``retry_ms``."""
+        ...
+
+
+class ChatAssembler(Protocol):
+    """Folds the events of a ``chat.completion.chunk`` stream into a
+    :class:`ChatCompletion` (stage 1's ``ChatStreamAssembler``)."""
+
+    @property
+    def done(self) -> bool:
+        """Whether ``data: [DONE]`` has ended the stream."""
+        ...
+
+    def add(self, event: ServerSentEvent) -> None:
+        """Fold one event in; a malformed chunk, an ``error`` event or a chunk after
+        ``[DONE]`` raises :class:`ParseError` and changes nothing."""
+        ...
+
+    def result(self) -> ChatCompletion:
+        """What the stream has folded into so far."""
+        ...
+
+
+class MuxedStream(Protocol):
+    """The events of one source of a :class:`Multiplexer`, for one consumer (stage 2's
+    ``EventStream``): ``async for event in stream`` gets them in order, exactly once,
+    then ``StopAsyncIteration`` — or, after the events completed before it, the error that
+    ended this stream only."""
+
+    @property
+    def name(self) -> str:
+        """The name it was opened with."""
+        ...
+
+    @property
+    def buffered(self) -> int:
+        """Events read from the source that the consumer has not taken yet."""
+        ...
+
+    @property
+    def last_event_id(self) -> str:
+        """Its parser's: the ID of the last event dispatched in full."""
+        ...
+
+    def cancel(self) -> None:
+        """End this stream now: stop reading, drop what is buffered, close the source; a
+        consumer waiting in ``__anext__`` sees its iteration end."""
+        ...
+
+    def __aiter__(self) -> MuxedStream: ...
+
+    async def __anext__(self) -> ServerSentEvent: ...
+
+
+class Multiplexer(Protocol):
+    """Reads many event streams on one loop (stage 2's ``StreamMux``):
+    ``async with mux: stream = mux.open(name, source)``. Leaving the block cancels every
+    stream and returns once none of its tasks is left."""
+
+    async def __aenter__(self) -> Multiplexer: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool: ...
+
+    def open(self, name: str, source: AsyncIterator[bytes]) -> MuxedStream:
+        """Start reading ``source`` (an async iterator of chunks) as the stream ``name``;
+        a name already open, a source that is not an async iterator or a mux already
+        left is refused."""
+        ...
+
+
+class EventSource(Protocol):
+    """Every event of one SSE endpoint, in order, exactly once, across reconnects and
+    replicas (stage 3's ``ResumableEventSource``):
+    ``async with source: async for event in source``. It ends with ``StopAsyncIteration``
+    (a 204) or raises :class:`EventSourceError` or :class:`ParseError`."""
+
+    @property
+    def last_event_id(self) -> str:
+        """The ID of the last event delivered: what a reconnection sends."""
+        ...
+
+    @property
+    def retry_ms(self) -> int:
+        """The reconnection time: the server's last valid ``retry``, else the constructor's."""
+        ...
+
+    async def __aenter__(self) -> EventSource: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None: ...
+
+    async def aclose(self) -> None:
+        """Stop: close the open response; a waiting ``__anext__`` ends at once."""
+        ...
+
+    def __aiter__(self) -> EventSource: ...
+
+    async def __anext__(self) -> ServerSentEvent: ...
+
+
 __all__ = [
     "DEFAULT_MAX_EVENT_BYTES",
     "DEFAULT_MAX_LINE_BYTES",
+    "ChatAssembler",
     "ChatCompletion",
     "Choice",
+    "EventParser",
+    "EventSource",
     "EventSourceError",
+    "Multiplexer",
+    "MuxedStream",
     "ParseError",
     "ServerSentEvent",
     "StreamTimeout",

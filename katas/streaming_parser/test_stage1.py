@@ -1,61 +1,53 @@
-"""Stage 1: the sans-I/O SSE parser and the chat-delta assembler.
+"""Stage 1: the sans-I/O SSE parser and the chat-delta assembler (see
+katas/streaming_parser/README.md, "Stage 1").
 
 Each rule of the prompt is checked at its boundary by an example — the split inside the
 CRLF, the byte past the limit — and all of them at once by a property: random bodies,
 split at random and at the awkward places, must give what the plain oracle
-(:func:`sse.interpret`) gives for the whole body.
+(:func:`~katas.streaming_parser._testing.sse.interpret`) gives for the whole body.
+
+Map (rules in brackets):
+
+- UTF-8 and the BOM [utf8, bom];
+- lines [line-ends, cr-at-once];
+- fields and dispatch [fields, dispatch, no-data, id, retry];
+- chunking and the end of a stream [no-holding, close], with the any-split property;
+- limits (extended) [limits, linear, bad-arguments];
+- the assembler (extended) [deltas, choices, tool-calls, finish, chat-errors, recorded].
+
+The drivers live in ``_testing/``: :mod:`~katas.streaming_parser._testing.parsers` (a new
+parser fed chunks, the two sides of a limit), :mod:`~katas.streaming_parser._testing.chat`
+(chunks written as a server sends them), :mod:`~katas.streaming_parser._testing.sse` (the
+oracle, bodies and splits) and :mod:`~katas.streaming_parser._testing.recorded`.
 """
 
 from __future__ import annotations
-
-import json
-import random
-import time
-from collections.abc import Callable, Sequence
-from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas.streaming_parser._testing import recorded, sse
-from katas.streaming_parser.api import (
-    DEFAULT_MAX_LINE_BYTES,
-    ChatCompletion,
-    ParseError,
-    ServerSentEvent,
+from katas.streaming_parser._testing.chat import assemble, call, chunk, delta, new_assembler
+from katas.streaming_parser._testing.parsers import (
+    CHUNKINGS,
+    accepted,
+    cpu_seconds_to_feed_a_line,
+    expect_events,
+    feeds_until_refused,
+    new_parser,
+    parse,
+    refusal,
 )
+from katas.streaming_parser.api import DEFAULT_MAX_LINE_BYTES, ParseError, ServerSentEvent
 
 pytestmark = [pytest.mark.stage(1)]
 core = pytest.mark.core
 extended = pytest.mark.extended
 
 E = ServerSentEvent
-
-
-def parser(**limits: int) -> Any:
-    return stage().EventStreamParser(**limits)
-
-
-def events_of(chunks: Sequence[bytes], **limits: int) -> list[ServerSentEvent]:
-    p = parser(**limits)
-    return [event for batch in sse.feed_all(p, chunks) for event in batch]
-
-
-def check(chunks: Sequence[bytes], expected: list[ServerSentEvent], why: str = "") -> None:
-    got = events_of(chunks)
-    assert got == expected, (
-        f"{why + ': ' if why else ''}feeding {list(chunks)!r}\n"
-        f"  expected events {expected}\n  got             {got}"
-    )
-
-
-def every_split(body: bytes) -> list[list[bytes]]:
-    """The body whole, byte by byte, and cut once at every offset."""
-    return [[body], [body[i : i + 1] for i in range(len(body))]] + [
-        [body[:i], body[i:]] for i in range(1, len(body))
-    ]
 
 
 # --- UTF-8 and the BOM --------------------------------------------------------------------
@@ -65,8 +57,8 @@ def every_split(body: bytes) -> list[list[bytes]]:
 @pytest.mark.rule("utf8")
 def test_stage1_a_character_split_between_chunks_is_one_character() -> None:
     body = "data: é€😀\n\n".encode()
-    for chunks in every_split(body):
-        check(chunks, [E(data="é€😀")], "a multi-byte character split across chunks")
+    for chunks in sse.every_split(body):
+        expect_events(chunks, [E(data="é€😀")], "a multi-byte character split across chunks")
 
 
 @core
@@ -86,25 +78,25 @@ def test_stage1_invalid_utf8_becomes_replacement_characters(raw: bytes) -> None:
     body = b"data: <" + raw + b">\n\n"
     want = [E(data="<" + raw.decode("utf-8", "replace") + ">")]
     for chunks in ([body], [body[i : i + 1] for i in range(len(body))]):
-        check(chunks, want, f"invalid UTF-8 {raw!r} (one U+FFFD per maximal invalid part)")
+        expect_events(chunks, want, f"invalid UTF-8 {raw!r} (one U+FFFD per maximal invalid part)")
 
 
 @core
 @pytest.mark.rule("bom")
 def test_stage1_one_bom_at_the_start_is_stripped_even_split() -> None:
     body = sse.BOM + b"data: a\n\n"
-    for chunks in every_split(body):
-        check(chunks, [E(data="a")], "the BOM opens the stream")
+    for chunks in sse.every_split(body):
+        expect_events(chunks, [E(data="a")], "the BOM opens the stream")
 
 
 @core
 @pytest.mark.rule("bom")
 def test_stage1_only_the_first_bom_is_stripped() -> None:
     # A second BOM is part of the first field's name ("\ufeffdata": unknown, ignored).
-    check([sse.BOM + sse.BOM + b"data: a\n\ndata: b\n\n"], [E(data="b")], "a second BOM")
+    expect_events([sse.BOM + sse.BOM + b"data: a\n\ndata: b\n\n"], [E(data="b")], "a second BOM")
     # A BOM after the start is data.
-    check([b"data: a\n\n" + sse.BOM + b"data: b\n\n"], [E(data="a")], "a BOM mid-stream")
-    check([b"data: " + sse.BOM + b"x\n\n"], [E(data="\ufeffx")], "a BOM inside a value")
+    expect_events([b"data: a\n\n" + sse.BOM + b"data: b\n\n"], [E(data="a")], "a BOM mid-stream")
+    expect_events([b"data: " + sse.BOM + b"x\n\n"], [E(data="\ufeffx")], "a BOM inside a value")
 
 
 # --- lines ----------------------------------------------------------------------------------
@@ -117,8 +109,8 @@ def test_stage1_crlf_lf_and_cr_end_lines_alike(end: bytes) -> None:
     lines = [b"event: x", b"data: a", b"data: b", b"", b"data: c", b""]
     body = end.join(lines) + end
     want = [E(event="x", data="a\nb"), E(data="c")]
-    for chunks in every_split(body):
-        check(chunks, want, f"lines ended by {end!r}")
+    for chunks in sse.every_split(body):
+        expect_events(chunks, want, f"lines ended by {end!r}")
 
 
 @core
@@ -126,18 +118,20 @@ def test_stage1_crlf_lf_and_cr_end_lines_alike(end: bytes) -> None:
 @pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1e"])
 def test_stage1_other_line_separators_are_data(char: str) -> None:
     body = f"data: a{char}b\n\n".encode()
-    check([body], [E(data=f"a{char}b")], f"{char!r} is not a line end (str.splitlines says it is)")
+    expect_events(
+        [body], [E(data=f"a{char}b")], f"{char!r} is not a line end (str.splitlines says it is)"
+    )
 
 
 @core
 @pytest.mark.rule("cr-at-once")
 def test_stage1_an_event_ending_in_cr_is_dispatched_by_the_same_feed() -> None:
-    p = parser()
-    got = p.feed(b"data: a\r\r")
-    assert got == [E(data="a")], f"feed(b'data: a\\r\\r') must dispatch at once, got {got}"
-    got = p.feed(b"\ndata: b\r\n\r\n")
-    assert got == [E(data="b")], (
-        f"the LF after the CR is that CRLF's, not a blank line: expected [b], got {got}"
+    p = new_parser()
+    expect(p.feed(b"data: a\r\r"), [E(data="a")], "feed(b'data: a\\r\\r') must dispatch at once")
+    expect(
+        p.feed(b"\ndata: b\r\n\r\n"),
+        [E(data="b")],
+        "the LF after the CR is that CRLF's, not a blank line",
     )
 
 
@@ -145,11 +139,13 @@ def test_stage1_an_event_ending_in_cr_is_dispatched_by_the_same_feed() -> None:
 @pytest.mark.rule("cr-at-once")
 def test_stage1_the_lf_of_a_crlf_split_across_chunks_is_skipped() -> None:
     # Were the LF a line of its own, it would dispatch "a" before "b" arrives.
-    check([b"data: a\r", b"\ndata: b\n\n"], [E(data="a\nb")], "CR | LF split across chunks")
-    check([b"data: a\r", b"", b"\ndata: b\n\n"], [E(data="a\nb")], "an empty chunk in between")
-    check([b"data: a\r", b"\n", b"\n"], [E(data="a")], "the LF alone, then a blank line")
+    expect_events([b"data: a\r", b"\ndata: b\n\n"], [E(data="a\nb")], "CR | LF split across chunks")
+    expect_events(
+        [b"data: a\r", b"", b"\ndata: b\n\n"], [E(data="a\nb")], "an empty chunk in between"
+    )
+    expect_events([b"data: a\r", b"\n", b"\n"], [E(data="a")], "the LF alone, then a blank line")
     # A lone CR followed by a CR is two line ends: the second one is the blank line.
-    check([b"data: a\r", b"\r"], [E(data="a")], "CR | CR")
+    expect_events([b"data: a\r", b"\r"], [E(data="a")], "CR | CR")
 
 
 # --- fields and dispatch -------------------------------------------------------------------
@@ -177,22 +173,22 @@ def test_stage1_the_lf_of_a_crlf_split_across_chunks_is_skipped() -> None:
 def test_stage1_a_line_is_a_comment_or_a_field_and_its_value(
     line: bytes, expected: list[ServerSentEvent]
 ) -> None:
-    check([line + b"\n\n"], expected, f"the line {line!r}")
+    expect_events([line + b"\n\n"], expected, f"the line {line!r}")
 
 
 @core
 @pytest.mark.rule("dispatch")
 def test_stage1_a_blank_line_dispatches_data_joined_with_lf() -> None:
-    check([b"data: a\ndata: b\n\n"], [E(data="a\nb")], "two data lines")
-    check([b"data: a\ndata:\n\n"], [E(data="a\n")], "only the last LF is removed")
-    check([b"data\ndata\n\n"], [E(data="\n")], "two empty data lines")
-    check([b"event: x\nevent: y\ndata: a\n\n"], [E(event="y", data="a")], "the last type")
-    check(
+    expect_events([b"data: a\ndata: b\n\n"], [E(data="a\nb")], "two data lines")
+    expect_events([b"data: a\ndata:\n\n"], [E(data="a\n")], "only the last LF is removed")
+    expect_events([b"data\ndata\n\n"], [E(data="\n")], "two empty data lines")
+    expect_events([b"event: x\nevent: y\ndata: a\n\n"], [E(event="y", data="a")], "the last type")
+    expect_events(
         [b"event: x\ndata: a\n\ndata: b\n\n"],
         [E(event="x", data="a"), E(data="b")],
         "the type starts over after a dispatch",
     )
-    check([b"event:\ndata: a\n\n"], [E(data="a")], "an empty type is a message")
+    expect_events([b"event:\ndata: a\n\n"], [E(data="a")], "an empty type is a message")
 
 
 @core
@@ -203,28 +199,31 @@ def test_stage1_a_blank_line_dispatches_data_joined_with_lf() -> None:
     ids=["event", "id", "retry", "comment", "unknown", "nothing"],
 )
 def test_stage1_a_block_without_data_dispatches_nothing(block: bytes) -> None:
-    check([block + b"\n"], [], f"the block {block!r} has no data line")
+    expect_events([block + b"\n"], [], f"the block {block!r} has no data line")
     # And it leaves nothing behind for the next event but its id: no type, no retry.
-    got = events_of([block + b"\ndata: a\n\n"])
-    assert [(e.event, e.data, e.retry) for e in got] == [("message", "a", None)], (
-        f"after the data-less block {block!r}, expected one message 'a' with retry None, got {got}"
+    got = parse([block + b"\ndata: a\n\n"])
+    expect(
+        [(e.event, e.data, e.retry) for e in got],
+        [("message", "a", None)],
+        f"after the data-less block {block!r}: one message 'a' with retry None (events: {got})",
     )
 
 
 @core
 @pytest.mark.rule("id")
 def test_stage1_last_event_id_moves_only_at_a_blank_line() -> None:
-    p = parser()
+    p = new_parser()
     p.feed(b"id: 1\ndata: a\n")
-    assert p.last_event_id == "", "last_event_id changed before the event's blank line arrived"
+    check(p.last_event_id == "", "last_event_id changed before the event's blank line arrived")
     got = p.feed(b"\n")
-    assert got == [E(data="a", id="1")] and p.last_event_id == "1", (
-        f"expected [a with id 1] and last_event_id '1', got {got}, {p.last_event_id!r}"
+    expect(
+        (got, p.last_event_id),
+        ([E(data="a", id="1")], "1"),
+        "the blank line dispatches a with id 1 and sets last_event_id (events, last_event_id)",
     )
-    got = p.feed(b"data: b\n\n")
-    assert got == [E(data="b", id="1")], f"a later event keeps the id: expected id 1, got {got}"
+    expect(p.feed(b"data: b\n\n"), [E(data="b", id="1")], "a later event keeps the id")
     p.feed(b"id: 2\n\n")
-    assert p.last_event_id == "2", "a block of only id: still moves last_event_id"
+    check(p.last_event_id == "2", "a block of only id: still moves last_event_id")
 
 
 @core
@@ -240,38 +239,36 @@ def test_stage1_last_event_id_moves_only_at_a_blank_line() -> None:
     ],
 )
 def test_stage1_an_id_line_sets_clears_or_is_ignored(line: bytes, expected_id: str) -> None:
-    got = events_of([b"id: 7\ndata: a\n\n" + line + b"\ndata: b\n\n"])
-    assert [e.id for e in got] == ["7", expected_id], (
-        f"after id 7, the line {line!r}: expected ids ['7', {expected_id!r}], got {got}"
-    )
+    got = parse([b"id: 7\ndata: a\n\n" + line + b"\ndata: b\n\n"])
+    expect([e.id for e in got], ["7", expected_id], f"after id 7, the line {line!r}: the ids")
 
 
 @core
 @pytest.mark.rule("id", "close")
 def test_stage1_an_unterminated_id_never_becomes_the_last_event_id() -> None:
-    p = parser()
+    p = new_parser()
     p.feed(b"id: 1\ndata: a\n\nid: 2\ndata: b\n")
     p.close()
-    assert p.last_event_id == "1", (
-        f"event 2 never completed, so a resume must ask from 1; got {p.last_event_id!r}"
-    )
-    got = p.feed(b"data: c\n\n")
-    assert got == [E(data="c", id="1")], (
-        f"the unterminated block's id 2 must not reach the next stream's events: got {got}"
+    expect(p.last_event_id, "1", "event 2 never completed, so a resume must ask from 1")
+    expect(
+        p.feed(b"data: c\n\n"),
+        [E(data="c", id="1")],
+        "the unterminated block's id 2 must not reach the next stream's events",
     )
 
 
 @core
 @pytest.mark.rule("retry")
 def test_stage1_a_valid_retry_sets_retry_ms_and_the_events_retry() -> None:
-    p = parser()
-    got = p.feed(b"retry: 3000\ndata: a\n\ndata: b\n\n")
-    assert got == [E(data="a", retry=3000), E(data="b")], (
-        f"retry belongs to its own event: expected [a retry=3000, b retry=None], got {got}"
+    p = new_parser()
+    expect(
+        p.feed(b"retry: 3000\ndata: a\n\ndata: b\n\n"),
+        [E(data="a", retry=3000), E(data="b")],
+        "retry belongs to its own event: a retry=3000, b retry=None",
     )
-    assert p.retry_ms == 3000, f"retry_ms must stay 3000, got {p.retry_ms}"
+    expect(p.retry_ms, 3000, "retry_ms must stay 3000")
     p.feed(b"retry: 0\n\n")
-    assert p.retry_ms == 0, "retry: 0 is valid"
+    expect(p.retry_ms, 0, "retry: 0 is valid")
 
 
 @core
@@ -292,11 +289,12 @@ def test_stage1_a_valid_retry_sets_retry_ms_and_the_events_retry() -> None:
     ],
 )
 def test_stage1_a_retry_that_is_not_ascii_digits_is_ignored(value: bytes) -> None:
-    p = parser()
+    p = new_parser()
     got = p.feed(b"retry: 100\n\nretry: " + value + b"\ndata: a\n\n")
-    assert got == [E(data="a")] and p.retry_ms == 100, (
-        f"retry: {value!r} must be ignored: expected [a retry=None] and retry_ms 100, "
-        f"got {got} and {p.retry_ms}"
+    expect(
+        (got, p.retry_ms),
+        ([E(data="a")], 100),
+        f"retry: {value!r} must be ignored: a with retry None, and retry_ms stays 100",
     )
 
 
@@ -307,14 +305,11 @@ def test_stage1_a_retry_that_is_not_ascii_digits_is_ignored(value: bytes) -> Non
 @pytest.mark.rule("no-holding")
 def test_stage1_each_event_comes_out_of_the_feed_that_completed_it() -> None:
     body = b"data: a\n\nid: 1\ndata: b\r\n\r\nevent: x\rdata: c\r\r" + sse.BOM + b"data: d\n\n"
-    p = parser()
+    p = new_parser()
     for i in range(len(body)):
         got = p.feed(body[i : i + 1])
         expected = sse.interpret(body[: i + 1]).events[len(sse.interpret(body[:i]).events) :]
-        assert got == expected, (
-            f"feeding byte {i} ({body[i : i + 1]!r}) after {body[:i]!r}: "
-            f"expected {expected}, got {got}"
-        )
+        expect(got, expected, f"feeding byte {i} ({body[i : i + 1]!r}) after {body[:i]!r}")
 
 
 @core
@@ -324,70 +319,59 @@ def test_stage1_any_split_gives_the_events_of_the_whole_body(data: st.DataObject
     body = data.draw(sse.bodies(), "body")
     chunks = data.draw(sse.splits(body), "chunks")
     want = sse.interpret(body)
-    p = parser()
+    p = new_parser()
     got = [event for batch in sse.feed_all(p, chunks) for event in batch]
-    assert got == want.events, f"feeding {chunks!r}\n  expected {want.events}\n  got {got}"
-    assert (p.last_event_id, p.retry_ms) == (want.last_event_id, want.retry_ms), (
-        f"feeding {chunks!r}: expected last_event_id, retry_ms = "
-        f"{want.last_event_id!r}, {want.retry_ms}, got {p.last_event_id!r}, {p.retry_ms}"
+    expect(got, want.events, f"feeding {chunks!r}")
+    expect(
+        (p.last_event_id, p.retry_ms),
+        (want.last_event_id, want.retry_ms),
+        f"feeding {chunks!r}: (last_event_id, retry_ms)",
     )
 
 
 @core
 @pytest.mark.rule("close")
 def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() -> None:
-    p = parser()
+    p = new_parser()
     p.feed(b"retry: 50\nid: 3\ndata: a\n\ndata: half")
-    assert p.close() == [], "close() must not dispatch the unterminated event"
-    assert (p.last_event_id, p.retry_ms) == ("3", 50), (
-        "close() keeps last_event_id and retry_ms for the reconnect"
+    expect(p.close(), [], "close() must not dispatch the unterminated event")
+    expect(
+        (p.last_event_id, p.retry_ms),
+        ("3", 50),
+        "close() keeps last_event_id and retry_ms for the reconnect",
     )
     # The next stream starts clean: its first bytes are not glued to "half", a BOM opens it.
-    got = p.feed(sse.BOM + b"data: b\n\n")
-    assert got == [E(data="b", id="3")], f"after close(): expected [b with id 3], got {got}"
+    expect(p.feed(sse.BOM + b"data: b\n\n"), [E(data="b", id="3")], "after close()")
     p.feed(b"data: c\r")
     p.close()
-    got = p.feed(b"\ndata: d\n\n")
-    assert got == [E(data="d", id="3")], (
-        f"a new stream's first LF is a blank line, not the old CR's LF: got {got}"
+    expect(
+        p.feed(b"\ndata: d\n\n"),
+        [E(data="d", id="3")],
+        "a new stream's first LF is a blank line, not the old CR's LF",
     )
 
 
 # --- limits -----------------------------------------------------------------------------------
 
 
-def _accepted(chunks: Sequence[bytes], **limits: int) -> list[ServerSentEvent]:
-    """The events of ``chunks``; a ParseError fails the test (the input is within limits)."""
-    try:
-        return events_of(chunks, **limits)
-    except ParseError as exc:
-        pytest.fail(f"feeding {list(chunks)!r} with {limits} is within them, but raised: {exc}")
-
-
-def _refusal(chunks: Sequence[bytes], **limits: int) -> tuple[ParseError, Any]:
-    p = parser(**limits)
-    for chunk in chunks:
-        try:
-            p.feed(chunk)
-        except ParseError as exc:
-            return exc, p
-    raise AssertionError(f"feeding {list(chunks)!r} with {limits} must raise ParseError")
-
-
 @extended
 @pytest.mark.rule("limits")
 def test_stage1_a_line_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
-    got = _accepted([b"data:abc\r\n\r\n"], max_line_bytes=8)
-    assert got == [E(data="abc")], f"an 8-byte line (line end not counted) fits: got {got}"
+    got = accepted([b"data:abc\r\n\r\n"], max_line_bytes=8)
+    expect(got, [E(data="abc")], "an 8-byte line (line end not counted) fits")
     for chunks in ([b"data: 1\n\ndata:abcd\n"], [b"data: 1\n\nda", b"ta:ab", b"cd\n"]):
-        exc, _ = _refusal(chunks, max_line_bytes=8)
-        assert exc.offset == 9 + 8, (
-            f"the 9-byte line starts at offset 9: the first byte past the limit is at 17, "
-            f"got offset {exc.offset}"
+        exc, _ = refusal(chunks, max_line_bytes=8)
+        expect(
+            exc.offset,
+            9 + 8,
+            f"feeding {chunks!r}: the 9-byte line starts at offset 9, so the first byte past "
+            "the limit is at 17 (ParseError.offset)",
         )
-    exc, p = _refusal([b"data: 1\n\ndata: 2\n\ndata:abcd\n"], max_line_bytes=8)
-    assert exc.events == (E(data="1"), E(data="2")), (
-        f"the events completed before the error in the same feed are kept: got {exc.events}"
+    exc, p = refusal([b"data: 1\n\ndata: 2\n\ndata:abcd\n"], max_line_bytes=8)
+    expect(
+        exc.events,
+        (E(data="1"), E(data="2")),
+        "the events completed before the error in the same feed are kept (ParseError.events)",
     )
     with pytest.raises(ParseError):
         p.feed(b"data: 3\n\n")
@@ -399,14 +383,15 @@ def test_stage1_a_bom_is_not_part_of_the_first_line_however_it_is_split() -> Non
     # The BOM is stripped before lines are cut: it never counts against the line limit,
     # but its bytes count in the stream's offsets.
     fits, too_long = sse.BOM + b"data:abc\n\n", sse.BOM + b"data:abcd\n"
-    for chunks in every_split(fits):
-        got = _accepted(chunks, max_line_bytes=8)
-        assert got == [E(data="abc")], f"feeding {chunks!r}: expected [abc], got {got}"
-    for chunks in every_split(too_long):
-        exc, _ = _refusal(chunks, max_line_bytes=8)
-        assert exc.offset == 3 + 8, (
+    for chunks in sse.every_split(fits):
+        expect(accepted(chunks, max_line_bytes=8), [E(data="abc")], f"feeding {chunks!r}")
+    for chunks in sse.every_split(too_long):
+        exc, _ = refusal(chunks, max_line_bytes=8)
+        expect(
+            exc.offset,
+            3 + 8,
             f"feeding {chunks!r}: the line starts after the 3-byte BOM, so the first byte "
-            f"past the limit is at 11; got offset {exc.offset}"
+            "past the limit is at 11 (ParseError.offset)",
         )
 
 
@@ -414,23 +399,25 @@ def test_stage1_a_bom_is_not_part_of_the_first_line_however_it_is_split() -> Non
 @pytest.mark.rule("limits")
 def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
     # Event size: the data values plus one LF each. "12345678" + LF = 9, "9" + LF = 2.
-    got = _accepted([b"data: 12345678\ndata:\n\n"], max_event_bytes=10)
-    assert got == [E(data="12345678\n")], f"an event of exactly 10 bytes fits: got {got}"
-    exc, _ = _refusal([b"data: a\n\ndata: 12345678\ndata: 9\n\n"], max_event_bytes=10)
-    assert exc.offset == 24, (
-        f"the data line that breaks the limit starts at offset 24, got {exc.offset}"
-    )
-    assert exc.events == (E(data="a"),), f"expected the event before it kept, got {exc.events}"
+    got = accepted([b"data: 12345678\ndata:\n\n"], max_event_bytes=10)
+    expect(got, [E(data="12345678\n")], "an event of exactly 10 bytes fits")
+    exc, _ = refusal([b"data: a\n\ndata: 12345678\ndata: 9\n\n"], max_event_bytes=10)
+    expect(exc.offset, 24, "the data line that breaks the limit starts at offset 24")
+    expect(exc.events, (E(data="a"),), "the event before it is kept (ParseError.events)")
 
 
 @extended
 @pytest.mark.rule("limits")
 def test_stage1_the_default_limits_take_a_mebibyte_line() -> None:
     line = b"data:" + b"x" * (DEFAULT_MAX_LINE_BYTES - 5)
-    got = _accepted([line + b"\n\n"])
-    assert len(got) == 1 and len(got[0].data) == DEFAULT_MAX_LINE_BYTES - 5
-    exc, _ = _refusal([line + b"x\n\n"])
-    assert exc.offset == DEFAULT_MAX_LINE_BYTES, f"got offset {exc.offset}"
+    got = accepted([line + b"\n\n"])
+    expect(
+        [len(event.data) for event in got],
+        [DEFAULT_MAX_LINE_BYTES - 5],
+        "a line of exactly 1 MiB fits the default limit: one event (the lengths of its data)",
+    )
+    exc, _ = refusal([line + b"x\n\n"])
+    expect(exc.offset, DEFAULT_MAX_LINE_BYTES, "one byte more is refused (ParseError.offset)")
 
 
 @extended
@@ -445,17 +432,11 @@ def test_stage1_the_default_limits_take_a_mebibyte_line() -> None:
 def test_stage1_a_hostile_stream_is_refused_once_past_its_limit(
     piece: bytes, limits: dict[str, int]
 ) -> None:
-    p = parser(**limits)
-    fed = 0
-    while fed < 1000:
-        fed += 1
-        try:
-            p.feed(piece)
-        except ParseError:
-            break
-    assert fed == 17, (
+    fed = feeds_until_refused(piece, limits)
+    check(
+        fed == 17,
         f"{len(piece)}-byte chunks against a limit of {limits}: the 17th chunk passes it, "
-        f"but the refusal came at chunk {fed}"
+        f"but the refusal came at chunk {fed}",
     )
 
 
@@ -464,41 +445,27 @@ def test_stage1_a_hostile_stream_is_refused_once_past_its_limit(
 def test_stage1_the_event_limit_counts_each_event_on_its_own() -> None:
     # "0123456789abcde" + LF = 16 bytes: each event is exactly at the limit, the stream far
     # past it.
-    p = parser(max_event_bytes=16)
+    p = new_parser(max_event_bytes=16)
     for i in range(100):
         try:
             got = p.feed(b"data: 0123456789abcde\n\n")
         except ParseError as exc:
             pytest.fail(f"event {i + 1} of 16 bytes, within max_event_bytes=16, refused: {exc}")
-        assert got == [E(data="0123456789abcde")], (
-            f"event {i + 1} of 16 bytes, within max_event_bytes=16: expected it dispatched, "
-            f"got {got} (the limit is per event, not per stream)"
+        expect(
+            got,
+            [E(data="0123456789abcde")],
+            f"event {i + 1} of 16 bytes, within max_event_bytes=16, is dispatched (the limit is "
+            "per event, not per stream)",
         )
 
 
 @extended
 @pytest.mark.rule("limits")
 def test_stage1_keepalive_comments_never_reach_a_limit() -> None:
-    p = parser(max_line_bytes=64, max_event_bytes=64)
-    for _ in range(2000):
-        assert p.feed(b": keepalive\n") == []
-    assert p.feed(b"data: a\n\n") == [E(data="a")]
-
-
-def _feed_line(size: int, budget: float = float("inf")) -> float:
-    """CPU seconds of this process to feed one ``size``-byte line in 64-byte chunks, or
-    inf once ``budget`` is spent. CPU time, not wall time: other processes sharing the
-    machine do not count, only the work this parser does."""
-    p = parser(max_line_bytes=size + 16)
-    chunk = b"x" * 64
-    start = time.process_time()
-    p.feed(b"data:")
-    for i in range(size // 64):
-        p.feed(chunk)
-        if i % 256 == 0 and time.process_time() - start > budget:
-            return float("inf")
-    p.feed(b"\n\n")
-    return time.process_time() - start
+    p = new_parser(max_line_bytes=64, max_event_bytes=64)
+    for n in range(2000):
+        expect(p.feed(b": keepalive\n"), [], f"keep-alive comment {n + 1} (limits of 64 bytes)")
+    expect(p.feed(b"data: a\n\n"), [E(data="a")], "an event after 2000 keep-alive comments")
 
 
 @extended
@@ -508,11 +475,12 @@ def test_stage1_a_long_line_costs_linear_time_in_small_chunks() -> None:
     # clearly too slow: a quadratic buffer takes ~16x for 4x the bytes. First 256 KiB
     # against 1 MiB (a quadratic one fails fast), then the prompt's 1 MiB against 4 MiB.
     for small in (1 << 18, 1 << 20):
-        base = min(_feed_line(small) for _ in range(3))
-        big = min(_feed_line(4 * small, 8 * base) for _ in range(3))
-        assert big <= 8 * base, (
+        base = min(cpu_seconds_to_feed_a_line(small) for _ in range(3))
+        big = min(cpu_seconds_to_feed_a_line(4 * small, 8 * base) for _ in range(3))
+        check(
+            big <= 8 * base,
             f"a {4 * small >> 10} KiB line in 64-byte chunks took more than 8x the CPU time "
-            f"of a {small >> 10} KiB one ({base * 1e3:.1f} ms): the work is not linear"
+            f"of a {small >> 10} KiB one ({base * 1e3:.1f} ms): the work is not linear",
         )
 
 
@@ -541,45 +509,15 @@ def test_stage1_a_bad_limit_is_refused_naming_it(
     "data", ["data: a\n\n", None, 12, [10]], ids=["str", "None", "int", "list"]
 )
 def test_stage1_feed_refuses_what_is_not_bytes(data: object) -> None:
-    p = parser()
+    p = new_parser()
     with pytest.raises(TypeError, match="data"):
-        p.feed(data)
-    assert p.feed(b"data: a\n\n") == [E(data="a")], "a refused feed must change nothing"
-    assert p.feed(bytearray(b"data: b\n\n")) == [E(data="b")], "a bytearray is bytes"
+        p.feed(data)  # type: ignore[arg-type]  # not bytes, on purpose
+    expect(p.feed(b"data: a\n\n"), [E(data="a")], "a refused feed must change nothing")
+    body = bytearray(b"data: b\n\n")
+    expect(p.feed(body), [E(data="b")], "a bytearray is bytes")  # type: ignore[arg-type]
 
 
 # --- the assembler -------------------------------------------------------------------------
-
-
-def chunk(*choices: dict[str, object], usage: dict[str, int] | None = None) -> ServerSentEvent:
-    body: dict[str, object] = {"id": "c1", "model": "m", "choices": list(choices)}
-    if usage is not None:
-        body["usage"] = usage
-    return E(data=json.dumps(body))
-
-
-def delta(index: int, finish: str | None = None, **fields: object) -> dict[str, object]:
-    return {"index": index, "delta": fields, "finish_reason": finish}
-
-
-def call(
-    index: int, arguments: str, call_id: str | None = None, name: str | None = None
-) -> dict[str, object]:
-    function: dict[str, object] = {"arguments": arguments}
-    if name is not None:
-        function["name"] = name
-    out: dict[str, object] = {"index": index, "function": function}
-    if call_id is not None:
-        out |= {"id": call_id, "type": "function"}
-    return out
-
-
-def assemble(events: Sequence[ServerSentEvent]) -> ChatCompletion:
-    assembler = stage().ChatStreamAssembler()
-    for event in events:
-        assembler.add(event)
-    result: ChatCompletion = assembler.result()
-    return result
 
 
 @extended
@@ -594,13 +532,16 @@ def test_stage1_content_and_refusal_concatenate_from_the_first_string() -> None:
         ]
     )
     (choice,) = result.choices
-    assert (choice.role, choice.content, choice.refusal) == ("assistant", "Hello", None), (
-        f"expected role 'assistant', content 'Hello', refusal None (no string sent), got "
-        f"{choice.role!r}, {choice.content!r}, {choice.refusal!r}"
+    expect(
+        (choice.role, choice.content, choice.refusal),
+        ("assistant", "Hello", None),
+        "(role, content, refusal): content from its first string on, refusal None (no string sent)",
     )
     (choice,) = assemble([chunk(delta(0, content=None, refusal=""))]).choices
-    assert (choice.content, choice.refusal) == (None, ""), (
-        f"a refusal of '' is a string, a content of null is not: got {choice}"
+    expect(
+        (choice.content, choice.refusal),
+        (None, ""),
+        f"a refusal of '' is a string, a content of null is not: (content, refusal) of {choice}",
     )
 
 
@@ -616,9 +557,10 @@ def test_stage1_interleaved_choices_never_mix() -> None:
             chunk(delta(1, content="B", finish="length")),
         ]
     )
-    got = [(c.index, c.content, c.finish_reason) for c in result.choices]
-    assert got == [(0, "aA", None), (1, "bB", "length"), (2, "cC", "stop")], (
-        f"each delta goes to the choice its index names, listed by index: got {got}"
+    expect(
+        [(c.index, c.content, c.finish_reason) for c in result.choices],
+        [(0, "aA", None), (1, "bB", "length"), (2, "cC", "stop")],
+        "each delta goes to the choice its index names, listed by index",
     )
 
 
@@ -634,27 +576,33 @@ def test_stage1_tool_call_fragments_join_their_own_call() -> None:
             chunk(delta(0, finish="tool_calls")),
         ]
     )
-    got = [(t.index, t.id, t.name, t.arguments) for t in result.choices[0].tool_calls]
-    assert got == [
-        (0, "call_a", "get_weather", '{"city": "X"}'),
-        (1, "call_b", "get_stock", '{"ticker": "Y"}'),
-    ], f"fragments join the call their index names, in order: got {got}"
+    expect(
+        [(t.index, t.id, t.name, t.arguments) for t in result.choices[0].tool_calls],
+        [
+            (0, "call_a", "get_weather", '{"city": "X"}'),
+            (1, "call_b", "get_stock", '{"ticker": "Y"}'),
+        ],
+        "fragments join the call their index names, in order",
+    )
 
 
 @extended
 @pytest.mark.rule("finish")
 def test_stage1_usage_and_done_end_the_stream() -> None:
-    assembler = stage().ChatStreamAssembler()
+    assembler = new_assembler()
     for event in [
         chunk(delta(0, content="x", finish="stop")),
         chunk(usage={"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}),
     ]:
         assembler.add(event)
-    assert not assembler.done, "done only at data: [DONE]"
+    check(not assembler.done, "done only at data: [DONE]")
     assembler.add(E(data="[DONE]"))
     result = assembler.result()
-    assert result.done and result.usage is not None and result.usage.total_tokens == 4, result
-    assert result.choices[0].finish_reason == "stop"
+    check(
+        result.done and result.usage is not None and result.usage.total_tokens == 4,
+        f"after the usage chunk and [DONE]: done, with total_tokens 4; got {result}",
+    )
+    expect(result.choices[0].finish_reason, "stop", "the choice's finish_reason")
     with pytest.raises(ParseError, match="DONE"):
         assembler.add(chunk(delta(0, content="late")))
 
@@ -682,36 +630,27 @@ MALFORMED = [
 @pytest.mark.rule("chat-errors")
 @pytest.mark.parametrize("data", MALFORMED)
 def test_stage1_a_malformed_chunk_is_refused_naming_it_and_changes_nothing(data: str) -> None:
-    assembler = stage().ChatStreamAssembler()
+    assembler = new_assembler()
     assembler.add(chunk(delta(0, content="kept")))
     before = assembler.result()
     with pytest.raises(ParseError, match=r"event 2 \(id '42'\)"):
         assembler.add(E(data=data, id="42"))
-    after = assembler.result()
-    assert after == before, f"a refused chunk changed the result:\n  {before}\n  {after}"
+    expect(assembler.result(), before, "a refused chunk must change nothing in the result")
 
 
 @extended
 @pytest.mark.rule("chat-errors")
 def test_stage1_an_error_event_raises_and_other_types_are_ignored() -> None:
-    assembler = stage().ChatStreamAssembler()
+    assembler = new_assembler()
     assembler.add(E(event="ping", data="{}"))
     assembler.add(chunk(delta(0, content="x")))
     with pytest.raises(ParseError, match="overloaded"):
         assembler.add(E(event="error", data='{"error": "overloaded"}'))
-    assert assembler.result().choices[0].content == "x"
-
-
-def _random_split(body: bytes, seed: int) -> list[bytes]:
-    rng = random.Random(seed)
-    return sse.cut(body, [rng.randrange(1, len(body)) for _ in range(len(body) // 40)])
-
-
-CHUNKINGS: dict[str, Callable[[bytes], list[bytes]]] = {
-    "whole": lambda body: [body],
-    "bytewise": lambda body: [body[i : i + 1] for i in range(len(body))],
-    "random": lambda body: _random_split(body, len(body)),
-}
+    expect(
+        assembler.result().choices[0].content,
+        "x",
+        "the ping event is ignored; the error event changes nothing (content)",
+    )
 
 
 @extended
@@ -721,8 +660,5 @@ CHUNKINGS: dict[str, Callable[[bytes], list[bytes]]] = {
 def test_stage1_recorded_streams_assemble_to_their_expected_result(
     stream: recorded.Recorded, how: str
 ) -> None:
-    events = events_of(CHUNKINGS[how](stream.body))
-    got = recorded.summary(assemble(events))
-    assert got == stream.expected, (
-        f"{stream.name} fed {how}: expected\n  {stream.expected}\ngot\n  {got}"
-    )
+    events = parse(CHUNKINGS[how](stream.body))
+    expect(recorded.summary(assemble(events)), stream.expected, f"{stream.name} fed {how}")

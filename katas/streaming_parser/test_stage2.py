@@ -7,22 +7,28 @@ How these tests stay deterministic: every upstream is a source the test controls
 test waits for observable states (a pull waiting, an event delivered) or lets the loop
 settle (every task waiting) instead of sleeping, and every wait has a hard real-time
 deadline that fails with what was awaited. Every test runs on asyncio and on trio.
+
+Map (rules in brackets): in order, exactly once [in-order] · one stream's trouble is its
+own [isolation] · backpressure [backpressure] · ``cancel()`` [cancel-one] · every source
+closed [close-source] · leaving the block [shutdown] · idle timeouts, extended
+[idle-timeout] · a cancelled consumer, extended [waiter-cancelled] · bad arguments,
+extended [stage2-bad-arguments].
+
+The drivers — a mux on a test clock, taking and ending under deadlines, the idle-timeout
+probes — are in :mod:`katas.streaming_parser._testing.streams`.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Sequence
 
 import anyio
+import anyio.abc
 import pytest
 from hypothesis import given
-from hypothesis import strategies as st
 
+from katas._harness.story import check
 from katas._harness.under_test import stage
-from katas._harness.waiting import eventually_async
 from katas._runtime.clock import NS_PER_S, ManualClock
 from katas._runtime.todo import Todo
 from katas.streaming_parser._testing import sse
@@ -36,10 +42,26 @@ from katas.streaming_parser._testing.mux import (
     settle,
     sse_events,
 )
-from katas.streaming_parser.api import ParseError, ServerSentEvent, StreamTimeout
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
+from katas.streaming_parser._testing.streams import (
+    IDLE,
+    SMALL_LINES,
+    TOO_LONG,
+    Scenario,
+    contains,
+    expect_end,
+    new_mux,
+    next_pull,
+    nothing_escapes,
+    outcome_of,
+    quiet_stream,
+    scenarios,
+    still_open,
+    streams_of_bodies,
+    take,
+    timed_out,
+    until,
+)
+from katas.streaming_parser.api import MuxedStream, ParseError, ServerSentEvent, StreamTimeout
 
 pytestmark = [pytest.mark.stage(2), pytest.mark.anyio]
 core = pytest.mark.core
@@ -47,95 +69,15 @@ extended = pytest.mark.extended
 rule = pytest.mark.rule
 
 E = ServerSentEvent
-IDLE = 30 * NS_PER_S
-#: The line limit of the tests that provoke a ParseError: 64 bytes.
-SMALL_LINES = 64
-TOO_LONG = b"data: " + b"x" * 100 + b"\n\n"
-
-
-def new_mux(**kwargs: Any) -> Any:
-    """A StreamMux on a ManualClock (time moves only when a test says so)."""
-    kwargs.setdefault("clock", ManualClock())
-    return stage().StreamMux(**kwargs)
-
-
-async def take(stream: Any, what: str) -> ServerSentEvent:
-    """The stream's next event (hard deadline)."""
-    with bounded(f"{what}: an event from stream {stream.name!r}"):
-        event: ServerSentEvent = await stream.__anext__()
-    return event
-
-
-async def expect_end(stream: Any, why: str) -> None:
-    """The stream's next ``__anext__`` raises StopAsyncIteration (hard deadline)."""
-    with bounded(f"{why}: stream {stream.name!r}'s __anext__ to raise StopAsyncIteration"):
-        try:
-            got = await stream.__anext__()
-        except StopAsyncIteration:
-            return
-    raise AssertionError(
-        f"{why}: stream {stream.name!r}'s __anext__ must raise StopAsyncIteration; "
-        f"it returned {got}"
-    )
-
-
-async def until(pred: Callable[[], bool], what: str) -> None:
-    await eventually_async(pred, what)
-
-
-def contains(exc: BaseException, kind: type[BaseException]) -> bool:
-    """``exc`` is a ``kind``, or an exception group holding one."""
-    if isinstance(exc, kind):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        return any(contains(e, kind) for e in exc.exceptions)
-    return False
-
-
-@contextmanager
-def nothing_escapes(what: str) -> Iterator[None]:
-    """A stream's trouble is its own: leaving the mux's block must not raise it."""
-    try:
-        yield
-    except Exception as exc:
-        if contains(exc, Todo) or contains(exc, AssertionError):
-            raise
-        raise AssertionError(
-            f"{what}, leaving the mux's `async with` block raised {exc!r}: a stream's error "
-            "belongs to its stream (its consumer gets it from __anext__), never to the mux"
-        ) from exc
-
-
-def outcome_of(consumer: Consumer) -> str:
-    out = consumer.outcome
-    return repr(out) if isinstance(out, BaseException) else str(out)
 
 
 # --- in order, exactly once -----------------------------------------------------------------
 
 
-def _streams_of_bodies() -> list[tuple[str, bytes, list[bytes]]]:
-    bodies = {
-        "whole": sse_events("a", "b", "c", id_prefix="w") + b"data: unterminated tail",
-        "byte-by-byte": "data: é€😀\r\n\r\ndata: 2\rid: x\r\rdata: 3\n".encode(),
-        "awkward": sse.BOM + "event: t\ndata: U+2028 \u2028 ok\r\n\r\n: c\ndata: 4\n\n".encode(),
-    }
-    out = []
-    for name, body in bodies.items():
-        if name == "whole":
-            chunks = [body]
-        elif name == "byte-by-byte":
-            chunks = [body[i : i + 1] for i in range(len(body))]
-        else:
-            chunks = sse.cut(body, sse.awkward_offsets(body))
-        out.append((name, body, chunks))
-    return out
-
-
 @core
 @rule("in-order")
 async def test_stage2_each_stream_delivers_its_events_in_order_exactly_once_then_ends() -> None:
-    cases = _streams_of_bodies()
+    cases = streams_of_bodies()
     with bounded("three streams read to their end"):
         async with new_mux(max_buffered=2) as mux, anyio.create_task_group() as tg:
             opened = []
@@ -146,15 +88,17 @@ async def test_stage2_each_stream_delivers_its_events_in_order_exactly_once_then
                 opened.append((name, body, chunks, stream, consumer))
     for name, body, chunks, stream, consumer in opened:
         want = sse.interpret(body)
-        assert consumer.events == want.events and consumer.outcome == END, (
-            f"§in-order: stream {name!r} fed {chunks!r} (an unterminated tail, if any, is "
+        check(
+            consumer.events == want.events and consumer.outcome == END,
+            f"in-order: stream {name!r} fed {chunks!r} (an unterminated tail, if any, is "
             f"discarded)\n  expected events {want.events} then {END}\n"
-            f"  got             {consumer.events} then {outcome_of(consumer)}"
+            f"  got             {consumer.events} then {outcome_of(consumer)}",
         )
-        assert stream.name == name, f"EventStream.name must be {name!r}, got {stream.name!r}"
-        assert stream.last_event_id == want.last_event_id, (
+        check(stream.name == name, f"EventStream.name must be {name!r}, got {stream.name!r}")
+        check(
+            stream.last_event_id == want.last_event_id,
             f"stream {name!r}: last_event_id after reading it all must be "
-            f"{want.last_event_id!r} (stage 1's parser), got {stream.last_event_id!r}"
+            f"{want.last_event_id!r} (stage 1's parser), got {stream.last_event_id!r}",
         )
 
 
@@ -167,32 +111,20 @@ async def test_stage2_the_unterminated_tail_of_an_ended_source_is_discarded() ->
         source.push(b"data: a\n\ndata: b\n", b"data: c")  # b's blank line never comes
         source.end()
         got = await take(stream, "the complete event")
-        assert got == E(data="a"), f"§in-order: the first event must be data 'a', got {got}"
+        check(got == E(data="a"), f"in-order: the first event must be data 'a', got {got}")
         await expect_end(
             stream,
-            "§in-order: the source ended inside the event 'b\\nc' (no blank line): stage 1's "
+            "in-order: the source ended inside the event 'b\\nc' (no blank line): stage 1's "
             "close() discards it, and the iteration ends",
         )
-        await expect_end(stream, "§in-order: after the end, __anext__ keeps ending (not again)")
-
-
-@st.composite
-def _scenarios(draw: st.DrawFn) -> tuple[list[bytes], list[list[bytes]], int, list[int]]:
-    """Bodies, their chunkings, max_buffered and the order the consumer takes in: all drawn
-    before the test's coroutine runs (a draw inside the event loop is not safe)."""
-    count = draw(st.integers(1, 3), label="streams")
-    bodies = [draw(sse.bodies(max_lines=12), label=f"body {i}") for i in range(count)]
-    chunkings = [draw(sse.splits(body), label=f"chunks {i}") for i, body in enumerate(bodies)]
-    max_buffered = draw(st.integers(1, 3), label="max_buffered")
-    order = draw(st.lists(st.integers(0, count - 1), max_size=40), label="takes")
-    return bodies, chunkings, max_buffered, order
+        await expect_end(stream, "in-order: after the end, __anext__ keeps ending (not again)")
 
 
 @core
 @rule("in-order", "backpressure")
-@given(case=_scenarios())
+@given(case=scenarios())
 async def test_stage2_random_chunkings_and_interleavings_deliver_every_stream_in_order(
-    case: tuple[list[bytes], list[list[bytes]], int, list[int]],
+    case: Scenario,
 ) -> None:
     bodies, chunkings, max_buffered, order = case
     count = len(bodies)
@@ -215,16 +147,18 @@ async def test_stage2_random_chunkings_and_interleavings_deliver_every_stream_in
                 except StopAsyncIteration:
                     ended[i] = True
                 for s in streams:
-                    assert s.buffered <= bound, (
-                        f"§backpressure: stream {s.name!r} holds {s.buffered} events; "
-                        f"max_buffered={max_buffered} (and one chunk) allow at most {bound}"
+                    check(
+                        s.buffered <= bound,
+                        f"backpressure: stream {s.name!r} holds {s.buffered} events; "
+                        f"max_buffered={max_buffered} (and one chunk) allow at most {bound}",
                     )
     for i in range(count):
         want = sse.interpret(bodies[i]).events
-        assert ended[i] and got[i] == want, (
-            f"§in-order: stream s{i} fed {chunkings[i]!r} (max_buffered={max_buffered}, "
+        check(
+            ended[i] and got[i] == want,
+            f"in-order: stream s{i} fed {chunkings[i]!r} (max_buffered={max_buffered}, "
             f"takes in the order {order})\n  expected {want} then the end\n"
-            f"  got      {got[i]}{' then the end' if ended[i] else ' and no end'}"
+            f"  got      {got[i]}{' then the end' if ended[i] else ' and no end'}",
         )
 
 
@@ -296,17 +230,19 @@ async def test_stage2_one_streams_trouble_ends_that_stream_only(trouble: str) ->
     for name in ("healthy-1", "healthy-2"):
         want = [E(data=f"{name} {n}") for n in range(4)]
         got = consumers[name]
-        assert got.events == want and got.outcome == END, (
-            f"§isolation: while another stream {trouble}, {name!r} must deliver all it was "
-            f"sent\n  expected {want} then {END}\n  got      {got.events} then {outcome_of(got)}"
+        check(
+            got.events == want and got.outcome == END,
+            f"isolation: while another stream {trouble}, {name!r} must deliver all it was "
+            f"sent\n  expected {want} then {END}\n  got      {got.events} then {outcome_of(got)}",
         )
-        assert sources[name].closed_once(), f"§close-source: {sources[name].describe()}"
+        check(sources[name].closed_once(), f"close-source: {sources[name].describe()}")
     got = consumers["troubled"]
     before = [E(data="troubled 0")] + ([E(data="troubled 1")] if trouble == "parse-error" else [])
-    assert got.events == before, (
-        f"§isolation: the troubled stream ({trouble}) must first deliver every event completed "
+    check(
+        got.events == before,
+        f"isolation: the troubled stream ({trouble}) must first deliver every event completed "
         f"before it (a ParseError's own events included)\n  expected {before}\n"
-        f"  got      {got.events}"
+        f"  got      {got.events}",
     )
     out = got.outcome
     if trouble == "raises":
@@ -315,17 +251,18 @@ async def test_stage2_one_streams_trouble_ends_that_stream_only(trouble: str) ->
         ok, want_end = isinstance(out, ParseError), "ParseError (a line over max_line_bytes=64)"
         if ok:
             assert isinstance(out, ParseError)
-            assert set(out.events) <= set(got.events), (
-                f"§isolation: the ParseError's own events {out.events} must be among those "
-                f"delivered {got.events}"
+            check(
+                set(out.events) <= set(got.events),
+                f"isolation: the ParseError's own events {out.events} must be among those "
+                f"delivered {got.events}",
             )
     elif trouble == "cancel":
         ok, want_end = out == END, f"{END} (cancel() ends the iteration)"
     else:
         ok = isinstance(out, StreamTimeout) and out.name == "troubled"
         want_end = f"StreamTimeout('troubled', {IDLE})"
-    assert ok, f"§isolation: the troubled stream ({trouble}) must end with {want_end}, got {out!r}"
-    assert sources["troubled"].closed_once(), f"§close-source: {sources['troubled'].describe()}"
+    check(ok, f"isolation: the troubled stream ({trouble}) must end with {want_end}, got {out!r}")
+    check(sources["troubled"].closed_once(), f"close-source: {sources['troubled'].describe()}")
 
 
 # --- backpressure -------------------------------------------------------------------------
@@ -339,25 +276,28 @@ async def test_stage2_a_full_stream_pulls_no_chunk_until_its_consumer_takes_one(
     async with new_mux(max_buffered=2) as mux:
         slow = mux.open("slow", slow_source)
         await settle()
-        assert (slow_source.pulls, slow.buffered) == (2, 2), (
-            "§backpressure: max_buffered=2, one event per chunk, the consumer took nothing: "
+        check(
+            (slow_source.pulls, slow.buffered) == (2, 2),
+            "backpressure: max_buffered=2, one event per chunk, the consumer took nothing: "
             f"exactly 2 chunks may be pulled and 2 events held; pulled {slow_source.pulls}, "
-            f"holding {slow.buffered} — a full stream must not pull another chunk"
+            f"holding {slow.buffered} — a full stream must not pull another chunk",
         )
         fast = mux.open("fast", fast_source)
         fast_got = [await take(fast, "the fast stream, beside a full one") for _ in range(10)]
         await expect_end(fast, "the fast stream's source ended")
-        assert fast_got == [E(data=f"f{n}") for n in range(10)], (
-            f"§backpressure: a full stream slows its own producer only; the fast one got {fast_got}"
+        check(
+            fast_got == [E(data=f"f{n}") for n in range(10)],
+            f"backpressure: a full stream slows its own producer only; the fast one got {fast_got}",
         )
         for n in range(3):
             got = await take(slow, "the slow stream's next event")
-            assert got == E(data=str(n)), f"§in-order: event {n} of 'slow' must be {n}, got {got}"
+            check(got == E(data=str(n)), f"in-order: event {n} of 'slow' must be {n}, got {got}")
             await settle()
-            assert (slow_source.pulls, slow.buffered) == (3 + n, 2), (
-                f"§backpressure: after the consumer took {n + 1} event(s) from a full stream "
+            check(
+                (slow_source.pulls, slow.buffered) == (3 + n, 2),
+                f"backpressure: after the consumer took {n + 1} event(s) from a full stream "
                 f"(max_buffered=2), exactly one more chunk each time: {3 + n} pulls, 2 held; "
-                f"got {slow_source.pulls} pulls, {slow.buffered} held"
+                f"got {slow_source.pulls} pulls, {slow.buffered} held",
             )
 
 
@@ -374,13 +314,14 @@ async def test_stage2_a_chunk_of_several_events_fills_the_buffer_past_its_limit_
         for n, (when, pulls, held) in enumerate(steps):
             if n:
                 got = await take(stream, when)
-                assert got == E(data=f"0.{n - 1}"), f"§in-order: event 0.{n - 1} first, got {got}"
+                check(got == E(data=f"0.{n - 1}"), f"in-order: event 0.{n - 1} first, got {got}")
             await settle()
-            assert (source.pulls, stream.buffered) == (pulls, held), (
-                f"§backpressure: chunks of 3 events, max_buffered=2, {when}: the mux pulls the "
+            check(
+                (source.pulls, stream.buffered) == (pulls, held),
+                f"backpressure: chunks of 3 events, max_buffered=2, {when}: the mux pulls the "
                 f"next chunk only while fewer than 2 events wait, and buffered counts every "
                 f"event read but not taken — expected {pulls} pull(s), {held} buffered; got "
-                f"{source.pulls} pull(s), {stream.buffered} buffered"
+                f"{source.pulls} pull(s), {stream.buffered} buffered",
             )
 
 
@@ -404,21 +345,23 @@ async def test_stage2_cancel_ends_the_iteration_of_a_consumer_waiting_right_now(
             stream.cancel()
             await until(
                 lambda: consumer.done,
-                "§cancel-one: the consumer waiting in __anext__ to end its iteration at cancel()",
+                "cancel-one: the consumer waiting in __anext__ to end its iteration at cancel()",
             )
-            assert consumer.outcome == END, (
-                f"§cancel-one: a consumer waiting in __anext__ when cancel() was called must see "
-                f"its iteration end (StopAsyncIteration), got {outcome_of(consumer)}"
+            check(
+                consumer.outcome == END,
+                f"cancel-one: a consumer waiting in __anext__ when cancel() was called must see "
+                f"its iteration end (StopAsyncIteration), got {outcome_of(consumer)}",
             )
-            await until(lambda: source.aclose_calls > 0, "§cancel-one: the source's aclose()")
+            await until(lambda: source.aclose_calls > 0, "cancel-one: the source's aclose()")
             await settle()
-            assert source.pulls == 2 and not source.waiting and source.closed_once(), (
-                "§cancel-one: cancel() stops the reading (the waiting pull abandoned, no new "
-                f"one) and closes the source once: {source.describe()}"
+            check(
+                source.pulls == 2 and not source.waiting and source.closed_once(),
+                "cancel-one: cancel() stops the reading (the waiting pull abandoned, no new "
+                f"one) and closes the source once: {source.describe()}",
             )
             other_source.push(b"data: still here\n\n")
             got = await take(other, "the neighbour of a cancelled stream")
-            assert got == E(data="still here"), f"§isolation: the neighbour got {got}"
+            check(got == E(data="still here"), f"isolation: the neighbour got {got}")
             other_source.end()
             await expect_end(other, "the neighbour's source ended")
 
@@ -430,22 +373,24 @@ async def test_stage2_cancel_drops_what_was_buffered_and_twice_is_harmless() -> 
     async with new_mux(max_buffered=3) as mux:
         stream = mux.open("full", source)
         await settle()
-        assert stream.buffered == 3, f"3 events buffered before cancel(), got {stream.buffered}"
+        check(stream.buffered == 3, f"3 events buffered before cancel(), got {stream.buffered}")
         stream.cancel()
         await expect_end(
-            stream, "§cancel-one: cancel() drops the 3 buffered events; the iteration ends now"
+            stream, "cancel-one: cancel() drops the 3 buffered events; the iteration ends now"
         )
-        assert stream.buffered == 0, (
-            f"§cancel-one: cancel() drops what was buffered; buffered is {stream.buffered}"
+        check(
+            stream.buffered == 0,
+            f"cancel-one: cancel() drops what was buffered; buffered is {stream.buffered}",
         )
         stream.cancel()  # twice: harmless
-        await until(lambda: source.aclose_calls > 0, "§cancel-one: the source's aclose()")
+        await until(lambda: source.aclose_calls > 0, "cancel-one: the source's aclose()")
         await settle()
-        assert source.pulls == 3 and source.closed_once(), (
-            f"§cancel-one: nothing more read after cancel(), the source closed once: "
-            f"{source.describe()}"
+        check(
+            source.pulls == 3 and source.closed_once(),
+            f"cancel-one: nothing more read after cancel(), the source closed once: "
+            f"{source.describe()}",
         )
-        await expect_end(stream, "§cancel-one: after cancel() twice")
+        await expect_end(stream, "cancel-one: after cancel() twice")
 
 
 @core
@@ -465,11 +410,12 @@ async def test_stage2_cancel_after_the_end_is_harmless() -> None:
             for stream in (ended, failed, ended, failed):
                 stream.cancel()  # after the end: harmless (and twice)
             await settle()
-            await expect_end(ended, "§cancel-one: cancel() after the end")
+            await expect_end(ended, "cancel-one: cancel() after the end")
     for source in (ended_source, failed_source):
-        assert source.closed_once() and source.pulls == 2, (
-            f"§close-source: a stream that ended, then was cancelled, closes its source once: "
-            f"{source.describe()}"
+        check(
+            source.closed_once() and source.pulls == 2,
+            f"close-source: a stream that ended, then was cancelled, closes its source once: "
+            f"{source.describe()}",
         )
 
 
@@ -518,14 +464,16 @@ async def test_stage2_whatever_ends_a_stream_closes_its_source_exactly_once(endi
             if ending != "the shutdown":
                 await until(lambda: source.aclose_calls > 0, f"aclose() after {ending}")
                 await settle()
-                assert source.aclose_calls == 1, (
-                    f"§close-source: after {ending}: {source.describe()} (exactly once)"
+                check(
+                    source.aclose_calls == 1,
+                    f"close-source: after {ending}: {source.describe()} (exactly once)",
                 )
-    assert source.closed_once() and source.pulls_after_close == 0, (
-        f"§close-source: a stream ended by {ending}, then the mux left: the source's aclose() "
-        f"called exactly once (and run to its end), nothing pulled after: {source.describe()}"
+    check(
+        source.closed_once() and source.pulls_after_close == 0,
+        f"close-source: a stream ended by {ending}, then the mux left: the source's aclose() "
+        f"called exactly once (and run to its end), nothing pulled after: {source.describe()}",
     )
-    assert consumer.done, f"the consumer's iteration must have ended after {ending}"
+    check(consumer.done, f"the consumer's iteration must have ended after {ending}")
 
 
 @core
@@ -542,7 +490,7 @@ async def test_stage2_a_source_without_aclose_is_fine() -> None:
             await expect_end(ended, "its source ended (no aclose() to call)")
             await settle()
             cancelled.cancel()
-            await expect_end(cancelled, "§cancel-one: cancelled (no aclose() to call)")
+            await expect_end(cancelled, "cancel-one: cancelled (no aclose() to call)")
 
 
 # --- shutdown ---------------------------------------------------------------------------
@@ -565,18 +513,19 @@ async def test_stage2_leaving_the_block_cancels_every_stream_and_waits_for_it(ho
     watched = ChannelSource("consumer waiting")
     ended = ListSource([b"data: last\n\n"], name="ended")
     failed = ListSource([], then=OSError("upstream reset"), name="failed, error unread")
-    sources: list[Any] = [waiting, full, watched, ended, failed]
+    sources: list[ChannelSource | ListSource] = [waiting, full, watched, ended, failed]
     mux = new_mux(max_buffered=2)
-    streams: dict[str, Any] = {}
+    streams: dict[str, MuxedStream] = {}
+    readers: dict[str, Consumer] = {}
     ready = anyio.Event()
 
-    async def block(consumers: Any) -> None:
+    async def block(consumers: anyio.abc.TaskGroup) -> None:
         async with mux:
             for source in sources:
                 streams[source.name] = mux.open(source.name, source)
             consumer = Consumer(streams["consumer waiting"])
             consumers.start_soon(consumer.run)
-            streams["consumer"] = consumer
+            readers["consumer"] = consumer
             assert await take(streams["ended"], "the only event") == E(data="last")
             await expect_end(streams["ended"], "its source ended")
             await until(
@@ -584,7 +533,7 @@ async def test_stage2_leaving_the_block_cancels_every_stream_and_waits_for_it(ho
                 "two streams waiting for their sources, a consumer waiting in __anext__",
             )
             await settle()
-            assert streams["full buffer"].buffered == 2, "a full stream: 2 events buffered"
+            check(streams["full buffer"].buffered == 2, "a full stream: 2 events buffered")
             ready.set()
             if how == "by an exception":
                 raise Boom("the handler failed")
@@ -599,80 +548,43 @@ async def test_stage2_leaving_the_block_cancels_every_stream_and_waits_for_it(ho
                     await ready.wait()
                     runner.cancel_scope.cancel()  # the task running the block is cancelled
             elif how == "by an exception":
+                propagated = False
                 try:
                     await block(consumers)
                 except Exception as exc:
                     if not contains(exc, Boom) or contains(exc, Todo):
                         raise
-                else:
-                    raise AssertionError("the block's exception (Boom) must propagate")
+                    propagated = True
+                check(propagated, "the block's exception (Boom) must propagate")
             else:
                 with nothing_escapes("leaving normally, with a stream whose error was unread"):
                     await block(consumers)
             # __aexit__ has returned: every source must be closed already, not later.
             for source in sources:
-                assert source.closed_once() and not source.waiting, (
-                    f"§shutdown: when __aexit__ (left {how}) returns, every stream is cancelled "
+                check(
+                    source.closed_once() and not source.waiting,
+                    f"shutdown: when __aexit__ (left {how}) returns, every stream is cancelled "
                     f"and its source closed — no task of the mux left running: "
-                    f"{source.describe()}"
+                    f"{source.describe()}",
                 )
-    consumer = streams["consumer"]
-    assert consumer.outcome == END, (
-        f"§shutdown: a consumer waiting in __anext__ when the block was left {how} must see its "
-        f"iteration end (StopAsyncIteration), got {outcome_of(consumer)}"
+    consumer = readers["consumer"]
+    check(
+        consumer.outcome == END,
+        f"shutdown: a consumer waiting in __anext__ when the block was left {how} must see its "
+        f"iteration end (StopAsyncIteration), got {outcome_of(consumer)}",
     )
     for name in ("waiting at its source", "full buffer", "consumer waiting", "ended"):
-        await expect_end(streams[name], f"§shutdown: iterating {name!r} after the block")
+        await expect_end(streams[name], f"shutdown: iterating {name!r} after the block")
     for source in sources:
-        assert source.closed_once() and source.pulls_after_close == 0, (
-            f"§shutdown: {source.describe()}"
+        check(
+            source.closed_once() and source.pulls_after_close == 0, f"shutdown: {source.describe()}"
         )
     with pytest.raises(RuntimeError):
         mux.open("late", ListSource([]))
-        raise AssertionError(f"§shutdown: open() after the block (left {how}) must raise")
+        raise AssertionError(f"shutdown: open() after the block (left {how}) must raise")
 
 
 # --- idle timeout (extended) ----------------------------------------------------------------
-
-
-async def _quiet_stream(mux: Any, tg: Any, source: ChannelSource) -> tuple[Any, Consumer]:
-    stream = mux.open(source.name, source)
-    consumer = Consumer(stream)
-    tg.start_soon(consumer.run)
-    await until(lambda: source.waiting and consumer.waiting, "the mux waiting for a chunk")
-    await settle()
-    return stream, consumer
-
-
-async def _next_pull(source: ChannelSource, when: str) -> None:
-    """Wait until the mux asks the source for its next chunk (or the stream has ended)."""
-    await until(lambda: source.waiting or source.aclose_calls > 0, f"the next pull {when}")
-    await settle()
-    assert source.aclose_calls == 0, (
-        f"§idle-timeout: {when}, the stream must still be open and reading; it ended: "
-        f"{source.describe()}"
-    )
-
-
-async def _still_open(consumer: Consumer, source: Any, when: str) -> None:
-    await settle()
-    assert not consumer.done and source.aclose_calls == 0, (
-        f"§idle-timeout: {when}, the stream must still be open; it ended with "
-        f"{outcome_of(consumer)} ({source.describe()})"
-    )
-
-
-async def _timed_out(consumer: Consumer, source: Any, stream: Any, when: str) -> None:
-    await until(lambda: consumer.done, f"§idle-timeout: StreamTimeout {when}")
-    out = consumer.outcome
-    assert isinstance(out, StreamTimeout), (
-        f"§idle-timeout: {when}, the consumer must get StreamTimeout; got {outcome_of(consumer)}"
-    )
-    assert (out.name, out.idle_timeout_ns) == (stream.name, IDLE), (
-        f"StreamTimeout names the stream and the timeout: expected ({stream.name!r}, {IDLE}), "
-        f"got ({out.name!r}, {out.idle_timeout_ns!r})"
-    )
-    await until(lambda: source.aclose_calls > 0, "§close-source: aclose() after the timeout")
 
 
 @extended
@@ -684,18 +596,19 @@ async def test_stage2_a_quiet_source_times_out_at_the_deadline_exactly_once() ->
             new_mux(clock=clock, idle_timeout_ns=IDLE) as mux,
             anyio.create_task_group() as tg,
         ):
-            stream, consumer = await _quiet_stream(mux, tg, source)
+            stream, consumer = await quiet_stream(mux, tg, source)
             clock.advance(IDLE - 1)
-            await _still_open(consumer, source, "1 ns before the idle timeout")
+            await still_open(consumer, source, "1 ns before the idle timeout")
             clock.advance(1)
-            await _timed_out(consumer, source, stream, "at the idle timeout")
+            await timed_out(consumer, source, stream, "at the idle timeout")
             clock.advance(10 * IDLE)
             await settle()
-            assert source.pulls == 1 and source.closed_once(), (
-                "§idle-timeout: after the timeout nothing more is read, and the source is "
-                f"closed once: {source.describe()}"
+            check(
+                source.pulls == 1 and source.closed_once(),
+                "idle-timeout: after the timeout nothing more is read, and the source is "
+                f"closed once: {source.describe()}",
             )
-            await expect_end(stream, "§idle-timeout: StreamTimeout is raised exactly once")
+            await expect_end(stream, "idle-timeout: StreamTimeout is raised exactly once")
 
 
 @extended
@@ -707,23 +620,24 @@ async def test_stage2_every_chunk_restarts_the_idle_timer() -> None:
             new_mux(clock=clock, idle_timeout_ns=IDLE) as mux,
             anyio.create_task_group() as tg,
         ):
-            stream, consumer = await _quiet_stream(mux, tg, source)
+            stream, consumer = await quiet_stream(mux, tg, source)
             clock.advance(IDLE - 1)
             source.push(b"data: a\n\n")  # a chunk 1 ns before the deadline
             await until(lambda: consumer.events == [E(data="a")], "event a")
-            await _next_pull(source, "after a chunk 1 ns before the idle timeout")
+            await next_pull(source, "after a chunk 1 ns before the idle timeout")
             clock.advance(IDLE - 1)
             source.push(b"data: b")  # a chunk without a complete event restarts it too
             await until(lambda: source.chunks_given == 2, "the chunk without an event pulled")
-            await _next_pull(source, "after a chunk without an event")
+            await next_pull(source, "after a chunk without an event")
             clock.advance(IDLE - 1)
-            await _still_open(
+            await still_open(
                 consumer, source, "IDLE - 1 ns after the last chunk (2 IDLE after the start)"
             )
             clock.advance(1)
-            await _timed_out(consumer, source, stream, "IDLE ns after the last chunk")
-            assert consumer.events == [E(data="a")], (
-                f"§idle-timeout: one event, then the timeout; got {consumer.events}"
+            await timed_out(consumer, source, stream, "IDLE ns after the last chunk")
+            check(
+                consumer.events == [E(data="a")],
+                f"idle-timeout: one event, then the timeout; got {consumer.events}",
             )
 
 
@@ -739,22 +653,24 @@ async def test_stage2_time_blocked_on_a_full_buffer_is_not_idleness() -> None:
             await settle()
             clock.advance(5 * IDLE)  # the consumer is slow; the source is not idle
             await settle()
-            assert source.aclose_calls == 0 and stream.buffered == 1 and source.pulls == 1, (
-                "§idle-timeout: time spent waiting for the consumer (the buffer full, no chunk "
+            check(
+                source.aclose_calls == 0 and stream.buffered == 1 and source.pulls == 1,
+                "idle-timeout: time spent waiting for the consumer (the buffer full, no chunk "
                 f"asked for) is not the source's idleness; after 5 IDLE: {source.describe()}, "
-                f"{stream.buffered} event(s) buffered"
+                f"{stream.buffered} event(s) buffered",
             )
             assert await take(stream, "event a") == E(data="a")  # the timer restarts now
-            await _next_pull(
+            await next_pull(
                 source,
                 "after 5 IDLE on a full buffer, the consumer took the event (the time the "
                 "buffer was full is not idleness)",
             )
             clock.advance(IDLE - 1)
             await settle()
-            assert source.aclose_calls == 0, (
-                "§idle-timeout: taking an event from a full buffer restarts the timer; IDLE - 1 "
-                f"ns after it the stream ended: {source.describe()}"
+            check(
+                source.aclose_calls == 0,
+                "idle-timeout: taking an event from a full buffer restarts the timer; IDLE - 1 "
+                f"ns after it the stream ended: {source.describe()}",
             )
             clock.advance(1)
             with (
@@ -762,7 +678,7 @@ async def test_stage2_time_blocked_on_a_full_buffer_is_not_idleness() -> None:
                 pytest.raises(StreamTimeout),
             ):
                 await stream.__anext__()
-                raise AssertionError("§idle-timeout: __anext__ returned: StreamTimeout")
+                raise AssertionError("idle-timeout: __anext__ returned: StreamTimeout")
 
 
 @extended
@@ -771,16 +687,17 @@ async def test_stage2_no_idle_timeout_waits_forever() -> None:
     clock, source = ManualClock(), ChannelSource("patient")
     with bounded("a stream without idle timeout"):
         async with new_mux(clock=clock) as mux, anyio.create_task_group() as tg:
-            _, consumer = await _quiet_stream(mux, tg, source)
+            _, consumer = await quiet_stream(mux, tg, source)
             for _ in range(3):
                 clock.advance(10**6 * IDLE)
-                await _still_open(consumer, source, "with idle_timeout_ns=None, a year later")
+                await still_open(consumer, source, "with idle_timeout_ns=None, a year later")
             source.push(b"data: late\n\n")
             source.end()
             await until(lambda: consumer.done, "the late event and the end")
-    assert consumer.events == [E(data="late")] and consumer.outcome == END, (
-        f"§idle-timeout: idle_timeout_ns=None waits forever: expected the late event then "
-        f"{END}, got {consumer.events} then {outcome_of(consumer)}"
+    check(
+        consumer.events == [E(data="late")] and consumer.outcome == END,
+        f"idle-timeout: idle_timeout_ns=None waits forever: expected the late event then "
+        f"{END}, got {consumer.events} then {outcome_of(consumer)}",
     )
 
 
@@ -804,7 +721,7 @@ async def test_stage2_a_cancelled_consumer_loses_no_event(order: str) -> None:
     got: list[ServerSentEvent] = []
     state = {"entered": False, "left": False}
 
-    async def impatient(stream: Any) -> None:
+    async def impatient(stream: MuxedStream) -> None:
         try:
             with scope:
                 state["entered"] = True
@@ -837,12 +754,13 @@ async def test_stage2_a_cancelled_consumer_loses_no_event(order: str) -> None:
             # The rest of the stream, from another task: a lost event shows at once as a
             # short list, instead of a wait for an event that never comes.
             taken = list(got) + [event async for event in stream]
-    assert taken == [E(data="1"), E(data="2")], (
-        f"§waiter-cancelled: a consumer waiting in __anext__ was cancelled ({order}); what it "
+    check(
+        taken == [E(data="1"), E(data="2")],
+        f"waiter-cancelled: a consumer waiting in __anext__ was cancelled ({order}); what it "
         f"got ({got}) and what the next __anext__ calls got must be events 1, 2, each once; "
-        f"got {taken}"
+        f"got {taken}",
     )
-    assert source.closed_once(), f"the stream ended by its source: {source.describe()}"
+    check(source.closed_once(), f"the stream ended by its source: {source.describe()}")
 
 
 # --- bad arguments (extended) ---------------------------------------------------------------
@@ -869,8 +787,9 @@ async def test_stage2_bad_arguments_name_the_parameter() -> None:
         with pytest.raises(kind) as caught:
             mux_cls(clock=ManualClock(), **{name: value})
             raise AssertionError(f"StreamMux({name}={value!r}) must raise {kind.__name__}")
-        assert name in str(caught.value), (
-            f"StreamMux({name}={value!r}) raised {caught.value!r}: the message must name {name}"
+        check(
+            name in str(caught.value),
+            f"StreamMux({name}={value!r}) raised {caught.value!r}: the message must name {name}",
         )
     mux_cls(clock=ManualClock(), idle_timeout_ns=None, max_buffered=1)  # both fine
     mux_cls(clock=ManualClock(), idle_timeout_ns=1)
@@ -879,17 +798,19 @@ async def test_stage2_bad_arguments_name_the_parameter() -> None:
         with pytest.raises(ValueError) as caught_value:
             mux.open("req-1", ChannelSource("again"))
             raise AssertionError("open() of a name already open must raise ValueError")
-        assert "req-1" in str(caught_value.value), (
-            f"open('req-1') twice raised {caught_value.value!r}: the message must name 'req-1'"
+        check(
+            "req-1" in str(caught_value.value),
+            f"open('req-1') twice raised {caught_value.value!r}: the message must name 'req-1'",
         )
         not_async: Sequence[object] = ([b"data: a\n\n"], iter([b"data: a\n\n"]), b"data: a\n\n")
         for n, source in enumerate(not_async):
             with pytest.raises(TypeError) as caught_type:
-                mux.open(f"sync-{n}", source)
+                mux.open(f"sync-{n}", source)  # type: ignore[arg-type]  # on purpose
                 raise AssertionError(f"open() of {source!r} (not an async iterator): TypeError")
-            assert "source" in str(caught_type.value), (
+            check(
+                "source" in str(caught_type.value),
                 f"open(name, {source!r}) raised {caught_type.value!r}: the message must name "
-                "the source"
+                "the source",
             )
         ok = ChannelSource("fine")
         mux.open("fine", ok)

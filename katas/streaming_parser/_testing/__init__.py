@@ -1,1 +1,3 @@
-"""What the streaming-parser suites share: recorded streams, models, encoders."""
+"""What the streaming-parser suites share: the oracle, recorded streams, and the drivers
+of each stage — parsers and chat chunks (stage 1), sources, consumers and streams of a
+mux (stage 2), replicas, fault schedules and resumable sources (stage 3)."""

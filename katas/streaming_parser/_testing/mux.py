@@ -15,7 +15,8 @@ say "exactly two chunks were pulled" or "closed once" instead of guessing from t
 :class:`Consumer` takes a stream's events in a task and records them and how the
 iteration ended. :func:`bounded` turns a wait that overruns its deadline into an
 assertion that says what was awaited; :func:`settle` lets every task run until all of
-them wait.
+them wait. What a test does with a mux — build it, take from it, probe its idle
+timeouts — is in :mod:`.streams`.
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
 
 import anyio
 import anyio.lowlevel
 
 from katas._harness.waiting import DEADLINE_S
 from katas._runtime.todo import Todo
-from katas.streaming_parser.api import ServerSentEvent
+from katas.streaming_parser.api import MuxedStream, ServerSentEvent
 
 
 @contextmanager
@@ -204,7 +204,7 @@ class Consumer:
     ``outcome`` :data:`END` or the exception the stream raised. ``waiting`` is True while
     it is inside ``__anext__``. A stub's ``Todo`` is not an outcome: it propagates."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: MuxedStream) -> None:
         self.stream = stream
         self.events: list[ServerSentEvent] = []
         self.outcome: str | BaseException | None = None

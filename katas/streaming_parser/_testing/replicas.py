@@ -118,6 +118,11 @@ class Request:
         return f"#{self.seq + 1} to {self.replica}, {lei} -> {self.action}"
 
 
+def show_requests(requests: Sequence[Request]) -> str:
+    """Requests as a failure shows them: one a line, indented."""
+    return "\n".join(f"    {r.show()}" for r in requests) or "    (no request)"
+
+
 class JumpingClock(ManualClock):
     """Sleeps take no real time: a sleep moves the clock to its deadline. ``sleeps_ns``
     records each one's length (0 for a deadline already due). With ``jumping`` False
@@ -274,8 +279,8 @@ class ReplicaSet:
         return [name for name, p in self.processes.items() if p.lines(prefix)]
 
     def show(self) -> str:
-        shown = [r.show() for r in self.requests()]
-        return "\n".join(f"    {line}" for line in shown) or "    (no request)"
+        """Every request of this test so far, one a line (:func:`show_requests`)."""
+        return show_requests(self.requests())
 
     def close(self) -> None:
         for process in self.processes.values():
@@ -290,6 +295,7 @@ __all__ = [
     "body_offsets",
     "events_of",
     "resumes",
+    "show_requests",
     "stream_wire",
     "token_blocks",
 ]

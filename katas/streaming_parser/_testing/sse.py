@@ -13,11 +13,10 @@ import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from hypothesis import strategies as st
 
-from katas.streaming_parser.api import ServerSentEvent
+from katas.streaming_parser.api import EventParser, ServerSentEvent
 
 BOM = b"\xef\xbb\xbf"
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -70,7 +69,7 @@ def interpret(body: bytes, last_event_id: str = "", retry_ms: int | None = None)
     return out
 
 
-def feed_all(parser: Any, chunks: Sequence[bytes]) -> list[list[ServerSentEvent]]:
+def feed_all(parser: EventParser, chunks: Sequence[bytes]) -> list[list[ServerSentEvent]]:
     """``parser.feed`` each chunk; the events of each call."""
     return [parser.feed(chunk) for chunk in chunks]
 
@@ -79,6 +78,13 @@ def cut(body: bytes, at: Sequence[int]) -> list[bytes]:
     """``body`` split at the offsets ``at`` (sorted, deduplicated, inside the body)."""
     points = [0, *sorted({p for p in at if 0 < p < len(body)}), len(body)]
     return [body[a:b] for a, b in itertools.pairwise(points)]
+
+
+def every_split(body: bytes) -> list[list[bytes]]:
+    """The body whole, byte by byte, and cut once at every offset."""
+    return [[body], [body[i : i + 1] for i in range(len(body))]] + [
+        [body[:i], body[i:]] for i in range(1, len(body))
+    ]
 
 
 def awkward_offsets(body: bytes) -> list[int]:
@@ -152,6 +158,7 @@ __all__ = [
     "awkward_offsets",
     "bodies",
     "cut",
+    "every_split",
     "feed_all",
     "interpret",
     "splits",
