@@ -32,19 +32,15 @@ from typing import Any
 
 import pytest
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.story import Story, check, differences
 from katas._harness.under_test import stage
 from katas.job_scheduler._testing.queues import (
     BASE,
     CAP,
-    DEAD,
     LEASE,
-    LEASED,
-    READY,
-    SCHEDULED,
     SEED,
     START,
-    SUCCEEDED,
     claim,
     delay_none,
     drawn_delays,
@@ -54,6 +50,7 @@ from katas.job_scheduler._testing.queues import (
     rejects,
     rel,
 )
+from katas.job_scheduler._testing.states import DEAD, LEASED, READY, SCHEDULED, SUCCEEDED
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
     EffectStore,
@@ -67,16 +64,13 @@ from katas.job_scheduler.api import (
 
 pytestmark = [pytest.mark.stage(1)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
-
 
 # --------------------------------------------------------------------------------------
 # Examples: the prompt, core
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.rule("unique-ids", "claim-counts", "snapshot")
+@rule("unique-ids", "claim-counts", "snapshot")
 @core
 def test_stage1_enqueue_claim_ack_runs_a_job_once() -> None:
     clock, queue = new_queue()
@@ -115,7 +109,7 @@ def test_stage1_enqueue_claim_ack_runs_a_job_once() -> None:
     assert queue.claim("worker-2") is None, "a finished job is never claimed again"
 
 
-@pytest.mark.rule("claim-order", "next-due")
+@rule("claim-order", "next-due")
 @core
 def test_stage1_claim_on_an_empty_queue_returns_none() -> None:
     _, queue = new_queue()
@@ -123,7 +117,7 @@ def test_stage1_claim_on_an_empty_queue_returns_none() -> None:
     assert queue.next_due_ns() is None, "next_due_ns() on an empty queue is None"
 
 
-@pytest.mark.rule("claim-order", "never-compared")
+@rule("claim-order", "never-compared")
 @core
 def test_stage1_equal_priority_jobs_come_out_in_enqueue_order() -> None:
     _, queue = new_queue()
@@ -136,7 +130,7 @@ def test_stage1_equal_priority_jobs_come_out_in_enqueue_order() -> None:
     )
 
 
-@pytest.mark.rule("claim-order", "future-does-not-block")
+@rule("claim-order", "future-does-not-block")
 @core
 def test_stage1_higher_priority_first_then_due_time_then_enqueue_order() -> None:
     clock, queue = new_queue()
@@ -158,7 +152,7 @@ def test_stage1_higher_priority_first_then_due_time_then_enqueue_order() -> None
     )
 
 
-@pytest.mark.rule("never-early")
+@rule("never-early")
 @core
 def test_stage1_job_is_not_claimed_before_its_run_at() -> None:
     clock, queue = new_queue()
@@ -174,7 +168,7 @@ def test_stage1_job_is_not_claimed_before_its_run_at() -> None:
     )
 
 
-@pytest.mark.rule("failed-attempt", "backoff-formula", "backoff-from-failure")
+@rule("failed-attempt", "backoff-formula", "backoff-from-failure")
 @core
 def test_stage1_nack_retries_after_exponential_backoff() -> None:
     clock, queue = new_queue(max_attempts=7)
@@ -206,7 +200,7 @@ def test_stage1_nack_retries_after_exponential_backoff() -> None:
         clock.advance(1)
 
 
-@pytest.mark.rule("lease-live", "failed-attempt", "claim-counts")
+@rule("lease-live", "failed-attempt", "claim-counts")
 @core
 def test_stage1_expired_lease_costs_an_attempt_and_is_retried() -> None:
     clock, queue = new_queue()
@@ -233,7 +227,7 @@ def test_stage1_expired_lease_costs_an_attempt_and_is_retried() -> None:
     )
 
 
-@pytest.mark.rule("stale-changes-nothing")
+@rule("stale-changes-nothing")
 @core
 def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() -> None:
     clock, queue = new_queue(max_attempts=5)
@@ -261,7 +255,7 @@ def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() ->
     assert queue.get(job_id).result == "done", "a second ack must change nothing"
 
 
-@pytest.mark.rule("dead-at-max")
+@rule("dead-at-max")
 @core
 def test_stage1_job_is_dead_after_exactly_max_attempts() -> None:
     clock, queue = new_queue(max_attempts=3)
@@ -292,7 +286,7 @@ def test_stage1_job_is_dead_after_exactly_max_attempts() -> None:
     assert queue.claim("w") is None, "a DEAD job is never claimed"
 
 
-@pytest.mark.rule("dead-at-max", "failed-attempt")
+@rule("dead-at-max", "failed-attempt")
 @core
 def test_stage1_poison_job_that_always_crashes_dies() -> None:
     clock, queue = new_queue(max_attempts=2)
@@ -314,7 +308,7 @@ def test_stage1_poison_job_that_always_crashes_dies() -> None:
     )
 
 
-@pytest.mark.rule("retry-keeps-seq")
+@rule("retry-keeps-seq")
 @core
 def test_stage1_retry_keeps_its_sequence_number() -> None:
     clock, queue = new_queue()
@@ -333,7 +327,7 @@ def test_stage1_retry_keeps_its_sequence_number() -> None:
     assert seqs == (1, 2), f"seq is the enqueue order and a retry keeps it, got {seqs}"
 
 
-@pytest.mark.rule("backoff-from-failure")
+@rule("backoff-from-failure")
 @core
 def test_stage1_backoff_of_an_expired_lease_runs_from_the_expiry() -> None:
     clock, queue = new_queue(jitter="full")
@@ -349,7 +343,7 @@ def test_stage1_backoff_of_an_expired_lease_runs_from_the_expiry() -> None:
     )
 
 
-@pytest.mark.rule("expiry-order")
+@rule("expiry-order")
 @core
 def test_stage1_expiries_are_applied_in_expiry_then_sequence_order() -> None:
     policy = RetryPolicy(BASE, CAP, "full")
@@ -376,7 +370,7 @@ def test_stage1_expiries_are_applied_in_expiry_then_sequence_order() -> None:
     )
 
 
-@pytest.mark.rule("settle-first")
+@rule("settle-first")
 @core
 def test_stage1_every_call_applies_due_expiries_before_its_own_work() -> None:
     clock, queue = new_queue(jitter="full", max_attempts=5)
@@ -399,7 +393,7 @@ def test_stage1_every_call_applies_due_expiries_before_its_own_work() -> None:
     )
 
 
-@pytest.mark.rule("next-due")
+@rule("next-due")
 @core
 def test_stage1_next_due_ns_tells_when_to_claim_next() -> None:
     clock, queue = new_queue()
@@ -493,7 +487,7 @@ def _bad_calls() -> list[Any]:
     return [pytest.param(*case[:4], marks=case[4], id=case[0]) for case in cases]
 
 
-@pytest.mark.rule("bad-input")
+@rule("bad-input")
 @pytest.mark.parametrize(("what", "call", "exc", "word"), _bad_calls())
 def test_stage1_bad_input_raises_naming_the_parameter_and_changes_nothing(
     what: str, call: BadCall, exc: Any, word: str
@@ -510,7 +504,7 @@ def test_stage1_bad_input_raises_naming_the_parameter_and_changes_nothing(
     queue.ack(lease)  # the lease is still live
 
 
-@pytest.mark.rule("get-unknown", "lease-unknown-job")
+@rule("get-unknown", "lease-unknown-job")
 @core
 def test_stage1_unknown_job_raises_job_not_found() -> None:
     _, queue = new_queue()
@@ -521,7 +515,7 @@ def test_stage1_unknown_job_raises_job_not_found() -> None:
     assert issubclass(JobNotFound, LookupError)
 
 
-@pytest.mark.rule("decorrelated")
+@rule("decorrelated")
 @core
 def test_stage1_decorrelated_jitter_grows_from_the_capped_previous_delay() -> None:
     base, cap, seed = 100, 150, 5
@@ -549,7 +543,7 @@ def test_stage1_decorrelated_jitter_grows_from_the_capped_previous_delay() -> No
     )
 
 
-@pytest.mark.rule("dead-at-max", "one-draw")
+@rule("dead-at-max", "one-draw")
 @core
 @pytest.mark.parametrize("how", ["nack", "expiry"])
 def test_stage1_a_job_that_dies_draws_no_backoff(how: str) -> None:
@@ -623,21 +617,21 @@ def live_until_its_expiry(method: str) -> None:
         )
 
 
-@pytest.mark.rule("lease-live", "stale-changes-nothing", "settle-first")
+@rule("lease-live", "stale-changes-nothing", "settle-first")
 @core
 def test_stage1_ack_and_nack_need_a_lease_live_until_1_ns_before_its_expiry() -> None:
     for method in ("ack", "nack"):
         live_until_its_expiry(method)
 
 
-@pytest.mark.rule("lease-live", "heartbeat-never-revives", "release", "is-current", "effect-fenced")
+@rule("lease-live", "heartbeat-never-revives", "release", "is-current", "effect-fenced")
 @extended
 def test_stage1_heartbeat_release_is_current_and_commit_see_the_expiry_at_its_instant() -> None:
     for method in ("heartbeat", "release", "is_current", "commit"):
         live_until_its_expiry(method)
 
 
-@pytest.mark.rule("lease-unknown-job", "is-current", "effect-fenced", "retention")
+@rule("lease-unknown-job", "is-current", "effect-fenced", "retention")
 @extended
 def test_stage1_calls_on_a_job_forgotten_after_its_retention() -> None:
     clock, queue = new_queue(retention_ns=100)

@@ -21,32 +21,36 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from katas._harness.marks import extended, rule
 from katas._harness.story import Story
 from katas.job_scheduler._testing.clients import (
     Client,
     Op,
-    client_for,
+    ran,
     workloads,
 )
 from katas.job_scheduler._testing.queues import (
     BASE,
-    CANCELLED,
     CAP,
-    DEAD,
-    FINISHED,
     LEASE,
-    LEASED,
-    READY,
-    SCHEDULED,
     START,
-    SUCCEEDED,
     claim,
+    due_claims,
     fail_fast_on_stubs,  # noqa: F401 (autouse)
     held,
     memory_store,
     new_queue,
     rejects,
     rel,
+)
+from katas.job_scheduler._testing.states import (
+    CANCELLED,
+    DEAD,
+    FINISHED,
+    LEASED,
+    READY,
+    SCHEDULED,
+    SUCCEEDED,
 )
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
@@ -59,11 +63,8 @@ from katas.job_scheduler.api import (
 
 pytestmark = [pytest.mark.stage(1)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
 
-
-@pytest.mark.rule("heartbeat")
+@rule("heartbeat")
 @extended
 def test_stage1_heartbeat_extends_a_live_lease() -> None:
     clock, queue = new_queue()
@@ -86,7 +87,7 @@ def test_stage1_heartbeat_extends_a_live_lease() -> None:
     )
 
 
-@pytest.mark.rule("heartbeat-never-revives")
+@rule("heartbeat-never-revives")
 @extended
 @given(
     beats=st.lists(st.integers(1, 2 * LEASE), min_size=1, max_size=6),
@@ -128,7 +129,7 @@ def test_stage1_heartbeat_never_revives_an_expired_lease(beats: list[int], recla
         return
 
 
-@pytest.mark.rule("release")
+@rule("release")
 @extended
 def test_stage1_release_refunds_the_attempt_and_keeps_the_place_in_line() -> None:
     clock, queue = new_queue(max_attempts=1)
@@ -150,7 +151,7 @@ def test_stage1_release_refunds_the_attempt_and_keeps_the_place_in_line() -> Non
     )
 
 
-@pytest.mark.rule("release")
+@rule("release")
 @extended
 @given(pattern=st.lists(st.sampled_from(["release", "nack", "crash"]), min_size=1, max_size=12))
 def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
@@ -185,7 +186,7 @@ def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
     )
 
 
-@pytest.mark.rule("cancel", "cancel-finished")
+@rule("cancel", "cancel-finished")
 @extended
 def test_stage1_cancel_makes_the_lease_stale_and_the_job_final() -> None:
     clock, queue = new_queue()
@@ -216,14 +217,13 @@ def test_stage1_cancel_makes_the_lease_stale_and_the_job_final() -> None:
     rejects(JobNotFound, lambda: queue.cancel("no-such-job"), "cancel of an unknown id")
 
 
-@pytest.mark.rule("cancel", "cancel-finished")
+@rule("cancel", "cancel-finished")
 @extended
 @given(ops=workloads(max_size=30), victim=st.integers(0, 30), seed=st.integers(0, 9))
 def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
     ops: list[Op], victim: int, seed: int
 ) -> None:
-    client = client_for(3)
-    client.run(ops)
+    client = ran(ops)
     queue, clock = client.queue, client.clock
     if not client.jobs:
         return
@@ -252,7 +252,7 @@ def test_stage1_cancel_at_any_point_stales_every_lease_and_ends_the_job(
     assert queue.get(job_id).state is (CANCELLED if cancelled else before.state)
 
 
-@pytest.mark.rule("dead-letters", "redrive", "redrive-keeps-token")
+@rule("dead-letters", "redrive", "redrive-keeps-token")
 @extended
 def test_stage1_dead_letters_are_listed_in_order_of_death_and_can_be_redriven() -> None:
     clock, queue = new_queue(max_attempts=1)
@@ -284,7 +284,7 @@ def test_stage1_dead_letters_are_listed_in_order_of_death_and_can_be_redriven() 
     rejects(JobNotFound, lambda: queue.redrive("no-such-job"), "redrive of an unknown id")
 
 
-@pytest.mark.rule("redrive", "redrive-keeps-token")
+@rule("redrive", "redrive-keeps-token")
 @extended
 @given(
     max_attempts=st.integers(1, 3),
@@ -326,7 +326,7 @@ def test_stage1_redrive_zeroes_attempts_and_tokens_keep_growing(
         )
 
 
-@pytest.mark.rule("idempotency", "dedup-ttl-from-first")
+@rule("idempotency", "dedup-ttl-from-first")
 @extended
 def test_stage1_idempotency_key_returns_the_first_job_within_its_ttl() -> None:
     clock, queue = new_queue(dedup_ttl_ns=500)
@@ -350,7 +350,7 @@ def test_stage1_idempotency_key_returns_the_first_job_within_its_ttl() -> None:
     assert queue.enqueue("other", idempotency_key="order-8") not in (first, fresh)
 
 
-@pytest.mark.rule("idempotency", "dedup-ttl-from-first")
+@rule("idempotency", "dedup-ttl-from-first")
 @extended
 @given(
     ttl=st.sampled_from([0, 1, 300, 1000]),
@@ -384,7 +384,7 @@ def test_stage1_idempotent_enqueue_dedups_exactly_within_the_ttl_of_the_first(
             first[key] = (got, now)
 
 
-@pytest.mark.rule("retention", "unfinished-kept")
+@rule("retention", "unfinished-kept")
 @extended
 def test_stage1_finished_jobs_and_keys_are_forgotten_after_retention() -> None:
     clock, queue = new_queue(retention_ns=2_000, dedup_ttl_ns=3_000, max_attempts=1)
@@ -413,7 +413,7 @@ def test_stage1_finished_jobs_and_keys_are_forgotten_after_retention() -> None:
     assert queue.statistics().idempotency_keys == 0, "keys are forgotten after their TTL"
 
 
-@pytest.mark.rule("retention", "unfinished-kept")
+@rule("retention", "unfinished-kept")
 @extended
 @given(
     retention=st.sampled_from([0, 1, 500, 2_000]),
@@ -462,7 +462,7 @@ def test_stage1_retention_forgets_finished_jobs_exactly_on_time(
     )
 
 
-@pytest.mark.rule("max-pending", "full-queue-dedups")
+@rule("max-pending", "full-queue-dedups")
 @extended
 def test_stage1_max_pending_bounds_unfinished_jobs() -> None:
     _, queue = new_queue(max_pending=2, max_attempts=1)
@@ -483,7 +483,7 @@ def test_stage1_max_pending_bounds_unfinished_jobs() -> None:
     assert queue.redrive(a) is True
 
 
-@pytest.mark.rule("statistics")
+@rule("statistics")
 @extended
 def test_stage1_statistics_count_jobs_per_state() -> None:
     clock, queue = new_queue(max_attempts=1)
@@ -503,7 +503,7 @@ def test_stage1_statistics_count_jobs_per_state() -> None:
     assert (queue.statistics().scheduled, queue.statistics().ready) == (0, 2)
 
 
-@pytest.mark.rule("is-current")
+@rule("is-current")
 @extended
 def test_stage1_is_current_tells_a_worker_whether_its_lease_is_live() -> None:
     clock, queue = new_queue()
@@ -520,7 +520,7 @@ def test_stage1_is_current_tells_a_worker_whether_its_lease_is_live() -> None:
     assert queue.is_current(Lease("no-such-job", 1, 1, START + LEASE, "w")) is False
 
 
-@pytest.mark.rule("effect-once", "effect-fenced")
+@rule("effect-once", "effect-fenced")
 @extended
 def test_stage1_effect_store_applies_each_effect_once_despite_crashes_and_zombies() -> None:
     clock, queue = new_queue(max_attempts=5)
@@ -548,7 +548,7 @@ def test_stage1_effect_store_applies_each_effect_once_despite_crashes_and_zombie
     assert len(store.effects()) == 2, "effects() returns a copy"
 
 
-@pytest.mark.rule("effect-once", "effect-fenced")
+@rule("effect-once", "effect-fenced")
 @extended
 @given(
     plans=st.lists(
@@ -572,14 +572,7 @@ def test_stage1_each_jobs_effect_is_applied_exactly_once_under_crashes(
     story = Story(
         "workers running jobs with crashes between claim, effect and ack:", clock.now_ns, START
     )
-    for _ in range(8 * len(plans) * 6):
-        due = queue.next_due_ns()
-        if due is None:
-            break
-        clock.set(max(due, clock.now_ns()))
-        lease = queue.claim("w")
-        if lease is None:
-            continue
+    for _, lease in due_claims(queue, clock, "w", 8 * len(plans) * 6):
         plan = plans[ids.index(lease.job_id)]
         what = plan[turn[lease.job_id]] if turn[lease.job_id] < len(plan) else "ok"
         turn[lease.job_id] += 1

@@ -29,33 +29,33 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from katas._harness import marks
 from katas._harness.machines import Driver
+from katas._harness.marks import core, extended
 from katas._harness.story import Story, differences
 from katas._harness.under_test import stage
 from katas._harness.walks import Drawn, Step, Walk, walked
 from katas.job_scheduler._testing.clients import (
     WORKERS,
+    Client,
     Op,
-    client_for,
+    ran,
     workloads,
 )
 from katas.job_scheduler._testing.model import Model
 from katas.job_scheduler._testing.queues import (
     BASE,
-    DEAD,
-    FINISHED,
     LEASE,
-    LEASED,
-    READY,
-    SCHEDULED,
     START,
-    SUCCEEDED,
     drawn_delays,
+    due_claims,
     fail_fast_on_stubs,  # noqa: F401 (autouse)
     held,
     new_queue,
+    refusal,
     rel,
 )
+from katas.job_scheduler._testing.states import DEAD, FINISHED, LEASED, READY, SCHEDULED, SUCCEEDED
 from katas.job_scheduler.api import (
     JITTERS,
     Jitter,
@@ -70,8 +70,8 @@ from katas.job_scheduler.api import (
 
 pytestmark = [pytest.mark.stage(1)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
+#: What every core property below is judged on: a drawn workload, max_attempts 1 to 3.
+drawn_runs = given(ops=workloads(), max_attempts=st.integers(1, 3))
 
 
 # --------------------------------------------------------------------------------------
@@ -79,16 +79,13 @@ extended = pytest.mark.extended
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.rule("never-early")
+@marks.rule("never-early")
 @core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
+@drawn_runs
 def test_stage1_never_claims_a_job_before_it_is_due(ops: list[Op], max_attempts: int) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
-    for fact in client.claims:
-        if fact.lease is None:
-            continue
-        job_id = fact.lease.job_id  # unknown, leased or finished: judged by other properties
+    client = ran(ops, max_attempts)
+    for fact, lease in client.granted():
+        job_id = lease.job_id  # unknown, leased or finished: judged by other properties
         client.story.check(
             fact.states.get(job_id) is not SCHEDULED,
             "a job is never claimed before it is due (run_at_ns, then each retry's backoff)",
@@ -97,14 +94,13 @@ def test_stage1_never_claims_a_job_before_it_is_due(ops: list[Op], max_attempts:
         )
 
 
-@pytest.mark.rule("claim-order", "future-does-not-block")
+@marks.rule("claim-order", "future-does-not-block")
 @core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
+@drawn_runs
 def test_stage1_claim_takes_the_highest_priority_then_earliest_due_then_oldest(
     ops: list[Op], max_attempts: int
 ) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
+    client = ran(ops, max_attempts)
     for fact in client.claims:
         got = None if fact.lease is None else fact.lease.job_id
         if got is not None and fact.states.get(got) is not READY:
@@ -118,21 +114,18 @@ def test_stage1_claim_takes_the_highest_priority_then_earliest_due_then_oldest(
         )
 
 
-@pytest.mark.rule("lease-live")
+@marks.rule("lease-live")
 @core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
+@drawn_runs
 def test_stage1_at_most_one_live_lease_per_job(ops: list[Op], max_attempts: int) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
-    for fact in client.claims:
-        if fact.lease is None:
-            continue
+    client = ran(ops, max_attempts)
+    for fact, lease in client.granted():
         client.story.check(
-            fact.states.get(fact.lease.job_id) is not LEASED,
+            fact.states.get(lease.job_id) is not LEASED,
             "a job has at most one live lease: it is not claimed again until its "
             "lease is acked, nacked or expired",
-            f"claim at t={fact.now - START} leased {fact.lease.job_id!r} again while "
-            f"token {fact.tokens.get(fact.lease.job_id)} was still live",
+            f"claim at t={fact.now - START} leased {lease.job_id!r} again while "
+            f"token {fact.tokens.get(lease.job_id)} was still live",
         )
 
 
@@ -152,23 +145,22 @@ STALE_LEASES = [
 ]
 
 
-@pytest.mark.rule("claim-counts", "stale-changes-nothing")
+@marks.rule("claim-counts", "stale-changes-nothing")
 @core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
+@drawn_runs
 @example(ops=STALE_LEASES, max_attempts=3)
 def test_stage1_fencing_tokens_grow_and_stale_leases_change_nothing(
     ops: list[Op], max_attempts: int
 ) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
-    for fact in client.claims:
-        if fact.lease is not None and fact.lease.job_id in fact.tokens:
-            previous = fact.tokens[fact.lease.job_id]
+    client = ran(ops, max_attempts)
+    for fact, lease in client.granted():
+        if lease.job_id in fact.tokens:
+            previous = fact.tokens[lease.job_id]
             client.story.check(
-                fact.lease.token > previous,
+                lease.token > previous,
                 "every claim of a job issues a larger fencing token than the last",
-                f"claim at t={fact.now - START} issued token {fact.lease.token} for "
-                f"{fact.lease.job_id!r}, whose previous token was {previous}",
+                f"claim at t={fact.now - START} issued token {lease.token} for "
+                f"{lease.job_id!r}, whose previous token was {previous}",
             )
     for answer in client.answers:
         where = f"{answer.kind} at t={answer.now - START} with token {answer.lease.token}"
@@ -192,16 +184,13 @@ def test_stage1_fencing_tokens_grow_and_stale_leases_change_nothing(
             )
 
 
-@pytest.mark.rule("claim-counts", "dead-at-max")
+@marks.rule("claim-counts", "dead-at-max")
 @core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
+@drawn_runs
 def test_stage1_attempts_are_counted_at_claim_and_the_job_dies_at_max_attempts(
     ops: list[Op], max_attempts: int
 ) -> None:
-    client = client_for(max_attempts)
-
-    def judge() -> None:
-        now = client.clock.now_ns()
+    def judge(client: Client, now: int) -> None:
         for seen in client.jobs.values():
             state, _ = client.state(seen, now)
             job = held(client.queue, seen.id)
@@ -214,29 +203,24 @@ def test_stage1_attempts_are_counted_at_claim_and_the_job_dies_at_max_attempts(
                 f"{seen.id!r}: (attempts, dead) expected {want}, got {got}",
             )
 
-    client.run(ops, judge)
-    for fact in client.claims:
-        if fact.lease is not None and fact.lease.job_id in client.jobs:
-            earlier = [
-                le for le in client.jobs[fact.lease.job_id].leases if le.token < fact.lease.token
-            ]
+    client = ran(ops, max_attempts, judge)
+    for _, lease in client.granted():
+        if lease.job_id in client.jobs:
+            earlier = [le for le in client.jobs[lease.job_id].leases if le.token < lease.token]
             client.story.check(
-                fact.lease.attempt == len(earlier) + 1,
+                lease.attempt == len(earlier) + 1,
                 "a lease's attempt is the number of claims of its job so far",
-                f"{fact.lease} follows {len(earlier)} earlier claims",
+                f"{lease} follows {len(earlier)} earlier claims",
             )
 
 
-@pytest.mark.rule("unique-ids", "failed-attempt", "lease-live")
+@marks.rule("unique-ids", "failed-attempt", "lease-live")
 @core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
+@drawn_runs
 def test_stage1_conservation_every_job_is_in_exactly_the_state_its_history_says(
     ops: list[Op], max_attempts: int
 ) -> None:
-    client = client_for(max_attempts)
-
-    def judge() -> None:
-        now = client.clock.now_ns()
+    def judge(client: Client, now: int) -> None:
         client.story.check(
             not client.duplicate_ids,
             "job ids are unique",
@@ -260,19 +244,16 @@ def test_stage1_conservation_every_job_is_in_exactly_the_state_its_history_says(
                 f"{seen.id!r} is {job.state}, expected {want}",
             )
 
-    client.run(ops, judge)
+    ran(ops, max_attempts, judge)
 
 
-@pytest.mark.rule("next-due")
+@marks.rule("next-due")
 @core
-@given(ops=workloads(), max_attempts=st.integers(1, 3))
+@drawn_runs
 def test_stage1_next_due_ns_is_when_the_next_claim_can_succeed(
     ops: list[Op], max_attempts: int
 ) -> None:
-    client = client_for(max_attempts)
-
-    def judge() -> None:
-        now = client.clock.now_ns()
+    def judge(client: Client, now: int) -> None:
         want, got = client.expected_next_due(now), client.queue.next_due_ns()
         client.story.check(
             got == want,
@@ -281,10 +262,10 @@ def test_stage1_next_due_ns_is_when_the_next_claim_can_succeed(
             f"expected {rel(want)}, got {rel(got)} (relative to start)",
         )
 
-    client.run(ops, judge)
+    ran(ops, max_attempts, judge)
 
 
-@pytest.mark.rule("next-due", "dead-at-max")
+@marks.rule("next-due", "dead-at-max")
 @core
 @given(
     ops=workloads(),
@@ -294,18 +275,10 @@ def test_stage1_next_due_ns_is_when_the_next_claim_can_succeed(
 def test_stage1_liveness_every_job_finishes(
     ops: list[Op], max_attempts: int, outcomes: list[str]
 ) -> None:
-    client = client_for(max_attempts)
-    client.run(ops)
+    client = ran(ops, max_attempts)
     queue, clock = client.queue, client.clock
     budget = 3 * max_attempts * (len(client.jobs) + 1) + 10
-    for step in range(budget):
-        due = queue.next_due_ns()
-        if due is None:
-            break
-        clock.set(max(due, clock.now_ns()))
-        lease = queue.claim("drainer")
-        if lease is None:
-            continue
+    for step, lease in due_claims(queue, clock, "drainer", budget):
         outcome = outcomes[step % len(outcomes)]
         if outcome == "ack":
             queue.ack(lease)
@@ -325,7 +298,7 @@ def test_stage1_liveness_every_job_finishes(
     )
 
 
-@pytest.mark.rule("backoff-formula", "decorrelated", "one-draw", "backoff-from-failure")
+@marks.rule("backoff-formula", "decorrelated", "one-draw", "backoff-from-failure")
 @core
 @given(
     jitter=st.sampled_from(JITTERS),
@@ -468,24 +441,21 @@ class QueueMachine(RuleBasedStateMachine):
 
     def refused(self, error: type[Exception], what: str, call: Callable[[], Any], why: str) -> None:
         """``call()`` must raise ``error`` (the model says so, because ``why``)."""
-        try:
-            call()
-        except error:
-            return
-        except (StaleLease, JobNotFound, QueueFull) as other:
+        got = refusal(error, call)
+        if isinstance(got, Exception):
             raise AssertionError(
                 self.story.tell(
                     "the queue and its exact model disagree",
-                    f"{what}: expected {error.__name__} ({why}), got {type(other).__name__}: "
-                    f"{other}",
+                    f"{what}: expected {error.__name__} ({why}), got {type(got).__name__}: {got}",
                 )
-            ) from None
-        raise AssertionError(
-            self.story.tell(
-                "the queue and its exact model disagree",
-                f"{what} was accepted; expected {error.__name__} ({why})",
             )
-        )
+        if not got:
+            raise AssertionError(
+                self.story.tell(
+                    "the queue and its exact model disagree",
+                    f"{what} was accepted; expected {error.__name__} ({why})",
+                )
+            )
 
     def why_refused(self, seq: int, lease: Lease) -> str:
         """Why the model refuses ``lease`` now, in words."""
@@ -791,10 +761,10 @@ EXTENDED: Walk = [
     ("advance", {"ns": 800}), _OBSERVE,
 ]  # fmt: skip
 
-TestStage1JobQueueModel = pytest.mark.rule(*MODEL_RULES)(
+TestStage1JobQueueModel = marks.rule(*MODEL_RULES)(
     core(walked(QueueMachine, {"two jobs' lives": life(False)}))
 )
-TestStage1JobQueueExtendedModel = pytest.mark.rule(*EXTENDED_MODEL_RULES)(
+TestStage1JobQueueExtendedModel = marks.rule(*EXTENDED_MODEL_RULES)(
     extended(walked(ExtendedQueueMachine, {"two jobs' lives": life(True), "extended": EXTENDED}))
 )
 
@@ -805,14 +775,14 @@ QUEUE_STEPS = Driver(QueueMachine)
 EXTENDED_QUEUE_STEPS = Driver(ExtendedQueueMachine)
 
 
-@pytest.mark.rule(*MODEL_RULES)
+@marks.rule(*MODEL_RULES)
 @core
 @given(steps=QUEUE_STEPS.steps(min_size=10, max_size=60), **SETUPS)
 def test_stage1_queue_matches_its_exact_model_step_by_step(steps: list[Step], **setup: Any) -> None:
     QUEUE_STEPS.run(steps, **setup)
 
 
-@pytest.mark.rule(*EXTENDED_MODEL_RULES)
+@marks.rule(*EXTENDED_MODEL_RULES)
 @extended
 @given(steps=EXTENDED_QUEUE_STEPS.steps(min_size=10, max_size=60), **SETUPS)
 def test_stage1_extended_queue_matches_its_exact_model_step_by_step(

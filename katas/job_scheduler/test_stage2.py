@@ -36,6 +36,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from katas._harness import marks
+from katas._harness.marks import anyio_test, core, extended
 from katas._harness.profiles import heavy_examples
 from katas._harness.story import check
 from katas._harness.under_test import stage
@@ -50,11 +52,15 @@ from katas._harness.waiting import (
 )
 from katas.job_scheduler._testing.clocks import LONG_LEASE, WatchedClock, beats_at_a_third
 from katas.job_scheduler._testing.pools import (
+    AsyncGate,
     Gate,
+    fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
+    idle_handler,
     new_async_pool,
     new_pool,
     pool_queue,
     running,
+    running_async,
     stat,
 )
 from katas.job_scheduler._testing.queues import LEASE, START, rel
@@ -71,21 +77,11 @@ from katas.job_scheduler.api import (
 
 pytestmark = [pytest.mark.stage(2)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
-
-
-@pytest.fixture(autouse=True)
-def _fail_fast_on_stubs() -> None:
-    """Build a pool first: on a stub this fails at once with "not implemented yet"."""
-    _, queue = pool_queue()
-    stage(2).ThreadWorkerPool(queue, lambda lease, payload: None, workers=1)
-
 
 # --- examples --------------------------------------------------------------------------
 
 
-@pytest.mark.rule("handler-acked", "pool-statistics")
+@marks.rule("handler-acked", "pool-statistics")
 @core
 def test_stage2_pool_runs_every_job_and_acks_its_result() -> None:
     _clock, queue, pool = new_pool(lambda lease, payload: payload * 2, workers=3)
@@ -103,7 +99,7 @@ def test_stage2_pool_runs_every_job_and_acks_its_result() -> None:
     assert (stats.claimed, stats.failed, stats.in_flight) == (10, 0, 0), f"{stats}"
 
 
-@pytest.mark.rule("handler-error-nacked")
+@marks.rule("handler-error-nacked")
 @core
 def test_stage2_handler_exception_nacks_the_job_with_the_error() -> None:
     def handler(lease: Lease, payload: Any) -> None:
@@ -128,7 +124,7 @@ def test_stage2_handler_exception_nacks_the_job_with_the_error() -> None:
     assert pool.statistics().succeeded == 0
 
 
-@pytest.mark.rule("outside-the-lock")
+@marks.rule("outside-the-lock")
 @core
 def test_stage2_handlers_run_concurrently_outside_the_lock() -> None:
     barrier = threading.Barrier(3, timeout=1.0)
@@ -153,7 +149,7 @@ def test_stage2_handlers_run_concurrently_outside_the_lock() -> None:
     )
 
 
-@pytest.mark.rule("bounded-in-flight")
+@marks.rule("bounded-in-flight")
 @core
 def test_stage2_in_flight_work_is_bounded() -> None:
     gate = Gate()
@@ -171,7 +167,7 @@ def test_stage2_in_flight_work_is_bounded() -> None:
     assert sorted(gate.entered) == list(range(5))
 
 
-@pytest.mark.rule("no-busy-waiting")
+@marks.rule("no-busy-waiting")
 @core
 def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
     clock = WatchedClock(START)
@@ -197,7 +193,7 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
         )
 
 
-@pytest.mark.rule("no-busy-waiting", "shutdown-grace")
+@marks.rule("no-busy-waiting", "shutdown-grace")
 @core
 def test_stage2_a_job_due_in_the_far_future_leaves_the_workers_alive() -> None:
     """On the real clock, a job due at now + 2**200 ns: idle workers wait for it without
@@ -223,7 +219,7 @@ def test_stage2_a_job_due_in_the_far_future_leaves_the_workers_alive() -> None:
         done.outcome("shutdown(grace_ns=2**200) with nothing running returns at once")
 
 
-@pytest.mark.rule("heartbeats")
+@marks.rule("heartbeats")
 @core
 def test_stage2_heartbeats_keep_a_long_job_leased() -> None:
     gate = Gate()
@@ -247,7 +243,7 @@ def test_stage2_heartbeats_keep_a_long_job_leased() -> None:
     )
 
 
-@pytest.mark.rule("heartbeats", "no-busy-waiting", "late-result-dropped")
+@marks.rule("heartbeats", "no-busy-waiting", "late-result-dropped")
 @core
 def test_stage2_without_timely_heartbeats_the_lease_expires_and_the_job_is_retried() -> None:
     first = threading.Event()
@@ -275,7 +271,7 @@ def test_stage2_without_timely_heartbeats_the_lease_expires_and_the_job_is_retri
     )
 
 
-@pytest.mark.rule("shutdown-stops-claiming", "shutdown-grace")
+@marks.rule("shutdown-stops-claiming", "shutdown-grace")
 @core
 def test_stage2_shutdown_lets_running_jobs_finish_within_the_grace_period() -> None:
     gate = Gate()
@@ -297,7 +293,7 @@ def test_stage2_shutdown_lets_running_jobs_finish_within_the_grace_period() -> N
     assert queue.statistics().leased == 0 and pool.statistics().released == 0
 
 
-@pytest.mark.rule("shutdown-grace", "late-result-dropped")
+@marks.rule("shutdown-grace", "late-result-dropped")
 @core
 def test_stage2_shutdown_releases_jobs_still_running_at_the_deadline() -> None:
     gate = Gate()
@@ -323,7 +319,7 @@ def test_stage2_shutdown_releases_jobs_still_running_at_the_deadline() -> None:
     assert pool.statistics().released == 1
 
 
-@pytest.mark.rule("pool-bad-input")
+@marks.rule("pool-bad-input")
 @core
 @pytest.mark.parametrize(
     ("kwargs", "param"),
@@ -340,7 +336,7 @@ def test_stage2_bad_arguments_name_the_parameter(kwargs: dict[str, Any], param: 
         stage(2).ThreadWorkerPool(queue, lambda lease, payload: None, **kwargs)
 
 
-@pytest.mark.rule("pool-bad-input")
+@marks.rule("pool-bad-input")
 @core
 def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
     _clock, _queue, pool = new_pool(lambda lease, payload: None, workers=1)
@@ -355,35 +351,28 @@ def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
 THIRD = LONG_LEASE // 3
 
 
-@pytest.mark.rule("heartbeat-default", "heartbeats")
+@marks.rule("heartbeat-default", "heartbeats")
 @core
 def test_stage2_default_heartbeat_is_every_third_of_the_lease() -> None:
-    busy: set[int] = set()
-    release = threading.Event()
-
-    def handler(lease: Lease, payload: Any) -> Any:
-        busy.add(threading.get_ident())
-        assert release.wait(DEADLINE_S), "a handler waited on its gate for too long"
-        return payload
-
+    gate = Gate()
     clock = WatchedClock(START)
     _, queue = pool_queue(clock=clock, lease_ns=LONG_LEASE)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(queue, handler, workers=1, clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(queue, gate.handler, workers=1, clock=clock)
     others = set(threading.enumerate())
     with running(pool):
         job_id = pool.submit("long")
-        eventually(lambda: len(busy) == 1, "the job's handler running")
+        eventually(lambda: len(gate.busy) == 1, "the job's handler running")
         beats_at_a_third(
             stat(pool, "heartbeats"),
             lambda: queue.get(job_id).lease_expires_at_ns,
             clock,
-            lambda: clock.settle(others, busy),
+            lambda: clock.settle(others, gate.busy),
         )
-        release.set()
+        gate.event.set()
         eventually(lambda: pool.statistics().succeeded == 1, "the job acked")
 
 
-@pytest.mark.rule("start-once")
+@marks.rule("start-once")
 @core
 def test_stage2_starting_a_pool_twice_raises() -> None:
     _clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=1)
@@ -395,7 +384,7 @@ def test_stage2_starting_a_pool_twice_raises() -> None:
         eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
 
 
-@pytest.mark.rule("heartbeat-lost", "pool-statistics")
+@marks.rule("heartbeat-lost", "pool-statistics")
 @core
 def test_stage2_a_refused_heartbeat_stops_the_beats_and_the_job_is_lost() -> None:
     gate = Gate()
@@ -433,7 +422,7 @@ def test_stage2_a_refused_heartbeat_stops_the_beats_and_the_job_is_lost() -> Non
 # --- properties ------------------------------------------------------------------------
 
 
-@pytest.mark.rule("one-worker-per-job", "handler-acked", "handler-error-nacked")
+@marks.rule("one-worker-per-job", "handler-acked", "handler-error-nacked")
 @core
 @settings(max_examples=heavy_examples())
 @given(
@@ -506,9 +495,9 @@ def test_stage2_no_job_is_run_twice_at_once_and_every_job_finishes(
 # --- AsyncWorkerPool (extended) --------------------------------------------------------
 
 
-@pytest.mark.rule("async-pool", "handler-acked", "handler-error-nacked")
+@marks.rule("async-pool", "handler-acked", "handler-error-nacked")
 @extended
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_pool_acks_results_and_nacks_errors() -> None:
     async def handler(lease: Lease, payload: int) -> int:
         await anyio.lowlevel.checkpoint()
@@ -517,14 +506,12 @@ async def test_stage2_async_pool_acks_results_and_nacks_errors() -> None:
         return payload * 10
 
     _, queue, pool = new_async_pool(handler, workers=3)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pool.run)
+    async with running_async(pool):
         ids = [pool.submit(i) for i in range(9)]
         await eventually_async(
             lambda: (pool.statistics().claimed, pool.statistics().in_flight) == (9, 0),
             "9 jobs handled",
         )
-        await pool.shutdown(0)
     for i, job_id in enumerate(ids):
         job = queue.get(job_id)
         want = (JobState.DEAD, None) if i % 3 == 0 else (JobState.SUCCEEDED, i * 10)
@@ -537,9 +524,9 @@ async def test_stage2_async_pool_acks_results_and_nacks_errors() -> None:
     assert (stats.succeeded, stats.failed) == (6, 3), f"{stats}"
 
 
-@pytest.mark.rule("async-pool", "one-worker-per-job")
+@marks.rule("async-pool", "one-worker-per-job")
 @extended
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_no_job_is_run_twice_at_once() -> None:
     active: set[int] = set()
     doubles: list[int] = []
@@ -555,22 +542,20 @@ async def test_stage2_async_no_job_is_run_twice_at_once() -> None:
             raise RuntimeError("first attempt fails")
 
     _, queue, pool = new_async_pool(handler, workers=6, max_attempts=2)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pool.run)
+    async with running_async(pool):
         ids = [pool.submit(i) for i in range(30)]
         await eventually_async(
             lambda: (pool.statistics().claimed, pool.statistics().in_flight) == (45, 0),
             "45 attempts (30 jobs, 15 of them retried once)",
         )
-        await pool.shutdown(0)
     assert not doubles, f"jobs {doubles} were in two handlers at once"
     states = {queue.get(i).state for i in ids}
     assert states == {JobState.SUCCEEDED}, f"every job must succeed; got {states}"
 
 
-@pytest.mark.rule("async-timeout")
+@marks.rule("async-timeout")
 @extended
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> None:
     seen: list[str] = []
 
@@ -581,8 +566,7 @@ async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> N
             seen.append("cancelled")
 
     clock, queue, pool = new_async_pool(handler, workers=1, timeout_ns=500)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pool.run)
+    async with running_async(pool):
         job_id = pool.submit("hangs")
         await eventually_async(lambda: pool.statistics().in_flight == 1, "the job in flight")
         clock.advance(499)
@@ -594,7 +578,6 @@ async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> N
             f"at timeout_ns=500 after its claim the handler must be cancelled "
             f"and its job nacked with {TIMED_OUT!r}; {pool.statistics()}",
         )
-        await pool.shutdown(0)
     job = queue.get(job_id)
     assert (job.state, job.last_error, seen) == (JobState.DEAD, TIMED_OUT, ["cancelled"]), (
         f"a handler past timeout_ns=500 must be cancelled and its job nacked with "
@@ -603,19 +586,13 @@ async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> N
     assert pool.statistics().failed == 1
 
 
-@pytest.mark.rule("async-pool", "heartbeats")
+@marks.rule("async-pool", "heartbeats")
 @extended
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_heartbeats_keep_a_long_job_leased() -> None:
-    done = anyio.Event()
-
-    async def handler(lease: Lease, payload: Any) -> str:
-        await done.wait()
-        return "done"
-
-    clock, _, pool = new_async_pool(handler, workers=2, heartbeat_every_ns=300)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pool.run)
+    gate = AsyncGate()
+    clock, _, pool = new_async_pool(gate.handler, workers=2, heartbeat_every_ns=300)
+    async with running_async(pool):
         pool.submit("long")
         await eventually_async(lambda: pool.statistics().in_flight == 1, "the job in flight")
         for beat in range(1, 11):
@@ -624,20 +601,19 @@ async def test_stage2_async_heartbeats_keep_a_long_job_leased() -> None:
                 partial(lambda n: pool.statistics().heartbeats == n, beat),
                 f"{beat} heartbeat(s) after {300 * beat} ns",
             )
-        done.set()
+        gate.event.set()
         await eventually_async(
             lambda: pool.statistics().in_flight == 0, "the long job's handler to return"
         )
-        await pool.shutdown(0)
     stats = pool.statistics()
     assert (stats.claimed, stats.lost, stats.succeeded) == (1, 0, 1), (
         f"a job running 3x its lease with heartbeats must keep its lease; {stats}"
     )
 
 
-@pytest.mark.rule("async-shutdown-cancels", "shutdown-grace")
+@marks.rule("async-shutdown-cancels", "shutdown-grace")
 @extended
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_period() -> None:
     quick = anyio.Event()
     seen: list[str] = []
@@ -682,7 +658,7 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
     assert queue.statistics().leased == 0 and pool.statistics().released == 1
 
 
-@pytest.mark.rule("pool-bad-input")
+@marks.rule("pool-bad-input")
 @extended
 @pytest.mark.parametrize(
     ("kwargs", "param"),
@@ -695,41 +671,29 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
 def test_stage2_async_bad_arguments_name_the_parameter(kwargs: dict[str, Any], param: str) -> None:
     _, queue = pool_queue()
 
-    async def handler(lease: Lease, payload: Any) -> None:
-        return None
-
     with pytest.raises(ValueError, match=param):
-        stage(2).AsyncWorkerPool(queue, handler, **kwargs)
+        stage(2).AsyncWorkerPool(queue, idle_handler, **kwargs)
 
 
-@pytest.mark.rule("pool-bad-input")
+@marks.rule("pool-bad-input")
 @extended
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_negative_grace_is_rejected() -> None:
-    async def handler(lease: Lease, payload: Any) -> None:
-        return None
-
-    _, _, pool = new_async_pool(handler, workers=1)
+    _, _, pool = new_async_pool(idle_handler, workers=1)
     with pytest.raises(ValueError, match="grace_ns"):
         await pool.shutdown(-1)
     assert not pool.statistics().stopping, "a rejected shutdown must stop nothing"
 
 
-@pytest.mark.rule("heartbeat-default", "async-pool")
+@marks.rule("heartbeat-default", "async-pool")
 @extended
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> None:
-    done = anyio.Event()
-
-    async def handler(lease: Lease, payload: Any) -> str:
-        await done.wait()
-        return "done"
-
+    gate = AsyncGate()
     clock = WatchedClock(START)
     _, queue = pool_queue(clock=clock, lease_ns=LONG_LEASE)
-    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(queue, handler, workers=1, clock=clock)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pool.run)
+    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(queue, gate.handler, workers=1, clock=clock)
+    async with running_async(pool):
         job_id = pool.submit("long")
         await eventually_async(lambda: pool.statistics().in_flight == 1, "the job in flight")
         beats: list[int] = []
@@ -752,26 +716,20 @@ async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> N
                 f"async heartbeat {beat} must extend the lease to "
                 f"{due + LONG_LEASE - START}; it expires at {rel(expires)}",
             )
-        done.set()
+        gate.event.set()
         await eventually_async(lambda: pool.statistics().succeeded == 1, "the job acked")
-        await pool.shutdown(0)
 
 
-@pytest.mark.rule("start-once", "async-pool")
+@marks.rule("start-once", "async-pool")
 @extended
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_running_a_pool_twice_raises() -> None:
-    async def handler(lease: Lease, payload: Any) -> None:
-        return None
-
-    _, _, pool = new_async_pool(handler, workers=1)
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(pool.run)
+    _, _, pool = new_async_pool(idle_handler, workers=1)
+    async with running_async(pool):
         await eventually_async(lambda: pool.statistics().idle == 1, "the worker idle")
         with pytest.raises(RuntimeError):
             await pool.run()
             raise AssertionError("a second run() must raise RuntimeError")
-        await pool.shutdown(0)
 
 
 # --- a model of the pool's bookkeeping, step by step ----------------------------------
@@ -880,6 +838,6 @@ class PoolMachine(RuleBasedStateMachine):
 
 
 PoolMachine.TestCase.settings = settings(max_examples=heavy_examples(), stateful_step_count=15)
-TestStage2ThreadWorkerPoolModel = pytest.mark.rule(
+TestStage2ThreadWorkerPoolModel = marks.rule(
     "bounded-in-flight", "pool-statistics", "shutdown-grace", "handler-acked"
 )(core(PoolMachine.TestCase))

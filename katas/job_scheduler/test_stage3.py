@@ -42,10 +42,11 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
+from katas._harness import marks
+from katas._harness.marks import core, extended
 from katas._harness.redis import RedisEnv
 from katas._harness.waiting import spawn
 from katas.job_scheduler._testing.clients import WORKERS
-from katas.job_scheduler._testing.model import DEAD, LEASED, SCHEDULED, SUCCEEDED
 from katas.job_scheduler._testing.queues import rejects
 from katas.job_scheduler._testing.redis_queues import (
     LEASE,
@@ -62,6 +63,7 @@ from katas.job_scheduler._testing.redis_queues import (
     text,
 )
 from katas.job_scheduler._testing.replay import Call, Replay, model_for, perform
+from katas.job_scheduler._testing.states import DEAD, LEASED, SCHEDULED, SUCCEEDED
 from katas.job_scheduler.api import (
     JobNotFound,
     Lease,
@@ -72,11 +74,8 @@ from katas.job_scheduler.api import (
 
 pytestmark = [pytest.mark.stage(3)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
 
-
-@pytest.mark.rule("redis-attempts", "server-time", "redis-stale")
+@marks.rule("redis-attempts", "server-time", "redis-stale")
 @core
 def test_stage3_enqueue_claim_ack_runs_a_job_once(redis_env: RedisEnv) -> None:
     redis_env.freeze_time()
@@ -104,7 +103,7 @@ def test_stage3_enqueue_claim_ack_runs_a_job_once(redis_env: RedisEnv) -> None:
         raise AssertionError("a second ack of a finished job was accepted")
 
 
-@pytest.mark.rule("server-time")
+@marks.rule("server-time")
 @core
 def test_stage3_every_time_is_the_servers_not_the_clients(redis_env: RedisEnv) -> None:
     """Worker clocks disagree by seconds; only the server's TIME may count. (On fakeredis
@@ -127,7 +126,7 @@ def test_stage3_every_time_is_the_servers_not_the_clients(redis_env: RedisEnv) -
     )
 
 
-@pytest.mark.rule("redis-order")
+@marks.rule("redis-order")
 @core
 def test_stage3_claim_takes_highest_priority_then_earliest_due_then_oldest(
     redis_env: RedisEnv,
@@ -152,7 +151,7 @@ def test_stage3_claim_takes_highest_priority_then_earliest_due_then_oldest(
     )
 
 
-@pytest.mark.rule("redis-order")
+@marks.rule("redis-order")
 @core
 def test_stage3_equal_jobs_come_out_in_enqueue_order_past_the_ninth(redis_env: RedisEnv) -> None:
     redis_env.freeze_time()  # one instant: every job has the same priority and due time
@@ -166,7 +165,7 @@ def test_stage3_equal_jobs_come_out_in_enqueue_order_past_the_ninth(redis_env: R
     )
 
 
-@pytest.mark.rule("redis-never-early", "redis-next-due", "run-at-server")
+@marks.rule("redis-never-early", "redis-next-due", "run-at-server")
 @core
 @pytest.mark.realtime
 def test_stage3_job_is_not_claimed_before_its_run_at(redis_env: RedisEnv) -> None:
@@ -186,7 +185,7 @@ def test_stage3_job_is_not_claimed_before_its_run_at(redis_env: RedisEnv) -> Non
     )
 
 
-@pytest.mark.rule("redis-attempts", "redis-stale")
+@marks.rule("redis-attempts", "redis-stale")
 @core
 @pytest.mark.realtime
 def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
@@ -212,7 +211,7 @@ def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
     assert queue.get(job_id).result == "w2's result"
 
 
-@pytest.mark.rule("redis-backoff")
+@marks.rule("redis-backoff")
 @core
 @pytest.mark.realtime
 def test_stage3_nack_retries_after_backoff_then_dies_after_max_attempts(
@@ -242,7 +241,7 @@ def test_stage3_nack_retries_after_backoff_then_dies_after_max_attempts(
     )
 
 
-@pytest.mark.rule("redis-fenced", "redis-effect-by-job")
+@marks.rule("redis-fenced", "redis-effect-by-job")
 @core
 @pytest.mark.realtime
 def test_stage3_effect_store_commits_once_per_job_and_refuses_stale_leases(
@@ -270,7 +269,7 @@ def test_stage3_effect_store_commits_once_per_job_and_refuses_stale_leases(
     )
 
 
-@pytest.mark.rule("restart-fence", "redis-fenced")
+@marks.rule("restart-fence", "redis-fenced")
 @core
 @pytest.mark.realtime
 def test_stage3_a_store_lost_and_started_again_never_fences_a_zombie_onto_a_new_job(
@@ -317,7 +316,7 @@ def test_stage3_a_store_lost_and_started_again_never_fences_a_zombie_onto_a_new_
     ), f"bob's job carries bob's effect and result only: {job}, {store.effects()}"
 
 
-@pytest.mark.rule("client-contract")
+@marks.rule("client-contract")
 @core
 def test_stage3_a_client_that_hangs_or_retries_is_refused(redis_env: RedisEnv) -> None:
     # Nothing is sent (the port is closed): the check comes before any command.
@@ -333,7 +332,7 @@ def test_stage3_a_client_that_hangs_or_retries_is_refused(redis_env: RedisEnv) -
         )
 
 
-@pytest.mark.rule("redis-unknown-id")
+@marks.rule("redis-unknown-id")
 @core
 def test_stage3_unknown_job_raises_job_not_found(redis_env: RedisEnv) -> None:
     queue = new_queue(redis_env)
@@ -357,7 +356,7 @@ def test_stage3_unknown_job_raises_job_not_found(redis_env: RedisEnv) -> None:
     )
 
 
-@pytest.mark.rule("run-at-server", "redis-never-early")
+@marks.rule("run-at-server", "redis-never-early")
 @core
 def test_stage3_run_at_is_rounded_up_to_a_whole_microsecond(redis_env: RedisEnv) -> None:
     redis_env.freeze_time()
@@ -376,7 +375,7 @@ def test_stage3_run_at_is_rounded_up_to_a_whole_microsecond(redis_env: RedisEnv)
     assert claim(queue).job_id == job_id, "at its rounded run time the job is READY"
 
 
-@pytest.mark.rule("op-counter")
+@marks.rule("op-counter")
 @core
 def test_stage3_last_op_is_the_calling_threads_own(redis_env: RedisEnv) -> None:
     queue = new_queue(redis_env)
@@ -401,7 +400,7 @@ def test_stage3_last_op_is_the_calling_threads_own(redis_env: RedisEnv) -> None:
     )
 
 
-@pytest.mark.rule("json", "key-prefix")
+@marks.rule("json", "key-prefix")
 @core
 def test_stage3_values_travel_as_json_under_the_key_prefix(redis_env: RedisEnv) -> None:
     redis_env.freeze_time()
@@ -427,7 +426,7 @@ def test_stage3_values_travel_as_json_under_the_key_prefix(redis_env: RedisEnv) 
         )
 
 
-@pytest.mark.rule("redis-bad-input", "whole-us", "json", "lua-bounds")
+@marks.rule("redis-bad-input", "whole-us", "json", "lua-bounds")
 @core
 @pytest.mark.parametrize(("call", "parameter"), bad_calls())
 def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
@@ -452,7 +451,7 @@ def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
     )
 
 
-@pytest.mark.rule("one-script")
+@marks.rule("one-script")
 @core
 def test_stage3_each_transition_is_one_round_trip(redis_env: RedisEnv) -> None:
     proxy = redis_env.proxy()
@@ -604,18 +603,18 @@ class ExtendedRedisQueueMachine(RedisQueueMachine):
         self.call(how)
 
 
-TestStage3QueueMatchesTheModel = pytest.mark.rule(
+TestStage3QueueMatchesTheModel = marks.rule(
     "redis-order", "redis-never-early", "redis-attempts", "redis-stale", "redis-backoff",
     "redis-next-due", "redis-settle-first", "redis-fenced", "redis-effect-by-job", "op-counter",
 )(pytest.mark.realtime(core(RedisQueueMachine.TestCase)))  # fmt: skip
 TestStage3QueueMatchesTheModel.settings = settings(heavy, stateful_step_count=30)
-TestStage3ExtendedQueueMatchesTheModel = pytest.mark.rule(
+TestStage3ExtendedQueueMatchesTheModel = marks.rule(
     "redis-extended", "redis-unknown-id", "redis-idempotency", "redis-dedup-ttl", "reap",
 )(pytest.mark.realtime(extended(ExtendedRedisQueueMachine.TestCase)))  # fmt: skip
 TestStage3ExtendedQueueMatchesTheModel.settings = settings(heavy, stateful_step_count=30)
 
 
-@pytest.mark.rule("op-order", "op-counter", "redis-fenced")
+@marks.rule("op-order", "op-counter", "redis-fenced")
 @core
 @pytest.mark.realtime
 @pytest.mark.parametrize("seed", [1, 2])

@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import redis
 
+from katas._harness.marks import extended, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.waiting import eventually
 from katas.job_scheduler._testing.fleets import in_process_worker, run_in_thread
-from katas.job_scheduler._testing.model import CANCELLED, LEASED, READY, SUCCEEDED
 from katas.job_scheduler._testing.redis_queues import (
     MS,
     claim,
@@ -38,6 +38,7 @@ from katas.job_scheduler._testing.redis_queues import (
     stamp,
     text,
 )
+from katas.job_scheduler._testing.states import CANCELLED, LEASED, READY, SUCCEEDED
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
     JobNotFound,
@@ -50,11 +51,8 @@ from katas.job_scheduler.api import (
 
 pytestmark = [pytest.mark.stage(3)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
 
-
-@pytest.mark.rule("redis-extended", "redis-settle-first")
+@rule("redis-extended", "redis-settle-first")
 @extended
 @pytest.mark.realtime
 def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
@@ -82,7 +80,7 @@ def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
     )
 
 
-@pytest.mark.rule("redis-jitter")
+@rule("redis-jitter")
 @extended
 @pytest.mark.realtime
 @pytest.mark.parametrize("jitter", ["none", "full", "equal", "decorrelated"])
@@ -167,7 +165,7 @@ def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
         )
 
 
-@pytest.mark.rule("redis-extended")
+@rule("redis-extended")
 @extended
 def test_stage3_release_refunds_the_attempt_and_keeps_the_place_in_line(
     redis_env: RedisEnv,
@@ -185,7 +183,7 @@ def test_stage3_release_refunds_the_attempt_and_keeps_the_place_in_line(
     assert claim(queue).job_id == second
 
 
-@pytest.mark.rule("redis-extended")
+@rule("redis-extended")
 @extended
 def test_stage3_cancel_stales_the_lease_and_the_job_stays_cancelled(
     redis_env: RedisEnv,
@@ -203,7 +201,7 @@ def test_stage3_cancel_stales_the_lease_and_the_job_stays_cancelled(
     assert queue.claim("w") is None and queue.next_due_ns() is None
 
 
-@pytest.mark.rule("redis-extended")
+@rule("redis-extended")
 @extended
 def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     redis_env: RedisEnv,
@@ -227,7 +225,7 @@ def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     assert [job.id for job in queue.dead_letters()] == [b]
 
 
-@pytest.mark.rule("redis-dedup-ttl")
+@rule("redis-dedup-ttl")
 @extended
 @pytest.mark.realtime
 def test_stage3_idempotency_key_dedups_within_its_ttl_from_the_first_enqueue(
@@ -248,7 +246,7 @@ def test_stage3_idempotency_key_dedups_within_its_ttl_from_the_first_enqueue(
     assert queue.statistics().pending == 2
 
 
-@pytest.mark.rule("redis-idempotency")
+@rule("redis-idempotency")
 @extended
 def test_stage3_racing_producers_with_one_key_create_one_job(redis_env: RedisEnv) -> None:
     """Idempotency inside the enqueue script: a GET then a SET lets racing retries through."""
@@ -269,7 +267,7 @@ def test_stage3_racing_producers_with_one_key_create_one_job(redis_env: RedisEnv
     assert queues[0].statistics().ready == 15
 
 
-@pytest.mark.rule("one-script", "redis-attempts")
+@rule("one-script", "redis-attempts")
 @extended
 def test_stage3_racing_workers_never_claim_one_job_twice(redis_env: RedisEnv) -> None:
     # Server time stands still (fakeredis) and the lease is long (a real server): a lease
@@ -293,7 +291,7 @@ def test_stage3_racing_workers_never_claim_one_job_twice(redis_env: RedisEnv) ->
     )
 
 
-@pytest.mark.rule("ttl-retention", "key-prefix")
+@rule("ttl-retention", "key-prefix")
 @extended
 @pytest.mark.realtime
 def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) -> None:
@@ -322,7 +320,7 @@ def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) ->
             raise AssertionError(f"{job_id} outlived its retention")
 
 
-@pytest.mark.rule("bounded-memory")
+@rule("bounded-memory")
 @extended
 @pytest.mark.realtime
 def test_stage3_an_idle_queue_shrinks_to_its_live_jobs(redis_env: RedisEnv) -> None:
@@ -362,7 +360,7 @@ def test_stage3_an_idle_queue_shrinks_to_its_live_jobs(redis_env: RedisEnv) -> N
         assert queue.get(job_id).state in (JobState.READY, JobState.SCHEDULED), job_id
 
 
-@pytest.mark.rule("ttl-retention", "redis-extended")
+@rule("ttl-retention", "redis-extended")
 @extended
 def test_stage3_dead_letters_after_a_thousand_deaths_pass_their_retention(
     redis_env: RedisEnv,
@@ -398,7 +396,7 @@ def test_stage3_dead_letters_after_a_thousand_deaths_pass_their_retention(
     )
 
 
-@pytest.mark.rule("reap")
+@rule("reap")
 @extended
 @pytest.mark.realtime
 def test_stage3_the_reaper_retries_crashed_jobs_when_nobody_else_calls(
@@ -418,7 +416,7 @@ def test_stage3_the_reaper_retries_crashed_jobs_when_nobody_else_calls(
     assert queue.reap() == 0, "reaping twice must change nothing the second time"
 
 
-@pytest.mark.rule("scripts-reload")
+@rule("scripts-reload")
 @extended
 @pytest.mark.redis_faults
 def test_stage3_script_flush_and_restart_are_survived(redis_env: RedisEnv) -> None:
@@ -437,7 +435,7 @@ def test_stage3_script_flush_and_restart_are_survived(redis_env: RedisEnv) -> No
     assert queue.get(after).state is SUCCEEDED
 
 
-@pytest.mark.rule("outage-raises")
+@rule("outage-raises")
 @extended
 def test_stage3_outage_raises_and_loses_nothing(redis_env: RedisEnv) -> None:
     proxy = redis_env.proxy()
@@ -454,7 +452,7 @@ def test_stage3_outage_raises_and_loses_nothing(redis_env: RedisEnv) -> None:
     )
 
 
-@pytest.mark.rule("busy-unavailable", "worker-outage")
+@rule("busy-unavailable", "worker-outage")
 @extended
 def test_stage3_a_busy_server_is_waited_out_by_the_worker(redis_env: RedisEnv) -> None:
     """A server answering ``BUSY`` (a long script) is unavailable: the queue raises it as
@@ -475,7 +473,7 @@ def test_stage3_a_busy_server_is_waited_out_by_the_worker(redis_env: RedisEnv) -
     assert queue.get(job_id).state is SUCCEEDED, queue.get(job_id)
 
 
-@pytest.mark.rule("redis-idempotency", "fault-lost-reply")
+@rule("redis-idempotency", "fault-lost-reply")
 @extended
 def test_stage3_producer_retry_after_a_lost_reply_creates_one_job(redis_env: RedisEnv) -> None:
     """The proxy forwards the enqueue, the server applies it, the reply is lost: the

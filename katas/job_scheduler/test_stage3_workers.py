@@ -31,9 +31,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from katas._harness.marks import extended, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.under_test import stage
-from katas._harness.waiting import DEADLINE_S, eventually, stays
+from katas._harness.waiting import eventually, stays
 from katas._registry import impl
 from katas.job_scheduler._testing.clocks import WatchedClock, beats_at_a_third
 from katas.job_scheduler._testing.fleets import (
@@ -49,7 +50,7 @@ from katas.job_scheduler._testing.fleets import (
     sigkill_mid_job,
     wait_until,
 )
-from katas.job_scheduler._testing.model import DEAD, READY, SUCCEEDED
+from katas.job_scheduler._testing.pools import Gate
 from katas.job_scheduler._testing.redis_queues import (
     MS,
     effect_store,
@@ -57,12 +58,10 @@ from katas.job_scheduler._testing.redis_queues import (
     heavy,
     new_queue,
 )
+from katas.job_scheduler._testing.states import DEAD, READY, SUCCEEDED
 from katas.job_scheduler.api import LEASE_EXPIRED, Lease, Worker
 
 pytestmark = [pytest.mark.stage(3)]
-
-core = pytest.mark.core
-extended = pytest.mark.extended
 
 
 @pytest.fixture
@@ -78,38 +77,31 @@ def workers(redis_env: RedisEnv, impl_selection: impl.Selection) -> Iterator[Wor
 # --- in process, on a test clock ------------------------------------------------------
 
 
-@pytest.mark.rule("worker-heartbeat-default", "worker-heartbeats")
+@rule("worker-heartbeat-default", "worker-heartbeats")
 @extended
 def test_stage3_worker_default_heartbeat_is_every_third_of_the_lease(redis_env: RedisEnv) -> None:
-    busy: set[int] = set()
-    release = threading.Event()
-
-    def handler(lease: Lease, payload: Any) -> Any:
-        busy.add(threading.get_ident())
-        assert release.wait(DEADLINE_S), "the handler waited for the test too long"
-        return payload
-
+    gate = Gate()
     clock = WatchedClock(10**12)
-    queue, worker, _, _ = in_process_worker(redis_env, handler, clock=clock)
+    queue, worker, _, _ = in_process_worker(redis_env, gate.handler, clock=clock)
     queue.enqueue("long")
     others = set(threading.enumerate())
     thread = run_in_thread(worker, 1)
-    eventually(lambda: len(busy) == 1, "the job's handler running")
+    eventually(lambda: len(gate.busy) == 1, "the job's handler running")
     beats_at_a_third(
         lambda: worker.statistics().heartbeats,
         lambda: None,  # the lease's expiry is on the server's clock, not this one
         clock,
-        lambda: clock.settle(others | {thread}, busy),
+        lambda: clock.settle(others | {thread}, gate.busy),
         who="RedisWorker",
         lease=WORKER_LEASE,
     )
-    release.set()
+    gate.event.set()
     thread.outcome("the worker to finish its one job")
     stats = worker.statistics()
     assert (stats.succeeded, stats.lost) == (1, 0), f"{stats}"
 
 
-@pytest.mark.rule("worker-nack", "worker-events", "worker-run")
+@rule("worker-nack", "worker-events", "worker-run")
 @extended
 def test_stage3_worker_nacks_a_failing_handler_with_its_error(redis_env: RedisEnv) -> None:
     def handler(lease: Lease, payload: Any) -> Any:
@@ -133,7 +125,7 @@ def test_stage3_worker_nacks_a_failing_handler_with_its_error(redis_env: RedisEn
     assert effect_store(queue).effects() == {}, "a failed handler committed"
 
 
-@pytest.mark.rule("worker-poll", "worker-loop")
+@rule("worker-poll", "worker-loop")
 @extended
 def test_stage3_idle_worker_polls_claim_every_poll_ns(redis_env: RedisEnv) -> None:
     queue, worker, clock, events = in_process_worker(
@@ -160,28 +152,27 @@ def test_stage3_idle_worker_polls_claim_every_poll_ns(redis_env: RedisEnv) -> No
 # --- as OS processes, under real signals ----------------------------------------------
 
 
-@pytest.mark.rule("fault-sigkill", "worker-loop")
+@rule("fault-sigkill", "worker-loop")
 @extended
 @pytest.mark.realtime
 def test_stage3_sigkill_after_the_claim_the_job_comes_back(workers: Workers) -> None:
     sigkill_mid_job(workers, "claimed")
 
 
-@pytest.mark.rule("fault-sigkill", "worker-events")
+@rule("fault-sigkill", "worker-events")
 @extended
 @pytest.mark.realtime
 def test_stage3_sigkill_between_effect_and_ack_the_effect_lands_once(workers: Workers) -> None:
     sigkill_mid_job(workers, "after_effect")
 
 
-@pytest.mark.rule("fault-sigstop", "worker-stale-drops")
+@rule("fault-sigstop", "worker-stale-drops")
 @extended
 @pytest.mark.realtime
 def test_stage3_sigstop_past_the_lease_then_sigcont_the_zombie_is_fenced(
     workers: Workers,
 ) -> None:
-    workers.env.freeze_time()  # fakeredis: leases run out only when the test says
-    queue = workers.queue()
+    queue = workers.frozen_queue()
     job_id = queue.enqueue({"effect": "the real one"})
     zombie = workers.start("--hold-at", "claimed", "--max-jobs", "1")
     zombie.wait_for(f"HOLD claimed {job_id} 1", idle_polls=DUE)
@@ -199,12 +190,11 @@ def test_stage3_sigstop_past_the_lease_then_sigcont_the_zombie_is_fenced(
     applied_once(workers, queue, [job_id])
 
 
-@pytest.mark.rule("fault-poison")
+@rule("fault-poison")
 @extended
 @pytest.mark.realtime
 def test_stage3_poison_job_that_kills_every_worker_is_dead_lettered(workers: Workers) -> None:
-    workers.env.freeze_time()  # fakeredis: leases run out only when the test says
-    queue = workers.queue()
+    queue = workers.frozen_queue()
     job_id = queue.enqueue({"crash": True})
     for attempt in range(1, workers.max_attempts + 1):
         victim = workers.start("--max-jobs", "1")
@@ -220,7 +210,7 @@ def test_stage3_poison_job_that_kills_every_worker_is_dead_lettered(workers: Wor
     assert [j.id for j in queue.dead_letters()] == [job_id]
 
 
-@pytest.mark.rule("fault-long-job", "worker-heartbeats")
+@rule("fault-long-job", "worker-heartbeats")
 @extended
 @pytest.mark.realtime
 def test_stage3_a_job_three_leases_long_keeps_its_lease_by_heartbeats(workers: Workers) -> None:
@@ -234,7 +224,7 @@ def test_stage3_a_job_three_leases_long_keeps_its_lease_by_heartbeats(workers: W
     )
 
 
-@pytest.mark.rule("fault-long-job")
+@rule("fault-long-job")
 @extended
 @pytest.mark.realtime
 def test_stage3_a_job_three_leases_long_without_heartbeats_loses_every_attempt(
@@ -252,14 +242,13 @@ def test_stage3_a_job_three_leases_long_without_heartbeats_loses_every_attempt(
     assert effect_store(queue).effects() == {}, "an expired attempt committed"
 
 
-@pytest.mark.rule("fault-sigterm", "worker-stop")
+@rule("fault-sigterm", "worker-stop")
 @extended
 @pytest.mark.realtime
 def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
     workers: Workers,
 ) -> None:
-    workers.env.freeze_time()  # fakeredis: leases run out only when the test says
-    queue = workers.queue()
+    queue = workers.frozen_queue()
     burst = [workers.start("--grace-ns", str(250 * MS)) for _ in range(3)]
     # The long job goes first and outlives the grace period: it must be released.
     long_job = queue.enqueue({"effect": "long", "work_ms": 800}, priority=1)
@@ -294,7 +283,7 @@ def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
     applied_once(workers, queue, ids)
 
 
-@pytest.mark.rule("fault-outage", "worker-outage")
+@rule("fault-outage", "worker-outage")
 @extended
 @pytest.mark.realtime
 def test_stage3_workers_ride_out_a_redis_outage(workers: Workers) -> None:
@@ -317,7 +306,7 @@ def test_stage3_workers_ride_out_a_redis_outage(workers: Workers) -> None:
     )
 
 
-@pytest.mark.rule("fault-restart", "scripts-reload")
+@rule("fault-restart", "scripts-reload")
 @extended
 @pytest.mark.realtime
 @pytest.mark.redis_faults
@@ -335,7 +324,7 @@ def test_stage3_a_worker_survives_a_real_redis_restart(workers: Workers) -> None
     assert not worker.lines("<closed>"), worker.transcript()
 
 
-@pytest.mark.rule("fault-random-crashes")
+@rule("fault-random-crashes")
 @extended
 @pytest.mark.realtime
 @heavy
@@ -369,7 +358,7 @@ def test_stage3_under_random_crashes_every_job_finishes_and_applies_its_effect_o
     workers.started.clear()
 
 
-@pytest.mark.rule("fault-skew", "worker-clock", "worker-run")
+@rule("fault-skew", "worker-clock", "worker-run")
 @extended
 @pytest.mark.realtime
 def test_stage3_skewed_worker_clocks_change_nothing(redis_env: RedisEnv) -> None:

@@ -4,7 +4,7 @@ that the properties judge."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,18 +12,14 @@ from hypothesis import strategies as st
 
 from katas._harness.story import Story
 from katas.job_scheduler._testing.queues import (
-    DEAD,
     LEASE,
-    LEASED,
-    READY,
-    SCHEDULED,
     START,
-    SUCCEEDED,
     delay_none,
     held,
     new_queue,
     rel,
 )
+from katas.job_scheduler._testing.states import DEAD, LEASED, READY, SCHEDULED, SUCCEEDED
 from katas.job_scheduler.api import (
     Job,
     JobNotFound,
@@ -107,6 +103,12 @@ class Client:
         self.story = Story(
             f"JobQueue(lease_ns={LEASE}, max_attempts={max_attempts}):", clock.now_ns, START
         )
+
+    def granted(self) -> Iterator[tuple[ClaimFact, Lease]]:
+        """The claims that returned a lease, each with it."""
+        for fact in self.claims:
+            if fact.lease is not None:
+                yield fact, fact.lease
 
     def state(self, seen: Seen, now: int) -> tuple[JobState, int | None]:
         """The job's state now and, while it waits, its due time."""
@@ -218,3 +220,14 @@ class Client:
 def client_for(max_attempts: int = 3) -> Client:
     clock, queue = new_queue(max_attempts=max_attempts)
     return Client(queue, clock, max_attempts)
+
+
+def ran(
+    ops: list[Op], max_attempts: int = 3, judge: Callable[[Client, int], None] | None = None
+) -> Client:
+    """A client that has run ``ops`` on a fresh queue, its facts ready to judge; with
+    ``judge``, ``judge(client, now)`` after every step too (where a broken rule shows
+    first)."""
+    client = client_for(max_attempts)
+    client.run(ops, None if judge is None else lambda: judge(client, client.clock.now_ns()))
+    return client

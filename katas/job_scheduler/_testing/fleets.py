@@ -19,8 +19,8 @@ from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.under_test import stage
 from katas._harness.waiting import Thread, spawn
 from katas._registry import impl
-from katas.job_scheduler._testing.model import SUCCEEDED
 from katas.job_scheduler._testing.redis_queues import MS, effect_store, new_queue
+from katas.job_scheduler._testing.states import SUCCEEDED
 from katas.job_scheduler._testing.worker import DUE_IDLE_POLLS, IDLE, TARGET
 from katas.job_scheduler.api import Lease, ManualClock, MonotonicClock, SharedJobQueue, Worker
 
@@ -109,6 +109,12 @@ class Workers:
         options = {"lease_ns": self.lease_ns, "max_attempts": self.max_attempts, **options}
         return new_queue(self.env, self.node.client(), **options)
 
+    def frozen_queue(self) -> SharedJobQueue:
+        """A queue of this test with the server clock stopped first: on fakeredis leases
+        then run out only when the test passes time."""
+        self.env.freeze_time()
+        return self.queue()
+
     def events(self, event: str) -> list[str]:
         """``<job> <token>`` of every ``event`` any worker printed."""
         return [line.split(" ", 2)[2] for p in self.started for line in p.lines(f"EVENT {event} ")]
@@ -190,8 +196,7 @@ def pass_lease(workers: Workers) -> None:
 
 def sigkill_mid_job(workers: Workers, point: str) -> None:
     """SIGKILL a worker held at ``point``; a second worker must finish the job once."""
-    workers.env.freeze_time()  # fakeredis: leases run out only when the test says
-    queue = workers.queue()
+    queue = workers.frozen_queue()
     job_id = queue.enqueue({"effect": "charged $5"})
     victim = workers.start("--hold-at", point)
     victim.wait_for(f"HOLD {point} {job_id}", idle_polls=DUE)

@@ -8,6 +8,15 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+from katas.job_scheduler._testing.states import (
+    CANCELLED,
+    DEAD,
+    FINISHED,
+    LEASED,
+    READY,
+    SCHEDULED,
+    SUCCEEDED,
+)
 from katas.job_scheduler.api import (
     DEFAULT_DEDUP_TTL_NS,
     DEFAULT_RETENTION_NS,
@@ -17,10 +26,6 @@ from katas.job_scheduler.api import (
     QueueStatistics,
     RetryPolicy,
 )
-
-SCHEDULED, READY, LEASED = JobState.SCHEDULED, JobState.READY, JobState.LEASED
-SUCCEEDED, DEAD, CANCELLED = JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED
-FINISHED = (SUCCEEDED, DEAD, CANCELLED)
 
 
 @dataclass

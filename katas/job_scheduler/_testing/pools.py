@@ -5,9 +5,12 @@ down on the way out, a counter to wait for."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
+
+import anyio
+import pytest
 
 from katas._harness.under_test import stage
 from katas._harness.waiting import DEADLINE_S
@@ -35,6 +38,14 @@ def pool_queue(
         clock=clock, lease_ns=lease_ns, retry=RetryPolicy(0, 0, "none"), max_attempts=max_attempts
     )
     return clock, queue
+
+
+@pytest.fixture(autouse=True)
+def fail_fast_on_pool_stubs() -> None:
+    """Build a pool first: on a stub this fails at once with "not implemented yet". The
+    stage-2 suite imports it, which makes it autouse there."""
+    _, queue = pool_queue()
+    stage(2).ThreadWorkerPool(queue, lambda lease, payload: None, workers=1)
 
 
 def new_pool(
@@ -68,21 +79,52 @@ def running(pool: WorkerPool) -> Iterator[WorkerPool]:
             pool.shutdown(0)
 
 
+@asynccontextmanager
+async def running_async(pool: AsyncWorkerPool) -> AsyncIterator[None]:
+    """Run ``pool`` in a task group for the body, then shut it down (grace 0): on the way
+    out no handler is still running, so what follows checks a settled queue."""
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        yield
+        await pool.shutdown(0)
+
+
+async def idle_handler(lease: Lease, payload: Any) -> None:
+    """An async handler with nothing to do, for tests that never run a job."""
+    return None
+
+
 def stat(pool: WorkerPool, name: str) -> Callable[[], int]:
     """A reader of one counter of ``pool.statistics()``, to wait for."""
     return lambda: int(getattr(pool.statistics(), name))
 
 
 class Gate:
-    """Handlers block here until the test opens the gate (with a hard deadline)."""
+    """Handlers block here until the test opens the gate (with a hard deadline).
+    ``busy`` holds the threads that entered, for ``WatchedClock.settle`` to tell a
+    handler parked at the gate from a thread still at work."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.entered: list[Any] = []
+        self.busy: set[int] = set()
         self._lock = threading.Lock()
 
     def handler(self, lease: Lease, payload: Any) -> Any:
         with self._lock:
             self.entered.append(payload)
+            self.busy.add(threading.get_ident())
         assert self.event.wait(DEADLINE_S), "a handler waited on its gate for too long"
         return payload
+
+
+class AsyncGate:
+    """Async handlers wait here until the test opens the gate; each then returns "done".
+    Made inside the test's event loop (an ``anyio.Event``)."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+
+    async def handler(self, lease: Lease, payload: Any) -> str:
+        await self.event.wait()
+        return "done"

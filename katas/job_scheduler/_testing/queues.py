@@ -4,7 +4,7 @@ claiming, refusals, reading a job back, due times with no jitter."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -17,17 +17,12 @@ from katas.job_scheduler.api import (
     Job,
     JobNotFound,
     JobQueue,
-    JobState,
     Lease,
     ManualClock,
     QueueFull,
     RetryPolicy,
     StaleLease,
 )
-
-SCHEDULED, READY, LEASED = JobState.SCHEDULED, JobState.READY, JobState.LEASED
-SUCCEEDED, DEAD, CANCELLED = JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED
-FINISHED = (SUCCEEDED, DEAD, CANCELLED)
 
 START = 1_000_000  # the clock's start; messages show times relative to it
 LEASE = 1_000
@@ -115,18 +110,44 @@ def claim(queue: JobQueue, worker: str = "w") -> Lease:
     return lease
 
 
-def rejects(error: type[Exception], call: Callable[[], Any], message: str) -> None:
-    """``call()`` must raise ``error``; if it returns, fail with ``message``."""
+def due_claims(
+    queue: JobQueue, clock: ManualClock, worker: str, rounds: int
+) -> Iterator[tuple[int, Lease]]:
+    """A worker that keeps claiming at ``next_due_ns()``: up to ``rounds`` times, move the
+    clock to the next due time (never back) and claim there, yielding ``(round, lease)``
+    for each job it gets; it stops as soon as nothing is due any more."""
+    for round_ in range(rounds):
+        due = queue.next_due_ns()
+        if due is None:
+            return
+        clock.set(max(due, clock.now_ns()))
+        lease = queue.claim(worker)
+        if lease is not None:
+            yield round_, lease
+
+
+def refusal(error: type[Exception], call: Callable[[], Any]) -> Exception | bool:
+    """Run ``call()``, which must raise ``error``: True when it does, the queue's other
+    refusal when it raises that instead, False when it is accepted."""
     try:
         call()
     except error:
-        return
+        return True
     except (StaleLease, JobNotFound, QueueFull) as other:
+        return other
+    return False
+
+
+def rejects(error: type[Exception], call: Callable[[], Any], message: str) -> None:
+    """``call()`` must raise ``error``; if it returns, fail with ``message``."""
+    got = refusal(error, call)
+    if isinstance(got, Exception):
         raise AssertionError(
             f"{message.replace(' was accepted', '')}: expected {error.__name__}, got "
-            f"{type(other).__name__}: {other}"
-        ) from None
-    raise AssertionError(f"{message} (expected {error.__name__})")
+            f"{type(got).__name__}: {got}"
+        )
+    if not got:
+        raise AssertionError(f"{message} (expected {error.__name__})")
 
 
 def held(queue: JobQueue, job_id: str) -> Job | None:

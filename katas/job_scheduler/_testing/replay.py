@@ -10,8 +10,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from katas._harness.story import Story
-from katas.job_scheduler._testing.model import LEASED, Model
+from katas.job_scheduler._testing.model import Model
 from katas.job_scheduler._testing.redis_queues import effect_store, stamp
+from katas.job_scheduler._testing.states import LEASED
 from katas.job_scheduler.api import (
     JobNotFound,
     Lease,
