@@ -20,8 +20,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.story import check, expect
 from katas.rate_limiter._testing.limiters import (
+    DECISION_RULES,
     S_,
     START_NS,
     Algo,
@@ -41,26 +43,13 @@ from katas.rate_limiter.api import (
 
 pytestmark = [pytest.mark.stage(1)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
-
 
 # --------------------------------------------------------------------------------------
 # Examples that read like the prompt — core: token bucket
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.rule(
-    "fresh",
-    "allowed-consumes",
-    "limit-field",
-    "remaining-floored",
-    "retry-field",
-    "exact-retry",
-    "reset-after",
-    "keys-isolated",
-    "tracked-keys",
-)
+@rule(*DECISION_RULES, "exact-retry", "reset-after", "keys-isolated", "tracked-keys")
 @core
 def test_stage1_token_bucket_example_from_the_prompt(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -93,7 +82,7 @@ def test_stage1_token_bucket_example_from_the_prompt(stage_module: ModuleType) -
     expect(bucket.try_acquire("alice", 3), D(True, 3, 0, 0, 3 * S_), "a full burst fits again")
 
 
-@pytest.mark.rule("refill-capped")
+@rule("refill-capped")
 @core
 def test_stage1_token_bucket_refill_is_capped_at_capacity(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -109,7 +98,7 @@ def test_stage1_token_bucket_refill_is_capped_at_capacity(stage_module: ModuleTy
     )
 
 
-@pytest.mark.rule("exact-arithmetic", "exact-retry", "remaining-floored")
+@rule("exact-arithmetic", "exact-retry", "remaining-floored")
 @core
 def test_stage1_token_bucket_fractional_rate_is_exact(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -135,7 +124,7 @@ def test_stage1_token_bucket_fractional_rate_is_exact(stage_module: ModuleType) 
     expect(odd.try_acquire("bob"), D(False, 2, 0, 1_500_000_000, 3 * S_), "1 unit: 1.5 s")
 
 
-@pytest.mark.rule("impossible-cost")
+@rule("impossible-cost")
 @core
 def test_stage1_token_bucket_cost_above_capacity_never_fits(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -153,7 +142,7 @@ def test_stage1_token_bucket_cost_above_capacity_never_fits(stage_module: Module
     expect(bucket.try_acquire("alice", 3), D(True, 3, 0, 0, 3 * S_), "cost == capacity fits")
 
 
-@pytest.mark.rule("denial-consumes-nothing")
+@rule("denial-consumes-nothing")
 @core
 def test_stage1_token_bucket_denial_consumes_nothing(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -165,7 +154,7 @@ def test_stage1_token_bucket_denial_consumes_nothing(stage_module: ModuleType) -
     expect(bucket.try_acquire("alice", 1), D(True, 5, 0, 0, 5 * S_), "the last unit is there")
 
 
-@pytest.mark.rule("clock-step-back")
+@rule("clock-step-back")
 @core
 def test_stage1_token_bucket_clock_step_back_example(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -195,7 +184,7 @@ def test_stage1_token_bucket_clock_step_back_example(stage_module: ModuleType) -
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.rule("fresh", "half-open-window", "exact-retry", "reset-after")
+@rule("fresh", "half-open-window", "exact-retry", "reset-after")
 @core
 def test_stage1_sliding_log_example_from_the_prompt(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -224,7 +213,7 @@ def test_stage1_sliding_log_example_from_the_prompt(stage_module: ModuleType) ->
     )
 
 
-@pytest.mark.rule("half-open-window")
+@rule("half-open-window")
 @core
 def test_stage1_sliding_log_window_is_half_open(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -236,7 +225,7 @@ def test_stage1_sliding_log_window_is_half_open(stage_module: ModuleType) -> Non
     expect(log.try_acquire("alice"), D(True, 1, 0, 0, 100), "t=100: t=0 is not in (0, 100]")
 
 
-@pytest.mark.rule("denial-consumes-nothing")
+@rule("denial-consumes-nothing")
 @core
 def test_stage1_sliding_log_denied_requests_are_not_logged(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -262,7 +251,7 @@ def test_stage1_sliding_log_denied_requests_are_not_logged(stage_module: ModuleT
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.rule("gcra-equals-bucket")
+@rule("gcra-equals-bucket")
 @extended
 def test_stage1_gcra_example_matches_the_token_bucket(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -274,7 +263,7 @@ def test_stage1_gcra_example_matches_the_token_bucket(stage_module: ModuleType) 
     expect(gcra.try_acquire("alice", 2), D(True, 3, 0, 0, 3 * S_), "exactly 1 s later")
 
 
-@pytest.mark.rule("fixed-epoch", "fixed-first-hit", "fixed-window-limit")
+@rule("fixed-epoch", "fixed-first-hit", "fixed-window-limit")
 @extended
 def test_stage1_fixed_window_epoch_vs_first_hit_alignment(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS + 3 * S_)  # 3 s into the epoch window [START, START+10 s)
@@ -293,7 +282,7 @@ def test_stage1_fixed_window_epoch_vs_first_hit_alignment(stage_module: ModuleTy
     expect(first.try_acquire("alice"), D(True, 2, 1, 0, 10 * S_), "first_hit: new window")
 
 
-@pytest.mark.rule("fixed-boundary-burst")
+@rule("fixed-boundary-burst")
 @extended
 def test_stage1_fixed_window_allows_twice_the_limit_across_a_boundary(
     stage_module: ModuleType,
@@ -310,7 +299,7 @@ def test_stage1_fixed_window_allows_twice_the_limit_across_a_boundary(
     )
 
 
-@pytest.mark.rule("denial-consumes-nothing", "fixed-window-limit")
+@rule("denial-consumes-nothing", "fixed-window-limit")
 @extended
 def test_stage1_fixed_window_denial_consumes_nothing(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -324,7 +313,7 @@ def test_stage1_fixed_window_denial_consumes_nothing(stage_module: ModuleType) -
     )
 
 
-@pytest.mark.rule("fixed-refund-rolled", "refund-capped")
+@rule("fixed-refund-rolled", "refund-capped")
 @extended
 def test_stage1_fixed_window_refund_after_the_window_rolled_is_dropped(
     stage_module: ModuleType,
@@ -344,7 +333,7 @@ def test_stage1_fixed_window_refund_after_the_window_rolled_is_dropped(
     expect(window.try_acquire("alice", 5), D(True, 5, 0, 0, 10 * S_), "the new window: 5")
 
 
-@pytest.mark.rule("swc-admit", "swc-remaining", "swc-retry")
+@rule("swc-admit", "swc-remaining", "swc-retry")
 @extended
 def test_stage1_sliding_window_counter_weights_the_previous_window(
     stage_module: ModuleType,
@@ -370,7 +359,7 @@ def test_stage1_sliding_window_counter_weights_the_previous_window(
     )
 
 
-@pytest.mark.rule("multi-all-or-nothing", "multi-decision", "multi-refund")
+@rule("multi-all-or-nothing", "multi-decision", "multi-refund")
 @extended
 def test_stage1_multi_limiter_denial_consumes_from_no_limit(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -408,7 +397,7 @@ def test_stage1_multi_limiter_denial_consumes_from_no_limit(stage_module: Module
     expect(state_of(tokens, "alice", 1000), D(False, 1000, 1000, None, 0), "capped at 1000")
 
 
-@pytest.mark.rule("multi-retry", "multi-costs")
+@rule("multi-retry", "multi-costs")
 @extended
 def test_stage1_multi_limiter_retry_after_is_the_longest_wait(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -436,7 +425,7 @@ def test_stage1_multi_limiter_retry_after_is_the_longest_wait(stage_module: Modu
     )
 
 
-@pytest.mark.rule("multi-costs", "multi-empty")
+@rule("multi-costs", "multi-empty")
 @extended
 def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
@@ -465,7 +454,7 @@ def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> Non
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.rule("header-rounds-up", "header-none")
+@rule("header-rounds-up", "header-none")
 @extended
 def test_stage1_retry_after_header_rounds_up_to_whole_seconds(stage_module: ModuleType) -> None:
     header = stage_module.retry_after_header
@@ -488,7 +477,7 @@ def test_stage1_retry_after_header_rounds_up_to_whole_seconds(stage_module: Modu
         )
 
 
-@pytest.mark.rule("header-rounds-up")
+@rule("header-rounds-up")
 @needs("header")
 @extended
 @given(wait_ns=st.integers(1, 10**13))
@@ -540,7 +529,7 @@ BAD_CONFIG: list[tuple[str, str, object]] = [
 ]
 
 
-@pytest.mark.rule("bad-config", "fixed-align")
+@rule("bad-config", "fixed-align")
 @pytest.mark.parametrize(
     ("cls", "param", "value"),
     [
@@ -562,7 +551,7 @@ def test_stage1_bad_configuration_names_the_parameter(
         getattr(stage_module, cls)(**kwargs)
 
 
-@pytest.mark.rule("bad-cost")
+@rule("bad-cost")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_bad_cost_is_rejected_and_changes_nothing(
     stage_module: ModuleType, algo: Algo
@@ -580,7 +569,7 @@ def test_stage1_bad_cost_is_rejected_and_changes_nothing(
 
 
 @core
-@pytest.mark.rule("bad-key")
+@rule("bad-key")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_a_key_that_is_not_a_str_is_refused(stage_module: ModuleType, algo: Algo) -> None:
     clock = ManualClock(START_NS)

@@ -21,12 +21,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.story import Story, check, expect
 from katas._harness.under_test import stage
 from katas._harness.walks import Drawn, Step, Walk, walked
 from katas.rate_limiter._testing.limiters import (
     ALGOS,
     BOUNDARY_RUNS,
+    DECISION_RULES,
     KEYS,
     OPERATIONS,
     S_,
@@ -44,7 +46,7 @@ from katas.rate_limiter._testing.limiters import (
     operations,
     run_against_model,
     setups,
-    smoke,
+    smoke_needs,
     state_of,
 )
 from katas.rate_limiter._testing.models import Model
@@ -60,46 +62,21 @@ from katas.rate_limiter.api import (
 
 pytestmark = [pytest.mark.stage(1)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
 
-
-@pytest.fixture(autouse=True)
-def _fail_fast_on_stubs(request: pytest.FixtureRequest, stage_module: ModuleType) -> None:
-    """Before hypothesis searches, call what the test drives once.
-
-    On a stub this fails at once with "not implemented yet: ..." instead of letting
-    hypothesis shrink a Todo. (State machines, being unittest classes,
-    also find the stage module here.)
-    """
-    parts = list(getattr(request.function, "kata_needs", ()))
-    parts += getattr(request.cls, "kata_needs", ()) if request.cls is not None else ()
-    callspec = getattr(request.node, "callspec", None)
-    if callspec is not None and "algo" in callspec.params:
-        parts.append(callspec.params["algo"])
-    for part in parts:
-        smoke(stage_module, part)
+#: Before hypothesis searches, every test calls what it drives once (see smoke_needs).
+_fail_fast_on_stubs = pytest.fixture(autouse=True, name="_fail_fast_on_stubs")(smoke_needs)
 
 
 # --------------------------------------------------------------------------------------
 # Differential: whole Decisions equal an exact model, step by step
 # --------------------------------------------------------------------------------------
 
+#: What a run against the exact model checks of any algorithm that has one: every field
+#: of every Decision, and which keys are tracked, swept, and swept by themselves.
+MODEL_RULES = (*DECISION_RULES, "reset-after", "exact-retry", "tracked-keys", "sweep", "auto-sweep")
 
-@pytest.mark.rule(
-    "fresh",
-    "allowed-consumes",
-    "limit-field",
-    "remaining-floored",
-    "retry-field",
-    "reset-after",
-    "exact-retry",
-    "refill-capped",
-    "refund-capped",
-    "tracked-keys",
-    "sweep",
-    "auto-sweep",
-)
+
+@rule(*MODEL_RULES, "refill-capped", "refund-capped")
 @needs("token_bucket")
 @core
 @given(data=st.data())
@@ -109,7 +86,7 @@ def test_stage1_token_bucket_matches_exact_model(
     check_against_model(stage_module, data, "token_bucket", steps_back=False)
 
 
-@pytest.mark.rule("clock-step-back", "exact-retry", "reset-after", "refund-capped")
+@rule("clock-step-back", "exact-retry", "reset-after", "refund-capped")
 @needs("token_bucket")
 @core
 @given(data=st.data())
@@ -119,21 +96,7 @@ def test_stage1_token_bucket_matches_model_across_clock_steps(
     check_against_model(stage_module, data, "token_bucket", steps_back=True)
 
 
-@pytest.mark.rule(
-    "fresh",
-    "allowed-consumes",
-    "limit-field",
-    "remaining-floored",
-    "retry-field",
-    "reset-after",
-    "exact-retry",
-    "half-open-window",
-    "refund-capped",
-    "refund-newest",
-    "tracked-keys",
-    "sweep",
-    "auto-sweep",
-)
+@rule(*MODEL_RULES, "half-open-window", "refund-capped", "refund-newest")
 @needs("sliding_log")
 @core
 @given(data=st.data())
@@ -143,7 +106,7 @@ def test_stage1_sliding_log_matches_exact_model(
     check_against_model(stage_module, data, "sliding_log", steps_back=False)
 
 
-@pytest.mark.rule("clock-step-back", "exact-retry", "reset-after", "refund-newest")
+@rule("clock-step-back", "exact-retry", "reset-after", "refund-newest")
 @needs("sliding_log")
 @core
 @given(data=st.data())
@@ -153,7 +116,7 @@ def test_stage1_sliding_log_matches_model_across_clock_steps(
     check_against_model(stage_module, data, "sliding_log", steps_back=True)
 
 
-@pytest.mark.rule("gcra-equals-bucket")
+@rule("gcra-equals-bucket")
 @needs("gcra")
 @extended
 @given(data=st.data(), steps_back=st.booleans())
@@ -165,7 +128,7 @@ def test_stage1_gcra_decides_exactly_like_a_token_bucket(
     check_against_model(stage_module, data, "gcra", steps_back=steps_back)
 
 
-@pytest.mark.rule("fixed-window-limit", "fixed-epoch", "fixed-first-hit", "fixed-refund-rolled")
+@rule("fixed-window-limit", "fixed-epoch", "fixed-first-hit", "fixed-refund-rolled")
 @needs("fixed_window")
 @extended
 @given(data=st.data(), steps_back=st.booleans())
@@ -175,7 +138,7 @@ def test_stage1_fixed_window_matches_exact_model(
     check_against_model(stage_module, data, "fixed_window", steps_back=steps_back)
 
 
-@pytest.mark.rule("swc-admit", "swc-remaining", "swc-retry")
+@rule("swc-admit", "swc-remaining", "swc-retry")
 @needs("sliding_window_counter")
 @extended
 @given(data=st.data(), steps_back=st.booleans())
@@ -185,7 +148,7 @@ def test_stage1_sliding_window_counter_matches_exact_model(
     check_against_model(stage_module, data, "sliding_window_counter", steps_back=steps_back)
 
 
-@pytest.mark.rule("auto-sweep", "fresh-again")
+@rule("auto-sweep", "fresh-again")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_auto_sweep_forgets_only_fresh_keys(stage_module: ModuleType, algo: Algo) -> None:
     # Hundreds of keys, so that a limiter sweeping by itself does so several times;
@@ -215,9 +178,13 @@ def test_stage1_auto_sweep_forgets_only_fresh_keys(stage_module: ModuleType, alg
 
 
 def admitted_schedule(
-    limiter: RateLimiter, clock: ManualClock, data: st.DataObject, setup: Setup
-) -> list[tuple[int, int]]:
-    """Greedy random traffic on one key; the (time, cost) of every admitted request."""
+    stage: ModuleType, data: st.DataObject, algo: Algo
+) -> tuple[Setup, list[tuple[int, int]]]:
+    """A drawn limiter of ``algo`` under greedy random traffic on one key: its setup and
+    the (time, cost) of every request it admitted."""
+    setup = data.draw(setups(algo), label="setup")
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage, clock)
     attempts = data.draw(
         st.lists(
             st.tuples(durations(setup), st.integers(1, setup.limit)), min_size=10, max_size=60
@@ -229,14 +196,12 @@ def admitted_schedule(
         clock.advance(wait)
         if limiter.try_acquire("alice", cost).allowed:
             admitted.append((clock.now_ns(), cost))
-    return admitted
+    return setup, admitted
 
 
 def check_bucket_envelope(stage: ModuleType, data: st.DataObject, algo: Algo) -> None:
     __tracebackhide__ = True  # the assertion message tells the story
-    setup = data.draw(setups(algo), label="setup")
-    clock = ManualClock(START_NS)
-    admitted = admitted_schedule(setup.build(stage, clock), clock, data, setup)
+    setup, admitted = admitted_schedule(stage, data, algo)
     for i, (start, _) in enumerate(admitted):
         total = 0
         for end, cost in admitted[i:]:
@@ -249,7 +214,7 @@ def check_bucket_envelope(stage: ModuleType, data: st.DataObject, algo: Algo) ->
             )
 
 
-@pytest.mark.rule("refill-capped")
+@rule("refill-capped")
 @needs("token_bucket")
 @core
 @given(data=st.data())
@@ -259,7 +224,7 @@ def test_stage1_token_bucket_admits_at_most_capacity_plus_rate_times_d(
     check_bucket_envelope(stage_module, data, "token_bucket")
 
 
-@pytest.mark.rule("gcra-equals-bucket")
+@rule("gcra-equals-bucket")
 @needs("gcra")
 @extended
 @given(data=st.data())
@@ -269,16 +234,14 @@ def test_stage1_gcra_admits_at_most_burst_plus_rate_times_d(
     check_bucket_envelope(stage_module, data, "gcra")
 
 
-@pytest.mark.rule("half-open-window")
+@rule("half-open-window")
 @needs("sliding_log")
 @core
 @given(data=st.data())
 def test_stage1_sliding_log_admits_at_most_limit_in_every_window(
     stage_module: ModuleType, data: st.DataObject
 ) -> None:
-    setup = data.draw(setups("sliding_log"), label="setup")
-    clock = ManualClock(START_NS)
-    admitted = admitted_schedule(setup.build(stage_module, clock), clock, data, setup)
+    setup, admitted = admitted_schedule(stage_module, data, "sliding_log")
     for end, _ in admitted:
         inside = [(t, c) for t, c in admitted if end - setup.window_ns < t <= end]
         assert sum(c for _, c in inside) <= setup.limit, (
@@ -288,16 +251,14 @@ def test_stage1_sliding_log_admits_at_most_limit_in_every_window(
         )
 
 
-@pytest.mark.rule("fixed-window-limit")
+@rule("fixed-window-limit")
 @needs("fixed_window")
 @extended
 @given(data=st.data())
 def test_stage1_fixed_window_admits_at_most_limit_per_window(
     stage_module: ModuleType, data: st.DataObject
 ) -> None:
-    setup = data.draw(setups("fixed_window"), label="setup")
-    clock = ManualClock(START_NS)
-    admitted = admitted_schedule(setup.build(stage_module, clock), clock, data, setup)
+    setup, admitted = admitted_schedule(stage_module, data, "fixed_window")
     per_window: dict[int, int] = {}
     opened: int | None = None
     for t, cost in admitted:
@@ -315,16 +276,14 @@ def test_stage1_fixed_window_admits_at_most_limit_per_window(
         )
 
 
-@pytest.mark.rule("swc-admit")
+@rule("swc-admit")
 @needs("sliding_window_counter")
 @extended
 @given(data=st.data())
 def test_stage1_sliding_window_counter_estimate_never_exceeds_limit(
     stage_module: ModuleType, data: st.DataObject
 ) -> None:
-    setup = data.draw(setups("sliding_window_counter"), label="setup")
-    clock = ManualClock(START_NS)
-    admitted = admitted_schedule(setup.build(stage_module, clock), clock, data, setup)
+    setup, admitted = admitted_schedule(stage_module, data, "sliding_window_counter")
     w = setup.window_ns
     for t, _ in admitted:
         index, into = divmod(t, w)
@@ -343,16 +302,24 @@ def test_stage1_sliding_window_counter_estimate_never_exceeds_limit(
 # --------------------------------------------------------------------------------------
 
 
-@pytest.mark.rule("exact-retry", "retry-field")
+def after_history(
+    stage: ModuleType, data: st.DataObject, algo: Algo
+) -> tuple[Setup, RateLimiter, ManualClock]:
+    """A drawn limiter of ``algo`` that has admitted what it could of a drawn history."""
+    setup = data.draw(setups(algo), label="setup")
+    clock = ManualClock(START_NS)
+    limiter = setup.build(stage, clock)
+    admit_all(limiter, clock, data.draw(operations(setup), label="history"))
+    return setup, limiter, clock
+
+
+@rule("exact-retry", "retry-field")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_retry_after_is_exact(
     stage_module: ModuleType, algo: Algo, data: st.DataObject
 ) -> None:
-    setup = data.draw(setups(algo), label="setup")
-    clock = ManualClock(START_NS)
-    limiter = setup.build(stage_module, clock)
-    admit_all(limiter, clock, data.draw(operations(setup), label="history"))
+    setup, limiter, clock = after_history(stage_module, data, algo)
     key = data.draw(st.sampled_from(KEYS), label="key")
     cost = data.draw(st.integers(1, setup.limit), label="cost")
     for _ in range(setup.limit + 1):  # drain at a frozen instant until denied
@@ -384,6 +351,42 @@ def twins(
     return setup.build(stage, ca), ca, setup.build(stage, cb), cb
 
 
+def twins_after_history(
+    stage: ModuleType, data: st.DataObject, algo: Algo
+) -> tuple[Setup, RateLimiter, ManualClock, RateLimiter, ManualClock]:
+    """Two limiters of one drawn setup, each with its own clock, both through the same
+    drawn history: from here on they must decide alike."""
+    setup = data.draw(setups(algo), label="setup")
+    a, ca, b, cb = twins(stage, setup)
+    history = data.draw(operations(setup), label="history")
+    admit_all(a, ca, history)
+    admit_all(b, cb, history)
+    return setup, a, ca, b, cb
+
+
+def step_twins(
+    a: RateLimiter,
+    ca: ManualClock,
+    b: RateLimiter,
+    cb: ManualClock,
+    op: Op,
+    story: Story,
+    invariant: str,
+    b_decided: str,
+) -> None:
+    """Run ``op`` on both twins and tell it; a decision of A must be B's (said ``b_decided``)."""
+    __tracebackhide__ = True  # the assertion message tells the story
+    if op.kind in ("acquire", "peek"):
+        da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
+        db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
+        story.add(f"{op} -> {da}")
+        story.check(da == db, invariant, f"{b_decided} {db}")
+    else:
+        admit_all(a, ca, [op])
+        admit_all(b, cb, [op])
+        story.add(str(op))
+
+
 def same_future(
     a: RateLimiter, ca: ManualClock, b: RateLimiter, cb: ManualClock, ops: list[Op], why: str
 ) -> None:
@@ -391,31 +394,19 @@ def same_future(
     __tracebackhide__ = True  # the assertion message tells the story
     story = Story(f"the same operations on both twins ({why}):", ca.now_ns, START_NS)
     for op in ops:
-        if op.kind in ("acquire", "peek"):
-            da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
-            db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
-            story.add(f"{op} -> {da}")
-            story.check(da == db, why, f"the other twin decided {db}")
-        else:
-            admit_all(a, ca, [op])
-            admit_all(b, cb, [op])
-            story.add(str(op))
+        step_twins(a, ca, b, cb, op, story, why, "the other twin decided")
     for key in KEYS:
         expect(state_of(a, key, 10**6), state_of(b, key, 10**6), f"{why}: state of {key}")
     expect(a.tracked_keys(), b.tracked_keys(), f"{why}: tracked_keys()")
 
 
-@pytest.mark.rule("impossible-cost")
+@rule("impossible-cost")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_impossible_cost_is_denied_forever_and_changes_nothing(
     stage_module: ModuleType, algo: Algo, data: st.DataObject
 ) -> None:
-    setup = data.draw(setups(algo), label="setup")
-    a, ca, b, cb = twins(stage_module, setup)
-    history = data.draw(operations(setup), label="history")
-    admit_all(a, ca, history)
-    admit_all(b, cb, history)
+    setup, a, ca, b, cb = twins_after_history(stage_module, data, algo)
     key = data.draw(st.sampled_from(KEYS), label="key")
     cost = setup.limit + data.draw(st.integers(1, 100), label="cost above limit")
     for call in (a.try_acquire, a.peek):
@@ -432,7 +423,7 @@ def test_stage1_impossible_cost_is_denied_forever_and_changes_nothing(
     same_future(a, ca, b, cb, data.draw(operations(setup), label="then"), "impossible cost")
 
 
-@pytest.mark.rule("denial-consumes-nothing", "peek-changes-nothing")
+@rule("denial-consumes-nothing", "peek-changes-nothing")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_denials_and_peeks_change_nothing(
@@ -458,30 +449,18 @@ def test_stage1_denials_and_peeks_change_nothing(
                             f"{peeked} vs {denied}",
                         )
             story.add("A: peek every key and cost, try_acquire those denied")
-        if op.kind in ("acquire", "peek"):
-            da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
-            db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
-            story.add(f"{op} -> {da}")
-            story.check(
-                da == db, "a denial or a peek changed the limiter's state", f"twin B decided {db}"
-            )
-        else:
-            admit_all(a, ca, [op])
-            admit_all(b, cb, [op])
-            story.add(str(op))
+        invariant = "a denial or a peek changed the limiter's state"
+        step_twins(a, ca, b, cb, op, story, invariant, "twin B decided")
     expect(a.tracked_keys(), b.tracked_keys(), "denials and peeks add no tracked keys")
 
 
-@pytest.mark.rule("reset-after", "fresh-again")
+@rule("reset-after", "fresh-again")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_idle_keys_recover_at_reset_after(
     stage_module: ModuleType, algo: Algo, data: st.DataObject
 ) -> None:
-    setup = data.draw(setups(algo), label="setup")
-    clock = ManualClock(START_NS)
-    limiter = setup.build(stage_module, clock)
-    admit_all(limiter, clock, data.draw(operations(setup), label="history"))
+    setup, limiter, clock = after_history(stage_module, data, algo)
     t0 = clock.now_ns()
     resets = sorted((state_of(limiter, k, setup.limit).reset_after_ns, k) for k in KEYS)
     for reset, key in resets:
@@ -513,17 +492,13 @@ def drain(limiter: RateLimiter, setup: Setup) -> int:
     return admitted
 
 
-@pytest.mark.rule("clock-step-back")
+@rule("clock-step-back")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_clock_step_back_neither_mints_nor_burns(
     stage_module: ModuleType, algo: Algo, data: st.DataObject
 ) -> None:
-    setup = data.draw(setups(algo), label="setup")
-    a, ca, b, cb = twins(stage_module, setup)
-    history = data.draw(operations(setup), label="history")
-    admit_all(a, ca, history)
-    admit_all(b, cb, history)
+    setup, a, ca, b, cb = twins_after_history(stage_module, data, algo)
     for limiter, clock in ((a, ca), (b, cb)):  # end with an admission, at time T
         decision = limiter.try_acquire("alice", 1)
         if not decision.allowed:
@@ -556,7 +531,7 @@ def test_stage1_clock_step_back_neither_mints_nor_burns(
     same_future(a, ca, b, cb, data.draw(operations(setup), label="then"), "after a step back")
 
 
-@pytest.mark.rule("keys-isolated")
+@rule("keys-isolated")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_keys_are_isolated(
@@ -578,28 +553,17 @@ def test_stage1_keys_are_isolated(
     story = Story(f"{setup}: twin B also serves bob and carol:", ca.now_ns, START_NS)
     for op, extra in zip(mine, others, strict=True):
         admit_all(b, cb, extra)
-        if op.kind in ("acquire", "peek"):
-            da = a.try_acquire(op.key, op.n) if op.kind == "acquire" else a.peek(op.key, op.n)
-            db = b.try_acquire(op.key, op.n) if op.kind == "acquire" else b.peek(op.key, op.n)
-            story.add(f"{op} -> {da}")
-            story.check(da == db, "other keys' traffic changed alice's decisions", f"with it: {db}")
-        else:
-            admit_all(a, ca, [op])
-            admit_all(b, cb, [op])
-            story.add(str(op))
+        invariant = "other keys' traffic changed alice's decisions"
+        step_twins(a, ca, b, cb, op, story, invariant, "with it:")
 
 
-@pytest.mark.rule("refund-capped", "refund-empty-key")
+@rule("refund-capped", "refund-empty-key")
 @pytest.mark.parametrize("algo", by_algo())
 @given(data=st.data())
 def test_stage1_refund_is_capped_and_undoes_an_admission(
     stage_module: ModuleType, algo: Algo, data: st.DataObject
 ) -> None:
-    setup = data.draw(setups(algo), label="setup")
-    a, ca, b, cb = twins(stage_module, setup)
-    history = data.draw(operations(setup), label="history")
-    admit_all(a, ca, history)
-    admit_all(b, cb, history)
+    setup, a, ca, b, cb = twins_after_history(stage_module, data, algo)
     key = data.draw(st.sampled_from(KEYS), label="key")
     cost = data.draw(st.integers(1, setup.limit), label="cost")
     if a.try_acquire(key, cost).allowed:  # admitted and refunded at once: as if never
@@ -618,7 +582,7 @@ def test_stage1_refund_is_capped_and_undoes_an_admission(
     expect(fresh.peek("dave", setup.limit).remaining, 0, "and adds nothing above the limit")
 
 
-@pytest.mark.rule("auto-sweep")
+@rule("auto-sweep")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_auto_sweep_bounds_memory_by_recent_keys(
     stage_module: ModuleType, algo: Algo
@@ -640,7 +604,7 @@ def test_stage1_auto_sweep_bounds_memory_by_recent_keys(
     )
 
 
-@pytest.mark.rule("no-auto-sweep", "sweep", "tracked-keys")
+@rule("no-auto-sweep", "sweep", "tracked-keys")
 @pytest.mark.parametrize("algo", by_algo())
 def test_stage1_without_auto_sweep_only_sweep_forgets(stage_module: ModuleType, algo: Algo) -> None:
     setup = Setup(algo, limit=2, rate=Fraction(1), window_ns=S_)
@@ -740,7 +704,7 @@ MULTI_BOUNDARY: tuple[Setup, Setup, tuple[MultiStep, ...]] = (
 )
 
 
-@pytest.mark.rule("multi-all-or-nothing", "multi-decision", "multi-retry", "multi-refund")
+@rule("multi-all-or-nothing", "multi-decision", "multi-retry", "multi-refund")
 @needs("multi", *ALGOS)
 @extended
 @given(data=st.data())
@@ -848,12 +812,10 @@ def model_test(machine: type[LimiterMachine]) -> type[Any]:
 
 
 TestStage1TokenBucketModel = core(
-    pytest.mark.rule(*MACHINE_RULES)(needs("token_bucket")(model_test(TokenBucketMachine)))
+    rule(*MACHINE_RULES)(needs("token_bucket")(model_test(TokenBucketMachine)))
 )
 TestStage1SlidingLogModel = core(
-    pytest.mark.rule(*MACHINE_RULES, "refund-newest")(
-        needs("sliding_log")(model_test(SlidingLogMachine))
-    )
+    rule(*MACHINE_RULES, "refund-newest")(needs("sliding_log")(model_test(SlidingLogMachine)))
 )
 
 
@@ -902,14 +864,14 @@ def check_reads_drop_nothing_at(stage_module: ModuleType, algo: Algo, read_at_s:
 
 
 @core
-@pytest.mark.rule("peek-changes-nothing", "denial-consumes-nothing", "clock-step-back")
+@rule("peek-changes-nothing", "denial-consumes-nothing", "clock-step-back")
 def test_stage1_sliding_log_reads_drop_nothing_a_clock_step_back_would_find(
     stage_module: ModuleType,
 ) -> None:
     check_reads_drop_nothing(stage_module, "sliding_log")
 
 
-@pytest.mark.rule("peek-changes-nothing", "denial-consumes-nothing", "clock-step-back")
+@rule("peek-changes-nothing", "denial-consumes-nothing", "clock-step-back")
 @pytest.mark.parametrize("algo", by_algo(a for a in ALGOS if a != "sliding_log"))
 def test_stage1_reads_drop_nothing_a_clock_step_back_would_find(
     stage_module: ModuleType, algo: Algo
@@ -918,7 +880,7 @@ def test_stage1_reads_drop_nothing_a_clock_step_back_would_find(
 
 
 @core
-@pytest.mark.rule("refund-capped")
+@rule("refund-capped")
 def test_stage1_token_bucket_refund_tops_up_a_partly_refilled_bucket(
     stage_module: ModuleType,
 ) -> None:
@@ -926,7 +888,7 @@ def test_stage1_token_bucket_refund_tops_up_a_partly_refilled_bucket(
 
 
 @extended
-@pytest.mark.rule("refund-capped", "gcra-equals-bucket")
+@rule("refund-capped", "gcra-equals-bucket")
 def test_stage1_gcra_refund_tops_up_a_partly_refilled_bucket(stage_module: ModuleType) -> None:
     check_refund_tops_up(stage_module, "gcra")
 
@@ -963,7 +925,7 @@ def check_refund_tops_up(stage_module: ModuleType, algo: Algo) -> None:
 
 
 @core
-@pytest.mark.rule("refund-newest", "refund-capped")
+@rule("refund-newest", "refund-capped")
 def test_stage1_sliding_log_refund_after_units_left_the_window(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
     log: SweepableLimiter = stage_module.SlidingLog(limit=2, window_ns=10 * S_, clock=clock)

@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
 
 from katas._harness.interleave import Gate
+from katas._harness.marks import anyio_test, core, extended
 from katas._harness.story import expect
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
@@ -54,9 +55,11 @@ from katas._harness.waiting import (
 from katas._runtime.clock import NS_PER_MS
 from katas.rate_limiter._testing.models import TokenBucketModel
 from katas.rate_limiter._testing.threads import (
+    acquire_into,
     async_limiter,
     bucket_limiter,
     concurrency,
+    emptied_async_limiter,
     enqueue,
     enqueue_async,
     eventually,
@@ -83,7 +86,7 @@ pytestmark = [pytest.mark.stage(2)]
 
 
 @pytest.mark.rule("atomic-decision")
-@pytest.mark.core
+@core
 def test_stage2_no_over_admission_under_threads() -> None:
     # Every key is a burst of `threads` × `attempts` requests at one frozen instant. Keys
     # are fresh, because a key's first requests race hardest: each may see "no state yet".
@@ -111,7 +114,7 @@ def test_stage2_no_over_admission_under_threads() -> None:
 
 
 @pytest.mark.rule("atomic-decision", "acquire-blocks")
-@pytest.mark.core
+@core
 @given(
     capacity=st.integers(1, 30),
     plans=st.lists(st.lists(st.integers(1, 8), min_size=1, max_size=12), min_size=2, max_size=6),
@@ -146,7 +149,7 @@ def test_stage2_burst_conserves_units_and_never_denies_what_fits(
 
 
 @pytest.mark.rule("fifo", "acquire-blocks", "statistics", "wait-through-clock")
-@pytest.mark.core
+@core
 def test_stage2_waiters_are_admitted_in_fifo_order() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1)
     assert limiter.try_acquire("k", 2).allowed
@@ -180,7 +183,7 @@ def test_stage2_waiters_are_admitted_in_fifo_order() -> None:
 
 
 @pytest.mark.rule("no-overtaking")
-@pytest.mark.core
+@core
 def test_stage2_try_acquire_does_not_overtake_a_waiter() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1)
     assert limiter.try_acquire("k", 2).allowed
@@ -206,7 +209,7 @@ def test_stage2_try_acquire_does_not_overtake_a_waiter() -> None:
 
 
 @pytest.mark.rule("timeout-consumes-nothing")
-@pytest.mark.core
+@core
 def test_stage2_timed_out_waiter_consumes_nothing_and_unblocks_the_queue() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1)
     assert limiter.try_acquire("k", 2).allowed
@@ -230,7 +233,7 @@ def test_stage2_timed_out_waiter_consumes_nothing_and_unblocks_the_queue() -> No
 
 
 @pytest.mark.rule("acquire-blocks", "timeout-consumes-nothing", "wait-through-clock")
-@pytest.mark.core
+@core
 def test_stage2_acquire_deadline_is_exact() -> None:
     clock, limiter = bucket_limiter(1, refill_per_s=1)
     assert limiter.try_acquire("k").allowed
@@ -250,7 +253,7 @@ def test_stage2_acquire_deadline_is_exact() -> None:
 
 
 @pytest.mark.rule("refund-reset-wake", "statistics")
-@pytest.mark.core
+@core
 def test_stage2_refund_wakes_waiters_sharing_a_stripe() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1, stripes=1)
     assert limiter.try_acquire("a", 2).allowed and limiter.try_acquire("b", 2).allowed
@@ -266,7 +269,7 @@ def test_stage2_refund_wakes_waiters_sharing_a_stripe() -> None:
 
 
 @pytest.mark.rule("acquire-impossible", "acquire-blocks")
-@pytest.mark.core
+@core
 def test_stage2_impossible_cost_and_zero_timeout_return_at_once() -> None:
     _, limiter = bucket_limiter(2, refill_per_s=1)
     never = start(lambda: limiter.acquire("k", 3), "acquire(cost > capacity)")
@@ -302,7 +305,7 @@ BAD_CALLS: dict[str, tuple[Callable[[object, ManualClock, BlockingLimiter], obje
 
 
 @pytest.mark.rule("bad-arguments")
-@pytest.mark.core
+@core
 @pytest.mark.parametrize("case", sorted(BAD_CALLS))
 def test_stage2_bad_arguments_name_the_parameter(case: str) -> None:
     call, param = BAD_CALLS[case]
@@ -317,7 +320,7 @@ def test_stage2_bad_arguments_name_the_parameter(case: str) -> None:
 
 
 @pytest.mark.rule("sweeping", "tracked-keys-inner")
-@pytest.mark.core
+@core
 def test_stage2_sweep_forgets_idle_keys_and_runs_by_itself() -> None:
     clock, limiter = bucket_limiter(1, refill_per_s=1, stripes=4)
     for i in range(100):
@@ -340,7 +343,7 @@ def test_stage2_sweep_forgets_idle_keys_and_runs_by_itself() -> None:
 
 
 @pytest.mark.rule("no-deadlock", "atomic-decision")
-@pytest.mark.core
+@core
 def test_stage2_mixed_operations_neither_deadlock_nor_over_admit() -> None:
     capacity, per_s = 4, 1000
     clock, limiter = bucket_limiter(capacity, refill_per_s=per_s, stripes=2)
@@ -396,7 +399,7 @@ PATHS: dict[str, Callable[[BlockingLimiter], object]] = {
 }
 
 
-@pytest.mark.core
+@core
 @pytest.mark.rule("atomic-decision", "striped-locks")
 def test_stage2_every_call_holds_the_stripe_lock_around_the_inner_limiter() -> None:
     # One thread is parked inside the inner limiter (by the wrapper's try_acquire, peek,
@@ -421,7 +424,7 @@ def test_stage2_every_call_holds_the_stripe_lock_around_the_inner_limiter() -> N
         b.outcome("B, once A left the stripe")
 
 
-@pytest.mark.core
+@core
 @pytest.mark.rule("striped-locks")
 def test_stage2_a_busy_key_does_not_hold_up_other_stripes() -> None:
     gate = Gate("inside the inner try_acquire of key 'busy'", limit=1)
@@ -448,7 +451,7 @@ def test_stage2_a_busy_key_does_not_hold_up_other_stripes() -> None:
         w.outcome("a thread on another key")
 
 
-@pytest.mark.core
+@core
 @pytest.mark.rule("fifo", "no-overtaking")
 def test_stage2_a_newcomer_acquire_joins_the_back_of_the_queue() -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1)
@@ -554,8 +557,8 @@ TestStage2ThreadSafeLimiterModel = pytest.mark.core(
 
 
 @pytest.mark.rule("async-exact")
-@pytest.mark.extended
-@pytest.mark.anyio
+@extended
+@anyio_test
 async def test_stage2_async_burst_admits_exactly_capacity() -> None:
     clock, limiter = async_limiter(10, refill_per_s=10)
     got: list[bool] = []
@@ -595,11 +598,10 @@ async def test_stage2_async_burst_admits_exactly_capacity() -> None:
 
 
 @pytest.mark.rule("async-fifo")
-@pytest.mark.extended
-@pytest.mark.anyio
+@extended
+@anyio_test
 async def test_stage2_async_waiters_are_admitted_in_fifo_order() -> None:
-    clock, limiter = async_limiter(2, refill_per_s=1)
-    assert limiter.try_acquire("k", 2).allowed
+    clock, limiter = emptied_async_limiter()
     admitted: list[int] = []
     costs = [2, 1, 1]
 
@@ -628,11 +630,10 @@ async def test_stage2_async_waiters_are_admitted_in_fifo_order() -> None:
 
 
 @pytest.mark.rule("async-cancel")
-@pytest.mark.extended
-@pytest.mark.anyio
+@extended
+@anyio_test
 async def test_stage2_async_cancelled_waiter_consumes_nothing_and_unblocks_the_queue() -> None:
-    clock, limiter = async_limiter(2, refill_per_s=1)
-    assert limiter.try_acquire("k", 2).allowed
+    clock, limiter = emptied_async_limiter()
     scope = anyio.CancelScope()
     outcome: list[str] = []
 
@@ -666,11 +667,10 @@ async def test_stage2_async_cancelled_waiter_consumes_nothing_and_unblocks_the_q
 
 
 @pytest.mark.rule("async-cancel")
-@pytest.mark.extended
-@pytest.mark.anyio
+@extended
+@anyio_test
 async def test_stage2_async_timed_out_waiter_consumes_nothing() -> None:
-    clock, limiter = async_limiter(2, refill_per_s=1)
-    assert limiter.try_acquire("k", 2).allowed
+    clock, limiter = emptied_async_limiter()
     results: dict[str, bool] = {}
 
     async def impatient() -> None:
@@ -692,18 +692,13 @@ async def test_stage2_async_timed_out_waiter_consumes_nothing() -> None:
 
 
 @pytest.mark.rule("async-fifo")
-@pytest.mark.extended
-@pytest.mark.anyio
+@extended
+@anyio_test
 async def test_stage2_async_try_acquire_does_not_overtake_a_waiter() -> None:
-    clock, limiter = async_limiter(2, refill_per_s=1)
-    assert limiter.try_acquire("k", 2).allowed
+    clock, limiter = emptied_async_limiter()
     done: list[bool] = []
-
-    async def head() -> None:
-        done.append(await limiter.acquire("k", 2))
-
     async with anyio.create_task_group() as tg:
-        await enqueue_async(tg, limiter, "k", head)
+        await enqueue_async(tg, limiter, "k", partial(acquire_into, done, limiter, "k", 2))
         clock.advance(NS_PER_S)
         assert not limiter.try_acquire("k", 1).allowed, (
             "try_acquire('k', 1) overtook a task waiting on 'k' for 2 units"
@@ -714,8 +709,8 @@ async def test_stage2_async_try_acquire_does_not_overtake_a_waiter() -> None:
 
 
 @pytest.mark.rule("async-limit")
-@pytest.mark.extended
-@pytest.mark.anyio
+@extended
+@anyio_test
 async def test_stage2_async_limit_spends_units_on_entry() -> None:
     clock, limiter = async_limiter(1, refill_per_s=1)
     entered: list[str] = []
@@ -742,25 +737,20 @@ async def test_stage2_async_limit_spends_units_on_entry() -> None:
 
 
 @pytest.mark.rule("async-refund-wakes")
-@pytest.mark.extended
-@pytest.mark.anyio
+@extended
+@anyio_test
 async def test_stage2_async_refund_admits_the_head_waiter() -> None:
-    _, limiter = async_limiter(2, refill_per_s=1)
-    assert limiter.try_acquire("k", 2).allowed
+    _, limiter = emptied_async_limiter()
     done: list[bool] = []
-
-    async def waiter() -> None:
-        done.append(await limiter.acquire("k", 2))
-
     async with anyio.create_task_group() as tg:
-        await enqueue_async(tg, limiter, "k", waiter)
+        await enqueue_async(tg, limiter, "k", partial(acquire_into, done, limiter, "k", 2))
         limiter.refund("k", 2)
         await eventually_async(lambda: done == [True], "the waiter admitted by the refund")
 
 
 @pytest.mark.rule("async-bad-arguments")
-@pytest.mark.extended
-@pytest.mark.anyio
+@extended
+@anyio_test
 async def test_stage2_async_bad_arguments_name_the_parameter() -> None:
     _, limiter = async_limiter(2)
     with pytest.raises((ValueError, TypeError), match="cost"):
@@ -772,12 +762,11 @@ async def test_stage2_async_bad_arguments_name_the_parameter() -> None:
     assert limiter.try_acquire("k", 2).allowed, "rejected calls must change nothing"
 
 
-@pytest.mark.extended
+@extended
 @pytest.mark.rule("async-fifo")
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_newcomer_acquire_joins_the_back_of_the_queue() -> None:
-    clock, limiter = async_limiter(2, refill_per_s=1)
-    assert limiter.try_acquire("k", 2).allowed
+    clock, limiter = emptied_async_limiter()
     done: list[str] = []
 
     async def head() -> None:
@@ -804,9 +793,9 @@ async def test_stage2_async_newcomer_acquire_joins_the_back_of_the_queue() -> No
     assert done == ["head True", "newcomer True"], done
 
 
-@pytest.mark.extended
+@extended
 @pytest.mark.rule("async-cancel")
-@pytest.mark.anyio
+@anyio_test
 async def test_stage2_async_acquire_in_a_cancelled_scope_consumes_nothing() -> None:
     _, limiter = async_limiter(2, refill_per_s=1)
     reached = []
@@ -832,7 +821,7 @@ async def test_stage2_async_acquire_in_a_cancelled_scope_consumes_nothing() -> N
 
 
 @pytest.mark.rule("lease-grant", "lease-release")
-@pytest.mark.extended
+@extended
 def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
     threads, attempts, cap = 8, 10, 13
     with tiny_switch_interval():
@@ -862,7 +851,7 @@ def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
 
 
 @pytest.mark.rule("lease-release", "lease-statistics")
-@pytest.mark.extended
+@extended
 def test_stage2_concurrency_release_is_idempotent() -> None:
     _, limiter = concurrency(2)
     a, b = limiter.try_acquire("k"), limiter.try_acquire("k")
@@ -882,7 +871,7 @@ def test_stage2_concurrency_release_is_idempotent() -> None:
 
 
 @pytest.mark.rule("lease-expiry", "lease-grant", "lease-release")
-@pytest.mark.extended
+@extended
 def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
     clock, limiter = concurrency(1, lease_ns=5 * NS_PER_S)
     lease = limiter.try_acquire("k")
@@ -905,7 +894,7 @@ def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
 
 
 @pytest.mark.rule("lease-bad-arguments")
-@pytest.mark.extended
+@extended
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
@@ -923,7 +912,7 @@ def test_stage2_concurrency_bad_arguments_name_the_parameter(
         stage(2).ConcurrencyLimiter(clock=ManualClock(), **kwargs)
 
 
-@pytest.mark.extended
+@extended
 @pytest.mark.rule("lease-expiry", "lease-statistics")
 def test_stage2_concurrency_reads_reclaim_expired_leases_by_themselves() -> None:
     for read in ("in_flight", "statistics"):

@@ -50,6 +50,7 @@ from hypothesis.stateful import (
 from redis.crc import key_slot
 
 from katas._harness.machines import machine_only
+from katas._harness.marks import core, extended
 from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv
 from katas._harness.story import check, expect
@@ -101,8 +102,17 @@ heavy = settings(
 # --------------------------------------------------------------------------- examples
 
 
+def fresh_node(
+    stage: ModuleType, env: RedisEnv, algorithm: str, limit: int, window_us: int
+) -> RedisLimiter:
+    """One limiter on the shared server, under a key prefix no other test uses."""
+    return make_limiter(
+        stage, env.client(), algorithm, limit, window_us, key_prefix=env.fresh_prefix()
+    )
+
+
 @pytest.mark.rule("nodes-as-one", "redis-algorithms", "server-time")
-@pytest.mark.core
+@core
 @pytest.mark.realtime
 def test_stage3_two_nodes_share_one_token_bucket(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -133,7 +143,7 @@ def test_stage3_two_nodes_share_one_token_bucket(
 
 
 @pytest.mark.rule("unique-members", "nodes-as-one")
-@pytest.mark.core
+@core
 def test_stage3_same_instant_requests_all_count_in_the_sliding_log(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -153,7 +163,7 @@ def test_stage3_same_instant_requests_all_count_in_the_sliding_log(
 
 
 @pytest.mark.rule("redis-denial")
-@pytest.mark.core
+@core
 def test_stage3_denial_consumes_nothing(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     """Denied requests leave the quota alone: retry_after counts down with server time."""
     for algorithm in ALGORITHMS:
@@ -173,17 +183,10 @@ def test_stage3_denial_consumes_nothing(stage_module: ModuleType, redis_env: Red
 
 
 @pytest.mark.rule("redis-peek")
-@pytest.mark.core
+@core
 def test_stage3_cost_above_limit_never_fits(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     for algorithm in ALGORITHMS:
-        node = make_limiter(
-            stage_module,
-            redis_env.client(),
-            algorithm,
-            3,
-            1_000_000,
-            key_prefix=redis_env.fresh_prefix(),
-        )
+        node = fresh_node(stage_module, redis_env, algorithm, 3, 1_000_000)
         d = node.try_acquire("alice", 4)
         assert not d.allowed and d.retry_after_ns is None, (
             f"{algorithm}: cost 4 > limit 3 can never fit: retry_after_ns is None, got {d}"
@@ -193,7 +196,7 @@ def test_stage3_cost_above_limit_never_fits(stage_module: ModuleType, redis_env:
 
 
 @pytest.mark.rule("redis-refund", "refund-no-state")
-@pytest.mark.core
+@core
 def test_stage3_refund_gives_back_unused_units_capped(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -232,20 +235,13 @@ def test_stage3_refund_gives_back_unused_units_capped(
 
 
 @pytest.mark.rule("redis-refund")
-@pytest.mark.core
+@core
 @pytest.mark.realtime
 def test_stage3_refund_takes_the_newest_units_out_of_the_sliding_log(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
     redis_env.freeze_time()
-    node = make_limiter(
-        stage_module,
-        redis_env.client(),
-        "sliding_log",
-        3,
-        1_000_000,
-        key_prefix=redis_env.fresh_prefix(),
-    )
+    node = fresh_node(stage_module, redis_env, "sliding_log", 3, 1_000_000)
     old = node.try_acquire("alice")
     redis_env.pass_time(400 * NS_PER_MS)
     new = node.try_acquire("alice", 2)
@@ -267,20 +263,13 @@ def test_stage3_refund_takes_the_newest_units_out_of_the_sliding_log(
 
 
 @pytest.mark.rule("redis-refund")
-@pytest.mark.core
+@core
 @pytest.mark.realtime
 def test_stage3_refund_for_a_window_that_has_rolled_is_dropped(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
     redis_env.freeze_time()
-    node = make_limiter(
-        stage_module,
-        redis_env.client(),
-        "fixed_window",
-        3,
-        400_000,
-        key_prefix=redis_env.fresh_prefix(),
-    )
+    node = fresh_node(stage_module, redis_env, "fixed_window", 3, 400_000)
     first = node.try_acquire("alice", 3)
     assert first.allowed and first.remaining == 0, first
     redis_env.pass_time(first.reset_after_ns)  # into the next window
@@ -295,7 +284,7 @@ def test_stage3_refund_for_a_window_that_has_rolled_is_dropped(
 
 
 @pytest.mark.rule("hash-tag")
-@pytest.mark.core
+@core
 def test_stage3_keys_of_one_user_share_a_cluster_hash_slot(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -317,7 +306,7 @@ def test_stage3_keys_of_one_user_share_a_cluster_hash_slot(
 
 
 @pytest.mark.rule("redis-bad-input", "whole-us", "lua-exact")
-@pytest.mark.core
+@core
 def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     client = redis_env.client()
     good: dict[str, object] = {
@@ -360,7 +349,7 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
 @pytest.mark.rule(
     "nodes-as-one", "redis-algorithms", "stamped", "redis-denial", "redis-peek", "redis-refund"
 )
-@pytest.mark.core
+@core
 @heavy
 @example(
     scenario=("sliding_log", 2, 50_000, [Op(0, "alice", 1), Op(1, "alice", 2), Op(2, "alice", 1)])
@@ -407,7 +396,7 @@ def test_stage3_nodes_sharing_redis_decide_as_one_node(
 
 
 @pytest.mark.rule("server-time", "stamped")
-@pytest.mark.core
+@core
 @heavy
 @example(
     scenario=(
@@ -465,7 +454,7 @@ def test_stage3_node_clock_skew_changes_nothing(
 
 
 @pytest.mark.rule("nodes-as-one")
-@pytest.mark.core
+@core
 def test_stage3_concurrent_nodes_admit_exactly_as_one(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -486,7 +475,7 @@ def test_stage3_concurrent_nodes_admit_exactly_as_one(
 
 
 @pytest.mark.rule("ttl-bound")
-@pytest.mark.core
+@core
 @heavy
 @example(scenario=("token_bucket", 4, 2_000_000, [Op(0, "alice", 1)]))
 @example(
@@ -557,7 +546,7 @@ def test_stage3_every_key_has_a_ttl_within_the_bound(
 
 
 @pytest.mark.rule("one-script-call")
-@pytest.mark.core
+@core
 def test_stage3_each_decision_is_one_round_trip(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -678,7 +667,7 @@ SAME_INSTANT_WALKS: dict[str, Walk] = {
     for algorithm in ALGORITHMS
 }
 
-TestStage3RedisLimiterModel = pytest.mark.core(
+TestStage3RedisLimiterModel = core(
     pytest.mark.rule("nodes-as-one", "redis-refund", "noscript-reload", "namespaced")(
         pytest.mark.usefixtures("_bind_stage")(walked(RedisLimiterMachine, SAME_INSTANT_WALKS))
     )
@@ -690,7 +679,7 @@ TestStage3RedisLimiterModel.settings = settings(heavy, stateful_step_count=30)
 
 
 @pytest.mark.rule("async-redis")
-@pytest.mark.extended
+@extended
 def test_stage3_async_nodes_decide_as_one_with_sync_nodes(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -734,7 +723,7 @@ def test_stage3_async_nodes_decide_as_one_with_sync_nodes(
 
 
 @pytest.mark.rule("async-redis")
-@pytest.mark.extended
+@extended
 def test_stage3_async_outage_falls_back_and_recovers(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -774,7 +763,7 @@ def test_stage3_async_outage_falls_back_and_recovers(
 
 
 @pytest.mark.rule("socket-timeout")
-@pytest.mark.extended
+@extended
 def test_stage3_client_without_socket_timeout_is_refused(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -785,7 +774,7 @@ def test_stage3_client_without_socket_timeout_is_refused(
 
 
 @pytest.mark.rule("no-client-retries")
-@pytest.mark.extended
+@extended
 def test_stage3_a_client_that_retries_is_refused(stage_module: ModuleType) -> None:
     # redis-py's defaults retry; nothing is sent (the port is closed), the check comes first
     made: dict[str, Callable[[], object]] = {
@@ -813,7 +802,7 @@ def test_stage3_a_client_that_retries_is_refused(stage_module: ModuleType) -> No
 
 
 @pytest.mark.rule("redis-leases")
-@pytest.mark.extended
+@extended
 @heavy
 @example(
     steps=[
@@ -867,7 +856,7 @@ def test_stage3_concurrency_limiter_caps_leases_across_nodes(
 
 
 @pytest.mark.rule("redis-lease-expiry")
-@pytest.mark.extended
+@extended
 @pytest.mark.realtime
 def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     redis_env.freeze_time()
@@ -888,7 +877,7 @@ def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: Re
     assert limiter.release(again) is True
 
 
-@pytest.mark.extended
+@extended
 @pytest.mark.rule("redis-lease-expiry")
 def test_stage3_in_flight_reclaims_a_lease_at_its_expiry(
     stage_module: ModuleType, redis_env: RedisEnv

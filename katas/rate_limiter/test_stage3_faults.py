@@ -21,6 +21,8 @@ from types import ModuleType
 import pytest
 import redis
 
+from katas._harness.faultproxy import FaultProxy
+from katas._harness.marks import core, rule
 from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.story import Story
 from katas.rate_limiter._testing.nodes import make_limiter
@@ -36,26 +38,35 @@ from katas.rate_limiter.api import (
 pytestmark = [pytest.mark.stage(3)]
 
 
-@pytest.mark.rule("refund-outage", "fallback-counted")
-@pytest.mark.core
+def bucket_behind_a_proxy(
+    stage: ModuleType, env: RedisEnv, failure_mode: str, *, expected_nodes: int = 1
+) -> tuple[FaultProxy, ManualClock, RedisLimiter]:
+    """A token bucket of 4 a minute whose client reaches Redis through a fault proxy, on a
+    clock the test sets; after a failure it probes Redis again every second."""
+    proxy = env.proxy()
+    clock = ManualClock()
+    limiter = make_limiter(
+        stage,
+        env.server().proxied_client(proxy, socket_timeout=2),
+        "token_bucket",
+        4,
+        60_000_000,
+        key_prefix=env.prefix,
+        failure_mode=failure_mode,
+        probe_interval_ns=NS_PER_S,
+        clock=clock,
+        expected_nodes=expected_nodes,
+    )
+    return proxy, clock, limiter
+
+
+@rule("refund-outage", "fallback-counted")
+@core
 @pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_refund_during_an_outage_is_counted_and_dropped_or_local(
     stage_module: ModuleType, redis_env: RedisEnv, mode: str
 ) -> None:
-    proxy = redis_env.proxy()
-    clock = ManualClock()
-    limiter = make_limiter(
-        stage_module,
-        redis_env.server().proxied_client(proxy, socket_timeout=2),
-        "token_bucket",
-        4,
-        60_000_000,
-        key_prefix=redis_env.prefix,
-        failure_mode=mode,
-        expected_nodes=2,
-        probe_interval_ns=NS_PER_S,
-        clock=clock,
-    )
+    proxy, clock, limiter = bucket_behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
     assert limiter.try_acquire("alice", 3).allowed, "Redis is up: 3 of 4"
     proxy.outage()
     limiter.refund("alice", 3)  # must not raise
@@ -82,8 +93,8 @@ def test_stage3_refund_during_an_outage_is_counted_and_dropped_or_local(
     )
 
 
-@pytest.mark.rule("failure-modes", "fallback-counted", "probe-interval", "busy-unavailable")
-@pytest.mark.core
+@rule("failure-modes", "fallback-counted", "probe-interval", "busy-unavailable")
+@core
 @pytest.mark.parametrize("fault", ["outage", "busy"])
 @pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_outage_honours_failure_mode_and_recovers(
@@ -91,20 +102,7 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
 ) -> None:
     """``outage``: connections refused; ``busy``: every command answered ``BUSY`` (a long
     script runs on the server) — both an unavailability, for the failure mode."""
-    proxy = redis_env.proxy()
-    clock = ManualClock()
-    limiter = make_limiter(
-        stage_module,
-        redis_env.server().proxied_client(proxy, socket_timeout=2),
-        "token_bucket",
-        4,
-        60_000_000,
-        key_prefix=redis_env.prefix,
-        failure_mode=mode,
-        expected_nodes=2,
-        probe_interval_ns=NS_PER_S,
-        clock=clock,
-    )
+    proxy, clock, limiter = bucket_behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
     assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
     getattr(proxy, fault)()
     burst = [limiter.try_acquire("bob") for _ in range(5)]  # must not raise
@@ -132,8 +130,8 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
     assert limiter.statistics().redis_decisions == 2, limiter.statistics()
 
 
-@pytest.mark.rule("socket-timeout", "failure-modes")
-@pytest.mark.core
+@rule("socket-timeout", "failure-modes")
+@core
 @pytest.mark.realtime
 def test_stage3_blackholed_redis_does_not_hang_a_decision(
     stage_module: ModuleType, redis_env: RedisEnv
@@ -163,24 +161,12 @@ def test_stage3_blackholed_redis_does_not_hang_a_decision(
     assert limiter.statistics().redis_errors == 1, limiter.statistics()
 
 
-@pytest.mark.core
-@pytest.mark.rule("probe-interval", "failure-modes", "fallback-counted")
+@core
+@rule("probe-interval", "failure-modes", "fallback-counted")
 def test_stage3_a_failed_probe_skips_redis_for_another_interval(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
-    proxy = redis_env.proxy()
-    clock = ManualClock()
-    limiter = make_limiter(
-        stage_module,
-        redis_env.server().proxied_client(proxy, socket_timeout=2),
-        "token_bucket",
-        4,
-        60_000_000,
-        key_prefix=redis_env.prefix,
-        failure_mode="closed",
-        probe_interval_ns=NS_PER_S,
-        clock=clock,
-    )
+    proxy, clock, limiter = bucket_behind_a_proxy(stage_module, redis_env, "closed")
     assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
     proxy.outage()
     story = Story("Redis went down at t=+0 (failure_mode='closed'):", clock.now_ns, clock.now_ns())
@@ -224,8 +210,8 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
     )
 
 
-@pytest.mark.core
-@pytest.mark.rule("script-error-raised")
+@core
+@rule("script-error-raised")
 def test_stage3_a_script_error_is_raised_not_sent_to_the_failure_mode(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
@@ -273,8 +259,8 @@ def _decide_or_fail(limiter: RedisLimiter, key: str, what: str) -> Decision:
         )
 
 
-@pytest.mark.rule("noscript-reload")
-@pytest.mark.core
+@rule("noscript-reload")
+@core
 @pytest.mark.redis_faults
 def test_stage3_script_flush_and_server_restart_are_survived(
     stage_module: ModuleType, redis_env: RedisEnv

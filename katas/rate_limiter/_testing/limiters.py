@@ -18,6 +18,7 @@ import pytest
 from hypothesis import strategies as st
 
 from katas._harness.machines import Operations
+from katas._harness.marks import core, extended
 from katas._harness.story import Story
 from katas.rate_limiter._testing.models import (
     FixedWindowModel,
@@ -35,9 +36,6 @@ from katas.rate_limiter.api import (
     SweepableLimiter,
 )
 
-core = pytest.mark.core
-extended = pytest.mark.extended
-
 START_NS = 10_000 * NS_PER_S  # far from 0, so clock steps back stay positive
 KEYS = ("alice", "bob", "carol")
 Algo = Literal["token_bucket", "sliding_log", "gcra", "fixed_window", "sliding_window_counter"]
@@ -49,6 +47,10 @@ ALGOS: tuple[Algo, ...] = (
     "sliding_window_counter",
 )
 CORE_ALGOS = ("token_bucket", "sliding_log")
+
+#: The rules about a Decision's fields that any example or model run of any algorithm
+#: checks at once (each test adds the rules of its own algorithm).
+DECISION_RULES = ("fresh", "allowed-consumes", "limit-field", "remaining-floored", "retry-field")
 
 
 def by_algo(algos: Iterable[Algo] = ALGOS) -> list[Any]:
@@ -194,6 +196,23 @@ def smoke(stage: ModuleType, part: str) -> None:
     limiter.tracked_keys()
     limiter.sweep()
     limiter.reset("smoke")
+
+
+def smoke_needs(request: pytest.FixtureRequest, stage_module: ModuleType) -> None:
+    """Before hypothesis searches, call what the test drives once (an autouse fixture).
+
+    On a stub this fails at once with "not implemented yet: ..." instead of letting
+    hypothesis shrink a Todo. What it drives: the parts :func:`needs` declared on the
+    test or its class, and its ``algo`` parameter. (State machines, being unittest
+    classes, also find the stage module here.)
+    """
+    parts = list(getattr(request.function, "kata_needs", ()))
+    parts += getattr(request.cls, "kata_needs", ()) if request.cls is not None else ()
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and "algo" in callspec.params:
+        parts.append(callspec.params["algo"])
+    for part in parts:
+        smoke(stage_module, part)
 
 
 # --------------------------------------------------------------------------------------

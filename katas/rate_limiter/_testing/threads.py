@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 
 from katas._harness import waiting
 from katas._harness.interleave import Gate, Parked
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import DEADLINE_S, Thread, eventually_async
 from katas.rate_limiter.api import (
@@ -64,6 +65,14 @@ def async_limiter(capacity: int, refill_per_s: int = 1) -> tuple[ManualClock, As
     clock = ManualClock()
     inner = stage(1).TokenBucket(capacity=capacity, refill_per_s=refill_per_s, clock=clock)
     limiter: AsyncRateLimiter = stage(2).AsyncLimiter(inner, clock=clock)
+    return clock, limiter
+
+
+def emptied_async_limiter() -> tuple[ManualClock, AsyncRateLimiter]:
+    """An AsyncLimiter of 2 units refilling 1 a second whose key ``"k"`` has just spent
+    both: the setting of every waiting test (1 unit on hand after 1 s, 2 after 2 s)."""
+    clock, limiter = async_limiter(2, refill_per_s=1)
+    check(limiter.try_acquire("k", 2).allowed, "a fresh key of capacity 2 admits 2 units")
     return clock, limiter
 
 
@@ -173,3 +182,8 @@ async def enqueue_async(
     await eventually_async(
         lambda: waiters_on(limiter, key) == before + 1, f"a task queued on {key!r}"
     )
+
+
+async def acquire_into(answers: list[bool], limiter: AsyncRateLimiter, key: str, cost: int) -> None:
+    """A waiting task's body: ``acquire`` and note the answer."""
+    answers.append(await limiter.acquire(key, cost))
