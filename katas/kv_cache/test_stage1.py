@@ -21,12 +21,12 @@ Time is a ``ManualClock``; caches are built by ``_testing/caches.py``'s ``make``
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.story import check
 from katas.kv_cache._testing.caches import (
     ALL_KINDS,
@@ -38,7 +38,10 @@ from katas.kv_cache._testing.caches import (
     TTL,
     Heard,
     Log,
+    fail_fast_on_stage1_stubs,  # noqa: F401 (autouse)
+    heard,
     make,
+    weighed_by_length,
 )
 from katas.kv_cache._testing.callbacks import consistency_problems
 from katas.kv_cache._testing.machine import model_test
@@ -46,25 +49,15 @@ from katas.kv_cache.api import CacheStats, ExpiringCache, ManualClock
 
 pytestmark = [pytest.mark.stage(1)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
-
-
-@pytest.fixture(autouse=True)
-def _fail_fast_on_stubs(stage_module: ModuleType) -> None:
-    """Build a cache first: on a stub this fails at once with "not implemented yet"."""
-    stage_module.LRUCache(1)
-
 
 # --------------------------------------------------------------------------- examples
 
 
 @core
-@pytest.mark.rule("lru-order", "iteration-order")
+@rule("lru-order", "iteration-order")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_evicts_the_least_recently_used(kind: str) -> None:
-    log = Log()
-    cache = make(kind, 3, on_evict=log)
+    cache, log = heard(kind, 3)
     for key in "abc":
         cache.put(key, key.upper())
     assert cache.get("a") == "A"  # a is now the most recently used: b is the coldest
@@ -79,7 +72,7 @@ def test_stage1_evicts_the_least_recently_used(kind: str) -> None:
 
 
 @core
-@pytest.mark.rule("capacity", "writer-not-victim")
+@rule("capacity", "writer-not-victim")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_holds_exactly_maxsize_entries(kind: str) -> None:
     cache = make(kind, 3)
@@ -96,11 +89,10 @@ def test_stage1_holds_exactly_maxsize_entries(kind: str) -> None:
 
 
 @core
-@pytest.mark.rule("update-not-insert")
+@rule("update-not-insert")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_update_is_not_an_insert(kind: str) -> None:
-    log = Log()
-    cache = make(kind, 2, on_evict=log)
+    cache, log = heard(kind, 2)
     cache.put("a", 1)
     cache.put("b", 2)
     cache.put("a", 10)  # full, but a is already here: replace, refresh, evict nothing
@@ -115,7 +107,7 @@ def test_stage1_update_is_not_an_insert(kind: str) -> None:
 
 
 @core
-@pytest.mark.rule("falsy-hits")
+@rule("falsy-hits")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 @pytest.mark.parametrize("value", [0, "", None, False, []])
 def test_stage1_falsy_values_are_hits(kind: str, value: object) -> None:
@@ -128,7 +120,7 @@ def test_stage1_falsy_values_are_hits(kind: str, value: object) -> None:
 
 
 @core
-@pytest.mark.rule("pure-observations")
+@rule("pure-observations")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_contains_len_and_iteration_do_not_refresh_recency(kind: str) -> None:
     cache = make(kind, 2)
@@ -144,11 +136,10 @@ def test_stage1_contains_len_and_iteration_do_not_refresh_recency(kind: str) -> 
 
 
 @core
-@pytest.mark.rule("delete", "clear", "no-ghosts")
+@rule("delete", "clear", "no-ghosts")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_delete_clear_and_callbacks(kind: str) -> None:
-    log = Log()
-    cache = make(kind, 3, on_evict=log)
+    cache, log = heard(kind, 3)
     cache.put("a", 1)
     cache.put("b", 2)
     assert cache.delete("a") is True and cache.delete("a") is False
@@ -163,11 +154,10 @@ def test_stage1_delete_clear_and_callbacks(kind: str) -> None:
 
 
 @core
-@pytest.mark.rule("stats", "counters")
+@rule("stats", "counters")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_stats_are_consistent(kind: str) -> None:
-    log = Log()
-    cache = make(kind, 2, on_evict=log)
+    cache, log = heard(kind, 2)
     for key in ["a", "b", "a", "c", "b", "d", "a"]:
         if cache.get(key) is None:
             cache.put(key, key)
@@ -180,7 +170,7 @@ def test_stage1_stats_are_consistent(kind: str) -> None:
 
 
 @core
-@pytest.mark.rule("counters")
+@rule("counters")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_only_evictions_count_as_evictions(kind: str) -> None:
     cache = make(kind, 2)
@@ -197,7 +187,7 @@ def test_stage1_only_evictions_count_as_evictions(kind: str) -> None:
 
 
 @core
-@pytest.mark.rule("ttl-boundary")
+@rule("ttl-boundary")
 def test_stage1_ttl_entry_is_gone_exactly_at_its_deadline() -> None:
     clock, log = ManualClock(START), Log()
     cache = make("TTLCache", 4, clock, ttl_ns=TTL, on_evict=log)
@@ -216,7 +206,7 @@ def test_stage1_ttl_entry_is_gone_exactly_at_its_deadline() -> None:
 
 
 @core
-@pytest.mark.rule("ttl-update")
+@rule("ttl-update")
 def test_stage1_ttl_update_restarts_the_deadline() -> None:
     clock = ManualClock(START)
     cache = make("TTLCache", 4, clock)
@@ -234,7 +224,7 @@ def test_stage1_ttl_update_restarts_the_deadline() -> None:
 
 
 @core
-@pytest.mark.rule("ttl-put-over-expired")
+@rule("ttl-put-over-expired")
 def test_stage1_a_put_over_an_expired_key_is_not_a_replacement() -> None:
     clock, log = ManualClock(START), Log()
     cache = make("TTLCache", 4, clock, on_evict=log)
@@ -249,7 +239,7 @@ def test_stage1_a_put_over_an_expired_key_is_not_a_replacement() -> None:
 
 
 @core
-@pytest.mark.rule("ttl-full-drops-expired", "ttl-lru")
+@rule("ttl-full-drops-expired", "ttl-lru")
 def test_stage1_a_full_ttl_cache_drops_expired_entries_before_evicting_a_live_one() -> None:
     clock, log = ManualClock(START), Log()
     cache = make("TTLCache", 3, clock, on_evict=log)
@@ -269,7 +259,7 @@ def test_stage1_a_full_ttl_cache_drops_expired_entries_before_evicting_a_live_on
 
 
 @core
-@pytest.mark.rule("ttl-clock-steps")
+@rule("ttl-clock-steps")
 def test_stage1_ttl_survives_a_clock_stepping_back() -> None:
     clock = ManualClock(START)
     cache = make("TTLCache", 10, clock)
@@ -293,7 +283,7 @@ _BAD: list[tuple[str, Callable[[], object], type[Exception], str]] = [
 
 
 @core
-@pytest.mark.rule("bad-parameters")
+@rule("bad-parameters")
 @pytest.mark.parametrize(("call", "error", "name"), [pytest.param(*b[1:], id=b[0]) for b in _BAD])
 def test_stage1_bad_parameters_raise_naming_them(
     call: Callable[[], object], error: type[Exception], name: str
@@ -305,11 +295,10 @@ def test_stage1_bad_parameters_raise_naming_them(
 
 
 @core
-@pytest.mark.rule("unhashable")
+@rule("unhashable")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
-    log = Log()
-    cache = make(kind, 2, on_evict=log)
+    cache, log = heard(kind, 2)
     cache.put("a", 1)
     cache.put("b", 2)
     before = cache.statistics()
@@ -339,11 +328,10 @@ def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
 
 
 @extended
-@pytest.mark.rule("weight-update", "weight-capacity")
-@pytest.mark.parametrize("kind", ["LRUCache", "TTLCache", "LFUCache"])
+@rule("weight-update", "weight-capacity")
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_stage1_weight_update_subtracts_the_old_weight(kind: str) -> None:
-    log = Log()
-    cache = make(kind, 10, max_weight=10, weigh=len, on_evict=log)
+    cache, log = weighed_by_length(kind)
     cache.put("a", "xxx")  # weight 3
     cache.put("a", "yyy")  # still 3 in all, not 6
     cache.put("b", "zzzz")  # 7
@@ -355,11 +343,10 @@ def test_stage1_weight_update_subtracts_the_old_weight(kind: str) -> None:
 
 
 @extended
-@pytest.mark.rule("heavy-evicts-many", "weight-capacity")
-@pytest.mark.parametrize("kind", ["LRUCache", "TTLCache", "LFUCache"])
+@rule("heavy-evicts-many", "weight-capacity")
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_stage1_a_heavy_value_evicts_as_many_entries_as_needed(kind: str) -> None:
-    log = Log()
-    cache = make(kind, 10, max_weight=10, weigh=len, on_evict=log)
+    cache, log = weighed_by_length(kind)
     for key in "abc":
         cache.put(key, "xxx")  # 9 in all
     cache.put("d", "x" * 8)  # 17: a, b and c must go
@@ -370,11 +357,10 @@ def test_stage1_a_heavy_value_evicts_as_many_entries_as_needed(kind: str) -> Non
 
 
 @extended
-@pytest.mark.rule("oversize")
-@pytest.mark.parametrize("kind", ["LRUCache", "TTLCache", "LFUCache"])
+@rule("oversize")
+@pytest.mark.parametrize("kind", ALL_KINDS)
 def test_stage1_an_oversize_value_raises_and_changes_nothing(kind: str) -> None:
-    log = Log()
-    cache = make(kind, 10, max_weight=10, weigh=len, on_evict=log)
+    cache, log = weighed_by_length(kind)
     cache.put("a", "xxx")
     cache.put("b", "yyy")
     for key in ("c", "a"):  # a new key, and an existing one
@@ -389,12 +375,11 @@ def test_stage1_an_oversize_value_raises_and_changes_nothing(kind: str) -> None:
 
 
 @extended
-@pytest.mark.rule("bad-weight")
-@pytest.mark.parametrize("kind", ["LRUCache", "TTLCache", "LFUCache"])
+@rule("bad-weight")
+@pytest.mark.parametrize("kind", ALL_KINDS)
 @pytest.mark.parametrize("weight", [-1, 1.5, "3"])
 def test_stage1_a_bad_weight_raises_and_changes_nothing(kind: str, weight: Any) -> None:
-    log = Log()
-    cache = make(kind, 10, max_weight=10, weigh=lambda v: weight, on_evict=log)
+    cache, log = heard(kind, 10, max_weight=10, weigh=lambda v: weight)
     with pytest.raises(ValueError) as raised:
         cache.put("a", 1)
         raise AssertionError(f"weigh returning {weight!r} was accepted")
@@ -403,7 +388,7 @@ def test_stage1_a_bad_weight_raises_and_changes_nothing(kind: str, weight: Any) 
 
 
 @extended
-@pytest.mark.rule("weigh-needs-max-weight")
+@rule("weigh-needs-max-weight")
 def test_stage1_weigh_without_max_weight_is_refused() -> None:
     with pytest.raises(ValueError) as raised:
         make("LRUCache", 4, weigh=len)
@@ -411,7 +396,7 @@ def test_stage1_weigh_without_max_weight_is_refused() -> None:
 
 
 @extended
-@pytest.mark.rule("lfu-victim", "lfu-frequency")
+@rule("lfu-victim", "lfu-frequency")
 def test_stage1_lfu_evicts_the_least_frequent_then_least_recently_accessed() -> None:
     log = Log()
     cache = make("LFUCache", 3, on_evict=log)
@@ -432,7 +417,7 @@ def test_stage1_lfu_evicts_the_least_frequent_then_least_recently_accessed() -> 
 
 
 @extended
-@pytest.mark.rule("lfu-frequency", "pure-observations")
+@rule("lfu-frequency", "pure-observations")
 def test_stage1_lfu_observations_do_not_count_as_accesses() -> None:
     cache = make("LFUCache", 2)
     cache.put("a", 1)
@@ -444,7 +429,7 @@ def test_stage1_lfu_observations_do_not_count_as_accesses() -> None:
 
 
 @extended
-@pytest.mark.rule("active-expiry")
+@rule("active-expiry")
 def test_stage1_expired_entries_never_pile_up() -> None:
     """Bounded active cleanup: each put reclaims at least one expired entry while any
     remain, and never more than 64 unless it needs the room."""
@@ -502,7 +487,7 @@ _HEARD: dict[str, tuple[list[Heard], list[Heard]]] = {
 
 
 @core
-@pytest.mark.rule("ttl-boundary", "ttl-delete", "ttl-put-over-expired", "clear", "expire")
+@rule("ttl-boundary", "ttl-delete", "ttl-put-over-expired", "clear", "expire")
 @pytest.mark.parametrize("offset", [-1, 0, 1], ids=["deadline-1", "deadline", "deadline+1"])
 @pytest.mark.parametrize("op", list(_AT_DEADLINE))
 def test_stage1_ttl_every_path_at_the_deadline(op: str, offset: int) -> None:
@@ -542,7 +527,7 @@ def test_stage1_ttl_every_path_at_the_deadline(op: str, offset: int) -> None:
 
 
 @core
-@pytest.mark.rule("ttl-delete")
+@rule("ttl-delete")
 def test_stage1_ttl_delete_at_the_deadline() -> None:
     for offset in (-1, 0, 1):
         cache, clock, log = _boundary_cache()
@@ -558,7 +543,7 @@ def test_stage1_ttl_delete_at_the_deadline() -> None:
 
 
 @core
-@pytest.mark.rule("ttl-full-drops-expired", "ttl-boundary")
+@rule("ttl-full-drops-expired", "ttl-boundary")
 @pytest.mark.parametrize("offset", [-1, 0, 1], ids=["deadline-1", "deadline", "deadline+1"])
 def test_stage1_ttl_a_full_cache_at_the_deadline(offset: int) -> None:
     cache, clock, log = _boundary_cache(maxsize=1)
@@ -574,7 +559,7 @@ def test_stage1_ttl_a_full_cache_at_the_deadline(offset: int) -> None:
 
 
 @core
-@pytest.mark.rule("clear", "counters")
+@rule("clear", "counters")
 def test_stage1_ttl_clear_reports_expired_entries_as_expired() -> None:
     clock, log = ManualClock(START), Log()
     cache = make("TTLCache", 4, clock, ttl_ns=TTL, on_evict=log)
@@ -606,13 +591,13 @@ def _expect_consistent(cases: list[tuple[str, bool]]) -> None:
 
 
 @core
-@pytest.mark.rule("callback-consistent")
+@rule("callback-consistent")
 def test_stage1_on_evict_sees_a_consistent_cache() -> None:
     _expect_consistent([("LRUCache", False), ("TTLCache", False)])
 
 
 @extended
-@pytest.mark.rule("callback-consistent")
+@rule("callback-consistent")
 def test_stage1_on_evict_sees_a_consistent_cache_by_weight_and_in_lfu() -> None:
     _expect_consistent([("LFUCache", False)] + [(k, True) for k in ALL_KINDS])
 
@@ -623,7 +608,7 @@ _BAD_PUT_WEIGHTS: list[tuple[Any, str]] = [
 
 
 @extended
-@pytest.mark.rule("put-weight")
+@rule("put-weight")
 def test_stage1_a_weight_given_to_put_is_validated_like_weighs() -> None:
     for kind in ALL_KINDS:
         for weight, names in _BAD_PUT_WEIGHTS:
@@ -666,7 +651,7 @@ def _check_put_weight(kind: str, weight: Any, names: str) -> None:
 
 
 @extended
-@pytest.mark.rule("put-weight")
+@rule("put-weight")
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_stage1_without_max_weight_a_weight_is_ignored(kind: str) -> None:
     cache = make(kind, 2)
@@ -680,7 +665,7 @@ def test_stage1_without_max_weight_a_weight_is_ignored(kind: str) -> None:
 
 
 @core
-@pytest.mark.rule("on-evict-attribute")
+@rule("on-evict-attribute")
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_stage1_on_evict_can_be_assigned_later(kind: str) -> None:
     cache, log = make(kind, 1), Log()
@@ -701,7 +686,7 @@ def test_stage1_on_evict_can_be_assigned_later(kind: str) -> None:
 
 
 @extended
-@pytest.mark.rule("lfu-frequency")
+@rule("lfu-frequency")
 def test_stage1_lfu_a_key_that_comes_back_starts_at_one() -> None:
     cache = make("LFUCache", 2)
     cache.put("a", 1)
@@ -727,7 +712,7 @@ def test_stage1_lfu_a_key_that_comes_back_starts_at_one() -> None:
 
 
 @extended
-@pytest.mark.rule("bounded-memory", "ttl-boundary", "expire")
+@rule("bounded-memory", "ttl-boundary", "expire")
 def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entries() -> None:
     """Ten keys written once, then one hot key updated 20 000 times: 19 999 stale deadlines
     behind 11 live entries. The bookkeeping must be reclaimed (memory bounded by capacity)

@@ -26,6 +26,7 @@ import pytest
 
 from katas._harness.history import Call, check_per_key
 from katas._harness.interleave import Gate, Parked
+from katas._harness.marks import anyio_test, core, extended, rule
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
@@ -35,36 +36,37 @@ from katas._harness.waiting import (
     spawn,
     tiny_switch_interval,
 )
-from katas.kv_cache._testing.caches import EVICTED, EXPIRED, async_cache, concurrent, lru, wrap
-from katas.kv_cache._testing.loaders import AsyncLoader, Loader
+from katas.kv_cache._testing.caches import (
+    EVICTED,
+    EXPIRED,
+    async_cache,
+    concurrent,
+    fail_fast_on_stage2_stubs,  # noqa: F401 (autouse)
+    lru,
+    wrap,
+)
+from katas.kv_cache._testing.loaders import AsyncFlight, Loader, racing_tasks
 from katas.kv_cache._testing.locks import (
     GRACE_S,
     PROMPTLY_S,
+    another_thread_blocks_on,
     free_while,
     free_while_loading,
     loading,
     loads,
     waiting_now,
+    write_meanwhile,
 )
 from katas.kv_cache.api import LoadStatistics, ManualClock, RemovalCause
 
 pytestmark = [pytest.mark.stage(2)]
-
-core = pytest.mark.core
-extended = pytest.mark.extended
-
-
-@pytest.fixture(autouse=True)
-def _fail_fast_on_stubs() -> None:
-    """Wrap a cache first: on a stub this fails at once with "not implemented yet"."""
-    stage(2).ConcurrentCache(stage(1).LRUCache(1))
 
 
 # --------------------------------------------------------------------------- core
 
 
 @core
-@pytest.mark.rule("exact-under-threads")
+@rule("exact-under-threads")
 @pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
 def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
     evicted: list[object] = []
@@ -97,7 +99,7 @@ def test_stage2_racing_threads_keep_exact_stats_and_capacity(kind: str) -> None:
 
 
 @core
-@pytest.mark.rule("single-flight", "statistics")
+@rule("single-flight", "statistics")
 def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() -> None:
     cache, loader = concurrent(), Loader()
     threads = [spawn(lambda: cache.get_or_load("k", loader), "leader")]
@@ -127,7 +129,7 @@ def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() ->
 
 
 @core
-@pytest.mark.rule("load-reentrant", "load-error")
+@rule("load-reentrant", "load-error")
 def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
     cache = concurrent()
 
@@ -152,7 +154,7 @@ def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -
 
 
 @core
-@pytest.mark.rule("load-error", "statistics")
+@rule("load-error", "statistics")
 def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> None:
     cache = concurrent()
     boom = RuntimeError("model server 503")
@@ -189,7 +191,7 @@ def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> N
 
 
 @core
-@pytest.mark.rule("parallel-keys", "no-user-code-under-lock")
+@rule("parallel-keys", "no-user-code-under-lock")
 def test_stage2_misses_of_different_keys_load_in_parallel() -> None:
     cache, loader = concurrent(), Loader(lambda n: n)
     threads = [spawn(partial(cache.get_or_load, k, loader), f"t{k}") for k in range(4)]
@@ -210,16 +212,13 @@ def test_stage2_misses_of_different_keys_load_in_parallel() -> None:
 
 
 @core
-@pytest.mark.rule("no-user-code-under-lock")
+@rule("no-user-code-under-lock")
 def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
     """User code that touches the cache from another thread must not block on it."""
     blocked: list[str] = []
 
     def uses_the_cache(what: str) -> None:
-        other = threading.Thread(target=lambda: cache.get("probe"), daemon=True)
-        other.start()
-        other.join(1.0)
-        if other.is_alive():
+        if another_thread_blocks_on(cache):
             blocked.append(what)
 
     def weigh(value: object) -> int:
@@ -239,18 +238,13 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
 
 
 @core
-@pytest.mark.rule("write-beats-load")
+@rule("write-beats-load")
 @pytest.mark.parametrize("write", ["put", "delete", "clear"])
 def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> None:
     cache, loader = concurrent(), Loader(lambda n: "loaded (stale)")
     leader = spawn(lambda: cache.get_or_load("k", loader), "leader")
     loading(cache, loader)
-    if write == "put":
-        cache.put("k", "written meanwhile")
-    elif write == "delete":
-        cache.delete("k")
-    else:
-        cache.clear()
+    write_meanwhile(cache, write)
     loader.release.set()
     assert leader.outcome("the leader returns") == "loaded (stale)"
     expected = "written meanwhile" if write == "put" else None
@@ -262,7 +256,7 @@ def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> 
 
 
 @core
-@pytest.mark.rule("flight-unregistered")
+@rule("flight-unregistered")
 def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
     cache = concurrent()
     assert cache.get_or_load("k", lambda: 1) == 1
@@ -275,7 +269,7 @@ def test_stage2_a_key_loads_again_after_it_was_deleted() -> None:
 
 
 @core
-@pytest.mark.rule("one-lock", "exact-under-threads")
+@rule("one-lock", "exact-under-threads")
 def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None:
     """A turnstile around the inner cache: every call on it must hold the lock."""
     inner = lru(16)
@@ -300,7 +294,7 @@ def test_stage2_no_two_threads_are_ever_inside_the_inner_cache_at_once() -> None
 
 
 @core
-@pytest.mark.rule("linearizable")
+@rule("linearizable")
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
     cache = concurrent(10**6)  # unbounded: no eviction, so each key is a register
@@ -341,7 +335,7 @@ def test_stage2_per_key_histories_are_linearizable(seed: int) -> None:
 
 
 @core
-@pytest.mark.rule("not-a-cache")
+@rule("not-a-cache")
 def test_stage2_bad_input_is_refused() -> None:
     with pytest.raises(TypeError):
         stage(2).ConcurrentCache(object())
@@ -349,7 +343,7 @@ def test_stage2_bad_input_is_refused() -> None:
 
 
 @core
-@pytest.mark.rule("load-hit")
+@rule("load-hit")
 def test_stage2_get_or_load_on_a_hit_never_calls_the_loader() -> None:
     cache, calls = concurrent(), []
 
@@ -374,7 +368,7 @@ def test_stage2_get_or_load_on_a_hit_never_calls_the_loader() -> None:
 
 
 @core
-@pytest.mark.rule("single-flight")
+@rule("single-flight")
 def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
     """The miss's check and its join are one step: park it right after its check (in the
     on_evict of the expired entry it found), land the load, and it must not load again."""
@@ -430,7 +424,7 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
 
 
 @core
-@pytest.mark.rule("one-lock")
+@rule("one-lock")
 def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
     """Park one thread inside the inner cache's put (holding the lock), then try every
     other method from other threads: none may reach the inner cache until it is released."""
@@ -467,15 +461,12 @@ def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
 
 
 @core
-@pytest.mark.rule("no-user-code-under-lock")
+@rule("no-user-code-under-lock")
 def test_stage2_get_or_load_weighs_outside_the_lock() -> None:
     blocked: list[str] = []
 
     def weigh(value: object) -> int:
-        other = threading.Thread(target=lambda: cache.get("probe"), daemon=True)
-        other.start()
-        other.join(1.0)
-        if other.is_alive():
+        if another_thread_blocks_on(cache):
             blocked.append(f"weigh({value!r})")
         return 1
 
@@ -490,7 +481,7 @@ def test_stage2_get_or_load_weighs_outside_the_lock() -> None:
 
 
 @core
-@pytest.mark.rule("load-too-heavy")
+@rule("load-too-heavy")
 def test_stage2_a_loaded_value_too_heavy_to_cache_is_still_returned() -> None:
     cache, loader = concurrent(4, max_weight=5, weigh=len), Loader(lambda n: "x" * 10)
     threads = [spawn(lambda: cache.get_or_load("k", loader), f"t{i}") for i in range(3)]
@@ -511,23 +502,18 @@ def test_stage2_a_loaded_value_too_heavy_to_cache_is_still_returned() -> None:
 
 
 @extended
-@pytest.mark.rule("async-single-flight")
-@pytest.mark.anyio
+@rule("async-single-flight")
+@anyio_test
 async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
-    cache, loader = async_cache(), AsyncLoader()
-    results: list[object] = []
-
-    async def call() -> None:
-        results.append(await cache.get_or_load("k", loader))
-
-    with anyio.fail_after(3 * DEADLINE_S):
-        async with anyio.create_task_group() as tg:
-            for _ in range(10):
-                tg.start_soon(call)
-            await eventually_async(
-                lambda: loads(cache).waiters == 9 or loader.calls > 1, "9 tasks waiting"
-            )
-            loader.release.set()
+    flight = AsyncFlight()
+    cache, loader, results = flight.cache, flight.loader, flight.results
+    async with racing_tasks() as tg:
+        for _ in range(10):
+            tg.start_soon(flight.call)
+        await eventually_async(
+            lambda: loads(cache).waiters == 9 or loader.calls > 1, "9 tasks waiting"
+        )
+        loader.release.set()
     assert loader.calls == 1 and len(results) == 10 and all(r is results[0] for r in results), (
         f"10 tasks missing one key must await the loader once and share its "
         f"result; the loader ran {loader.calls} times"
@@ -535,8 +521,8 @@ async def test_stage2_async_concurrent_misses_await_the_loader_once() -> None:
 
 
 @extended
-@pytest.mark.rule("load-reentrant", "async-single-flight")
-@pytest.mark.anyio
+@rule("load-reentrant", "async-single-flight")
+@anyio_test
 async def test_stage2_async_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
     cache = async_cache()
 
@@ -559,32 +545,28 @@ async def test_stage2_async_a_loader_asking_for_its_own_key_fails_instead_of_dea
 
 
 @extended
-@pytest.mark.rule("async-cancelled-waiter")
-@pytest.mark.anyio
+@rule("async-cancelled-waiter")
+@anyio_test
 async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> None:
-    cache, loader = async_cache(), AsyncLoader()
-    results: list[object] = []
+    flight = AsyncFlight()
+    cache, loader, results = flight.cache, flight.loader, flight.results
     scopes: list[anyio.CancelScope] = []
-
-    async def call() -> None:
-        results.append(await cache.get_or_load("k", loader))
 
     async def impatient_call() -> None:
         with anyio.CancelScope() as scope:
             scopes.append(scope)
-            await call()
+            await flight.call()
 
-    with anyio.fail_after(3 * DEADLINE_S):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(call)  # the leader
-            await eventually_async(lambda: loads(cache).in_flight == 1, "the load in flight")
-            tg.start_soon(impatient_call)
-            await eventually_async(lambda: loads(cache).waiters == 1, "a waiter")
-            scopes[0].cancel()  # that caller gives up
-            await eventually_async(lambda: loads(cache).waiters == 0, "the waiter gone")
-            tg.start_soon(call)
-            await eventually_async(lambda: loads(cache).waiters == 1, "another waiter")
-            loader.release.set()
+    async with racing_tasks() as tg:
+        tg.start_soon(flight.call)  # the leader
+        await eventually_async(lambda: loads(cache).in_flight == 1, "the load in flight")
+        tg.start_soon(impatient_call)
+        await eventually_async(lambda: loads(cache).waiters == 1, "a waiter")
+        scopes[0].cancel()  # that caller gives up
+        await eventually_async(lambda: loads(cache).waiters == 0, "the waiter gone")
+        tg.start_soon(flight.call)
+        await eventually_async(lambda: loads(cache).waiters == 1, "another waiter")
+        loader.release.set()
     assert loader.calls == 1 and len(results) == 2 and results[0] is results[1], (
         f"a cancelled waiter must just leave: the load goes on for the others "
         f"(loader calls: {loader.calls}, results: {len(results)})"
@@ -592,29 +574,24 @@ async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> Non
 
 
 @extended
-@pytest.mark.rule("async-cancelled-leader")
-@pytest.mark.anyio
+@rule("async-cancelled-leader")
+@anyio_test
 async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> None:
-    cache, loader = async_cache(), AsyncLoader()
-    results: list[object] = []
-
-    async def call() -> None:
-        results.append(await cache.get_or_load("k", loader))
-
-    with anyio.fail_after(3 * DEADLINE_S):
-        async with anyio.create_task_group() as tg:
-            async with anyio.create_task_group() as leader:
-                leader.start_soon(call)
-                await eventually_async(lambda: loads(cache).in_flight == 1, "the leader loading")
-                for _ in range(3):
-                    tg.start_soon(call)
-                await eventually_async(lambda: loads(cache).waiters == 3, "3 waiters")
-                leader.cancel_scope.cancel()  # the leader's caller went away
-            await eventually_async(
-                lambda: loader.calls == 2 and loads(cache).waiters == 2,
-                "one waiter leading a new load, two waiting for it",
-            )
-            loader.release.set()
+    flight = AsyncFlight()
+    cache, loader, results = flight.cache, flight.loader, flight.results
+    async with racing_tasks() as tg:
+        async with anyio.create_task_group() as leader:
+            leader.start_soon(flight.call)
+            await eventually_async(lambda: loads(cache).in_flight == 1, "the leader loading")
+            for _ in range(3):
+                tg.start_soon(flight.call)
+            await eventually_async(lambda: loads(cache).waiters == 3, "3 waiters")
+            leader.cancel_scope.cancel()  # the leader's caller went away
+        await eventually_async(
+            lambda: loader.calls == 2 and loads(cache).waiters == 2,
+            "one waiter leading a new load, two waiting for it",
+        )
+        loader.release.set()
     assert len(results) == 3 and all(r is results[0] for r in results), (
         f"after the leader was cancelled, one waiter must load again and all three "
         f"waiters get that value; got {len(results)} results, loader calls {loader.calls}"
@@ -623,8 +600,8 @@ async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> 
 
 
 @extended
-@pytest.mark.rule("async-single-flight", "load-error")
-@pytest.mark.anyio
+@rule("async-single-flight", "load-error")
+@anyio_test
 async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
     cache = async_cache()
     release = anyio.Event()
@@ -640,22 +617,21 @@ async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
         except RuntimeError as e:
             errors.append(e)
 
-    with anyio.fail_after(3 * DEADLINE_S):
-        async with anyio.create_task_group() as tg:
-            for _ in range(4):
-                tg.start_soon(call)
-            await eventually_async(
-                lambda: loads(cache).waiters == 3 or loads(cache).loads > 1, "3 waiters"
-            )
-            release.set()
+    async with racing_tasks() as tg:
+        for _ in range(4):
+            tg.start_soon(call)
+        await eventually_async(
+            lambda: loads(cache).waiters == 3 or loads(cache).loads > 1, "3 waiters"
+        )
+        release.set()
     assert len(errors) == 4 and all(e is errors[0] for e in errors) and "k" not in cache, (
         f"the loader's exception reaches all 4 tasks and nothing is cached: {errors}"
     )
 
 
 @extended
-@pytest.mark.rule("load-hit", "async-single-flight")
-@pytest.mark.anyio
+@rule("load-hit", "async-single-flight")
+@anyio_test
 async def test_stage2_async_get_or_load_on_a_hit_never_calls_the_loader() -> None:
     cache, calls = async_cache(), []
 
@@ -676,31 +652,21 @@ async def test_stage2_async_get_or_load_on_a_hit_never_calls_the_loader() -> Non
 
 
 @extended
-@pytest.mark.rule("write-beats-load")
-@pytest.mark.anyio
+@rule("write-beats-load")
+@anyio_test
 async def test_stage2_async_a_write_during_a_load_wins_over_the_loaded_value() -> None:
     for write in ("put", "delete", "clear"):
         await _async_write_during_a_load(write)
 
 
 async def _async_write_during_a_load(write: str) -> None:
-    cache, loader = async_cache(), AsyncLoader()
-    results: list[object] = []
-
-    async def call() -> None:
-        results.append(await cache.get_or_load("k", loader))
-
-    with anyio.fail_after(3 * DEADLINE_S):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(call)
-            await eventually_async(lambda: loads(cache).in_flight == 1, "the load in flight")
-            if write == "put":
-                cache.put("k", "written meanwhile")
-            elif write == "delete":
-                cache.delete("k")
-            else:
-                cache.clear()
-            loader.release.set()
+    flight = AsyncFlight()
+    cache, results = flight.cache, flight.results
+    async with racing_tasks() as tg:
+        tg.start_soon(flight.call)
+        await eventually_async(lambda: loads(cache).in_flight == 1, "the load in flight")
+        write_meanwhile(cache, write)
+        flight.loader.release.set()
     expected = "written meanwhile" if write == "put" else None
     got = cache.get("k")
     check(

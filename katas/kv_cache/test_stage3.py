@@ -46,6 +46,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from katas._harness.child import run_once
+from katas._harness.marks import core, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.story import check
 from katas._harness.under_test import stage
@@ -71,21 +72,19 @@ from katas.kv_cache._testing.shards import (
     holders,
     make_cache,
     node_stats,
+    read_despite_faults,
     sharded,
+    stored,
 )
 from katas.kv_cache.api import NS_PER_S, ManualClock, NoReplicaAvailable
 
 pytestmark = [pytest.mark.stage(3)]
 
-core = pytest.mark.core
-extended = pytest.mark.extended
-
-
 # --------------------------------------------------------------------------- ring: examples
 
 
 @core
-@pytest.mark.rule("preference-lists")
+@rule("preference-lists")
 def test_stage3_preference_list_is_distinct_nodes_clockwise() -> None:
     r = ring(["a", "b", "c", "d"])
     for key in KEYS[:500]:
@@ -106,7 +105,7 @@ def test_stage3_preference_list_is_distinct_nodes_clockwise() -> None:
 
 
 @core
-@pytest.mark.rule("ring-bad-input")
+@rule("ring-bad-input")
 def test_stage3_ring_rejects_bad_input() -> None:
     for bad in (0, -1, 2**16 + 1, 2**63):  # 2^63 would allocate until the process died
         with pytest.raises(ValueError, match="vnodes"):
@@ -134,7 +133,7 @@ def test_stage3_ring_rejects_bad_input() -> None:
 
 
 @core
-@pytest.mark.rule("empty-ring")
+@rule("empty-ring")
 def test_stage3_empty_ring() -> None:
     r = ring([])
     assert r.nodes_for("k", 2) == [] and len(r) == 0
@@ -147,7 +146,7 @@ def test_stage3_empty_ring() -> None:
 
 
 @core
-@pytest.mark.rule("balance")
+@rule("balance")
 @pytest.mark.parametrize("n", [3, 5, 8])
 def test_stage3_load_is_balanced_with_160_vnodes(n: int) -> None:
     names = [f"node-{i}" for i in range(n)]
@@ -163,7 +162,7 @@ def test_stage3_load_is_balanced_with_160_vnodes(n: int) -> None:
 
 
 @core
-@pytest.mark.rule("add-node")
+@rule("add-node")
 @pytest.mark.parametrize("n", [3, 5, 8])
 def test_stage3_adding_a_node_moves_a_fair_share_only_onto_it(n: int) -> None:
     names = [f"node-{i}" for i in range(n)]
@@ -185,7 +184,7 @@ def test_stage3_adding_a_node_moves_a_fair_share_only_onto_it(n: int) -> None:
 
 
 @core
-@pytest.mark.rule("remove-node")
+@rule("remove-node")
 @pytest.mark.parametrize("n", [4, 6])
 def test_stage3_removing_a_node_moves_only_its_keys(n: int) -> None:
     names = [f"node-{i}" for i in range(n)]
@@ -203,7 +202,7 @@ def test_stage3_removing_a_node_moves_only_its_keys(n: int) -> None:
 
 
 @core
-@pytest.mark.rule("placement-by-set")
+@rule("placement-by-set")
 def test_stage3_placement_ignores_the_order_nodes_joined() -> None:
     names = [f"node-{i}" for i in range(6)]
     grown = ring([])
@@ -221,7 +220,7 @@ def test_stage3_placement_ignores_the_order_nodes_joined() -> None:
 
 
 @core
-@pytest.mark.rule("stable-hash")
+@rule("stable-hash")
 def test_stage3_placement_is_identical_across_processes(impl_selection: impl.Selection) -> None:
     nodes = [f"cache-{i}.internal" for i in range(5)]
     keys = KEYS[:1_000]
@@ -245,7 +244,7 @@ def test_stage3_placement_is_identical_across_processes(impl_selection: impl.Sel
 
 
 @core
-@pytest.mark.rule("add-node")
+@rule("add-node")
 @given(names=node_names, vnodes=vnode_counts, data=st.data())
 def test_stage3_property_adding_a_node_moves_keys_only_onto_it(
     names: list[str], vnodes: int, data: st.DataObject
@@ -273,7 +272,7 @@ def test_stage3_property_adding_a_node_moves_keys_only_onto_it(
 
 
 @core
-@pytest.mark.rule("remove-node")
+@rule("remove-node")
 @given(names=node_names.filter(lambda ns: len(ns) >= 2), vnodes=vnode_counts, data=st.data())
 def test_stage3_property_removing_a_node_moves_only_its_keys(
     names: list[str], vnodes: int, data: st.DataObject
@@ -295,7 +294,7 @@ def test_stage3_property_removing_a_node_moves_only_its_keys(
 
 
 @core
-@pytest.mark.rule("balance")
+@rule("balance")
 @given(names=node_names.filter(lambda ns: len(ns) >= 2), vnodes=vnode_counts)
 def test_stage3_property_load_is_within_the_spread_of_vnodes(names: list[str], vnodes: int) -> None:
     n = len(names)
@@ -314,7 +313,7 @@ def test_stage3_property_load_is_within_the_spread_of_vnodes(names: list[str], v
 
 
 @core
-@pytest.mark.rule("round-trip", "cache-bad-input")
+@rule("round-trip", "cache-bad-input")
 def test_stage3_a_value_json_would_change_or_refuse_is_refused_before_any_write(
     redis_env: RedisEnv,
 ) -> None:
@@ -336,7 +335,7 @@ def test_stage3_a_value_json_would_change_or_refuse_is_refused_before_any_write(
 
 
 @core
-@pytest.mark.rule("round-trip")
+@rule("round-trip")
 def test_stage3_put_get_delete_round_trip_as_json(redis_env: RedisEnv) -> None:
     cache, _, _ = make_cache(redis_env)
     values: dict[str, object] = {
@@ -364,14 +363,12 @@ def test_stage3_put_get_delete_round_trip_as_json(redis_env: RedisEnv) -> None:
 
 
 @core
-@pytest.mark.rule("replicas")
+@rule("replicas")
 @pytest.mark.parametrize("replicas", [1, 2, 3])
 def test_stage3_each_key_lives_on_exactly_its_replicas(redis_env: RedisEnv, replicas: int) -> None:
     cache, nodes, prefix = make_cache(redis_env, replicas=replicas)
     expected_ring = ring(list(NODES))
-    keys = [f"doc:{i}" for i in range(60)]
-    for key in keys:
-        cache.put(key, {"k": key})
+    keys = stored(cache, "doc", lambda key: {"k": key}, 60)
     for key in keys:
         want = expected_ring.nodes_for(key, replicas)
         assert cache.replicas_for(key) == want, (
@@ -395,7 +392,7 @@ def test_stage3_each_key_lives_on_exactly_its_replicas(redis_env: RedisEnv, repl
 
 
 @core
-@pytest.mark.rule("ttl-replicas")
+@rule("ttl-replicas")
 def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env, ttl_ns=5 * NS_PER_S)
     cache.put("session", "s1")
@@ -411,7 +408,7 @@ def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv) -> None:
 
 
 @core
-@pytest.mark.rule("cache-bad-input")
+@rule("cache-bad-input")
 def test_stage3_cache_rejects_bad_arguments(redis_env: RedisEnv) -> None:
     nodes = dict(zip(NODES, redis_env.servers(3), strict=True))
     clients = {name: node.client() for name, node in nodes.items()}
@@ -433,7 +430,7 @@ def test_stage3_cache_rejects_bad_arguments(redis_env: RedisEnv) -> None:
 
 
 @core
-@pytest.mark.rule("client-contract")
+@rule("client-contract")
 def test_stage3_a_node_client_that_hangs_or_retries_is_refused(redis_env: RedisEnv) -> None:
     good = {name: node.client() for name, node in zip(NODES, redis_env.servers(3), strict=True)}
     # Nothing is sent to the refused client (its port is closed): the check comes first.
@@ -453,19 +450,16 @@ def test_stage3_a_node_client_that_hangs_or_retries_is_refused(redis_env: RedisE
 
 
 @core
-@pytest.mark.rule("failover")
+@rule("failover")
 @pytest.mark.redis_faults
 def test_stage3_reads_fail_over_when_a_node_stops(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env)
-    keys = [f"prompt:{i}" for i in range(40)]
-    for key in keys:
-        cache.put(key, key.upper())
+    keys = stored(cache, "prompt", str.upper)
     nodes["n0"].stop()
     for key in keys:
-        try:
-            got = cache.get(key, MISS)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            pytest.fail(f"a read must fail over, not raise, when a node is down: {exc!r}")
+        got = read_despite_faults(
+            cache, key, "a read must fail over, not raise, when a node is down"
+        )
         assert got == key.upper(), (
             f"with n0 down, {key!r} (replicas {cache.replicas_for(key)}) must be read "
             f"from a live replica; got {got!r}"
@@ -479,7 +473,7 @@ def test_stage3_reads_fail_over_when_a_node_stops(redis_env: RedisEnv) -> None:
 
 
 @core
-@pytest.mark.rule("writes-need-one-replica")
+@rule("writes-need-one-replica")
 @pytest.mark.redis_faults
 def test_stage3_writes_need_one_reachable_replica(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env)
@@ -505,13 +499,11 @@ def test_stage3_writes_need_one_reachable_replica(redis_env: RedisEnv) -> None:
 
 
 @core
-@pytest.mark.rule("rejoin-new-epoch", "miss-falls-through")
+@rule("rejoin-new-epoch", "miss-falls-through")
 @pytest.mark.redis_faults
 def test_stage3_rejoining_node_never_serves_what_it_missed(redis_env: RedisEnv) -> None:
     cache, nodes, prefix = make_cache(redis_env)
-    keys = [f"chunk:{i}" for i in range(40)]
-    for key in keys:
-        cache.put(key, "old")
+    keys = stored(cache, "chunk", lambda key: "old")
     old_names = {k: cache.key_name("n0", k) for k in keys}
     nodes["n0"].stop()
     for key in keys:
@@ -546,7 +538,7 @@ def test_stage3_rejoining_node_never_serves_what_it_missed(redis_env: RedisEnv) 
 
 
 @core
-@pytest.mark.rule("reclaim-old-epochs")
+@rule("reclaim-old-epochs")
 @pytest.mark.redis_faults
 def test_stage3_copies_under_an_abandoned_epoch_are_reclaimed(redis_env: RedisEnv) -> None:
     cache, nodes, prefix = make_cache(redis_env)  # ttl_ns=None: nothing expires by itself
@@ -575,19 +567,14 @@ def test_stage3_copies_under_an_abandoned_epoch_are_reclaimed(redis_env: RedisEn
 
 
 @core
-@pytest.mark.rule("restarted-node")
+@rule("restarted-node")
 @pytest.mark.redis_faults
 def test_stage3_killed_and_restarted_node_falls_back_or_misses(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env)
-    keys = [f"kv:{i}" for i in range(40)]
-    for key in keys:
-        cache.put(key, key)
+    keys = stored(cache, "kv", lambda key: key)
     nodes["n1"].restart()  # a crash without persistence: n1 lost everything
     for key in keys:
-        try:
-            got = cache.get(key, MISS)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            pytest.fail(f"after a node restart reads must not raise: {exc!r}")
+        got = read_despite_faults(cache, key, "after a node restart reads must not raise")
         assert got in (key, MISS), f"{key!r}: the value or a miss; got {got!r}"
     for key in keys:
         cache.put(key, key + "!")
@@ -596,7 +583,7 @@ def test_stage3_killed_and_restarted_node_falls_back_or_misses(redis_env: RedisE
 
 
 @core
-@pytest.mark.rule("probe-interval", "miss-falls-through")
+@rule("probe-interval", "miss-falls-through")
 @pytest.mark.redis_faults
 def test_stage3_a_down_node_is_probed_only_after_the_interval(redis_env: RedisEnv) -> None:
     clock = ManualClock()
@@ -625,7 +612,7 @@ def test_stage3_a_down_node_is_probed_only_after_the_interval(redis_env: RedisEn
 
 
 @core
-@pytest.mark.rule("one-timeout")
+@rule("one-timeout")
 @pytest.mark.realtime
 def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEnv) -> None:
     """A blackholed node (accepts, never answers): one socket timeout, then skipped."""
@@ -657,7 +644,7 @@ def test_stage3_a_node_that_stops_answering_costs_one_timeout(redis_env: RedisEn
 
 
 @core
-@pytest.mark.rule("busy-unavailable")
+@rule("busy-unavailable")
 def test_stage3_a_busy_node_is_failed_over_like_a_down_one(redis_env: RedisEnv) -> None:
     """A node answering ``BUSY`` (a long script running there) is unavailable: skipped for
     the probe interval, its replicas answer; nothing raises."""
@@ -681,7 +668,7 @@ def test_stage3_a_busy_node_is_failed_over_like_a_down_one(redis_env: RedisEnv) 
 
 
 @core
-@pytest.mark.rule("failed-probe", "probe-interval")
+@rule("failed-probe", "probe-interval")
 @pytest.mark.redis_faults
 def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> None:
     clock = ManualClock()
@@ -725,7 +712,7 @@ def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> N
 
 
 @core
-@pytest.mark.rule("only-outages-fail-over")
+@rule("only-outages-fail-over")
 def test_stage3_an_error_that_is_not_an_outage_propagates(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env)
     key = "prompt:typed"
@@ -753,7 +740,7 @@ def test_stage3_an_error_that_is_not_an_outage_propagates(redis_env: RedisEnv) -
 
 
 @core
-@pytest.mark.rule("ttl-replicas")
+@rule("ttl-replicas")
 def test_stage3_a_ttl_is_whole_milliseconds_rounded_up(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env, ttl_ns=1)
     try:

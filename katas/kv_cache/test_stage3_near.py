@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sized
 import pytest
 from hypothesis import settings
 
+from katas._harness.marks import extended, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.story import check
 from katas._harness.under_test import stage
@@ -45,6 +46,7 @@ from katas.kv_cache._testing.near import (
     held_read,
     near_cache,
     near_stats,
+    reply_lands,
     unstarted,
 )
 from katas.kv_cache._testing.rings import fail_fast_on_stubs  # noqa: F401 (autouse)
@@ -53,8 +55,6 @@ from katas.kv_cache._testing.wire import Holds
 from katas.kv_cache.api import NS_PER_S, ManualClock
 
 pytestmark = [pytest.mark.stage(3)]
-
-extended = pytest.mark.extended
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def fleet(redis_env: RedisEnv) -> Iterator[NearFleet]:
 
 
 @extended
-@pytest.mark.rule("near-one-script", "near-message-is-the-key")
+@rule("near-one-script", "near-message-is-the-key")
 def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
     fleet: NearFleet,
 ) -> None:
@@ -121,7 +121,7 @@ def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
 
 
 @extended
-@pytest.mark.rule("near-bad-input")
+@rule("near-bad-input")
 def test_stage3_near_rejects_bad_arguments(fleet: NearFleet) -> None:
     clients = {n: node.client() for n, node in fleet.nodes.items()}
     plain = sharded(clients, replicas=2, key_prefix=fleet.prefix)
@@ -138,7 +138,7 @@ def test_stage3_near_rejects_bad_arguments(fleet: NearFleet) -> None:
 
 
 @extended
-@pytest.mark.rule("near-local-hit")
+@rule("near-local-hit")
 def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
@@ -161,7 +161,7 @@ def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
 
 
 @extended
-@pytest.mark.rule("near-weighted")
+@rule("near-weighted")
 def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet) -> None:
     weighed: list[object] = []
 
@@ -192,7 +192,7 @@ def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet)
 
 
 @extended
-@pytest.mark.rule("near-read-your-writes")
+@rule("near-read-your-writes")
 def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
     fleet: NearFleet,
 ) -> None:
@@ -213,7 +213,7 @@ def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
 
 
 @extended
-@pytest.mark.rule("near-other-writes", "near-listener")
+@rule("near-other-writes", "near-listener")
 def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) -> None:
     near, _ = fleet.near()
     fleet.writer.put("k", "v1")
@@ -234,16 +234,14 @@ def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) 
 
 
 @extended
-@pytest.mark.rule("near-placeholder", "near-no-lock-over-io")
+@rule("near-placeholder", "near-no-lock-over-io")
 def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFleet) -> None:
     near, taps = fleet.near(taps=("GET",))
     fleet.writer.put("k", "v1")
     tap, reader = held_read(fleet, near, taps, "k")
     # The reply 'v1' is on the wire. Another client writes; both replicas' messages land.
     fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
-    tap.release.set()
-    assert reader.outcome("the held read must finish") == "v1"
-    got = near.get("k")
+    got = reply_lands(tap, reader, near, read="v1")
     assert got == "v2", (
         "near cache: steps: get('k') misses and reads 'v1' from Redis; before that reply "
         "is stored, another client puts 'v2' and its invalidation arrives; then the reply "
@@ -254,7 +252,7 @@ def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFl
 
 
 @extended
-@pytest.mark.rule("near-writer-never-stores", "near-no-lock-over-io")
+@rule("near-writer-never-stores", "near-no-lock-over-io")
 def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) -> None:
     near, taps = fleet.near(taps=("EVALSHA", "EVAL"))
     near.put("k", "v0")  # loads the scripts
@@ -277,7 +275,7 @@ def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) 
 
 
 @extended
-@pytest.mark.rule("near-flush", "near-recache", "near-listener")
+@rule("near-flush", "near-recache", "near-listener")
 def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     near, _ = fleet.near(pubsub_proxies=proxies)
@@ -308,7 +306,7 @@ def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
 
 
 @extended
-@pytest.mark.rule("near-flush", "near-placeholder")
+@rule("near-flush", "near-placeholder")
 def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     near, taps = fleet.near(pubsub_proxies=proxies, taps=("GET",))
@@ -317,9 +315,7 @@ def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFle
     cut(proxies, near)
     fleet.writer.put("k", "v2")  # lost to the near cache
     heal(proxies, near)
-    tap.release.set()
-    assert reader.outcome("the held read must finish") == "v1"
-    got = near.get("k")
+    got = reply_lands(tap, reader, near, read="v1")
     assert got == "v2", (
         "near cache: steps: get('k') reads 'v1'; before the reply is stored the channels "
         "drop, another client puts 'v2' (message lost), the channels come back; then the "
@@ -328,7 +324,7 @@ def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFle
 
 
 @extended
-@pytest.mark.rule("near-node-restart", "near-listener")
+@rule("near-node-restart", "near-listener")
 @pytest.mark.redis_faults
 def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
     near, _ = fleet.near()
@@ -359,7 +355,7 @@ def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
 
 
 @extended
-@pytest.mark.rule("near-all-replicas-subscribed", "near-recache")
+@rule("near-all-replicas-subscribed", "near-recache")
 def test_stage3_near_caches_a_key_only_while_all_its_replicas_are_subscribed(
     fleet: NearFleet,
 ) -> None:
@@ -390,7 +386,7 @@ def test_stage3_near_caches_a_key_only_while_all_its_replicas_are_subscribed(
 
 
 @extended
-@pytest.mark.rule("near-own-placeholder", "near-placeholder")
+@rule("near-own-placeholder", "near-placeholder")
 def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearFleet) -> None:
     key = "prompt:8"
     clients = {n: node.client() for n, node in fleet.nodes.items()}
@@ -426,7 +422,7 @@ def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearF
 
 
 @extended
-@pytest.mark.rule("near-ttl-bound")
+@rule("near-ttl-bound")
 def test_stage3_near_a_ttl_local_cache_bounds_a_silent_channel(fleet: NearFleet) -> None:
     clock, ttl = ManualClock(), 10 * NS_PER_S
     near = unstarted(fleet, set(NODES), stage(1).TTLCache(100, ttl, clock=clock))

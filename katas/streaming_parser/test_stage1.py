@@ -27,6 +27,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas.streaming_parser._testing import recorded, sse
@@ -36,6 +37,7 @@ from katas.streaming_parser._testing.parsers import (
     accepted,
     cpu_seconds_to_feed_a_line,
     expect_events,
+    expect_refused_at,
     feeds_until_refused,
     new_parser,
     parse,
@@ -44,8 +46,6 @@ from katas.streaming_parser._testing.parsers import (
 from katas.streaming_parser.api import DEFAULT_MAX_LINE_BYTES, ParseError, ServerSentEvent
 
 pytestmark = [pytest.mark.stage(1)]
-core = pytest.mark.core
-extended = pytest.mark.extended
 
 E = ServerSentEvent
 
@@ -54,7 +54,7 @@ E = ServerSentEvent
 
 
 @core
-@pytest.mark.rule("utf8")
+@rule("utf8")
 def test_stage1_a_character_split_between_chunks_is_one_character() -> None:
     body = "data: é€😀\n\n".encode()
     for chunks in sse.every_split(body):
@@ -62,7 +62,7 @@ def test_stage1_a_character_split_between_chunks_is_one_character() -> None:
 
 
 @core
-@pytest.mark.rule("utf8")
+@rule("utf8")
 @pytest.mark.parametrize(
     "raw",
     [
@@ -82,7 +82,7 @@ def test_stage1_invalid_utf8_becomes_replacement_characters(raw: bytes) -> None:
 
 
 @core
-@pytest.mark.rule("bom")
+@rule("bom")
 def test_stage1_one_bom_at_the_start_is_stripped_even_split() -> None:
     body = sse.BOM + b"data: a\n\n"
     for chunks in sse.every_split(body):
@@ -90,7 +90,7 @@ def test_stage1_one_bom_at_the_start_is_stripped_even_split() -> None:
 
 
 @core
-@pytest.mark.rule("bom")
+@rule("bom")
 def test_stage1_only_the_first_bom_is_stripped() -> None:
     # A second BOM is part of the first field's name ("\ufeffdata": unknown, ignored).
     expect_events([sse.BOM + sse.BOM + b"data: a\n\ndata: b\n\n"], [E(data="b")], "a second BOM")
@@ -103,7 +103,7 @@ def test_stage1_only_the_first_bom_is_stripped() -> None:
 
 
 @core
-@pytest.mark.rule("line-ends")
+@rule("line-ends")
 @pytest.mark.parametrize("end", [b"\n", b"\r", b"\r\n"], ids=["LF", "CR", "CRLF"])
 def test_stage1_crlf_lf_and_cr_end_lines_alike(end: bytes) -> None:
     lines = [b"event: x", b"data: a", b"data: b", b"", b"data: c", b""]
@@ -114,7 +114,7 @@ def test_stage1_crlf_lf_and_cr_end_lines_alike(end: bytes) -> None:
 
 
 @core
-@pytest.mark.rule("line-ends")
+@rule("line-ends")
 @pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1e"])
 def test_stage1_other_line_separators_are_data(char: str) -> None:
     body = f"data: a{char}b\n\n".encode()
@@ -124,7 +124,7 @@ def test_stage1_other_line_separators_are_data(char: str) -> None:
 
 
 @core
-@pytest.mark.rule("cr-at-once")
+@rule("cr-at-once")
 def test_stage1_an_event_ending_in_cr_is_dispatched_by_the_same_feed() -> None:
     p = new_parser()
     expect(p.feed(b"data: a\r\r"), [E(data="a")], "feed(b'data: a\\r\\r') must dispatch at once")
@@ -136,7 +136,7 @@ def test_stage1_an_event_ending_in_cr_is_dispatched_by_the_same_feed() -> None:
 
 
 @core
-@pytest.mark.rule("cr-at-once")
+@rule("cr-at-once")
 def test_stage1_the_lf_of_a_crlf_split_across_chunks_is_skipped() -> None:
     # Were the LF a line of its own, it would dispatch "a" before "b" arrives.
     expect_events([b"data: a\r", b"\ndata: b\n\n"], [E(data="a\nb")], "CR | LF split across chunks")
@@ -152,7 +152,7 @@ def test_stage1_the_lf_of_a_crlf_split_across_chunks_is_skipped() -> None:
 
 
 @core
-@pytest.mark.rule("fields")
+@rule("fields")
 @pytest.mark.parametrize(
     ("line", "expected"),
     [
@@ -177,7 +177,7 @@ def test_stage1_a_line_is_a_comment_or_a_field_and_its_value(
 
 
 @core
-@pytest.mark.rule("dispatch")
+@rule("dispatch")
 def test_stage1_a_blank_line_dispatches_data_joined_with_lf() -> None:
     expect_events([b"data: a\ndata: b\n\n"], [E(data="a\nb")], "two data lines")
     expect_events([b"data: a\ndata:\n\n"], [E(data="a\n")], "only the last LF is removed")
@@ -192,7 +192,7 @@ def test_stage1_a_blank_line_dispatches_data_joined_with_lf() -> None:
 
 
 @core
-@pytest.mark.rule("no-data")
+@rule("no-data")
 @pytest.mark.parametrize(
     "block",
     [b"event: x\n", b"id: 1\n", b"retry: 5\n", b": keepalive\n", b"foo: 1\n", b""],
@@ -210,7 +210,7 @@ def test_stage1_a_block_without_data_dispatches_nothing(block: bytes) -> None:
 
 
 @core
-@pytest.mark.rule("id")
+@rule("id")
 def test_stage1_last_event_id_moves_only_at_a_blank_line() -> None:
     p = new_parser()
     p.feed(b"id: 1\ndata: a\n")
@@ -227,7 +227,7 @@ def test_stage1_last_event_id_moves_only_at_a_blank_line() -> None:
 
 
 @core
-@pytest.mark.rule("id")
+@rule("id")
 @pytest.mark.parametrize(
     ("line", "expected_id"),
     [
@@ -244,7 +244,7 @@ def test_stage1_an_id_line_sets_clears_or_is_ignored(line: bytes, expected_id: s
 
 
 @core
-@pytest.mark.rule("id", "close")
+@rule("id", "close")
 def test_stage1_an_unterminated_id_never_becomes_the_last_event_id() -> None:
     p = new_parser()
     p.feed(b"id: 1\ndata: a\n\nid: 2\ndata: b\n")
@@ -258,7 +258,7 @@ def test_stage1_an_unterminated_id_never_becomes_the_last_event_id() -> None:
 
 
 @core
-@pytest.mark.rule("retry")
+@rule("retry")
 def test_stage1_a_valid_retry_sets_retry_ms_and_the_events_retry() -> None:
     p = new_parser()
     expect(
@@ -272,7 +272,7 @@ def test_stage1_a_valid_retry_sets_retry_ms_and_the_events_retry() -> None:
 
 
 @core
-@pytest.mark.rule("retry")
+@rule("retry")
 @pytest.mark.parametrize(
     "value",
     [
@@ -302,7 +302,7 @@ def test_stage1_a_retry_that_is_not_ascii_digits_is_ignored(value: bytes) -> Non
 
 
 @core
-@pytest.mark.rule("no-holding")
+@rule("no-holding")
 def test_stage1_each_event_comes_out_of_the_feed_that_completed_it() -> None:
     body = b"data: a\n\nid: 1\ndata: b\r\n\r\nevent: x\rdata: c\r\r" + sse.BOM + b"data: d\n\n"
     p = new_parser()
@@ -313,7 +313,7 @@ def test_stage1_each_event_comes_out_of_the_feed_that_completed_it() -> None:
 
 
 @core
-@pytest.mark.rule("no-holding", "line-ends", "utf8", "fields", "dispatch", "no-data", "id")
+@rule("no-holding", "line-ends", "utf8", "fields", "dispatch", "no-data", "id")
 @given(st.data())
 def test_stage1_any_split_gives_the_events_of_the_whole_body(data: st.DataObject) -> None:
     body = data.draw(sse.bodies(), "body")
@@ -330,7 +330,7 @@ def test_stage1_any_split_gives_the_events_of_the_whole_body(data: st.DataObject
 
 
 @core
-@pytest.mark.rule("close")
+@rule("close")
 def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() -> None:
     p = new_parser()
     p.feed(b"retry: 50\nid: 3\ndata: a\n\ndata: half")
@@ -355,18 +355,13 @@ def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() 
 
 
 @extended
-@pytest.mark.rule("limits")
+@rule("limits")
 def test_stage1_a_line_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
     got = accepted([b"data:abc\r\n\r\n"], max_line_bytes=8)
     expect(got, [E(data="abc")], "an 8-byte line (line end not counted) fits")
     for chunks in ([b"data: 1\n\ndata:abcd\n"], [b"data: 1\n\nda", b"ta:ab", b"cd\n"]):
-        exc, _ = refusal(chunks, max_line_bytes=8)
-        expect(
-            exc.offset,
-            9 + 8,
-            f"feeding {chunks!r}: the 9-byte line starts at offset 9, so the first byte past "
-            "the limit is at 17 (ParseError.offset)",
-        )
+        why = "the 9-byte line starts at offset 9, so the first byte past the limit is at 17"
+        expect_refused_at(chunks, 9 + 8, f"{why} (ParseError.offset)", max_line_bytes=8)
     exc, p = refusal([b"data: 1\n\ndata: 2\n\ndata:abcd\n"], max_line_bytes=8)
     expect(
         exc.events,
@@ -378,7 +373,7 @@ def test_stage1_a_line_at_the_limit_passes_and_one_byte_more_is_refused() -> Non
 
 
 @extended
-@pytest.mark.rule("limits", "bom")
+@rule("limits", "bom")
 def test_stage1_a_bom_is_not_part_of_the_first_line_however_it_is_split() -> None:
     # The BOM is stripped before lines are cut: it never counts against the line limit,
     # but its bytes count in the stream's offsets.
@@ -386,17 +381,12 @@ def test_stage1_a_bom_is_not_part_of_the_first_line_however_it_is_split() -> Non
     for chunks in sse.every_split(fits):
         expect(accepted(chunks, max_line_bytes=8), [E(data="abc")], f"feeding {chunks!r}")
     for chunks in sse.every_split(too_long):
-        exc, _ = refusal(chunks, max_line_bytes=8)
-        expect(
-            exc.offset,
-            3 + 8,
-            f"feeding {chunks!r}: the line starts after the 3-byte BOM, so the first byte "
-            "past the limit is at 11 (ParseError.offset)",
-        )
+        why = "the line starts after the 3-byte BOM, so the first byte past the limit is at 11"
+        expect_refused_at(chunks, 3 + 8, f"{why} (ParseError.offset)", max_line_bytes=8)
 
 
 @extended
-@pytest.mark.rule("limits")
+@rule("limits")
 def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> None:
     # Event size: the data values plus one LF each. "12345678" + LF = 9, "9" + LF = 2.
     got = accepted([b"data: 12345678\ndata:\n\n"], max_event_bytes=10)
@@ -407,7 +397,7 @@ def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> N
 
 
 @extended
-@pytest.mark.rule("limits")
+@rule("limits")
 def test_stage1_the_default_limits_take_a_mebibyte_line() -> None:
     line = b"data:" + b"x" * (DEFAULT_MAX_LINE_BYTES - 5)
     got = accepted([line + b"\n\n"])
@@ -421,7 +411,7 @@ def test_stage1_the_default_limits_take_a_mebibyte_line() -> None:
 
 
 @extended
-@pytest.mark.rule("limits")
+@rule("limits")
 @pytest.mark.parametrize(
     ("piece", "limits"),
     [
@@ -441,7 +431,7 @@ def test_stage1_a_hostile_stream_is_refused_once_past_its_limit(
 
 
 @extended
-@pytest.mark.rule("limits")
+@rule("limits")
 def test_stage1_the_event_limit_counts_each_event_on_its_own() -> None:
     # "0123456789abcde" + LF = 16 bytes: each event is exactly at the limit, the stream far
     # past it.
@@ -460,7 +450,7 @@ def test_stage1_the_event_limit_counts_each_event_on_its_own() -> None:
 
 
 @extended
-@pytest.mark.rule("limits")
+@rule("limits")
 def test_stage1_keepalive_comments_never_reach_a_limit() -> None:
     p = new_parser(max_line_bytes=64, max_event_bytes=64)
     for n in range(2000):
@@ -469,7 +459,7 @@ def test_stage1_keepalive_comments_never_reach_a_limit() -> None:
 
 
 @extended
-@pytest.mark.rule("linear")
+@rule("linear")
 def test_stage1_a_long_line_costs_linear_time_in_small_chunks() -> None:
     # A ratio of two sizes, each the best of three runs, each run stopped once it is
     # clearly too slow: a quadratic buffer takes ~16x for 4x the bytes. First 256 KiB
@@ -485,7 +475,7 @@ def test_stage1_a_long_line_costs_linear_time_in_small_chunks() -> None:
 
 
 @extended
-@pytest.mark.rule("bad-arguments")
+@rule("bad-arguments")
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -504,7 +494,7 @@ def test_stage1_a_bad_limit_is_refused_naming_it(
 
 
 @extended
-@pytest.mark.rule("bad-arguments")
+@rule("bad-arguments")
 @pytest.mark.parametrize(
     "data", ["data: a\n\n", None, 12, [10]], ids=["str", "None", "int", "list"]
 )
@@ -521,7 +511,7 @@ def test_stage1_feed_refuses_what_is_not_bytes(data: object) -> None:
 
 
 @extended
-@pytest.mark.rule("deltas")
+@rule("deltas")
 def test_stage1_content_and_refusal_concatenate_from_the_first_string() -> None:
     result = assemble(
         [
@@ -546,7 +536,7 @@ def test_stage1_content_and_refusal_concatenate_from_the_first_string() -> None:
 
 
 @extended
-@pytest.mark.rule("choices")
+@rule("choices")
 def test_stage1_interleaved_choices_never_mix() -> None:
     result = assemble(
         [
@@ -565,7 +555,7 @@ def test_stage1_interleaved_choices_never_mix() -> None:
 
 
 @extended
-@pytest.mark.rule("tool-calls")
+@rule("tool-calls")
 def test_stage1_tool_call_fragments_join_their_own_call() -> None:
     result = assemble(
         [
@@ -587,7 +577,7 @@ def test_stage1_tool_call_fragments_join_their_own_call() -> None:
 
 
 @extended
-@pytest.mark.rule("finish")
+@rule("finish")
 def test_stage1_usage_and_done_end_the_stream() -> None:
     assembler = new_assembler()
     for event in [
@@ -627,7 +617,7 @@ MALFORMED = [
 
 
 @extended
-@pytest.mark.rule("chat-errors")
+@rule("chat-errors")
 @pytest.mark.parametrize("data", MALFORMED)
 def test_stage1_a_malformed_chunk_is_refused_naming_it_and_changes_nothing(data: str) -> None:
     assembler = new_assembler()
@@ -639,7 +629,7 @@ def test_stage1_a_malformed_chunk_is_refused_naming_it_and_changes_nothing(data:
 
 
 @extended
-@pytest.mark.rule("chat-errors")
+@rule("chat-errors")
 def test_stage1_an_error_event_raises_and_other_types_are_ignored() -> None:
     assembler = new_assembler()
     assembler.add(E(event="ping", data="{}"))
@@ -654,7 +644,7 @@ def test_stage1_an_error_event_raises_and_other_types_are_ignored() -> None:
 
 
 @extended
-@pytest.mark.rule("recorded")
+@rule("recorded")
 @pytest.mark.parametrize("how", CHUNKINGS)
 @pytest.mark.parametrize("stream", recorded.recorded(), ids=lambda r: r.name.split(".")[0])
 def test_stage1_recorded_streams_assemble_to_their_expected_result(

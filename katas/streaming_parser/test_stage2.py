@@ -27,6 +27,7 @@ import anyio.abc
 import pytest
 from hypothesis import given
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._runtime.clock import NS_PER_S, ManualClock
@@ -53,7 +54,7 @@ from katas.streaming_parser._testing.streams import (
     next_pull,
     nothing_escapes,
     outcome_of,
-    quiet_stream,
+    quiet_stream_in_a_new_mux,
     scenarios,
     still_open,
     streams_of_bodies,
@@ -64,9 +65,6 @@ from katas.streaming_parser._testing.streams import (
 from katas.streaming_parser.api import MuxedStream, ParseError, ServerSentEvent, StreamTimeout
 
 pytestmark = [pytest.mark.stage(2), pytest.mark.anyio]
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
 
 E = ServerSentEvent
 
@@ -590,55 +588,47 @@ async def test_stage2_leaving_the_block_cancels_every_stream_and_waits_for_it(ho
 @extended
 @rule("idle-timeout", "close-source")
 async def test_stage2_a_quiet_source_times_out_at_the_deadline_exactly_once() -> None:
-    clock, source = ManualClock(), ChannelSource("quiet")
-    with bounded("a quiet stream to time out"):
-        async with (
-            new_mux(clock=clock, idle_timeout_ns=IDLE) as mux,
-            anyio.create_task_group() as tg,
-        ):
-            stream, consumer = await quiet_stream(mux, tg, source)
-            clock.advance(IDLE - 1)
-            await still_open(consumer, source, "1 ns before the idle timeout")
-            clock.advance(1)
-            await timed_out(consumer, source, stream, "at the idle timeout")
-            clock.advance(10 * IDLE)
-            await settle()
-            check(
-                source.pulls == 1 and source.closed_once(),
-                "idle-timeout: after the timeout nothing more is read, and the source is "
-                f"closed once: {source.describe()}",
-            )
-            await expect_end(stream, "idle-timeout: StreamTimeout is raised exactly once")
+    async with quiet_stream_in_a_new_mux(
+        "quiet", "a quiet stream to time out", idle_timeout_ns=IDLE
+    ) as (clock, source, stream, consumer):
+        clock.advance(IDLE - 1)
+        await still_open(consumer, source, "1 ns before the idle timeout")
+        clock.advance(1)
+        await timed_out(consumer, source, stream, "at the idle timeout")
+        clock.advance(10 * IDLE)
+        await settle()
+        check(
+            source.pulls == 1 and source.closed_once(),
+            "idle-timeout: after the timeout nothing more is read, and the source is "
+            f"closed once: {source.describe()}",
+        )
+        await expect_end(stream, "idle-timeout: StreamTimeout is raised exactly once")
 
 
 @extended
 @rule("idle-timeout")
 async def test_stage2_every_chunk_restarts_the_idle_timer() -> None:
-    clock, source = ManualClock(), ChannelSource("slow upstream")
-    with bounded("a slow upstream to time out"):
-        async with (
-            new_mux(clock=clock, idle_timeout_ns=IDLE) as mux,
-            anyio.create_task_group() as tg,
-        ):
-            stream, consumer = await quiet_stream(mux, tg, source)
-            clock.advance(IDLE - 1)
-            source.push(b"data: a\n\n")  # a chunk 1 ns before the deadline
-            await until(lambda: consumer.events == [E(data="a")], "event a")
-            await next_pull(source, "after a chunk 1 ns before the idle timeout")
-            clock.advance(IDLE - 1)
-            source.push(b"data: b")  # a chunk without a complete event restarts it too
-            await until(lambda: source.chunks_given == 2, "the chunk without an event pulled")
-            await next_pull(source, "after a chunk without an event")
-            clock.advance(IDLE - 1)
-            await still_open(
-                consumer, source, "IDLE - 1 ns after the last chunk (2 IDLE after the start)"
-            )
-            clock.advance(1)
-            await timed_out(consumer, source, stream, "IDLE ns after the last chunk")
-            check(
-                consumer.events == [E(data="a")],
-                f"idle-timeout: one event, then the timeout; got {consumer.events}",
-            )
+    async with quiet_stream_in_a_new_mux(
+        "slow upstream", "a slow upstream to time out", idle_timeout_ns=IDLE
+    ) as (clock, source, stream, consumer):
+        clock.advance(IDLE - 1)
+        source.push(b"data: a\n\n")  # a chunk 1 ns before the deadline
+        await until(lambda: consumer.events == [E(data="a")], "event a")
+        await next_pull(source, "after a chunk 1 ns before the idle timeout")
+        clock.advance(IDLE - 1)
+        source.push(b"data: b")  # a chunk without a complete event restarts it too
+        await until(lambda: source.chunks_given == 2, "the chunk without an event pulled")
+        await next_pull(source, "after a chunk without an event")
+        clock.advance(IDLE - 1)
+        await still_open(
+            consumer, source, "IDLE - 1 ns after the last chunk (2 IDLE after the start)"
+        )
+        clock.advance(1)
+        await timed_out(consumer, source, stream, "IDLE ns after the last chunk")
+        check(
+            consumer.events == [E(data="a")],
+            f"idle-timeout: one event, then the timeout; got {consumer.events}",
+        )
 
 
 @extended
@@ -684,16 +674,18 @@ async def test_stage2_time_blocked_on_a_full_buffer_is_not_idleness() -> None:
 @extended
 @rule("idle-timeout")
 async def test_stage2_no_idle_timeout_waits_forever() -> None:
-    clock, source = ManualClock(), ChannelSource("patient")
-    with bounded("a stream without idle timeout"):
-        async with new_mux(clock=clock) as mux, anyio.create_task_group() as tg:
-            _, consumer = await quiet_stream(mux, tg, source)
-            for _ in range(3):
-                clock.advance(10**6 * IDLE)
-                await still_open(consumer, source, "with idle_timeout_ns=None, a year later")
-            source.push(b"data: late\n\n")
-            source.end()
-            await until(lambda: consumer.done, "the late event and the end")
+    async with quiet_stream_in_a_new_mux("patient", "a stream without idle timeout") as (
+        clock,
+        source,
+        _,
+        consumer,
+    ):
+        for _ in range(3):
+            clock.advance(10**6 * IDLE)
+            await still_open(consumer, source, "with idle_timeout_ns=None, a year later")
+        source.push(b"data: late\n\n")
+        source.end()
+        await until(lambda: consumer.done, "the late event and the end")
     check(
         consumer.events == [E(data="late")] and consumer.outcome == END,
         f"idle-timeout: idle_timeout_ns=None waits forever: expected the late event then "

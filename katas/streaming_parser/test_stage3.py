@@ -36,6 +36,7 @@ import pytest
 from hypothesis import given, settings
 
 from katas._harness.faultproxy import FaultProxy
+from katas._harness.marks import core, extended, rule
 from katas._harness.profiles import heavy_examples
 from katas._harness.story import check
 from katas._harness.waiting import eventually_async
@@ -58,17 +59,14 @@ from katas.streaming_parser._testing.resumable import (
     expect_exactly_once,
     expect_resumes,
     expect_waits,
+    held_mid_stream,
     new_source,
-    reading,
     run,
 )
 from katas.streaming_parser._testing.schedules import Schedule, awkward, cuts_at, schedules
 from katas.streaming_parser.api import EventSourceError, ParseError
 
 pytestmark = [pytest.mark.stage(3), pytest.mark.anyio]
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
 
 #: The idle timeout of the tests that stall a replica (real seconds).
 IDLE_S = 0.3
@@ -288,10 +286,7 @@ async def test_stage3_a_replica_killed_mid_event_is_failed_over_exactly_once(
     replicas: ReplicaSet,
 ) -> None:
     inside_fourth = ENDS[2] + 4
-    replicas.reset(BLOCKS, [f"hold:{inside_fourth}"])
-    async with reading(replicas.urls) as reader:
-        await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
-        await reader.delivered(3)
+    async with held_mid_stream(replicas, BLOCKS, inside_fourth, 3) as reader:
         replicas.kill("a")  # SIGKILL, with 4 bytes of event 4 on the wire
         await reader.finished("the source to fail over and finish the stream")
     result = reader.result(replicas)
@@ -308,11 +303,9 @@ async def test_stage3_a_replica_killed_mid_event_is_failed_over_exactly_once(
 async def test_stage3_a_replica_restarted_is_resumed_from(replicas: ReplicaSet) -> None:
     clock = JumpingClock(jumping=False)
     inside_second = ENDS[0] + 3
-    replicas.reset(BLOCKS, [f"hold:{inside_second}"])
-    url = [replicas.url("a")]
-    async with reading(url, clock=clock) as reader:
-        await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
-        await reader.delivered(1)
+    async with held_mid_stream(
+        replicas, BLOCKS, inside_second, 1, names=["a"], clock=clock
+    ) as reader:
         replicas.kill("a")
         await eventually_async(lambda: clock.sleepers() == 1, "the source to back off")
         clock.advance(clock.sleeps_ns[-1])  # its attempt finds a down
@@ -579,10 +572,7 @@ async def test_stage3_a_stalled_replica_is_left_after_the_idle_timeout(
     replicas: ReplicaSet,
 ) -> None:
     inside_third = ENDS[1] + 6
-    replicas.reset(BLOCKS, [f"hold:{inside_third}"])
-    async with reading(replicas.urls, idle_timeout_s=IDLE_S) as reader:
-        await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
-        await reader.delivered(2)
+    async with held_mid_stream(replicas, BLOCKS, inside_third, 2, idle_timeout_s=IDLE_S) as reader:
         replicas.stop("a")  # SIGSTOP: the connection stays open, and silent
         await reader.finished(f"the idle timeout ({IDLE_S} s) to move the source to b", 10 * IDLE_S)
     result = reader.result(replicas)

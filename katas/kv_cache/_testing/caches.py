@@ -9,7 +9,10 @@ cache in stage 2's ``ConcurrentCache`` and ``AsyncCache``.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Literal, overload
+
+import pytest
 
 from katas._harness.under_test import stage
 from katas.kv_cache.api import (
@@ -29,6 +32,21 @@ START = 1_000_000
 TTL = 1_000
 #: The stage-1 caches, by class name.
 ALL_KINDS = ["LRUCache", "TTLCache", "LFUCache"]
+
+
+@pytest.fixture(autouse=True)
+def fail_fast_on_stage1_stubs(stage_module: ModuleType) -> None:
+    """Build a cache first: on a stub this fails at once with "not implemented yet". The
+    stage-1 suite imports it, which makes it autouse there."""
+    stage_module.LRUCache(1)
+
+
+@pytest.fixture(autouse=True)
+def fail_fast_on_stage2_stubs() -> None:
+    """Wrap a cache first: on a stub this fails at once with "not implemented yet". The
+    stage-2 suite imports it, which makes it autouse there."""
+    stage(2).ConcurrentCache(stage(1).LRUCache(1))
+
 
 #: One ``on_evict`` call: (key, value, cause).
 Heard = tuple[Any, Any, RemovalCause]
@@ -74,6 +92,19 @@ def make(kind: str, maxsize: int, clock: ManualClock | None = None, **kw: Any) -
     return cache
 
 
+def heard(kind: str, maxsize: int, **kw: Any) -> tuple[EvictingCache, Log]:
+    """A stage-1 cache of class ``kind`` (as :func:`make` builds it) whose ``on_evict`` is
+    a new :class:`Log`, and that log: how a test hears what leaves the cache."""
+    log = Log()
+    return make(kind, maxsize, on_evict=log, **kw), log
+
+
+def weighed_by_length(kind: str) -> tuple[EvictingCache, Log]:
+    """A cache of class ``kind`` with room for 10 entries and a weight of 10, where a
+    value weighs its length, and its :class:`Log`: the weight examples' cache."""
+    return heard(kind, 10, max_weight=10, weigh=len)
+
+
 def concurrent(maxsize: int = 100, kind: str = "LRUCache", **kw: Any) -> LoadingCache:
     """Stage 2's ``ConcurrentCache`` around a stage-1 cache of class ``kind`` (a TTL
     cache's entries live for ever: the tests of stage 2 time nothing out)."""
@@ -117,7 +148,11 @@ __all__ = [
     "Log",
     "async_cache",
     "concurrent",
+    "fail_fast_on_stage1_stubs",
+    "fail_fast_on_stage2_stubs",
+    "heard",
     "lru",
     "make",
+    "weighed_by_length",
     "wrap",
 ]

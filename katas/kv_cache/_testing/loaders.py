@@ -5,11 +5,15 @@ many loads a cache started."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 import anyio
+import anyio.abc
 
 from katas._harness.waiting import DEADLINE_S
+from katas.kv_cache._testing.caches import async_cache
+from katas.kv_cache.api import AsyncLoadingCache
 
 
 class Loader:
@@ -43,3 +47,27 @@ class AsyncLoader:
         self.calls += 1
         await self.release.wait()
         return object()
+
+
+class AsyncFlight:
+    """An ``AsyncCache`` whose key ``"k"`` is loaded by a held :class:`AsyncLoader`, and
+    what each task that asked for it got: the common ground of the async single-flight
+    tests, which start callers, cancel some and release the loader."""
+
+    def __init__(self) -> None:
+        self.cache: AsyncLoadingCache = async_cache()
+        self.loader = AsyncLoader()
+        self.results: list[object] = []
+
+    async def call(self) -> None:
+        """One caller of ``get_or_load("k")``; records what it got."""
+        self.results.append(await self.cache.get_or_load("k", self.loader))
+
+
+@asynccontextmanager
+async def racing_tasks(deadline_s: float = 3 * DEADLINE_S) -> AsyncIterator[anyio.abc.TaskGroup]:
+    """A task group for the racing callers of one test, under a hard deadline (a lost
+    wake-up fails the test instead of hanging it)."""
+    with anyio.fail_after(deadline_s):
+        async with anyio.create_task_group() as tg:
+            yield tg

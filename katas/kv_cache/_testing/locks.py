@@ -4,6 +4,7 @@ answer within :data:`GRACE_S` tells the test that user code runs under it."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from katas._harness.story import check
@@ -30,6 +31,26 @@ def stats_now(cache: LoadingCache) -> LoadStatistics | None:
     probe.join(GRACE_S)
     stats: LoadStatistics | None = None if probe.is_alive() else probe.result
     return stats
+
+
+def another_thread_blocks_on(cache: LoadingCache) -> bool:
+    """A ``get`` from another thread does not return within a second: the cache's lock is
+    held. User code calls it to tell whether it runs under that lock."""
+    other = threading.Thread(target=lambda: cache.get("probe"), daemon=True)
+    other.start()
+    other.join(1.0)
+    return other.is_alive()
+
+
+def write_meanwhile(cache: LoadingCache | AsyncLoadingCache, write: str) -> None:
+    """The write named ``write`` ("put", "delete" or "clear") on key ``"k"``, made while
+    its load is in flight: put stores ``"written meanwhile"``."""
+    if write == "put":
+        cache.put("k", "written meanwhile")
+    elif write == "delete":
+        cache.delete("k")
+    else:
+        cache.clear()
 
 
 def waiting_now(cache: LoadingCache) -> bool:

@@ -126,6 +126,15 @@ def held_read(
     return tap, reader
 
 
+def reply_lands(tap: Tap, reader: Thread, near: CoherentCache, read: object) -> object:
+    """Release the reply :func:`held_read` held; its read must return ``read`` (what the
+    server answered). Then read the key ``"k"`` again: what the near cache serves now."""
+    tap.release.set()
+    got = reader.outcome("the held read must finish")
+    assert got == read, f"the held read must return what Redis answered, {read!r}; got {got!r}"
+    return near.get("k")
+
+
 def near_stats(near: CoherentCache) -> NearStatistics:
     """``near.statistics()``, checked to be a NearStatistics."""
     stats = near.statistics()

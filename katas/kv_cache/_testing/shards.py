@@ -8,6 +8,7 @@ with ``KATA_REDIS_SERVER=redis-server`` (``redis_env``, from the harness).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -48,6 +49,26 @@ def sharded(clients: dict[str, redis.Redis], **kw: Any) -> RemoteCache:
     """The stage under test's ``ShardedCache`` over ``clients`` (``kw``: its options)."""
     cache: RemoteCache = stage().ShardedCache(clients, **kw)
     return cache
+
+
+def stored(
+    cache: RemoteCache, kind: str, value: Callable[[str], object], count: int = 40
+) -> list[str]:
+    """Put the keys ``kind:0`` to ``kind:{count - 1}``, each with ``value(key)``, and
+    return them: the data a faults test then reads across a stop or a restart."""
+    keys = [f"{kind}:{i}" for i in range(count)]
+    for key in keys:
+        cache.put(key, value(key))
+    return keys
+
+
+def read_despite_faults(cache: RemoteCache, key: str, rule: str) -> Any:
+    """``cache.get(key, MISS)``; a node's connection error or timeout escaping it fails
+    the test, with ``rule`` (a read must fail over, or miss, instead)."""
+    try:
+        return cache.get(key, MISS)
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        pytest.fail(f"{rule}: {exc!r}")
 
 
 def make_cache(

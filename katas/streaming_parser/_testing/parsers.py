@@ -60,6 +60,17 @@ def refusal(chunks: Sequence[bytes], **limits: int) -> tuple[ParseError, EventPa
     pytest.fail(f"feeding {list(chunks)!r} with {limits} must raise ParseError")
 
 
+def expect_refused_at(
+    chunks: Sequence[bytes], offset: int, why: str, **limits: int
+) -> tuple[ParseError, EventParser]:
+    """The :func:`refusal` of ``chunks``, failing the test unless the error's offset (the
+    first byte past the limit) is ``offset``; ``why`` says where that byte is."""
+    __tracebackhide__ = True
+    exc, parser = refusal(chunks, **limits)
+    expect(exc.offset, offset, f"feeding {list(chunks)!r}: {why}")
+    return exc, parser
+
+
 def cpu_seconds_to_feed_a_line(size: int, budget: float = float("inf")) -> float:
     """CPU seconds of this process to feed one ``size``-byte line in 64-byte chunks, or
     inf once ``budget`` is spent. CPU time, not wall time: other processes sharing the

@@ -124,6 +124,28 @@ async def reading(urls: Sequence[str], **options: object) -> AsyncIterator[Reade
             yield reader
 
 
+@asynccontextmanager
+async def held_mid_stream(
+    replicas: ReplicaSet,
+    blocks: Sequence[Block],
+    at: int,
+    delivered: int,
+    names: Sequence[str] | None = None,
+    **options: object,
+) -> AsyncIterator[Reader]:
+    """Reset the replicas to serve ``blocks``, replica a holding its connection at body
+    offset ``at``; read them with a new source (over the replicas ``names``, or all of
+    them: URLs of this reset's generation), and yield its reader once a holds and
+    ``delivered`` events have arrived: the scene of the tests that kill, stall or restart
+    a replica in the middle of a stream."""
+    replicas.reset(blocks, [f"hold:{at}"])
+    urls = [replicas.url(name) for name in names or replicas.names]
+    async with reading(urls, **options) as reader:
+        await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+        await reader.delivered(delivered)
+        yield reader
+
+
 async def run(
     replicas: ReplicaSet,
     blocks: Sequence[Block],
@@ -254,6 +276,7 @@ __all__ = [
     "expect_resumes",
     "expect_waits",
     "first_difference",
+    "held_mid_stream",
     "new_source",
     "reading",
     "run",

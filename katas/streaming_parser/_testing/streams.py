@@ -14,8 +14,8 @@ the clock only while every task waits.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
 
 import anyio.abc
 from hypothesis import strategies as st
@@ -157,6 +157,20 @@ async def quiet_stream(
     return stream, consumer
 
 
+@asynccontextmanager
+async def quiet_stream_in_a_new_mux(
+    name: str, what: str, **options: object
+) -> AsyncIterator[tuple[ManualClock, ChannelSource, MuxedStream, Consumer]]:
+    """A new mux (``options``) on a ManualClock, with one :func:`quiet_stream` named
+    ``name``, all under a hard deadline for ``what``: (the clock, the source, the stream,
+    its consumer) — the scene of the idle-timeout tests, where only the clock moves."""
+    clock, source = ManualClock(), ChannelSource(name)
+    with bounded(what):
+        async with new_mux(clock=clock, **options) as mux, anyio.create_task_group() as tg:
+            stream, consumer = await quiet_stream(mux, tg, source)
+            yield clock, source, stream, consumer
+
+
 async def next_pull(source: ChannelSource, when: str) -> None:
     """Wait until the mux asks the source for its next chunk (or the stream has ended)."""
     __tracebackhide__ = True
@@ -212,6 +226,7 @@ __all__ = [
     "nothing_escapes",
     "outcome_of",
     "quiet_stream",
+    "quiet_stream_in_a_new_mux",
     "scenarios",
     "still_open",
     "streams_of_bodies",
