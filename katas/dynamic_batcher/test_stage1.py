@@ -26,14 +26,17 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.profiles import examples
 from katas._harness.story import Story, check
 from katas._harness.under_test import stage
+from katas.dynamic_batcher._testing.configs import bad_configurations, expect_refused_by_name
 from katas.dynamic_batcher._testing.rules import BatchingRules, step_of
 from katas.dynamic_batcher._testing.trace import (
     STEP_NS,
@@ -55,9 +58,6 @@ from katas.dynamic_batcher._testing.workload import COMPARISON
 from katas.dynamic_batcher.api import Request, RequestRejected
 
 pytestmark = pytest.mark.stage(1)
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
 
 
 # --- the worked example, step by step ---------------------------------------------------------
@@ -602,33 +602,18 @@ def test_stage1_the_static_batcher_reserves_only_the_kv_a_request_can_write(
 @pytest.mark.parametrize(
     ("name", "options"),
     [
-        pytest.param("max_num_seqs", {"max_num_seqs": 0}, id="no-seqs"),
-        pytest.param("max_num_batched_tokens", {"max_num_batched_tokens": 0}, id="no-budget"),
-        pytest.param(
-            "max_num_batched_tokens",
-            {"max_num_seqs": 8, "max_num_batched_tokens": 7},
-            id="budget-under-the-seqs",
-        ),
+        *bad_configurations(num_blocks=64),
         pytest.param("max_num_seqs", {"max_num_seqs": 2.0}, id="seqs-not-an-int"),
-        pytest.param("num_blocks", {"num_blocks": 63}, id="not-the-models-pool"),
-        pytest.param("block_size", {"block_size": 8}, id="not-the-models-blocks"),
-        pytest.param("policy", {"policy": "lifo"}, id="unknown-policy"),
         # the id stays clear of the C unit's keyword: -k hotpath selects the C unit only
         pytest.param("hotpath", {"hotpath": "rust"}, id="unknown-path"),
     ],
 )
 def test_stage1_bad_configurations_are_refused_by_name(name: str, options: dict[str, Any]) -> None:
-    m = model()
     config = {"max_num_seqs": 4, "max_num_batched_tokens": 8, "num_blocks": 64, "block_size": 4}
-    config.update(options)
-    with pytest.raises((ValueError, TypeError)) as caught:
-        stage().ContinuousBatcher(m, **config)
-    assert name in str(caught.value), (
-        f"stage1-bad-input: {options} must be refused naming {name!r}, got {caught.value!r}"
-    )
+    batcher = partial(stage().ContinuousBatcher, model())
+    expect_refused_by_name(batcher, config, name, options, "stage1-bad-input")
 
 
-# --- the C twin -------------------------------------------------------------------------------
 # --- the C twin -------------------------------------------------------------------------------
 
 

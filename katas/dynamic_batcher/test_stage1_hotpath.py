@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from hypothesis import example, given
 
+from katas._harness.marks import core, rule
 from katas._harness.story import expect
 from katas._harness.under_test import module
 from katas.dynamic_batcher._testing.hotpath import (
@@ -48,14 +49,13 @@ from katas.dynamic_batcher._testing.hotpath import (
 )
 
 pytestmark = pytest.mark.stage(1)
-core = pytest.mark.core
 
 
 # --- the C hot path (`-k hotpath`): the rules, each at its boundary ---------------------------
 
 
 @core
-@pytest.mark.rule("in-order", "totals")
+@rule("in-order", "totals")
 @pytest.mark.parametrize(
     ("need", "token_budget", "expected"),
     [
@@ -72,7 +72,7 @@ def test_hotpath_serves_in_order_clamped_to_the_budget_left(
 
 
 @core
-@pytest.mark.rule("no-skipping")
+@rule("no-skipping")
 def test_hotpath_a_smaller_request_never_jumps_the_queue() -> None:
     # The budget is spent exactly on the first request: the 1 behind it waits.
     check_fill([8, 1], 8, 4, ([8, 0], 1, 8))
@@ -81,14 +81,14 @@ def test_hotpath_a_smaller_request_never_jumps_the_queue() -> None:
 
 
 @core
-@pytest.mark.rule("partial-chunk")
+@rule("partial-chunk")
 def test_hotpath_only_the_last_scheduled_request_gets_a_partial_chunk() -> None:
     check_fill([5, 1, 1], 4, 8, ([4, 0, 0], 1, 4))
     check_fill([2, 5, 1], 4, 8, ([2, 2, 0], 2, 4))
 
 
 @core
-@pytest.mark.rule("seq-cap")
+@rule("seq-cap")
 @pytest.mark.parametrize(
     ("max_seqs", "expected"),
     [
@@ -105,7 +105,7 @@ def test_hotpath_caps_the_requests_even_with_budget_to_spare(
 
 
 @core
-@pytest.mark.rule("prefix")
+@rule("prefix")
 def test_hotpath_writes_zero_after_the_scheduled_prefix() -> None:
     # Every output entry starts as UNWRITTEN: each one must be overwritten.
     check_fill([1, 1, 100, 7], 0, 4, ([0, 0, 0, 0], 0, 0))
@@ -114,13 +114,13 @@ def test_hotpath_writes_zero_after_the_scheduled_prefix() -> None:
 
 
 @core
-@pytest.mark.rule("totals")
+@rule("totals")
 def test_hotpath_schedules_nothing_for_no_requests() -> None:
     check_fill([], 10, 4, ([], 0, 0))
 
 
 @core
-@pytest.mark.rule("int32-range")
+@rule("int32-range")
 @pytest.mark.parametrize(
     ("need", "token_budget", "max_seqs", "expected"),
     [
@@ -136,7 +136,7 @@ def test_hotpath_handles_the_whole_int32_range(
 
 
 @core
-@pytest.mark.rule("invalid")
+@rule("invalid")
 @pytest.mark.parametrize(
     ("need", "bad"),
     [
@@ -155,7 +155,7 @@ def test_hotpath_refuses_a_need_below_one_and_writes_nothing(need: list[int], ba
 
 
 @core
-@pytest.mark.rule("in-order", "no-skipping", "partial-chunk", "seq-cap", "prefix", "totals")
+@rule("in-order", "no-skipping", "partial-chunk", "seq-cap", "prefix", "totals")
 @given(hot_steps())
 @example(([1, 1, 1], 10, 2))  # the cap ends the step, with budget and requests to spare
 @example(([3, 3], 4, 0))  # a cap of 0
@@ -166,7 +166,7 @@ def test_hotpath_matches_the_model_on_random_columns(step: tuple[list[int], int,
 
 
 @core
-@pytest.mark.rule("schedule-blocks", "schedule-preempt")
+@rule("schedule-blocks", "schedule-preempt")
 @given(hot_states())
 @example((OWN_VICTIM, 10, 4))
 @example((RELEASE_ORDER, 10, 2))
@@ -175,16 +175,16 @@ def test_hotpath_schedule_matches_the_model_on_random_states(
 ) -> None:
     state, token_budget, max_seqs = step
     expected = schedule_model(state, token_budget, max_seqs)
-    got = c_schedule(state, token_budget, max_seqs)
-    assert got == expected, (
-        f"schedule({state}, token_budget={token_budget}, max_seqs={max_seqs}):\n"
-        f"  expected (chunk, seqs, tokens, preempted), state = {expected}\n"
-        f"  got                                          {got}"
+    expect(
+        c_schedule(state, token_budget, max_seqs),
+        expected,
+        f"schedule({state}, token_budget={token_budget}, max_seqs={max_seqs}), as "
+        "(chunk, seqs, tokens, preempted), state",
     )
 
 
 @core
-@pytest.mark.rule("schedule-invalid")
+@rule("schedule-invalid")
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -203,7 +203,7 @@ def test_hotpath_schedule_refuses_a_broken_state(change: dict[str, Any], message
 
 
 @core
-@pytest.mark.rule("schedule-invalid")
+@rule("schedule-invalid")
 def test_hotpath_schedule_refuses_columns_that_share_memory() -> None:
     known = array("i", [5, 3, 1])
     with pytest.raises(ValueError, match="computed must not share memory with known"):
@@ -216,7 +216,7 @@ def test_hotpath_schedule_refuses_columns_that_share_memory() -> None:
 
 
 @core
-@pytest.mark.rule("apply-compute", "apply-release")
+@rule("apply-compute", "apply-release")
 @given(hot_steps_done())
 @example(APPLY_STEP)
 # Row 2 goes on part-way through its prompt: a chunk that stops short of known samples
@@ -227,16 +227,15 @@ def test_hotpath_apply_matches_the_model_on_random_steps(
 ) -> None:
     state, seqs, chunk, finished = step
     expected = live(apply_model(state, seqs, chunk, finished))
-    got = live(c_apply(state, seqs, chunk, finished))
-    assert got == expected, (
-        f"apply({state}, seqs={seqs}, chunk={chunk}, finished={finished}):\n"
-        f"  expected {expected}\n"
-        f"  got      {got}"
+    expect(
+        live(c_apply(state, seqs, chunk, finished)),
+        expected,
+        f"apply({state}, seqs={seqs}, chunk={chunk}, finished={finished})",
     )
 
 
 @core
-@pytest.mark.rule("apply-invalid")
+@rule("apply-invalid")
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -266,20 +265,18 @@ def test_hotpath_apply_refuses_a_broken_step(change: dict[str, Any], message: st
 
 
 @core
-@pytest.mark.rule("int32-range")
+@rule("int32-range")
 def test_hotpath_schedule_and_apply_at_the_int32_edge() -> None:
     single = HotState([INT_MAX], [INT_MAX - 1], [1], [0], [0], n=1, free_top=0, stride=1,
                       block_size=INT_MAX)  # fmt: skip
     for state in (single, EDGE):
-        got, expected = c_schedule(state, INT_MAX, INT_MAX), schedule_model(state, INT_MAX, INT_MAX)
-        assert got == expected, (
-            f"schedule({state}, INT32_MAX, INT32_MAX):\n  expected {expected}\n  got      {got}"
+        got = c_schedule(state, INT_MAX, INT_MAX)
+        expect(
+            got, schedule_model(state, INT_MAX, INT_MAX), f"schedule({state}, INT32_MAX, INT32_MAX)"
         )
     (chunk, seqs, _, _), after = schedule_model(single, INT_MAX, INT_MAX)
     with pytest.raises(ValueError, match="rejected the step"):
         c_apply(after, seqs, chunk, [0])  # known would pass INT32_MAX: it must finish
     done = c_apply(after, seqs, chunk, [1])
-    assert live(done) == live(apply_model(after, seqs, chunk, [1])), (
-        f"apply({after}, seqs={seqs}, chunk={chunk}, finished=[1]): expected "
-        f"{live(apply_model(after, seqs, chunk, [1]))}, got {live(done)}"
-    )
+    expected = live(apply_model(after, seqs, chunk, [1]))
+    expect(live(done), expected, f"apply({after}, seqs={seqs}, chunk={chunk}, finished=[1])")

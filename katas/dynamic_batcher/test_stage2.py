@@ -29,6 +29,7 @@ from typing import Any, cast
 import anyio
 import pytest
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.under_test import stage
 from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher._testing.engine import (
@@ -36,8 +37,10 @@ from katas.dynamic_batcher._testing.engine import (
     T0,
     Reader,
     Rig,
+    expect_ending,
     fixed_step,
     request,
+    show,
 )
 from katas.dynamic_batcher._testing.model import step_time_ns
 from katas.dynamic_batcher.api import (
@@ -53,9 +56,6 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 pytestmark = [pytest.mark.stage(2), pytest.mark.anyio]
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
 
 #: Long enough for any test's requests to finish, in simulated ns.
 WITHIN = 10_000 * STEP_NS
@@ -76,14 +76,6 @@ async def take(stream: TokenStream, what: str) -> Delivery:
 
 def tokens_of(deliveries: list[tuple[int, Delivery]]) -> tuple[int, ...]:
     return tuple(t for _, d in deliveries for t in d.tokens)
-
-
-def show(deliveries: list[tuple[int, Delivery]]) -> str:
-    """Deliveries as ``+ns: tokens reason`` (times from T0)."""
-    return "; ".join(
-        f"+{at - T0}: {list(d.tokens)}{' ' + d.finish_reason if d.finish_reason else ''}"
-        for at, d in deliveries
-    )
 
 
 # -- the loop -------------------------------------------------------------------------
@@ -108,14 +100,7 @@ async def test_stage2_each_stream_gets_what_its_request_generates_alone() -> Non
             f"request {rid}: the stream must carry exactly what the request generates "
             f"alone\n  expected {list(expected[rid])}\n  got      {list(reader.tokens)}"
         )
-        want = "stop" if rid == "c" and expected[rid][-1] == 5 else "length"
-        assert reader.reason == want, (
-            f"request {rid}: the last delivery's reason is {reader.reason!r}, expected {want!r}"
-        )
-        assert all(d.finish_reason is None for _, d in reader.taken[:-1]), (
-            f"request {rid}: only the last delivery carries a finish reason: {show(reader.taken)}"
-        )
-        assert reader.ended == "end", f"request {rid}: after the last delivery the iteration stops"
+        expect_ending(rid, reader, "stop" if rid == "c" and expected[rid][-1] == 5 else "length")
 
 
 @core
@@ -165,13 +150,9 @@ async def test_stage2_an_idle_engine_waits_without_stepping() -> None:
 @rule("engine-arrival")
 async def test_stage2_generate_stamps_the_arrival_with_the_clocks_time() -> None:
     rig = Rig()
-    async with rig.engine, anyio.create_task_group() as tg:
+    async with rig.engine:
         await rig.time.advance(12_345)
-        reader = Reader(rig.engine.generate(request("a", 2, 2, arrival_ns=5)), rig.clock)
-        tg.start_soon(reader.run)
-        await rig.time.run_until(
-            lambda: reader.ended != "reading", within_ns=WITHIN, what="the stream to end"
-        )
+        await rig.consume(rig.engine.generate(request("a", 2, 2, arrival_ns=5)))
     [metrics] = rig.batcher.metrics()
     assert metrics.arrival_ns == T0 + 12_345, (
         f"generate() submits with arrival_ns = the clock's now ({T0 + 12_345}); the batcher "
@@ -189,12 +170,8 @@ async def test_stage2_a_slow_readers_untaken_tokens_are_merged_into_its_next_rea
     rig = Rig()
     r = request("a", 3, 5)
     want = rig.expected([r])["a"]
-    async with rig.engine, anyio.create_task_group() as tg:
-        reader = Reader(rig.engine.generate(r), rig.clock, pace_ns=2_300)
-        tg.start_soon(reader.run)
-        await rig.time.run_until(
-            lambda: reader.ended != "reading", within_ns=WITHIN, what="the stream to end"
-        )
+    async with rig.engine:
+        reader = await rig.consume(rig.engine.generate(r), pace_ns=2_300)
     expected = [
         (T0 + 2_300, Delivery(want[0:2])),
         (T0 + 4_600, Delivery(want[2:4])),
@@ -212,13 +189,9 @@ async def test_stage2_a_reader_that_takes_nothing_does_not_slow_the_others() -> 
     rig = Rig()
     idle, busy = request("idle", 3, 8), request("busy", 3, 6)
     want = rig.expected([busy])["busy"]
-    async with rig.engine, anyio.create_task_group() as tg:
+    async with rig.engine:
         rig.engine.generate(idle)  # nobody reads it
-        reader = Reader(rig.engine.generate(busy), rig.clock)
-        tg.start_soon(reader.run)
-        await rig.time.run_until(
-            lambda: reader.ended != "reading", within_ns=WITHIN, what="the busy stream to end"
-        )
+        reader = await rig.consume(rig.engine.generate(busy), "the busy stream to end")
     times = [at - T0 for at, _ in reader.taken]
     assert times == [STEP_NS * (i + 1) for i in range(len(want))], (
         "the loop never waits for a reader: the busy reader gets a token at every step's "
@@ -536,13 +509,9 @@ async def test_stage2_a_finished_request_is_never_stalled() -> None:
     rig = Rig(max_stall_ns=2 * STEP_NS)
     short, long = request("short", 3, 2), request("long", 3, 12)
     want = rig.expected([short])["short"]
-    async with rig.engine, anyio.create_task_group() as tg:
+    async with rig.engine:
         stream = rig.engine.generate(short)
-        reader = Reader(rig.engine.generate(long), rig.clock)
-        tg.start_soon(reader.run)
-        await rig.time.run_until(
-            lambda: reader.ended != "reading", within_ns=WITHIN, what="the long stream to end"
-        )
+        await rig.consume(rig.engine.generate(long), "the long stream to end")
         got = await take(stream, "a read of the finished request, long after it finished")
     assert got == Delivery(want, "length"), (
         "a request that finished is not aborted for a slow reader (it holds no blocks, "
@@ -563,12 +532,8 @@ async def test_stage2_a_deadline_ends_the_stream_with_reason_deadline(
     deadline = T0 + 3 * STEP_NS + offset
     r = request("a", 3, 9, deadline_ns=deadline)
     want = rig.expected([r])["a"][:tokens]
-    async with rig.engine, anyio.create_task_group() as tg:
-        reader = Reader(rig.engine.generate(r), rig.clock)
-        tg.start_soon(reader.run)
-        await rig.time.run_until(
-            lambda: reader.ended != "reading", within_ns=WITHIN, what="the stream to end"
-        )
+    async with rig.engine:
+        reader = await rig.consume(rig.engine.generate(r))
     assert reader.tokens == want and reader.reason == "deadline", (
         f"deadline +{deadline - T0}: the first step at or past it finishes the request; "
         f"expected {list(want)} then reason 'deadline', got {show(reader.taken)}"

@@ -24,6 +24,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import SETTLE_S, settle
 from katas._runtime.clock import ManualClock
@@ -53,9 +54,6 @@ if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
 pytestmark = [pytest.mark.stage(2), pytest.mark.anyio]
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
 
 
 # -- the request batcher: a full batch is sent at once ------------------------------

@@ -15,16 +15,19 @@ prefix-transparency · prefix-stage1 · prefix-statistics · prefix-bad-input.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from katas._harness.marks import extended, rule
 from katas._harness.profiles import examples
 from katas._harness.story import Story, check
 from katas._harness.under_test import stage
 from katas._harness.walks import walked
+from katas.dynamic_batcher._testing.configs import bad_configurations, expect_refused_by_name
 from katas.dynamic_batcher._testing.prefix import (
     S,
     prefix_model,
@@ -33,7 +36,13 @@ from katas.dynamic_batcher._testing.prefix import (
 )
 from katas.dynamic_batcher._testing.prefix_machine import PREFIX_WALKS, PrefixCacheMachine
 from katas.dynamic_batcher._testing.rules import BatchingRules, step_of
-from katas.dynamic_batcher._testing.trace import STEP_NS, ceil_div, unbatched
+from katas.dynamic_batcher._testing.trace import (
+    STEP_NS,
+    ceil_div,
+    draw_run_config,
+    draw_submission,
+    unbatched,
+)
 from katas.dynamic_batcher._testing.workload import shared_prefixes
 from katas.dynamic_batcher.api import (
     PrefixCacheStatistics,
@@ -42,9 +51,6 @@ from katas.dynamic_batcher.api import (
 )
 
 pytestmark = [pytest.mark.stage(2), pytest.mark.anyio]
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
 
 
 # -- prefix caching: the worked example, step by step ----------------------------------
@@ -561,27 +567,15 @@ def distinct_prompt_runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[in
     at their longest (nobody is preempted, so nothing is ever looked up twice): what
     happens before each step — submissions (some with a priority, a stop token or a
     deadline) and aborts."""
-    block_size = draw(st.integers(1, 4), label="block_size")
-    seqs = draw(st.integers(1, 4), label="max_num_seqs")
-    config: dict[str, Any] = {
-        "block_size": block_size,
-        "max_num_seqs": seqs,
-        "max_num_batched_tokens": draw(st.integers(seqs, 12), label="budget"),
-        "policy": draw(st.sampled_from(["fcfs", "priority"]), label="policy"),
-    }
+    config = draw_run_config(draw)
+    block_size = config["block_size"]
     events: list[tuple[int, str, Any]] = []
     pool = 0
     for i in range(draw(st.integers(1, 8), label="requests")):
         prompt, new = toks(100 * i + 1, draw(st.integers(1, 14))), draw(st.integers(1, 8))
         pool += ceil_div(len(prompt) + new - 1, block_size)
         at = draw(st.integers(1, 8))
-        options: dict[str, Any] = {"priority": draw(st.integers(0, 2))}
-        if draw(st.booleans()):
-            options["deadline_ns"] = (at + draw(st.integers(0, 12))) * STEP_NS
-        r = Request(f"r{i}", prompt, new, **options)
-        if draw(st.booleans()):  # stop at its own 2nd token: some stop early, some never
-            stop = {unbatched(r, block_size)[:2][-1]}
-            r = Request(f"r{i}", prompt, new, stop_tokens=stop, **options)
+        r = draw_submission(draw, Request(f"r{i}", prompt, new), at, block_size)
         events.append((at, "submit", r))
         if draw(st.integers(0, 4)) == 0:
             events.append((at + draw(st.integers(0, 6)), "abort", r.rid))
@@ -647,31 +641,16 @@ TestStage2PrefixCacheMatchesTheModel.settings = settings(stateful_step_count=40)
 @pytest.mark.parametrize(
     ("name", "options"),
     [
-        pytest.param("max_num_seqs", {"max_num_seqs": 0}, id="no-seqs"),
-        pytest.param("max_num_batched_tokens", {"max_num_batched_tokens": 0}, id="no-budget"),
-        pytest.param(
-            "max_num_batched_tokens",
-            {"max_num_seqs": 8, "max_num_batched_tokens": 7},
-            id="budget-under-the-seqs",
-        ),
+        *bad_configurations(num_blocks=16),
         pytest.param("max_num_seqs", {"max_num_seqs": True}, id="seqs-a-bool"),
-        pytest.param("num_blocks", {"num_blocks": 15}, id="not-the-models-pool"),
-        pytest.param("block_size", {"block_size": 8}, id="not-the-models-blocks"),
-        pytest.param("policy", {"policy": "lifo"}, id="unknown-policy"),
     ],
 )
 def test_stage2_prefix_bad_configurations_are_refused_by_name(
     name: str, options: dict[str, Any]
 ) -> None:
-    m = prefix_model()
     config = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "num_blocks": 16, "block_size": 4}
-    config.update(options)
-    with pytest.raises((ValueError, TypeError)) as caught:
-        stage().PrefixCachingBatcher(m, **config)
-    check(
-        name in str(caught.value),
-        f"prefix-bad-input: {options} must be refused naming {name!r}, got {caught.value!r}",
-    )
+    batcher = partial(stage().PrefixCachingBatcher, prefix_model())
+    expect_refused_by_name(batcher, config, name, options, "prefix-bad-input")
 
 
 @extended

@@ -30,24 +30,20 @@ import anyio
 import anyio.abc
 import pytest
 
-from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, request
-from katas.dynamic_batcher._testing.fleet import WITHIN, Fleet, expect_whole, serving
-from katas.dynamic_batcher._testing.routes import shared
-from katas.dynamic_batcher.api import (
-    Overloaded,
-    ReplicaError,
-    Request,
-    RouterStatistics,
+from katas._harness.marks import anyio_test, core, extended, rule
+from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, expect_ending, request
+from katas.dynamic_batcher._testing.fleet import (
+    PROBE_TIMEOUT,
+    STALL,
+    WITHIN,
+    Fleet,
+    expect_whole,
+    serving,
 )
+from katas.dynamic_batcher._testing.routes import shared
+from katas.dynamic_batcher.api import Overloaded, ReplicaError, Request, RouterStatistics
 
 pytestmark = [pytest.mark.stage(3)]
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
-anyio_test = pytest.mark.anyio
-
-STALL = 50 * STEP_NS
-PROBE_TIMEOUT = 20 * STEP_NS
 
 
 @core
@@ -57,22 +53,12 @@ async def test_stage3_each_client_gets_what_its_request_generates() -> None:
     fleet = Fleet()
     reqs = [request(f"r{i}", 5 + i, 6 + i, stop_tokens={3} if i == 2 else ()) for i in range(5)]
     want = fleet.expected(reqs)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, reqs, tg)
-            await fleet.finish(readers)
+    readers, _ = await fleet.serve(reqs)
     expect_whole(readers, want, "five requests over three healthy replicas")
     for rid, reader in readers.items():
-        want_reason = "stop" if want[rid] and want[rid][-1] == 3 and rid == "r2" else "length"
-        assert reader.reason == want_reason, (
-            f"request {rid}: the last delivery carries the finish reason the replica sent: "
-            f"expected {want_reason!r}, got {reader.reason!r}"
-        )
-        assert all(d.finish_reason is None for _, d in reader.taken[:-1]), (
-            f"request {rid}: only the last delivery carries a finish reason"
-        )
-        assert reader.ended == "end", f"request {rid}: after the last delivery, the iteration stops"
+        # the finish reason the replica sent
+        stopped = want[rid] and want[rid][-1] == 3 and rid == "r2"
+        expect_ending(rid, reader, "stop" if stopped else "length")
 
 
 @core
@@ -82,23 +68,21 @@ async def test_stage3_a_slow_client_gets_what_arrived_merged_into_one_read() -> 
     fleet = Fleet()
     r = request("slow", 4, 8)
     want = fleet.expected([r])["slow"]
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router):
-            stream = router.generate(r)
-            await fleet.time.advance_to(T0 + 3 * STEP_NS)
-            first = await stream.__anext__()
-            assert first.tokens == want[:3] and first.finish_reason is None, (
-                "three tokens arrived while the client read nothing: one read returns all "
-                f"three, merged.\n  expected {list(want[:3])}\n  got      {first}"
-            )
-            await fleet.time.advance_to(T0 + 20 * STEP_NS)
-            last = await stream.__anext__()
-            assert last.tokens == want[3:] and last.finish_reason == "length", (
-                f"the rest, with the finish reason: expected {list(want[3:])} 'length', got {last}"
-            )
-            with pytest.raises(StopAsyncIteration):
-                await stream.__anext__()
+    async with fleet.routing() as clients:
+        stream = clients.router.generate(r)
+        await fleet.time.advance_to(T0 + 3 * STEP_NS)
+        first = await stream.__anext__()
+        assert first.tokens == want[:3] and first.finish_reason is None, (
+            "three tokens arrived while the client read nothing: one read returns all "
+            f"three, merged.\n  expected {list(want[:3])}\n  got      {first}"
+        )
+        await fleet.time.advance_to(T0 + 20 * STEP_NS)
+        last = await stream.__anext__()
+        assert last.tokens == want[3:] and last.finish_reason == "length", (
+            f"the rest, with the finish reason: expected {list(want[3:])} 'length', got {last}"
+        )
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
 
 
 @core
@@ -107,23 +91,21 @@ async def test_stage3_a_slow_client_gets_what_arrived_merged_into_one_read() -> 
 async def test_stage3_the_router_charges_a_replica_until_the_first_token_then_the_budget() -> None:
     fleet = Fleet()
     r = request("r", 10, 6)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router):
-            stream = router.generate(r)
-            load = router.statistics().outstanding
-            assert load == {"a": 16, "b": 0, "c": 0}, (
-                f"at generate(): a 10-token prompt with budget 6 weighs 16 on 'a'; got {load}"
-            )
-            await fleet.time.advance_to(T0 + STEP_NS)
-            load = router.statistics().outstanding
-            assert load["a"] == 5, (
-                f"the first token arrived at +{STEP_NS} ns: the prompt is done, 5 tokens of "
-                f"budget left; expected load 5, got {load}"
-            )
-            await fleet.time.advance_to(T0 + 6 * STEP_NS)
-            assert router.statistics().outstanding["a"] == 0
-            await fleet.consume(stream)
+    async with fleet.routing() as clients:
+        stream = clients.router.generate(r)
+        load = clients.router.statistics().outstanding
+        assert load == {"a": 16, "b": 0, "c": 0}, (
+            f"at generate(): a 10-token prompt with budget 6 weighs 16 on 'a'; got {load}"
+        )
+        await fleet.time.advance_to(T0 + STEP_NS)
+        load = clients.router.statistics().outstanding
+        assert load["a"] == 5, (
+            f"the first token arrived at +{STEP_NS} ns: the prompt is done, 5 tokens of "
+            f"budget left; expected load 5, got {load}"
+        )
+        await fleet.time.advance_to(T0 + 6 * STEP_NS)
+        assert clients.router.statistics().outstanding["a"] == 0
+        await fleet.consume(stream)
 
 
 # -- admission -----------------------------------------------------------------------------
@@ -134,28 +116,26 @@ async def test_stage3_the_router_charges_a_replica_until_the_first_token_then_th
 @anyio_test
 async def test_stage3_admission_takes_the_budget_exactly_and_refuses_one_token_more() -> None:
     fleet = Fleet()
-    async with fleet.running():
-        router = fleet.router(max_outstanding_tokens=40, retry_after_ns=777)
-        async with serving(router):
-            s1 = router.generate(request("r1", 10, 10))  # 20
-            try:
-                s2 = router.generate(request("r2", 10, 10))  # 40: exactly the budget
-            except Overloaded as exc:
-                raise AssertionError(
-                    "r1 weighs 20 and r2 20: 40 tokens outstanding is exactly "
-                    f"max_outstanding_tokens=40, and reaching it is admitted; got {exc!r}"
-                ) from None
-            with pytest.raises(Overloaded) as refused:
-                router.generate(request("r3", 1, 1))
-            assert refused.value.retry_after_ns == 777, (
-                "the router's 429 carries retry_after_ns as configured: expected 777, got "
-                f"{refused.value.retry_after_ns}"
-            )
-            assert router.statistics().refused == 1
-            await fleet.time.advance_to(T0 + STEP_NS)  # both past their prefill: 9 + 9
-            s3 = router.generate(request("r3", 10, 10))  # 18 + 20 = 38
-            for s in (s1, s2, s3):
-                await fleet.consume(s)
+    async with fleet.routing(max_outstanding_tokens=40, retry_after_ns=777) as clients:
+        s1 = clients.router.generate(request("r1", 10, 10))  # 20
+        try:
+            s2 = clients.router.generate(request("r2", 10, 10))  # 40: exactly the budget
+        except Overloaded as exc:
+            raise AssertionError(
+                "r1 weighs 20 and r2 20: 40 tokens outstanding is exactly "
+                f"max_outstanding_tokens=40, and reaching it is admitted; got {exc!r}"
+            ) from None
+        with pytest.raises(Overloaded) as refused:
+            clients.router.generate(request("r3", 1, 1))
+        assert refused.value.retry_after_ns == 777, (
+            "the router's 429 carries retry_after_ns as configured: expected 777, got "
+            f"{refused.value.retry_after_ns}"
+        )
+        assert clients.router.statistics().refused == 1
+        await fleet.time.advance_to(T0 + STEP_NS)  # both past their prefill: 9 + 9
+        s3 = clients.router.generate(request("r3", 10, 10))  # 18 + 20 = 38
+        for s in (s1, s2, s3):
+            await fleet.consume(s)
 
 
 @core
@@ -163,17 +143,15 @@ async def test_stage3_admission_takes_the_budget_exactly_and_refuses_one_token_m
 @anyio_test
 async def test_stage3_admission_refuses_what_could_never_fit_and_a_duplicate_id() -> None:
     fleet = Fleet()
-    async with fleet.running():
-        router = fleet.router(max_outstanding_tokens=40)
-        async with serving(router):
-            with pytest.raises(ValueError, match="max_outstanding_tokens"):
-                router.generate(request("huge", 30, 11))
-            s = router.generate(request("r1", 3, 3))
-            with pytest.raises(ValueError, match="r1"):
-                router.generate(request("r1", 3, 3))
-            await fleet.consume(s)
-            s = router.generate(request("r1", 3, 3))  # finished: the id is free again
-            await fleet.consume(s)
+    async with fleet.routing(max_outstanding_tokens=40) as clients:
+        with pytest.raises(ValueError, match="max_outstanding_tokens"):
+            clients.router.generate(request("huge", 30, 11))
+        s = clients.router.generate(request("r1", 3, 3))
+        with pytest.raises(ValueError, match="r1"):
+            clients.router.generate(request("r1", 3, 3))
+        await fleet.consume(s)
+        s = clients.router.generate(request("r1", 3, 3))  # finished: the id is free again
+        await fleet.consume(s)
 
 
 @core
@@ -181,13 +159,11 @@ async def test_stage3_admission_refuses_what_could_never_fit_and_a_duplicate_id(
 @anyio_test
 async def test_stage3_no_replica_up_and_not_draining_is_a_replica_error() -> None:
     fleet = Fleet(names=("a", "b"))
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router):
-            router.replicas.drain("a")
-            router.replicas.mark_down("b")
-            with pytest.raises(ReplicaError):
-                router.generate(request("r1", 3, 3))
+    async with fleet.routing() as clients:
+        clients.router.replicas.drain("a")
+        clients.router.replicas.mark_down("b")
+        with pytest.raises(ReplicaError):
+            clients.router.generate(request("r1", 3, 3))
 
 
 # -- replicas that refuse -----------------------------------------------------------------------
@@ -201,12 +177,7 @@ async def test_stage3_a_replica_that_refuses_is_skipped_not_failed() -> None:
     r = request("r", 4, 4)
     want = fleet.expected([r])
     fleet["a"].refuse(1, 5_000)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.finish(readers)
-            stats = router.statistics()
+    readers, stats = await fleet.serve([r])
     expect_whole(readers, want, "a answered 429 at the first read")
     assert [x.rid for x in fleet["b"].seen] == ["r#1"], (
         "a refused: the request goes to the next replica, b, as its second attempt (id "
@@ -224,17 +195,15 @@ async def test_stage3_when_every_replica_refuses_the_read_raises_the_smallest_re
     fleet = Fleet()
     for name, hint in (("a", 9_000), ("b", 4_000), ("c", 6_000)):
         fleet[name].refuse(1, hint)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router):
-            stream = router.generate(request("r", 4, 4))
-            with pytest.raises(Overloaded) as refused:
-                await stream.__anext__()
-            assert refused.value.retry_after_ns == 4_000, (
-                "a, b and c answered 429 with hints 9000, 4000 and 6000 ns: the client may "
-                f"retry at the first of them, 4000; got {refused.value.retry_after_ns}"
-            )
-            assert router.statistics().down == ()
+    async with fleet.routing() as clients:
+        stream = clients.router.generate(request("r", 4, 4))
+        with pytest.raises(Overloaded) as refused:
+            await stream.__anext__()
+        assert refused.value.retry_after_ns == 4_000, (
+            "a, b and c answered 429 with hints 9000, 4000 and 6000 ns: the client may "
+            f"retry at the first of them, 4000; got {refused.value.retry_after_ns}"
+        )
+        assert clients.router.statistics().down == ()
 
 
 # -- failover ----------------------------------------------------------------------------------
@@ -248,36 +217,32 @@ async def test_stage3_a_replica_dying_mid_stream_is_continued_elsewhere_exactly_
     r = request("r", 9, 12, priority=3, stop_tokens={1_001})  # a stop token never generated
     want = fleet.expected([r])
     fleet["a"].die_after("r", 5)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.time.advance_to(T0 + 5 * STEP_NS)
-            first = [(x.rid, x.priority, x.stop_tokens) for x in fleet["a"].seen]
-            assert first == [("r", 3, frozenset({1_001}))], (
-                "the first attempt is the request itself, its priority and stop tokens "
-                f"included: a saw {first}"
-            )
-            seen = [
-                (x.rid, x.prompt, x.max_new_tokens, x.priority, x.stop_tokens)
-                for x in fleet["b"].seen
-            ]
-            resubmitted = ("r#1", r.prompt + want["r"][:5], 12 - 5, 3, frozenset({1_001}))
-            assert seen == [resubmitted], (
-                "a died as the 5th token of r reached the router: at that instant r is sent "
-                "to b as its prompt plus the 5 tokens already streamed, with 7 tokens of "
-                "budget left, its priority and stop tokens, under the id of its second "
-                "attempt, 'r#1' (id, prompt, budget, priority, stop tokens).\n  expected b to see "
-                f"{[resubmitted]}\n  b saw            {seen}"
-            )
-            loads = router.statistics().outstanding
-            assert loads == {"a": 0, "b": 9 + 5 + 7, "c": 0}, (
-                "at the failover a's charge is released and b is charged for the resubmission: "
-                f"its 14-token prompt and 7 tokens of budget. Expected {{'a': 0, 'b': 21, "
-                f"'c': 0}}, got {loads}"
-            )
-            await fleet.finish(readers)
-    expect_whole(readers, want, "a died after streaming 5 of 12 tokens")
+    async with fleet.routing([r]) as clients:
+        await fleet.time.advance_to(T0 + 5 * STEP_NS)
+        first = [(x.rid, x.priority, x.stop_tokens) for x in fleet["a"].seen]
+        assert first == [("r", 3, frozenset({1_001}))], (
+            "the first attempt is the request itself, its priority and stop tokens "
+            f"included: a saw {first}"
+        )
+        seen = [
+            (x.rid, x.prompt, x.max_new_tokens, x.priority, x.stop_tokens) for x in fleet["b"].seen
+        ]
+        resubmitted = ("r#1", r.prompt + want["r"][:5], 12 - 5, 3, frozenset({1_001}))
+        assert seen == [resubmitted], (
+            "a died as the 5th token of r reached the router: at that instant r is sent "
+            "to b as its prompt plus the 5 tokens already streamed, with 7 tokens of "
+            "budget left, its priority and stop tokens, under the id of its second "
+            "attempt, 'r#1' (id, prompt, budget, priority, stop tokens).\n  expected b to see "
+            f"{[resubmitted]}\n  b saw            {seen}"
+        )
+        loads = clients.router.statistics().outstanding
+        assert loads == {"a": 0, "b": 9 + 5 + 7, "c": 0}, (
+            "at the failover a's charge is released and b is charged for the resubmission: "
+            f"its 14-token prompt and 7 tokens of budget. Expected {{'a': 0, 'b': 21, "
+            f"'c': 0}}, got {loads}"
+        )
+        await clients.finish()
+    expect_whole(clients.readers, want, "a died after streaming 5 of 12 tokens")
 
 
 @extended
@@ -289,14 +254,11 @@ async def test_stage3_a_replica_that_had_the_request_takes_it_again_under_a_new_
     want = fleet.expected([r])
     fleet["a"].break_stream("r", after=2)  # a lives on, marked down
     fleet["b"].die_after("r", 3)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.time.advance_to(T0 + 2 * STEP_NS)
-            await router.check_health()  # a answers: up again
-            await fleet.finish(readers)
-    expect_whole(readers, want, "a broke r's stream at token 2; b died at r's 5th token")
+    async with fleet.routing([r]) as clients:
+        await fleet.time.advance_to(T0 + 2 * STEP_NS)
+        await clients.router.check_health()  # a answers: up again
+        await clients.finish()
+    expect_whole(clients.readers, want, "a broke r's stream at token 2; b died at r's 5th token")
     ids = [x.rid for x in fleet["a"].seen]
     assert ids == ["r", "r#2"], (
         "r came back to a on its third attempt: a replica refuses an id it has seen, so every "
@@ -311,31 +273,27 @@ async def test_stage3_every_request_on_a_dead_replica_fails_over_at_that_instant
     fleet = Fleet(names=("a", "b", "c"))
     reqs = [request(f"r{i}", 4 + i, 10) for i in range(6)]  # two per replica
     want = fleet.expected(reqs)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, reqs, tg)
-            on_a = sorted(x.rid for x in fleet["a"].seen) or sorted(
-                rid for rid in want if router.replicas.replica_of(rid) == "a"
-            )
-            await fleet.time.advance_to(T0 + 3 * STEP_NS + 1)
-            on_a = sorted(x.rid for x in fleet["a"].seen)
-            assert len(on_a) == 2, f"expected two requests on a, got {on_a}"
-            fleet["a"].kill()
-            await fleet.time.settle()
-            moved = sorted(
-                x.rid.partition("#")[0]
-                for n in ("b", "c")
-                for x in fleet[n].seen
-                if x.rid.partition("#")[0] in on_a
-            )
-            assert moved == on_a, (
-                f"a was killed at +{3 * STEP_NS + 1} ns with {on_a} in flight: each fails over "
-                f"at that instant, once. Resubmitted by then: {moved}"
-            )
-            await fleet.finish(readers)
-            stats = router.statistics()
-    expect_whole(readers, want, "a killed with two requests in flight")
+    async with fleet.routing(reqs) as clients:
+        on_a = sorted(x.rid for x in fleet["a"].seen) or sorted(
+            rid for rid in want if clients.router.replicas.replica_of(rid) == "a"
+        )
+        await fleet.time.advance_to(T0 + 3 * STEP_NS + 1)
+        on_a = sorted(x.rid for x in fleet["a"].seen)
+        assert len(on_a) == 2, f"expected two requests on a, got {on_a}"
+        fleet["a"].kill()
+        await fleet.time.settle()
+        moved = sorted(
+            x.rid.partition("#")[0]
+            for n in ("b", "c")
+            for x in fleet[n].seen
+            if x.rid.partition("#")[0] in on_a
+        )
+        assert moved == on_a, (
+            f"a was killed at +{3 * STEP_NS + 1} ns with {on_a} in flight: each fails over "
+            f"at that instant, once. Resubmitted by then: {moved}"
+        )
+        stats = await clients.finish()
+    expect_whole(clients.readers, want, "a killed with two requests in flight")
     assert stats.failovers == 2 and stats.down == ("a",), (
         f"two failovers, a down: got failovers={stats.failovers}, down={stats.down}"
     )
@@ -349,12 +307,7 @@ async def test_stage3_a_broken_answer_is_a_replica_failure_not_a_crash() -> None
     r = request("r", 6, 9)
     want = fleet.expected([r])
     fleet["a"].break_stream("r", after=3)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.finish(readers)
-            stats = router.statistics()
+    readers, stats = await fleet.serve([r])
     expect_whole(readers, want, "a's answer broke (a truncated event) after 3 tokens")
     assert stats.down == ("a",), f"a replica whose answer broke is down: got down={stats.down}"
 
@@ -370,12 +323,7 @@ async def test_stage3_a_replica_dying_after_its_last_token_ends_the_stream_unres
     r = request("r", 5, 6)
     want = fleet.expected([r])
     fleet["a"].die_after("r", 6)
-    async with fleet.running():
-        router = fleet.router(max_failovers=max_failovers)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.finish(readers)
-            stats = router.statistics()
+    readers, stats = await fleet.serve([r], max_failovers=max_failovers)
     story = (
         f"a died right after the 6th and last token, before its finish event "
         f"(max_failovers={max_failovers})"
@@ -403,11 +351,7 @@ async def test_stage3_a_replica_dying_right_after_a_stop_token_ends_the_stream_w
     k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])  # a fresh token
     r = request("r", 6, 12, stop_tokens={tokens[k]})
     fleet["a"].die_after("r", k + 1)  # dies with the stop token, before its finish event
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.finish(readers)
+    readers, _ = await fleet.serve([r])
     expect_whole(readers, {"r": tokens[: k + 1]}, f"a died as stop token {tokens[k]} arrived")
     assert readers["r"].reason == "stop", (
         f"the last token accepted was a stop token: the request is over, reason 'stop'; "
@@ -424,33 +368,28 @@ async def test_stage3_a_stream_that_breaks_moves_every_request_off_its_replica()
     fleet = Fleet()
     reqs = [request("r1", 4, 12), request("r2", 5, 12), request("r3", 6, 12)]
     want = fleet.expected(reqs)
-    async with fleet.running():
-        router = fleet.router(balance_abs_tokens=1_000)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, reqs[:2], tg)  # r1 on a, r2 on b
-            router.replicas.drain("b")
-            router.replicas.drain("c")
-            readers |= fleet.start(router, reqs[2:], tg)  # r3 on a too
-            router.replicas.restore("b")
-            router.replicas.restore("c")
-            on_a = sorted(x.rid for x in fleet["a"].seen) or ["r1", "r3"]
-            fleet["a"].break_stream("r1", after=3)  # only r1's answer breaks; a lives on
+    async with fleet.routing(reqs[:2], balance_abs_tokens=1_000) as clients:  # r1 on a, r2 on b
+        clients.router.replicas.drain("b")
+        clients.router.replicas.drain("c")
+        clients.start(reqs[2:])  # r3 on a too
+        clients.router.replicas.restore("b")
+        clients.router.replicas.restore("c")
+        on_a = sorted(x.rid for x in fleet["a"].seen) or ["r1", "r3"]
+        fleet["a"].break_stream("r1", after=3)  # only r1's answer breaks; a lives on
 
-            def resubmitted() -> list[str]:
-                return sorted(
-                    x.rid for n in ("b", "c") for x in fleet[n].seen if x.rid.endswith("#1")
-                )
+        def resubmitted() -> list[str]:
+            return sorted(x.rid for n in ("b", "c") for x in fleet[n].seen if x.rid.endswith("#1"))
 
-            await fleet.time.run_until(
-                lambda: bool(resubmitted()), within_ns=WITHIN, what="r1's stream to break"
-            )
-            assert resubmitted() == ["r1#1", "r3#1"], (
-                "r1 and r3 ran on a; r1's stream broke after 3 tokens: a is down, so every "
-                f"request on it fails over at that instant, r3 too. Resubmitted: {resubmitted()}"
-            )
-            await fleet.finish(readers)
+        await fleet.time.run_until(
+            lambda: bool(resubmitted()), within_ns=WITHIN, what="r1's stream to break"
+        )
+        assert resubmitted() == ["r1#1", "r3#1"], (
+            "r1 and r3 ran on a; r1's stream broke after 3 tokens: a is down, so every "
+            f"request on it fails over at that instant, r3 too. Resubmitted: {resubmitted()}"
+        )
+        await clients.finish()
     assert sorted(on_a) == ["r1", "r3"]
-    expect_whole(readers, want, "r1's stream on a broke after 3 tokens; r3 was on a too")
+    expect_whole(clients.readers, want, "r1's stream on a broke after 3 tokens; r3 was on a too")
 
 
 @extended
@@ -461,27 +400,25 @@ async def test_stage3_a_stream_that_ends_in_error_first_delivers_what_it_accepte
     r = request("r", 4, 12)
     want = fleet.expected([r])["r"]
     fleet["a"].die_after("r", 3)
-    async with fleet.running():
-        router = fleet.router(max_failovers=0)
-        async with serving(router):
-            stream = router.generate(r)
-            await fleet.time.advance_to(T0 + 10 * STEP_NS)  # the client read nothing yet
-            try:
-                first = await stream.__anext__()
-            except ReplicaError as exc:
-                raise AssertionError(
-                    "the stream ended in error after the router accepted 3 tokens the client "
-                    f"had not read: its first read delivers them; it raised {exc!r} instead"
-                ) from None
-            assert first.tokens == want[:3], (
-                "a died after 3 tokens and max_failovers=0 ends the stream in error; the "
-                "client, which had read nothing, first gets the 3 tokens the router "
-                f"accepted. Expected {list(want[:3])}, got {first}"
-            )
-            with pytest.raises(ReplicaError):
-                await stream.__anext__()
-            with pytest.raises(StopAsyncIteration):
-                await stream.__anext__()
+    async with fleet.routing(max_failovers=0) as clients:
+        stream = clients.router.generate(r)
+        await fleet.time.advance_to(T0 + 10 * STEP_NS)  # the client read nothing yet
+        try:
+            first = await stream.__anext__()
+        except ReplicaError as exc:
+            raise AssertionError(
+                "the stream ended in error after the router accepted 3 tokens the client "
+                f"had not read: its first read delivers them; it raised {exc!r} instead"
+            ) from None
+        assert first.tokens == want[:3], (
+            "a died after 3 tokens and max_failovers=0 ends the stream in error; the "
+            "client, which had read nothing, first gets the 3 tokens the router "
+            f"accepted. Expected {list(want[:3])}, got {first}"
+        )
+        with pytest.raises(ReplicaError):
+            await stream.__anext__()
+        with pytest.raises(StopAsyncIteration):
+            await stream.__anext__()
 
 
 @extended
@@ -493,11 +430,7 @@ async def test_stage3_the_router_accepts_no_token_past_the_budget() -> None:
     want = fleet.expected([r])
     for sim in fleet.replicas.values():
         sim.babble("r")  # its last event carries a 7th token
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.finish(readers)
+    readers, _ = await fleet.serve([r])
     expect_whole(readers, want, "the replica sent 7 tokens for max_new_tokens=6")
 
 
@@ -510,11 +443,7 @@ async def test_stage3_a_failover_forgets_the_refusals_before_it() -> None:
     want = fleet.expected([r])
     fleet["a"].refuse(1, 5_000)  # a refuses once: r goes to b
     fleet["b"].die_after("r", 0)  # b dies before r's first event
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.finish(readers)
+    readers, _ = await fleet.serve([r])
     expect_whole(
         readers,
         want,
@@ -533,11 +462,7 @@ async def test_stage3_a_request_fails_over_at_most_max_failovers_times() -> None
         want = fleet.expected([r])
         fleet["a"].die_after("r", 2)
         fleet["b"].die_after("r", 2)  # b's own 2nd token: the request's 4th
-        async with fleet.running():
-            router = fleet.router(max_failovers=cap)
-            async with serving(router), anyio.create_task_group() as tg:
-                readers = fleet.start(router, [r], tg)
-                await fleet.finish(readers)
+        readers, _ = await fleet.serve([r], max_failovers=cap)
         reader = readers["r"]
         if survives:
             expect_whole(readers, want, "a died at token 2, b at token 4, max_failovers=2")
@@ -561,30 +486,27 @@ async def test_stage3_a_silent_replica_is_presumed_dead_at_the_stall_timeout() -
     fleet = Fleet()
     r, other = request("r", 6, 12), request("other", 3, 80)
     want = fleet.expected([r, other])
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r, other], tg)
-            await fleet.time.advance_to(T0 + 4 * STEP_NS)  # the 4th token arrives
-            assert router.replicas.replica_of("other") == "b"
-            fleet["a"].stop()
-            last = T0 + 4 * STEP_NS
-            await fleet.time.advance_to(last + STALL - 1)
-            assert fleet["c"].seen == [], (
-                f"a's last event was at +{4 * STEP_NS} ns; at {STALL - 1} ns of silence "
-                f"(stall_timeout_ns={STALL}) it is not yet presumed dead"
-            )
-            await fleet.time.advance_to(last + STALL)
-            assert [x.rid for x in fleet["c"].seen] == ["r#1"], (
-                f"at exactly {STALL} ns of silence a is presumed dead and r fails over to c "
-                "(b carries 'other')"
-            )
-            assert router.statistics().down == ("a",)
-            assert router.replicas.replica_of("other") == "b", (
-                "only the silent replica's requests move: 'other' streams on from b"
-            )
-            await fleet.finish(readers)
-    expect_whole(readers, want, "a stopped after 4 tokens, while b streamed on")
+    async with fleet.routing([r, other], stall_timeout_ns=STALL) as clients:
+        await fleet.time.advance_to(T0 + 4 * STEP_NS)  # the 4th token arrives
+        assert clients.router.replicas.replica_of("other") == "b"
+        fleet["a"].stop()
+        last = T0 + 4 * STEP_NS
+        await fleet.time.advance_to(last + STALL - 1)
+        assert fleet["c"].seen == [], (
+            f"a's last event was at +{4 * STEP_NS} ns; at {STALL - 1} ns of silence "
+            f"(stall_timeout_ns={STALL}) it is not yet presumed dead"
+        )
+        await fleet.time.advance_to(last + STALL)
+        assert [x.rid for x in fleet["c"].seen] == ["r#1"], (
+            f"at exactly {STALL} ns of silence a is presumed dead and r fails over to c "
+            "(b carries 'other')"
+        )
+        assert clients.router.statistics().down == ("a",)
+        assert clients.router.replicas.replica_of("other") == "b", (
+            "only the silent replica's requests move: 'other' streams on from b"
+        )
+        await clients.finish()
+    expect_whole(clients.readers, want, "a stopped after 4 tokens, while b streamed on")
 
 
 @extended
@@ -595,19 +517,16 @@ async def test_stage3_silence_is_counted_from_the_attempts_start() -> None:
     r = request("r", 6, 5)
     want = fleet.expected([r])
     fleet["a"].stop()
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.time.advance_to(T0 + STALL - 1)
-            assert fleet["b"].seen == [], "no failover before the timeout"
-            await fleet.time.advance_to(T0 + STALL)
-            assert [x.rid for x in fleet["b"].seen] == ["r#1"], (
-                "a stopped before its first token: silence counts from the attempt's start, "
-                f"so r fails over at +{STALL} ns"
-            )
-            await fleet.finish(readers)
-    expect_whole(readers, want, "a was stopped from the start")
+    async with fleet.routing([r], stall_timeout_ns=STALL) as clients:
+        await fleet.time.advance_to(T0 + STALL - 1)
+        assert fleet["b"].seen == [], "no failover before the timeout"
+        await fleet.time.advance_to(T0 + STALL)
+        assert [x.rid for x in fleet["b"].seen] == ["r#1"], (
+            "a stopped before its first token: silence counts from the attempt's start, "
+            f"so r fails over at +{STALL} ns"
+        )
+        await clients.finish()
+    expect_whole(clients.readers, want, "a was stopped from the start")
 
 
 @extended
@@ -617,12 +536,7 @@ async def test_stage3_a_replica_that_keeps_streaming_is_never_presumed_dead() ->
     fleet = Fleet()
     r = request("long", 4, 200)  # 200 steps, far longer than the stall timeout
     want = fleet.expected([r])
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.finish(readers)
-            stats = router.statistics()
+    readers, stats = await fleet.serve([r], stall_timeout_ns=STALL)
     expect_whole(readers, want, "one long healthy stream")
     assert stats.failovers == 0 and stats.down == (), (
         f"silence is measured from the last event, not the start: got {stats}"
@@ -636,12 +550,7 @@ async def test_stage3_a_request_waiting_in_a_busy_replicas_queue_is_not_silence(
     fleet = Fleet(names=("a",), replica={"max_num_seqs": 1})
     reqs = [request("first", 3, 4 * STALL // STEP_NS), request("queued", 3, 5)]
     want = fleet.expected(reqs)
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, reqs, tg)
-            await fleet.finish(readers)
-            stats = router.statistics()
+    readers, stats = await fleet.serve(reqs, stall_timeout_ns=STALL)
     expect_whole(
         readers,
         want,
@@ -659,27 +568,25 @@ async def test_stage3_a_new_request_on_a_silent_replica_does_not_restart_its_sil
     fleet = Fleet(names=("a", "b"))
     r1, r2 = request("r1", 4, 20), request("r2", 5, 20)
     want = fleet.expected([r1, r2])
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL)
-        async with serving(router), anyio.create_task_group() as tg:
-            router.replicas.drain("b")
-            readers = fleet.start(router, [r1], tg)
-            await fleet.time.advance_to(T0 + STEP_NS)  # r1's first token: a's last event
-            fleet["a"].stop()
-            await fleet.time.advance_to(T0 + STEP_NS + STALL // 2)
-            readers |= fleet.start(router, [r2], tg)  # to a, silent for STALL / 2 already
-            router.replicas.restore("b")
-            await fleet.time.advance_to(T0 + STEP_NS + STALL - 1)
-            assert fleet["b"].seen == [], "a's silence has not reached the timeout yet"
-            await fleet.time.advance_to(T0 + STEP_NS + STALL)
-            moved = sorted(x.rid for x in fleet["b"].seen)
-            assert moved == ["r1#1", "r2#1"], (
-                f"a was last heard at +{STEP_NS} ns; r2 started there at "
-                f"+{STEP_NS + STALL // 2} ns, which is not a sign of life: at "
-                f"+{STEP_NS + STALL} ns a is presumed dead and both fail over. b saw {moved}"
-            )
-            await fleet.finish(readers)
-    expect_whole(readers, want, "a stopped after r1's first token; r2 sent to it later")
+    async with fleet.routing(stall_timeout_ns=STALL) as clients:
+        clients.router.replicas.drain("b")
+        clients.start([r1])
+        await fleet.time.advance_to(T0 + STEP_NS)  # r1's first token: a's last event
+        fleet["a"].stop()
+        await fleet.time.advance_to(T0 + STEP_NS + STALL // 2)
+        clients.start([r2])  # to a, silent for STALL / 2 already
+        clients.router.replicas.restore("b")
+        await fleet.time.advance_to(T0 + STEP_NS + STALL - 1)
+        assert fleet["b"].seen == [], "a's silence has not reached the timeout yet"
+        await fleet.time.advance_to(T0 + STEP_NS + STALL)
+        moved = sorted(x.rid for x in fleet["b"].seen)
+        assert moved == ["r1#1", "r2#1"], (
+            f"a was last heard at +{STEP_NS} ns; r2 started there at "
+            f"+{STEP_NS + STALL // 2} ns, which is not a sign of life: at "
+            f"+{STEP_NS + STALL} ns a is presumed dead and both fail over. b saw {moved}"
+        )
+        await clients.finish()
+    expect_whole(clients.readers, want, "a stopped after r1's first token; r2 sent to it later")
 
 
 @extended
@@ -689,20 +596,19 @@ async def test_stage3_a_stopped_replica_that_comes_back_injects_nothing() -> Non
     fleet = Fleet()
     r = request("r", 6, 12)
     want = fleet.expected([r])
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.time.advance_to(T0 + 3 * STEP_NS)
-            fleet["a"].stop()
-            await fleet.time.advance_to(T0 + 3 * STEP_NS + STALL)
-            assert fleet["a"].closed == 1, (
-                "r failed over at the stall timeout: its attempt on a is superseded, and its "
-                f"connection is closed at once; a's connections closed: {fleet['a'].closed}"
-            )
-            fleet["a"].resume()  # SIGCONT: a wakes up with r's tokens in its buffers
-            await fleet.finish(readers)
-    expect_whole(readers, want, "a stopped after 3 tokens, failed over, then resumed (SIGCONT)")
+    async with fleet.routing([r], stall_timeout_ns=STALL) as clients:
+        await fleet.time.advance_to(T0 + 3 * STEP_NS)
+        fleet["a"].stop()
+        await fleet.time.advance_to(T0 + 3 * STEP_NS + STALL)
+        assert fleet["a"].closed == 1, (
+            "r failed over at the stall timeout: its attempt on a is superseded, and its "
+            f"connection is closed at once; a's connections closed: {fleet['a'].closed}"
+        )
+        fleet["a"].resume()  # SIGCONT: a wakes up with r's tokens in its buffers
+        await clients.finish()
+    expect_whole(
+        clients.readers, want, "a stopped after 3 tokens, failed over, then resumed (SIGCONT)"
+    )
 
 
 @extended
@@ -712,21 +618,21 @@ async def test_stage3_an_event_read_just_before_a_failover_is_dropped() -> None:
     fleet = Fleet()
     reqs = [request("r1", 4, 12), request("r2", 5, 12)]
     want = fleet.expected(reqs)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            for name in ("b", "c"):
-                router.replicas.drain(name)
-            readers = fleet.start(router, reqs, tg)  # both on a
-            for name in ("b", "c"):
-                router.replicas.restore(name)
-            # Both answers break at their 3rd token, which a's step hands to both pumps at
-            # once: whichever runs first fails a over, and the other is already holding its
-            # 3rd token — an event of an attempt that has just lost its request.
-            fleet["a"].break_stream("r1", after=3)
-            fleet["a"].break_stream("r2", after=3)
-            await fleet.finish(readers)
-    expect_whole(readers, want, "r1 and r2 on a, both answers broken at the 3rd token, in one step")
+    async with fleet.routing() as clients:
+        for name in ("b", "c"):
+            clients.router.replicas.drain(name)
+        clients.start(reqs)  # both on a
+        for name in ("b", "c"):
+            clients.router.replicas.restore(name)
+        # Both answers break at their 3rd token, which a's step hands to both pumps at
+        # once: whichever runs first fails a over, and the other is already holding its
+        # 3rd token — an event of an attempt that has just lost its request.
+        fleet["a"].break_stream("r1", after=3)
+        fleet["a"].break_stream("r2", after=3)
+        await clients.finish()
+    expect_whole(
+        clients.readers, want, "r1 and r2 on a, both answers broken at the 3rd token, in one step"
+    )
 
 
 @extended
@@ -736,19 +642,16 @@ async def test_stage3_a_zombie_resumed_at_the_failover_instant_injects_nothing()
     fleet = Fleet()
     r = request("r", 6, 12)
     want = fleet.expected([r])
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.time.advance_to(T0 + 2 * STEP_NS)
-            fleet["a"].stop()
-            await fleet.time.advance_to(T0 + 2 * STEP_NS + STALL - 1)
-            fleet["a"].resume()
-            fleet["a"].stop()  # a's next event is ready, held at the instant of the timeout
-            await fleet.time.advance_to(T0 + 2 * STEP_NS + STALL)
-            fleet["a"].resume()
-            await fleet.finish(readers)
-    expect_whole(readers, want, "a's late event released at the instant r failed over")
+    async with fleet.routing([r], stall_timeout_ns=STALL) as clients:
+        await fleet.time.advance_to(T0 + 2 * STEP_NS)
+        fleet["a"].stop()
+        await fleet.time.advance_to(T0 + 2 * STEP_NS + STALL - 1)
+        fleet["a"].resume()
+        fleet["a"].stop()  # a's next event is ready, held at the instant of the timeout
+        await fleet.time.advance_to(T0 + 2 * STEP_NS + STALL)
+        fleet["a"].resume()
+        await clients.finish()
+    expect_whole(clients.readers, want, "a's late event released at the instant r failed over")
 
 
 @extended
@@ -756,30 +659,29 @@ async def test_stage3_a_zombie_resumed_at_the_failover_instant_injects_nothing()
 @anyio_test
 async def test_stage3_a_probe_waits_at_most_the_probe_timeout() -> None:
     fleet = Fleet()
-    async with fleet.running():
-        router = fleet.router(probe_timeout_ns=PROBE_TIMEOUT)
-        async with serving(router), anyio.create_task_group() as tg:
-            fleet["b"].stop()
-            done = anyio.Event()
+    async with fleet.routing(probe_timeout_ns=PROBE_TIMEOUT) as clients:
+        fleet["b"].stop()
+        done = anyio.Event()
 
-            async def probe() -> None:
-                await router.check_health()
-                done.set()
+        async def probe() -> None:
+            await clients.router.check_health()
+            done.set()
 
-            tg.start_soon(probe)
-            await fleet.time.advance_to(T0 + PROBE_TIMEOUT - 1)
-            assert not done.is_set() and router.statistics().down == (), (
-                f"b does not answer its probe: before probe_timeout_ns={PROBE_TIMEOUT} it is "
-                f"not yet down; got down={router.statistics().down}"
-            )
-            await fleet.time.advance_to(T0 + PROBE_TIMEOUT)
-            assert done.is_set(), "check_health() returns once every probe answered or timed out"
-            assert router.statistics().down == ("b",), (
-                f"b did not answer within the probe timeout: down; got {router.statistics().down}"
-            )
-            fleet["b"].resume()
-            await router.check_health()
-            assert router.statistics().down == (), "b answers again: it is up again"
+        clients.tasks.start_soon(probe)
+        await fleet.time.advance_to(T0 + PROBE_TIMEOUT - 1)
+        assert not done.is_set() and clients.router.statistics().down == (), (
+            f"b does not answer its probe: before probe_timeout_ns={PROBE_TIMEOUT} it is "
+            f"not yet down; got down={clients.router.statistics().down}"
+        )
+        await fleet.time.advance_to(T0 + PROBE_TIMEOUT)
+        assert done.is_set(), "check_health() returns once every probe answered or timed out"
+        assert clients.router.statistics().down == ("b",), (
+            "b did not answer within the probe timeout: down; got "
+            f"{clients.router.statistics().down}"
+        )
+        fleet["b"].resume()
+        await clients.router.check_health()
+        assert clients.router.statistics().down == (), "b answers again: it is up again"
 
 
 @extended
@@ -787,31 +689,29 @@ async def test_stage3_a_probe_waits_at_most_the_probe_timeout() -> None:
 @anyio_test
 async def test_stage3_probes_run_at_once_and_any_exception_is_a_failed_probe() -> None:
     fleet = Fleet(names=("a", "b", "c"))
-    async with fleet.running():
-        router = fleet.router(probe_timeout_ns=PROBE_TIMEOUT)
-        async with serving(router), anyio.create_task_group() as tg:
-            fleet["a"].stop()
-            fleet["b"].stop()
-            fleet["c"].probe_error = OSError("connection reset by peer")
-            done: list[int] = []
+    async with fleet.routing(probe_timeout_ns=PROBE_TIMEOUT) as clients:
+        fleet["a"].stop()
+        fleet["b"].stop()
+        fleet["c"].probe_error = OSError("connection reset by peer")
+        done: list[int] = []
 
-            async def probe() -> None:
-                await router.check_health()
-                done.append(fleet.now)
+        async def probe() -> None:
+            await clients.router.check_health()
+            done.append(fleet.now)
 
-            tg.start_soon(probe)
-            await fleet.time.run_until(lambda: bool(done), within_ns=WITHIN, what="the round")
-            assert done == [T0 + PROBE_TIMEOUT], (
-                "a and b do not answer: the replicas are probed at once, so the round ends "
-                f"when both probes time out together, at +{PROBE_TIMEOUT} ns; it ended at "
-                f"{[t - T0 for t in done]}"
-            )
-            assert router.statistics().down == ("a", "b", "c"), (
-                "c's probe raised OSError: any exception is a failed probe, and c is down "
-                f"(a and b did not answer); got down={router.statistics().down}"
-            )
-            fleet["a"].resume()
-            fleet["b"].resume()
+        clients.tasks.start_soon(probe)
+        await fleet.time.run_until(lambda: bool(done), within_ns=WITHIN, what="the round")
+        assert done == [T0 + PROBE_TIMEOUT], (
+            "a and b do not answer: the replicas are probed at once, so the round ends "
+            f"when both probes time out together, at +{PROBE_TIMEOUT} ns; it ended at "
+            f"{[t - T0 for t in done]}"
+        )
+        assert clients.router.statistics().down == ("a", "b", "c"), (
+            "c's probe raised OSError: any exception is a failed probe, and c is down "
+            f"(a and b did not answer); got down={clients.router.statistics().down}"
+        )
+        fleet["a"].resume()
+        fleet["b"].resume()
 
 
 @extended
@@ -820,14 +720,12 @@ async def test_stage3_probes_run_at_once_and_any_exception_is_a_failed_probe() -
 async def test_stage3_the_next_probe_round_is_an_interval_after_the_last_one_ends() -> None:
     fleet = Fleet(names=("a", "b"))
     interval = 1_000 * STEP_NS
-    async with fleet.running():
-        router = fleet.router(probe_interval_ns=interval, probe_timeout_ns=PROBE_TIMEOUT)
-        async with serving(router):
-            fleet["b"].stop()  # every round lasts the probe timeout
-            await fleet.time.run_until(
-                lambda: len(fleet["a"].probes) >= 3, within_ns=WITHIN, what="three rounds"
-            )
-            fleet["b"].resume()
+    async with fleet.routing(probe_interval_ns=interval, probe_timeout_ns=PROBE_TIMEOUT):
+        fleet["b"].stop()  # every round lasts the probe timeout
+        await fleet.time.run_until(
+            lambda: len(fleet["a"].probes) >= 3, within_ns=WITHIN, what="three rounds"
+        )
+        fleet["b"].resume()
     rounds = [t - T0 for t in fleet["a"].probes[:3]]
     want = [interval, 2 * interval + PROBE_TIMEOUT, 3 * interval + 2 * PROBE_TIMEOUT]
     assert rounds == want, (
@@ -844,20 +742,19 @@ async def test_stage3_a_failed_probe_fails_over_the_replicas_requests_at_once() 
     fleet = Fleet()
     r = request("r", 6, 12)
     want = fleet.expected([r])
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)
-            await fleet.time.advance_to(T0 + 3 * STEP_NS)
-            fleet["a"].stop()
-            tg.start_soon(router.check_health)
-            await fleet.time.advance_to(T0 + 3 * STEP_NS + PROBE_TIMEOUT)
-            assert [x.rid for x in fleet["b"].seen] == ["r#1"], (
-                "a failed its probe: its request fails over at that instant, long before the "
-                "stall timeout"
-            )
-            await fleet.finish(readers)
-    expect_whole(readers, want, "a stopped, found down by a probe")
+    async with fleet.routing(
+        [r], stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT
+    ) as clients:
+        await fleet.time.advance_to(T0 + 3 * STEP_NS)
+        fleet["a"].stop()
+        clients.tasks.start_soon(clients.router.check_health)
+        await fleet.time.advance_to(T0 + 3 * STEP_NS + PROBE_TIMEOUT)
+        assert [x.rid for x in fleet["b"].seen] == ["r#1"], (
+            "a failed its probe: its request fails over at that instant, long before the "
+            "stall timeout"
+        )
+        await clients.finish()
+    expect_whole(clients.readers, want, "a stopped, found down by a probe")
 
 
 @extended
@@ -866,21 +763,19 @@ async def test_stage3_a_failed_probe_fails_over_the_replicas_requests_at_once() 
 async def test_stage3_the_router_probes_on_its_own_and_brings_a_restarted_replica_back() -> None:
     fleet = Fleet()
     interval = 1_000 * STEP_NS
-    async with fleet.running():
-        router = fleet.router(probe_interval_ns=interval, probe_timeout_ns=PROBE_TIMEOUT)
-        async with serving(router):
-            fleet["c"].kill()
-            await fleet.time.run_until(
-                lambda: router.statistics().down == ("c",),
-                within_ns=2 * interval + PROBE_TIMEOUT,
-                what="the router's own probe to find c dead",
-            )
-            fleet["c"].restart()
-            await fleet.time.run_until(
-                lambda: router.statistics().down == (),
-                within_ns=2 * interval + PROBE_TIMEOUT,
-                what="the router's own probe to find c back after its restart",
-            )
+    async with fleet.routing(probe_interval_ns=interval, probe_timeout_ns=PROBE_TIMEOUT) as clients:
+        fleet["c"].kill()
+        await fleet.time.run_until(
+            lambda: clients.router.statistics().down == ("c",),
+            within_ns=2 * interval + PROBE_TIMEOUT,
+            what="the router's own probe to find c dead",
+        )
+        fleet["c"].restart()
+        await fleet.time.run_until(
+            lambda: clients.router.statistics().down == (),
+            within_ns=2 * interval + PROBE_TIMEOUT,
+            what="the router's own probe to find c back after its restart",
+        )
 
 
 @extended
@@ -890,18 +785,16 @@ async def test_stage3_a_replica_back_from_the_dead_is_not_routed_for_its_old_cac
     fleet = Fleet(names=("a", "b"))
     prompt = shared(1, 4, 2, 0)
     first, again = Request("r1", prompt, 2), Request("r2", (*prompt[:-1], 5), 2)
-    async with fleet.running():
-        router = fleet.router(affinity_threshold=0.5)
-        async with serving(router):
-            await fleet.consume(router.generate(first))
-            assert fleet["a"].seen and fleet["a"].seen[0].rid == "r1"
-            fleet["a"].restart()
-            router.replicas.mark_down("a")
-            await router.check_health()
-            assert router.statistics().down == ()
-            stream = router.generate(again)
-            why = router.statistics().by_affinity
-            await fleet.consume(stream)
+    async with fleet.routing(affinity_threshold=0.5) as clients:
+        await fleet.consume(clients.router.generate(first))
+        assert fleet["a"].seen and fleet["a"].seen[0].rid == "r1"
+        fleet["a"].restart()
+        clients.router.replicas.mark_down("a")
+        await clients.router.check_health()
+        assert clients.router.statistics().down == ()
+        stream = clients.router.generate(again)
+        why = clients.router.statistics().by_affinity
+        await fleet.consume(stream)
     assert why == 0, (
         "a restarted (its cache is empty) and was marked down, then up: the router forgot "
         "what it had sent there, so r2 is routed by load, not by affinity; by_affinity = "
@@ -917,24 +810,22 @@ async def test_stage3_a_replica_back_from_the_dead_is_not_routed_for_its_old_cac
 @anyio_test
 async def test_stage3_a_client_that_leaves_ends_its_attempt_at_once() -> None:
     fleet = Fleet()
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router):
-            stream = router.generate(request("r", 6, 50))
-            await fleet.time.advance_to(T0 + 3 * STEP_NS)
-            await stream.__anext__()
-            await stream.aclose()
-            await fleet.time.settle()
-            assert fleet["a"].closed == 1, (
-                "the client closed its stream: the router closes its connection to the replica "
-                f"at once (the replica aborts the request); connections closed: {fleet['a'].closed}"
-            )
-            assert not fleet["a"].batcher.has_unfinished(), (
-                "the replica still runs the request its client left"
-            )
-            assert router.statistics().outstanding == {"a": 0, "b": 0, "c": 0}, (
-                f"its load is released: got {router.statistics().outstanding}"
-            )
+    async with fleet.routing() as clients:
+        stream = clients.router.generate(request("r", 6, 50))
+        await fleet.time.advance_to(T0 + 3 * STEP_NS)
+        await stream.__anext__()
+        await stream.aclose()
+        await fleet.time.settle()
+        assert fleet["a"].closed == 1, (
+            "the client closed its stream: the router closes its connection to the replica "
+            f"at once (the replica aborts the request); connections closed: {fleet['a'].closed}"
+        )
+        assert not fleet["a"].batcher.has_unfinished(), (
+            "the replica still runs the request its client left"
+        )
+        assert clients.router.statistics().outstanding == {"a": 0, "b": 0, "c": 0}, (
+            f"its load is released: got {clients.router.statistics().outstanding}"
+        )
 
 
 @extended
@@ -942,19 +833,17 @@ async def test_stage3_a_client_that_leaves_ends_its_attempt_at_once() -> None:
 @anyio_test
 async def test_stage3_the_id_of_a_client_that_left_is_free_again() -> None:
     fleet = Fleet()
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router):
-            stream = router.generate(request("r", 6, 50))
-            await fleet.time.advance_to(T0 + 2 * STEP_NS)
-            await stream.aclose()
-            try:
-                again = router.generate(request("r", 6, 3))
-            except ValueError as exc:
-                raise AssertionError(
-                    f"r's client left: its id is free again, not 'in flight'; got {exc!r}"
-                ) from None
-            reader = await fleet.consume(again)
+    async with fleet.routing() as clients:
+        stream = clients.router.generate(request("r", 6, 50))
+        await fleet.time.advance_to(T0 + 2 * STEP_NS)
+        await stream.aclose()
+        try:
+            again = clients.router.generate(request("r", 6, 3))
+        except ValueError as exc:
+            raise AssertionError(
+                f"r's client left: its id is free again, not 'in flight'; got {exc!r}"
+            ) from None
+        reader = await fleet.consume(again)
     assert reader.error is None and len(reader.tokens) == 3
 
 
@@ -983,24 +872,22 @@ async def test_stage3_an_attempt_is_closed_even_when_the_routers_host_is_cancell
 @anyio_test
 async def test_stage3_a_cancelled_client_ends_its_attempt_at_once() -> None:
     fleet = Fleet()
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            reader = Reader(router.generate(request("r", 6, 50)), fleet.clock)
-            scope = anyio.CancelScope()
+    async with fleet.routing() as clients:
+        reader = Reader(clients.router.generate(request("r", 6, 50)), fleet.clock)
+        scope = anyio.CancelScope()
 
-            async def read() -> None:
-                with scope:
-                    await reader.run()
+        async def read() -> None:
+            with scope:
+                await reader.run()
 
-            tg.start_soon(read)
-            await fleet.time.advance_to(T0 + 3 * STEP_NS + 1)
-            scope.cancel()
-            await fleet.time.settle()
-            assert fleet["a"].closed == 1 and not fleet["a"].batcher.has_unfinished(), (
-                "the client was cancelled while waiting for a token: its attempt ends at once"
-            )
-            assert router.statistics().outstanding["a"] == 0
+        clients.tasks.start_soon(read)
+        await fleet.time.advance_to(T0 + 3 * STEP_NS + 1)
+        scope.cancel()
+        await fleet.time.settle()
+        assert fleet["a"].closed == 1 and not fleet["a"].batcher.has_unfinished(), (
+            "the client was cancelled while waiting for a token: its attempt ends at once"
+        )
+        assert clients.router.statistics().outstanding["a"] == 0
 
 
 # -- draining and closing ----------------------------------------------------------------------
@@ -1012,34 +899,33 @@ async def test_stage3_a_cancelled_client_ends_its_attempt_at_once() -> None:
 async def test_stage3_drain_routes_nothing_more_and_returns_when_the_last_request_ends() -> None:
     fleet = Fleet(names=("a", "b"))
     r = request("r", 4, 10)
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, [r], tg)  # on a
-            drained_at: list[int] = []
+    async with fleet.routing([r]) as clients:  # on a
+        drained_at: list[int] = []
 
-            async def drain() -> None:
-                await router.drain("a")
-                drained_at.append(fleet.now)
+        async def drain() -> None:
+            await clients.router.drain("a")
+            drained_at.append(fleet.now)
 
-            tg.start_soon(drain)
-            await fleet.time.settle()
-            later = router.generate(request("later", 4, 2))
-            assert router.replicas.replica_of("later") == "b", "a is draining: new work goes to b"
-            readers["later"] = Reader(later, fleet.clock)
-            tg.start_soon(readers["later"].run)
-            fleet["b"].die_after("later", 1)
-            await fleet.finish(readers)
-            await fleet.time.settle()
+        clients.tasks.start_soon(drain)
+        await fleet.time.settle()
+        later = clients.router.generate(request("later", 4, 2))
+        assert clients.router.replicas.replica_of("later") == "b", (
+            "a is draining: new work goes to b"
+        )
+        clients.readers["later"] = Reader(later, fleet.clock)
+        clients.tasks.start_soon(clients.readers["later"].run)
+        fleet["b"].die_after("later", 1)
+        await clients.finish()
+        await fleet.time.settle()
     assert drained_at == [T0 + 10 * STEP_NS], (
         f"drain('a') returns when r, the last request on a, ends at +{10 * STEP_NS} ns; "
         f"it returned at {[t - T0 for t in drained_at]}"
     )
-    router.restore("a")
-    assert router.replicas.available() == ["a"], "restore('a') puts a back into routing"
-    assert isinstance(readers["later"].error, ReplicaError), (
+    clients.router.restore("a")
+    assert clients.router.replicas.available() == ["a"], "restore('a') puts a back into routing"
+    assert isinstance(clients.readers["later"].error, ReplicaError), (
         "b died under 'later', and a is draining: failovers do not go to a draining replica "
-        f"either, so it has nowhere to go; the stream ended {readers['later'].ended}"
+        f"either, so it has nowhere to go; the stream ended {clients.readers['later'].ended}"
     )
 
 
@@ -1075,15 +961,13 @@ async def test_stage3_statistics_count_what_was_routed_failed_over_and_refused()
     fleet = Fleet(names=("a", "b"))
     prompt = shared(3, 4, 1, 0)
     fleet["a"].die_after("r2", 2)
-    async with fleet.running():
-        router = fleet.router(max_outstanding_tokens=60, affinity_threshold=0.5)
-        async with serving(router):
-            await fleet.consume(router.generate(Request("r1", prompt, 3)))
-            stream = router.generate(Request("r2", (*prompt[:-1], 9), 4))  # affinity: a
-            with pytest.raises(Overloaded):
-                router.generate(Request("big", (1,) * 40, 20))
-            await fleet.consume(stream)
-            stats = router.statistics()
+    async with fleet.routing(max_outstanding_tokens=60, affinity_threshold=0.5) as clients:
+        await fleet.consume(clients.router.generate(Request("r1", prompt, 3)))
+        stream = clients.router.generate(Request("r2", (*prompt[:-1], 9), 4))  # affinity: a
+        with pytest.raises(Overloaded):
+            clients.router.generate(Request("big", (1,) * 40, 20))
+        await fleet.consume(stream)
+        stats = clients.router.statistics()
     want = RouterStatistics(
         routed={"a": 2, "b": 1},
         by_affinity=1,
@@ -1131,8 +1015,6 @@ def test_stage3_the_router_refuses_a_nonsense_configuration(param: str, value: A
 @anyio_test
 async def test_stage3_generate_refuses_what_is_not_a_request() -> None:
     fleet = Fleet()
-    async with fleet.running():
-        router = fleet.router()
-        async with serving(router):
-            with pytest.raises(TypeError):
-                router.generate(("r", (1, 2), 3))  # type: ignore[arg-type]  # not a Request
+    async with fleet.routing() as clients:
+        with pytest.raises(TypeError):
+            clients.router.generate(("r", (1, 2), 3))  # type: ignore[arg-type]  # not a Request

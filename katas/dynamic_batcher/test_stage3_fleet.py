@@ -22,36 +22,31 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from katas._harness.marks import anyio_test, core, extended, rule
 from katas._harness.profiles import examples
 from katas._registry import impl
 from katas.dynamic_batcher._testing import replica
-from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, request
-from katas.dynamic_batcher._testing.fleet import WITHIN, Fleet, ended, expect_whole, serving
+from katas.dynamic_batcher._testing.engine import STEP_NS, T0, request
+from katas.dynamic_batcher._testing.fleet import STALL, WITHIN, Fleet, expect_whole, serving
 from katas.dynamic_batcher._testing.http_link import HttpLink
 from katas.dynamic_batcher._testing.real_fleet import (
     GARBAGE,
     consume_real,
+    finish_real,
     garbage_server,
+    links_to,
     real_expected,
     real_router,
+    real_routing,
+    replica_at_token,
     replicas,
     start_real,
     stream_until,
 )
 from katas.dynamic_batcher._testing.routes import shared
-from katas.dynamic_batcher.api import (
-    Completion,
-    Request,
-)
+from katas.dynamic_batcher.api import Completion, Request
 
 pytestmark = [pytest.mark.stage(3)]
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
-anyio_test = pytest.mark.anyio
-
-STALL = 50 * STEP_NS
-PROBE_TIMEOUT = 20 * STEP_NS
 
 
 # -- the fleet's properties ---------------------------------------------------------------------
@@ -80,54 +75,52 @@ async def test_stage3_no_token_is_lost_or_repeated_whatever_fails_and_when(
     reqs = [request(f"r{i}", 3 + 2 * i, 8 + i) for i in range(6)]
     want = fleet.expected(reqs)
     story = ["six requests over a, b and c"]
-    async with fleet.running():
-        router = fleet.router(stall_timeout_ns=STALL, max_failovers=5)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = fleet.start(router, reqs, tg)
-            for kind, which, at in sorted(faults, key=lambda f: f[2]):
-                rid = reqs[which].rid
-                if readers[rid].ended != "reading" or len(readers[rid].tokens) >= at:
-                    continue
+    async with fleet.routing(reqs, stall_timeout_ns=STALL, max_failovers=5) as clients:
+        readers = clients.readers
+        for kind, which, at in sorted(faults, key=lambda f: f[2]):
+            rid = reqs[which].rid
+            if readers[rid].ended != "reading" or len(readers[rid].tokens) >= at:
+                continue
 
-                def reached(rid: str = rid, at: int = at) -> bool:
-                    return len(readers[rid].tokens) >= at or readers[rid].ended != "reading"
+            def reached(rid: str = rid, at: int = at) -> bool:
+                return len(readers[rid].tokens) >= at or readers[rid].ended != "reading"
 
-                await fleet.time.run_until(reached, within_ns=WITHIN, what=f"{rid} at token {at}")
-                where = router.replicas.replica_of(rid)
-                if where is None:
-                    continue
-                replica = fleet[where]
-                story.append(f"at +{fleet.now - T0} ns ({rid} at token {at}): {kind} {where}")
-                if kind == "kill":
-                    replica.kill()
-                elif kind == "break":
-                    replica.break_stream(rid, after=0)
-                elif kind == "restart":
-                    replica.restart()
-                else:
-                    replica.stop()
-                    await fleet.time.advance(STALL + STEP_NS)
-                    replica.resume()
-                    story.append(f"  resumed at +{fleet.now - T0} ns")
-                # Once the router has moved rid off that replica, a supervisor restarts
-                # the others that died, and a probe brings every live one back.
+            await fleet.time.run_until(reached, within_ns=WITHIN, what=f"{rid} at token {at}")
+            where = clients.router.replicas.replica_of(rid)
+            if where is None:
+                continue
+            replica = fleet[where]
+            story.append(f"at +{fleet.now - T0} ns ({rid} at token {at}): {kind} {where}")
+            if kind == "kill":
+                replica.kill()
+            elif kind == "break":
+                replica.break_stream(rid, after=0)
+            elif kind == "restart":
+                replica.restart()
+            else:
+                replica.stop()
+                await fleet.time.advance(STALL + STEP_NS)
+                replica.resume()
+                story.append(f"  resumed at +{fleet.now - T0} ns")
+            # Once the router has moved rid off that replica, a supervisor restarts
+            # the others that died, and a probe brings every live one back.
 
-                def moved(rid: str = rid, where: str = where) -> bool:
-                    return bool(router.replicas.replica_of(rid) != where)
+            def moved(rid: str = rid, where: str = where) -> bool:
+                return bool(clients.router.replicas.replica_of(rid) != where)
 
-                await fleet.time.run_until(
-                    moved, within_ns=WITHIN, what=f"the router to move {rid} off {where}"
-                )
-                for other in fleet.replicas.values():
-                    if other is not replica and other.dead:
-                        other.restart()
-                        story.append(f"  {other.name} restarted")
-                await router.check_health()
-            for replica in fleet.replicas.values():
-                if replica.dead:
-                    replica.restart()
-            await router.check_health()
-            await fleet.finish(readers)
+            await fleet.time.run_until(
+                moved, within_ns=WITHIN, what=f"the router to move {rid} off {where}"
+            )
+            for other in fleet.replicas.values():
+                if other is not replica and other.dead:
+                    other.restart()
+                    story.append(f"  {other.name} restarted")
+            await clients.router.check_health()
+        for replica in fleet.replicas.values():
+            if replica.dead:
+                replica.restart()
+        await clients.router.check_health()
+        await clients.finish()
     expect_whole(readers, want, "\n    ".join(story))
 
 
@@ -139,20 +132,18 @@ async def test_stage3_under_the_guard_no_replica_carries_more_than_1_5x_the_mean
     # One shared prefix pulls every request to one replica; lengths are uneven.
     reqs = [Request(f"r{i}", shared(7, 6, 1 + i % 3, i), 8 + (i * 37) % 41) for i in range(48)]
     worst: list[tuple[float, dict[str, int]]] = []
-    async with fleet.running():
-        router = fleet.router(balance_abs_tokens=32, balance_rel=1.2, affinity_threshold=0.5)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers: dict[str, Reader] = {}
-            for i, r in enumerate(reqs):
-                readers[r.rid] = Reader(router.generate(r), fleet.clock)
-                tg.start_soon(readers[r.rid].run)
-                loads = router.statistics().outstanding
-                mean = sum(loads.values()) / len(loads)
-                if i >= 8:
-                    worst.append((max(loads.values()) / mean, dict(loads)))
-                if i % 4 == 3:
-                    await fleet.time.advance(STEP_NS)
-            await fleet.finish(readers)
+    async with fleet.routing(
+        balance_abs_tokens=32, balance_rel=1.2, affinity_threshold=0.5
+    ) as clients:
+        for i, r in enumerate(reqs):
+            clients.start([r])
+            loads = clients.router.statistics().outstanding
+            mean = sum(loads.values()) / len(loads)
+            if i >= 8:
+                worst.append((max(loads.values()) / mean, dict(loads)))
+            if i % 4 == 3:
+                await fleet.time.advance(STEP_NS)
+        await clients.finish()
     ratio, loads = max(worst, key=lambda w: w[0])
     assert ratio <= 1.5, (
         "48 requests sharing one prefix, uneven budgets, balance_abs_tokens=32, "
@@ -220,15 +211,10 @@ async def test_stage3_real_a_replica_killed_mid_stream_loses_and_repeats_nothing
     reqs = [request(f"r{i}", 5 + i, 40) for i in range(6)]
     want = real_expected(reqs)
     with replicas(impl_selection, "a", "b", "c") as procs:
-        links = [HttpLink(n, p.url) for n, p in procs.items()]
-        router = real_router(links)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = start_real(router, reqs, tg)
-            await stream_until(readers, lambda: len(readers["r0"].tokens) >= 5, "r0 at token 5")
-            victim = router.replicas.replica_of("r0")
-            assert victim is not None, "r0, streaming, runs on a replica"
+        async with real_routing(links_to(procs), reqs) as (router, readers):
+            victim = await replica_at_token(router, readers, "r0", 5)
             procs[victim].kill()  # SIGKILL
-            await stream_until(readers, lambda: ended(readers), "every stream to end")
+            await finish_real(readers)
             stats = router.statistics()
     expect_whole(readers, want, f"replica {victim} got SIGKILL while r0 had 5 of 40 tokens")
     assert victim in stats.down and stats.failovers >= 1, f"got {stats}"
@@ -243,13 +229,8 @@ async def test_stage3_real_a_stopped_replica_that_continues_injects_nothing(
     reqs = [request(f"r{i}", 4 + i, 30) for i in range(3)]
     want = real_expected(reqs)
     with replicas(impl_selection, "a", "b") as procs:
-        links = [HttpLink(n, p.url) for n, p in procs.items()]
-        router = real_router(links)
-        async with serving(router), anyio.create_task_group() as tg:
-            readers = start_real(router, reqs, tg)
-            await stream_until(readers, lambda: len(readers["r0"].tokens) >= 3, "r0 at token 3")
-            victim = router.replicas.replica_of("r0")
-            assert victim is not None
+        async with real_routing(links_to(procs), reqs) as (router, readers):
+            victim = await replica_at_token(router, readers, "r0", 3)
             procs[victim].process.send(signal.SIGSTOP)
             try:
                 await stream_until(
@@ -259,7 +240,7 @@ async def test_stage3_real_a_stopped_replica_that_continues_injects_nothing(
                 )
             finally:
                 procs[victim].process.send(signal.SIGCONT)  # the zombie wakes up
-            await stream_until(readers, lambda: ended(readers), "every stream to end")
+            await finish_real(readers)
             procs[victim].wait_for("disconnected r0")  # its old connection was closed
             await router.check_health()
             stats = router.statistics()
@@ -274,8 +255,7 @@ async def test_stage3_real_a_replica_restarted_on_its_port_is_routed_again(
     impl_selection: impl.Selection,
 ) -> None:
     with replicas(impl_selection, "a", "b") as procs:
-        links = [HttpLink(n, p.url) for n, p in procs.items()]
-        router = real_router(links)
+        router = real_router(links_to(procs))
         async with serving(router):
             port = procs["a"].port
             procs["a"].kill()
@@ -305,10 +285,8 @@ async def test_stage3_real_a_replica_answering_garbage_is_a_failure_not_a_crash(
     with replicas(impl_selection, "good") as procs:
         async with garbage_server(GARBAGE[answer]) as url:
             links = [HttpLink("bad", url), HttpLink("good", procs["good"].url)]
-            router = real_router(links)
-            async with serving(router), anyio.create_task_group() as tg:
-                readers = start_real(router, reqs, tg)
-                await stream_until(readers, lambda: ended(readers), "every stream to end")
+            async with real_routing(links, reqs) as (router, readers):
+                await finish_real(readers)
                 stats = router.statistics()
     expect_whole(readers, want, f"replica 'bad' answered {answer}")
     assert stats.down == ("bad",), f"a replica answering {answer} is down: got {stats.down}"

@@ -14,23 +14,19 @@ Map: route-load · route-available · route-balance · route-affinity · route-l
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from hypothesis import settings
 
+from katas._harness.marks import core, extended, rule
 from katas._harness.profiles import examples
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas.dynamic_batcher._testing.routes import BLOCK, RoutesMachine, keys, replica_set
-from katas.dynamic_batcher.api import (
-    Route,
-)
+from katas.dynamic_batcher.api import Route, RoutingPolicy
 
 pytestmark = [pytest.mark.stage(3)]
-core = pytest.mark.core
-extended = pytest.mark.extended
-rule = pytest.mark.rule
-anyio_test = pytest.mark.anyio
 
 
 # -- ReplicaSet ------------------------------------------------------------------------------
@@ -38,6 +34,34 @@ anyio_test = pytest.mark.anyio
 
 def prompt_of(n: int, seed: int = 0) -> tuple[int, ...]:
     return tuple((seed * 131 + i * 17 + 3) % 1000 for i in range(n))
+
+
+def served_by_a(p: tuple[int, ...]) -> RoutingPolicy:
+    """Replicas a and b, where a has served a request of prompt ``p`` to its end: a
+    remembers p's blocks, and neither carries any load."""
+    rs = replica_set(("a", "b"))
+    rs.assign("a", "r1", p, 1)
+    rs.release("r1")
+    return rs
+
+
+def back_after(p: tuple[int, ...], away: Literal["drained", "down"]) -> RoutingPolicy:
+    """Replicas a and b, where a served ``p``, then was away and came back: drained and
+    restored (still running, its cache intact), or marked down and up (its cache lost)."""
+    rs = served_by_a(p)
+    if away == "drained":
+        rs.drain("a")
+        rs.restore("a")
+    else:
+        rs.mark_down("a")
+        rs.mark_up("a")
+    return rs
+
+
+def expect_matched(got: int, want: int, situation: str) -> None:
+    """How many leading blocks of a prompt a replica's history matches."""
+    __tracebackhide__ = True
+    check(got == want, f"{situation}\n  expected matched_blocks {want}\n  got              {got}")
 
 
 def expect_route(got: Route | None, want: Route | None, situation: str) -> None:
@@ -125,9 +149,7 @@ def test_stage3_routes_pick_only_replicas_up_and_not_draining_and_not_excluded()
 @rule("route-available", "route-affinity")
 def test_stage3_routes_affinity_never_picks_a_draining_or_excluded_replica() -> None:
     p = prompt_of(16, seed=9)
-    rs = replica_set(("a", "b"))
-    rs.assign("a", "r1", p, 1)
-    rs.release("r1")
+    rs = served_by_a(p)
     rs.drain("a")
     expect_route(rs.pick(p), Route("b", "least-loaded"), "a has p's prefix but is draining")
     rs.restore("a")
@@ -138,15 +160,12 @@ def test_stage3_routes_affinity_never_picks_a_draining_or_excluded_replica() -> 
 @extended
 @rule("route-available", "route-history")
 def test_stage3_routes_a_drained_replica_keeps_its_history() -> None:
-    rs = replica_set(("a", "b"))
     p = prompt_of(16, seed=7)
-    rs.assign("a", "r1", p, 1)
-    rs.release("r1")
-    rs.drain("a")
-    rs.restore("a")
-    assert rs.matched_blocks("a", p) == 4, (
+    expect_matched(
+        back_after(p, "drained").matched_blocks("a", p),
+        4,
         "a drained replica keeps running and keeps its cache: drain and restore leave its "
-        f"history as it was (4 blocks of p); got matched_blocks {rs.matched_blocks('a', p)}"
+        "history as it was (4 blocks of p)",
     )
 
 
@@ -168,21 +187,20 @@ def test_stage3_routes_the_least_loaded_wins_and_ties_go_in_the_order_given() ->
 @rule("route-balance")
 def test_stage3_routes_the_imbalance_guard_needs_both_thresholds_strictly() -> None:
     p = prompt_of(3)
-    # abs 10, rel 1.5: b = 10 each time; a's load moves across both thresholds.
-    cases = [(20, False), (21, True)]  # difference 10 is not > 10; 11 is (and 21 > 15)
-    for a_load, trips in cases:
-        rs = replica_set(("a", "b"), balance_abs_tokens=10, balance_rel=1.5)
+    # rel 1.5: b = 10 each time; a's load moves across both thresholds.
+    cases = [
+        (10, 20, False),  # abs 10: a difference of 10 is not > 10;
+        (10, 21, True),  # 11 is (and 21 > 15)
+        (0, 15, False),  # abs 0: 15 is not > 1.5 x 10;
+        (0, 16, True),  # 16 is (difference > 0)
+    ]
+    for balance_abs, a_load, trips in cases:
+        rs = replica_set(("a", "b"), balance_abs_tokens=balance_abs, balance_rel=1.5)
         rs.assign("a", "ra", prompt_of(a_load - 1), 1)
         rs.assign("b", "rb", prompt_of(9), 1)
         want = Route("b", "balance" if trips else "least-loaded")
-        expect_route(rs.pick(p), want, f"loads a={a_load}, b=10, balance_abs_tokens=10, rel=1.5")
-    cases = [(15, False), (16, True)]  # 15 is not > 1.5 x 10; 16 is (difference > 0)
-    for a_load, trips in cases:
-        rs = replica_set(("a", "b"), balance_abs_tokens=0, balance_rel=1.5)
-        rs.assign("a", "ra", prompt_of(a_load - 1), 1)
-        rs.assign("b", "rb", prompt_of(9), 1)
-        want = Route("b", "balance" if trips else "least-loaded")
-        expect_route(rs.pick(p), want, f"loads a={a_load}, b=10, balance_abs_tokens=0, rel=1.5")
+        loads = f"loads a={a_load}, b=10, balance_abs_tokens={balance_abs}, rel=1.5"
+        expect_route(rs.pick(p), want, loads)
 
 
 @core
@@ -253,22 +271,25 @@ def test_stage3_routes_a_match_counts_leading_chained_blocks_only() -> None:
     other_first = (7, 7, 7, 7, *p[4:])  # blocks 2-4 have the same tokens, another first block
     rs = replica_set(("a", "b"), affinity_threshold=0.25)
     rs.assign("a", "r1", other_first, 1)
-    assert rs.matched_blocks("a", p) == 0, (
+    expect_matched(
+        rs.matched_blocks("a", p),
+        0,
         "a block's key chains every block before it (api.block_hash(parent, tokens)): the "
-        "same tokens after a different first block are a different prefix. Expected "
-        f"matched_blocks 0, got {rs.matched_blocks('a', p)}"
+        "same tokens after a different first block are a different prefix",
     )
     rs.assign("b", "r2", p[:9], 1)  # 2 full blocks and one token
     rs.assign("a", "r3", (*p[:4], 7, 7, 7, 7), 1)  # p's block 0, then other tokens
     rs.assign("a", "r4", (7, 7, 7, 7, *p[4:8]), 1)  # p's block 1, after another block 0
-    assert rs.matched_blocks("a", p[:8]) == 1, (
+    expect_matched(
+        rs.matched_blocks("a", p[:8]),
+        1,
         "a was sent p's block 0 (r3), and p's block 1 only after a different block 0 (r4): "
-        "p's first two blocks match 1, since block 1's key chains block 0's; got "
-        f"{rs.matched_blocks('a', p[:8])}"
+        "p's first two blocks match 1, since block 1's key chains block 0's",
     )
-    assert rs.matched_blocks("b", p) == 2, (
-        "only full blocks are remembered: a 9-token prompt leaves 2 blocks (block_size 4); "
-        f"got {rs.matched_blocks('b', p)}"
+    expect_matched(
+        rs.matched_blocks("b", p),
+        2,
+        "only full blocks are remembered: a 9-token prompt leaves 2 blocks (block_size 4)",
     )
     assert rs.matched_blocks("b", p[:3]) == 0, "a prompt shorter than a block matches nothing"
     expect_route(
@@ -325,11 +346,12 @@ def test_stage3_routes_a_prompt_longer_than_the_history_keeps_its_first_blocks()
     rs = replica_set(("a",), history_blocks=2)
     p = prompt_of(4 * BLOCK, seed=8)
     rs.assign("a", "r1", p, 1)
-    got = rs.matched_blocks("a", p)
-    assert got == 2, (
+    expect_matched(
+        rs.matched_blocks("a", p),
+        2,
         "history_blocks=2 and a 4-block prompt: the first blocks, which every longer prompt "
         "shares, are recorded last (most recently used), so the last blocks go and the "
-        f"first two are still matched. Expected matched_blocks 2, got {got}"
+        "first two are still matched",
     )
 
 
@@ -337,14 +359,12 @@ def test_stage3_routes_a_prompt_longer_than_the_history_keeps_its_first_blocks()
 @rule("route-history")
 def test_stage3_routes_a_replica_marked_down_forgets_its_history() -> None:
     p = prompt_of(16, seed=6)
-    rs = replica_set(("a", "b"))
-    rs.assign("a", "r1", p, 1)
-    rs.release("r1")
-    rs.mark_down("a")
-    rs.mark_up("a")
-    assert rs.matched_blocks("a", p) == 0, (
+    rs = back_after(p, "down")
+    expect_matched(
+        rs.matched_blocks("a", p),
+        0,
         "a replica that went down lost its cache (a crash, a restart): mark_down forgets "
-        f"what it was sent. Got matched_blocks {rs.matched_blocks('a', p)} after down and up"
+        "what it was sent, and after down and up nothing of p is matched",
     )
     expect_route(rs.pick(p), Route("a", "least-loaded"), "nothing remembered, both idle")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import VirtualTime
 from katas._runtime.clock import NS_PER_S, ManualClock, WaitingClock
@@ -82,6 +83,19 @@ class Rig:
         """What each request generates alone (batching is invisible)."""
         return reference_outputs(requests, self.model)
 
+    async def consume(
+        self, stream: TokenStream, what: str = "the stream to end", *, pace_ns: int = 0
+    ) -> Reader:
+        """Read ``stream`` to its end (``pace_ns`` between reads), moving virtual time as
+        needed; ``what`` names the wait if it never ends."""
+        reader = Reader(stream, self.clock, pace_ns)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(reader.run)
+            await self.time.run_until(
+                lambda: reader.ended != "reading", within_ns=10_000 * STEP_NS, what=what
+            )
+        return reader
+
     def holds(self, rid: str) -> bool:
         """The batcher still has ``rid`` (waiting or running)."""
         return rid in self.batcher.running() or rid in self.batcher.waiting()
@@ -132,4 +146,42 @@ class Reader:
             self.error = e
 
 
-__all__ = ["STEP_NS", "T0", "VOCAB", "Reader", "Rig", "fixed_step", "request"]
+def show(deliveries: list[tuple[int, Delivery]]) -> str:
+    """Deliveries as ``+ns: tokens reason`` (times from T0)."""
+    return "; ".join(
+        f"+{at - T0}: {list(d.tokens)}{' ' + d.finish_reason if d.finish_reason else ''}"
+        for at, d in deliveries
+    )
+
+
+def expect_ending(rid: str, reader: Reader, reason: FinishReason) -> None:
+    """How a stream that ran to its end ends, from an engine or through a router alike:
+    its last delivery, and that one alone, carries the finish reason ``reason``, and the
+    iteration stops after it."""
+    __tracebackhide__ = True
+    check(
+        reader.reason == reason,
+        f"request {rid}: the last delivery carries the finish reason: expected {reason!r}, "
+        f"got {reader.reason!r}",
+    )
+    check(
+        all(d.finish_reason is None for _, d in reader.taken[:-1]),
+        f"request {rid}: only the last delivery carries a finish reason: {show(reader.taken)}",
+    )
+    check(
+        reader.ended == "end",
+        f"request {rid}: after the last delivery the iteration stops; it ended {reader.ended}",
+    )
+
+
+__all__ = [
+    "STEP_NS",
+    "T0",
+    "VOCAB",
+    "Reader",
+    "Rig",
+    "expect_ending",
+    "fixed_step",
+    "request",
+    "show",
+]

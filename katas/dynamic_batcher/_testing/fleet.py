@@ -22,7 +22,9 @@ faults are the real ones, placed at a token:
   records the instant of every probe.
 
 A :class:`Fleet` holds the replicas, the clock and :class:`VirtualTime`, and builds the
-router under test over them with the suite's defaults.
+router under test over them with the suite's defaults; ``Fleet.routing`` arranges a
+router test at once (the fleet running, the router serving, its :class:`Clients`
+started), and ``Fleet.serve`` runs the clients to their ends besides.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from katas.dynamic_batcher.api import (
     PrefixCacheStatistics,
     ReplicaError,
     Request,
+    RouterStatistics,
     RoutingPolicy,
     StepOutput,
     StreamRouter,
@@ -59,13 +62,17 @@ from .engine import STEP_NS, T0, VOCAB, Reader
 from .model import FakeModel, reference_outputs
 
 SEED = 7
+#: The suite's stall timeout: 50 steps of silence and a replica is presumed dead.
+STALL = 50 * STEP_NS
+#: The suite's probe timeout: a health probe unanswered for 20 steps has failed.
+PROBE_TIMEOUT = 20 * STEP_NS
 #: The router's settings in the suite (and the pictures), besides its clock and block size.
 ROUTER_SETTINGS: dict[str, int] = {
     "max_outstanding_tokens": 1_000_000,
     "retry_after_ns": 1_000 * STEP_NS,
-    "stall_timeout_ns": 50 * STEP_NS,
+    "stall_timeout_ns": STALL,
     "probe_interval_ns": 10_000 * STEP_NS,
-    "probe_timeout_ns": 20 * STEP_NS,
+    "probe_timeout_ns": PROBE_TIMEOUT,
 }
 
 
@@ -414,6 +421,27 @@ class Fleet:
         """Move virtual time until every reader's stream has ended."""
         await self.time.run_until(lambda: ended(readers), within_ns=WITHIN, what=what)
 
+    @contextlib.asynccontextmanager
+    async def routing(
+        self, requests: Sequence[Request] = (), **options: Any
+    ) -> AsyncIterator[Clients]:
+        """The fleet running, the router under test (``options`` over the suite's defaults)
+        serving it, and a client task started for each of ``requests``: the arrangement
+        of nearly every router test, said once."""
+        async with self.running():
+            router = self.router(**options)
+            async with serving(router), anyio.create_task_group() as tasks:
+                yield Clients(self, router, tasks, self.start(router, requests, tasks))
+
+    async def serve(
+        self, requests: Sequence[Request], **options: Any
+    ) -> tuple[dict[str, Reader], RouterStatistics]:
+        """Every request's client read to its end through a router with ``options``: the
+        readers, and the router's statistics once the last stream ended."""
+        async with self.routing(requests, **options) as clients:
+            stats = await clients.finish()
+        return clients.readers, stats
+
     async def consume(self, stream: TokenStream) -> Reader:
         """Read ``stream`` to its end, moving virtual time as needed."""
         reader = Reader(stream, self.clock)
@@ -421,6 +449,27 @@ class Fleet:
             tg.start_soon(reader.run)
             await self.finish({"r": reader}, f"the stream of {stream.rid!r} to end")
         return reader
+
+
+@dataclass
+class Clients:
+    """A router serving a running :class:`Fleet`, and the clients reading from it, by
+    request id (from :meth:`Fleet.routing`)."""
+
+    fleet: Fleet
+    router: RouterUnderTest
+    tasks: anyio.abc.TaskGroup
+    readers: dict[str, Reader]
+
+    def start(self, requests: Sequence[Request]) -> None:
+        """More clients, started now, one for each of ``requests``."""
+        self.readers |= self.fleet.start(self.router, requests, self.tasks)
+
+    async def finish(self) -> RouterStatistics:
+        """Move virtual time until every client's stream has ended; the router's
+        statistics then."""
+        await self.fleet.finish(self.readers)
+        return self.router.statistics()
 
 
 def ended(readers: dict[str, Reader]) -> bool:
@@ -441,9 +490,12 @@ def expect_whole(readers: dict[str, Reader], want: dict[str, tuple[int, ...]], s
 
 __all__ = [
     "EXIT_S",
+    "PROBE_TIMEOUT",
     "ROUTER_SETTINGS",
     "SEED",
+    "STALL",
     "WITHIN",
+    "Clients",
     "Fleet",
     "RouterUnderTest",
     "SimCompletion",

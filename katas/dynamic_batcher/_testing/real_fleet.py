@@ -19,7 +19,8 @@ from katas.dynamic_batcher.api import ReplicaLink, Request, StreamRouter
 
 from . import replica
 from .engine import Reader
-from .fleet import RouterUnderTest
+from .fleet import RouterUnderTest, ended, serving
+from .http_link import HttpLink
 from .model import reference_outputs
 
 #: A real step: long enough for the router to act between two tokens on a loaded machine.
@@ -74,6 +75,39 @@ def start_real(
         for reader in readers.values():
             tg.start_soon(reader.run)
     return readers
+
+
+def links_to(procs: dict[str, Any]) -> list[ReplicaLink]:
+    """An HTTP link to each running replica process, by its name."""
+    return [HttpLink(n, p.url) for n, p in procs.items()]
+
+
+@contextlib.asynccontextmanager
+async def real_routing(
+    links: Sequence[ReplicaLink], requests: Sequence[Request], **options: Any
+) -> AsyncIterator[tuple[RouterUnderTest, dict[str, Reader]]]:
+    """The router under test over ``links``, serving, with a client task reading each of
+    ``requests``: the arrangement of the tests on real processes, said once."""
+    router = real_router(links, **options)
+    async with serving(router), anyio.create_task_group() as tg:
+        yield router, start_real(router, requests, tg)
+
+
+async def replica_at_token(
+    router: RouterUnderTest, readers: dict[str, Reader], rid: str, n: int
+) -> str:
+    """Wait in real time until ``rid``'s client has ``n`` tokens: the replica that
+    streams ``rid`` then, where a test places its fault."""
+    await stream_until(readers, lambda: len(readers[rid].tokens) >= n, f"{rid} at token {n}")
+    where = router.replicas.replica_of(rid)
+    if where is None:
+        raise AssertionError(f"{rid}, streaming its token {n}, runs on no replica")
+    return where
+
+
+async def finish_real(readers: dict[str, Reader]) -> None:
+    """Wait in real time (a hard deadline) until every stream has ended."""
+    await stream_until(readers, lambda: ended(readers), "every stream to end")
 
 
 async def consume_real(reader: Reader) -> None:
@@ -137,9 +171,13 @@ __all__ = [
     "REAL_DEADLINE_S",
     "REAL_STEP_US",
     "consume_real",
+    "finish_real",
     "garbage_server",
+    "links_to",
     "real_expected",
     "real_router",
+    "real_routing",
+    "replica_at_token",
     "replicas",
     "start_real",
     "stream_until",

@@ -268,30 +268,45 @@ def workloads(draw: st.DrawFn) -> tuple[dict[str, Any], dict[int, list[Request]]
     return config, arrivals, aborts
 
 
-@st.composite
-def runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
-    """A configuration, and what happens before each step: submissions (some with a
-    priority, a stop token or a deadline) and aborts."""
+def draw_run_config(draw: st.DrawFn) -> dict[str, Any]:
+    """A drawn run's batcher settings, all but ``num_blocks`` (the pool follows from the
+    requests drawn after them)."""
     block_size = draw(st.integers(1, 4), label="block_size")
     seqs = draw(st.integers(1, 4), label="max_num_seqs")
-    config: dict[str, Any] = {
+    return {
         "block_size": block_size,
         "max_num_seqs": seqs,
         "max_num_batched_tokens": draw(st.integers(seqs, 12), label="budget"),
         "policy": draw(st.sampled_from(["fcfs", "priority"]), label="policy"),
     }
+
+
+def draw_submission(draw: st.DrawFn, plain: Request, at: int, block_size: int) -> Request:
+    """``plain`` as submitted before step ``at``: a drawn priority, sometimes a deadline,
+    and sometimes a stop token, its own 2nd token (some stop early, some never)."""
+    options: dict[str, Any] = {"priority": draw(st.integers(0, 2))}
+    if draw(st.booleans()):
+        options["deadline_ns"] = (at + draw(st.integers(0, 12))) * STEP_NS
+    r = Request(plain.rid, plain.prompt, plain.max_new_tokens, **options)
+    if draw(st.booleans()):
+        stop = {unbatched(r, block_size)[:2][-1]}
+        r = Request(plain.rid, plain.prompt, plain.max_new_tokens, stop_tokens=stop, **options)
+    return r
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
+    """A configuration, and what happens before each step: submissions (some with a
+    priority, a stop token or a deadline) and aborts."""
+    config = draw_run_config(draw)
+    block_size = config["block_size"]
     events: list[tuple[int, str, Any]] = []
     worst = 1
     for i in range(draw(st.integers(1, 8), label="requests")):
         prompt, new = draw(st.integers(1, 14)), draw(st.integers(1, 8))
         worst = max(worst, ceil_div(prompt + new - 1, block_size))  # its longest KV
         at = draw(st.integers(1, 8))
-        options: dict[str, Any] = {"priority": draw(st.integers(0, 2))}
-        if draw(st.booleans()):
-            options["deadline_ns"] = (at + draw(st.integers(0, 12))) * STEP_NS
-        r = req(f"r{i}", prompt, new, **options)
-        if draw(st.booleans()):  # stop at its own 2nd token: some stop early, some never
-            r = req(f"r{i}", prompt, new, stop_tokens={unbatched(r, block_size)[:2][-1]}, **options)
+        r = draw_submission(draw, req(f"r{i}", prompt, new), at, block_size)
         events.append((at, "submit", r))
         if draw(st.integers(0, 5)) == 0:
             events.append((at + draw(st.integers(0, 6)), "abort", r.rid))
@@ -341,6 +356,8 @@ __all__ = [
     "assert_transparent",
     "batcher",
     "ceil_div",
+    "draw_run_config",
+    "draw_submission",
     "model",
     "req",
     "runs",
