@@ -241,10 +241,14 @@ async def test_stage3_real_a_stopped_replica_that_continues_injects_nothing(
             finally:
                 procs[victim].process.send(signal.SIGCONT)  # the zombie wakes up
             await finish_real(readers)
+            # The clients' tokens first: a zombie's tokens fail the test at once, before
+            # the real-time wait for the replica to see its old connection closed.
+            expect_whole(
+                readers, want, f"replica {victim} got SIGSTOP at r0's 3rd token, then SIGCONT"
+            )
             procs[victim].wait_for("disconnected r0")  # its old connection was closed
             await router.check_health()
             stats = router.statistics()
-    expect_whole(readers, want, f"replica {victim} got SIGSTOP at r0's 3rd token, then SIGCONT")
     assert stats.down == (), f"the resumed replica answers its probe again: {stats}"
 
 
