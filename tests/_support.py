@@ -39,6 +39,22 @@ def stage_suites() -> list[tuple[str, int]]:
     ]
 
 
+def suite_files() -> list[Path]:
+    """Every suite file a ``kata.toml`` names (and the repository holds), sorted."""
+    return sorted(
+        path
+        for kata in _catalog().katas()
+        for stage in kata.stages
+        for path in kata.suite_paths(stage)
+        if path.is_file()
+    )
+
+
+def suite_id(path: Path) -> str:
+    """``kata/test_stageN.py``: a suite file as a test id names it."""
+    return f"{path.parent.name}/{path.name}"
+
+
 def uses_redis(kata: str, stage: int) -> bool:
     """What the stage's kata.toml says: its suite needs Redis."""
     return _catalog().get(kata).stage(stage).redis

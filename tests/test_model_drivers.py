@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 import pytest
+from _support import suite_files, suite_id
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -36,37 +37,25 @@ from katas._harness.machines import (
     unwalked,
 )
 from katas._harness.walks import replay
-from katas._registry.catalog import Catalog
-from katas._registry.impl import REPO_ROOT
 
-SUITES = sorted(
-    path
-    for kata in Catalog(REPO_ROOT / "katas").katas()
-    for stage in kata.stages
-    for path in kata.suite_paths(stage)
-    if path.is_file()
-)
+SUITES = suite_files()
 
 
-def _name(path: Path) -> str:
-    return f"{path.parent.name}/{path.name}"
-
-
-@pytest.mark.parametrize("path", SUITES, ids=_name)
+@pytest.mark.parametrize("path", SUITES, ids=suite_id)
 def test_every_driven_machine_has_every_rule_run_by_a_derived_driver(path: Path) -> None:
     module = importlib.import_module(f"katas.{path.parent.name}.{path.stem}")
     missing = uncovered(module)
-    assert not missing, f"{_name(path)}: rules of its state machines no driver of it runs: " + (
+    assert not missing, f"{suite_id(path)}: rules of its state machines no driver of it runs: " + (
         "; ".join(f"{machine}: {sorted(rules)}" for machine, rules in sorted(missing.items()))
     )
 
 
-@pytest.mark.parametrize("path", SUITES, ids=_name)
+@pytest.mark.parametrize("path", SUITES, ids=suite_id)
 def test_every_machine_derived_from_operations_walks_exactly_their_kinds(path: Path) -> None:
     module = importlib.import_module(f"katas.{path.parent.name}.{path.stem}")
     missing = unwalked(module)
     assert not missing, (
-        f"{_name(path)}: its lists of operations and its state machines walk different "
+        f"{suite_id(path)}: its lists of operations and its state machines walk different "
         "kinds: "
         + "; ".join(f"{machine}: {', '.join(gaps)}" for machine, gaps in sorted(missing.items()))
     )

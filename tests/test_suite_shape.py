@@ -18,9 +18,7 @@ import ast
 from pathlib import Path
 
 import pytest
-
-from katas._registry.catalog import Catalog
-from katas._registry.impl import REPO_ROOT
+from _support import suite_files, suite_id
 
 #: The line a suite's first test must start by.
 FIRST_TEST_BY = 150
@@ -29,52 +27,39 @@ MAX_LINES = 1_300
 #: Names a suite must take from the harness instead of defining.
 HARNESS_ONLY = {"Story", "expect", "check", "diff", "diff_fields", "differences"}
 
-SUITES = sorted(
-    path
-    for kata in Catalog(REPO_ROOT / "katas").katas()
-    for stage in kata.stages
-    for path in kata.suite_paths(stage)
-    if path.is_file()
-)
+SUITES = suite_files()
 
 
-def _name(path: Path) -> str:
-    return f"{path.parent.name}/{path.name}"
-
-
-@pytest.mark.parametrize("path", SUITES, ids=_name)
+@pytest.mark.parametrize("path", SUITES, ids=suite_id)
 def test_a_suite_starts_with_its_map_and_reaches_a_test_soon(path: Path) -> None:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    assert ast.get_docstring(tree), f"{_name(path)}: a suite file opens with its map (a docstring)"
-    firsts = [
-        node.lineno
+    assert ast.get_docstring(tree), (
+        f"{suite_id(path)}: a suite file opens with its map (a docstring)"
+    )
+    starts = [  # a test's first line: its first decorator's, or its def's
+        min([node.lineno, *(d.lineno for d in node.decorator_list)])
         for node in tree.body
-        if (isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
         and node.name.lower().startswith("test")
     ]
-    assert firsts, f"{_name(path)}: no test"
-    first = min(
-        min([n.lineno, *(d.lineno for d in n.decorator_list)])
-        for n in tree.body
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-        and n.lineno in firsts
-    )
+    assert starts, f"{suite_id(path)}: no test"
+    first = min(starts)
     assert first <= FIRST_TEST_BY, (
-        f"{_name(path)}: the first test starts at line {first}; move drivers and models to "
+        f"{suite_id(path)}: the first test starts at line {first}; move drivers and models to "
         f"the kata's _testing/ so it starts by line {FIRST_TEST_BY}"
     )
 
 
-@pytest.mark.parametrize("path", SUITES, ids=_name)
+@pytest.mark.parametrize("path", SUITES, ids=suite_id)
 def test_a_suite_file_stays_readable_in_length(path: Path) -> None:
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, (
-        f"{_name(path)}: {lines} lines (at most {MAX_LINES}): split the stage by subject "
+        f"{suite_id(path)}: {lines} lines (at most {MAX_LINES}): split the stage by subject "
         "(kata.toml's suite = [...]) or move helpers to the kata's _testing/"
     )
 
 
-@pytest.mark.parametrize("path", SUITES, ids=_name)
+@pytest.mark.parametrize("path", SUITES, ids=suite_id)
 def test_a_suite_tells_failures_with_the_harness_and_no_hand_typed_rule_marker(
     path: Path,
 ) -> None:
@@ -88,11 +73,11 @@ def test_a_suite_tells_failures_with_the_harness_and_no_hand_typed_rule_marker(
         and node.col_offset == 0
     )
     assert not own, (
-        f"{_name(path)} defines {own}: use katas._harness.story (expect, check, Story, "
+        f"{suite_id(path)} defines {own}: use katas._harness.story (expect, check, Story, "
         "differences) instead"
     )
     marked = [n for n, line in enumerate(text.splitlines(), 1) if "§" in line]
     assert not marked, (
-        f"{_name(path)}: a hand-typed § on lines {marked[:10]}: name the rule with "
+        f"{suite_id(path)}: a hand-typed § on lines {marked[:10]}: name the rule with "
         "@pytest.mark.rule and by its id in prose"
     )
