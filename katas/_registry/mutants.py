@@ -43,8 +43,12 @@ class Mutant:
         return f"{self.kata}/{self.path.stem}"
 
 
-def parse(path: Path) -> Mutant:
-    """Read one ``.diff`` file; ValueError names the file and what is missing."""
+def parse(path: Path, required: tuple[str, ...] = ("bug", "why", "catches")) -> Mutant:
+    """Read one ``.diff`` file; ValueError names the file and what is missing.
+
+    ``required``: the header lines it must have (a blind hunt's bug has no ``catches``
+    yet: see ``tests/hunt.py``).
+    """
     match = _NAME.fullmatch(path.name)
     if match is None:
         raise ValueError(f"{path}: catalogue files are named stageN_<bug>.diff")
@@ -54,7 +58,7 @@ def parse(path: Path) -> Mutant:
             break
         field, _, value = line[2:].partition(":")
         header[field.strip()] = (header.get(field.strip(), "") + " " + value.strip()).strip()
-    for field in ("bug", "why", "catches"):
+    for field in required:
         if not header.get(field):
             raise ValueError(f"{path}: header line '# {field}: ...' is missing")
     return Mutant(
@@ -64,7 +68,7 @@ def parse(path: Path) -> Mutant:
         slug=match["slug"],
         bug=header["bug"],
         why=header["why"],
-        catches=tuple(header["catches"].split()),
+        catches=tuple(header.get("catches", "").split()),
     )
 
 
