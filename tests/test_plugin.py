@@ -17,7 +17,8 @@ from _support import (
     learner_pytest,
 )
 
-from katas._harness.failures import classify, failure_detail, regex_mismatch
+from katas._harness.failures import classify, failing_rule, failure_detail, regex_mismatch
+from katas._registry import mutants
 from katas._registry.impl import REPO_ROOT
 from katas._registry.suites import run_suite
 
@@ -201,3 +202,31 @@ def test_a_raises_match_failure_says_the_pattern_and_the_message(text: str) -> N
     assert (kind, message) == ("assertion", f"stage 1: Regex pattern did not match: {said}")
     assert failure_detail(AssertionError(text), kind) == said
     assert regex_mismatch("stage 1: sub(5, 3) must be 2\nRegex: 'x'\nInput: 'y'") == ""
+
+
+def test_a_failing_state_machine_names_itself_and_its_rule_not_run_test(tmp_path: Path) -> None:
+    """hypothesis runs a state machine as ``…::runTest``: the failure's line names the
+    machine and the rule whose step failed, and the report's id is the test class."""
+    entry = mutants.parse(
+        REPO_ROOT / "tests/mutants/kv_cache/stage1_contains_refreshes_recency.diff"
+    )
+    impl = mutants.materialise(entry, tmp_path / "impl")
+    run = run_suite(
+        REPO_ROOT / "katas/kv_cache/test_stage1.py",
+        impl=str(impl),
+        pytest_args=["-k", "LRUMatchesTheModel and not Weighted"],
+    )
+    [failure] = run.failures()
+    assert failure.test_id == "TestStage1LRUMatchesTheModel", failure.nodeid
+    assert failure.message.startswith("stage 1: LRUCacheMachine, rule "), failure.message
+    assert "stage 1: LRUCacheMachine, rule " in run.output, run.output[-3000:]
+
+
+def test_the_failing_rule_is_the_last_step_before_teardown() -> None:
+    failure = AssertionError("held keys differ")
+    for note in ("Failing test case: <state machine>", "state = M()", "state.put(k=2)"):
+        failure.add_note(note)
+    failure.add_note("state.get()")
+    failure.add_note("state.teardown()")
+    assert failing_rule(failure) == "get"
+    assert failing_rule(AssertionError("no notes")) is None

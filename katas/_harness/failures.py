@@ -105,6 +105,27 @@ def classify(exc: BaseException) -> tuple[str, str]:
     return "error", f"{type(top).__name__}: {top}".splitlines()[0]
 
 
+def machine_of(item: pytest.Item) -> type | None:
+    """The hypothesis state machine a stateful test (its ``runTest``) walks, or None."""
+    return getattr(getattr(item, "obj", None), "_hypothesis_state_machine_class", None)
+
+
+#: A step in hypothesis's note of a failing run (``state.put(key='a', value=1)``), or in a
+#: fixed walk's (:func:`katas._harness.walks.replay`).
+_STEP = re.compile(r"^state\.(?P<rule>\w+)\(")
+
+
+def failing_rule(exc: BaseException) -> str | None:
+    """The rule of a state machine whose step failed: the last step before ``teardown`` in
+    the notes of ``exc`` (or of the first assertion of its group); None if they say none."""
+    for e in (exc, *_assertions(exc)):
+        steps = [m["rule"] for n in getattr(e, "__notes__", ()) if (m := _STEP.match(n))]
+        steps = [s for s in steps if s != "teardown"]
+        if steps:
+            return steps[-1]
+    return None
+
+
 def _assertions(exc: BaseException) -> Iterator[BaseException]:
     """The assertion failures ``exc`` stands for: itself, or the leaves of its group."""
     return (e for e in _members(exc) if isinstance(e, AssertionError | pytest.fail.Exception))
@@ -122,11 +143,16 @@ def explained_once(text: str) -> str:
     return "\n".join(lines[:cut])
 
 
-def tell_once(exc: BaseException, stage: int) -> None:
+def tell_once(exc: BaseException, stage: int, machine: type | None = None) -> None:
     """Rewrite, in place, the messages of the assertions that failed a stage's test: each
     tagged ``stage N:`` (from the test's marker, not typed into every message) and
-    :func:`explained_once`. Called before pytest formats the failure."""
+    :func:`explained_once`. A stateful test's tag names its ``machine`` and the rule whose
+    step failed (``stage 1: LRUCacheMachine, rule put: …``), which its test id, hypothesis's
+    ``runTest``, does not. Called before pytest formats the failure."""
     tag = f"stage {stage}: "
+    if machine is not None:
+        rule = failing_rule(exc)
+        tag += f"{machine.__name__}{f', rule {rule}' if rule else ''}: "
     for e in _assertions(exc):
         if isinstance(e, pytest.fail.Exception):
             msg = e.msg or ""

@@ -35,6 +35,7 @@ from katas._harness.failures import (
     failed_record,
     failure_detail,
     is_noise,
+    machine_of,
     part_of,
     running_place,
     start_hint,
@@ -387,8 +388,11 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     stage = item.get_closest_marker("stage")
-    if call.excinfo is not None and stage is not None:
-        tell_once(call.excinfo.value, int(stage.args[0]))  # before pytest formats it
+    # A unittest-style test (a state machine's) keeps its failure aside until pytest's own
+    # hook, after this one, moves it to ``call``: tell it before pytest formats it.
+    kept = getattr(item, "_excinfo", None) or [call.excinfo]
+    if kept[0] is not None and stage is not None:
+        tell_once(kept[0].value, int(stage.args[0]), machine_of(item))
     report = yield
     record = item.config.stash[_report_key]
     if call.excinfo is not None and report.failed:

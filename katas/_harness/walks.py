@@ -48,10 +48,15 @@ def replay(machine_type: type[RuleBasedStateMachine], walk: Walk) -> None:
         for name, arguments in walk:
             # A fresh Drawn each time: a walk may be replayed again.
             fresh = {k: _fresh(v) for k, v in arguments.items()}
-            getattr(machine, name)(**fresh)
-            for invariant in getattr(machine, "invariants", ()):
-                if all(check(machine) for check in invariant.preconditions):
-                    invariant.function(machine)
+            try:
+                getattr(machine, name)(**fresh)
+                for invariant in getattr(machine, "invariants", ()):
+                    if all(check(machine) for check in invariant.preconditions):
+                        invariant.function(machine)
+            except AssertionError as failure:  # as hypothesis notes a failing step
+                shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+                failure.add_note(f"state.{name}({shown})")
+                raise
     finally:
         machine.teardown()
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from katas._registry import reach
 from katas._registry.catalog import default_root, load_kata
 from katas._runtime import native
 
@@ -55,7 +56,10 @@ class Selection:
             package = f"{self.package}.{kata}"
             if self.base == "reference" and self.package != "solutions" and top > 1:
                 package = _based_package(self.package, kata, top)
-            self._modules[key] = importlib.import_module(f"{package}.{stage_module(kata, stage)}")
+            module = importlib.import_module(f"{package}.{stage_module(kata, stage)}")
+            if stage == top:  # the stage a suite tests: which of its names it calls
+                reach.watch(module, f"{kata}/stage{stage}")
+            self._modules[key] = module
         return self._modules[key]
 
 

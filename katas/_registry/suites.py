@@ -62,8 +62,9 @@ class TestResult:
 
     @property
     def test_id(self) -> str:
-        """The test's id inside its file, with parameters: ``test_x[trio]``."""
-        return self.nodeid.split("::", 1)[-1]
+        """The test's id inside its file, with parameters: ``test_x[trio]``; a stateful
+        test's is its class (``TestStage1LRUModel``), not hypothesis's ``…::runTest``."""
+        return self.nodeid.split("::", 1)[-1].removesuffix("::runTest")
 
     @property
     def name(self) -> str:
