@@ -9,8 +9,9 @@ a driver, the harness) appends ``<kata>/<module>:<Class>.<name>`` to ``FILE`` at
 test run in a forked child ends with ``os._exit``, so nothing waits for the exit) and
 puts the original back, so each name costs one extra call; a call from the
 implementation itself (one public method using another) records nothing, since a stub's
-author need not write it that way. ``tests/test_suites.py`` reads the file after the
-reference's run of each suite.
+author need not write it that way — except a constructor's: a class the implementation
+builds for the tests (a stream a multiplexer opens) is reached once it is built.
+``tests/test_suites.py`` reads the file after the reference's run of each suite.
 """
 
 from __future__ import annotations
@@ -80,10 +81,12 @@ def expected(module: ModuleType, label: str) -> set[str]:
 def _recorder(
     original: Callable[..., Any], key: str, own_dir: str, undo: Callable[[], None]
 ) -> Any:
+    anyone = key.endswith(".__init__")  # built by the implementation counts too
+
     @functools.wraps(original)
     def reached(*args: Any, **kwargs: Any) -> Any:
         caller = sys._getframe(1).f_code.co_filename
-        if not caller.startswith(own_dir):
+        if anyone or not caller.startswith(own_dir):
             undo()
             with open(os.environ[ENV_REACHED], "a", encoding="utf-8") as file:
                 file.write(key + "\n")
