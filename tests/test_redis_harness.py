@@ -394,3 +394,41 @@ def test_fixture_follows_the_environment(redis_env: RedisEnv) -> None:
     expected = "server" if os.environ.get("KATA_REDIS_SERVER") else "fakeredis"
     assert redis_env.mode == expected, "a redis_faults test never gets the external server"
     assert redis_env.server().can_fault
+
+
+# --------------------------------------------------------------------------- cluster
+
+
+@needs_server
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_a_local_cluster_moves_a_slot_step_by_step_and_fails_without_a_master() -> None:
+    from redis.crc import key_slot
+
+    from katas._harness.redis_cluster import LocalCluster
+
+    with LocalCluster(command=SERVER_CMD) as cluster:
+        client = cluster.client()
+        keys = [f"{{queue}}:{i}" for i in range(30)]
+        for i, key in enumerate(keys):
+            client.set(key, i)
+        slot = key_slot(b"queue")
+        source = cluster.owner(slot)
+        target = next(n for n in cluster.nodes if n is not source)
+        cluster.begin_migration(slot, target)
+        assert cluster.move_keys(slot, target, count=10) == 10
+        # half moved: a key on either side is still read (ASK), a split multi-key call is not
+        assert [client.get(k) for k in keys] == [str(i).encode() for i in range(30)]
+        with pytest.raises(redis.RedisError):
+            client.mget(keys)
+        cluster.move_keys(slot, target)
+        cluster.finish_migration(slot, target)
+        assert cluster.owner(slot) is target
+        assert client.mget(keys) == [str(i).encode() for i in range(30)]
+        cluster.kill(target)
+        cluster.wait_state("fail")
+        other = next(f"k{i}" for i in range(100) if cluster.owner_of(f"k{i}") is source)
+        with pytest.raises(redis.exceptions.ClusterDownError):
+            client.get(other)
+        cluster.revive(target)
+        assert client.get(keys[0]) is None  # a master without persistence comes back empty
+        assert cluster.state() == "ok"

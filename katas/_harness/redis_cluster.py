@@ -1,0 +1,213 @@
+"""A real Redis Cluster on loopback: several ``redis-server --cluster-enabled yes``
+processes joined with ``redis-cli --cluster create``, for the stage-3 tests that move
+slots and kill masters while work runs.
+
+Each node is a :class:`~katas._harness.redis.ProcessNode` (a private server without
+persistence, its own folder holding its ``nodes.conf``, killed with the test). A
+:class:`LocalCluster` knows which master owns each slot and can:
+
+- move a slot to another master as ``redis-cli --cluster reshard`` does, one step at a
+  time so a test runs work between them: :meth:`LocalCluster.begin_migration` (the target
+  ``IMPORTING``, the owner ``MIGRATING``: a key already moved answers ``ASK``, a
+  multi-key command whose keys are split answers ``TRYAGAIN``),
+  :meth:`LocalCluster.move_keys` (``MIGRATE`` a batch of the slot's keys) and
+  :meth:`LocalCluster.finish_migration` (``SETSLOT … NODE`` everywhere: ``MOVED``);
+- kill a master and start it again (:meth:`LocalCluster.kill`, :meth:`LocalCluster.revive`):
+  without replicas the cluster goes to ``fail`` and every node answers ``CLUSTERDOWN``
+  until the master is back — with an empty dataset, as a restarted server without
+  persistence has.
+
+Clients (:meth:`LocalCluster.client`) are redis-py's ``RedisCluster``, with the harness's
+socket timeout and no retries, so a fault shows up as one exception.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from typing import Any
+
+import redis
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from katas._harness.redis import START_DEADLINE_S, ProcessNode, _free_port, client_kwargs
+
+#: Slots in a Redis Cluster.
+SLOTS = 16384
+#: How long a node waits before it calls an unreachable master failing (ms); short, so
+#: a test that kills a master sees the cluster fail within about a second.
+NODE_TIMEOUT_MS = 1000
+#: Real seconds the cluster may take to agree on a state a test waits for.
+STATE_DEADLINE_S = 15.0
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be started or did not reach the state a test waited for."""
+
+
+class LocalCluster:
+    """``masters`` private ``redis-server`` processes in one cluster, slots split evenly."""
+
+    def __init__(self, masters: int = 3, command: list[str] | None = None) -> None:
+        if masters < 3:
+            raise ValueError(f"masters must be at least 3 (redis-cli's minimum), got {masters}")
+        base = command or ["redis-server"]
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise ClusterError("redis-cli is not installed: it creates the cluster")
+        self.nodes: list[ProcessNode] = []
+        try:
+            for _ in range(masters):
+                # a bus port of its own: the default, the port + 10 000, may not exist
+                bus = str(_free_port())
+                timeout = str(NODE_TIMEOUT_MS)
+                cluster = ["--cluster-enabled", "yes", "--cluster-port", bus]
+                self.nodes.append(ProcessNode([*base, *cluster, "--cluster-node-timeout", timeout]))
+            created = subprocess.run(
+                [cli, "--cluster", "create", *self.addresses(), "--cluster-yes"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            if created.returncode != 0:
+                raise ClusterError(f"redis-cli --cluster create failed: {created.stdout[-800:]}")
+            self.wait_state("ok")
+        except BaseException:
+            self.close()
+            raise
+
+    # --- what the cluster looks like --------------------------------------------------------
+
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{node.port}" for node in self.nodes]
+
+    def node_id(self, node: ProcessNode) -> str:
+        found = _call(node, "CLUSTER", "MYID")
+        return found.decode() if isinstance(found, bytes) else str(found)
+
+    def owner(self, slot: int) -> ProcessNode:
+        """The master that serves ``slot`` now (as a live master sees the slot map)."""
+        for node in self._live():
+            for start, end, master, *_ in _call(node, "CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return self._by_port(int(master[1]))
+            break
+        raise ClusterError(f"no master serves slot {slot}")
+
+    def owner_of(self, key: str) -> ProcessNode:
+        return self.owner(key_slot(key.encode()))
+
+    def state(self, node: ProcessNode | None = None) -> str:
+        """``ok`` or ``fail``, as ``node`` (default: the first live one) reports it."""
+        info = _call(node or self._live()[0], "CLUSTER", "INFO")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        for line in text.splitlines():
+            if line.startswith("cluster_state:"):
+                return line.split(":", 1)[1].strip()
+        raise ClusterError(f"CLUSTER INFO without cluster_state: {text[:200]}")
+
+    def wait_state(self, state: str) -> None:
+        """Wait (real time) until every live node reports ``state``."""
+        deadline = time.monotonic() + STATE_DEADLINE_S
+        while True:
+            try:
+                if all(self.state(node) == state for node in self._live()):
+                    return
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the cluster did not reach state {state!r} in time")
+            time.sleep(0.05)
+
+    # --- clients ----------------------------------------------------------------------------
+
+    def client(self, **overrides: Any) -> RedisCluster:
+        """A cluster client with the harness's socket timeout and no retries."""
+        options = client_kwargs(**overrides)
+        host, port = self.addresses()[0].split(":")
+        return RedisCluster(host=host, port=int(port), **options)
+
+    # --- moving a slot ----------------------------------------------------------------------
+
+    def begin_migration(self, slot: int, target: ProcessNode) -> None:
+        """The target imports ``slot``, its owner migrates it: from now on a key the owner
+        no longer holds is answered with ``ASK``."""
+        source = self.owner(slot)
+        if source is target:
+            raise ValueError(f"slot {slot} is already served by port {target.port}")
+        _call(target, "CLUSTER", "SETSLOT", slot, "IMPORTING", self.node_id(source))
+        _call(source, "CLUSTER", "SETSLOT", slot, "MIGRATING", self.node_id(target))
+
+    def move_keys(self, slot: int, target: ProcessNode, count: int | None = None) -> int:
+        """``MIGRATE`` up to ``count`` (default: all) of ``slot``'s keys from its owner to
+        ``target``; how many moved."""
+        source = self.owner(slot)
+        moved = 0
+        while count is None or moved < count:
+            batch = 100 if count is None else min(100, count - moved)
+            keys = _call(source, "CLUSTER", "GETKEYSINSLOT", slot, batch)
+            if not keys:
+                break
+            _call(source, "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+            moved += len(keys)
+        return moved
+
+    def finish_migration(self, slot: int, target: ProcessNode) -> None:
+        """Every master now says ``target`` serves ``slot`` (``MOVED`` from the others)."""
+        target_id = self.node_id(target)
+        for node in [target, *(n for n in self._live() if n is not target)]:
+            _call(node, "CLUSTER", "SETSLOT", slot, "NODE", target_id)
+
+    def migrate(self, slot: int, target: ProcessNode) -> None:
+        """Move ``slot`` and all its keys to ``target`` at once."""
+        self.begin_migration(slot, target)
+        self.move_keys(slot, target)
+        self.finish_migration(slot, target)
+
+    # --- faults -----------------------------------------------------------------------------
+
+    def kill(self, node: ProcessNode) -> None:
+        """SIGKILL ``node``; the others call it failing after :data:`NODE_TIMEOUT_MS`."""
+        node.stop()
+
+    def revive(self, node: ProcessNode) -> None:
+        """Start ``node`` again (same port, same ``nodes.conf``: same id and slots, no
+        data) and wait until the cluster is ``ok``."""
+        node.start()
+        self.wait_state("ok")
+
+    # --- the end ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+        self.nodes = []
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _live(self) -> list[ProcessNode]:
+        live = [n for n in self.nodes if n._proc is not None]
+        if not live:
+            raise ClusterError("every node is stopped")
+        return live
+
+    def _by_port(self, port: int) -> ProcessNode:
+        for node in self.nodes:
+            if node.port == port:
+                return node
+        raise ClusterError(f"no node of this cluster listens on port {port}")
+
+
+def _call(node: ProcessNode, *command: Any) -> Any:
+    """``command`` on ``node``'s own administration client (kept open by the node)."""
+    return node._admin().execute_command(*command)  # type: ignore[no-untyped-call]
+
+
+__all__ = ["NODE_TIMEOUT_MS", "SLOTS", "START_DEADLINE_S", "ClusterError", "LocalCluster"]
