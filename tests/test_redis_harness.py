@@ -23,6 +23,7 @@ import redis
 
 from katas._harness.faultproxy import RespCommandParser
 from katas._harness.redis import FROZEN_START_NS, ProcessNode, RedisEnv
+from katas._runtime.clients import check_client, unavailable
 
 SERVER_CMD = shlex.split(os.environ.get("KATA_REDIS_SERVER") or "redis-server")
 needs_server = pytest.mark.skipif(
@@ -432,3 +433,39 @@ def test_a_local_cluster_moves_a_slot_step_by_step_and_fails_without_a_master() 
         cluster.revive(target)
         assert client.get(keys[0]) is None  # a master without persistence comes back empty
         assert cluster.state() == "ok"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        redis.exceptions.ClusterDownError("The cluster is down"),
+        redis.exceptions.MasterDownError("Link with MASTER is down"),
+        redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+        redis.ResponseError("CLUSTERDOWN The cluster is down"),
+        redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_redis_py_typed_cluster_replies_are_unavailability(error: redis.RedisError) -> None:
+    """redis-py cuts the reply's code (CLUSTERDOWN, TRYAGAIN, MASTERDOWN) from the text of
+    the error it types: the type alone must say "cannot serve now"."""
+    assert unavailable(error), f"{type(error).__name__}: {error}"
+    assert not unavailable(redis.ResponseError("WRONGTYPE Operation against a key"))
+
+
+@needs_server
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_a_cluster_client_that_retries_is_refused_and_one_that_does_not_is_accepted() -> None:
+    from redis.cluster import RedisCluster
+
+    from katas._harness.redis_cluster import LocalCluster
+
+    with LocalCluster(command=SERVER_CMD) as cluster:
+        check_client(cluster.client())
+        host, port = cluster.addresses()[0].split(":")
+        default = RedisCluster(host=host, port=int(port), socket_timeout=0.2)
+        try:
+            with pytest.raises(ValueError, match="retries"):
+                check_client(default)
+        finally:
+            default.close()

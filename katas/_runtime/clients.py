@@ -66,19 +66,25 @@ def unavailable(error: BaseException) -> bool:
 
     if isinstance(error, redis.ConnectionError | redis.TimeoutError):
         return True
+    # redis-py raises these replies as types of their own, their code cut from the text
+    typed = redis.exceptions.ClusterDownError | redis.exceptions.TryAgainError
+    if isinstance(error, typed):  # (MasterDownError is a ClusterDownError)
+        return True
     return isinstance(error, redis.ResponseError) and str(error).startswith(UNAVAILABLE_REPLIES)
 
 
 def check_client(client: Any, name: str = "client") -> None:
-    """ValueError naming ``name`` unless ``client`` (redis-py or fakeredis, sync or async)
-    has a socket timeout and makes no automatic retries."""
+    """ValueError naming ``name`` unless ``client`` (redis-py or fakeredis, sync or async,
+    a ``Redis`` or a ``RedisCluster``) has a socket timeout and makes no automatic
+    retries."""
     kwargs = client.get_connection_kwargs() if hasattr(client, "get_connection_kwargs") else {}
     if kwargs.get("socket_timeout") is None:
         raise ValueError(
             f"{name} must have a socket_timeout: without one a blackholed Redis hangs every "
             f"call (e.g. {EXAMPLE})"
         )
-    retry = client.get_retry() if hasattr(client, "get_retry") else None
+    # a cluster client keeps its Retry as ``retry`` (it has no ``get_retry``)
+    retry = client.get_retry() if hasattr(client, "get_retry") else getattr(client, "retry", None)
     retries = retry.get_retries() if retry is not None else 0
     if retries:
         raise ValueError(
