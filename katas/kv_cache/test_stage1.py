@@ -21,13 +21,13 @@ Time is a ``ManualClock``; caches are built by ``_testing/caches.py``'s ``make``
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import settings
 
 from katas._harness.marks import core, extended, rule
-from katas._harness.story import check
+from katas._harness.story import check, expect
 from katas.kv_cache._testing.caches import (
     ALL_KINDS,
     EVICTED,
@@ -44,6 +44,11 @@ from katas.kv_cache._testing.caches import (
     weighed_by_length,
 )
 from katas.kv_cache._testing.callbacks import consistency_problems
+from katas.kv_cache._testing.expiry import (
+    BEYOND_ONE_SWEEP,
+    behind_stale_deadlines,
+    heavy_put_needing_every_expired_slot,
+)
 from katas.kv_cache._testing.machine import model_test
 from katas.kv_cache.api import CacheStats, ExpiringCache, ManualClock
 
@@ -377,7 +382,7 @@ def test_stage1_an_oversize_value_raises_and_changes_nothing(kind: str) -> None:
 @extended
 @rule("bad-weight")
 @pytest.mark.parametrize("kind", ALL_KINDS)
-@pytest.mark.parametrize("weight", [-1, 1.5, "3"])
+@pytest.mark.parametrize("weight", [-1, 1.5, "3", True, False])
 def test_stage1_a_bad_weight_raises_and_changes_nothing(kind: str, weight: Any) -> None:
     cache, log = heard(kind, 10, max_weight=10, weigh=lambda v: weight)
     with pytest.raises(ValueError) as raised:
@@ -447,6 +452,47 @@ def test_stage1_expired_entries_never_pile_up() -> None:
     assert sum(reclaimed) == 500 and all(1 <= r <= 64 for r in reclaimed), (
         f"500 expired entries must be reclaimed by later puts, at least 1 and at "
         f"most 64 per put; reclaimed per put: {reclaimed[:20]}… in all {sum(reclaimed)}"
+    )
+
+
+@extended
+@rule("active-expiry")
+@pytest.mark.parametrize("stale", ["updated", "deleted"])
+def test_stage1_a_put_reclaims_an_expired_entry_behind_stale_deadlines(stale: str) -> None:
+    cache, clock, log, steps = behind_stale_deadlines(stale)
+    clock.set(START + TTL)  # a's deadline: a is the only expired entry
+    cache.put("z", "z")
+    heard = log.take()
+    check(
+        ("a", "A", EXPIRED) in heard,
+        "each put reclaims at least one expired entry while any remain, and the deadlines "
+        "of keys updated or deleted since are no expired entries. Steps: "
+        + "; ".join(steps)
+        + f"; at START + TTL put('z', 'z'), while {BEYOND_ONE_SWEEP} stale deadlines "
+        f"({stale}) lie ahead of a's. Expected on_evict('a', 'A', EXPIRED) from that put; "
+        f"heard {heard} — a sweep that counts stale bookkeeping against its limit reclaims "
+        "nothing",
+    )
+
+
+@extended
+@rule("active-expiry", "ttl-full-drops-expired", "heavy-evicts-many")
+@pytest.mark.parametrize("update", [False, True], ids=["a-new-key", "an-update"])
+def test_stage1_a_put_needing_room_drops_every_expired_entry_first(update: bool) -> None:
+    cache, _, log, steps = heavy_put_needing_every_expired_slot(update)
+    key = "m" if update else "heavy"
+    cache.put(key, "h" * 80)
+    heard = log.take()
+    evicted = [c for c in heard if c[2] is EVICTED]
+    expired = sum(c[2] is EXPIRED for c in heard)
+    check(
+        not evicted and expired == 90 and "live" in cache,
+        "a put that needs room drops every expired entry before it evicts a live one, "
+        "however many there are (a bounded sweep is not enough). Steps: "
+        + "; ".join(steps)
+        + f"; put({key!r}, 'h' * 80): it needs the room of all 90 expired entries, and "
+        f"then fits (5 + {0 if update else 1} + 80 <= 100). Expected 90 EXPIRED and no "
+        f"EVICTED; heard {expired} EXPIRED and evicted {evicted}",
     )
 
 
@@ -581,6 +627,84 @@ def test_stage1_ttl_clear_reports_expired_entries_as_expired() -> None:
     )
 
 
+#: What each call that must settle every expired entry returns, with 100 expired and 3
+#: live: (the call, what it returns).
+_SETTLES_ALL: dict[str, tuple[Callable[[ExpiringCache], object], object]] = {
+    "clear()": (lambda c: c.clear(), None),
+    "expire()": (lambda c: c.expire(), 100),
+    "len()": (lambda c: len(c), 3),
+    "statistics().size": (lambda c: c.statistics().size, 3),
+}
+
+
+@core
+@rule("clear", "expire", "ttl-boundary", "counters")
+@pytest.mark.parametrize("op", list(_SETTLES_ALL))
+def test_stage1_ttl_every_expired_entry_is_settled_however_many(op: str) -> None:
+    clock, log = ManualClock(START), Log()
+    cache = make("TTLCache", 200, clock, on_evict=log)
+    for n in range(100):
+        cache.put(("old", n), n)
+    clock.advance(TTL // 2)
+    for n in range(3):
+        cache.put(("live", n), n)
+    clock.advance(TTL // 2)  # the 100 old ones expire now
+    do, want = _SETTLES_ALL[op]
+    got = do(cache)
+    heard = log.take()
+    expired = sum(c[2] is EXPIRED for c in heard)
+    explicit = sum(c[2] is EXPLICIT for c in heard)
+    steps = (
+        f"TTLCache(200, ttl_ns={TTL}): 100 keys put at START, 3 at START + TTL/2; at "
+        f"START + TTL (the 100 expire) {op}"
+    )
+    expect(got, want, f"{steps} returns {want!r}: every expired entry counts, however many")
+    if op == "clear()":
+        check(
+            (expired, explicit) == (100, 3),
+            f"{steps}: clear reports each of the 100 expired entries EXPIRED (their time ran "
+            f"out before clear came) and the 3 live ones EXPLICIT; heard {expired} EXPIRED "
+            f"and {explicit} EXPLICIT",
+        )
+    elif op == "expire()":
+        check(expired == 100, f"{steps}: expire() reports all 100 EXPIRED; heard {expired}")
+    stats = cache.statistics()
+    expired += sum(c[2] is EXPIRED for c in log.take())
+    size = 0 if op == "clear()" else 3
+    check(
+        stats.expirations == expired and stats.size == size,
+        f"{steps}; then statistics(): expirations counts exactly the EXPIRED callbacks "
+        f"({expired}) and size the live entries ({size}): {stats}",
+    )
+
+
+@core
+@rule("expire", "counters")
+def test_stage1_ttl_expire_counts_the_entries_that_went() -> None:
+    clock, log = ManualClock(START), Log()
+    cache = make("TTLCache", 10, clock, on_evict=log)
+    steps = "put a, put a again, put b, delete b, put c, put d at START; at START + TTL get d"
+    cache.put("a", 1)
+    cache.put("a", 2)  # its first deadline is stale bookkeeping now
+    cache.put("b", 3)
+    cache.delete("b")  # so is b's
+    cache.put("c", 4)
+    cache.put("d", 5)
+    clock.advance(TTL)
+    cache.get("d")  # d goes here, lazily
+    log.take()
+    gone = cache.expire()
+    heard = log.take()
+    check(
+        gone == 2 and sorted(heard) == [("a", 2, EXPIRED), ("c", 4, EXPIRED)],
+        f"{steps}; then expire() reclaims a and c and returns how many went: 2 (not the "
+        f"deadlines it looked at: a's old one, b's and d's went with their writes); got "
+        f"expire() -> {gone}, heard {heard}",
+    )
+    again = cache.expire()
+    check(again == 0, f"a second expire() finds nothing left: returns 0, got {again}")
+
+
 def _expect_consistent(cases: list[tuple[str, bool]]) -> None:
     problems = [p for kind, weighted in cases for p in consistency_problems(kind, weighted)]
     check(
@@ -602,8 +726,52 @@ def test_stage1_on_evict_sees_a_consistent_cache_by_weight_and_in_lfu() -> None:
     _expect_consistent([("LFUCache", False)] + [(k, True) for k in ALL_KINDS])
 
 
+@extended
+@rule("callback-consistent", "heavy-evicts-many", "weight-update")
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_stage1_a_put_reports_its_own_key_first_then_what_it_pushed_out(kind: str) -> None:
+    cache, log = weighed_by_length(kind)
+    cache.put("x", "aaaa")
+    cache.put("y", "aaa")
+    cache.put("k", "bb")  # weight 9 of 10
+    cache.put("k", "b" * 9)  # 4 + 3 + 9 = 16: x and y must go
+    expect(
+        log.take(),
+        [("k", "bb", REPLACED), ("x", "aaaa", EVICTED), ("y", "aaa", EVICTED)],
+        f"{kind}(10, max_weight=10, weigh=len): put x 'aaaa', y 'aaa', k 'bb', then put('k', "
+        f"'b' * 9). Within one put the key written is reported first (REPLACED), then what "
+        f"the put pushed out, coldest first; the on_evict calls",
+    )
+    check(
+        list(cache) == ["k"] and cache.statistics().weight == 9,
+        f"{kind}: only k is left, weight 9: {list(cache)}, {cache.statistics()}",
+    )
+
+
+@extended
+@rule("callback-consistent", "ttl-put-over-expired", "active-expiry")
+def test_stage1_ttl_a_put_over_an_expired_key_reports_it_before_what_it_pushed_out() -> None:
+    clock, log = ManualClock(START), Log()
+    cache = make("TTLCache", 10, clock, max_weight=10, weigh=len, on_evict=log)
+    cache.put("k", "bb")
+    cache.put("old", "o")
+    clock.advance(TTL // 2)
+    cache.put("x", "aaaa")
+    clock.advance(TTL // 2)  # k and old expire
+    cache.put("k", "b" * 9)  # 9 + 4 = 13 once old is gone: x must go too
+    expect(
+        log.take(),
+        [("k", "bb", EXPIRED), ("old", "o", EXPIRED), ("x", "aaaa", EVICTED)],
+        f"TTLCache(10, ttl_ns={TTL}, max_weight=10, weigh=len): at START put k 'bb' and old "
+        f"'o', at START + TTL/2 put x 'aaaa', at START + TTL put('k', 'b' * 9). The key "
+        f"written is reported first (its old value EXPIRED), then what the put pushed out: "
+        f"expired entries, then evictions; the on_evict calls",
+    )
+
+
 _BAD_PUT_WEIGHTS: list[tuple[Any, str]] = [
-    (-1, "weigh"), (1.5, "weigh"), ("3", "weigh"), (True, "weigh"), (11, "max_weight")
+    (-1, "weigh"), (1.5, "weigh"), ("3", "weigh"), (True, "weigh"), (False, "weigh"),
+    (11, "max_weight"),
 ]  # fmt: skip
 
 
@@ -648,6 +816,61 @@ def _check_put_weight(kind: str, weight: Any, names: str) -> None:
         f"{kind}: put('f', 'ffff', weight=5) takes the weight given (total 1 + 5 = 6) "
         f"and does not call weigh; weigh saw {weighed}, {cache.statistics()}",
     )
+
+
+@core
+@rule("capacity", "ttl-boundary")
+@pytest.mark.parametrize("kind", ["LRUCache", "TTLCache"])
+def test_stage1_the_properties_say_how_the_cache_was_built(kind: str) -> None:
+    clock = ManualClock(START)
+    cache = make(kind, 3, clock, ttl_ns=7 * TTL) if kind == "TTLCache" else make(kind, 3)
+    got = (cache.maxsize, cache.max_weight, cache.weigh)
+    check(
+        got == (3, None, None),
+        f"{kind}(3) without weights: maxsize 3, max_weight None, weigh None (every entry "
+        f"weighs 1); got (maxsize, max_weight, weigh) = {got}",
+    )
+    for n in range(cache.maxsize + 1):
+        cache.put(n, n)
+    check(len(cache) == 3, f"{kind}(3) holds maxsize = 3 entries: {list(cache)}")
+    if kind == "TTLCache":
+        expiring = cast(ExpiringCache, cache)  # make("TTLCache") built it
+        check(expiring.ttl_ns == 7 * TTL, f"ttl_ns is the one given, {7 * TTL}: {expiring.ttl_ns}")
+        expiring.put("k", "v")
+        clock.advance(expiring.ttl_ns - 1)
+        alive = "k" in expiring
+        clock.advance(1)
+        check(
+            alive and "k" not in expiring,
+            f"an entry lives exactly ttl_ns = {expiring.ttl_ns}: live 1 ns before, gone at it",
+        )
+
+
+@extended
+@rule("weight-capacity", "weigh-needs-max-weight")
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_stage1_the_weight_properties_are_the_ones_given(kind: str) -> None:
+    def weigh(value: str) -> int:
+        return len(value)
+
+    cache = make(kind, 10, max_weight=8, weigh=weigh)
+    got = (cache.maxsize, cache.max_weight, cache.weigh)
+    check(
+        got == (10, 8, weigh),
+        f"{kind}(10, max_weight=8, weigh=weigh): the read-only properties give back what "
+        f"was given (stage 2 weighs with cache.weigh before it takes its lock); got "
+        f"(maxsize, max_weight, weigh) = {got}",
+    )
+    counted = make(kind, 10, max_weight=8)
+    unweighed = (counted.max_weight, counted.weigh)
+    check(
+        unweighed == (8, None),
+        f"{kind}(10, max_weight=8) without weigh: max_weight 8, weigh None (every entry "
+        f"weighs 1); got {unweighed}",
+    )
+    for n in range(9):
+        counted.put(n, "v")
+    check(len(counted) == 8, f"{kind}: max_weight=8 of weight 1 each holds 8: {list(counted)}")
 
 
 @extended
@@ -714,17 +937,22 @@ def test_stage1_lfu_a_key_that_comes_back_starts_at_one() -> None:
 @extended
 @rule("bounded-memory", "ttl-boundary", "expire")
 def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entries() -> None:
-    """Ten keys written once, then one hot key updated 20 000 times: 19 999 stale deadlines
-    behind 11 live entries. The bookkeeping must be reclaimed (memory bounded by capacity)
-    and expiry must stay exact for the keys written before all that."""
+    """Ten keys written 1 ns apart and then read in the reverse order (so recency order is
+    the reverse of deadline order), then one hot key updated 20 000 times: 19 999 stale
+    deadlines behind 11 live entries. The bookkeeping must be reclaimed (memory bounded by
+    capacity) and expiry must stay exact, at each of the ten deadlines, for the keys
+    written before all that."""
     import tracemalloc
 
     clock, log = ManualClock(START), Log()
     ttl = TTL * 100
     cache = make("TTLCache", 11, clock, ttl_ns=ttl)
     for n in range(10):
-        cache.put(n, n)  # deadline START + ttl
-    clock.advance(1)
+        clock.set(START + n)
+        cache.put(n, n)  # deadline START + n + ttl
+    for n in reversed(range(10)):
+        cache.get(n)  # least recently used first: 9, 8, ..., 0 — deadlines in reverse
+    clock.set(START + 10)
     for n in range(200):
         cache.put("hot", n)
     tracemalloc.start()
@@ -742,21 +970,29 @@ def test_stage1_ttl_expiry_stays_exact_with_far_more_stale_deadlines_than_entrie
         "entries), not kept until they expire",
     )
     cache.on_evict = log
-    clock.set(START + ttl - 1)
-    check(
-        cache.expire() == 0 and len(cache) == 11,
-        f"1 ns before their deadline all 11 keys are live: len {len(cache)}",
+    steps = (
+        f"TTLCache(11, ttl_ns={ttl}): put key n at START + n for n = 0..9; get 9, 8, ..., 0; "
+        "put('hot', ...) 20 000 times at START + 10"
     )
-    clock.set(START + ttl)
-    gone = cache.expire()
-    check(
-        (gone, len(cache), list(cache), cache.statistics().expirations) == (10, 1, ["hot"], 10),
-        f"at their deadline the 10 keys written first expire (expire() -> 10, "
-        f"'hot' stays); got expire() -> {gone}, keys {list(cache)}, {cache.statistics()} — the "
-        "deadline bookkeeping lost track of them while it reclaimed the stale ones",
-    )
-    heard = sorted(k for k, _, c in log.take() if c is EXPIRED)
-    check(heard == list(range(10)), f"EXPIRED heard for 0..9; heard {heard}")
+    for n in range(10):
+        clock.set(START + n + ttl - 1)
+        live = (cache.expire(), len(cache))
+        check(
+            live == (0, 11 - n),
+            f"{steps}. 1 ns before key {n}'s deadline, keys {n}..9 and 'hot' are live: "
+            f"expected expire() -> 0 and len {11 - n}, got {live}",
+        )
+        clock.set(START + n + ttl)
+        gone = (cache.expire(), len(cache), cache.statistics().expirations)
+        check(
+            gone == (1, 10 - n, n + 1),
+            f"{steps}. At key {n}'s deadline exactly it expires: expected expire() -> 1, "
+            f"len {10 - n}, expirations {n + 1}; got {gone} (keys {list(cache)}) — the "
+            "deadline bookkeeping lost its order while it reclaimed the stale deadlines",
+        )
+    heard = [k for k, _, c in log.take() if c is EXPIRED]
+    check(heard == list(range(10)), f"EXPIRED heard for 0..9 in order; heard {heard}")
+    check(list(cache) == ["hot"], f"only 'hot' is left: {list(cache)}")
 
 
 # --------------------------------------------------------------------- the model tests

@@ -367,6 +367,33 @@ def test_stage2_get_or_load_on_a_hit_never_calls_the_loader() -> None:
     )
 
 
+#: Values a cache must find although they test false.
+FALSY: list[object] = [None, 0, "", False, []]
+
+
+@core
+@rule("load-hit")
+@pytest.mark.parametrize("value", FALSY, ids=repr)
+def test_stage2_get_or_load_hits_a_cached_falsy_value(value: object) -> None:
+    cache, calls = concurrent(), []
+
+    def loader() -> object:
+        calls.append(1)
+        return value
+
+    cache.put("put", value)
+    got = [cache.get_or_load("put", loader)]
+    got += [cache.get_or_load("loaded", loader) for _ in range(3)]
+    stats = cache.statistics()
+    check(
+        got == [value] * 4 and len(calls) == 1 and stats.hits == 3,
+        f"put('put', {value!r}), then get_or_load('put', loader) once and "
+        f"get_or_load('loaded', loader) three times, the loader returning {value!r}: a "
+        f"cached {value!r} is a hit — expected {[value] * 4} with 1 loader call (the first "
+        f"'loaded') and 3 hits; got {got} with {len(calls)} loader calls, {stats}",
+    )
+
+
 @core
 @rule("single-flight")
 def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
@@ -648,6 +675,55 @@ async def test_stage2_async_get_or_load_on_a_hit_never_calls_the_loader() -> Non
         f"AsyncCache.get_or_load on a hit returns the cached value and never awaits "
         f"the loader; got {first!r} and {second!r} with {len(calls)} loader calls "
         f"(expected 1: the first miss of 'fresh')",
+    )
+
+
+@extended
+@rule("load-hit", "async-single-flight")
+@anyio_test
+async def test_stage2_async_get_or_load_hits_a_cached_falsy_value() -> None:
+    for value in FALSY:
+        cache, calls = async_cache(), list[int]()
+
+        async def loader(value: object = value, calls: list[int] = calls) -> object:
+            calls.append(1)
+            return value
+
+        cache.put("put", value)
+        got = [await cache.get_or_load("put", loader)]
+        got += [await cache.get_or_load("loaded", loader) for _ in range(3)]
+        stats = cache.statistics()
+        check(
+            got == [value] * 4 and len(calls) == 1 and stats.hits == 3,
+            f"AsyncCache: put('put', {value!r}), then get_or_load('put', loader) once and "
+            f"get_or_load('loaded', loader) three times, the loader returning {value!r}: a "
+            f"cached {value!r} is a hit — expected {[value] * 4} with 1 loader call and 3 "
+            f"hits; got {got} with {len(calls)} loader calls, {stats}",
+        )
+
+
+@extended
+@rule("statistics", "async-single-flight")
+@anyio_test
+async def test_stage2_async_statistics_are_the_inner_caches() -> None:
+    inner = lru(2)
+    cache = stage(2).AsyncCache(inner)
+    cache.put("a", 1)
+    cache.put("b", 2)
+    cache.get("a")
+    cache.get("zz")
+
+    async def loader() -> int:
+        return 3
+
+    await cache.get_or_load("c", loader)  # a miss, then c evicts b
+    got = cache.statistics()
+    want = inner.statistics()
+    check(
+        got == want and (got.hits, got.misses, got.evictions, got.size) == (1, 2, 1, 2),
+        f"AsyncCache(LRUCache(2)): put a, b; get a (hit), get zz (miss); get_or_load c (a "
+        f"miss; c evicts b). statistics() is the inner cache's: expected {want} with hits 1, "
+        f"misses 2, evictions 1, size 2; got {got}",
     )
 
 

@@ -11,9 +11,11 @@ The map of this file:
 - ring, examples: preference lists, bad input, the empty ring, balance, adding and
   removing a node, placement by the set of nodes, the same placement in every process;
 - ring, properties: the same bounds on drawn node names, counts and vnodes;
-- cache, examples: JSON round trips, exactly R replicas, TTLs, bad arguments and clients;
-- cache, faults: failover, writes needing one replica, epochs on rejoin and their
-  reclaiming, restarts, the probe interval, timeouts, BUSY, errors that are no outage;
+- cache, examples: JSON round trips, delete's answer, exactly R replicas on its ring,
+  TTLs (the PX sent, exactly), bad arguments and clients;
+- cache, faults: failover (a miss is none), writes needing one replica, epochs on rejoin
+  (the probe already under the new one) and their reclaiming (on a node full of other
+  keys too), restarts, the probe interval, timeouts, BUSY, errors that are no outage;
 - the state machine (``_testing/shards.py``): one client's reads while nodes stop, start
   and restart — never an older value.
 
@@ -48,7 +50,7 @@ from hypothesis import strategies as st
 from katas._harness.child import run_once
 from katas._harness.marks import core, rule
 from katas._harness.redis import RedisEnv
-from katas._harness.story import check
+from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas._registry import impl
 from katas.kv_cache._testing import placement
@@ -73,10 +75,12 @@ from katas.kv_cache._testing.shards import (
     make_cache,
     node_stats,
     read_despite_faults,
+    recorded_cache,
     sharded,
     stored,
 )
-from katas.kv_cache.api import NS_PER_S, ManualClock, NoReplicaAvailable
+from katas.kv_cache._testing.wire import ttl_ms
+from katas.kv_cache.api import NS_PER_MS, NS_PER_S, ManualClock, NoReplicaAvailable
 
 pytestmark = [pytest.mark.stage(3)]
 
@@ -130,6 +134,28 @@ def test_stage3_ring_rejects_bad_input() -> None:
     assert not moved, f"a refused add must leave no virtual node behind: {moved[:5]} moved"
     with pytest.raises(TypeError, match="nodes"):
         ring("abc")  # type: ignore[arg-type]  # three nodes 'a', 'b', 'c'? A mistake: refuse
+
+
+@core
+@rule("ring-bad-input", "cache-bad-input")
+def test_stage3_vnodes_at_both_ends_of_the_range_are_accepted(redis_env: RedisEnv) -> None:
+    for vnodes in (1, 2**16):
+        try:
+            r = ring(["a", "b"], vnodes=vnodes)
+        except ValueError as e:
+            raise AssertionError(
+                f"vnodes may be anything in [1, 65536], both ends included: "
+                f"HashRing(['a', 'b'], vnodes={vnodes}) raised {e!r}"
+            ) from e
+        expect(r.vnodes, vnodes, f"HashRing(['a', 'b'], vnodes={vnodes}).vnodes")
+        placed = sorted(r.nodes_for(k, 2) for k in KEYS[:3])
+        check(all(sorted(p) == ["a", "b"] for p in placed), f"vnodes={vnodes}: {placed}")
+    clients = {name: node.client() for name, node in zip(NODES, redis_env.servers(3), strict=True)}
+    try:
+        cache = sharded(clients, vnodes=2**16)
+    except ValueError as e:
+        raise AssertionError(f"ShardedCache(nodes, vnodes=65536) must be accepted: {e!r}") from e
+    expect(cache.ring.vnodes, 2**16, "ShardedCache(nodes, vnodes=65536).ring.vnodes")
 
 
 @core
@@ -392,6 +418,55 @@ def test_stage3_each_key_lives_on_exactly_its_replicas(redis_env: RedisEnv, repl
 
 
 @core
+@rule("replicas")
+def test_stage3_the_cache_shows_its_ring(redis_env: RedisEnv) -> None:
+    cache, _, _ = make_cache(redis_env, vnodes=64)
+    r = cache.ring
+    got = (r.nodes, r.vnodes, len(r))
+    check(
+        got == (sorted(NODES), 64, 3),
+        f"ShardedCache(three nodes, vnodes=64).ring is the HashRing it places keys on: "
+        f"expected nodes {sorted(NODES)}, vnodes 64, 3 nodes; got {got}",
+    )
+    same = ring(list(NODES), 64)
+    wrong = [k for k in KEYS[:200] if not r.nodes_for(k, 2) == cache.replicas_for(k) ==
+             same.nodes_for(k, 2)]  # fmt: skip
+    check(
+        not wrong,
+        f"cache.ring.nodes_for(key, 2) is replicas_for(key), and HashRing(nodes, vnodes=64)'s "
+        f"placement: {len(wrong)} keys differ, e.g. {wrong[:3]}",
+    )
+
+
+#: Which of a key's three replicas still hold it when delete comes.
+_HELD_BY: list[tuple[int, ...]] = [(0,), (1,), (2,), (0, 2), (0, 1, 2), ()]
+
+
+@core
+@rule("round-trip")
+@pytest.mark.parametrize("held", _HELD_BY, ids=lambda h: "held-by-" + "".join(map(str, h)))
+def test_stage3_delete_is_true_if_any_replica_held_the_key(
+    redis_env: RedisEnv, held: tuple[int, ...]
+) -> None:
+    cache, nodes, _ = make_cache(redis_env, replicas=3)
+    key = "prompt:1"
+    cache.put(key, "v")
+    replicas = cache.replicas_for(key)
+    for i, name in enumerate(replicas):
+        if i not in held:  # gone from this replica already (expired, restarted, evicted)
+            nodes[name].client().delete(cache.key_name(name, key))
+    got = cache.delete(key)
+    holding = [replicas[i] for i in held]
+    check(
+        got is bool(held),
+        f"put({key!r}) on replicas {replicas}; only {holding or 'none'} still hold it; "
+        f"delete must return True if any replica held it, False if none did; got {got!r}",
+    )
+    left = [n for n in replicas if nodes[n].client().get(cache.key_name(n, key)) is not None]
+    check(not left, f"delete removes the key from every replica; still on {left}")
+
+
+@core
 @rule("ttl-replicas")
 def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv) -> None:
     cache, nodes, _ = make_cache(redis_env, ttl_ns=5 * NS_PER_S)
@@ -421,6 +496,7 @@ def test_stage3_cache_rejects_bad_arguments(redis_env: RedisEnv) -> None:
         ("ttl_ns=-1", lambda: cls(clients, ttl_ns=-1)),
         ("ttl_ns=10^25 (past 2^52 ms)", lambda: cls(clients, ttl_ns=10**25)),
         ("vnodes=0", lambda: cls(clients, vnodes=0)),
+        ("vnodes=65537", lambda: cls(clients, vnodes=2**16 + 1)),
         ("probe_interval_ns=-1", lambda: cls(clients, probe_interval_ns=-1)),
     ]
     for what, build in bad:
@@ -567,6 +643,44 @@ def test_stage3_copies_under_an_abandoned_epoch_are_reclaimed(redis_env: RedisEn
 
 
 @core
+@rule("reclaim-old-epochs")
+@pytest.mark.redis_faults
+def test_stage3_old_copies_are_reclaimed_on_a_node_full_of_other_keys(
+    redis_env: RedisEnv,
+) -> None:
+    base = redis_env.fresh_prefix()
+    # The cache's keys sort after 400 keys that are not its own: on a server that scans
+    # in key order (fakeredis), the first pages hold none of the copies.
+    cache, nodes, prefix = make_cache(redis_env, prefix=f"{base}z:")
+    others = {f"{base}a:{i:04}": "other" for i in range(400)}
+    keys = [f"doc:{i}" for i in range(60)]
+    first_on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
+    for _ in range(2):
+        for key in keys:
+            cache.put(key, "v")
+        nodes["n0"].stop()
+        cache.get(first_on_n0[0])  # n0 is marked down
+        nodes["n0"].start()  # (a redis-server process comes back empty: write them again)
+        nodes["n0"].client().mset(others)
+        cache.get(first_on_n0[0])  # ... and back, under the next epoch
+    for i in range(100):
+        cache.get(first_on_n0[i % len(first_on_n0)])
+    epoch = node_stats(cache, "n0").epoch
+    current = f"{prefix}{epoch}:"
+    stale = [k for k in redis_env.keys(prefix, node=nodes["n0"]) if not k.startswith(current)]
+    kept = len(redis_env.keys(f"{base}a:", node=nodes["n0"]))
+    check(
+        epoch == 2 and not stale and kept == 400,
+        f"n0 holds 400 keys that are not the cache's, and rejoined twice, each time holding "
+        f"its copies under the epoch it left (ttl_ns=None). After 100 more calls on n0, "
+        f"expected epoch 2, no key of an older epoch and the 400 others untouched; got epoch "
+        f"{epoch}, {len(stale)} old copies ({[k.removeprefix(prefix) for k in stale[:4]]}), "
+        f"{kept} others — a SCAN page that matches nothing is not the end of the walk, "
+        f"only the cursor's return to 0 is",
+    )
+
+
+@core
 @rule("restarted-node")
 @pytest.mark.redis_faults
 def test_stage3_killed_and_restarted_node_falls_back_or_misses(redis_env: RedisEnv) -> None:
@@ -609,6 +723,75 @@ def test_stage3_a_down_node_is_probed_only_after_the_interval(redis_env: RedisEn
     assert (s.hits + s.misses, s.down, s.epoch) == (1, False, 1), (
         f"after probe_interval_ns n0 is tried again, answers, and takes epoch 1: {s}"
     )
+
+
+@core
+@rule("failover", "miss-falls-through", "probe-interval")
+@pytest.mark.redis_faults
+def test_stage3_a_miss_is_no_failover(redis_env: RedisEnv) -> None:
+    clock = ManualClock()
+    cache, nodes, _ = make_cache(redis_env, probe_interval_ns=NS_PER_S, clock=clock)
+    key = next(k for k in KEYS if cache.replicas_for(k)[0] == "n0")
+    second = cache.replicas_for(key)[1]
+    got = cache.get(key, MISS)  # never written: both replicas answer a miss
+    before = {n: (s.misses, s.failovers) for n, s in cache.statistics().items()}
+    check(
+        got is MISS and before["n0"] == (1, 0) and before[second] == (1, 0),
+        f"all nodes up; get({key!r}) of a key never written: n0 (its first replica) and "
+        f"{second} each answer a miss — counted in misses, and no failover (a node that "
+        f"answers was neither down nor failing); (misses, failovers) per node: {before}",
+    )
+    cache.put(key, "v")
+    nodes["n0"].stop()
+    cache.get(key)  # n0 fails: down, one failover
+    nodes["n0"].start()
+    clock.advance(NS_PER_S)
+    got = cache.get(key)  # the probe: n0 is back under epoch 1, misses, falls through
+    s = node_stats(cache, "n0")
+    check(
+        got == "v" and (s.errors, s.failovers, s.misses, s.down) == (1, 1, 2, False),
+        f"put({key!r}, 'v'); stop n0; get (n0 fails: 1 error, 1 failover); start n0; 1 s "
+        f"later get: n0 answers under its new epoch without the key — a miss that falls "
+        f"through to {second}, not a failover. Expected 'v' and n0 with errors 1, "
+        f"failovers 1, misses 2, up; got {got!r}, {s}",
+    )
+
+
+@core
+@rule("rejoin-new-epoch", "probe-interval")
+@pytest.mark.redis_faults
+@pytest.mark.parametrize("op", ["get", "put", "delete"])
+def test_stage3_the_probe_of_a_rejoining_node_already_uses_its_new_epoch(
+    redis_env: RedisEnv, op: str
+) -> None:
+    clock = ManualClock()
+    cache, nodes, prefix, sent = recorded_cache(redis_env, probe_interval_ns=NS_PER_S, clock=clock)
+    key = next(k for k in KEYS if cache.replicas_for(k)[0] == "n0")
+    cache.put(key, "old")
+    nodes["n0"].stop()
+    cache.get(key)  # n0 is marked down
+    nodes["n0"].start()
+    clock.advance(NS_PER_S)
+    sent["n0"].commands.clear()
+    probe: dict[str, Callable[[], object]] = {
+        "get": lambda: cache.get(key), "put": lambda: cache.put(key, "new"),
+        "delete": lambda: cache.delete(key),
+    }  # fmt: skip
+    got = probe[op]()
+    named = sent["n0"].naming(key)
+    new_name = f"{prefix}1:{key}"
+    check(
+        bool(named) and new_name in named[0][1:],
+        f"put({key!r}, 'old'); stop n0 (its first replica); a get marks it down; start n0; "
+        f"1 s later {op} probes n0. The probe already uses n0's new epoch: its command must "
+        f"name {new_name!r}, never {prefix}0:{key!r}; n0 was sent {named[:3]}",
+    )
+    if op == "get":
+        expect(
+            got, "old", f"the probing get: n0 misses under epoch 1; {key!r} from the next replica"
+        )
+    s = node_stats(cache, "n0")
+    check((s.epoch, s.down) == (1, False), f"the probe found n0 back, at epoch 1: {s}")
 
 
 @core
@@ -754,6 +937,29 @@ def test_stage3_a_ttl_is_whole_milliseconds_rounded_up(redis_env: RedisEnv) -> N
         check(
             pttl in (-2, 0, 1),
             f"ttl_ns=1 gives every replica's copy a 1 ms TTL (rounded up); {name}: PTTL {pttl}",
+        )
+
+
+#: ttl_ns -> the whole ms, rounded up, that every replica's SET carries.
+_PX = {1: 1, NS_PER_MS: 1, NS_PER_MS + 1: 2, 5 * NS_PER_S: 5_000, 5 * NS_PER_S + 1: 5_001}
+
+
+@core
+@rule("ttl-replicas")
+@pytest.mark.parametrize("ttl_ns", list(_PX))
+def test_stage3_the_ttl_sent_is_exactly_the_whole_ms_rounded_up(
+    redis_env: RedisEnv, ttl_ns: int
+) -> None:
+    cache, _, _, sent = recorded_cache(redis_env, ttl_ns=ttl_ns)
+    cache.put("session", "s1")
+    for name in cache.replicas_for("session"):
+        commands = sent[name].naming("session")
+        ttls = [ms for c in commands if (ms := ttl_ms(c)) is not None]
+        check(
+            ttls == [_PX[ttl_ns]],
+            f"ShardedCache(ttl_ns={ttl_ns}).put('session', 's1'): replica {name} must get "
+            f"the TTL in whole ms, rounded up — PX {_PX[ttl_ns]}, no ms more; the TTLs it "
+            f"was sent: {ttls} (as SET … PX n, PSETEX or PEXPIRE), commands {commands}",
         )
 
 

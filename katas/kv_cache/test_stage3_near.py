@@ -8,7 +8,10 @@ The map of this file:
 - read-your-writes without waiting for a message; another client's write arrives by
   message;
 - placeholders: an invalidation that overtakes a reply wins, a writer never caches what
-  it wrote, each read stores only over its own placeholder;
+  it wrote, each read stores only over its own placeholder, a get that finds another
+  read's placeholder misses, a miss is not cached;
+- a writer forgets its local entry after its remote write, found or not;
+- a listener calls channel_ready only once the server confirmed the subscription;
 - dropped channels: a flush, nothing cached while down, a read in flight across a drop,
   a node killed and restarted, a key cached only while all its replicas are subscribed,
   a TTL local cache bounding a channel that died silently;
@@ -16,7 +19,9 @@ The map of this file:
 
 These tests order events on purpose. A ``Tap`` (``_testing/wire.py``) holds a client's
 reply to one command — the command ran on the server, its reply is read but not yet
-returned — so the test can make another client write "while the reply is on the wire".
+returned — so the test can make another client write "while the reply is on the wire";
+a ``HoldBefore`` holds a command before it is sent, and a ``HeldSubscribe`` a listener's
+SUBSCRIBE, until the test lets it go.
 Messages are delivered either by the near cache's own listeners (and then the test waits
 for the count in statistics()), or, for a near cache that is not started, by the test
 calling invalidate / channel_lost / channel_ready itself, in whatever order it likes.
@@ -51,7 +56,7 @@ from katas.kv_cache._testing.near import (
 )
 from katas.kv_cache._testing.rings import fail_fast_on_stubs  # noqa: F401 (autouse)
 from katas.kv_cache._testing.shards import MISS, NODES, heavy, sharded
-from katas.kv_cache._testing.wire import Holds
+from katas.kv_cache._testing.wire import HeldSubscribe, HoldBefore, Holds
 from katas.kv_cache.api import NS_PER_S, ManualClock
 
 pytestmark = [pytest.mark.stage(3)]
@@ -118,6 +123,28 @@ def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
         assert message is not None and message["data"] in (key, key.encode()), message
     for pubsub in listeners.values():
         pubsub.close()
+
+
+@extended
+@rule("near-listener", "near-one-script")
+def test_stage3_near_the_remote_shows_its_channel_and_clients(fleet: NearFleet) -> None:
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    plain = sharded(clients, replicas=2, key_prefix=fleet.prefix)
+    publishing = sharded(clients, replicas=2, key_prefix=fleet.prefix, channel="inv")
+    got = (plain.channel, publishing.channel)
+    check(
+        got == (None, "inv"),
+        f"ShardedCache(...).channel is None without channel= (writes do not publish), and "
+        f"'inv' with channel='inv'; got {got}",
+    )
+    for cache in (plain, publishing):
+        shown = cache.clients
+        same = sorted(shown) == sorted(clients) and all(shown[n] is clients[n] for n in clients)
+        check(
+            same,
+            f"ShardedCache(nodes).clients is each node's client by node name — the very "
+            f"clients given (the near cache's listeners subscribe on them); got {shown}",
+        )
 
 
 @extended
@@ -210,6 +237,63 @@ def test_stage3_near_reads_its_own_writes_without_waiting_for_a_message(
     assert got is MISS, f"near cache: after its own delete the key is gone; got {got!r}"
     near.put("k", "v3")
     assert near.get("k") == "v3" and near.get("k") == "v3"
+
+
+@extended
+@rule("near-read-your-writes")
+def test_stage3_near_a_delete_forgets_the_local_entry_even_if_redis_had_none(
+    fleet: NearFleet,
+) -> None:
+    near, _ = fleet.near(started=False)  # nobody delivers messages
+    fleet.writer.put("k", "v1")
+    assert near.get("k") == "v1" and near.get("k") == "v1"  # cached
+    fleet.writer.delete("k")  # another client's delete: its message never comes
+    found = near.delete("k")
+    got = near.get("k", MISS)
+    check(
+        found is False and got is MISS,
+        "near cache: steps: 'v1' cached; another client deletes 'k' (its message is never "
+        "delivered); this client's delete('k') finds nothing in Redis (False) — and still, "
+        "once it returned, this client's get must see the key gone (read-your-writes: the "
+        f"writer drops its local entry after every write, found or not); got delete -> "
+        f"{found!r}, get -> {'MISS' if got is MISS else repr(got)}",
+    )
+
+
+@extended
+@rule("near-read-your-writes", "near-placeholder")
+@pytest.mark.parametrize("write", ["put", "delete"])
+def test_stage3_near_a_writer_forgets_its_entry_after_the_remote_write(
+    fleet: NearFleet, write: str
+) -> None:
+    key = "prompt:9"
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    first = fleet.writer.replicas_for(key)[0]
+    hold = HoldBefore(clients[first], "EVALSHA", "EVAL")
+    near = near_cache(fleet.sharded(clients), lru(100))
+    for name in NODES:
+        near.channel_ready(name)  # nobody delivers messages
+    fleet.writer.put(key, "v0")  # loads the scripts too
+    assert near.get(key) == "v0"
+    hold.arm()
+    writes = {"put": lambda: near.put(key, "v1"), "delete": lambda: near.delete(key)}
+    writer = spawn(writes[write], "writer")
+    check(hold.reached.wait(DEADLINE_S), f"near cache: {write} runs a script on {first}")
+    # The write is not on the server yet. Another thread of this client reads the key.
+    near.get(key)
+    hold.release.set()
+    writer.outcome(f"the held {write} must finish")
+    want = "v1" if write == "put" else MISS
+    got = near.get(key, MISS)
+    check(
+        got is want or got == want,
+        f"near cache: steps: 'v0' cached; this client's {write} of {key!r} starts, and "
+        f"before its script reaches {first} another thread's get reads the key ('v0'); then "
+        f"the {write} returns (no message delivered). Its get must see the write: expected "
+        f"{'MISS' if want is MISS else repr(want)}, got {'MISS' if got is MISS else repr(got)} "
+        f"— the writer drops its local entry after the remote write, not before (a read in "
+        f"between re-caches the old value)",
+    )
 
 
 @extended
@@ -355,6 +439,39 @@ def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
 
 
 @extended
+@rule("near-listener", "near-all-replicas-subscribed")
+def test_stage3_near_a_channel_is_ready_only_once_the_server_confirmed_it(
+    fleet: NearFleet,
+) -> None:
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    held = {n: HeldSubscribe(c) for n, c in clients.items()}
+    near = fleet.adopt(near_cache(fleet.sharded(clients), lru(100)))
+    near.start()
+    for h in held.values():
+        h.wait_held()  # each listener sent SUBSCRIBE; the server has not seen it
+    early = near.subscribed
+    fleet.writer.put("k", "v1")
+    first = near.get("k")
+    fleet.writer.put("k", "v2")  # published while no subscription is on any server
+    for h in held.values():
+        h.release()
+    eventually(
+        lambda: near.subscribed == set(NODES),
+        "the near cache's channels to be subscribed once the SUBSCRIBEs reach the servers",
+    )
+    got = near.get("k")
+    check(
+        not early and (first, got) == ("v1", "v2"),
+        f"near cache: steps: started, each listener's SUBSCRIBE held back before the server "
+        f"saw it; get('k') reads 'v1'; another client puts 'v2' (its message reaches no "
+        f"one); the SUBSCRIBEs arrive and are confirmed; get('k'). channel_ready comes only "
+        f"with the confirmation: expected subscribed empty before it (got {sorted(early)}), "
+        f"and 'v1' then 'v2' (got {first!r} then {got!r}) — a channel taken as ready when "
+        f"SUBSCRIBE was only sent caches values whose invalidations nobody hears",
+    )
+
+
+@extended
 @rule("near-all-replicas-subscribed", "near-recache")
 def test_stage3_near_caches_a_key_only_while_all_its_replicas_are_subscribed(
     fleet: NearFleet,
@@ -382,6 +499,55 @@ def test_stage3_near_caches_a_key_only_while_all_its_replicas_are_subscribed(
         got == ["v", "v"] and near_stats(near).hits == 1,
         f"near cache: with both replicas {replicas} subscribed (only {other} lost) the "
         f"key is cached: the second get is a hit; got {got}, {near_stats(near)}",
+    )
+
+
+@extended
+@rule("near-placeholder")
+@pytest.mark.parametrize("stored", [True, False], ids=["a-stored-key", "an-absent-key"])
+def test_stage3_near_a_get_that_finds_a_placeholder_misses(fleet: NearFleet, stored: bool) -> None:
+    near, taps = fleet.near(started=False, taps=("GET",))
+    key, want = ("k", "v1") if stored else ("absent", "default")
+    if stored:
+        fleet.writer.put(key, "v1")
+    tap = taps[fleet.writer.replicas_for(key)[0]]
+    tap.arm()
+    first = spawn(lambda: near.get(key, "default"), "first reader")
+    check(tap.reached.wait(DEADLINE_S), "near cache: a miss must GET from Redis")
+    # The first read's placeholder is in the local cache, its reply on the wire.
+    second = spawn(lambda: near.get(key, "default"), "second reader")
+    got = second.outcome("a get that finds another read's placeholder reads Redis itself")
+    tap.release.set()
+    first.outcome("the first read returns")
+    s = near_stats(near)
+    check(
+        got == want and (s.hits, s.misses) == (0, 2),
+        f"near cache: steps: {'put(k, v1) by another client; ' if stored else ''}a get of "
+        f"{key!r} misses and its reply is held on the wire; a second get of {key!r} finds "
+        f"the first one's placeholder. A placeholder is never a value: the second get "
+        f"misses and returns {want!r} (what Redis holds, or its default); got {got!r}, "
+        f"hits {s.hits}, misses {s.misses} (expected 0 and 2)",
+    )
+
+
+@extended
+@rule("near-placeholder", "near-other-writes")
+def test_stage3_near_a_miss_is_not_cached(fleet: NearFleet) -> None:
+    near, _ = fleet.near(started=False)  # nobody delivers messages
+    got = [near.get("nokey", "d1"), near.get("nokey"), near.get("nokey", "d2")]
+    s = near_stats(near)
+    check(
+        got == ["d1", None, "d2"] and (s.hits, s.misses) == (0, 3),
+        f"near cache: three gets of a key Redis does not hold, with defaults 'd1', none and "
+        f"'d2': a miss is not cached, so each asks Redis and returns its own default; "
+        f"expected ['d1', None, 'd2'] with 3 misses; got {got}, {s}",
+    )
+    fleet.writer.put("nokey", "v")  # its message is never delivered
+    got_after = near.get("nokey", MISS)
+    check(
+        got_after == "v",
+        f"near cache: another client puts 'nokey' (no message delivered): a miss was never "
+        f"cached, so this get must find 'v'; got {'MISS' if got_after is MISS else got_after!r}",
     )
 
 

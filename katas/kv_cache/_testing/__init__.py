@@ -2,10 +2,12 @@
 
 - ``caches``: building the caches under test (stages 1 and 2) and hearing ``on_evict``;
 - ``model`` and ``machine``: stage 1's exact model and the state machine comparing a
-  cache with it; ``callbacks``: what ``on_evict`` sees of the cache;
+  cache with it; ``callbacks``: what ``on_evict`` sees of the cache; ``expiry``: TTL
+  caches at the edges of expiry's bookkeeping;
 - ``loaders`` and ``locks``: stage 2's controlled loaders and its probes of a lock;
 - ``rings``: measuring a hash ring; ``shards``: a sharded cache over three Redis nodes
-  and its state machine; ``wire``: replies held on the wire; ``near``: near caches, their
-  fleet and their state machine (stage 3);
+  and its state machine; ``wire``: replies held on the wire, commands recorded or held
+  before they are sent; ``near``: near caches, their fleet and their state machine
+  (stage 3);
 - ``placement``: the child process that places keys under another ``PYTHONHASHSEED``.
 """

@@ -29,7 +29,8 @@ def consistency_problems(kind: str, weighted: bool) -> list[str]:
         if len(held) > cache.maxsize:
             problems.append(f"{cause.name} of {key!r}: {len(held)} keys > maxsize")
         if weighted and kind != "TTLCache" and cache.statistics().weight > (cache.max_weight or 0):
-            problems.append(f"{cause.name} of {key!r}: weight {cache.statistics().weight} > max")
+            weight = cache.statistics().weight
+            problems.append(f"{cause.name} of {key!r}: weight {weight} > {cache.max_weight}")
 
     kw: dict[str, Any] = {"on_evict": on_evict}
     if weighted:
@@ -44,6 +45,9 @@ def consistency_problems(kind: str, weighted: bool) -> list[str]:
         ("put a, b, c", lambda: put_each("abc")),
         ("put d (evicts)", lambda: cache.put("d", "x")),
         ("put d again (replaces)", lambda: cache.put("d", "y")),
+        # By weight, a heavier value needs room: b is evicted after d's REPLACED is
+        # collected, and both are reported once the cache is back within max_weight.
+        ("put d heavier (replaces, and evicts by weight)", lambda: cache.put("d", "yyyyy")),
         ("delete c", lambda: cache.delete("c")),
         ("put e (a heavy one)", lambda: cache.put("e", "eeee" if weighted else "e")),
         ("clear", lambda: cache.clear()),

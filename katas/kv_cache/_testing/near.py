@@ -82,6 +82,11 @@ class NearFleet:
                 near.channel_ready(name)
         return near, tapped
 
+    def adopt(self, near: CoherentCache) -> CoherentCache:
+        """A near cache the test built itself, closed with the fleet."""
+        self._near.append(near)
+        return near
+
     def proxies(self) -> dict[str, FaultProxy]:
         """A fresh fault proxy in front of each node, by node name."""
         return {name: self.env.proxy(node) for name, node in self.nodes.items()}

@@ -22,6 +22,7 @@ from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.story import check
 from katas._harness.under_test import stage
+from katas.kv_cache._testing.wire import Sent
 from katas.kv_cache.api import (
     NS_PER_S,
     ManualClock,
@@ -85,6 +86,21 @@ def make_cache(
         **kw,
     )
     return cache, nodes, prefix
+
+
+def recorded_cache(
+    redis_env: RedisEnv, **kw: Any
+) -> tuple[RemoteCache, dict[str, RedisNode], str, dict[str, Sent]]:
+    """As :func:`make_cache`, each node's client recording what it sends: (cache, name ->
+    node, key prefix, name -> :class:`Sent`)."""
+    nodes = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    prefix = redis_env.fresh_prefix()
+    clients = {name: node.client() for name, node in nodes.items()}
+    sent = {name: Sent(client) for name, client in clients.items()}
+    kw.setdefault("probe_interval_ns", 0)
+    kw.setdefault("replicas", 2)
+    cache = sharded(clients, key_prefix=prefix, **kw)
+    return cache, nodes, prefix, sent
 
 
 def holders(nodes: dict[str, RedisNode], redis_env: RedisEnv, prefix: str, key: str) -> set[str]:
