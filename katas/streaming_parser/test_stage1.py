@@ -82,6 +82,27 @@ def test_stage1_invalid_utf8_becomes_replacement_characters(raw: bytes) -> None:
 
 
 @core
+@rule("utf8", "id")
+def test_stage1_invalid_utf8_in_any_field_becomes_replacement_characters() -> None:
+    # Not only data: the type and the id are decoded the same way, and a field that is
+    # ignored (an unknown name, a retry that is not digits) is ignored without an error.
+    body = b"\xff: x\nretry: 5\xff\nevent: <\xff>\nid: <\xc3>\ndata: <\x80>\n\n"
+    want = [E(event="<\ufffd>", data="<\ufffd>", id="<\ufffd>")]
+    for chunks in ([body], [body[i : i + 1] for i in range(len(body))]):
+        p = new_parser()
+        try:
+            got = [e for batch in sse.feed_all(p, chunks) for e in batch]
+        except UnicodeDecodeError as exc:
+            pytest.fail(f"utf8: feeding {chunks!r} raised {exc!r}: invalid bytes become U+FFFD")
+        expect(
+            (got, p.last_event_id, p.retry_ms),
+            (want, "<\ufffd>", None),
+            f"utf8: feeding {chunks!r}: every field's invalid bytes become U+FFFD "
+            "(events, last_event_id, retry_ms — 'retry: 5\\xff' is not digits)",
+        )
+
+
+@core
 @rule("bom")
 def test_stage1_one_bom_at_the_start_is_stripped_even_split() -> None:
     body = sse.BOM + b"data: a\n\n"
@@ -272,6 +293,31 @@ def test_stage1_a_valid_retry_sets_retry_ms_and_the_events_retry() -> None:
 
 
 @core
+@rule("retry", "close")
+def test_stage1_retry_ms_moves_at_its_line_even_in_an_event_never_completed() -> None:
+    p = new_parser()
+    p.feed(b"id: 1\ndata: a\n\nretry: 250\ndata: b\n")
+    expect(
+        p.retry_ms,
+        250,
+        "retry: 'retry: 250' arrived, its event's blank line not yet: retry_ms is the "
+        "reconnection time from that line on (unlike last_event_id)",
+    )
+    p.close()
+    expect(
+        (p.retry_ms, p.last_event_id),
+        (250, "1"),
+        "close() discarded the event 'b' that carried 'retry: 250': retry_ms stays 250, "
+        "last_event_id stays '1' (retry_ms, last_event_id)",
+    )
+    expect(
+        p.feed(b"data: c\n\n"),
+        [E(data="c", id="1")],
+        "the discarded event's retry is not the next event's (its retry is None)",
+    )
+
+
+@core
 @rule("retry")
 @pytest.mark.parametrize(
     "value",
@@ -373,6 +419,75 @@ def test_stage1_a_line_at_the_limit_passes_and_one_byte_more_is_refused() -> Non
 
 
 @extended
+@rule("limits", "fields")
+@pytest.mark.parametrize(
+    "line",
+    [
+        pytest.param(b": 1234567", id="comment"),
+        pytest.param(b"data:abcd", id="data"),
+        pytest.param(b"event:abc", id="event"),
+        pytest.param(b"id:123456", id="id"),
+        pytest.param(b"retry:123", id="retry"),
+        pytest.param(b"foo:12345", id="unknown-field"),
+        pytest.param(b"123456789", id="no-colon"),
+    ],
+)
+def test_stage1_every_kind_of_line_counts_against_the_line_limit(line: bytes) -> None:
+    # A 9-byte line against max_line_bytes=8, after a 2-byte blank line: the first byte
+    # past the limit is at 2 + 8. Whole (the line complete in one chunk), cut before its
+    # LF, and byte by byte (the line pending).
+    body = b"\r\n" + line + b"\n"
+    for chunks in ([body], [body[:-1], body[-1:]], [body[i : i + 1] for i in range(len(body))]):
+        expect_refused_at(
+            chunks,
+            2 + 8,
+            f"the {len(line)}-byte line {line!r} is over max_line_bytes=8 — every line counts, "
+            "whatever it is (ParseError.offset: the first byte past the limit)",
+            max_line_bytes=8,
+        )
+    fits = b"\r\n" + line[:-1] + b"\n\n"
+    accepted([fits], max_line_bytes=8)  # the same line, one byte shorter: within it
+
+
+@extended
+@rule("limits", "close")
+@pytest.mark.parametrize(
+    ("chunks", "limits"),
+    [
+        pytest.param([b"data: 1\n\ndata:abcd\n"], {"max_line_bytes": 8}, id="line-limit"),
+        pytest.param([b"data: 1\n\n", b"data: 1234"], {"max_line_bytes": 8}, id="pending-line"),
+        pytest.param([b"data: 12345678\ndata: 9\n\n"], {"max_event_bytes": 10}, id="event-limit"),
+    ],
+)
+def test_stage1_a_refused_parser_refuses_every_call_close_included(
+    chunks: list[bytes], limits: dict[str, int]
+) -> None:
+    exc, p = refusal(chunks, **limits)
+    calls = [
+        ("close()", p.close),
+        ("feed(b'data: 2\\n\\n') after close()", lambda: p.feed(b"data: 2\n\n")),
+        ("close() again", p.close),
+        ("feed(b'')", lambda: p.feed(b"")),
+    ]
+    for what, refused_call in calls:
+        try:
+            out = refused_call()
+        except ParseError as again:
+            expect(
+                again.offset,
+                exc.offset,
+                f"limits: after {chunks!r} was refused ({limits}), {what} raises that same "
+                "error (ParseError.offset)",
+            )
+            continue
+        pytest.fail(
+            f"limits: after feeding {chunks!r} raised ParseError ({limits}), the parser "
+            f"refuses every call with that error — close() too, and every feed after it; "
+            f"{what} returned {out!r}"
+        )
+
+
+@extended
 @rule("limits", "bom")
 def test_stage1_a_bom_is_not_part_of_the_first_line_however_it_is_split() -> None:
     # The BOM is stripped before lines are cut: it never counts against the line limit,
@@ -397,6 +512,58 @@ def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> N
 
 
 @extended
+@rule("limits", "fields")
+@pytest.mark.parametrize(
+    ("body", "offset"),
+    [
+        # A bare "data" is a data field with an empty value: 1 byte (its LF) each.
+        pytest.param(b"data\ndata\ndata\ndata\n\n", 15, id="bare-data"),
+        pytest.param(b"data:\ndata:\ndata:\ndata:\n\n", 18, id="empty-data"),
+        pytest.param(b"data: ab\ndata\n\n", 9, id="value-then-bare"),
+        pytest.param(b"data\ndata:ab\n\n", 5, id="bare-then-value"),
+    ],
+)
+def test_stage1_every_data_line_counts_against_the_event_limit(body: bytes, offset: int) -> None:
+    for chunks in ([body], [body[i : i + 1] for i in range(len(body))]):
+        expect_refused_at(
+            chunks,
+            offset,
+            "max_event_bytes=3: every data line adds its value plus one LF — a bare 'data' "
+            f"(no colon) adds 1 — and the data line that passes 3 starts at {offset} "
+            "(ParseError.offset)",
+            max_event_bytes=3,
+        )
+    within = body[: body.rindex(b"data")] + b"\n"  # the same event without its last line
+    accepted([within], max_event_bytes=3)
+
+
+@extended
+@rule("limits", "close")
+def test_stage1_close_starts_the_next_stream_within_fresh_limits() -> None:
+    p = new_parser(max_line_bytes=16, max_event_bytes=10)
+    p.feed(b"data: 12345678\n")  # 9 of the event's 10 bytes; the event never completes
+    p.close()
+    try:
+        got = p.feed(b"data: 12\n\n")
+    except ParseError as exc:
+        pytest.fail(
+            "limits: close() discarded the event of 9 bytes; the next stream's event of 3 "
+            f"bytes (max_event_bytes=10) was refused: {exc}"
+        )
+    expect(got, [E(data="12")], "after close(), a new event within max_event_bytes=10")
+    p.feed(b"data: 1234567")  # a 13-byte line pending, never ended
+    p.close()
+    try:
+        got = p.feed(b"data: 12345678\n\n")
+    except ParseError as exc:
+        pytest.fail(
+            "limits: close() discarded the pending 13-byte line; the next stream's 14-byte "
+            f"line (max_line_bytes=16) was refused: {exc}"
+        )
+    expect(got, [E(data="12345678")], "after close(), a new line within max_line_bytes=16")
+
+
+@extended
 @rule("limits")
 def test_stage1_the_default_limits_take_a_mebibyte_line() -> None:
     line = b"data:" + b"x" * (DEFAULT_MAX_LINE_BYTES - 5)
@@ -417,6 +584,8 @@ def test_stage1_the_default_limits_take_a_mebibyte_line() -> None:
     [
         pytest.param(b"x" * 4096, {"max_line_bytes": 65_536}, id="endless-line"),
         pytest.param(b"data: " + b"x" * 4090 + b"\n", {"max_event_bytes": 65_536}, id="event"),
+        # 4000 bare "data" lines: 4000 bytes of data a chunk (an LF each).
+        pytest.param(b"data\n" * 4000, {"max_event_bytes": 65_536}, id="bare-data-lines"),
     ],
 )
 def test_stage1_a_hostile_stream_is_refused_once_past_its_limit(
@@ -503,8 +672,35 @@ def test_stage1_feed_refuses_what_is_not_bytes(data: object) -> None:
     with pytest.raises(TypeError, match="data"):
         p.feed(data)  # type: ignore[arg-type]  # not bytes, on purpose
     expect(p.feed(b"data: a\n\n"), [E(data="a")], "a refused feed must change nothing")
-    body = bytearray(b"data: b\n\n")
-    expect(p.feed(body), [E(data="b")], "a bytearray is bytes")  # type: ignore[arg-type]
+
+
+@extended
+@rule("bad-arguments", "cr-at-once")
+def test_stage1_feed_takes_any_bytes_like_chunk() -> None:
+    # bytes, bytearray and memoryview (a slice of a larger buffer too) are all bytes-like;
+    # a chunk of each kind continues what the one before left (a CR, a half character).
+    buffer = bytearray("xxdata: b€\r\n\r\n".encode())
+    chunks: list[object] = [
+        bytearray(b"data: a\r"),
+        memoryview(b"\n\n"),
+        memoryview(buffer)[2:10],  # "data: b" and the first byte of the euro sign
+        bytes(buffer[10:]),
+    ]
+    p = new_parser()
+    got: list[ServerSentEvent] = []
+    for n, piece in enumerate(chunks):
+        try:
+            got += p.feed(piece)  # type: ignore[arg-type]  # bytes-like, not bytes
+        except TypeError as exc:
+            pytest.fail(
+                f"bad-arguments: feed({piece!r}) raised {exc!r}: feed takes any bytes-like "
+                f"chunk (bytes, bytearray, memoryview); chunk {n} of {chunks!r}"
+            )
+    expect(
+        got,
+        [E(data="a"), E(data="b€")],
+        f"bad-arguments: feeding the bytes-like chunks {chunks!r}: the same events as bytes",
+    )
 
 
 # --- the assembler -------------------------------------------------------------------------
@@ -532,6 +728,24 @@ def test_stage1_content_and_refusal_concatenate_from_the_first_string() -> None:
         (choice.content, choice.refusal),
         (None, ""),
         f"a refusal of '' is a string, a content of null is not: (content, refusal) of {choice}",
+    )
+
+
+@extended
+@rule("deltas")
+def test_stage1_the_role_is_the_last_one_sent() -> None:
+    result = assemble(
+        [
+            chunk(delta(0, role="assistant", content=""), delta(1, role="assistant")),
+            chunk(delta(0, role="tool", content="a"), delta(1, content="b")),
+            chunk(delta(0, content="c"), delta(1, role=None, content="d")),
+        ]
+    )
+    expect(
+        [(c.index, c.role, c.content) for c in result.choices],
+        [(0, "tool", "ac"), (1, "assistant", "bd")],
+        "deltas: choice 0 was sent role 'assistant', then 'tool': the last one sent wins; a "
+        "delta without a role (or a null one) keeps it, as choice 1 shows",
     )
 
 
@@ -577,6 +791,25 @@ def test_stage1_tool_call_fragments_join_their_own_call() -> None:
 
 
 @extended
+@rule("tool-calls")
+def test_stage1_a_tool_calls_id_and_name_come_from_the_first_fragment_that_has_them() -> None:
+    result = assemble(
+        [
+            chunk(delta(0, tool_calls=[call(0, '{"a"', "call_a", "f"), call(1, "", "call_c")])),
+            chunk(delta(0, tool_calls=[call(0, ": 1", "call_b", "g"), call(1, "{", name="h")])),
+            chunk(delta(0, tool_calls=[call(0, "}", name="k"), call(1, "}", "call_d", "m")])),
+        ]
+    )
+    expect(
+        [(t.index, t.id, t.name, t.arguments) for t in result.choices[0].tool_calls],
+        [(0, "call_a", "f", '{"a": 1}'), (1, "call_c", "h", "{}")],
+        "tool-calls: a call's id and name are those of the first fragment that carries "
+        "each (call 0: id call_a then call_b, name f then g, k; call 1: id call_c, its "
+        "name first in the second fragment, h); later ones never replace them",
+    )
+
+
+@extended
 @rule("finish")
 def test_stage1_usage_and_done_end_the_stream() -> None:
     assembler = new_assembler()
@@ -597,6 +830,34 @@ def test_stage1_usage_and_done_end_the_stream() -> None:
         assembler.add(chunk(delta(0, content="late")))
 
 
+@extended
+@rule("finish")
+@pytest.mark.parametrize(
+    "late",
+    [
+        pytest.param(chunk(delta(0, content="late")), id="chunk"),
+        pytest.param(E(event="ping", data="{}"), id="ping"),
+        pytest.param(E(event="error", data='{"error": "late"}'), id="error"),
+        pytest.param(E(data="[DONE]"), id="done-again"),
+        pytest.param(E(data="not json"), id="not-json"),
+    ],
+)
+def test_stage1_an_event_of_any_type_after_done_is_refused(late: ServerSentEvent) -> None:
+    assembler = new_assembler()
+    assembler.add(chunk(delta(0, content="x")))
+    assembler.add(E(data="[DONE]"))
+    before = assembler.result()
+    try:
+        assembler.add(late)
+    except ParseError:
+        expect(assembler.result(), before, "finish: the refused event changes nothing")
+        return
+    pytest.fail(
+        f"finish: after data: [DONE], every event raises ParseError — one of another type "
+        f"too; {late} was accepted"
+    )
+
+
 MALFORMED = [
     pytest.param("not json", id="not-json"),
     pytest.param("[1, 2]", id="not-an-object"),
@@ -613,6 +874,20 @@ MALFORMED = [
         id="tool-call-no-index",
     ),
     pytest.param('{"choices": [], "usage": {"total_tokens": "4"}}', id="usage-not-counts"),
+    # A valid delta, and something wrong elsewhere in the same chunk: nothing is applied.
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"content": "x", "role": "tool"}}], '
+        '"usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": "3"}}',
+        id="valid-delta-bad-usage",
+    ),
+    pytest.param(
+        '{"id": 5, "choices": [{"index": 0, "delta": {"content": "x"}}]}',
+        id="valid-delta-bad-id",
+    ),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": 1}]}',
+        id="valid-delta-bad-finish-reason",
+    ),
 ]
 
 
@@ -626,6 +901,36 @@ def test_stage1_a_malformed_chunk_is_refused_naming_it_and_changes_nothing(data:
     with pytest.raises(ParseError, match=r"event 2 \(id '42'\)"):
         assembler.add(E(data=data, id="42"))
     expect(assembler.result(), before, "a refused chunk must change nothing in the result")
+
+
+@extended
+@rule("chat-errors", "finish")
+def test_stage1_an_assembler_error_names_the_event_by_its_place_among_all_events() -> None:
+    # n counts every event given to add(), from 1: ignored, refused and folded ones alike.
+    steps: list[tuple[ServerSentEvent, str | None, str]] = [
+        (E(event="ping", data="{}"), None, ""),
+        (chunk(delta(0, content="x")), None, ""),
+        (E(data="not json", id="7"), "event 3 (id '7'): ", ""),
+        (E(event="error", data='{"error": "overloaded"}'), "event 4: ", "overloaded"),
+        (E(data="[DONE]", id="8"), None, ""),
+        (E(event="ping", data="{}", id="8"), "event 6 (id '8'): ", "[DONE]"),
+    ]
+    assembler = new_assembler()
+    for n, (event, prefix, inside) in enumerate(steps, start=1):
+        if prefix is None:
+            assembler.add(event)
+            continue
+        with pytest.raises(ParseError) as caught:
+            assembler.add(event)
+            raise AssertionError(f"chat-errors: event {n}, {event}, must raise ParseError")
+        message = str(caught.value)
+        check(
+            message.startswith(prefix) and inside in message,
+            f"chat-errors: the error for event {n} ({event}) begins {prefix!r} — n counts "
+            f"every event given to add(), of any type, from 1; then the ID if it has one"
+            + (f" — and holds {inside!r}" if inside else "")
+            + f"; the message was {message!r}",
+        )
 
 
 @extended

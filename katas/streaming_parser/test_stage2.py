@@ -37,6 +37,7 @@ from katas.streaming_parser._testing.mux import (
     END,
     ChannelSource,
     Consumer,
+    IterableOnly,
     ListSource,
     NoCloseSource,
     bounded,
@@ -49,6 +50,7 @@ from katas.streaming_parser._testing.streams import (
     TOO_LONG,
     Scenario,
     contains,
+    drain,
     expect_end,
     new_mux,
     next_pull,
@@ -263,6 +265,51 @@ async def test_stage2_one_streams_trouble_ends_that_stream_only(trouble: str) ->
     check(sources["troubled"].closed_once(), f"close-source: {sources['troubled'].describe()}")
 
 
+@pytest.mark.parametrize(
+    "trouble",
+    [
+        pytest.param("raises", marks=[core, rule("isolation")]),
+        pytest.param("parse-error", marks=[core, rule("isolation")]),
+        pytest.param("timeout", marks=[extended, rule("isolation", "idle-timeout")]),
+    ],
+)
+async def test_stage2_events_before_the_trouble_wait_for_a_consumer_that_reads_late(
+    trouble: str,
+) -> None:
+    clock, source = ManualClock(), ChannelSource("read late")
+    idle = IDLE if trouble == "timeout" else None
+    boom = ConnectionResetError("upstream reset")
+    want = [E(data="a"), E(data="b")] + ([E(data="c")] if trouble == "parse-error" else [])
+    with bounded(f"a stream ended by {trouble}, read after it ended"):
+        async with new_mux(clock=clock, idle_timeout_ns=idle, max_line_bytes=SMALL_LINES) as mux:
+            stream = mux.open(source.name, source)
+            source.push(b"data: a\n\ndata: b\n\n")
+            await until(lambda: stream.buffered == 2 and source.waiting, "events a and b read")
+            await settle()
+            if trouble == "raises":
+                source.fail(boom)
+            elif trouble == "parse-error":
+                source.push(b"data: c\n\n" + TOO_LONG)
+            else:
+                clock.advance(IDLE)
+            await until(lambda: source.aclose_calls > 0, f"the source closed after {trouble}")
+            await settle()
+            got, err = await drain(stream, f"the events before {trouble}, then its error")
+            if isinstance(err, BaseException):
+                await expect_end(stream, f"isolation: after the error of {trouble}")
+    right = (
+        err is boom
+        if trouble == "raises"
+        else isinstance(err, ParseError if trouble == "parse-error" else StreamTimeout)
+    )
+    check(
+        got == want and right,
+        f"isolation: the stream ended by {trouble} while its consumer was not reading; "
+        f"the consumer, reading later, first gets every event completed before it, then the "
+        f"error\n  expected {want} then {trouble}\n  got      {got} then {err!r}",
+    )
+
+
 # --- backpressure -------------------------------------------------------------------------
 
 
@@ -415,6 +462,149 @@ async def test_stage2_cancel_after_the_end_is_harmless() -> None:
             f"close-source: a stream that ended, then was cancelled, closes its source once: "
             f"{source.describe()}",
         )
+
+
+@core
+@rule("cancel-one")
+async def test_stage2_cancel_ends_the_iteration_before_the_source_is_closed() -> None:
+    source = ChannelSource("slow to close")
+    source.hold_close()  # its aclose() waits until the test lets it finish
+    with bounded("a stream cancelled while its source takes its time to close"):
+        async with new_mux() as mux, anyio.create_task_group() as tg:
+            try:
+                stream = mux.open(source.name, source)
+                consumer = Consumer(stream)
+                tg.start_soon(consumer.run)
+                source.push(b"data: a\n\n")
+                await until(
+                    lambda: len(consumer.events) == 1 and consumer.waiting and source.waiting,
+                    "event a taken, the consumer waiting for the next",
+                )
+                await settle()
+                stream.cancel()
+                await until(lambda: source.aclose_calls == 1, "cancel-one: the source's aclose()")
+                await settle()
+                check(
+                    consumer.outcome == END and source.aclose_finished == 0,
+                    "cancel-one: cancel() ends the iteration now — the consumer waiting in "
+                    "__anext__ gets StopAsyncIteration at once, not once the source's aclose() "
+                    f"has returned (it is still closing); the consumer got "
+                    f"{outcome_of(consumer) if consumer.done else 'nothing yet'}: "
+                    f"{source.describe()}",
+                )
+            finally:
+                source.release_close()
+    check(source.closed_once(), f"close-source: {source.describe()}")
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        pytest.param("an error", marks=[core, rule("cancel-one", "isolation")], id="error"),
+        pytest.param("a ParseError", marks=[core, rule("cancel-one", "isolation")], id="parse"),
+        pytest.param(
+            "a timeout", marks=[extended, rule("cancel-one", "idle-timeout")], id="timeout"
+        ),
+    ],
+)
+async def test_stage2_cancel_while_the_source_closes_after_an_error_ends_the_iteration(
+    ending: str,
+) -> None:
+    # The stream ends for its consumer once its source is closed; a cancel() before that
+    # — the reading stopped by an error or a timeout, aclose() not yet returned — wins.
+    clock, source = ManualClock(), ChannelSource("closing")
+    idle = IDLE if ending == "a timeout" else None
+    source.hold_close()
+    with bounded(f"a stream cancelled while its source closes after {ending}"):
+        async with (
+            new_mux(clock=clock, idle_timeout_ns=idle, max_line_bytes=SMALL_LINES) as mux,
+            anyio.create_task_group() as tg,
+        ):
+            try:
+                stream = mux.open(source.name, source)
+                source.push(b"data: a\n\n")
+                await until(lambda: stream.buffered == 1 and source.waiting, "event a read")
+                await settle()
+                if ending == "an error":
+                    source.fail(OSError("upstream reset"))
+                elif ending == "a ParseError":
+                    source.push(TOO_LONG)
+                else:
+                    clock.advance(IDLE)
+                await until(lambda: source.aclose_calls == 1, f"aclose() after {ending}")
+                await settle()
+                stream.cancel()  # the source is still closing
+                consumer = Consumer(stream)
+                tg.start_soon(consumer.run)
+                await settle()
+                check(
+                    (consumer.events, consumer.outcome) == ([], END),
+                    f"cancel-one: {ending} stopped the reading and the mux is closing the "
+                    "source (aclose() not returned yet) when cancel() is called: the stream "
+                    "has not ended yet, so cancel() ends it — buffered events dropped, "
+                    f"StopAsyncIteration, not the error; the consumer got {consumer.events} "
+                    f"then {outcome_of(consumer) if consumer.done else 'nothing yet'}",
+                )
+            finally:
+                source.release_close()
+            await until(lambda: source.aclose_finished == 1, "the source's aclose() to return")
+            await expect_end(stream, f"cancel-one: cancelled while closing after {ending}")
+    check(source.closed_once(), f"close-source: {source.describe()}")
+
+
+@pytest.mark.parametrize(
+    "ending",
+    [
+        pytest.param("its end", marks=[core, rule("cancel-one")], id="end"),
+        pytest.param("an error", marks=[core, rule("cancel-one", "isolation")], id="error"),
+        pytest.param("a ParseError", marks=[core, rule("cancel-one", "isolation")], id="parse"),
+        pytest.param(
+            "a timeout", marks=[extended, rule("cancel-one", "idle-timeout")], id="timeout"
+        ),
+    ],
+)
+async def test_stage2_cancel_after_the_end_drops_the_events_and_keeps_the_error(
+    ending: str,
+) -> None:
+    clock, source = ManualClock(), ChannelSource("ended")
+    idle = IDLE if ending == "a timeout" else None
+    boom = OSError("upstream reset")
+    with bounded(f"a stream ended by {ending}, then cancelled"), nothing_escapes(ending):
+        async with new_mux(clock=clock, idle_timeout_ns=idle, max_line_bytes=SMALL_LINES) as mux:
+            stream = mux.open(source.name, source)
+            source.push(b"data: a\n\ndata: b\n\n")
+            await until(lambda: stream.buffered == 2 and source.waiting, "events a and b read")
+            await settle()
+            if ending == "its end":
+                source.end()
+            elif ending == "an error":
+                source.fail(boom)
+            elif ending == "a ParseError":
+                source.push(TOO_LONG)
+            else:
+                clock.advance(IDLE)
+            await until(lambda: source.aclose_finished == 1, f"the source closed after {ending}")
+            await settle()
+            stream.cancel()  # after the end
+            got, err = await drain(stream, f"cancel() after {ending}")
+            if isinstance(err, BaseException):
+                await expect_end(stream, f"cancel-one: after cancel() and the error of {ending}")
+    if ending == "its end":
+        right, want = err == END, END
+    elif ending == "an error":
+        right, want = err is boom, repr(boom)
+    elif ending == "a ParseError":
+        right, want = isinstance(err, ParseError), "the ParseError"
+    else:
+        right, want = isinstance(err, StreamTimeout), "the StreamTimeout"
+    check(
+        right and got == [],
+        f"cancel-one: the stream had ended by {ending} (its source closed), events a and b "
+        f"not taken, when cancel() was called: cancel() still drops the events, but keeps "
+        f"how the stream ended — the next __anext__ must raise {want}; got {got} then "
+        f"{err!r}",
+    )
+    check(source.closed_once(), f"close-source: {source.describe()}")
 
 
 # --- every source is closed -----------------------------------------------------------------
@@ -580,6 +770,27 @@ async def test_stage2_leaving_the_block_cancels_every_stream_and_waits_for_it(ho
     with pytest.raises(RuntimeError):
         mux.open("late", ListSource([]))
         raise AssertionError(f"shutdown: open() after the block (left {how}) must raise")
+
+
+@core
+@rule("shutdown")
+async def test_stage2_leaving_the_block_leaves_an_ended_stream_what_it_ended_with() -> None:
+    boom = OSError("upstream reset")
+    ended = ListSource([sse_events("a", "b")], name="ended, events unread")
+    failed = ListSource([sse_events("c")], then=boom, name="failed, events and error unread")
+    with bounded("two streams that ended before the block was left"), nothing_escapes("ended"):
+        async with new_mux(max_buffered=8) as mux:
+            streams = [mux.open(source.name, source) for source in (ended, failed)]
+            await until(lambda: ended.closed_once() and failed.closed_once(), "both streams to end")
+            await settle()
+    got = [await drain(stream, "an ended stream, after the block") for stream in streams]
+    want = [([E(data="a"), E(data="b")], END), ([E(data="c")], boom)]
+    check(
+        got == want,
+        "shutdown: a stream that had already ended when the block was left keeps what it "
+        f"ended with — its events not yet taken, then its end or its error; expected {want}, "
+        f"got {got}",
+    )
 
 
 # --- idle timeout (extended) ----------------------------------------------------------------
@@ -794,7 +1005,12 @@ async def test_stage2_bad_arguments_name_the_parameter() -> None:
             "req-1" in str(caught_value.value),
             f"open('req-1') twice raised {caught_value.value!r}: the message must name 'req-1'",
         )
-        not_async: Sequence[object] = ([b"data: a\n\n"], iter([b"data: a\n\n"]), b"data: a\n\n")
+        not_async: Sequence[object] = (
+            [b"data: a\n\n"],
+            iter([b"data: a\n\n"]),
+            b"data: a\n\n",
+            IterableOnly(),  # async iterable, but not an iterator: no __anext__
+        )
         for n, source in enumerate(not_async):
             with pytest.raises(TypeError) as caught_type:
                 mux.open(f"sync-{n}", source)  # type: ignore[arg-type]  # on purpose
@@ -807,3 +1023,49 @@ async def test_stage2_bad_arguments_name_the_parameter() -> None:
         ok = ChannelSource("fine")
         mux.open("fine", ok)
         ok.end()
+
+
+@extended
+@rule("stage2-bad-arguments")
+@pytest.mark.parametrize(
+    "ending", ["its end", "an error", "cancel()"], ids=["end", "error", "cancel"]
+)
+async def test_stage2_a_name_is_free_again_once_its_stream_has_ended(ending: str) -> None:
+    # Ended: its source ended, failed or was cancelled, and is closed — whether or not its
+    # consumer has taken what it ended with.
+    chunks = [sse_events("a", "b")]
+    first_source: ChannelSource | ListSource = (
+        ChannelSource("first", chunks)
+        if ending == "cancel()"
+        else ListSource(chunks, then=OSError("reset") if ending == "an error" else None)
+    )
+    second_source = ListSource([sse_events("c")], name="second")
+    with bounded(f"a name opened again after {ending}"), nothing_escapes(ending):
+        async with new_mux(max_buffered=8) as mux:
+            first = mux.open("req-1", first_source)
+            await until(lambda: first.buffered == 2, "the first stream's two events read")
+            if ending == "cancel()":
+                first.cancel()
+            await until(first_source.closed_once, f"the first stream ended by {ending}")
+            await settle()
+            try:
+                second = mux.open("req-1", second_source)
+            except ValueError as exc:
+                raise AssertionError(
+                    f"stage2-bad-arguments: the stream 'req-1' has ended ({ending}; its "
+                    f"source closed, {first.buffered} event(s) not taken yet): the name is "
+                    f"no longer open, and open('req-1', ...) must take it again; it raised "
+                    f"{exc!r}"
+                ) from None
+            got = await drain(second, "the new stream under the old name")
+    check(
+        got == ([E(data="c")], END),
+        f"the stream opened again as 'req-1' reads its own source: expected ([c], {END}), "
+        f"got {got}",
+    )
+    if ending == "its end":
+        left = await drain(first, "the old stream, its name taken again")
+        check(
+            left == ([E(data="a"), E(data="b")], END),
+            f"the old stream keeps its own events when its name is taken again, got {left}",
+        )

@@ -49,11 +49,13 @@ from katas.streaming_parser._testing.replicas import (
     ReplicaSet,
     body_offsets,
     events_of,
+    show_requests,
     stream_wire,
     token_blocks,
 )
 from katas.streaming_parser._testing.resumable import (
     CLIENT_TIMEOUT,
+    Floor,
     Reader,
     Run,
     expect_exactly_once,
@@ -61,6 +63,7 @@ from katas.streaming_parser._testing.resumable import (
     expect_waits,
     held_mid_stream,
     new_source,
+    next_outcome,
     run,
 )
 from katas.streaming_parser._testing.schedules import Schedule, awkward, cuts_at, schedules
@@ -238,6 +241,36 @@ async def test_stage3_the_last_event_id_outlives_its_connection(replicas: Replic
         "last-event-id: event b has no id: line and came on the second connection; the "
         "ID before the reconnect is still the stream's, so b's id is '1', got "
         f"{result.events[1].id!r} (one stage-1 parser for the whole stream)",
+    )
+
+
+@core
+@rule("last-event-id")
+@pytest.mark.parametrize(
+    "clearing",
+    [b"id:\ndata: b\n\n", b"id\n\n"],
+    ids=["an-event-with-an-empty-id", "a-block-of-only-id"],
+)
+async def test_stage3_an_id_the_server_cleared_is_not_sent(
+    replicas: ReplicaSet, clearing: bytes
+) -> None:
+    blocks = [
+        Block(b"id: 1\ndata: a\n\n", "1"),
+        Block(clearing, ""),
+        Block(b"id: 3\ndata: c\n\n", "3"),
+    ]
+    # The 1st response ends after event a: the 2nd request sends Last-Event-ID '1'. The
+    # 2nd response clears the ID, then ends: the 3rd request must send none.
+    actions = [f"end:{len(blocks[0].raw)}", f"end:{len(blocks[1].raw)}"]
+    result = await run(replicas, blocks, actions)
+    # With no ID to resume from, the server starts the stream over: that is the protocol.
+    expect_resumes(result, blocks, actions)
+    check(
+        result.events == events_of(blocks[:2]) + events_of(blocks) and result.outcome == END,
+        f"last-event-id: the 2nd request resumed from ID '1'; its response cleared the ID "
+        f"({clearing!r}) and ended: the 3rd request sends no Last-Event-ID (not the '1' "
+        f"sent before), and the server sends the stream again from its start\n"
+        f"{result.summary()}",
     )
 
 
@@ -434,6 +467,28 @@ async def test_stage3_a_parse_error_is_raised_after_the_events_before_it(
     check(len(result.requests) == 1, f"fatal: a ParseError is not retried\n{result.summary()}")
 
 
+@extended
+@rule("fatal")
+async def test_stage3_a_parse_error_comes_after_the_events_of_its_own_chunk(
+    replicas: ReplicaSet,
+) -> None:
+    bad = Block(b"id: 4\ndata: " + b"x" * 100 + b"\n\n", "4")
+    blocks = [*BLOCKS[:3], bad, *BLOCKS[4:]]
+    ends = body_offsets(blocks)
+    # The first response: event 1, then a clean end. The second: events 2 and 3 and the
+    # line over the limit in one chunk (one write of the replica): the ParseError's own.
+    actions = [f"end:{ends[0]}", f"end:{ends[3] - ends[0]}"]
+    result = await run(replicas, blocks, actions, max_line_bytes=64)
+    check(
+        result.events == events_of(blocks[:3]) and isinstance(result.outcome, ParseError),
+        "fatal: the second response sent events 2 and 3 and then a line over "
+        "max_line_bytes=64, all in one chunk: the caller gets events 1, 2 and 3 — those "
+        "completed before the error, in its chunk too — then the ParseError"
+        f"\n{result.summary()}",
+    )
+    check(len(result.requests) == 2, f"fatal: a ParseError is not retried\n{result.summary()}")
+
+
 # --- backoff and giving up ---------------------------------------------------------------------
 
 
@@ -525,6 +580,60 @@ async def test_stage3_retry_after_of_a_429_or_503_is_a_floor(replicas: ReplicaSe
 
 
 @extended
+@rule("backoff")
+async def test_stage3_retry_after_sets_the_next_wait_only_even_past_the_cap(
+    replicas: ReplicaSet,
+) -> None:
+    actions = ["status:503:30", "refuse", "status:429:5", "end:5"]
+    result = await run(replicas, BLOCKS, actions, retry_ms=100, max_backoff_ms=1000)
+    expect_exactly_once(result, BLOCKS, f"the connections got {actions}")
+    expect_waits(
+        result,
+        [Floor(30), 200, Floor(5), 800, 100],
+        "retry_ms=100, max_backoff_ms=1000: the wait after a 503 with Retry-After: 30 is "
+        "30 s — Retry-After ranks above the cap — and it sets that one wait only: after "
+        "the refused connection that follows, d = 200; after a 429 with Retry-After: 5, "
+        "5 s; after the empty response, d = 800; after the stream, d = 100",
+    )
+
+
+@extended
+@rule("backoff")
+async def test_stage3_retry_after_on_another_status_is_ignored(replicas: ReplicaSet) -> None:
+    actions = ["status:500:10", "status:502:10", "status:504:10", "status:599:10"]
+    result = await run(replicas, BLOCKS, actions, retry_ms=100)
+    expect_exactly_once(result, BLOCKS, f"the connections got {actions}")
+    expect_waits(
+        result,
+        [100, 200, 400, 800, 100],
+        "only a 429 or a 503 sets a floor: a 500, 502, 504 or 599 with Retry-After: 10 "
+        "waits the backoff drawn from d = 100, 200, 400, 800 ms",
+    )
+
+
+@extended
+@rule("backoff")
+async def test_stage3_a_retry_in_an_event_cut_by_a_drop_sets_the_next_wait(
+    replicas: ReplicaSet,
+) -> None:
+    blocks = [
+        Block(b"id: 1\ndata: a\n\n", "1"),
+        Block(b"id: 2\nretry: 250\ndata: b\n\n", "2"),
+        Block(b"id: 3\ndata: c\n\n", "3"),
+    ]
+    cut = len(blocks[0].raw) + blocks[1].raw.index(b"data")
+    result = await run(replicas, blocks, [f"cut:{cut}"])
+    expect_exactly_once(result, blocks, "a reset after event 2's retry: line, before its data")
+    expect_waits(
+        result,
+        [250, 250],
+        "the connection was reset after event 2's `retry: 250` line but before its blank "
+        "line: retry is in force from its line on (stage 1's retry_ms), so the reconnection "
+        "waits d = 250, not retry_ms=1000 — and again after the stream",
+    )
+
+
+@extended
 @rule("give-up")
 @pytest.mark.parametrize(
     ("fault", "status"),
@@ -560,6 +669,60 @@ async def test_stage3_an_attempt_that_delivers_starts_the_count_again(
         BLOCKS,
         f"max_attempts=3 with {actions}: never 3 attempts in a row without "
         "an event (the third delivered event 1)",
+    )
+
+
+@extended
+@rule("give-up", "backoff")
+@pytest.mark.parametrize("fault", ["end:0", "cut:0", "end:5"])
+async def test_stage3_each_response_after_a_delivering_one_counts_if_it_delivers_nothing(
+    replicas: ReplicaSet, fault: str
+) -> None:
+    actions = [f"end:{ENDS[0]}", fault, fault, fault]
+    result = await run(replicas, BLOCKS, actions, max_attempts=3)
+    err = result.outcome
+    check(
+        result.events == events_of(BLOCKS[:1])
+        and isinstance(err, EventSourceError)
+        and err.status is None
+        and len(result.requests) == 4,
+        f"give-up: the 1st response delivered event 1; each of the next three answered 200 "
+        f"and delivered nothing ({fault}): three attempts in a row without an event, so "
+        f"max_attempts=3 gives up after the 4th request with EventSourceError(status=None) "
+        f"— a 200 that ends or is cut is no error status\n{result.summary()}",
+    )
+    expect_waits(
+        result,
+        [1000, 1000, 2000],
+        f"k counts each response that delivered no event ({fault}), whatever the one before "
+        "it delivered: d = 1000 after event 1 (k = 1 at least), then 1000, 2000",
+    )
+
+
+@extended
+@rule("give-up")
+@pytest.mark.parametrize(
+    ("actions", "replica", "status"),
+    [
+        pytest.param(["refuse", "refuse"], "b", None, id="never-connected"),
+        pytest.param([f"end:{ENDS[0]}", "refuse", "refuse"], "c", None, id="refused"),
+        pytest.param([f"end:{ENDS[0]}", "end:0", "refuse"], "c", None, id="empty-then-refused"),
+        pytest.param([f"end:{ENDS[0]}", "refuse", "end:0"], "c", None, id="refused-then-empty"),
+        pytest.param([f"end:{ENDS[0]}", "refuse", "status:502"], "c", 502, id="refused-then-502"),
+    ],
+)
+async def test_stage3_giving_up_names_the_last_attempts_url_and_status(
+    replicas: ReplicaSet, actions: list[str], replica: str, status: int | None
+) -> None:
+    result = await run(replicas, BLOCKS, actions, max_attempts=2)
+    err = result.outcome
+    got = (err.url, err.status) if isinstance(err, EventSourceError) else err
+    check(
+        got == (replicas.url(replica), status) and len(result.requests) == len(actions),
+        f"give-up: with max_attempts=2 and {actions}, the last attempt went to replica "
+        f"{replica}: EventSourceError's (url, status) must be that attempt's "
+        f"({replicas.url(replica)!r}, {status}) — not the URL of a response read before; "
+        f"got {got!r}\n{result.summary()}",
     )
 
 
@@ -678,6 +841,35 @@ async def test_stage3_leaving_the_block_closes_the_response(replicas: ReplicaSet
             lambda: bool(replicas.processes["a"].lines(f"closed {replicas.generation} ")),
             "aclose: the replica to see its connection closed when the block was left",
         )
+
+
+@extended
+@rule("aclose")
+@pytest.mark.parametrize("when", ["before-any-anext", "after-an-event"])
+async def test_stage3_after_aclose_every_anext_ends_and_nothing_is_requested(
+    replicas: ReplicaSet, when: str
+) -> None:
+    replicas.reset(BLOCKS)
+    got = []
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        source = new_source(client, replicas.urls)
+        with bounded(f"aclose() {when}, then three __anext__ calls"):
+            if when == "after-an-event":
+                got.append(await source.__anext__())
+            await source.aclose()
+            after = [await next_outcome(source) for _ in range(3)]
+        await settle()
+    requests = replicas.requests()
+    check(
+        got == events_of(BLOCKS)[: len(got)] and after == [END] * 3,
+        f"aclose: after aclose() ({when}), every __anext__ raises StopAsyncIteration at "
+        f"once; got {after}",
+    )
+    check(
+        len(requests) == len(got),
+        f"aclose: nothing is requested after aclose() ({when}): {len(got)} request(s) "
+        f"expected\n{show_requests(requests)}",
+    )
 
 
 # --- bad arguments -----------------------------------------------------------------------------

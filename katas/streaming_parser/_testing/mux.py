@@ -4,13 +4,18 @@ end by a deadline.
 A source is what ``StreamMux.open`` reads: an async iterator of bytes. These record what
 the mux did to them — how many chunks it pulled, whether a pull is waiting right now,
 how often it called ``aclose()`` and whether that close ran to its end — so a test can
-say "exactly two chunks were pulled" or "closed once" instead of guessing from timing:
+say "exactly two chunks were pulled" or "closed once" instead of guessing from timing.
+Any of them can hold its ``aclose()`` until the test lets it finish (``hold_close``,
+``release_close``): the instant between "the mux is closing the source" and "closed".
+
 
 - :class:`ChannelSource`: the test pushes chunks (``push``), ends it (``end``) or makes
   its next pull raise (``fail``); a pull with nothing pushed waits for the test.
 - :class:`ListSource`: its chunks are there at once; after them it ends, or raises.
 - :class:`NoCloseSource`: a :class:`ListSource` without ``aclose`` (the mux must not
   need one).
+- :class:`IterableOnly`: an async iterable that is not an async iterator (``open()``
+  must refuse it).
 
 :class:`Consumer` takes a stream's events in a task and records them and how the
 iteration ended. :func:`bounded` turns a wait that overruns its deadline into an
@@ -69,6 +74,16 @@ class _Recording:
         self.aclose_calls = 0
         self.aclose_finished = 0  # closes that ran to their end (not cut by a cancellation)
         self.pulls_after_close = 0
+        self._close_gate: anyio.Event | None = None  # set: aclose() waits for it
+
+    def hold_close(self) -> None:
+        """From now on ``aclose()`` waits, once called, until :meth:`release_close`."""
+        self._close_gate = anyio.Event()
+
+    def release_close(self) -> None:
+        """Let a held ``aclose()`` (now or later) run to its end."""
+        if self._close_gate is not None:
+            self._close_gate.set()
 
     def _pulled(self) -> None:
         self.pulls += 1
@@ -81,6 +96,8 @@ class _Recording:
         # connection open — a mux closes its sources where cancellation cannot reach.
         await anyio.lowlevel.checkpoint()
         await anyio.lowlevel.checkpoint()
+        if self._close_gate is not None:
+            await self._close_gate.wait()  # the test's deadline bounds this
         self.aclose_finished += 1
 
     def closed_once(self) -> bool:
@@ -195,6 +212,14 @@ class ListSource(NoCloseSource):
         await self._close()
 
 
+class IterableOnly:
+    """An async iterable that is not an async iterator: it has ``__aiter__`` (a
+    :class:`ListSource` of one event) but no ``__anext__``."""
+
+    def __aiter__(self) -> ListSource:
+        return ListSource([b"data: a\n\n"], name="behind an iterable")
+
+
 #: How a consumer's iteration ended normally.
 END = "StopAsyncIteration"
 
@@ -246,6 +271,7 @@ __all__ = [
     "END",
     "ChannelSource",
     "Consumer",
+    "IterableOnly",
     "ListSource",
     "NoCloseSource",
     "bounded",

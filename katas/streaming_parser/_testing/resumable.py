@@ -9,7 +9,9 @@ Tests that act while the stream is read (a kill, a stall, an ``aclose()``) use
 
 The verdicts say what broke in the words of the rule: :func:`expect_exactly_once`
 (every event once, in order, then the expected end), :func:`expect_resumes` (each
-request's ``Last-Event-ID``) and :func:`expect_waits` (each backoff within its range).
+request's ``Last-Event-ID``) and :func:`expect_waits` (each backoff within its range,
+or exactly a ``Retry-After``: :class:`Floor`). :func:`next_outcome` is what one more
+``__anext__`` does.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import httpx
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import DEADLINE_S, eventually_async
-from katas._runtime.clock import NS_PER_MS
+from katas._runtime.clock import NS_PER_MS, NS_PER_S
 from katas._runtime.todo import Todo
 from katas.streaming_parser.api import EventSource, ServerSentEvent
 
@@ -172,7 +174,7 @@ async def run(
             async with source:
                 events, outcome = await consume(source, 3 * len(blocks) + 10, events)
                 await settle()
-                again = await _again(source)
+                again = await next_outcome(source)
     result = Run(events, outcome, replicas.requests(), clock.sleeps_ns, again)
     check(
         not scope.cancelled_caught,
@@ -183,7 +185,9 @@ async def run(
     return result
 
 
-async def _again(source: EventSource) -> str:
+async def next_outcome(source: EventSource) -> str:
+    """What one ``__anext__`` of ``source`` does, said: :data:`END`, the error's repr, or
+    the event it returned."""
     try:
         event = await source.__anext__()
     except StopAsyncIteration:
@@ -248,8 +252,16 @@ def _header(value: str | None) -> str:
     return "no Last-Event-ID header" if value is None else f"Last-Event-ID {value!r}"
 
 
-def expect_waits(result: Run, ds_ms: Sequence[int], why: str) -> None:
-    """One wait a reconnection, each drawn from [d/2, d] ms for its ``d`` in ``ds_ms``."""
+@dataclass(frozen=True)
+class Floor:
+    """A wait a ``Retry-After`` sets: exactly ``seconds`` (longer than the time drawn)."""
+
+    seconds: int
+
+
+def expect_waits(result: Run, ds_ms: Sequence[int | Floor], why: str) -> None:
+    """One wait a reconnection, each drawn from [d/2, d] ms for its ``d`` in ``ds_ms`` —
+    or, for a :class:`Floor`, exactly its seconds."""
     __tracebackhide__ = True
     got = result.sleeps_ns
     shown = ", ".join(f"{ns / NS_PER_MS:g}" for ns in got)
@@ -259,6 +271,14 @@ def expect_waits(result: Run, ds_ms: Sequence[int], why: str) -> None:
         f"injected clock; got {len(got)}: [{shown}] ms\n{result.summary()}",
     )
     for n, (ns, d) in enumerate(zip(got, ds_ms, strict=True)):
+        if isinstance(d, Floor):
+            check(
+                ns == d.seconds * NS_PER_S,
+                f"backoff: {why}: wait #{n + 1} follows a Retry-After: {d.seconds}: it must "
+                f"be exactly {d.seconds * 1000} ms (the time drawn is shorter), got "
+                f"{ns / NS_PER_MS:g} ms. All waits: [{shown}] ms\n{result.summary()}",
+            )
+            continue
         check(
             d * NS_PER_MS // 2 <= ns <= d * NS_PER_MS,
             f"backoff: {why}: wait #{n + 1} must be drawn from [{d / 2:g}, {d}] ms "
@@ -269,6 +289,7 @@ def expect_waits(result: Run, ds_ms: Sequence[int], why: str) -> None:
 
 __all__ = [
     "CLIENT_TIMEOUT",
+    "Floor",
     "Reader",
     "Run",
     "consume",
@@ -278,6 +299,7 @@ __all__ = [
     "first_difference",
     "held_mid_stream",
     "new_source",
+    "next_outcome",
     "reading",
     "run",
 ]

@@ -3,12 +3,12 @@ deadlines, and the probes of the idle-timeout tests.
 
 The sources the mux reads and the consumers that read its streams are in
 :mod:`.mux`; here is what a test does with them. :func:`take` and :func:`expect_end`
-read one step of a :class:`~katas.streaming_parser.api.MuxedStream` and fail, saying
-what was awaited, past a real-time deadline; :func:`nothing_escapes` turns a stream's
-error that leaked out of the mux's block into a failure that names the rule. The
-idle-timeout probes — :func:`quiet_stream`, :func:`next_pull`, :func:`still_open`,
-:func:`timed_out` — each wait for the loop to settle before they look, so a test moves
-the clock only while every task waits.
+read one step of a :class:`~katas.streaming_parser.api.MuxedStream`, :func:`drain` the
+rest, and fail, saying what was awaited, past a real-time deadline;
+:func:`nothing_escapes` turns a stream's error that leaked out of the mux's block into a
+failure that names the rule. The idle-timeout probes — :func:`quiet_stream`,
+:func:`next_pull`, :func:`still_open`, :func:`timed_out` — each wait for the loop to
+settle before they look, so a test moves the clock only while every task waits.
 """
 
 from __future__ import annotations
@@ -66,6 +66,25 @@ async def expect_end(stream: MuxedStream, why: str) -> None:
         outcome == END,
         f"{why}: stream {stream.name!r}'s __anext__ must raise StopAsyncIteration; {outcome}",
     )
+
+
+async def drain(
+    stream: MuxedStream, what: str, most: int = 100
+) -> tuple[list[ServerSentEvent], str | BaseException]:
+    """Every event the stream still gives, read in this task under a hard deadline, and
+    how its iteration then ended: :data:`END`, or the exception ``__anext__`` raised."""
+    events: list[ServerSentEvent] = []
+    with bounded(f"{what}: stream {stream.name!r} read to its end"):
+        while len(events) < most:
+            try:
+                events.append(await stream.__anext__())
+            except StopAsyncIteration:
+                return events, END
+            except Todo:
+                raise
+            except Exception as exc:  # the stream's error: what the test checks
+                return events, exc
+    return events, f"more than {most} events"
 
 
 async def until(pred: Callable[[], bool], what: str) -> None:
@@ -220,6 +239,7 @@ __all__ = [
     "TOO_LONG",
     "Scenario",
     "contains",
+    "drain",
     "expect_end",
     "new_mux",
     "next_pull",
