@@ -17,9 +17,10 @@ Rules (the suite checks each one):
   the most leading full prompt blocks in its routing history ("affinity"), if that count
   is > 0 and ≥ ``affinity_threshold`` × ``len(prompt) // block_size``. Otherwise the
   least loaded ("least-loaded"). Ties: the lighter load, then the order given.
-- ``assign`` records the chained keys (``api.block_hash``) of the prompt's full blocks,
-  block 0 first, as most recently used; at most ``history_blocks`` keys per replica, the
-  least recently used dropped first. ``mark_down`` forgets the replica's history.
+- ``assign`` records the chained keys (``api.block_hash``) of the prompt's full blocks
+  as most recently used, last block first, so that block 0 ends up the most recent (the
+  last to go); at most ``history_blocks`` keys per replica, the least recently used
+  dropped first. ``mark_down`` forgets the replica's history.
 - Router. ``generate()`` raises ``Overloaded(retry_after_ns=retry_after_ns)`` when the
   tokens outstanding + the request's weight > ``max_outstanding_tokens``; ValueError for
   a request heavier than that alone and for an id in flight; ReplicaError when no
@@ -143,9 +144,9 @@ class ReplicaSet:
     # -- what the router tells it -----------------------------------------------------------
     def assign(self, name: str, rid: str, prompt: Sequence[int], max_new_tokens: int) -> None:
         """``rid`` now runs on ``name``: charge ``len(prompt) + max_new_tokens``, and record
-        the keys of the prompt's full blocks, block 0 first, as most recently used (at
-        most ``history_blocks`` kept, the least recently used dropped first). ValueError if
-        ``rid`` is assigned already."""
+        the keys of the prompt's full blocks as most recently used, last block first, so
+        that block 0 is the most recent (at most ``history_blocks`` kept, the least
+        recently used dropped first). ValueError if ``rid`` is assigned already."""
         raise Todo()
 
     def progress(self, rid: str, tokens: int) -> None:

@@ -15,7 +15,8 @@ says what every step must be. Time is the ``now_ns`` each step is given; nothing
 The stage's other suite: ``test_stage1_hotpath.py`` (the C hot path, ``-k hotpath``).
 
 Map: the worked example (running-first, chunked-prefill) · running first, the caps,
-chunked prefill (running-first, caps, chunked-prefill) · blocks (blocks) · finishing
+chunked prefill (running-first, caps, chunked-prefill) · the budget rule in Python,
+``fill_token_budget`` (running-first) · blocks (blocks) · finishing
 (finish, transparency) · preemption (preemption) · admission order (admission) · abort
 (abort) · metrics (metrics) · the static baseline (static) · bad input
 (stage1-bad-input) · the C twin (hotpath-twin) · any workload, every step as the rules
@@ -34,9 +35,14 @@ from hypothesis import example, given, settings
 
 from katas._harness.marks import core, extended, rule
 from katas._harness.profiles import examples
-from katas._harness.story import Story, check
+from katas._harness.story import Story, check, expect
 from katas._harness.under_test import stage
-from katas.dynamic_batcher._testing.configs import bad_configurations, expect_refused_by_name
+from katas.dynamic_batcher._testing.configs import (
+    accepted_configurations,
+    bad_configurations,
+    expect_refused_by_name,
+)
+from katas.dynamic_batcher._testing.hotpath import fill_model, hot_steps
 from katas.dynamic_batcher._testing.rules import BatchingRules, step_of
 from katas.dynamic_batcher._testing.trace import (
     STEP_NS,
@@ -44,6 +50,7 @@ from katas.dynamic_batcher._testing.trace import (
     assert_transparent,
     batcher,
     ceil_div,
+    metrics_seen,
     model,
     req,
     runs,
@@ -55,7 +62,7 @@ from katas.dynamic_batcher._testing.trace import (
     workloads,
 )
 from katas.dynamic_batcher._testing.workload import COMPARISON
-from katas.dynamic_batcher.api import Request, RequestRejected
+from katas.dynamic_batcher.api import Request, RequestMetrics, RequestRejected
 
 pytestmark = pytest.mark.stage(1)
 
@@ -144,6 +151,63 @@ def test_stage1_the_last_admitted_prompt_is_clamped_to_the_budget_left() -> None
     )
 
 
+# --- the budget rule, in Python: fill_token_budget ------------------------------------------
+
+#: ``(need, token_budget, max_seqs, (chunks, requests scheduled, tokens))`` at the
+#: boundaries of the rule the running requests are scheduled by (running-first).
+FILLS = [
+    pytest.param([3, 2, 1], 5, 8, ([3, 2, 0], 2, 5), id="budget-spent-exactly"),
+    pytest.param([8, 1], 8, 4, ([8, 0], 1, 8), id="the-next-gets-nothing"),
+    pytest.param([5, 1, 1], 4, 8, ([4, 0, 0], 1, 4), id="clamped-then-nothing"),
+    pytest.param([2, 5, 1], 4, 8, ([2, 2, 0], 2, 4), id="the-last-is-partial"),
+    pytest.param([1, 1, 1, 1], 10, 2, ([1, 1, 0, 0], 2, 2), id="max-seqs-with-budget-left"),
+    pytest.param([1, 1, 1], 10, 0, ([0, 0, 0], 0, 0), id="max-seqs-zero"),
+    pytest.param([1, 2], 0, 4, ([0, 0], 0, 0), id="no-budget"),
+    pytest.param([2, 2], 4, 2, ([2, 2], 2, 4), id="budget-cap-and-array-end-together"),
+    pytest.param([], 10, 4, ([], 0, 0), id="no-requests"),
+]
+
+
+def _fill(need: list[int], token_budget: int, max_seqs: int) -> tuple[list[int], int, int]:
+    chunks, seqs, tokens = stage().fill_token_budget(list(need), token_budget, max_seqs)
+    return list(chunks), seqs, tokens
+
+
+@core
+@rule("running-first")
+@pytest.mark.parametrize(("need", "token_budget", "max_seqs", "expected"), FILLS)
+def test_stage1_fill_token_budget_serves_in_order_up_to_the_budget_and_the_cap(
+    need: list[int], token_budget: int, max_seqs: int, expected: tuple[list[int], int, int]
+) -> None:
+    expect(
+        _fill(need, token_budget, max_seqs),
+        expected,
+        f"running-first: fill_token_budget({need}, token_budget={token_budget}, "
+        f"max_seqs={max_seqs}), the hot path's rule in Python: each request in order gets "
+        "min(need, budget left), stopping at the first that would get nothing or after "
+        "max_seqs, every other chunk 0; as (chunks, requests scheduled, tokens)",
+    )
+
+
+@core
+@rule("running-first")
+@given(hot_steps())
+@example(([1, 1, 1], 10, 2))
+@example(([4, 4, 4], 12, 1))
+@example(([9, 1, 1], 8, 4))
+def test_stage1_fill_token_budget_matches_the_plain_rule_on_random_columns(
+    step: tuple[list[int], int, int],
+) -> None:
+    need, token_budget, max_seqs = step
+    expect(
+        _fill(need, token_budget, max_seqs),
+        fill_model(need, token_budget, max_seqs),
+        f"running-first: fill_token_budget(need={need}, token_budget={token_budget}, "
+        f"max_seqs={max_seqs}) against the rule written plainly, as (chunks, requests "
+        "scheduled, tokens)",
+    )
+
+
 # --- blocks -----------------------------------------------------------------------------------
 
 
@@ -205,6 +269,52 @@ def test_stage1_a_deadline_finishes_the_request_at_the_first_step_at_or_past_it(
     )
     assert t.b.blocks_of("D") == (), "finish: a request's blocks are freed when it finishes"
     t.run()
+
+
+@core
+@rule("finish")
+def test_stage1_a_waiting_request_past_its_deadline_finishes_without_being_scheduled() -> None:
+    t = trace(max_num_seqs=1)
+    t.submit(req("W", 3, 5), req("D", 3, 4, deadline_ns=3 * STEP_NS))
+    t.step()
+    t.step()
+    assert t.b.waiting() == ["D"], f"setup: max_num_seqs=1, D waits behind W: {t.b.waiting()}"
+    out = t.step()
+    assert out.finished.get("D") == "deadline" and "D" not in out.scheduled, (
+        "finish: D, still waiting (max_num_seqs=1, W runs), has its deadline at step 3's "
+        "now_ns: it finishes there with 'deadline', waiting or not, before anything is "
+        f"scheduled; step 3 scheduled {dict(out.scheduled)}, finished {dict(out.finished)}"
+        f"\n{t.rows()}"
+    )
+    assert t.b.waiting() == [] and t.b.has_unfinished(), (
+        f"finish: D is no longer waiting; W still runs: waiting {t.b.waiting()}"
+    )
+    t.run()
+    assert "D" not in t.streamed and t.finished == {"D": "deadline", "W": "length"}, (
+        f"finish: D never ran and emitted nothing: streamed {t.streamed}, finished "
+        f"{t.finished}\n{t.rows()}"
+    )
+
+
+@extended
+@rule("finish")
+@pytest.mark.parametrize("kind", ["continuous", "static"])
+def test_stage1_a_stop_token_that_is_also_the_last_allowed_finishes_with_stop(kind: str) -> None:
+    alone = unbatched(req("S", 5, 10))
+    k = next(i for i in range(1, len(alone)) if alone[i] not in alone[:i])  # a fresh token
+    r = req("S", 5, k + 1, stop_tokens={alone[k]})  # its stop token is its last allowed one
+    m = model()
+    b = trace(m).b if kind == "continuous" else stage().StaticBatcher(m, batch_size=2)
+    b.submit(r)
+    outs = [b.step(n * STEP_NS) for n in range(1, 2 * k + 4) if b.has_unfinished()]
+    emitted = [t for out in outs for t in out.tokens.get("S", ())]
+    reasons = [out.finished["S"] for out in outs if "S" in out.finished]
+    assert emitted == list(alone[: k + 1]) and reasons == ["stop"], (
+        f"finish ({kind} batcher): S has max_new_tokens={k + 1} and stop token "
+        f"{alone[k]}, which is also its {k + 1}th token: the step that samples it finishes "
+        f"S once, with reason 'stop' (stop wins over length). Expected tokens "
+        f"{list(alone[: k + 1])} and reasons ['stop']; got {emitted} and {reasons}"
+    )
 
 
 # --- preemption -------------------------------------------------------------------------------
@@ -400,6 +510,101 @@ def test_stage1_under_priority_a_victim_queues_by_its_priority_not_first() -> No
     assert_transparent(t)
 
 
+#: Two victims in one step: blocks of 2, a pool of 4, budget 8. A and B (prompts of 2)
+#: and C and D (prompts of 1) fill the pool at step 1; at step 2 A and B each need a
+#: second block and none is free, so two requests give way, one at a time; E arrives
+#: before step 2 and waits. Priorities, for the priority policy: C the least important,
+#: then D and E (E submitted after D), then A and B.
+SEVERAL = {"num_blocks": 4, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 8}
+SEVERAL_ARRIVALS = {
+    1: [req("A", 2, 3, priority=0), req("B", 2, 3, priority=0), req("C", 1, 3, priority=2),
+        req("D", 1, 3, priority=1)],
+    2: [req("E", 1, 3, priority=1)],
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Victims:
+    """What step 2 of :data:`SEVERAL_ARRIVALS` preempts, the queue after it, and the
+    admissions of step 4 (A and B finish at step 3 and free the pool)."""
+
+    preempted: tuple[str, ...]
+    waiting: list[str]
+    admitted: list[tuple[str, int]]
+    why: str
+
+
+VICTIMS = {
+    "fcfs": Victims(
+        ("D", "C"), ["C", "D", "E"], [("C", 2), ("D", 2), ("E", 1)],
+        "A needs a block: D, the most recently admitted, gives way; then B needs one: C, "
+        "now the most recently admitted, gives way. They go to the front of the queue in "
+        "submission order, C before D (the first to give way last), both before E",
+    ),
+    "priority": Victims(
+        ("C", "D"), ["D", "E", "C"], [("D", 2), ("E", 1), ("C", 2)],
+        "A needs a block: C (priority 2), the least important, gives way; then B needs "
+        "one: D (priority 1). Each goes back into the queue by its own priority: D, then "
+        "E (priority 1, submitted after D), then C",
+    ),
+}  # fmt: skip
+
+
+def _several(policy: str) -> Trace:
+    caps = {k: SEVERAL[k] for k in ("max_num_seqs", "max_num_batched_tokens")}
+    return trace(model(SEVERAL["num_blocks"], SEVERAL["block_size"]), **caps, policy=policy)
+
+
+@extended
+@rule("preemption", "admission")
+@pytest.mark.parametrize("policy", list(VICTIMS))
+def test_stage1_several_victims_of_one_step_give_way_and_queue_in_order(policy: str) -> None:
+    case = VICTIMS[policy]
+    t = _several(policy)
+    t.submit(*SEVERAL_ARRIVALS[1])
+    t.step()
+    t.submit(*SEVERAL_ARRIVALS[2])
+    out = t.step()
+    got = (tuple(out.preempted), t.b.waiting())
+    assert got == (case.preempted, case.waiting), (
+        f"preemption: {policy}, step 2 (blocks of 2, a pool of 4 that A, B, C and D fill at "
+        f"step 1): {case.why}. `preempted` lists the victims in the order they gave way. "
+        f"Expected preempted {list(case.preempted)} and waiting {case.waiting}; got "
+        f"preempted {list(got[0])} and waiting {got[1]}\n{t.rows()}"
+    )
+    t.step()  # A and B finish, their blocks back in the pool
+    admitted = list(t.step().scheduled.items())
+    assert admitted == case.admitted, (
+        f"admission: {policy}, step 4: the pool is free again and the queue is "
+        f"{case.waiting}: expected admissions (with their recompute) {case.admitted}, got "
+        f"{admitted}\n{t.rows()}"
+    )
+    t.run()
+    assert_transparent(t)
+
+
+@extended
+@rule("metrics", "preemption")
+@pytest.mark.parametrize("policy", list(VICTIMS))
+def test_stage1_a_preempted_request_keeps_the_time_of_its_first_token(policy: str) -> None:
+    t = _several(policy)
+    t.run(SEVERAL_ARRIVALS)
+    want = metrics_seen(t)
+    got: dict[str, RequestMetrics] = {m.rid: m for m in t.b.metrics()}
+    assert got == want, (
+        f"metrics: {policy}: C and D emit their first token at step 1 ({STEP_NS} ns) and "
+        "are preempted at step 2: a preemption does not move first_token_ns (the first "
+        "token was streamed then; the recompute streams nothing again), and preemptions "
+        "counts each time a request gave way. Expected (from the steps)\n  "
+        + "\n  ".join(str(want[rid]) for rid in sorted(want))
+        + "\ngot\n  "
+        + "\n  ".join(str(got[rid]) for rid in sorted(got))
+        + f"\n{t.rows()}"
+    )
+    finishes = [m.finish_ns for m in t.b.metrics()]
+    assert finishes == sorted(finishes), f"metrics: in the order they finished: {finishes}"
+
+
 # --- admission order --------------------------------------------------------------------------
 
 
@@ -540,6 +745,46 @@ def test_stage1_submit_rejects_duplicates_and_requests_that_could_never_finish()
             Request(rid, prompt, new)
 
 
+#: How a request can end up before its id is submitted again (each step at n * STEP_NS).
+FATES = ["waiting", "running", "finished", "aborted", "past-its-deadline"]
+
+
+@core
+@rule("stage1-bad-input")
+@pytest.mark.parametrize("fate", FATES)
+def test_stage1_an_id_already_submitted_is_refused_whatever_became_of_it(fate: str) -> None:
+    t = trace(max_num_seqs=1)
+    t.submit(req("A", 3, 2, deadline_ns=2 * STEP_NS if fate == "past-its-deadline" else None))
+    t.submit(req("B", 3, 3))  # waits behind A (max_num_seqs=1)
+    rid = "B" if fate == "waiting" else "A"
+    if fate == "running":
+        t.step()
+    elif fate == "aborted":
+        t.b.abort("A")
+        t.finished["A"] = "abort"
+    elif fate in ("finished", "past-its-deadline"):
+        t.step()
+        t.step()
+        assert "A" in t.finished, f"setup: A must have finished by step 2: {t.rows()}"
+    again = req(rid, 1, 1)
+    try:
+        t.b.submit(again)
+    except RequestRejected:
+        pass
+    else:
+        raise AssertionError(
+            f"stage1-bad-input: {rid!r} was submitted before and is now {fate}: submit() of "
+            f"a request with the same id must raise RequestRejected — an id is refused once "
+            f"submitted, finished or not — but it was accepted\n{t.rows()}"
+        )
+    t.run()
+    assert set(t.finished) == {"A", "B"} and len(t.b.metrics()) == 2, (
+        f"stage1-bad-input: the refused request changes nothing; finished {t.finished}, "
+        f"metrics {[m.rid for m in t.b.metrics()]}"
+    )
+    assert_transparent(t)
+
+
 #: (block_size, num_blocks, prompt, max_new_tokens) of a request whose KV at its longest,
 #: prompt + max_new_tokens - 1 tokens (the newest token is never written), is the pool.
 JUST_FITS = [
@@ -595,6 +840,62 @@ def test_stage1_the_static_batcher_reserves_only_the_kv_a_request_can_write(
         f"{block_size}: the request runs and finishes; after {steps} steps, unfinished: "
         f"{b.has_unfinished()}, emitted {emitted}, alone it generates {list(want)}"
     )
+
+
+@extended
+@rule("static", "abort", "stage1-bad-input")
+def test_stage1_the_static_batcher_aborts_in_any_state_and_refuses_an_id_again() -> None:
+    m = model(num_blocks=4, block_size=4)
+    b = stage().StaticBatcher(m, batch_size=2)
+    for r in (req("A", 3, 14), req("B", 3, 14), req("C", 1, 1)):
+        b.submit(r)  # A and B each reserve the whole pool (16 tokens of KV): one at a time
+    first = b.step(STEP_NS)
+    assert dict(first.scheduled) == {"A": 3}, f"setup: A's batch runs alone: {first}"
+    b.abort("A")  # running, the whole pool reserved
+    b.abort("C")  # waiting
+    assert (b.running(), b.has_unfinished()) == ([], True), (
+        f"abort: A is no longer running, B still waits: running {b.running()}"
+    )
+    outs = [b.step(n * STEP_NS) for n in range(2, 40) if b.has_unfinished()]
+    assert outs and dict(outs[0].scheduled) == {"B": 3}, (
+        "abort: A's reserved blocks return to the pool at its abort, so the next step forms "
+        f"B's batch (B reserves the whole pool; C was aborted); got {outs[:1]}"
+    )
+    emitted = [t for out in outs for t in out.tokens.get("B", ())]
+    gone = [(n, rid) for n, out in enumerate(outs, 2) for rid in out.tokens if rid != "B"]
+    assert tuple(emitted) == unbatched(req("B", 3, 14)) and not gone, (
+        f"abort: nothing of an aborted request is emitted afterwards (got {gone}); B runs to "
+        f"its length: {emitted}"
+    )
+    reasons = {mt.rid: (mt.finish_reason, mt.output_tokens) for mt in b.metrics()}
+    assert reasons == {"A": ("abort", 1), "C": ("abort", 0), "B": ("length", 14)}, (
+        f"abort: the metrics of an aborted request say abort: {reasons}"
+    )
+    b.abort("A")  # finished: nothing to do
+    with pytest.raises(KeyError):
+        b.abort("never-submitted")
+    for rid in ("A", "B", "C"):
+        with pytest.raises(RequestRejected, match=rid):
+            b.submit(req(rid, 1, 1))  # aborted or finished: still an id already submitted
+
+
+@extended
+@rule("stage1-bad-input", "caps")
+@pytest.mark.parametrize(("options", "requests"), accepted_configurations())
+def test_stage1_configurations_at_the_boundary_are_accepted_and_serve(
+    options: dict[str, Any], requests: int
+) -> None:
+    config = {"max_num_seqs": 4, "max_num_batched_tokens": 8, **options}
+    try:
+        t = trace(model(), **config)
+    except (ValueError, TypeError) as exc:
+        raise AssertionError(
+            f"stage1-bad-input: {config} is a valid configuration (max_num_batched_tokens may "
+            f"equal max_num_seqs: a full batch of decodes fits one step), got {exc!r}"
+        ) from None
+    t.run({1: [req(f"r{i}", 3, 4) for i in range(requests)]})
+    assert len(t.finished) == requests, f"every request finishes: {t.finished}"
+    assert_transparent(t)
 
 
 @extended
@@ -666,6 +967,8 @@ def _shortage(name: str) -> tuple[dict[str, Any], dict[int, list[Request]], dict
 @example(case=OVER_THE_CAP)
 @example(case=_shortage("already-scheduled"))
 @example(case=_shortage("tokens-back"))
+@example(case=({**SEVERAL, "policy": "fcfs"}, SEVERAL_ARRIVALS, {}))
+@example(case=({**SEVERAL, "policy": "priority"}, SEVERAL_ARRIVALS, {}))
 @settings(max_examples=examples(at_ci=30))
 def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
@@ -699,6 +1002,8 @@ def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
 @example(case=(FCFS_TIGHT, TIGHT_ABORT, {4: "A"}))
 @example(case=OVER_THE_CAP)
 @example(case=_shortage("already-scheduled"))
+@example(case=({**SEVERAL, "policy": "fcfs"}, SEVERAL_ARRIVALS, {}))
+@example(case=({**SEVERAL, "policy": "priority"}, SEVERAL_ARRIVALS, {}))
 @settings(max_examples=examples(at_ci=60))
 def test_stage1_any_workload_keeps_every_invariant_and_every_output(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
@@ -728,6 +1033,14 @@ def _tight_run(
     return dict(config), events
 
 
+#: :data:`SEVERAL_ARRIVALS` with deadlines at step 3 for D, preempted at step 2, and E,
+#: never admitted: both are waiting when their deadline comes.
+SEVERAL_DEADLINES = {
+    1: [*SEVERAL_ARRIVALS[1][:3], req("D", 1, 3, priority=1, deadline_ns=3 * STEP_NS)],
+    2: [req("E", 1, 3, priority=1, deadline_ns=3 * STEP_NS)],
+}
+
+
 def _shortage_run(name: str) -> tuple[dict[str, Any], list[tuple[int, str, Any]]]:
     """A :data:`SHORTAGES` case as :func:`~katas.dynamic_batcher._testing.trace.runs` draws one."""
     config, arrivals, _ = _shortage(name)
@@ -742,6 +1055,9 @@ def _shortage_run(name: str) -> tuple[dict[str, Any], list[tuple[int, str, Any]]
 @example(case=_shortage_run("already-scheduled"))
 @example(case=_shortage_run("tie"))
 @example(case=_shortage_run("tokens-back"))
+@example(case=_tight_run(SEVERAL_ARRIVALS, config={**SEVERAL, "policy": "fcfs"}))
+@example(case=_tight_run(SEVERAL_ARRIVALS, config={**SEVERAL, "policy": "priority"}))
+@example(case=_tight_run(SEVERAL_DEADLINES, config={**SEVERAL, "policy": "fcfs"}))
 @settings(max_examples=examples(at_ci=80))
 def test_stage1_every_step_is_the_one_the_rules_make(
     case: tuple[dict[str, Any], list[tuple[int, str, Any]]],

@@ -49,6 +49,7 @@ from katas.dynamic_batcher.api import (
     Overloaded,
     ReaderStalled,
     Request,
+    StepOutput,
     TokenStream,
 )
 
@@ -519,6 +520,60 @@ async def test_stage2_a_finished_request_is_never_stalled() -> None:
     )
 
 
+class Steps:
+    """A step time (every step ``STEP_NS``) that notes what each step scheduled, by the
+    instant it started."""
+
+    def __init__(self) -> None:
+        self.scheduled: dict[int, list[str]] = {}
+
+    def __call__(self, out: StepOutput) -> int:
+        self.scheduled[out.now_ns - T0] = list(out.scheduled)
+        return STEP_NS
+
+
+@extended
+@rule("stall", "engine-loop", "engine-statistics")
+@pytest.mark.parametrize("company", ["alone", "beside-a-reader"])
+async def test_stage2_a_stalled_request_is_aborted_before_its_step_not_after(company: str) -> None:
+    steps = Steps()
+    rig = Rig(max_stall_ns=3 * STEP_NS, step_time_ns=steps)
+    async with rig.engine, anyio.create_task_group() as tg:
+        stalled = rig.engine.generate(request("stalled", 3, 5))  # the README's example
+        reader = None
+        if company == "beside-a-reader":
+            reader = Reader(rig.engine.generate(request("busy", 3, 8)), rig.clock)
+            tg.start_soon(reader.run)
+        await rig.time.advance_to(T0 + 6 * STEP_NS)
+        with pytest.raises(ReaderStalled):
+            await stalled.__anext__()
+        stats = rig.engine.statistics()
+        if reader is not None:
+            await rig.time.run_until(
+                lambda: reader.ended != "reading", within_ns=WITHIN, what="busy's stream to end"
+            )
+    at_4 = steps.scheduled.get(4 * STEP_NS)
+    story = (
+        "stall: max_stall_ns=3000 and nobody reads 'stalled' (prompt 3, max_new_tokens 5): "
+        "its first token, delivered at +1000, has waited 3000 ns when the step at +4000 "
+        "starts, so it is aborted at that step's start, before the batcher steps"
+    )
+    if company == "alone":
+        assert at_4 is None and (stats.steps, stats.output_tokens) == (4, 4), (
+            f"{story}: with nothing else unfinished that step does not happen at all (its "
+            f"5th token is never computed, and would have finished it). Expected steps "
+            f"at +0 … +3000 only, steps=4 and output_tokens=4; got steps at "
+            f"{sorted(steps.scheduled)}, steps={stats.steps}, "
+            f"output_tokens={stats.output_tokens}"
+        )
+    else:
+        assert at_4 == ["busy"], (
+            f"{story}: the step at +4000 computes only 'busy'; it scheduled {at_4} "
+            f"(every step: {steps.scheduled})"
+        )
+        assert reader is not None and reader.error is None and len(reader.tokens) == 8
+
+
 # -- deadlines --------------------------------------------------------------------------
 
 
@@ -656,6 +711,39 @@ async def test_stage2_statistics_follow_their_definitions() -> None:
     assert later.tokens_per_s == stats.tokens_per_s, (
         "tokens_per_s ends at the last step's end, not now: idle time after it changes "
         f"nothing; {stats.tokens_per_s} at the last step, {later.tokens_per_s} a second later"
+    )
+
+
+@extended
+@rule("engine-statistics", "reader-leaves", "stall")
+async def test_stage2_statistics_count_the_requests_that_ended_early() -> None:
+    rig = Rig(max_stall_ns=3 * STEP_NS)
+    async with rig.engine:
+        left = rig.engine.generate(request("left", 3, 20))
+        rig.engine.generate(request("stalled", 3, 20))  # never read
+        await rig.time.advance_to(T0 + 1_500)
+        first = await take(left, "left's read at +1500")
+        await rig.time.advance_to(T0 + 2_500)
+        second = await take(left, "left's read at +2500")
+        await left.aclose()  # step 3 (+2000 to +3000) is computing left's 3rd token
+        await rig.time.advance_to(T0 + 10 * STEP_NS)  # stalled is aborted at +4000
+        stats = rig.engine.statistics()
+    assert (len(first.tokens), len(second.tokens)) == (1, 1), f"setup: {first}, {second}"
+    got = (stats.steps, stats.output_tokens, stats.tokens_per_s)
+    assert got == (4, 7, 7 * 1e9 / (4 * STEP_NS)), (
+        "engine-statistics: 'left' reads at +1500 and +2500, then leaves while step 3 (+2000 "
+        "to +3000) computes its 3rd token; 'stalled' is never read: it gets tokens at +1000 "
+        "… +4000 and is aborted when the step at +4000 starts, which then does not run "
+        "(nothing is left). output_tokens counts every token those 4 steps produced: "
+        "'left' 3 (the one its reader left behind included) and 'stalled' 4. Expected "
+        f"(steps, output_tokens, tokens_per_s) = (4, 7, {7 * 1e9 / (4 * STEP_NS)}), got {got}"
+    )
+    latency = (stats.ttft_p50_ns, stats.ttft_p99_ns, stats.tpot_p50_ns, stats.tpot_p99_ns)
+    assert latency == (STEP_NS, STEP_NS, STEP_NS, STEP_NS), (
+        "engine-statistics: a request whose reader left, or stalled, has finished too (any "
+        "reason), with the deliveries its stream got: 'left' at +1000 and +2000, 'stalled' "
+        "at +1000 … +4000; each TTFT and TPOT is 1000 ns. Expected "
+        f"(ttft p50, p99, tpot p50, p99) = (1000, 1000, 1000, 1000), got {latency}"
     )
 
 

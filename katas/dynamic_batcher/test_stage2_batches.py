@@ -605,7 +605,11 @@ async def test_stage2_batches_a_caller_cancelled_after_its_batch_was_sent_blocks
             await settled(lambda: len(model.batches) == 1, "the full batch sent")
             callers[0].cancel()
             await settled(lambda: callers[0].done, "the cancelled caller to leave submit()")
-            assert callers[0].cancelled, f"the cancelled caller {callers[0].outcome()}"
+            assert callers[0].cancelled, (
+                "batch-cancel: a caller cancelled while its batch is in fn: its own submit "
+                "ends with its cancellation, neither a result nor the batch's error; the "
+                f"cancelled caller {callers[0].outcome()}"
+            )
             assert stats(b).in_flight == 1, f"the batch is still in flight: {stats(b)}"
             model.release(0)
             await outcomes(callers[1:], "the callers left in the batch")

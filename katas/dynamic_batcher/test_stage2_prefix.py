@@ -27,7 +27,11 @@ from katas._harness.profiles import examples
 from katas._harness.story import Story, check
 from katas._harness.under_test import stage
 from katas._harness.walks import walked
-from katas.dynamic_batcher._testing.configs import bad_configurations, expect_refused_by_name
+from katas.dynamic_batcher._testing.configs import (
+    accepted_configurations,
+    bad_configurations,
+    expect_refused_by_name,
+)
 from katas.dynamic_batcher._testing.prefix import (
     S,
     prefix_model,
@@ -156,6 +160,35 @@ def test_stage2_prefix_a_block_is_cached_once_the_step_that_fills_it_has_run() -
         "prefix-keys: one block per key, the first to fill it: A, scheduled before B, "
         f"cached S's two blocks; C shares A's, not B's, and computes 1 token. Scheduled "
         f"{got}; A holds {a}, B {b}, C {c}",
+    )
+    t.run()
+    t.assert_transparent()
+
+
+@extended
+@rule("prefix-no-shared-writes", "prefix-keys")
+def test_stage2_prefix_a_block_a_decode_fills_is_shared_only_after_its_step() -> None:
+    t = run_of(max_num_batched_tokens=32)
+    t.submit(Request("A", toks(10, 3), 6))
+    t.step()  # A's prompt (3 tokens) and its first output token, not yet in KV
+    prefix = (*toks(10, 3), t.streamed["A"][0])  # A's block 0, once step 2 writes it
+    t.submit(Request("B", (*prefix, 7, 8), 2))
+    got = dict(t.step().scheduled)
+    check(
+        got == {"A": 1, "B": 6} and t.hits["B"] == [0],
+        "prefix-no-shared-writes: at step 2 A's decode writes the 4th token of its block 0, "
+        "filling it; B, whose prompt starts with those 4 tokens, is admitted in that same "
+        "step: the block is cached only after the step, so B shares nothing and computes "
+        f"its 6 tokens. Expected {{'A': 1, 'B': 6}} and B served [0]; got {got} and "
+        f"{t.hits['B']}\n{t.rows()}",
+    )
+    t.submit(Request("C", (*prefix, 9), 2))
+    got = dict(t.step().scheduled)
+    check(
+        got.get("C") == 1 and t.hits["C"] == [4],
+        "prefix-keys: after step 2 A's block 0 is cached under the key of its tokens, "
+        "prompt and output alike: C, admitted at step 3, shares it and computes its last "
+        f"token only; step 3 scheduled {got}, C served {t.hits['C']}\n{t.rows()}",
     )
     t.run()
     t.assert_transparent()
@@ -424,6 +457,39 @@ def test_stage2_prefix_a_preempted_request_recomputes_from_the_cache() -> None:
 
 
 @extended
+@rule("prefix-preemption", "prefix-hit", "prefix-statistics")
+def test_stage2_prefix_a_preempted_request_shares_the_blocks_its_own_tokens_filled() -> None:
+    t = run_of(prefix_model(num_blocks=5), max_num_batched_tokens=8)
+    t.submit(Request("A", toks(10, 4), 9))
+    t.step()
+    t.submit(Request("B", toks(20, 2), 12))  # a prompt of 2: its full blocks are mostly its output
+    t.run()
+    step9, step10 = t.outputs[8], t.outputs[9]
+    check(
+        step9.preempted == ("B",),
+        f"prefix-stage1 (preemption): at step 9 A needs a block and none is free: B, the "
+        f"newest, gives way\n{t.rows()}",
+    )
+    check(
+        dict(step10.scheduled) == {"B": 1} and t.hits["B"] == [0, 8],
+        "prefix-preemption: B (prompt of 2) had 7 tokens out when it was preempted at "
+        "step 9: its KV held 8 tokens, two full blocks filled by its prompt and its own "
+        "generated tokens, cached and kept by the release. Its next admission (step 10) "
+        "looks up the keys of its known tokens — prompt and generated — shares both blocks "
+        "(8 tokens) and computes only its last known token. Expected step 10 to schedule "
+        f"{{'B': 1}} and B's admissions served [0, 8]; got {dict(step10.scheduled)} and "
+        f"{t.hits['B']}\n{t.rows()}",
+    )
+    stats = t.b.cache_statistics()
+    check(
+        (stats.lookups, stats.queried_tokens, stats.hit_tokens) == (3, 4 + 2 + 9, 8),
+        "prefix-statistics: three admissions (A, B, B again) of 4, 2 and 9 known tokens, 8 "
+        f"of them served from the cache; got {stats}",
+    )
+    t.assert_transparent()
+
+
+@extended
 @rule("prefix-hit", "prefix-transparency")
 def test_stage2_prefix_a_lookup_stops_at_the_first_block_not_cached() -> None:
     """A key can stay cached behind one that is gone: B's third block (after the shared
@@ -651,6 +717,25 @@ def test_stage2_prefix_bad_configurations_are_refused_by_name(
     config = {"max_num_seqs": 4, "max_num_batched_tokens": 16, "num_blocks": 16, "block_size": 4}
     batcher = partial(stage().PrefixCachingBatcher, prefix_model())
     expect_refused_by_name(batcher, config, name, options, "prefix-bad-input")
+
+
+@extended
+@rule("prefix-bad-input", "prefix-stage1")
+@pytest.mark.parametrize(("options", "requests"), accepted_configurations())
+def test_stage2_prefix_configurations_at_the_boundary_are_accepted_and_serve(
+    options: dict[str, Any], requests: int
+) -> None:
+    config = {"max_num_seqs": 4, "max_num_batched_tokens": 16, **options}
+    try:
+        t = run_of(prefix_model(), **config)
+    except (ValueError, TypeError) as exc:
+        raise AssertionError(
+            f"prefix-bad-input: {config} is a valid configuration (max_num_batched_tokens "
+            f"may equal max_num_seqs, as in stage 1), got {exc!r}"
+        ) from None
+    t.run({1: [Request(f"r{i}", (*S, i), 4) for i in range(requests)]})
+    check(len(t.finished) == requests, f"every request finishes: {t.finished}")
+    t.assert_transparent()
 
 
 @extended

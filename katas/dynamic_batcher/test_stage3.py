@@ -166,6 +166,54 @@ async def test_stage3_no_replica_up_and_not_draining_is_a_replica_error() -> Non
             clients.router.generate(request("r1", 3, 3))
 
 
+@extended
+@rule("router-admission", "router-statistics")
+@anyio_test
+async def test_stage3_admission_checks_the_id_the_weight_the_load_then_the_replicas() -> None:
+    fleet = Fleet(names=("a",))
+    async with fleet.routing(max_outstanding_tokens=20) as clients:
+        router = clients.router
+        first = router.generate(request("r1", 6, 7))  # weighs 13, stays on a
+        drained = anyio.Event()
+
+        async def drain() -> None:
+            await router.drain("a")
+            drained.set()
+
+        clients.tasks.start_soon(drain)
+        await fleet.time.settle()
+        assert router.replicas.available() == [] and not drained.is_set(), (
+            "setup: a drains with r1 in flight: no replica is up and not draining"
+        )
+        steps = [  # (request, what generate() must raise, why)
+            (request("r1", 1, 1), ValueError, "r1 is in flight: the id comes first"),
+            (request("huge", 10, 11), ValueError, "21 tokens > 20: it could never fit"),
+            (request("r2", 6, 7), Overloaded, "13 + 13 > 20: overloaded before no replica"),
+            (request("r3", 3, 4), ReplicaError, "13 + 7 fits: only then, no replica"),
+        ]
+        for r, error, why in steps:
+            try:
+                router.generate(r)
+            except Exception as exc:
+                got: object = exc
+            else:
+                got = "a stream"
+            assert isinstance(got, error), (
+                "router-admission: the checks go in that order: an id in flight, too heavy, "
+                "overloaded, no replica. One replica, a, draining with r1 (13 tokens) in "
+                f"flight, max_outstanding_tokens=20: generate({r.rid}, weighs "
+                f"{len(r.prompt) + r.max_new_tokens}) must raise {error.__name__} ({why}); "
+                f"got {got!r}"
+            )
+        assert router.statistics().refused == 1, (
+            "router-statistics: refused counts the router's own Overloaded only (r2): got "
+            f"{router.statistics().refused}"
+        )
+        await fleet.consume(first)
+        await fleet.time.settle()
+        assert drained.is_set(), "drain('a') returns once r1 has ended"
+
+
 # -- replicas that refuse -----------------------------------------------------------------------
 
 
@@ -342,23 +390,32 @@ async def test_stage3_a_replica_dying_after_its_last_token_ends_the_stream_unres
 
 
 @extended
-@rule("failover")
+@rule("failover", "failover-cap", "router-statistics")
 @anyio_test
-async def test_stage3_a_replica_dying_right_after_a_stop_token_ends_the_stream_with_stop() -> None:
+@pytest.mark.parametrize("max_failovers", [3, 0])
+async def test_stage3_a_replica_dying_right_after_a_stop_token_ends_the_stream_with_stop(
+    max_failovers: int,
+) -> None:
     fleet = Fleet()
     plain = request("r", 6, 12)
     tokens = fleet.expected([plain])["r"]
     k = next(i for i in range(2, len(tokens)) if tokens[i] not in tokens[:i])  # a fresh token
     r = request("r", 6, 12, stop_tokens={tokens[k]})
     fleet["a"].die_after("r", k + 1)  # dies with the stop token, before its finish event
-    readers, _ = await fleet.serve([r])
-    expect_whole(readers, {"r": tokens[: k + 1]}, f"a died as stop token {tokens[k]} arrived")
+    readers, stats = await fleet.serve([r], max_failovers=max_failovers)
+    story = f"a died as stop token {tokens[k]} arrived (max_failovers={max_failovers})"
+    expect_whole(readers, {"r": tokens[: k + 1]}, story)
     assert readers["r"].reason == "stop", (
-        f"the last token accepted was a stop token: the request is over, reason 'stop'; "
-        f"got {readers['r'].reason!r}"
+        f"{story}: the last token accepted was a stop token: the request is over, reason "
+        f"'stop', whatever the failover cap, though budget is left; got "
+        f"{readers['r'].reason!r}"
     )
     resent = [x.rid for n in ("b", "c") for x in fleet[n].seen]
-    assert resent == [], f"a finished request is not resubmitted: {resent}"
+    assert resent == [], f"{story}: a finished request is not resubmitted: {resent}"
+    assert stats.failovers == 0 and stats.down == ("a",), (
+        f"router-statistics: {story}: a is down, but a request that ended with its stop "
+        f"token did not fail over; got failovers={stats.failovers}, down={stats.down}"
+    )
 
 
 @core
@@ -453,27 +510,35 @@ async def test_stage3_a_failover_forgets_the_refusals_before_it() -> None:
 
 
 @extended
-@rule("failover-cap")
+@rule("failover-cap", "router-statistics")
 @anyio_test
 async def test_stage3_a_request_fails_over_at_most_max_failovers_times() -> None:
-    for cap, survives in ((1, False), (2, True)):
+    for cap, survives in ((0, False), (1, False), (2, True)):
         fleet = Fleet()
         r = request("r", 6, 12)
         want = fleet.expected([r])
         fleet["a"].die_after("r", 2)
         fleet["b"].die_after("r", 2)  # b's own 2nd token: the request's 4th
-        readers, _ = await fleet.serve([r], max_failovers=cap)
+        readers, stats = await fleet.serve([r], max_failovers=cap)
         reader = readers["r"]
+        story = f"a died at r's token 2, then b at r's token 4, max_failovers={cap}"
         if survives:
-            expect_whole(readers, want, "a died at token 2, b at token 4, max_failovers=2")
+            expect_whole(readers, want, story)
         else:
             assert isinstance(reader.error, ReplicaError), (
-                "a died at token 2 (failover 1 of 1), then b at token 4: max_failovers=1 "
-                f"ends the stream with ReplicaError; it ended {reader.ended}"
+                f"{story}: failure {cap + 1} finds the cap reached and ends the stream with "
+                f"ReplicaError; it ended {reader.ended}"
             )
-            assert reader.tokens == want["r"][:4], (
-                f"the tokens before the end are still delivered once: {reader.tokens}"
+            seen = 2 * (cap + 1)
+            assert reader.tokens == want["r"][:seen], (
+                f"{story}: the tokens before the end are still delivered once: expected "
+                f"{list(want['r'][:seen])}, got {list(reader.tokens)}"
             )
+        assert stats.failovers == cap, (
+            f"router-statistics: {story}: failovers counts each failure under the cap, so "
+            f"{cap}; the failure that finds the cap reached ends the stream and is not a "
+            f"failover. Got failovers={stats.failovers}"
+        )
 
 
 # -- silence, probes and the epoch ---------------------------------------------------------
@@ -758,6 +823,47 @@ async def test_stage3_a_failed_probe_fails_over_the_replicas_requests_at_once() 
 
 
 @extended
+@rule("probe", "router-drain")
+@anyio_test
+async def test_stage3_a_draining_replica_is_probed_too_and_found_down() -> None:
+    fleet = Fleet(names=("a", "b"))
+    r = request("r", 6, 12)
+    want = fleet.expected([r])
+    async with fleet.routing(
+        [r], stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT
+    ) as clients:  # r on a
+        drained: list[int] = []
+
+        async def drain() -> None:
+            await clients.router.drain("a")
+            drained.append(fleet.now)
+
+        clients.tasks.start_soon(drain)
+        await fleet.time.advance_to(T0 + 3 * STEP_NS)
+        fleet["a"].stop()  # a stops answering: streams and probes alike
+        clients.tasks.start_soon(clients.router.check_health)
+        await fleet.time.advance_to(T0 + 3 * STEP_NS + PROBE_TIMEOUT)
+        probed = {name: len(fleet[name].probes) for name in ("a", "b")}
+        assert probed == {"a": 1, "b": 1}, (
+            f"probe: every replica is probed, a draining one too: probes received {probed}"
+        )
+        stats = clients.router.statistics()
+        assert stats.down == ("a",) and [x.rid for x in fleet["b"].seen] == ["r#1"], (
+            "probe: a is draining with r in flight, and stopped: its probe goes unanswered "
+            f"for probe_timeout_ns={PROBE_TIMEOUT}, so a is down and r fails over to b at "
+            f"that instant; got down={stats.down}, b saw {[x.rid for x in fleet['b'].seen]}"
+        )
+        await fleet.time.settle()
+        assert drained == [T0 + 3 * STEP_NS + PROBE_TIMEOUT], (
+            f"router-drain: r left a at the failover, so drain('a') returns then; returned "
+            f"at {[t - T0 for t in drained]}"
+        )
+        fleet["a"].resume()
+        await clients.finish()
+    expect_whole(clients.readers, want, "a stopped while draining, found down by a probe")
+
+
+@extended
 @rule("probe")
 @anyio_test
 async def test_stage3_the_router_probes_on_its_own_and_brings_a_restarted_replica_back() -> None:
@@ -927,6 +1033,29 @@ async def test_stage3_drain_routes_nothing_more_and_returns_when_the_last_reques
         "b died under 'later', and a is draining: failovers do not go to a draining replica "
         f"either, so it has nowhere to go; the stream ended {clients.readers['later'].ended}"
     )
+
+
+@extended
+@rule("router-drain")
+@anyio_test
+async def test_stage3_draining_a_replica_with_nothing_in_flight_returns_at_once() -> None:
+    fleet = Fleet(names=("a", "b"))
+    async with fleet.routing([request("r", 4, 30)]) as clients:  # r on a; b has nothing
+        drained: list[int] = []
+
+        async def drain() -> None:
+            await clients.router.drain("b")
+            drained.append(fleet.now)
+
+        clients.tasks.start_soon(drain)
+        await fleet.time.settle()  # every task runs until it waits; the clock stays put
+        assert drained == [T0], (
+            "router-drain: b has nothing in flight, so drain('b') returns at once, with no "
+            "time passing on the router's clock (r, on a, is not b's to wait for); it "
+            f"returned at {[t - T0 for t in drained]} (no entry: it is still waiting)"
+        )
+        assert clients.router.statistics().draining == ("b",)
+        await clients.finish()
 
 
 @extended

@@ -31,6 +31,16 @@ def bad_configurations(num_blocks: int) -> list[ParameterSet]:
     ]
 
 
+def accepted_configurations() -> list[ParameterSet]:
+    """``(options, requests)`` cases at the edge of what a paged batcher accepts, over a
+    model of blocks of 4 (``num_blocks`` and ``block_size`` left to the model's): the
+    options, and how many requests to serve with them."""
+    return [
+        pytest.param({"max_num_seqs": 8, "max_num_batched_tokens": 8}, 8, id="budget-is-the-seqs"),
+        pytest.param({"max_num_seqs": 1, "max_num_batched_tokens": 1}, 2, id="ones"),
+    ]
+
+
 def expect_refused_by_name(
     build: Callable[..., object],
     config: dict[str, Any],
@@ -49,4 +59,4 @@ def expect_refused_by_name(
     )
 
 
-__all__ = ["bad_configurations", "expect_refused_by_name"]
+__all__ = ["accepted_configurations", "bad_configurations", "expect_refused_by_name"]

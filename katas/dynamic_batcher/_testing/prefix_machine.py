@@ -214,6 +214,12 @@ PREFIX_WALKS: dict[str, Walk] = {
         _submit(0, 12, 0, 6, priority=1, deadline=4), _STEP, _STEP, ("abort", {"index": 1}),
         _STEP, _RUN_OUT,
     ],
+    # A prompt of 2 beside a longer request on a pool of 5: it is preempted with two full
+    # blocks that its own output filled, and its recompute shares them (the lookup covers
+    # the generated tokens, not the prompt alone).
+    "own-output": [
+        _build(4, 2, 6, "fcfs", 0), _submit(0, 0, 4, 9), _STEP, _submit(0, 0, 2, 12), _RUN_OUT,
+    ],
 }  # fmt: skip
 
 

@@ -26,7 +26,14 @@ from hypothesis import strategies as st
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._runtime.todo import Todo
-from katas.dynamic_batcher.api import Batcher, PagedBatcher, Request, RequestRejected, StepOutput
+from katas.dynamic_batcher.api import (
+    Batcher,
+    PagedBatcher,
+    Request,
+    RequestMetrics,
+    RequestRejected,
+    StepOutput,
+)
 
 from .model import FakeModel, reference_generation
 
@@ -198,6 +205,29 @@ class Trace:
         )
 
 
+def metrics_seen(t: Trace) -> dict[str, RequestMetrics]:
+    """The metrics each request a step finished must have, read off the steps alone (step
+    n runs at ``n * STEP_NS``): its first token is the first step that emitted one for it,
+    its finish the step that finished it, its preemptions the steps that preempted it.
+    Requests aborted between steps are left out (no step finished them)."""
+    seen: dict[str, RequestMetrics] = {}
+    first: dict[str, int] = {}
+    emitted: dict[str, int] = {}
+    preemptions: dict[str, int] = {}
+    for n, out in enumerate(t.outputs, 1):
+        for rid in out.preempted:
+            preemptions[rid] = preemptions.get(rid, 0) + 1
+        for rid, tokens in out.tokens.items():
+            first.setdefault(rid, n * STEP_NS)
+            emitted[rid] = emitted.get(rid, 0) + len(tokens)
+        for rid, reason in out.finished.items():
+            seen[rid] = RequestMetrics(
+                rid, t.submitted[rid].arrival_ns, first.get(rid), n * STEP_NS,
+                emitted.get(rid, 0), reason, preemptions.get(rid, 0),
+            )  # fmt: skip
+    return seen
+
+
 def trace(m: FakeModel | None = None, **options: Any) -> Trace:
     m = m or model()
     b = batcher(m, **options)
@@ -358,6 +388,7 @@ __all__ = [
     "ceil_div",
     "draw_run_config",
     "draw_submission",
+    "metrics_seen",
     "model",
     "req",
     "runs",

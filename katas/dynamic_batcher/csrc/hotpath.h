@@ -42,7 +42,8 @@ enum {
  * the chunks (<= token_budget).
  *
  * HP_INVALID when n, token_budget or max_seqs is negative, a pointer is NULL, or some
- * need[i] < 1. chunk must not overlap need.
+ * need[i] < 1; need and chunk may be NULL when n == 0 (nothing to read or write): HP_OK,
+ * with (0, 0). chunk must not overlap need.
  */
 int hp_fill_token_budget(hp_int n, const hp_int *need, hp_int token_budget, hp_int max_seqs,
                          hp_int *chunk, hp_int *out_seqs, hp_int *out_tokens);
@@ -84,8 +85,8 @@ typedef struct {
  * free_top, computed (preempted rows only), held, table and free_ids are updated;
  * computed[] of a scheduled row is not: the step computes its chunk after this call.
  *
- * HP_INVALID, writing nothing, when a pointer is NULL, a count is out of range, or a row
- * breaks the layout above.
+ * HP_INVALID, writing nothing, when a pointer is NULL (an array with no entries, as chunk
+ * when rows == 0, may be), a count is out of range, or a row breaks the layout above.
  */
 int hp_schedule(hp_state *state, hp_int token_budget, hp_int max_seqs, hp_int *chunk,
                 hp_int *out_seqs, hp_int *out_tokens, hp_int *out_preempted);
@@ -102,7 +103,8 @@ int hp_schedule(hp_state *state, hp_int token_budget, hp_int max_seqs, hp_int *c
  *
  * The state's n, free_top, known, computed, held, table and free_ids are updated.
  *
- * HP_INVALID, writing nothing, when a pointer is NULL, seqs is not in [0, n], a flag is
+ * HP_INVALID, writing nothing, when a pointer is NULL (chunk may be when seqs == 0, and
+ * finished when n == 0), seqs is not in [0, n], a flag is
  * neither 0 nor 1, or a row breaks the layout of hp_state with its chunk counted:
  * chunk[i] >= 1 and computed[i] + chunk[i] <= known[i] for a scheduled row, held[i] ==
  * ceil((computed[i] + its chunk) / block_size), and a row that samples and is not
