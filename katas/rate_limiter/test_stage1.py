@@ -29,6 +29,7 @@ from katas.rate_limiter._testing.limiters import (
     Algo,
     D,
     Setup,
+    StepsBackAfterPeek,
     by_algo,
     needs,
     state_of,
@@ -333,6 +334,39 @@ def test_stage1_fixed_window_refund_after_the_window_rolled_is_dropped(
     expect(window.try_acquire("alice", 5), D(True, 5, 0, 0, 10 * S_), "the new window: 5")
 
 
+@rule("fixed-first-hit", "refund-capped", "fresh-again")
+@extended
+def test_stage1_fixed_window_first_hit_window_a_refund_empties_is_closed(
+    stage_module: ModuleType,
+) -> None:
+    clock = ManualClock(START_NS)
+    window: SweepableLimiter = stage_module.FixedWindow(
+        limit=2, window_ns=10 * S_, clock=clock, align="first_hit"
+    )
+    expect(window.try_acquire("alice"), D(True, 2, 1, 0, 10 * S_), "t=0: opens [0, 10 s)")
+    clock.advance(2 * S_)
+    window.refund("alice", 1)
+    expect(
+        (state_of(window, "alice", 2), window.tracked_keys()),
+        (D(False, 2, 2, None, 0), 0),
+        "t=2 s: refund('alice', 1) brings the window's count back to 0: the window is closed "
+        "and the key fresh (untracked)",
+    )
+    clock.advance(3 * S_)
+    expect(
+        window.try_acquire("alice"),
+        D(True, 2, 1, 0, 10 * S_),
+        "t=5 s: the next admission opens a new window, [5 s, 15 s) — not the one the refund "
+        "emptied, [0, 10 s)",
+    )
+    clock.advance(5 * S_)
+    expect(
+        window.try_acquire("alice", 2),
+        D(False, 2, 1, 5 * S_, 5 * S_),
+        "t=10 s: still in [5 s, 15 s), which holds 1 of 2: 2 more wait for its end at 15 s",
+    )
+
+
 @rule("swc-admit", "swc-remaining", "swc-retry")
 @extended
 def test_stage1_sliding_window_counter_weights_the_previous_window(
@@ -423,6 +457,50 @@ def test_stage1_multi_limiter_retry_after_is_the_longest_wait(stage_module: Modu
         {"tokens": D(True, 10, 8, 0, 10 * S_)},
         "a limit a request does not name is not charged, and not in the decision",
     )
+
+
+@rule("multi-decision", "multi-all-or-nothing", "clock-step-back")
+@extended
+def test_stage1_multi_limiter_charge_denied_after_its_peek_gives_back_what_it_took(
+    stage_module: ModuleType,
+) -> None:
+    # The tokens limit has its own clock, which steps back 5 s right after the
+    # MultiLimiter's peek at it: every limit admitted the request, then the tokens
+    # limit's charge, decided 5 s earlier, is denied.
+    denial = D(False, 10, 5, S_, 5 * S_)  # 5 of the 6 tokens there, the 6th 1 s away
+    for order in (("requests", "tokens"), ("tokens", "requests")):
+        requests: SweepableLimiter = stage_module.TokenBucket(
+            capacity=3, refill_per_s=1, clock=ManualClock(START_NS)
+        )
+        tokens_clock = ManualClock(START_NS - 10 * S_)
+        tokens: SweepableLimiter = stage_module.TokenBucket(
+            capacity=10, refill_per_s=1, clock=tokens_clock
+        )
+        expect(tokens.try_acquire("alice", 10).allowed, True, "10 tokens taken at -10 s")
+        tokens_clock.set(START_NS)  # refilled to 10 by now
+        limits = {"requests": requests, "tokens": StepsBackAfterPeek(tokens, tokens_clock, 5 * S_)}
+        multi: MultiRateLimiter = stage_module.MultiLimiter(limits)
+        costs = {name: {"requests": 1, "tokens": 6}[name] for name in order}
+        reached = (
+            {"requests": D(True, 3, 2, 0, S_), "tokens": denial}
+            if order[0] == "requests"
+            else {"tokens": denial}
+        )
+        expect(
+            multi.try_acquire("alice", costs),
+            MultiDecision(False, S_, reached),
+            f"try_acquire('alice', {costs}): both limits admit it, then the tokens limit's "
+            "clock steps back 5 s before it is charged, and its charge is denied. The "
+            "request is denied, and decisions holds the limits it reached, in the order "
+            "costs names them (the requests limit, if charged first, with what it took)",
+        )
+        expect(
+            state_of(requests, "alice", 3),
+            D(False, 3, 3, None, 0),
+            f"costs in the order {order}: the denied request consumes from no limit — the "
+            "requests limit, if charged before the denial, gets its unit back",
+        )
+        expect(state_of(tokens, "alice", 10), D(False, 10, 5, None, 5 * S_), "tokens: untouched")
 
 
 @rule("multi-costs", "multi-empty")

@@ -617,10 +617,15 @@ def test_stage1_without_auto_sweep_only_sweep_forgets(stage_module: ModuleType, 
     expect(limiter.sweep(), 0, "nobody is idle yet: a sweep forgets nothing")
     clock.advance(setup.recovery_ns)
     expect(limiter.tracked_keys(), 0, "all idle now")
+    for i in range(n, 5 * n):  # the stored keys more than double: when an auto-sweep would run
+        assert limiter.try_acquire(f"user-{i}").allowed
+    expect(limiter.tracked_keys(), 4 * n, f"{4 * n} new users hold state, the first {n} idle")
     expect(
         limiter.sweep(),
         n,
-        "with auto_sweep=False nothing is forgotten until sweep(), which forgets every idle key",
+        f"{setup} with auto_sweep=False: {n} users went idle, then {4 * n} new users came; "
+        f"nothing is forgotten until sweep(), which then forgets the {n} idle ones — a limiter "
+        "that swept by itself on the way (when its keys doubled, say) forgot them already",
     )
     expect(limiter.sweep(), 0, "and then there is nothing left to forget")
 

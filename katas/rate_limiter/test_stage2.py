@@ -17,12 +17,13 @@ Map: ThreadSafeLimiter — over-admission under threads (atomic-decision), FIFO 
 (fifo, acquire-blocks, no-overtaking), timeouts (timeout-consumes-nothing), refund and
 reset wake-ups (refund-reset-wake), bad arguments (bad-arguments), sweeping (sweeping,
 tracked-keys-inner), deadlocks (no-deadlock), the stripe lock held around the inner
-limiter (striped-locks), the model test (same-decisions, statistics) · AsyncLimiter —
-bursts (async-exact), FIFO (async-fifo), cancellation and timeouts (async-cancel),
-``limit()`` (async-limit), refunds (async-refund-wakes), bad arguments
-(async-bad-arguments) · ConcurrencyLimiter — leases granted, released, expired
-(lease-grant, lease-release, lease-expiry, lease-statistics), bad arguments
-(lease-bad-arguments), the model test.
+limiter and by every sweep (striped-locks, sweeping), a denial made while the head
+waiter has not yet taken its units (no-overtaking), a timeout counted from the call
+(acquire-blocks), the model test (same-decisions, statistics) · AsyncLimiter — bursts
+(async-exact), FIFO (async-fifo), cancellation and timeouts (async-cancel), ``limit()``
+(async-limit), refunds (async-refund-wakes), bad arguments (async-bad-arguments).
+
+The stage's other suite: ``test_stage2_leases.py`` (``ConcurrencyLimiter``).
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ import anyio.lowlevel
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from katas._harness.interleave import Gate
 from katas._harness.marks import anyio_test, core, extended
-from katas._harness.story import expect
+from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
@@ -55,10 +56,10 @@ from katas._harness.waiting import (
 from katas._runtime.clock import NS_PER_MS
 from katas.rate_limiter._testing.models import TokenBucketModel
 from katas.rate_limiter._testing.threads import (
+    LateWakeClock,
     acquire_into,
     async_limiter,
     bucket_limiter,
-    concurrency,
     emptied_async_limiter,
     enqueue,
     enqueue_async,
@@ -66,6 +67,7 @@ from katas.rate_limiter._testing.threads import (
     parked_limiter,
     reaches,
     run_together,
+    spied_limiter,
     start,
     stays_at,
     units_left,
@@ -74,9 +76,6 @@ from katas.rate_limiter._testing.threads import (
 from katas.rate_limiter.api import (
     NS_PER_S,
     BlockingLimiter,
-    ConcurrencyStatistics,
-    InProcessLeaseLimiter,
-    Lease,
     ManualClock,
 )
 
@@ -254,15 +253,22 @@ def test_stage2_acquire_deadline_is_exact() -> None:
 
 @pytest.mark.rule("refund-reset-wake", "statistics")
 @core
-def test_stage2_refund_wakes_waiters_sharing_a_stripe() -> None:
+@pytest.mark.parametrize("wake", ["refund", "reset"])
+def test_stage2_refund_and_reset_wake_waiters_sharing_a_stripe(wake: str) -> None:
     clock, limiter = bucket_limiter(2, refill_per_s=1, stripes=1)
     assert limiter.try_acquire("a", 2).allowed and limiter.try_acquire("b", 2).allowed
     other = enqueue(limiter, "b", lambda: limiter.acquire("b", 2), "waiter on 'b'")
     first = enqueue(limiter, "a", lambda: limiter.acquire("a", 1), "first waiter on 'a'")
     second = enqueue(limiter, "a", lambda: limiter.acquire("a", 1), "second waiter on 'a'")
-    limiter.refund("a", 2)  # no time passes: only the refund can let them in
+    # No time passes: only the refund (2 units back) or the reset (a fresh, full key) can
+    # let them in — and only if it wakes the waiters, which then look again.
+    did = "refund('a', 2)" if wake == "refund" else "reset('a')"
+    if wake == "refund":
+        limiter.refund("a", 2)
+    else:
+        limiter.reset("a")
     for w in (first, second):
-        assert w.outcome("a waiter on 'a' after refund('a', 2) — wake every waiter") is True
+        assert w.outcome(f"a waiter on 'a' after {did}, time frozen — wake every waiter") is True
     assert limiter.statistics().waiters_by_key == {"b": 1}
     clock.advance(2 * NS_PER_S)
     assert other.outcome("the waiter on 'b' after 2 s") is True
@@ -475,6 +481,107 @@ def test_stage2_a_newcomer_acquire_joins_the_back_of_the_queue() -> None:
     clock.advance(NS_PER_S)
     assert late.outcome("the newcomer, 1 s after the head") is True
     assert limiter.peek("k").retry_after_ns == NS_PER_S, "the newcomer took 1 unit"
+
+
+@core
+@pytest.mark.rule("no-overtaking")
+def test_stage2_a_denial_while_the_head_has_not_yet_taken_its_units() -> None:
+    clock = LateWakeClock()
+    _, limiter = bucket_limiter(2, refill_per_s=1, clock=clock)
+    assert limiter.try_acquire("k", 2).allowed
+    head = enqueue(limiter, "k", lambda: limiter.acquire("k", 2), "head waiter (cost 2)")
+    eventually(lambda: clock.sleepers() == 1, "the head waiter asleep on the clock", (head,))
+    # Both units are back at 2 s, but the head has not run yet to take them: the
+    # scheduler has not woken it (the clock wakes it only when the test says).
+    clock.advance_unheard(2 * NS_PER_S)
+    steps = (
+        "capacity 2, 1 unit/s; at 0 both units taken and a waiter queued for 2; at 2 s both "
+        "units are back but the waiter has not run yet to take them"
+    )
+    for name, decide in (("try_acquire", limiter.try_acquire), ("peek", limiter.peek)):
+        denied = decide("k", 1)
+        check(
+            not denied.allowed
+            and denied.retry_after_ns is not None
+            and denied.retry_after_ns > 0
+            and (denied.remaining, denied.reset_after_ns) == (0, NS_PER_S),
+            f"{steps}; then {name}('k', 1) must be denied — the units on hand are the "
+            "queue's — with a positive retry_after_ns (a denial that says 'retry in 0 ns' "
+            "sends the client straight back), remaining 0 (nothing is left for a newcomer) "
+            "and the reset_after_ns the inner bucket's peek('k', 1) gives (1 s); got "
+            f"{denied}",
+        )
+    never = limiter.try_acquire("k", 3)
+    expect(never.retry_after_ns, None, f"{steps}; 3 units never fit in 2, queue or not")
+    clock.wake()
+    assert head.outcome("the head waiter, once woken") is True
+    expect(limiter.peek("k").retry_after_ns, NS_PER_S, "the denials consumed nothing")
+
+
+@core
+@pytest.mark.rule("acquire-blocks", "fifo", "timeout-consumes-nothing")
+def test_stage2_a_timeout_counts_from_the_call_not_from_reaching_the_head() -> None:
+    clock, limiter = bucket_limiter(1, refill_per_s=Fraction(1, 3))
+    assert limiter.try_acquire("k").allowed
+    first = enqueue(limiter, "k", lambda: limiter.acquire("k"), "A (no timeout)")
+    second = enqueue(
+        limiter, "k", lambda: limiter.acquire("k", timeout_ns=5 * NS_PER_S), "B (timeout 5 s)"
+    )
+    eventually(lambda: clock.sleepers() == 2, "A and B asleep on the clock", (first, second))
+    clock.advance(3 * NS_PER_S)
+    assert first.outcome("A, at the head, once its unit is back at 3 s") is True
+    clock.advance(2 * NS_PER_S - 1)
+    stays(second.is_alive, "B still waiting at 5 s - 1 ns, within its timeout")
+    clock.advance(1)
+    assert second.outcome("B, whose timeout of 5 s ran out at 5 s") is False, (
+        "1 unit per 3 s, emptied at 0; A queued (no timeout), then B with timeout_ns=5 s; A "
+        "was admitted at 3 s and B became the head. B's unit comes at 6 s, after its timeout "
+        "— counted from B's call, not from when B reached the head — so at 5 s B returns False"
+    )
+    expect(limiter.peek("k").retry_after_ns, NS_PER_S, "B consumed nothing: the unit is 1 s away")
+
+
+@core
+@pytest.mark.rule("sweeping", "tracked-keys-inner", "striped-locks", "atomic-decision")
+@pytest.mark.parametrize(
+    "sweeper",
+    ["sweep()", "tracked_keys()", "by itself"],
+    ids=["sweep", "tracked_keys", "automatic"],
+)
+def test_stage2_a_sweep_holds_every_stripe_while_it_walks_the_keys(sweeper: str) -> None:
+    # Thread A's sweep is parked inside the inner limiter's sweep (or tracked_keys): it
+    # walks every key, so it must hold every stripe, and thread B's try_acquire('k')
+    # waits outside. "by itself": A makes requests on new keys until the wrapper sweeps.
+    inner_call = "tracked_keys" if sweeper == "tracked_keys()" else "sweep"
+    gate = Gate(f"inside the inner limiter's {inner_call}()", limit=1)
+    _, spy, limiter = spied_limiter(gate, (inner_call,))
+
+    def sweep() -> None:
+        if sweeper == "sweep()":
+            limiter.sweep()
+        elif sweeper == "tracked_keys()":
+            limiter.tracked_keys()
+        else:
+            for i in range(20_000):
+                if gate.arrivals:
+                    return
+                limiter.try_acquire(f"user-{i}")
+
+    a = start(sweep, f"A: {sweeper}")
+    gate.wait_arrived(1)
+    b = start(partial(limiter.try_acquire, "k"), "B: try_acquire('k')")
+    try:
+        stays(
+            lambda: not spy.overlaps,
+            f"thread B's try_acquire('k') outside the inner limiter while thread A's "
+            f"{sweeper} is inside its {inner_call}() (a sweep walks every key, so it must hold "
+            "every stripe — else it forgets a key another thread is deciding on, or the dict "
+            "changes under its walk)",
+        )
+    finally:
+        gate.open()
+    a.outcome(f"A: {sweeper}, once released")
+    b.outcome("B, once the sweep let go of the stripes")
 
 
 KEYS = st.sampled_from(["a", "b", "c"])
@@ -817,206 +924,59 @@ async def test_stage2_async_acquire_in_a_cancelled_scope_consumes_nothing() -> N
     assert limiter.statistics().waiters == 0, "the cancelled caller left no waiter"
 
 
-# --- ConcurrencyLimiter (extended) ----------------------------------------------------
-
-
-@pytest.mark.rule("lease-grant", "lease-release")
 @extended
-def test_stage2_concurrency_limiter_caps_in_flight_under_threads() -> None:
-    threads, attempts, cap = 8, 10, 13
-    with tiny_switch_interval():
-        for round_no in range(60):
-            _, limiter = concurrency(cap)
-
-            def burst(_: int, limiter: InProcessLeaseLimiter = limiter) -> list[Lease]:
-                return [lease for _ in range(attempts) if (lease := limiter.try_acquire("k"))]
-
-            leases = [lease for got in run_together(threads, burst) for lease in got]
-            assert len(leases) == cap, (
-                f"{threads} threads × {attempts} try_acquire('k') with "
-                f"max_in_flight={cap} got {len(leases)} leases (round {round_no}); exactly "
-                f"{cap} must be granted"
-            )
-            assert len({lease.id for lease in leases}) == cap, "lease ids must be unique"
-            assert limiter.in_flight("k") == cap
-
-            def release(
-                i: int, limiter: InProcessLeaseLimiter = limiter, leases: list[Lease] = leases
-            ) -> list[bool]:
-                return [limiter.release(lease) for lease in leases[i::threads]]
-
-            released = run_together(threads, release)
-            assert sum(ok for got in released for ok in got) == cap
-            assert limiter.in_flight("k") == 0
-
-
-@pytest.mark.rule("lease-release", "lease-statistics")
-@extended
-def test_stage2_concurrency_release_is_idempotent() -> None:
-    _, limiter = concurrency(2)
-    a, b = limiter.try_acquire("k"), limiter.try_acquire("k")
-    assert isinstance(a, Lease) and isinstance(b, Lease) and a.id != b.id
-    assert limiter.try_acquire("k") is None, "max_in_flight=2 and 2 leases are held"
-    assert limiter.release(a) is True
-    assert limiter.release(a) is False, "releasing a lease twice must return False"
-    c = limiter.try_acquire("k")
-    assert c is not None, "a released slot must be reusable"
-    extra = limiter.try_acquire("k")
-    assert extra is None, (
-        "leases b and c are held with max_in_flight=2, yet a third was granted: the "
-        "second release(a) freed someone else's slot — release must be idempotent"
-    )
-    assert limiter.in_flight("k") == 2
-    assert limiter.statistics().in_flight_by_key == {"k": 2}
-
-
-@pytest.mark.rule("lease-expiry", "lease-grant", "lease-release")
-@extended
-def test_stage2_concurrency_lease_expires_exactly_after_lease_ns() -> None:
-    clock, limiter = concurrency(1, lease_ns=5 * NS_PER_S)
-    lease = limiter.try_acquire("k")
-    assert lease is not None and lease.key == "k"
-    assert lease.expires_at_ns == clock.now_ns() + 5 * NS_PER_S
-    clock.advance(5 * NS_PER_S - 1)
-    assert limiter.try_acquire("k") is None, "the lease is still valid 1 ns before expiry"
-    clock.advance(1)
-    fresh = limiter.try_acquire("k")
-    assert fresh is not None, (
-        "a lease whose holder vanished must expire lease_ns after it was granted, freeing the slot"
-    )
-    assert limiter.statistics().expired == 1
-    assert limiter.release(lease) is False, "releasing an expired lease returns False"
-    assert limiter.try_acquire("k") is None, (
-        "releasing the expired lease freed the slot of the lease that replaced it"
-    )
-    assert limiter.release(fresh) is True
-    assert limiter.statistics().in_flight_by_key == {}, "idle keys must be forgotten"
-
-
-@pytest.mark.rule("lease-bad-arguments")
-@extended
-@pytest.mark.parametrize(
-    ("kwargs", "param"),
-    [
-        ({"max_in_flight": 0, "lease_ns": NS_PER_S}, "max_in_flight"),
-        ({"max_in_flight": True, "lease_ns": NS_PER_S}, "max_in_flight"),
-        ({"max_in_flight": 2, "lease_ns": 0}, "lease_ns"),
-        ({"max_in_flight": 2, "lease_ns": 0.5}, "lease_ns"),
-    ],
-    ids=["max0", "maxTrue", "lease0", "leaseFloat"],
-)
-def test_stage2_concurrency_bad_arguments_name_the_parameter(
-    kwargs: dict[str, object], param: str
-) -> None:
-    with pytest.raises((ValueError, TypeError), match=param):
-        stage(2).ConcurrencyLimiter(clock=ManualClock(), **kwargs)
-
-
-@extended
-@pytest.mark.rule("lease-expiry", "lease-statistics")
-def test_stage2_concurrency_reads_reclaim_expired_leases_by_themselves() -> None:
-    for read in ("in_flight", "statistics"):
-        clock, limiter = concurrency(2, lease_ns=5 * NS_PER_S)
-        first = limiter.try_acquire("k")
-        clock.advance(NS_PER_S)
-        second = limiter.try_acquire("k")
-        assert first is not None and second is not None
-
-        def held(limiter: InProcessLeaseLimiter = limiter, read: str = read) -> object:
-            if read == "in_flight":
-                return limiter.in_flight("k")
-            return limiter.statistics()
-
-        t1, t2 = first.expires_at_ns, second.expires_at_ns
-        for at, n, expired in ((t1 - 1, 2, 0), (t1, 1, 1), (t2 - 1, 1, 1), (t2, 0, 2)):
-            clock.set(at)
-            got = held()
-            want: object = n
-            if read == "statistics":
-                want = ConcurrencyStatistics(n, {"k": n} if n else {}, expired)
-            expect(
-                got,
-                want,
-                f"leases granted at 0 and 1 s for 5 s; with no other call, "
-                f"{read}() at {(at - t1) / NS_PER_S + 5:.9f} s must count the leases "
-                f"whose expires_at_ns has not come yet (reclaiming the others)",
-            )
-
-
-class ConcurrencyLimiterMachine(RuleBasedStateMachine):
-    """Leases against a model: held until released or until ``lease_ns`` has passed."""
-
-    leases = Bundle("leases")
-
-    @initialize(cap=st.integers(1, 3), lease_s=st.integers(1, 4))
-    def build(self, cap: int, lease_s: int) -> None:
-        self.clock = ManualClock()
-        self.cap, self.lease_ns = cap, lease_s * NS_PER_S
-        self.limiter: InProcessLeaseLimiter = stage(2).ConcurrencyLimiter(
-            max_in_flight=cap, lease_ns=self.lease_ns, clock=self.clock
+@pytest.mark.rule("async-fifo")
+@anyio_test
+async def test_stage2_async_denial_while_the_head_has_not_yet_taken_its_units() -> None:
+    clock = LateWakeClock()
+    _, limiter = emptied_async_limiter(clock)
+    done: list[bool] = []
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", partial(acquire_into, done, limiter, "k", 2))
+        await eventually_async(lambda: clock.sleepers() == 1, "the head task asleep on the clock")
+        clock.advance_unheard(2 * NS_PER_S)  # the units are back; the head has not run yet
+        denied = limiter.try_acquire("k", 1)
+        check(
+            not denied.allowed
+            and denied.retry_after_ns is not None
+            and denied.retry_after_ns > 0
+            and (denied.remaining, denied.reset_after_ns) == (0, NS_PER_S),
+            "capacity 2, 1 unit/s; at 0 both units taken and a task queued for 2; at 2 s both "
+            "are back but the task has not run yet: try_acquire('k', 1) must be denied with a "
+            "positive retry_after_ns, remaining 0 and the reset_after_ns the inner bucket's "
+            f"peek('k', 1) gives (1 s), as in the threaded wrapper; got {denied}",
         )
-        self.live: dict[int, tuple[str, int]] = {}  # id -> (key, expires_at)
-        self.expired = 0
-
-    def expire(self) -> None:
-        now = self.clock.now_ns()
-        for lease_id, (_, expires) in list(self.live.items()):
-            if expires <= now:
-                del self.live[lease_id]
-                self.expired += 1
-
-    def held(self, key: str) -> int:
-        return sum(k == key for k, _ in self.live.values())
-
-    @rule(target=leases, key=KEYS)
-    def try_acquire(self, key: str) -> Lease | None:
-        self.expire()
-        lease = self.limiter.try_acquire(key)
-        if self.held(key) >= self.cap:
-            assert lease is None, f"{key!r} holds {self.cap} = max leases, got {lease}"
-        else:
-            assert lease is not None, f"{key!r} holds {self.held(key)} < {self.cap}"
-            assert lease.id not in self.live and lease.key == key
-            assert lease.expires_at_ns == self.clock.now_ns() + self.lease_ns
-            self.live[lease.id] = (key, lease.expires_at_ns)
-        return lease
-
-    @rule(lease=leases)
-    def release(self, lease: Lease | None) -> None:
-        self.expire()
-        expected = lease is not None and lease.id in self.live
-        got = self.limiter.release(lease) if lease is not None else False
-        expect(
-            got,
-            expected,
-            f"release({lease}): True only for a lease still held (not released before, "
-            "not expired)",
-        )
-        if expected and lease is not None:
-            del self.live[lease.id]
-
-    @rule(ns=st.sampled_from([1, NS_PER_S - 1, NS_PER_S, 3 * NS_PER_S]))
-    def advance(self, ns: int) -> None:
-        self.clock.advance(ns)
-
-    @invariant()
-    def statistics_match(self) -> None:
-        if not hasattr(self, "limiter"):
-            return
-        self.expire()
-        stats = self.limiter.statistics()
-        by_key = dict(Counter(k for k, _ in self.live.values()))
-        assert (stats.in_flight, stats.in_flight_by_key, stats.expired) == (
-            len(self.live),
-            by_key,
-            self.expired,
-        ), f"statistics {stats}, expected in flight {by_key}, expired {self.expired}"
-        for key in by_key:
-            assert self.limiter.in_flight(key) == by_key[key]
+        clock.wake()
+        await eventually_async(lambda: done == [True], "the head task admitted once woken")
+    expect(limiter.try_acquire("k").retry_after_ns, NS_PER_S, "the denial consumed nothing")
 
 
-TestStage2ConcurrencyLimiterModel = pytest.mark.extended(
-    pytest.mark.rule("lease-grant", "lease-release", "lease-expiry", "lease-statistics")(
-        ConcurrencyLimiterMachine.TestCase
+@extended
+@pytest.mark.rule("async-cancel", "async-fifo")
+@anyio_test
+async def test_stage2_async_timeout_counts_from_the_call_not_from_reaching_the_head() -> None:
+    clock, limiter = async_limiter(1, refill_per_s=Fraction(1, 3))
+    assert limiter.try_acquire("k").allowed
+    done: dict[str, bool] = {}
+
+    async def waiter(name: str, timeout_ns: int | None) -> None:
+        done[name] = await limiter.acquire("k", timeout_ns=timeout_ns)
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", partial(waiter, "A", None))
+        await enqueue_async(tg, limiter, "k", partial(waiter, "B", 5 * NS_PER_S))
+        await eventually_async(lambda: clock.sleepers() == 2, "A and B asleep on the clock")
+        clock.advance(3 * NS_PER_S)
+        await eventually_async(lambda: done == {"A": True}, "A admitted at 3 s")
+        clock.advance(2 * NS_PER_S - 1)
+        await stays_async(lambda: "B" not in done, "B still waiting at 5 s - 1 ns")
+        clock.advance(1)
+        await eventually_async(lambda: "B" in done, "B to give up at 5 s")
+    expect(
+        done,
+        {"A": True, "B": False},
+        "1 unit per 3 s, emptied at 0; task A queued (no timeout), then B with timeout_ns=5 s; "
+        "A admitted at 3 s; B's unit comes at 6 s, after its timeout — counted from B's call, "
+        "not from when B reached the head — so at 5 s B returns False",
     )
-)
+    expect(limiter.try_acquire("k").retry_after_ns, NS_PER_S, "B consumed nothing")

@@ -14,25 +14,30 @@ exact models on the server's clock) and must come out the very same ``Decision``
 nodes, their operations and the replay are in :mod:`katas.rate_limiter._testing.nodes`.
 Server time moves through ``redis_env.pass_time`` on fakeredis.
 
-The stage's other suite: ``test_stage3_faults.py`` (``-k faults``): failure modes,
-probes, socket timeouts, script errors, SCRIPT FLUSH and restarts, refunds during an
-outage (refund-outage, failure-modes, fallback-counted, probe-interval,
-busy-unavailable, socket-timeout, script-error-raised, noscript-reload).
+The stage's other suites: ``test_stage3_faults.py`` (``-k faults``): failure modes,
+probes, socket timeouts, script errors, SCRIPT FLUSH and restarts, refunds, peeks and
+resets during an outage (refund-outage, failure-modes, fallback-counted, probe-interval,
+busy-unavailable, socket-timeout, script-error-raised, noscript-reload, redis-reset);
+``test_stage3_leases.py`` (``-k leases``): ``RedisConcurrencyLimiter`` (redis-leases,
+redis-lease-expiry).
 
 Map of this file: examples — nodes sharing one bucket and one log (nodes-as-one,
-unique-members), denials and impossible costs (redis-denial, redis-peek), refunds
-(redis-refund, refund-no-state), the Cluster hash tag (hash-tag), bad parameters
-(redis-bad-input, whole-us, lua-exact) · properties — nodes decide as one
-(nodes-as-one, stamped), node clocks skewed (server-time), TTLs (ttl-bound), one round
-trip a decision (one-script-call) · the model test (namespaced) · extended — async
-nodes (async-redis), clients refused without a socket timeout or with retries
-(socket-timeout, no-client-retries), leases (redis-leases, redis-lease-expiry).
+unique-members), denials and impossible costs (redis-denial, redis-peek), the op
+counter (stamped), refunds (redis-refund, refund-no-state), resets (redis-reset), the
+Cluster hash tag (hash-tag), bad parameters (redis-bad-input, whole-us, lua-exact), a
+key that holds its usage until the microsecond it is fresh (ttl-bound), server time
+stepping back (server-time) · properties — nodes decide as one (nodes-as-one,
+stamped), node clocks skewed (server-time), TTLs (ttl-bound), one round trip a decision
+(one-script-call) · the model test (namespaced) · extended — async nodes (async-redis),
+clients refused without a socket timeout or with retries (socket-timeout,
+no-client-retries).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import replace
 from types import ModuleType
 
 import pytest
@@ -62,7 +67,6 @@ from katas.rate_limiter._testing.nodes import (
     NODES,
     OPERATIONS,
     Call,
-    LeaseModel,
     Limits,
     Op,
     Record,
@@ -76,13 +80,12 @@ from katas.rate_limiter._testing.nodes import (
     replay,
     run_stream,
     scenarios,
+    step_server_time_back,
 )
 from katas.rate_limiter.api import (
     NS_PER_S,
     AsyncRedisLimiter,
     Decision,
-    Lease,
-    LeaseLimiter,
     ManualClock,
     RedisLimiter,
     RedisLimiterStats,
@@ -343,6 +346,183 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
         limiter.refund("alice", True)
 
 
+#: (call, key, cost, the key's op after it): a cost above the limit (2) and a peek count
+#: nothing and write nothing; every try_acquire that can fit counts, denied or not; so
+#: does a refund that finds the key's state (it returns no op: the next call shows it).
+OP_STEPS: list[tuple[Call, str, int, int | None]] = [
+    ("try_acquire", "bob", 3, 0),
+    ("peek", "bob", 1, 0),
+    ("try_acquire", "bob", 1, 1),
+    ("try_acquire", "alice", 2, 1),
+    ("try_acquire", "alice", 1, 2),
+    ("try_acquire", "alice", 1, 3),
+    ("peek", "alice", 1, 3),
+    ("try_acquire", "alice", 3, 3),
+    ("refund", "alice", 1, None),
+    ("try_acquire", "alice", 1, 5),
+]
+
+
+@pytest.mark.rule("stamped", "redis-peek", "redis-denial")
+@core
+def test_stage3_op_counts_each_try_acquire_that_can_fit_and_nothing_else(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    redis_env.freeze_time()
+    for algorithm in ALGORITHMS:
+        prefix = redis_env.fresh_prefix()
+        node = make_limiter(
+            stage_module, redis_env.client(), algorithm, 2, 10_000_000, key_prefix=prefix
+        )
+        done: list[str] = []
+        for what, key, cost, op in OP_STEPS:
+            d = call(node, Op(0, key, cost, what))
+            done.append(f"{what}({key!r}, {cost})" + ("" if d is None else f" -> op {op}"))
+            if d is None:
+                continue
+            check(
+                isinstance(d, StampedDecision) and d.op == op,
+                f"{algorithm}, limit 2: the op of each decision is the key's counter after it "
+                "— bumped by every try_acquire whose cost can fit (denied ones too) and by a "
+                "refund that finds the key's state; left alone by a peek and by a cost above "
+                f"the limit. Expected:\n  " + "\n  ".join(done) + f"\ngot {d}",
+            )
+            if key == "bob" and op == 0:
+                check(
+                    not [name for name in redis_env.keys(prefix) if "bob" in name],
+                    f"{algorithm}: {what}('bob', {cost}) on a key never seen wrote "
+                    f"{redis_env.keys(prefix)}: a peek and a cost above the limit write nothing",
+                )
+        if redis_env.time_is_controlled:  # let the key expire: TTL <= time-to-fresh + 1 s
+            redis_env.pass_time(node.peek("alice", 3).reset_after_ns + NS_PER_S + NS_PER_MS)
+            again = node.try_acquire("alice")
+            check(
+                isinstance(again, StampedDecision) and again.op == 1,
+                f"{algorithm}: once 'alice' has expired, op starts again at 1; got {again}",
+            )
+
+
+@pytest.mark.rule("redis-reset")
+@core
+def test_stage3_a_reset_key_decides_as_a_fresh_one(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    redis_env.freeze_time()
+    for algorithm in ALGORITHMS:
+        prefix = redis_env.fresh_prefix()
+        node = make_limiter(
+            stage_module, redis_env.client(), algorithm, 2, 10_000_000, key_prefix=prefix
+        )
+        assert node.try_acquire("alice", 2).allowed, f"{algorithm}: 2 of 2"
+        assert not node.try_acquire("alice").allowed, f"{algorithm}: full"
+        node.reset("alice")
+        expect(
+            redis_env.keys(prefix),
+            [],
+            f"{algorithm}: 'alice' took 2 of 2, then reset('alice'): every key the limiter "
+            "wrote for 'alice' is deleted",
+        )
+        after, never = node.try_acquire("alice"), node.try_acquire("bob")
+        if not redis_env.time_is_controlled:  # a real server's clock moves between the two
+            after, never = (replace(d, reset_after_ns=0) for d in (after, never))
+        check(
+            isinstance(after, StampedDecision)
+            and isinstance(never, StampedDecision)
+            and (plain(after), after.op) == (plain(never), 1),
+            f"{algorithm}: after reset('alice'), try_acquire('alice') decides as for 'bob', a "
+            f"key never seen ({never}), its op starting again at 1; got {after}",
+        )
+        expect(node.statistics().fallback_decisions, 0, f"{algorithm}: Redis decided all")
+
+
+@pytest.mark.rule("ttl-bound", "redis-algorithms")
+@core
+def test_stage3_a_key_holds_its_usage_until_the_microsecond_it_is_fresh(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """Each key's time to fresh falls between two whole ms: its TTL, in whole ms, must be
+    rounded up — rounded down, the key expires (and comes back fresh) while it still holds
+    usage."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("needs the server clock under the test's control (fakeredis)")
+    redis_env.freeze_time()
+    cases: dict[str, tuple[int, list[Op], str]] = {
+        "token_bucket": (3, [Op(0, "alice", 1)], "take 1 (fresh in 16 666.7 µs)"),
+        "fixed_window": (1, [Op(0, "alice", 1, gap_us=1_500)], "take 1, 1.5 ms into a window"),
+        "sliding_log": (
+            2,
+            [Op(0, "alice", 1), Op(0, "alice", 1, gap_us=1_500), Op(0, "alice", 1, "refund")],
+            "take 1, 1.5 ms later take 1 and refund 1",
+        ),
+    }
+    window_us = 50_000
+    for algorithm, (limit, ops, what) in cases.items():
+        node = fresh_node(stage_module, redis_env, algorithm, limit, window_us)
+        now_us = redis_env.server().time_us()
+        redis_env.pass_time((window_us - now_us % window_us) * 1000)  # to a window's start
+        run_stream(redis_env, [node], ops)
+        fresh_ns = node.peek("alice", limit).reset_after_ns
+        assert fresh_ns % NS_PER_MS, f"{algorithm}: the case must end between two whole ms"
+        setting = f"{algorithm}, limit {limit} per 50 ms: {what}; fresh in {fresh_ns} ns"
+        redis_env.pass_time(fresh_ns - 1000)
+        early = node.peek("alice", limit)
+        expect(
+            (early.allowed, early.retry_after_ns),
+            (False, 1000),
+            f"{setting}. 1 µs before that the key still holds usage: peek('alice', {limit}) is "
+            "denied, 1 µs to go — unless the key already expired: a TTL rounded down to whole "
+            "ms (a key must never expire while it holds usage: TTL >= time-to-fresh)",
+        )
+        redis_env.pass_time(1000)
+        expect(node.peek("alice", limit).allowed, True, f"{setting}: fresh at that instant")
+
+
+#: (what, server time moved by, call, cost): the server clock steps back twice, as a
+#: failover to a replica whose clock lags would step it.
+STEPS_BACK: list[tuple[str, int, Call, int]] = [
+    ("", 0, "try_acquire", 2),
+    ("back 10 s", -10_000_000, "peek", 1),
+    ("", 0, "try_acquire", 1),
+    ("on 10.25 s", 10_250_000, "try_acquire", 1),
+    ("on 0.25 s", 250_000, "try_acquire", 1),
+    ("back 3 s", -3_000_000, "try_acquire", 2),
+    ("on 4 s", 4_000_000, "try_acquire", 2),
+]
+
+
+@pytest.mark.rule("server-time", "redis-algorithms")
+@core
+def test_stage3_server_time_stepping_back_neither_mints_nor_burns(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    if not redis_env.time_is_controlled:
+        pytest.skip("needs the server clock under the test's control (fakeredis)")
+    redis_env.freeze_time()
+    server = redis_env.server()
+    for algorithm in ALGORITHMS:
+        node = fresh_node(stage_module, redis_env, algorithm, 2, 1_000_000)
+        model = ServerModel(algorithm, 2, 1_000_000)
+        done: list[str] = []
+        for moved, by_us, what, cost in STEPS_BACK:
+            if by_us > 0:
+                redis_env.pass_time(by_us * 1000)
+            elif by_us < 0:
+                step_server_time_back(redis_env, -by_us * 1000)
+            d = call(node, Op(0, "alice", cost, what))
+            assert isinstance(d, StampedDecision), d
+            want = model.decide("alice", cost, server.time_us(), commit=what == "try_acquire")
+            stepped = f"[server time {moved}] " if moved else ""
+            done.append(f"{stepped}{what}('alice', {cost}) -> {d}")
+            expect(
+                plain(d),
+                want,
+                f"{algorithm}, limit 2 per 1 s, server TIME stepping back: each key is "
+                "evaluated at the later of TIME and its stored time, as in stage 1 — a step "
+                "back neither mints nor burns quota, and waits include the catch-up:\n  "
+                + "\n  ".join(done),
+            )
+
+
 # --------------------------------------------------------------------------- properties
 
 
@@ -368,6 +548,33 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
         3,
         2_000_000,
         [Op(0, "alice", 2), Op(1, "alice", 3, "refund"), Op(2, "alice", 3), Op(0, "alice", 1)],
+    )
+)
+@example(  # the sliding log at the very instant a unit leaves its window (now - W, now]
+    scenario=(
+        "sliding_log",
+        3,
+        1_000_000,
+        [
+            Op(0, "alice", 1),
+            Op(1, "alice", 1, gap_us=500_000),
+            Op(2, "alice", 2, "peek", gap_us=499_999),
+            Op(0, "alice", 2, "peek", gap_us=1),
+            Op(1, "alice", 3),
+        ],
+    )
+)
+@example(  # a token-bucket refund after time passed: the refill up to it first
+    scenario=(
+        "token_bucket",
+        4,
+        4_000_000,
+        [
+            Op(0, "alice", 4),
+            Op(1, "alice", 1, "refund", gap_us=1_500_000),
+            Op(2, "alice", 3, "peek"),
+            Op(0, "alice", 3, gap_us=500_000),
+        ],
     )
 )
 @example(  # which units does a sliding-log refund take back?
@@ -799,106 +1006,3 @@ def test_stage3_a_client_that_retries_is_refused(stage_module: ModuleType) -> No
             f"{name} over a client with redis-py's default retries: the ValueError must say "
             f"the client retries (a lost reply would run the script twice); got {refused.value}"
         )
-
-
-@pytest.mark.rule("redis-leases")
-@extended
-@heavy
-@example(
-    steps=[
-        (0, "alice", True, 0),
-        (1, "alice", True, 0),
-        (2, "alice", True, 0),
-        (0, "alice", False, 0),
-    ]
-)
-@given(
-    steps=st.lists(
-        st.tuples(
-            st.integers(0, NODES - 1), st.sampled_from(KEYS), st.booleans(), st.integers(0, 10)
-        ),
-        min_size=1,
-        max_size=30,
-    )
-)
-def test_stage3_concurrency_limiter_caps_leases_across_nodes(
-    stage_module: ModuleType, redis_env: RedisEnv, steps: list[tuple[int, str, bool, int]]
-) -> None:
-    prefix = redis_env.fresh_prefix()
-    nodes: list[LeaseLimiter] = [
-        stage_module.RedisConcurrencyLimiter(
-            client, max_in_flight=2, lease_ns=60 * NS_PER_S, key_prefix=prefix
-        )
-        for client in redis_env.clients(NODES)
-    ]
-    model = LeaseModel()
-    leases: list[Lease] = []
-    for node, key, acquire, pick in steps:
-        held = model.held.setdefault(key, set())
-        if acquire or not leases:
-            lease = nodes[node].try_acquire(key)
-            assert (lease is not None) == (len(held) < 2), (
-                f"at most 2 leases on {key!r} across all nodes; held {len(held)}, got {lease}"
-            )
-            if lease is not None:
-                assert lease.key == key and lease.id not in held, lease
-                held.add(lease.id)
-                leases.append(lease)
-        else:
-            lease = leases[pick % len(leases)]
-            was_held = lease.id in model.held[lease.key]
-            assert nodes[node].release(lease) is was_held, (
-                f"release is idempotent: True the first time, then False ({lease})"
-            )
-            model.held[lease.key].discard(lease.id)
-        for k in KEYS:
-            assert nodes[node].in_flight(k) == len(model.held.get(k, ())), k
-
-
-@pytest.mark.rule("redis-lease-expiry")
-@extended
-@pytest.mark.realtime
-def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: RedisEnv) -> None:
-    redis_env.freeze_time()
-    prefix = redis_env.fresh_prefix()
-    limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
-        redis_env.client(), max_in_flight=1, lease_ns=100 * NS_PER_MS, key_prefix=prefix
-    )
-    lost = limiter.try_acquire("alice")
-    assert lost is not None and limiter.try_acquire("alice") is None, "1 in flight at most"
-    for name in redis_env.keys(prefix):
-        assert 0 < redis_env.client().pttl(name) <= 1_100, f"{name}: TTL within lease + 1 s"
-    redis_env.pass_time(150 * NS_PER_MS)
-    again = limiter.try_acquire("alice")
-    assert again is not None, (
-        "a lease whose holder vanished must expire after lease_ns, freeing its slot"
-    )
-    assert limiter.release(lost) is False, "the expired lease is no longer held"
-    assert limiter.release(again) is True
-
-
-@extended
-@pytest.mark.rule("redis-lease-expiry")
-def test_stage3_in_flight_reclaims_a_lease_at_its_expiry(
-    stage_module: ModuleType, redis_env: RedisEnv
-) -> None:
-    if not redis_env.time_is_controlled:
-        pytest.skip("needs the server clock under the test's control (fakeredis)")
-    redis_env.freeze_time()
-    limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
-        redis_env.client(), max_in_flight=2, lease_ns=100 * NS_PER_MS, key_prefix=redis_env.prefix
-    )
-    lease = limiter.try_acquire("alice")
-    assert lease is not None
-    start_ns = redis_env.server().time_us() * 1000
-    assert lease.expires_at_ns == start_ns + 100 * NS_PER_MS, (
-        f"expires_at_ns is the server's now + lease_ns: {lease}, server at {start_ns}"
-    )
-    redis_env.pass_time(lease.expires_at_ns - start_ns - 1000)  # 1 µs before it expires
-    assert limiter.in_flight("alice") == 1, "the lease still holds 1 µs before expiry"
-    redis_env.pass_time(1000)
-    held = limiter.in_flight("alice")
-    assert held == 0, (
-        f"at expires_at_ns the lease is reclaimed, and in_flight() (with no "
-        f"try_acquire in between) must not count it; got {held}"
-    )

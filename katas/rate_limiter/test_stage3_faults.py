@@ -7,25 +7,35 @@ client and the server: an outage (connections refused), ``BUSY`` replies, a blac
 and a restart. Node time is a ``ManualClock`` the test sets, so "the next probe is due"
 is exact to the nanosecond.
 
-Map: refunds during an outage (refund-outage, fallback-counted) · failure modes and
-recovery (failure-modes, fallback-counted, probe-interval, busy-unavailable) · a
-blackholed Redis (socket-timeout) · probes that fail (probe-interval) · script errors
-(script-error-raised) · SCRIPT FLUSH and restarts (noscript-reload).
+Map: refunds during an outage or a BUSY server (refund-outage, fallback-counted,
+busy-unavailable) · failure modes and recovery (failure-modes, fallback-counted,
+probe-interval, busy-unavailable) · peeks and impossible costs in every failure mode
+(redis-peek, fallback-counted) · the local share and its refill (failure-modes) · resets
+Redis cannot take (redis-reset, probe-interval) · what statistics() counts
+(fallback-counted) · a blackholed Redis (socket-timeout) · probes that fail
+(probe-interval) · script errors (script-error-raised) · SCRIPT FLUSH and restarts
+(noscript-reload) · extended: the async limiter's refunds and resets during an outage
+(async-redis, refund-outage, redis-reset).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from types import ModuleType
 
 import pytest
 import redis
 
-from katas._harness.faultproxy import FaultProxy
-from katas._harness.marks import core, rule
+from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv, RedisNode
-from katas._harness.story import Story
-from katas.rate_limiter._testing.nodes import make_limiter
+from katas._harness.story import Story, check, expect
+from katas.rate_limiter._testing.nodes import (
+    ALGORITHMS,
+    async_behind_a_proxy,
+    behind_a_proxy,
+    make_limiter,
+)
 from katas.rate_limiter.api import (
     NS_PER_S,
     Decision,
@@ -38,38 +48,26 @@ from katas.rate_limiter.api import (
 pytestmark = [pytest.mark.stage(3)]
 
 
-def bucket_behind_a_proxy(
-    stage: ModuleType, env: RedisEnv, failure_mode: str, *, expected_nodes: int = 1
-) -> tuple[FaultProxy, ManualClock, RedisLimiter]:
-    """A token bucket of 4 a minute whose client reaches Redis through a fault proxy, on a
-    clock the test sets; after a failure it probes Redis again every second."""
-    proxy = env.proxy()
-    clock = ManualClock()
-    limiter = make_limiter(
-        stage,
-        env.server().proxied_client(proxy, socket_timeout=2),
-        "token_bucket",
-        4,
-        60_000_000,
-        key_prefix=env.prefix,
-        failure_mode=failure_mode,
-        probe_interval_ns=NS_PER_S,
-        clock=clock,
-        expected_nodes=expected_nodes,
-    )
-    return proxy, clock, limiter
-
-
-@rule("refund-outage", "fallback-counted")
+@rule("refund-outage", "fallback-counted", "busy-unavailable")
 @core
+@pytest.mark.parametrize("fault", ["outage", "busy"])
 @pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_refund_during_an_outage_is_counted_and_dropped_or_local(
-    stage_module: ModuleType, redis_env: RedisEnv, mode: str
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str, fault: str
 ) -> None:
-    proxy, clock, limiter = bucket_behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
+    """``outage``: connections refused; ``busy``: every command answered ``BUSY``."""
+    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
     assert limiter.try_acquire("alice", 3).allowed, "Redis is up: 3 of 4"
-    proxy.outage()
-    limiter.refund("alice", 3)  # must not raise
+    getattr(proxy, fault)()
+    try:
+        limiter.refund("alice", 3)
+    except redis.RedisError as error:
+        check(
+            False,
+            f"refund('alice', 3) with Redis unavailable ({fault}) raised {error!r}: a refund "
+            "Redis cannot take is the failure mode's, like a decision — counted and dropped "
+            "(or given to the local limiter), never raised (BUSY is an unavailability too)",
+        )
     fallbacks = 1
     if mode == "local":
         local = [limiter.try_acquire("bob", 2), limiter.try_acquire("bob")]
@@ -102,7 +100,7 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
 ) -> None:
     """``outage``: connections refused; ``busy``: every command answered ``BUSY`` (a long
     script runs on the server) — both an unavailability, for the failure mode."""
-    proxy, clock, limiter = bucket_behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
+    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
     assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
     getattr(proxy, fault)()
     burst = [limiter.try_acquire("bob") for _ in range(5)]  # must not raise
@@ -128,6 +126,184 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
         f"with the state Redis kept (1 of 4 used before the outage); got {back}"
     )
     assert limiter.statistics().redis_decisions == 2, limiter.statistics()
+
+
+@rule("failure-modes", "fallback-counted", "redis-peek")
+@core
+@pytest.mark.parametrize("mode", ["open", "closed", "local"])
+def test_stage3_a_peek_during_an_outage_changes_nothing_and_is_counted(
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str
+) -> None:
+    proxy, _, limiter = behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
+    assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
+    proxy.outage()
+    peeks = [limiter.peek("bob").allowed for _ in range(3)]
+    takes = [limiter.try_acquire("bob").allowed for _ in range(3)]
+    want = {
+        "open": ([True] * 3, [True] * 3),
+        "closed": ([False] * 3, [False] * 3),
+        "local": ([True] * 3, [True, True, False]),
+    }
+    expect(
+        (peeks, takes),
+        want[mode],
+        f"failure_mode={mode!r}, Redis down: 3 peeks, then 3 try_acquire on 'bob' (local: "
+        "share 4 // 2 = 2). A peek decides as try_acquire would and changes nothing, in the "
+        "local limiter too: the peeks take nothing from the share",
+    )
+    stats = limiter.statistics()
+    expect(
+        (stats.redis_decisions, stats.fallback_decisions),
+        (1, 6),
+        f"failure_mode={mode!r}: every decision the failure mode makes is counted as a "
+        f"fallback, a peek's as a try_acquire's (Redis decided 1, the failure mode 6); {stats}",
+    )
+
+
+@rule("redis-peek", "failure-modes")
+@core
+@pytest.mark.parametrize("mode", ["open", "closed", "local"])
+def test_stage3_a_cost_above_the_limit_never_fits_in_any_failure_mode(
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str
+) -> None:
+    proxy, _, limiter = behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
+    proxy.outage()
+    # The first call tries Redis and fails; the next ones are made while Redis is skipped.
+    for name in ("try_acquire", "peek", "try_acquire"):
+        d: Decision = getattr(limiter, name)("alice", 5)
+        check(
+            not d.allowed and d.retry_after_ns is None,
+            f"failure_mode={mode!r}, Redis down: {name}('alice', 5) on a limit of 4 can never "
+            f"fit, whatever decides it — denied with retry_after_ns None; got {d}",
+        )
+
+
+@rule("failure-modes")
+@core
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_stage3_local_mode_allows_the_share_rounded_down_refilled_per_window(
+    stage_module: ModuleType, redis_env: RedisEnv, algorithm: str
+) -> None:
+    window_s = 60
+    for limit, nodes, share in ((10, 3, 3), (2, 3, 1)):
+        proxy, clock, limiter = behind_a_proxy(
+            stage_module,
+            redis_env,
+            "local",
+            algorithm=algorithm,
+            limit=limit,
+            window_us=window_s * 1_000_000,
+            expected_nodes=nodes,
+        )
+        proxy.outage()
+        setting = (
+            f"{algorithm}, limit {limit} per {window_s} s, expected_nodes={nodes}, Redis down, "
+            f"failure_mode='local' (the node's share: max(1, {limit} // {nodes}) = {share})"
+        )
+        burst = [limiter.try_acquire("bob") for _ in range(share + 1)]
+        expect(
+            [d.allowed for d in burst],
+            [True] * share + [False],
+            f"{setting}: a burst of {share + 1} admits the share, rounded down — rounded up, "
+            f"{nodes} nodes would admit more than {limit} between them",
+        )
+        # The share comes back as the algorithm gives it back, per window_ns, on the node's
+        # clock: a unit every window/share (bucket), the window after the oldest unit
+        # (log), the end of the clock's window (fixed window).
+        window = window_s * NS_PER_S
+        wait = {
+            "token_bucket": window // share,
+            "sliding_log": window,
+            "fixed_window": window - clock.now_ns() % window,
+        }[algorithm]
+        expect(
+            burst[-1].retry_after_ns,
+            wait,
+            f"{setting}: the local limiter runs {algorithm} at the share per window_ns, so the "
+            f"denial's retry_after_ns is {wait / NS_PER_S:g} s",
+        )
+        clock.advance(wait - 1)
+        expect(limiter.peek("bob").allowed, False, f"{setting}: 1 ns before the retry")
+        clock.advance(1)
+        expect(limiter.try_acquire("bob").allowed, True, f"{setting}: at the retry")
+
+
+@rule("redis-reset", "probe-interval", "fallback-counted")
+@core
+def test_stage3_a_reset_redis_cannot_take_is_counted_and_starts_the_probe_interval(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, "closed")
+    assert isinstance(limiter.try_acquire("alice", 4), StampedDecision), "Redis is up: 4 of 4"
+    proxy.outage()
+    try:
+        limiter.reset("alice")
+    except redis.RedisError as error:
+        check(False, f"reset('alice') with Redis down raised {error!r}: it is best effort")
+    expect(
+        limiter.statistics(),
+        RedisLimiterStats(1, 0, 1),
+        "Redis up: try_acquire('alice', 4); Redis down: reset('alice'). The failed reset is "
+        "counted as a Redis error, and not as a fallback decision (it decides nothing)",
+    )
+    skipped = limiter.try_acquire("alice")
+    expect(
+        (limiter.statistics().redis_errors, skipped.allowed, skipped.retry_after_ns),
+        (1, False, NS_PER_S),
+        "right after the failed reset, try_acquire('alice') in 'closed' mode: the reset's "
+        "failure started the probe interval (1 s), so Redis is not tried (still 1 error) and "
+        "the denial's retry_after_ns is the time to the next probe, 1 s",
+    )
+    proxy.heal()
+    clock.advance(NS_PER_S)
+    back = limiter.try_acquire("alice")
+    check(
+        isinstance(back, StampedDecision) and not back.allowed,
+        "1 s after the failed reset Redis is probed and answers: the reset never reached it, "
+        f"so 'alice' still holds 4 of 4 and is denied; got {back}",
+    )
+
+
+@rule("redis-reset", "failure-modes")
+@core
+def test_stage3_reset_in_local_mode_resets_the_local_limiter_too(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    proxy, _, limiter = behind_a_proxy(stage_module, redis_env, "local", expected_nodes=2)
+    proxy.outage()
+    before = [limiter.try_acquire("bob").allowed for _ in range(3)]
+    limiter.reset("bob")
+    after = [limiter.try_acquire("bob").allowed for _ in range(3)]
+    expect(
+        (before, after),
+        ([True, True, False], [True, True, False]),
+        "Redis down, failure_mode='local' (share 4 // 2 = 2): a burst of 3 on 'bob', "
+        "reset('bob'), another burst of 3 — the reset makes 'bob' fresh in the local "
+        "limiter too, so the second burst admits the share again",
+    )
+
+
+@rule("fallback-counted")
+@core
+def test_stage3_statistics_count_every_decision_and_refund_redis_takes(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    limiter = make_limiter(
+        stage_module, redis_env.client(), "token_bucket", 2, 60_000_000, key_prefix=redis_env.prefix
+    )
+    limiter.try_acquire("alice", 2)  # admitted
+    limiter.try_acquire("alice")  # denied
+    limiter.peek("alice")
+    limiter.try_acquire("alice", 3)  # can never fit
+    limiter.refund("alice", 1)
+    limiter.refund("bob", 1)  # nothing to give back, but Redis took the call
+    expect(
+        limiter.statistics(),
+        RedisLimiterStats(6, 0, 0),
+        "Redis up: try_acquire (admitted), try_acquire (denied), peek, try_acquire (cost "
+        "above the limit), refund, refund (a key with no state): Redis took all 6 — a "
+        "decision or a refund Redis takes counts as a Redis decision",
+    )
 
 
 @rule("socket-timeout", "failure-modes")
@@ -166,7 +342,7 @@ def test_stage3_blackholed_redis_does_not_hang_a_decision(
 def test_stage3_a_failed_probe_skips_redis_for_another_interval(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
-    proxy, clock, limiter = bucket_behind_a_proxy(stage_module, redis_env, "closed")
+    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, "closed")
     assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
     proxy.outage()
     story = Story("Redis went down at t=+0 (failure_mode='closed'):", clock.now_ns, clock.now_ns())
@@ -282,3 +458,92 @@ def test_stage3_script_flush_and_server_restart_are_survived(
         f"limiter reconnects and reloads its script by itself; got {d}"
     )
     assert limiter.statistics().fallback_decisions == 0, limiter.statistics()
+
+
+@rule("async-redis", "refund-outage", "fallback-counted")
+@extended
+@pytest.mark.parametrize("mode", ["open", "closed", "local"])
+def test_stage3_async_refund_redis_cannot_take_is_counted_and_dropped_or_local(
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str
+) -> None:
+    proxy, clock = redis_env.proxy(), ManualClock()
+
+    async def main() -> tuple[list[Decision], RedisLimiterStats, Decision]:
+        client, limiter = async_behind_a_proxy(stage_module, redis_env, proxy, clock, mode)
+        try:
+            assert (await limiter.try_acquire("alice", 3)).allowed, "Redis is up: 3 of 4"
+            await limiter.refund("alice", 1)  # Redis takes it: 2 of 4 used
+            proxy.outage()
+            bob = [await limiter.try_acquire("bob", 2)]  # Redis tried, fails
+            clock.advance(NS_PER_S)  # the next probe is due
+            await limiter.refund("bob", 2)  # Redis tried again, fails
+            bob.append(await limiter.try_acquire("bob", 2))  # Redis skipped
+            await limiter.refund("alice", 2)  # Redis skipped: dropped
+            stats = limiter.statistics()
+            proxy.heal()
+            clock.advance(NS_PER_S)
+            return bob, stats, await limiter.peek("alice")
+        finally:
+            await client.aclose()
+
+    bob, stats, alice = asyncio.run(asyncio.wait_for(main(), 30))
+    expect(
+        stats,
+        RedisLimiterStats(2, 4, 2),
+        f"failure_mode={mode!r}: Redis up: try_acquire('alice', 3), refund('alice', 1); Redis "
+        "down: try_acquire('bob', 2) (tried, fails); 1 s later refund('bob', 2) (tried, "
+        "fails), try_acquire('bob', 2), refund('alice', 2) (both while Redis is skipped). A "
+        "refund Redis cannot take — tried and failed, or skipped — is counted as a fallback",
+    )
+    if mode == "local":
+        expect(
+            [d.allowed for d in bob],
+            [True, True],
+            "in 'local' mode the refund Redis could not take goes to the local limiter (share "
+            "4 // 2 = 2): take 2, refund 2, and 2 fit again",
+        )
+    check(
+        isinstance(alice, StampedDecision) and alice.remaining == 1,
+        "the refund('alice', 2) made while Redis was down was dropped, not replayed: Redis "
+        f"still holds 2 of 4, so peek('alice') leaves 1; got {alice}",
+    )
+
+
+@rule("async-redis", "redis-reset", "probe-interval")
+@extended
+def test_stage3_async_reset_makes_the_key_fresh_or_counts_the_outage(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    proxy, clock = redis_env.proxy(), ManualClock()
+
+    async def main() -> None:
+        client, limiter = async_behind_a_proxy(stage_module, redis_env, proxy, clock, "closed")
+        try:
+            assert (await limiter.try_acquire("alice", 4)).allowed, "Redis is up: 4 of 4"
+            await limiter.reset("alice")
+            fresh = await limiter.try_acquire("alice")
+            check(
+                isinstance(fresh, StampedDecision)
+                and (fresh.allowed, fresh.remaining, fresh.op) == (True, 3, 1),
+                "Redis up: try_acquire('alice', 4), reset('alice'), try_acquire('alice'): the "
+                "reset key decides as a fresh one — admitted, 3 of 4 left, op starting again "
+                f"at 1; got {fresh}",
+            )
+            proxy.outage()
+            await limiter.reset("alice")  # must not raise
+            expect(
+                limiter.statistics(),
+                RedisLimiterStats(2, 0, 1),
+                "then Redis down: reset('alice') is counted as a Redis error, not a fallback",
+            )
+            skipped = await limiter.try_acquire("alice")
+            expect(
+                (limiter.statistics().redis_errors, skipped.retry_after_ns),
+                (1, NS_PER_S),
+                "right after the failed reset Redis is skipped (the reset's failure started "
+                "the probe interval): not tried, and 'closed' says retry in 1 s",
+            )
+        finally:
+            await client.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 30))

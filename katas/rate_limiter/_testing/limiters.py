@@ -368,7 +368,8 @@ def run_against_model(
 #: A fixed run per limiter that every comparison with the exact model makes before its
 #: drawn ones, so that each meets its boundaries on every run: a retry_after that is a
 #: fraction of a nanosecond past a whole one (3 per second), the very instant a window
-#: lets go of what it counted, a denial that must leave no trace behind.
+#: lets go of what it counted, a denial that must leave no trace behind, a sliding-log
+#: refund larger than the newest request (it takes back units of the one before too).
 BOUNDARY_RUNS: dict[Algo, tuple[Setup, tuple[Op, ...]]] = {
     "token_bucket": (Setup("token_bucket", 3, Fraction(3)), (
         Op("acquire", n=3), Op("acquire", n=1), Op("advance", n=NS_PER_S // 3),
@@ -380,7 +381,8 @@ BOUNDARY_RUNS: dict[Algo, tuple[Setup, tuple[Op, ...]]] = {
     )),
     "sliding_log": (Setup("sliding_log", 3, window_ns=1_000), (
         Op("acquire", n=3), Op("advance", n=1), Op("acquire", n=1), Op("advance", n=998),
-        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=3), Op("tracked"),
+        Op("acquire", n=1), Op("advance", n=1), Op("acquire", n=2), Op("advance", n=1),
+        Op("acquire", n=1), Op("refund", n=3), Op("peek", n=3), Op("tracked"),
     )),
     "fixed_window": (Setup("fixed_window", 2, window_ns=1_000), (
         Op("acquire", n=2), Op("advance", n=999), Op("acquire", n=1), Op("advance", n=1),
@@ -453,3 +455,38 @@ def D(allowed: bool, limit: int, remaining: int, retry: int | None, reset: int) 
 
 
 S_ = NS_PER_S  # seconds, for readable examples
+
+
+class StepsBackAfterPeek:
+    """A stage-1 limiter whose clock steps back ``ns`` right after its first ``peek``.
+
+    What a clock stepping back between a ``MultiLimiter``'s look at a limit (its peek)
+    and its charge (its try_acquire) does: the charge is decided at an earlier time than
+    the look. Every other call goes straight to ``inner``.
+    """
+
+    def __init__(self, inner: SweepableLimiter, clock: ManualClock, ns: int) -> None:
+        self.inner, self.clock, self.ns = inner, clock, ns
+        self.stepped = False
+
+    def peek(self, key: str, cost: int = 1) -> Decision:
+        decision = self.inner.peek(key, cost)
+        if not self.stepped:
+            self.stepped = True
+            self.clock.set(self.clock.now_ns() - self.ns)
+        return decision
+
+    def try_acquire(self, key: str, cost: int = 1) -> Decision:
+        return self.inner.try_acquire(key, cost)
+
+    def refund(self, key: str, cost: int) -> None:
+        self.inner.refund(key, cost)
+
+    def reset(self, key: str) -> None:
+        self.inner.reset(key)
+
+    def tracked_keys(self) -> int:
+        return self.inner.tracked_keys()
+
+    def sweep(self) -> int:
+        return self.inner.sweep()

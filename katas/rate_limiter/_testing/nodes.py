@@ -22,8 +22,10 @@ from types import ModuleType
 from typing import Any, Literal, assert_never, get_args
 
 import redis
+import redis.asyncio
 from hypothesis import strategies as st
 
+from katas._harness.faultproxy import FaultProxy
 from katas._harness.machines import Operations
 from katas._harness.redis import RedisEnv
 from katas._harness.story import expect
@@ -36,6 +38,7 @@ from katas.rate_limiter._testing.models import (
 )
 from katas.rate_limiter.api import (
     NS_PER_S,
+    AsyncRedisLimiter,
     Decision,
     ManualClock,
     RedisLimiter,
@@ -136,6 +139,65 @@ def make_nodes(
         make_limiter(stage, client, algorithm, limit, window_us, key_prefix=prefix, clock=c)
         for client, c in zip(env.clients(NODES), clocks, strict=True)
     ]
+
+
+def behind_a_proxy(
+    stage: ModuleType,
+    env: RedisEnv,
+    failure_mode: str,
+    *,
+    algorithm: str = "token_bucket",
+    limit: int = 4,
+    window_us: int = 60_000_000,
+    expected_nodes: int = 1,
+) -> tuple[FaultProxy, ManualClock, RedisLimiter]:
+    """A limiter (by default a token bucket of 4 a minute) whose client reaches Redis
+    through a fault proxy, on a clock the test sets; after a failure it probes Redis again
+    every second."""
+    proxy = env.proxy()
+    clock = ManualClock()
+    limiter = make_limiter(
+        stage,
+        env.server().proxied_client(proxy, socket_timeout=2),
+        algorithm,
+        limit,
+        window_us,
+        key_prefix=env.prefix,
+        failure_mode=failure_mode,
+        probe_interval_ns=NS_PER_S,
+        clock=clock,
+        expected_nodes=expected_nodes,
+    )
+    return proxy, clock, limiter
+
+
+def async_behind_a_proxy(
+    stage: ModuleType, env: RedisEnv, proxy: FaultProxy, clock: ManualClock, failure_mode: str
+) -> tuple[redis.asyncio.Redis, AsyncRedisLimiter]:
+    """:func:`behind_a_proxy`'s token bucket (4 a minute, local share 4 // 2), async: its
+    client (to aclose) and the limiter. Build it inside the event loop that uses it."""
+    client = env.server().proxied_async_client(proxy, socket_timeout=2)
+    limiter: AsyncRedisLimiter = stage.AsyncRedisRateLimiter(
+        client,
+        algorithm="token_bucket",
+        limit=4,
+        window_ns=60 * NS_PER_S,
+        clock=clock,
+        key_prefix=env.prefix,
+        failure_mode=failure_mode,
+        expected_nodes=2,
+        probe_interval_ns=NS_PER_S,
+    )
+    return client, limiter
+
+
+def step_server_time_back(env: RedisEnv, ns: int) -> None:
+    """fakeredis: move the frozen server clock ``ns`` back, as a failover to a replica
+    whose clock lags would (``RedisEnv.pass_time`` only moves it forward)."""
+    env.freeze_time()
+    frozen = env._frozen  # the harness's frozen server clock, which it moves by advance()
+    assert frozen is not None and env.time_is_controlled
+    frozen.advance(-ns)
 
 
 # --- operations, streams of them, and their replay ---------------------------------------

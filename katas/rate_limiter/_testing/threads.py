@@ -36,11 +36,43 @@ T = TypeVar("T")
 # --- building the limiters ------------------------------------------------------------
 
 
+class LateWakeClock(ManualClock):
+    """A :class:`ManualClock` whose :meth:`advance_unheard` moves time without waking anyone.
+
+    The threads and tasks whose deadline it passes stay asleep until :meth:`wake`: the
+    instant after time moved and before the scheduler ran the waiters it woke (their
+    units are on hand, and they have not taken them yet).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._unheard = False
+
+    def _wake_due(self) -> None:
+        if not self._unheard:
+            super()._wake_due()
+
+    def advance_unheard(self, ns: int) -> None:
+        self._unheard = True
+        try:
+            self.advance(ns)
+        finally:
+            self._unheard = False
+
+    def wake(self) -> None:
+        """Wake whoever :meth:`advance_unheard` left asleep."""
+        self._wake_due()
+
+
 def bucket_limiter(
-    capacity: int, refill_per_s: int | Fraction = 1, *, stripes: int = 64
+    capacity: int,
+    refill_per_s: int | Fraction = 1,
+    *,
+    stripes: int = 64,
+    clock: ManualClock | None = None,
 ) -> tuple[ManualClock, BlockingLimiter]:
     """A ThreadSafeLimiter around a stage-1 TokenBucket (auto_sweep off), on a frozen clock."""
-    clock = ManualClock()
+    clock = clock if clock is not None else ManualClock()
     inner = stage(1).TokenBucket(
         capacity=capacity, refill_per_s=refill_per_s, clock=clock, auto_sweep=False
     )
@@ -60,18 +92,33 @@ def parked_limiter(
     return clock, limiter
 
 
-def async_limiter(capacity: int, refill_per_s: int = 1) -> tuple[ManualClock, AsyncRateLimiter]:
-    """An AsyncLimiter around a stage-1 TokenBucket, on a frozen clock."""
+def spied_limiter(gate: Gate, at: tuple[str, ...]) -> tuple[ManualClock, Parked, BlockingLimiter]:
+    """A ThreadSafeLimiter whose inner bucket parks at ``gate`` in the methods ``at``, and
+    the :class:`Parked` spy around that bucket, whose ``overlaps`` names every inner call
+    that began while another one was inside."""
     clock = ManualClock()
+    inner = stage(1).TokenBucket(capacity=2, refill_per_s=1, clock=clock, auto_sweep=False)
+    spy = Parked(inner, gate, at)
+    limiter: BlockingLimiter = stage(2).ThreadSafeLimiter(spy, clock=clock)
+    return clock, spy, limiter
+
+
+def async_limiter(
+    capacity: int, refill_per_s: int | Fraction = 1, *, clock: ManualClock | None = None
+) -> tuple[ManualClock, AsyncRateLimiter]:
+    """An AsyncLimiter around a stage-1 TokenBucket, on a frozen clock."""
+    clock = clock if clock is not None else ManualClock()
     inner = stage(1).TokenBucket(capacity=capacity, refill_per_s=refill_per_s, clock=clock)
     limiter: AsyncRateLimiter = stage(2).AsyncLimiter(inner, clock=clock)
     return clock, limiter
 
 
-def emptied_async_limiter() -> tuple[ManualClock, AsyncRateLimiter]:
+def emptied_async_limiter(
+    clock: ManualClock | None = None,
+) -> tuple[ManualClock, AsyncRateLimiter]:
     """An AsyncLimiter of 2 units refilling 1 a second whose key ``"k"`` has just spent
     both: the setting of every waiting test (1 unit on hand after 1 s, 2 after 2 s)."""
-    clock, limiter = async_limiter(2, refill_per_s=1)
+    clock, limiter = async_limiter(2, refill_per_s=1, clock=clock)
     check(limiter.try_acquire("k", 2).allowed, "a fresh key of capacity 2 admits 2 units")
     return clock, limiter
 
