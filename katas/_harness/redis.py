@@ -729,6 +729,17 @@ class RedisEnv:
             raise pytest.UsageError(f"pass_time({ns}) on a real server exceeds 500 ms")
         time.sleep(ns / NS_PER_S)
 
+    def step_time_back(self, ns: int) -> None:
+        """fakeredis: move the server clock ``ns`` back, as a failover to a server whose
+        clock lags does. A real server's clock cannot be moved: the test is skipped."""
+        if not isinstance(ns, int) or isinstance(ns, bool) or ns < 0:
+            raise ValueError(f"ns must be a non-negative int, got {ns!r}")
+        if not self.time_is_controlled:
+            pytest.skip("steps the server clock back: only fakeredis's clock can be moved")
+        self.freeze_time()
+        assert self._frozen is not None
+        self._frozen.advance(-ns)
+
     # -- teardown --------------------------------------------------------------------
     def close(self) -> None:
         if self._frozen is not None:

@@ -80,7 +80,6 @@ from katas.rate_limiter._testing.nodes import (
     replay,
     run_stream,
     scenarios,
-    step_server_time_back,
 )
 from katas.rate_limiter.api import (
     NS_PER_S,
@@ -507,7 +506,7 @@ def test_stage3_server_time_stepping_back_neither_mints_nor_burns(
             if by_us > 0:
                 redis_env.pass_time(by_us * 1000)
             elif by_us < 0:
-                step_server_time_back(redis_env, -by_us * 1000)
+                redis_env.step_time_back(-by_us * 1000)
             d = call(node, Op(0, "alice", cost, what))
             assert isinstance(d, StampedDecision), d
             want = model.decide("alice", cost, server.time_us(), commit=what == "try_acquire")

@@ -176,6 +176,32 @@ def test_stage3_in_flight_reclaims_a_lease_at_its_expiry(
 
 @extended
 @pytest.mark.rule("redis-lease-expiry")
+def test_stage3_release_at_its_expiry_finds_the_lease_expired(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """No call drops the lease before its release: the release itself must."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("needs the server clock under the test's control (fakeredis)")
+    redis_env.freeze_time()
+    limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
+        redis_env.client(), max_in_flight=2, lease_ns=100 * NS_PER_MS, key_prefix=redis_env.prefix
+    )
+    late, early = limiter.try_acquire("alice"), limiter.try_acquire("alice")
+    assert late is not None and early is not None
+    start_ns = redis_env.server().time_us() * 1000
+    redis_env.pass_time(early.expires_at_ns - start_ns - 1000)  # 1 µs before: still held
+    expect(limiter.release(early), True, "release 1 µs before the lease's expires_at_ns")
+    redis_env.pass_time(1000)  # exactly at expires_at_ns of both (granted at one instant)
+    expect(
+        limiter.release(late),
+        False,
+        "release at the lease's expires_at_ns, no call in between: the lease expired then "
+        "and was no longer held (as in stage 2)",
+    )
+
+
+@extended
+@pytest.mark.rule("redis-lease-expiry")
 def test_stage3_try_acquire_reclaims_a_lease_at_its_expiry(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:

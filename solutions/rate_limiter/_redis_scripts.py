@@ -194,8 +194,9 @@ LEASE_RELEASE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local function int(x) return string.format('%d', x) end
-local removed = redis.call('ZREM', KEYS[1], ARGV[1])
+-- expired leases go first: one released at or after its expiry was no longer held
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', int(now))
+local removed = redis.call('ZREM', KEYS[1], ARGV[1])
 local last = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
 if last then
   redis.call('PEXPIRE', KEYS[1], int(math.ceil((tonumber(last) - now) / 1000)))

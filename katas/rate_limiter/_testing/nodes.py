@@ -191,15 +191,6 @@ def async_behind_a_proxy(
     return client, limiter
 
 
-def step_server_time_back(env: RedisEnv, ns: int) -> None:
-    """fakeredis: move the frozen server clock ``ns`` back, as a failover to a replica
-    whose clock lags would (``RedisEnv.pass_time`` only moves it forward)."""
-    env.freeze_time()
-    frozen = env._frozen  # the harness's frozen server clock, which it moves by advance()
-    assert frozen is not None and env.time_is_controlled
-    frozen.advance(-ns)
-
-
 # --- operations, streams of them, and their replay ---------------------------------------
 
 
