@@ -301,7 +301,7 @@ class PoolStatistics:
     """A snapshot of a worker pool's bookkeeping (counts since the pool was built).
 
     - ``in_flight``: jobs claimed whose handler has not finished (and not released).
-    - ``idle``: workers waiting for a job to become due.
+    - ``idle``: workers waiting for a job to become due, or for a free ``max_in_flight`` slot.
     - ``claimed``: leases taken; ``succeeded``: acked; ``failed``: nacked (the handler
       raised, or timed out); ``released``: handed back at shutdown (attempt refunded);
       ``lost``: the lease went stale before the handler finished, so its ack/nack was

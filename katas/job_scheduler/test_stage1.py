@@ -54,6 +54,7 @@ from katas.job_scheduler._testing.states import DEAD, LEASED, READY, SCHEDULED, 
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
     EffectStore,
+    Jitter,
     JobNotFound,
     JobQueue,
     Lease,
@@ -370,6 +371,29 @@ def test_stage1_expiries_are_applied_in_expiry_then_sequence_order() -> None:
     )
 
 
+@rule("expiry-order")
+@core
+def test_stage1_expiries_at_one_instant_settle_by_sequence_not_by_token() -> None:
+    clock, queue = new_queue(jitter="full", max_attempts=5)
+    a = queue.enqueue("a")  # seq 1
+    b = queue.enqueue("b")  # seq 2
+    queue.nack(claim(queue), "503")  # a's attempt 1 fails: its retry draws once
+    rng = random.Random(SEED)
+    clock.advance(rng.randrange(BASE + 1))  # a is due again
+    leases = {le.job_id: le for le in (claim(queue), claim(queue))}
+    assert (leases[a].token, leases[b].token) == (2, 1), f"tokens: {leases}"
+    clock.advance(LEASE)  # both leases expire at this instant: a (seq 1, token 2) first
+    expired = clock.now_ns()
+    want = {a: expired + rng.randrange(2 * BASE + 1), b: expired + rng.randrange(BASE + 1)}
+    got = {j: queue.get(j).run_at_ns for j in (a, b)}
+    check(
+        got == want,
+        "expiries at one instant settle in (expires_at, seq) order — not by fencing token: a "
+        "(seq 1, on its 2nd claim: token 2) draws its backoff before b (seq 2, token 1). "
+        f"Expected retry times {[rel(want[a]), rel(want[b])]}, got {[rel(got[a]), rel(got[b])]}",
+    )
+
+
 @rule("settle-first")
 @core
 def test_stage1_every_call_applies_due_expiries_before_its_own_work() -> None:
@@ -567,6 +591,31 @@ def test_stage1_a_job_that_dies_draws_no_backoff(how: str) -> None:
         f"once ({rel(died_at)}) with no backoff drawn; got {job.state.value} at "
         f"{rel(job.finished_at_ns)}, rng "
         + ("untouched" if rng.getstate() == before else "drawn from"),
+    )
+
+
+@rule("one-draw", "backoff-formula", "decorrelated")
+@core
+@pytest.mark.parametrize("jitter", ["full", "equal", "decorrelated"])
+def test_stage1_a_zero_delay_is_still_drawn_once(jitter: Jitter) -> None:
+    """base_ns=0: the formula's range is [0, 0], yet the retry makes its one rng call, or
+    every later delay of the seeded generator is off by one draw."""
+    policy = RetryPolicy(0, 100, jitter)
+    rng, twin = random.Random(SEED), random.Random(SEED)
+    clock, queue = new_queue(jitter=jitter, base=0, cap=100, rng=rng)
+    job_id = queue.enqueue("flaky")
+    want = drawn_delays(policy, twin, [1, 2])
+    got = []
+    for _ in range(2):
+        queue.nack(claim(queue), "503")
+        got.append(queue.get(job_id).run_at_ns - clock.now_ns())
+        clock.advance(got[-1])
+    check(
+        got == want and rng.getstate() == twin.getstate(),
+        f"{policy}, rng=Random({SEED}): each jittered retry makes exactly one rng call, "
+        f"even when its range is [0, 0] (d = 0); two nacks must draw twice: expected delays "
+        f"{want}, got {got}, and the rng "
+        + ("advanced by two draws" if rng.getstate() == twin.getstate() else "did not advance so"),
     )
 
 

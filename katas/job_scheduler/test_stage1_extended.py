@@ -10,19 +10,24 @@ what the queue must do.
 
 Map: heartbeats (heartbeat, heartbeat-never-revives) · release (release) · cancel
 (cancel, cancel-finished) · dead letters and redrive (dead-letters, redrive,
-redrive-keeps-token) · idempotency keys (idempotency, dedup-ttl-from-first) · retention
-(retention, unfinished-kept) · bounds (max-pending, full-queue-dedups) · statistics
+redrive-keeps-token, decorrelated, unfinished-kept) · idempotency keys (idempotency,
+dedup-ttl-from-first) · retention (retention, unfinished-kept; a death noticed by the
+call that forgets it: settle-first) · bounds (max-pending, full-queue-dedups, cancel) · statistics
 (statistics) · is_current (is-current) · the effect store (effect-once, effect-fenced).
 """
 
 from __future__ import annotations
+
+import random
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from katas._harness.marks import extended, rule
-from katas._harness.story import Story
+from katas._harness.story import Story, check
+from katas.job_scheduler._testing.bounds import max_pending_walk
 from katas.job_scheduler._testing.clients import (
     Client,
     Op,
@@ -33,13 +38,16 @@ from katas.job_scheduler._testing.queues import (
     BASE,
     CAP,
     LEASE,
+    SEED,
     START,
     claim,
+    drawn_delays,
     due_claims,
     fail_fast_on_stubs,  # noqa: F401 (autouse)
     held,
     memory_store,
     new_queue,
+    refusal,
     rejects,
     rel,
 )
@@ -55,9 +63,11 @@ from katas.job_scheduler._testing.states import (
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
     JobNotFound,
+    JobQueue,
     Lease,
     QueueFull,
     QueueStatistics,
+    RetryPolicy,
     StaleLease,
 )
 
@@ -326,6 +336,85 @@ def test_stage1_redrive_zeroes_attempts_and_tokens_keep_growing(
         )
 
 
+@rule("dead-letters", "redrive")
+@extended
+def test_stage1_a_job_that_dies_again_after_a_redrive_is_listed_at_its_latest_death() -> None:
+    clock, queue = new_queue(max_attempts=1)
+    a, b = queue.enqueue("a"), queue.enqueue("b")
+    story = Story("max_attempts=1:", clock.now_ns, START)
+    queue.nack(claim(queue), "a broke")
+    clock.advance(10)
+    queue.nack(claim(queue), "b broke")
+    story.add("a dies (nack), then b dies (nack)")
+    clock.advance(10)
+    assert queue.redrive(a) is True
+    queue.nack(claim(queue), "a broke again")
+    story.add("redrive(a), claim -> a, nack: a dies again")
+    story.expect(
+        [(j.id, j.finished_at_ns) for j in queue.dead_letters()],
+        [(b, START + 10), (a, START + 20)],
+        "dead_letters() lists the DEAD jobs in the order they died, a job redriven and "
+        "dead again at its latest death: [b, a]",
+    )
+
+
+@rule("redrive", "decorrelated")
+@extended
+def test_stage1_redrive_starts_decorrelated_jitter_again_from_base() -> None:
+    base, cap, seed = 100, 100_000, SEED
+    policy = RetryPolicy(base, cap, "decorrelated")
+    clock, queue = new_queue(jitter="decorrelated", base=base, cap=cap, max_attempts=4)
+    job_id = queue.enqueue("flaky")
+    twin = random.Random(seed)
+    grown = drawn_delays(policy, twin, [1, 2, 3])  # the 4th failure dies: no draw
+    want = drawn_delays(policy, twin, [1])[0]  # after the redrive: prev is base again
+    story = Story(f"{policy}, max_attempts=4, rng=Random({seed}):", clock.now_ns, START)
+    for n in range(1, 5):
+        queue.nack(claim(queue), "503")
+        story.add(f"claim, nack attempt {n}")
+        if n < 4:
+            clock.advance(queue.get(job_id).run_at_ns - clock.now_ns())
+    story.add(f"the job is DEAD; its delays grew {grown}")
+    assert queue.redrive(job_id) is True
+    queue.nack(claim(queue), "503")
+    story.add("redrive, claim, nack attempt 1")
+    got = queue.get(job_id).run_at_ns - clock.now_ns()
+    story.check(
+        got == want,
+        "redrive puts the decorrelated jitter's prev back to base_ns: the first retry after it "
+        f"draws rng.randrange(base, 3·base + 1), within [{base}, {3 * base}]",
+        f"expected a delay of {want}, got {got}"
+        + (" — drawn from the delays before the death" if got > 3 * base else ""),
+    )
+
+
+@rule("redrive", "unfinished-kept", "retention")
+@extended
+def test_stage1_a_redriven_job_is_kept_past_its_old_retention() -> None:
+    clock, queue = new_queue(retention_ns=500, max_attempts=1)
+    job_id = queue.enqueue("x")
+    queue.nack(claim(queue), "boom")  # DEAD at 0: forgotten at 500, unless redriven
+    clock.advance(200)
+    assert queue.redrive(job_id) is True
+    clock.advance(300)  # the old death's finished_at + retention_ns
+    job = held(queue, job_id)
+    check(
+        job is not None and job.state is READY,
+        "a redriven job is unfinished again, and unfinished jobs are never forgotten: at "
+        f"its old death + retention_ns it must still be READY; got {job}",
+    )
+    clock.advance(100)
+    queue.nack(claim(queue), "boom again")  # DEAD again at 600: forgotten at 1100
+    clock.advance(499)
+    check(
+        held(queue, job_id) is not None,
+        "a job that dies again after a redrive is kept for retention_ns from its latest "
+        "death (600): at 1099 it was already forgotten",
+    )
+    clock.advance(1)
+    rejects(JobNotFound, lambda: queue.get(job_id), "the job at its latest death + retention_ns")
+
+
 @rule("idempotency", "dedup-ttl-from-first")
 @extended
 def test_stage1_idempotency_key_returns_the_first_job_within_its_ttl() -> None:
@@ -462,6 +551,46 @@ def test_stage1_retention_forgets_finished_jobs_exactly_on_time(
     )
 
 
+#: What each call shows of a job forgotten after its retention: the call, and whether it
+#: tells that the job is gone.
+FORGOTTEN_SEEN_BY: dict[str, Callable[[JobQueue, str], bool]] = {
+    "get": lambda q, j: refusal(JobNotFound, lambda: q.get(j)) is True,
+    "cancel": lambda q, j: refusal(JobNotFound, lambda: q.cancel(j)) is True,
+    "redrive": lambda q, j: refusal(JobNotFound, lambda: q.redrive(j)) is True,
+    "dead_letters": lambda q, j: q.dead_letters() == [],
+    "statistics": lambda q, j: q.statistics().dead == 0,
+}
+
+
+@rule("settle-first", "retention", "dead-at-max")
+@extended
+@pytest.mark.parametrize("call", sorted(FORGOTTEN_SEEN_BY))
+def test_stage1_a_job_dead_by_expiry_is_forgotten_by_the_first_call_past_its_retention(
+    call: str,
+) -> None:
+    """Nobody calls between the claim and expiry + retention_ns: that one call must settle
+    the expiry (the job dies at the expiry instant), then forget what is past its time."""
+    for offset in (-1, 0):
+        clock, queue = new_queue(retention_ns=500, max_attempts=1)
+        job_id = queue.enqueue("crashes")
+        lease = claim(queue)
+        clock.set(lease.expires_at_ns + 500 + offset)
+        gone = FORGOTTEN_SEEN_BY[call](queue, job_id)
+        check(
+            gone == (offset == 0),
+            f"max_attempts=1, retention_ns=500: the job's only lease expires at "
+            f"{rel(lease.expires_at_ns)}, so it is DEAD from then and forgotten at "
+            f"{rel(lease.expires_at_ns + 500)}. With no call in between, {call}() at "
+            f"{rel(clock.now_ns())} — the first call since the claim — "
+            + (
+                "must still see it"
+                if offset < 0
+                else "must not see it: every call settles expiries first, then forgets "
+                "what is past its retention"
+            ),
+        )
+
+
 @rule("max-pending", "full-queue-dedups")
 @extended
 def test_stage1_max_pending_bounds_unfinished_jobs() -> None:
@@ -481,6 +610,13 @@ def test_stage1_max_pending_bounds_unfinished_jobs() -> None:
     assert queue.get(a).state is DEAD, "a refused redrive must change nothing"
     queue.cancel(c)
     assert queue.redrive(a) is True
+
+
+@rule("max-pending", "cancel")
+@extended
+def test_stage1_max_pending_counts_exactly_the_unfinished_jobs() -> None:
+    clock, queue = new_queue(max_pending=1, max_attempts=1)
+    max_pending_walk(queue, clock.now_ns, clock.advance, LEASE)
 
 
 @rule("statistics")

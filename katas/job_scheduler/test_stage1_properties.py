@@ -313,6 +313,9 @@ def test_stage1_liveness_every_job_finishes(
 @example(jitter="full", base=100, extra=1_500, seed=7, failures=["nack", "crash"] * 3)
 @example(jitter="equal", base=100, extra=1_500, seed=7, failures=["crash", "nack"] * 3)
 @example(jitter="none", base=100, extra=1_500, seed=7, failures=["nack", "crash"] * 3)
+# An odd d (base 3, cap 7): equal jitter's halves are d // 2 and rng.randrange(d // 2 + 1),
+# not the "other half" rounded up. Random(5) draws a different first delay for the two.
+@example(jitter="equal", base=3, extra=4, seed=5, failures=["nack", "crash"] * 3)
 def test_stage1_backoff_delays_follow_the_formula_for_each_jitter_mode(
     jitter: Jitter, base: int, extra: int, seed: int, failures: list[str]
 ) -> None:

@@ -13,6 +13,10 @@ tiny ``sys.setswitchinterval``, with exact-count assertions. The pools are built
 :mod:`katas.job_scheduler._testing.pools`; the clock that knows who sleeps on it is
 :mod:`katas.job_scheduler._testing.clocks`'s.
 
+The stage's other files: ``test_stage2_heartbeats.py`` (the heartbeat rules at their
+boundaries) and ``test_stage2_shutdown.py`` (waking, timeouts, idle workers, a lease
+already stale at shutdown).
+
 Map: examples (handler-acked, handler-error-nacked, outside-the-lock, bounded-in-flight,
 no-busy-waiting, heartbeats, heartbeat-default, heartbeat-lost, late-result-dropped,
 shutdown-stops-claiming, shutdown-grace, start-once, pool-bad-input) · a property over
@@ -37,12 +41,14 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from katas._harness import marks
+from katas._harness.interleave import Gate as InterleaveGate
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.profiles import heavy_examples
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
+    QUIET_S,
     eventually,
     eventually_async,
     spawn,
@@ -56,6 +62,7 @@ from katas.job_scheduler._testing.pools import (
     Gate,
     fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
     idle_handler,
+    lock_watched_queue,
     new_async_pool,
     new_pool,
     pool_queue,
@@ -118,8 +125,9 @@ def test_stage2_handler_exception_nacks_the_job_with_the_error() -> None:
         f"a handler raising on every attempt (max_attempts 2) left the job "
         f"{job.state} after {job.attempts} attempts; expected DEAD after 2 (nacked each time)"
     )
-    assert job.last_error is not None and "boom 7" in job.last_error, (
-        f"the nack must carry the handler's error; last_error is {job.last_error!r}"
+    assert job.last_error == "ValueError: boom 7", (
+        f"the nack carries the handler's error as '<ExceptionType>: <message>' — "
+        f"ValueError('boom 7') gives 'ValueError: boom 7'; last_error is {job.last_error!r}"
     )
     assert pool.statistics().succeeded == 0
 
@@ -146,6 +154,50 @@ def test_stage2_handlers_run_concurrently_outside_the_lock() -> None:
         "3 workers with 3 jobs must run the 3 handlers at the same time (they "
         f"meet at a barrier); got {met.count(True)} of 3 meeting — is the handler run "
         "under the pool's lock?"
+    )
+
+
+@marks.rule("outside-the-lock")
+@core
+@pytest.mark.parametrize("at", ["claim", "get", "heartbeat", "ack", "nack"])
+def test_stage2_every_call_on_the_queue_is_made_under_the_one_lock(at: str) -> None:
+    """A pool thread is parked inside ``queue.<at>(...)``; meanwhile a producer submits.
+    The queue is not thread-safe: the producer's enqueue must wait for the lock the
+    parked call was made under, not run beside it."""
+    parked = InterleaveGate(f"inside queue.{at}()", limit=1)
+    clock, queue, calls = lock_watched_queue(parked, at)
+    proceed = threading.Event()
+
+    def handler(lease: Lease, payload: str) -> str:
+        if payload == "job" and at == "heartbeat":
+            assert proceed.wait(DEADLINE_S), "the job's handler was held too long"
+        if payload == "job" and at == "nack":
+            raise RuntimeError("the job fails")
+        return payload
+
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, handler, workers=2, clock=clock, heartbeat_every_ns=300
+    )
+    queue.enqueue("job")  # before the threads start: the first claim may be parked
+    with running(pool):
+        if at == "heartbeat":
+            eventually(lambda: pool.statistics().in_flight == 1, "the job in flight")
+            clock.advance(300)  # its first heartbeat is due
+        parked.wait_arrived()
+        producer = spawn(lambda: pool.submit("probe"), "producer")
+        calls.wait_overlap(4 * QUIET_S)
+        overlaps = list(calls.overlaps)
+        parked.open()
+        proceed.set()
+        producer.outcome(f"submit, once the parked queue.{at}() has returned")
+        eventually(
+            lambda: pool.statistics().succeeded + pool.statistics().failed == 2, "both jobs done"
+        )
+    check(
+        not overlaps,
+        f"one lock guards every call on the queue (submit's enqueue included): while a pool "
+        f"thread was inside queue.{at}(...), another thread called the queue too — "
+        f"{overlaps[0] if overlaps else ''}. The stage-1 queue is not thread-safe",
     )
 
 
@@ -519,7 +571,10 @@ async def test_stage2_async_pool_acks_results_and_nacks_errors() -> None:
             f"async job {i} ended ({job.state}, {job.result!r}); expected {want}"
         )
         if i % 3 == 0:
-            assert job.last_error is not None and f"bad {i}" in job.last_error
+            assert job.last_error == f"ValueError: bad {i}", (
+                f"the nack carries the handler's error as '<ExceptionType>: <message>' — "
+                f"ValueError('bad {i}') gives 'ValueError: bad {i}'; got {job.last_error!r}"
+            )
     stats = pool.statistics()
     assert (stats.succeeded, stats.failed) == (6, 3), f"{stats}"
 
@@ -611,7 +666,7 @@ async def test_stage2_async_heartbeats_keep_a_long_job_leased() -> None:
     )
 
 
-@marks.rule("async-shutdown-cancels", "shutdown-grace")
+@marks.rule("async-shutdown-cancels", "shutdown-grace", "pool-statistics")
 @extended
 @anyio_test
 async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_period() -> None:
@@ -628,15 +683,21 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
             seen.append(payload)
         return payload
 
-    clock, queue, pool = new_async_pool(handler, workers=2)
+    # A timeout far past the grace deadline: what ends the stuck handler is the shutdown.
+    clock, queue, pool = new_async_pool(handler, workers=2, timeout_ns=10_000)
     stopped: list[bool] = []
+    returned: list[bool] = []
 
     async def stop() -> None:
         await pool.shutdown(500)
         stopped.append(True)
 
+    async def run() -> None:
+        await pool.run()
+        returned.append(True)
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(pool.run)
+        tg.start_soon(run)
         quick_id, stuck_id, waiting_id = (pool.submit(p) for p in ("quick", "stuck", "later"))
         await eventually_async(lambda: pool.statistics().in_flight == 2, "2 jobs in flight")
         tg.start_soon(stop)
@@ -647,6 +708,17 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
         await stays_async(lambda: not stopped, "shutdown waiting for the stuck job")
         clock.advance(1)
         await eventually_async(lambda: bool(stopped), "shutdown done at its grace deadline")
+        await anyio.wait_all_tasks_blocked()  # whatever was cancelled has ended by now
+        # Judged here, inside the task group: a handler left running would keep run()
+        # (and this test) waiting forever; failing here cancels it.
+        check(
+            seen == ["stuck"] and bool(returned),
+            "at the grace deadline the async shutdown cancels the handlers still running "
+            "and releases their jobs; shutdown(500) returned, but the stuck handler "
+            + ("was cancelled" if seen else "is still running (never cancelled)")
+            + " and run() "
+            + ("returned" if returned else "has not returned (it waits for that handler)"),
+        )
     got = [queue.get(i).state for i in (quick_id, stuck_id, waiting_id)]
     stuck = queue.get(stuck_id)
     assert got == [JobState.SUCCEEDED, JobState.READY, JobState.READY] and stuck.attempts == 0, (
@@ -654,8 +726,15 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
         f"one (attempt refunded) and claim nothing more; states {got}, "
         f"stuck attempts {stuck.attempts}"
     )
-    assert seen == ["stuck"], f"the stuck handler must be cancelled; saw {seen}"
-    assert queue.statistics().leased == 0 and pool.statistics().released == 1
+    stats = pool.statistics()
+    counts = (stats.claimed, stats.succeeded, stats.failed, stats.released, stats.lost)
+    check(
+        queue.statistics().leased == 0 and counts == (2, 1, 0, 1, 0) and stats.timed_out == 0,
+        "after shutdown(500): 2 claimed, 1 succeeded, 1 released (cancelled by the shutdown, "
+        "not failed, not timed out: its timeout_ns was 10 000 ns away), 0 lost; got "
+        f"(claimed, succeeded, failed, released, lost) = {counts}, timed_out "
+        f"{stats.timed_out}, {queue.statistics().leased} lease(s) left",
+    )
 
 
 @marks.rule("pool-bad-input")

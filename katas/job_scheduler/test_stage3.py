@@ -88,7 +88,10 @@ def test_stage3_enqueue_claim_ack_runs_a_job_once(redis_env: RedisEnv) -> None:
     assert lease.job_id == job_id and (lease.token, lease.attempt) == (1, 1), (
         f"the first claim of {job_id!r} should carry token 1, attempt 1; got {lease}"
     )
-    assert before <= lease.expires_at_ns - LEASE <= after, (
+    assert queue.lease_ns == LEASE, (
+        f"queue.lease_ns is the lease_ns the queue was built with ({LEASE}); got {queue.lease_ns}"
+    )
+    assert before <= lease.expires_at_ns - queue.lease_ns <= after, (
         f"the lease must expire lease_ns after the claim on the SERVER's clock "
         f"(between {before} and {after} + lease_ns); got {lease.expires_at_ns}"
     )

@@ -8,9 +8,11 @@ state machines replay these calls too through the exact model); tests marked
 server time to pass on a real server.
 
 Map: heartbeats (redis-extended, redis-settle-first) · jitter (redis-jitter) · release,
-cancel, dead letters and redrive (redis-extended) · idempotency keys (redis-dedup-ttl,
-redis-idempotency) · racing workers (one-script, redis-attempts) · retention by TTL and
-bounded memory (ttl-retention, key-prefix, bounded-memory) · the reaper (reap) · scripts
+cancel, dead letters and redrive (redis-extended, redis-jitter, ttl-retention) ·
+idempotency keys (redis-dedup-ttl, redis-idempotency) · racing workers (one-script,
+redis-attempts) · max_pending, jobs noticed late, a death by expiry (redis-extended,
+redis-order, redis-backoff, redis-settle-first) · retention by TTL and bounded memory
+(ttl-retention, key-prefix, bounded-memory) · the reaper (reap) · scripts
 and outages (scripts-reload, outage-raises, busy-unavailable, worker-outage,
 fault-lost-reply).
 """
@@ -25,9 +27,10 @@ from typing import Any
 import pytest
 import redis
 
-from katas._harness.marks import extended, rule
+from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.waiting import eventually
+from katas.job_scheduler._testing.bounds import max_pending_walk
 from katas.job_scheduler._testing.fleets import in_process_worker, run_in_thread
 from katas.job_scheduler._testing.redis_queues import (
     MS,
@@ -43,6 +46,7 @@ from katas.job_scheduler.api import (
     LEASE_EXPIRED,
     JobNotFound,
     JobState,
+    Lease,
     QueueStatistics,
     RetryPolicy,
     SharedJobQueue,
@@ -225,6 +229,128 @@ def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     assert [job.id for job in queue.dead_letters()] == [b]
 
 
+def _server_ns(redis_env: RedisEnv) -> int:
+    return redis_env.server().time_us() * 1000
+
+
+@rule("redis-extended", "redis-order")
+@extended
+@pytest.mark.realtime
+def test_stage3_a_cancelled_job_is_never_claimed_however_it_became_ready(
+    redis_env: RedisEnv,
+) -> None:
+    """Each job is READY when it is cancelled, some time after it became so: enqueued due,
+    due after a delay (the settle made it READY), released, or retried after a nack."""
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, max_attempts=3)
+    ways: list[tuple[str, Callable[[], str]]] = [
+        ("enqueued due", lambda: queue.enqueue("due")),
+        ("due after its delay", lambda: queue.enqueue("delayed", delay_ns=10 * MS)),
+        ("released", lambda: _leased_then(queue, "released", queue.release)),
+        ("retried after a nack", lambda: _leased_then(queue, "retried", _nack(queue))),
+    ]
+    for how, make in ways:
+        job_id = make()
+        redis_env.pass_time(20 * MS)  # its due time is behind it now
+        assert queue.get(job_id).state is READY, f"the job {how} is READY"
+        assert queue.cancel(job_id) is True
+        got = queue.claim("w")
+        assert got is None, (
+            f"a job {how}, then cancelled 20 ms later while READY, must never be claimed "
+            f"(CANCELLED is final); claim() returned {got} — did cancel leave it in line?"
+        )
+    assert queue.next_due_ns() is None and queue.statistics().cancelled == len(ways)
+
+
+def _leased_then(queue: SharedJobQueue, payload: str, act: Callable[[Lease], None]) -> str:
+    """Enqueue ``payload``, claim it and ``act`` on its lease; the job's id."""
+    job_id = queue.enqueue(payload)
+    lease = claim(queue)
+    assert lease.job_id == job_id, f"claim() leased {lease.job_id}, expected {job_id}"
+    act(lease)
+    return job_id
+
+
+def _nack(queue: SharedJobQueue) -> Callable[[Lease], None]:
+    return lambda lease: queue.nack(lease, "503")
+
+
+@rule("redis-extended")
+@extended
+def test_stage3_a_job_that_dies_again_after_a_redrive_is_listed_at_its_latest_death(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, max_attempts=1)
+    a, b = queue.enqueue("a"), queue.enqueue("b")
+    queue.nack(claim(queue), "a broke")
+    queue.nack(claim(queue), "b broke")
+    assert queue.redrive(a) is True
+    queue.nack(claim(queue), "a broke again")
+    dead = [job.id for job in queue.dead_letters()]
+    assert dead == [b, a], (
+        f"a dies, b dies, a is redriven and dies again: dead_letters() lists the DEAD jobs "
+        f"in the order they died, a at its latest death: expected {[b, a]}, got {dead}"
+    )
+
+
+@rule("redis-extended", "redis-jitter")
+@extended
+@pytest.mark.realtime
+def test_stage3_redrive_starts_decorrelated_jitter_again_from_base(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    base, cap = 1 * MS, 100 * MS
+    queue = new_queue(
+        redis_env, retry=RetryPolicy(base, cap, "decorrelated"), max_attempts=5,
+        rng=random.Random(11),
+    )  # fmt: skip
+    ids = [queue.enqueue(n) for n in range(3)]
+    grown: dict[str, list[int]] = {job_id: [] for job_id in ids}
+    while any(queue.get(j).state is not JobState.DEAD for j in ids):
+        lease = queue.claim("w")
+        if lease is None:
+            redis_env.pass_time(cap)
+            continue
+        queue.nack(lease, "503")
+        job = queue.get(lease.job_id)
+        if job.state is not JobState.DEAD:
+            grown[lease.job_id].append(job.run_at_ns - stamp(queue, "nack").server_now_ns)
+    for job_id in ids:
+        assert queue.redrive(job_id) is True
+        queue.nack(claim(queue), "503")
+        delay = queue.get(job_id).run_at_ns - stamp(queue, "nack").server_now_ns
+        assert base <= delay <= 3 * base, (
+            f"redrive puts the decorrelated jitter's prev back to base_ns: {job_id}'s first "
+            f"retry after it must wait within [{base}, {3 * base}] ns (base {base}); it waited "
+            f"{delay} — drawn from its delays before the death, {grown[job_id]}?"
+        )
+
+
+@rule("redis-extended", "ttl-retention")
+@extended
+@pytest.mark.realtime
+def test_stage3_a_redriven_job_is_kept_past_its_old_retention(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    retention = 200 * MS
+    queue = new_queue(redis_env, retention_ns=retention, max_attempts=1)
+    job_id = queue.enqueue("x")
+    queue.nack(claim(queue), "boom")  # DEAD: its keys get a TTL of retention_ns
+    redis_env.pass_time(retention // 2)
+    assert queue.redrive(job_id) is True
+    redis_env.pass_time(retention)  # past the old death + retention_ns, with no call
+    try:
+        job = queue.get(job_id)
+    except JobNotFound:
+        raise AssertionError(
+            f"a redriven job is pending again, and pending jobs carry no TTL: {retention} ns "
+            f"after its redrive (and {3 * retention // 2} after its death) get({job_id!r}) "
+            "raised JobNotFound — did the redrive leave the death's TTL on its keys?"
+        ) from None
+    assert job.state is READY and queue.statistics().ready == 1, f"redriven: {job}"
+    queue.ack(claim(queue), "done at last")
+    assert queue.get(job_id).state is SUCCEEDED
+
+
 @rule("redis-dedup-ttl")
 @extended
 @pytest.mark.realtime
@@ -244,6 +370,26 @@ def test_stage3_idempotency_key_dedups_within_its_ttl_from_the_first_enqueue(
         "be created (a duplicate must not refresh the TTL)"
     )
     assert queue.statistics().pending == 2
+
+
+@rule("redis-dedup-ttl")
+@extended
+def test_stage3_an_idempotency_key_is_forgotten_at_its_ttl_exactly(redis_env: RedisEnv) -> None:
+    if not redis_env.time_is_controlled:
+        pytest.skip("a real server's clock cannot be stopped at the TTL's very microsecond")
+    redis_env.freeze_time()
+    ttl = 200 * MS  # whole ms: Redis keeps a key through the last ms of its TTL
+    queue = new_queue(redis_env, dedup_ttl_ns=ttl)
+    first = queue.enqueue("req", idempotency_key="req-42")
+    redis_env.pass_time(ttl - 1000)
+    again = queue.enqueue("req (retry)", idempotency_key="req-42")
+    assert again == first, f"1 µs before the key's TTL runs out it returns {first!r}: {again!r}"
+    redis_env.pass_time(1000)
+    fresh = queue.enqueue("req (new)", idempotency_key="req-42")
+    assert fresh != first, (
+        f"at the first enqueue + dedup_ttl_ns exactly the key is forgotten and the next "
+        f"enqueue with it creates a new job; it returned the first job's id {first!r}"
+    )
 
 
 @rule("redis-idempotency")
@@ -291,6 +437,65 @@ def test_stage3_racing_workers_never_claim_one_job_twice(redis_env: RedisEnv) ->
     )
 
 
+@rule("redis-extended")
+@extended
+@pytest.mark.realtime
+def test_stage3_max_pending_counts_exactly_the_unfinished_jobs(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    lease = 200 * MS
+    queue = new_queue(redis_env, lease_ns=lease, max_pending=1, max_attempts=1)
+    max_pending_walk(queue, lambda: _server_ns(redis_env), redis_env.pass_time, lease)
+
+
+@rule("redis-order", "redis-settle-first")
+@core
+@pytest.mark.realtime
+def test_stage3_delayed_jobs_noticed_late_keep_the_order_of_their_due_times(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env)
+    later = queue.enqueue("due in 30 ms", delay_ns=30 * MS)
+    sooner = queue.enqueue("due in 20 ms", delay_ns=20 * MS)
+    redis_env.pass_time(60 * MS)  # both due, and no call has noticed either yet
+    got = [claim(queue).job_id, claim(queue).job_id]
+    assert got == [sooner, later], (
+        "two jobs of one priority, both due by the time a call notices them: the one due "
+        f"earlier comes first, whenever the queue noticed it (and only then enqueue order): "
+        f"expected {[sooner, later]} (due at +20 ms, +30 ms), got {got}"
+    )
+
+
+@rule("redis-backoff", "redis-settle-first")
+@core
+@pytest.mark.realtime
+def test_stage3_a_job_dying_by_expiry_finishes_at_the_expiry_instant(redis_env: RedisEnv) -> None:
+    redis_env.freeze_time()
+    retention = 300 * MS
+    queue = new_queue(redis_env, lease_ns=100 * MS, max_attempts=1, retention_ns=retention)
+    job_id = queue.enqueue("crashes")
+    lease = claim(queue)
+    redis_env.pass_time(150 * MS)  # the lease expired 50 ms ago; this call notices it
+    job = queue.get(job_id)
+    assert (job.state, job.finished_at_ns) == (JobState.DEAD, lease.expires_at_ns), (
+        f"max_attempts=1: the job dies when its lease expires, at {lease.expires_at_ns}, "
+        f"however late a call notices: finished_at_ns is the expiry time; got "
+        f"{job.state.value} at {job.finished_at_ns} (the call ran at "
+        f"{stamp(queue, 'get').server_now_ns})"
+    )
+    if not redis_env.time_is_controlled:
+        return  # a real server's clock cannot be stopped at the retention's microsecond
+    redis_env.pass_time(lease.expires_at_ns + retention - _server_ns(redis_env) - 1000)
+    assert [j.id for j in queue.dead_letters()] == [job_id], "held until expiry + retention"
+    redis_env.pass_time(1000)
+    with pytest.raises(JobNotFound):
+        queue.get(job_id)
+        raise AssertionError(
+            f"the job died at its lease's expiry, so it is forgotten at expiry + retention_ns "
+            f"({lease.expires_at_ns + retention}); it is still held then"
+        )
+
+
 @rule("ttl-retention", "key-prefix")
 @extended
 @pytest.mark.realtime
@@ -318,6 +523,35 @@ def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) ->
         with pytest.raises(JobNotFound):
             queue.get(job_id)
             raise AssertionError(f"{job_id} outlived its retention")
+
+
+@rule("ttl-retention", "redis-settle-first")
+@extended
+@pytest.mark.realtime
+def test_stage3_statistics_stop_counting_a_finished_job_at_its_retention(
+    redis_env: RedisEnv,
+) -> None:
+    """Two jobs finish 50 ms apart, with nothing else due: the first one's retention ends
+    while the second is still held, so the queue must settle then, with no lease expiry
+    or delayed job to prompt it."""
+    redis_env.freeze_time()
+    retention = 100 * MS
+    queue = new_queue(redis_env, retention_ns=retention)
+    first, second = queue.enqueue("first"), queue.enqueue("second")
+    leases = [claim(queue), claim(queue)]
+    queue.ack(leases[0])
+    redis_env.pass_time(50 * MS)
+    queue.ack(leases[1])
+    redis_env.pass_time(60 * MS)  # 110 ms after the first ack, 60 ms after the second
+    stats = queue.statistics()
+    assert stats.succeeded == 1, (
+        f"retention_ns=100 ms: {first} succeeded 110 ms ago and is forgotten, {second} 60 ms "
+        f"ago and is held — statistics() must count 1 succeeded job, got {stats}"
+    )
+    with pytest.raises(JobNotFound):
+        queue.get(first)
+        raise AssertionError(f"{first} outlived its retention")
+    assert queue.get(second).state is SUCCEEDED
 
 
 @rule("bounded-memory")

@@ -11,7 +11,8 @@ come with every failure (:mod:`katas.job_scheduler._testing.fleets`). Every effe
 land exactly once, whatever was killed when.
 
 Map: in process (worker-heartbeat-default, worker-heartbeats, worker-nack,
-worker-events, worker-run, worker-poll, worker-loop) · SIGKILL mid-job (fault-sigkill) ·
+worker-events, worker-run, worker-poll, worker-loop; held at an exact point of its loop:
+worker-stale-drops, worker-outage, worker-stop) · SIGKILL mid-job (fault-sigkill) ·
 SIGSTOP past the lease (fault-sigstop, worker-stale-drops) · a poison job
 (fault-poison) · a job three leases long (fault-long-job) · SIGTERM during a burst
 (fault-sigterm, worker-stop) · an outage and a restart (fault-outage, worker-outage,
@@ -28,15 +29,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import given
 from hypothesis import strategies as st
 
+from katas._harness.interleave import Gate as InterleaveGate
 from katas._harness.marks import extended, rule
 from katas._harness.redis import RedisEnv
+from katas._harness.story import Story
 from katas._harness.under_test import stage
 from katas._harness.waiting import eventually, stays
 from katas._registry import impl
-from katas.job_scheduler._testing.clocks import WatchedClock, beats_at_a_third
+from katas.job_scheduler._testing.clocks import (
+    AFTER_A_JUMP,
+    JUMP_EVERY,
+    WatchedClock,
+    beats_at_a_third,
+    judge_beats_after_a_jump,
+)
 from katas.job_scheduler._testing.fleets import (
     DUE,
     WORKER_LEASE,
@@ -101,6 +111,31 @@ def test_stage3_worker_default_heartbeat_is_every_third_of_the_lease(redis_env: 
     assert (stats.succeeded, stats.lost) == (1, 0), f"{stats}"
 
 
+@rule("worker-heartbeats", "worker-heartbeat-default")
+@extended
+def test_stage3_worker_after_a_clock_jump_the_next_heartbeat_counts_from_the_last(
+    redis_env: RedisEnv,
+) -> None:
+    gate = Gate()
+    clock = WatchedClock(10**12)
+    queue, worker, _, _ = in_process_worker(
+        redis_env, gate.handler, clock=clock, heartbeat_every_ns=JUMP_EVERY
+    )
+    queue.enqueue("long")
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+    story = Story(f"RedisWorker, heartbeat_every_ns={JUMP_EVERY}, claimed at 0:", clock.now_ns)
+    start = clock.now_ns()
+    for at, want in AFTER_A_JUMP:
+        clock.set(start + at)
+        clock.settle(others | {thread}, gate.busy)
+        beats = worker.statistics().heartbeats
+        judge_beats_after_a_jump(story, "RedisWorker", at, beats, want)
+    gate.event.set()
+    thread.outcome("the worker to finish its one job")
+
+
 @rule("worker-nack", "worker-events", "worker-run")
 @extended
 def test_stage3_worker_nacks_a_failing_handler_with_its_error(redis_env: RedisEnv) -> None:
@@ -147,6 +182,136 @@ def test_stage3_idle_worker_polls_claim_every_poll_ns(redis_env: RedisEnv) -> No
     )
     assert effect_store(queue).effects() == {job_id: {"done": job.payload}}
     assert [e for e, _ in events] == ["claimed", "committed", "after_effect", "acked"], events
+
+
+@rule("worker-stale-drops", "worker-events")
+@extended
+@pytest.mark.realtime
+def test_stage3_a_worker_whose_job_another_worker_finished_reports_it_lost(
+    redis_env: RedisEnv,
+) -> None:
+    """w1 commits the effect, then stalls before its ack (its clock stands still: no
+    heartbeat) past its lease; a rescuer claims the job, finds the effect committed and
+    acks. When w1 wakes, its ack is refused: the job is someone else's — "lost", not
+    "acked", even though the job it holds a stale lease on has SUCCEEDED."""
+    redis_env.freeze_time()
+    lease_ns = 200 * MS
+    stalled = InterleaveGate("w1 after its effect", limit=1)
+    queue, worker, _clock, events = in_process_worker(
+        redis_env, lambda lease, payload: payload, lease_ns=lease_ns, max_attempts=2,
+        hold=("after_effect", stalled),
+    )  # fmt: skip
+    job_id = queue.enqueue("charge $5")
+    thread = run_in_thread(worker, 1)
+    stalled.wait_arrived()
+    redis_env.pass_time(lease_ns)  # w1's lease expires while it stalls
+    rescue = queue.claim("rescuer")
+    assert rescue is not None and (rescue.job_id, rescue.token) == (job_id, 2), rescue
+    assert effect_store(queue).commit(rescue, "charge $5") is False, "committed once, by w1"
+    queue.ack(rescue, "charged by the rescuer")
+    stalled.open()
+    thread.outcome("w1 to finish its one job")
+    seen = [e for e, _ in events]
+    stats = worker.statistics()
+    assert seen[-1] == "lost" and (stats.succeeded, stats.lost) == (0, 1), (
+        f"w1's lease (token 1) expired and the rescuer (token 2) acked the job: w1's ack is "
+        f"refused, so it drops the job and reports 'lost' — the job SUCCEEDED under another "
+        f"worker's token, not its own. Events {seen}, {stats}"
+    )
+    assert queue.get(job_id).result == "charged by the rescuer"
+
+
+#: Where a Redis outage meets a worker that was told to stop while it runs a job: the
+#: payload's get (held right after the claim), the commit and ack (the handler returns
+#: during the outage), the nack (the handler raises during it).
+OUTAGE_AT = ["get", "commit", "nack"]
+
+
+@rule("worker-outage", "worker-stop")
+@extended
+@pytest.mark.parametrize("at", OUTAGE_AT)
+def test_stage3_a_worker_stopped_during_an_outage_still_finishes_its_job(
+    redis_env: RedisEnv, at: str
+) -> None:
+    """stop(grace of an hour) comes during an outage, with a job in hand: the worker waits
+    the outage out, step by step, and finishes the job — it never reports a step it could
+    not take, and never crashes."""
+    proxy = redis_env.proxy()
+    client = redis_env.server().proxied_client(proxy)
+    held = InterleaveGate(f"the worker before its {at}", limit=1)
+    gate = Gate()
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        gate.handler(lease, payload)
+        if at == "nack":
+            raise RuntimeError("the job fails")
+        return payload
+
+    queue, worker, clock, events = in_process_worker(
+        redis_env, handler, client=client, poll_ns=1_000,
+        hold=("claimed", held) if at == "get" else None,
+    )  # fmt: skip
+    job_id = queue.enqueue({"charge": 5})
+    thread = run_in_thread(worker, 1)
+    if at == "get":
+        held.wait_arrived()
+    else:
+        eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+    proxy.outage()
+    worker.stop(3_600 * 10**9)
+    held.open()
+    gate.event.set()
+    eventually(lambda: ("unavailable", None) in events, f"the worker to meet the outage at {at}")
+    proxy.heal()
+    clock.advance(1_000)  # its next try, poll_ns later
+    try:
+        thread.outcome(f"the worker to finish its job once Redis is back (outage at its {at})")
+    except (AttributeError, TypeError, redis.RedisError) as crash:
+        raise AssertionError(
+            f"the worker crashed on an outage at its {at} after stop(): "
+            f"{type(crash).__name__}: {crash} — it must wait the outage out and finish the job"
+        ) from None
+    job = queue.get(job_id)
+    steps = [e for e, _ in events if e != "unavailable"]
+    acked = ["claimed", "committed", "after_effect", "acked"]
+    want = ["claimed", "failed"] if at == "nack" else acked
+    state = DEAD if at == "nack" else SUCCEEDED
+    effects = {} if at == "nack" else {job_id: {"charge": 5}}
+    assert (job.state, steps, effect_store(queue).effects()) == (state, want, effects), (
+        f"stop(grace of an hour) during an outage at the worker's {at}: it waits the outage "
+        f"out and finishes the job ({state.value}, effects {effects}, events {want}); got "
+        f"{job.state.value}, effects {effect_store(queue).effects()}, events {steps}"
+    )
+
+
+@rule("worker-stop")
+@extended
+@pytest.mark.parametrize(("first", "second"), [(5_000, 10**9), (10**9, 5_000)])
+def test_stage3_a_second_stop_never_extends_the_grace(
+    redis_env: RedisEnv, first: int, second: int
+) -> None:
+    gate = Gate()
+    clock = WatchedClock(10**12)
+    queue, worker, _, _ = in_process_worker(redis_env, gate.handler, clock=clock)
+    job_id = queue.enqueue("long")
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+    start = clock.now_ns()
+    worker.stop(first)
+    worker.stop(second)
+    released = []
+    for at in (4_999, 5_000):
+        clock.set(start + at)
+        clock.settle(others | {thread}, gate.busy)
+        released.append(worker.statistics().released)
+    gate.event.set()
+    thread.outcome("the worker to return once its job was released")
+    assert released == [0, 1] and queue.get(job_id).state is READY, (
+        f"stop({first}) then stop({second}): the earlier deadline stands (a second stop "
+        f"never extends the grace), so the running job is released at +5000 ns exactly; "
+        f"released by +4999 and +5000: {released}, the job {queue.get(job_id).state.value}"
+    )
 
 
 # --- as OS processes, under real signals ----------------------------------------------

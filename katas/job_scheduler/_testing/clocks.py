@@ -4,9 +4,11 @@ it, and the heartbeat check that stages 2 and 3 share."""
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
+from typing import Any
 
-from katas._harness.story import check
+from katas._harness.story import Story, check
 from katas._harness.waiting import eventually
 from katas.job_scheduler.api import ManualClock
 
@@ -61,6 +63,38 @@ class WatchedClock(ManualClock):
         )
 
 
+class _Waiters(deque[Any]):
+    """A condition's queue of waiters that can put each new waiter first."""
+
+    def __init__(self, waiters: deque[Any], newest_first: Callable[[], bool]) -> None:
+        super().__init__(waiters)
+        self._newest_first = newest_first
+
+    def append(self, waiter: Any) -> None:
+        if self._newest_first():
+            self.appendleft(waiter)
+        else:
+            super().append(waiter)
+
+
+class OrderedClock(WatchedClock):
+    """A WatchedClock that decides which waiter a ``notify()`` wakes: with
+    :attr:`newest_first` set, each condition a thread waits on through this clock wakes
+    its newest waiter first instead of its oldest. A component whose every waiter may be
+    woken by one ``notify()`` shows a lost wake-up on every run once a test tries both
+    orders, instead of when the threads happen to queue up so."""
+
+    def __init__(self, start_ns: int) -> None:
+        super().__init__(start_ns)
+        self.newest_first = False
+
+    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        waiters = cond._waiters  # type: ignore[attr-defined]
+        if not isinstance(waiters, _Waiters):
+            cond._waiters = _Waiters(waiters, lambda: self.newest_first)  # type: ignore[attr-defined]
+        super().wait_until_ns(cond, deadline_ns)
+
+
 def beats_at_a_third(
     heartbeats: Callable[[], int],
     expiry: Callable[[], int | None],
@@ -104,3 +138,22 @@ def beats_at_a_third(
             f"{due + lease - start} ns after the claim; it expires at "
             f"{expires - start}",
         )
+
+
+#: The heartbeat interval of the clock-jump checks, and (time since the claim, heartbeats
+#: made by then) on a clock that jumps from the claim to 2.5 intervals: one heartbeat
+#: there and then; the next is due an interval after it (1 050), not at 3 intervals (900).
+JUMP_EVERY = 300
+AFTER_A_JUMP = [(750, 1), (899, 1), (900, 1), (1_049, 1), (1_050, 2), (1_349, 2), (1_350, 3)]
+
+
+def judge_beats_after_a_jump(story: Story, who: str, at: int, beats: int, want: int) -> None:
+    """One step of :data:`AFTER_A_JUMP`: ``beats`` heartbeats counted at claim + ``at``."""
+    story.add(f"clock at claim + {at}: {beats} heartbeat(s)")
+    story.check(
+        beats == want,
+        f"{who}: each heartbeat is due heartbeat_every_ns={JUMP_EVERY} after the last one was "
+        "made (the claim, for the first): a clock that jumps past several intervals gets one "
+        "heartbeat then, and the next an interval later",
+        f"at claim + {at} expected {want} heartbeat(s), got {beats}",
+    )

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from katas._harness.child import ChildProcess
+from katas._harness.interleave import Gate
 from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.under_test import stage
 from katas._harness.waiting import Thread, spawn
@@ -34,18 +35,28 @@ def in_process_worker(
     handler: Callable[[Lease, Any], Any],
     clock: ManualClock | None = None,
     client: redis.Redis | None = None,
+    *,
+    lease_ns: int = WORKER_LEASE,
+    max_attempts: int = 1,
+    hold: tuple[str, Gate] | None = None,
     **options: Any,
 ) -> tuple[SharedJobQueue, Worker, ManualClock, list[tuple[str, str | None]]]:
     """(queue, worker, its clock, the events it reported) on a queue of this test; the
-    worker reaches Redis through ``client`` if given (a proxied one)."""
-    queue = new_queue(redis_env, lease_ns=WORKER_LEASE, max_attempts=1)
+    worker reaches Redis through ``client`` if given (a proxied one). ``hold``: (event,
+    gate) parks the worker's thread in its ``on_event`` call for the first such event,
+    until the test opens the gate (a worker frozen at an exact point of its loop)."""
+    queue = new_queue(redis_env, lease_ns=lease_ns, max_attempts=max_attempts)
     clock = ManualClock(10**12) if clock is None else clock
     events: list[tuple[str, str | None]] = []
+
+    def on_event(event: str, lease: Lease | None) -> None:
+        events.append((event, None if lease is None else lease.job_id))
+        if hold is not None and event == hold[0]:
+            hold[1].pass_through()
+
     worker: Worker = stage().RedisWorker(
-        new_queue(redis_env, client, lease_ns=WORKER_LEASE, max_attempts=1), handler,
-        worker_id="w1",
-        clock=clock, on_event=lambda e, lease: events.append((e, lease and lease.job_id)),
-        **options,
+        new_queue(redis_env, client, lease_ns=lease_ns, max_attempts=max_attempts), handler,
+        worker_id="w1", clock=clock, on_event=on_event, **options,
     )  # fmt: skip
     return queue, worker, clock, events
 

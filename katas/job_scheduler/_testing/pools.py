@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 import pytest
 
+from katas._harness.interleave import Gate as InterleaveGate
 from katas._harness.under_test import stage
 from katas._harness.waiting import DEADLINE_S
 from katas.job_scheduler._testing.queues import LEASE, START
@@ -80,13 +81,31 @@ def running(pool: WorkerPool) -> Iterator[WorkerPool]:
 
 
 @asynccontextmanager
-async def running_async(pool: AsyncWorkerPool) -> AsyncIterator[None]:
-    """Run ``pool`` in a task group for the body, then shut it down (grace 0): on the way
-    out no handler is still running, so what follows checks a settled queue."""
+async def running_async(pool: AsyncWorkerPool, grace_ns: int | None = 0) -> AsyncIterator[None]:
+    """Run ``pool`` in a task group for the body, then shut it down (``grace_ns``; None:
+    the body did): on the way out no handler is still running, so what follows checks a
+    settled queue. A ``run()`` that does not return once shutdown has finished fails the
+    test (and is cancelled) instead of keeping it waiting forever."""
+    returned = anyio.Event()
+
+    async def run() -> None:
+        await pool.run()
+        returned.set()
+
     async with anyio.create_task_group() as tg:
-        tg.start_soon(pool.run)
+        tg.start_soon(run)
         yield
-        await pool.shutdown(0)
+        if grace_ns is not None:
+            await pool.shutdown(grace_ns)
+        with anyio.move_on_after(DEADLINE_S):
+            await returned.wait()
+        if not returned.is_set():
+            tg.cancel_scope.cancel()
+            raise AssertionError(
+                f"run() had not returned {DEADLINE_S:.0f} real seconds after shutdown "
+                "finished: it returns once shutdown has finished, and at the grace deadline "
+                "shutdown cancels the handlers still running"
+            )
 
 
 async def idle_handler(lease: Lease, payload: Any) -> None:
@@ -128,3 +147,97 @@ class AsyncGate:
     async def handler(self, lease: Lease, payload: Any) -> str:
         await self.event.wait()
         return "done"
+
+
+class Stalls:
+    """A handler each of whose runs blocks until the test lets it go: by the job's payload
+    and the lease's attempt (``hold(payload, attempt)``); runs not held return at once.
+    ``busy`` holds the threads parked here, for ``WatchedClock.settle``."""
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[Any, int], threading.Event] = {}
+        self.entered: list[tuple[Any, int]] = []
+        self.busy: set[int] = set()
+        self._lock = threading.Lock()
+
+    def hold(self, payload: Any, attempt: int = 1) -> threading.Event:
+        """Runs of ``payload`` at ``attempt`` wait until the returned event is set."""
+        return self._events.setdefault((payload, attempt), threading.Event())
+
+    def handler(self, lease: Lease, payload: Any) -> Any:
+        event = self._events.get((payload, lease.attempt))
+        me = threading.get_ident()
+        with self._lock:
+            self.entered.append((payload, lease.attempt))
+            self.busy.add(me)
+        try:
+            if event is not None:
+                assert event.wait(DEADLINE_S), f"a handler of {payload!r} was held too long"
+        finally:
+            with self._lock:
+                self.busy.discard(me)
+        return payload
+
+
+class QueueCalls:
+    """What a lock-watched queue saw (:func:`lock_watched_queue`): which thread was inside
+    which public call, and every call that began while another thread was inside one."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._inside: dict[int, list[str]] = {}  # thread -> its calls in progress (nested)
+        self.overlaps: list[str] = []
+
+    def enter(self, name: str) -> None:
+        me = threading.get_ident()
+        with self._changed:
+            others = [calls[0] for t, calls in self._inside.items() if t != me and calls]
+            if others and not self._inside.get(me):
+                self.overlaps.append(f"{name}() began while another thread was in {others[0]}()")
+                self._changed.notify_all()
+            self._inside.setdefault(me, []).append(name)
+
+    def leave(self) -> None:
+        with self._changed:
+            self._inside[threading.get_ident()].pop()
+
+    def wait_overlap(self, timeout_s: float) -> None:
+        """Wait at most ``timeout_s`` for an overlap (no failure: read :attr:`overlaps`)."""
+        with self._changed:
+            self._changed.wait_for(lambda: bool(self.overlaps), timeout_s)
+
+
+#: The public calls of a stage-1 queue a pool may make.
+QUEUE_CALLS = (
+    "enqueue", "claim", "ack", "nack", "get", "next_due_ns", "heartbeat", "release",
+    "cancel", "dead_letters", "redrive", "is_current", "statistics",
+)  # fmt: skip
+
+
+def lock_watched_queue(parked: InterleaveGate, at: str) -> tuple[ManualClock, JobQueue, QueueCalls]:
+    """A stage-1 queue (a subclass of the one under test, so a pool takes it) that notes
+    every public call made while another thread is inside one, and parks the first
+    outermost call to ``at`` at ``parked``."""
+    calls = QueueCalls()
+    base: type[Any] = stage(1).JobQueue
+
+    def watched(name: str) -> Callable[..., Any]:
+        inner = getattr(base, name)
+
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+            calls.enter(name)
+            try:
+                if name == at:
+                    parked.pass_through()
+                return inner(self, *args, **kwargs)
+            finally:
+                calls.leave()
+
+        return call
+
+    cls = type("LockWatchedJobQueue", (base,), {n: watched(n) for n in QUEUE_CALLS})
+    clock = ManualClock(START)
+    queue: JobQueue = cls(
+        clock=clock, lease_ns=LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
+    )
+    return clock, queue, calls

@@ -1,0 +1,328 @@
+"""Stage 2 suite, heartbeats: which leases a pool keeps alive, and when (see
+katas/job_scheduler/README.md, "Stage 2").
+
+The stage's first file, ``test_stage2.py``, has the examples of every rule; here the
+boundaries of the heartbeat rules, in both pools: a job claimed when its time comes (no
+submit wakes anyone), heartbeats after a clock jump, a job re-claimed by a second worker
+of the same pool while its first run still holds a thread, and heartbeats that go on
+through shutdown's grace period.
+
+How these tests stay deterministic: the clock is a ``WatchedClock`` that knows which
+threads sleep on it, so a test moves it and then waits until every thread of the pool is
+parked again — nothing more can happen before the clock moves — and judges at once (the
+async pool: ``anyio.wait_all_tasks_blocked()``). Handlers block on events the test sets.
+
+Map: a job claimed at its run time is heartbeaten (heartbeats, async-pool) · the next
+heartbeat counts from the last one made (heartbeats, heartbeat-default, async-pool) ·
+one job, two runs (heartbeats, pool-statistics, bounded-in-flight) · heartbeats through
+the grace period (heartbeats, shutdown-grace, async-pool).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import anyio
+import pytest
+
+from katas._harness import marks
+from katas._harness.marks import anyio_test, core, extended
+from katas._harness.story import Story, check
+from katas._harness.under_test import stage
+from katas._harness.waiting import eventually, spawn
+from katas.job_scheduler._testing.clocks import (
+    AFTER_A_JUMP,
+    JUMP_EVERY,
+    WatchedClock,
+    judge_beats_after_a_jump,
+)
+from katas.job_scheduler._testing.pools import (
+    AsyncGate,
+    Gate,
+    Stalls,
+    fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
+    pool_queue,
+    running,
+    running_async,
+)
+from katas.job_scheduler._testing.queues import LEASE, START, rel
+from katas.job_scheduler.api import AsyncWorkerPool, JobQueue, JobState, WorkerPool
+
+pytestmark = [pytest.mark.stage(2)]
+
+#: The heartbeat interval of these tests: three beats a lease (LEASE = 1 000 ns).
+EVERY = JUMP_EVERY
+
+
+def _lease_ends(queue: JobQueue, job_id: str) -> int | None:
+    """When the job's lease expires (read while every pool thread is parked)."""
+    return queue.get(job_id).lease_expires_at_ns
+
+
+# --- a job claimed when its time comes ------------------------------------------------
+
+
+@marks.rule("heartbeats")
+@core
+def test_stage2_a_job_claimed_at_its_run_time_is_heartbeaten() -> None:
+    """Nothing is running and nothing is submitted: the heartbeat thread has nothing to
+    wait for. The job falls due, a worker claims it — and its lease must be kept."""
+    gate = Gate()
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    job_id = queue.enqueue("due later", run_at_ns=START + 1_000)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
+    )
+    others = set(threading.enumerate())
+    with running(pool):
+        clock.settle(others, gate.busy)
+        clock.set(START + 1_000)  # the job is due: the idle worker wakes and claims it
+        eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+        for beat in (1, 2, 3, 4):
+            clock.advance(EVERY)
+            clock.settle(others, gate.busy)
+            now = clock.now_ns()
+            check(
+                pool.statistics().heartbeats == beat and _lease_ends(queue, job_id) == now + LEASE,
+                f"a job claimed at its run time (1000 ns, no submit since the pool started) "
+                f"must be heartbeaten every heartbeat_every_ns={EVERY} from its claim: by "
+                f"{rel(now)} expected {beat} heartbeat(s) and the lease extended to "
+                f"{rel(now + LEASE)}; got {pool.statistics().heartbeats}, lease ends "
+                f"{rel(_lease_ends(queue, job_id))} — was the heartbeat thread told about "
+                "the claim?",
+            )
+        gate.event.set()
+        eventually(lambda: pool.statistics().succeeded == 1, "the job acked")
+
+
+@marks.rule("heartbeats", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_a_job_claimed_at_its_run_time_is_heartbeaten() -> None:
+    gate = AsyncGate()
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    job_id = queue.enqueue("due later", run_at_ns=START + 1_000)
+    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(
+        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        await anyio.wait_all_tasks_blocked()
+        clock.set(START + 1_000)  # the job is due: the idle worker wakes and claims it
+        await anyio.wait_all_tasks_blocked()
+        for beat in (1, 2, 3, 4):
+            clock.advance(EVERY)
+            await anyio.wait_all_tasks_blocked()
+            now = clock.now_ns()
+            check(
+                pool.statistics().heartbeats == beat and _lease_ends(queue, job_id) == now + LEASE,
+                f"async pool: a job claimed at its run time (1000 ns, no submit since run() "
+                f"began) must be heartbeaten every heartbeat_every_ns={EVERY} from its claim: "
+                f"by {rel(now)} expected {beat} heartbeat(s), lease to {rel(now + LEASE)}; "
+                f"got {pool.statistics().heartbeats}, lease ends "
+                f"{rel(_lease_ends(queue, job_id))} — was the heartbeat task told of the claim?",
+            )
+        gate.event.set()
+        await anyio.wait_all_tasks_blocked()
+        await pool.shutdown(0)
+
+
+# --- the next heartbeat counts from the last one made ---------------------------------
+
+
+@marks.rule("heartbeats", "heartbeat-default")
+@core
+def test_stage2_after_a_clock_jump_the_next_heartbeat_counts_from_the_last() -> None:
+    gate = Gate()
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
+    )
+    others = set(threading.enumerate())
+    story = Story(f"lease {LEASE}, heartbeat_every_ns={EVERY}, claimed at 0:", clock.now_ns, START)
+    with running(pool):
+        pool.submit("long")
+        eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+        for at, want in AFTER_A_JUMP:
+            clock.set(START + at)
+            clock.settle(others, gate.busy)
+            beats = pool.statistics().heartbeats
+            judge_beats_after_a_jump(story, "thread pool", at, beats, want)
+        gate.event.set()
+        eventually(lambda: pool.statistics().succeeded == 1, "the job acked")
+
+
+@marks.rule("heartbeats", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_after_a_clock_jump_the_next_heartbeat_counts_from_the_last() -> None:
+    gate = AsyncGate()
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(
+        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
+    )
+    story = Story(f"async, lease {LEASE}, heartbeat_every_ns={EVERY}:", clock.now_ns, START)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(pool.run)
+        pool.submit("long")
+        await anyio.wait_all_tasks_blocked()
+        for at, want in AFTER_A_JUMP:
+            clock.set(START + at)
+            await anyio.wait_all_tasks_blocked()
+            beats = pool.statistics().heartbeats
+            judge_beats_after_a_jump(story, "async pool", at, beats, want)
+        gate.event.set()
+        await anyio.wait_all_tasks_blocked()
+        await pool.shutdown(0)
+
+
+# --- one job, two runs ------------------------------------------------------------------
+
+
+@marks.rule("heartbeats", "pool-statistics", "bounded-in-flight")
+@core
+def test_stage2_a_job_run_twice_by_one_pool_keeps_both_runs_apart() -> None:
+    """Worker A's run stalls past its lease (the clock jumps: no heartbeat could help);
+    worker B of the same pool claims the job again (attempt 2). When A's handler returns,
+    its ack is refused — and B's run, the live one, must go on being heartbeaten and
+    counted in flight."""
+    stalls = Stalls()
+    first, second = stalls.hold("job", 1), stalls.hold("job", 2)
+    clock = WatchedClock(START)
+    _, queue = pool_queue(max_attempts=2, clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, stalls.handler, workers=2, clock=clock, heartbeat_every_ns=EVERY
+    )
+    others = set(threading.enumerate())
+    story = Story(f"2 workers, lease {LEASE}, heartbeat_every_ns={EVERY}:", clock.now_ns, START)
+    rule = (
+        "each run of a job is its own: in_flight counts the handlers not finished, and the "
+        "live lease is heartbeaten until its own handler returns"
+    )
+    with running(pool):
+        job_id = pool.submit("job")
+        eventually(lambda: stalls.entered == [("job", 1)], "attempt 1 running")
+        clock.settle(others, stalls.busy)
+        clock.advance(LEASE)  # a stall: the lease runs out before any heartbeat
+        story.add("claim -> attempt 1 (worker A); the clock jumps by the lease")
+        eventually(lambda: ("job", 2) in stalls.entered, "attempt 2 claimed by the other worker")
+        clock.settle(others, stalls.busy)
+        stats = pool.statistics()
+        story.add(f"worker B claims attempt 2: {stats}")
+        story.check(
+            stats.in_flight == 2, rule, f"two handlers running, in_flight {stats.in_flight}"
+        )
+        first.set()
+        eventually(lambda: pool.statistics().lost == 1, "attempt 1's ack refused (lost)")
+        clock.settle(others, stalls.busy)
+        story.add("attempt 1's handler returns: its ack is refused (lost)")
+        stats = pool.statistics()
+        story.check(
+            stats.in_flight == 1, rule, f"attempt 2 still runs, in_flight {stats.in_flight}"
+        )
+        for beat in (1, 2, 3, 4):
+            clock.advance(EVERY)
+            clock.settle(others, stalls.busy)
+            now, job = clock.now_ns(), queue.get(job_id)
+            story.add(f"advance({EVERY}): {pool.statistics().heartbeats} heartbeat(s)")
+            story.check(
+                (pool.statistics().heartbeats, job.state, job.lease_expires_at_ns)
+                == (beat, JobState.LEASED, now + LEASE),
+                rule,
+                f"expected attempt 2's lease heartbeaten {beat} time(s), to {rel(now + LEASE)}; "
+                f"the job is {job.state.value}, its lease ends {rel(job.lease_expires_at_ns)}",
+            )
+        second.set()
+        eventually(lambda: pool.statistics().succeeded == 1, "attempt 2 acked")
+    job = queue.get(job_id)
+    story.check(
+        (job.state, job.attempts) == (JobState.SUCCEEDED, 2),
+        rule,
+        f"the job ends {job.state.value} after {job.attempts} attempts",
+    )
+
+
+# --- heartbeats through the grace period ------------------------------------------------
+
+GRACE = 2_500  # two and a half leases: only heartbeats keep the running job's lease
+
+
+@marks.rule("heartbeats", "shutdown-grace")
+@core
+def test_stage2_heartbeats_go_on_through_the_grace_period() -> None:
+    gate = Gate()
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
+    )
+    others = set(threading.enumerate())
+    with running(pool):
+        job_id = pool.submit("long")
+        eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+        stopper = spawn(lambda: pool.shutdown(GRACE), "shutdown")
+        eventually(lambda: pool.statistics().stopping, "shutdown begun")
+        for beat in range(1, GRACE // EVERY + 1):
+            clock.advance(EVERY)
+            clock.settle(others, gate.busy)
+            now = clock.now_ns()
+            check(
+                pool.statistics().heartbeats == beat and _lease_ends(queue, job_id) == now + LEASE,
+                f"shutdown({GRACE}) began at 0 with a job running (lease {LEASE}, "
+                f"heartbeat_every_ns={EVERY}): through the grace period its handler still "
+                f"runs, so its lease is still heartbeaten; by {rel(now)} expected {beat} "
+                f"heartbeat(s), lease to {rel(now + LEASE)}; got "
+                f"{pool.statistics().heartbeats}, lease ends {rel(_lease_ends(queue, job_id))}",
+            )
+        clock.set(START + GRACE)
+        stopper.outcome("shutdown at its grace deadline")
+        job, stats = queue.get(job_id), pool.statistics()
+        check(
+            (job.state, job.attempts, stats.released, stats.lost) == (JobState.READY, 0, 1, 0),
+            f"at the grace deadline the job still running is released (READY, attempt "
+            f"refunded; released 1, lost 0) — its lease, kept by heartbeats, is live; got "
+            f"{job.state.value}, attempts {job.attempts}, released {stats.released}, "
+            f"lost {stats.lost}",
+        )
+        gate.event.set()
+
+
+@marks.rule("heartbeats", "shutdown-grace", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_heartbeats_go_on_through_the_grace_period() -> None:
+    gate = AsyncGate()
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(
+        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
+    )
+    async with running_async(pool, grace_ns=None), anyio.create_task_group() as tg:
+        job_id = pool.submit("long")
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(pool.shutdown, GRACE)
+        await anyio.wait_all_tasks_blocked()
+        for beat in range(1, GRACE // EVERY + 1):
+            clock.advance(EVERY)
+            await anyio.wait_all_tasks_blocked()
+            now = clock.now_ns()
+            check(
+                pool.statistics().heartbeats == beat and _lease_ends(queue, job_id) == now + LEASE,
+                f"async pool, shutdown({GRACE}) begun with a job running (lease {LEASE}, "
+                f"heartbeat_every_ns={EVERY}): its lease is heartbeaten through the grace "
+                f"period; by {rel(now)} expected {beat} heartbeat(s), got "
+                f"{pool.statistics().heartbeats}, lease ends {rel(_lease_ends(queue, job_id))}",
+            )
+        clock.set(START + GRACE)
+        await anyio.wait_all_tasks_blocked()
+    job, stats = queue.get(job_id), pool.statistics()
+    check(
+        (job.state, job.attempts, stats.released, stats.lost) == (JobState.READY, 0, 1, 0),
+        f"async pool: at the grace deadline the running job is cancelled and released (READY, "
+        f"attempt refunded; released 1, lost 0); got {job.state.value}, attempts "
+        f"{job.attempts}, released {stats.released}, lost {stats.lost}",
+    )

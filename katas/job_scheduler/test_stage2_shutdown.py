@@ -1,0 +1,249 @@
+"""Stage 2 suite, waking, timeouts, shutdown and the pool's bookkeeping at their
+boundaries (see katas/job_scheduler/README.md, "Stage 2").
+
+The stage's first file, ``test_stage2.py``, has the examples of every rule and
+``test_stage2_heartbeats.py`` the heartbeats'; here: a submit that must wake an idle
+worker whichever thread waits longest, a handler that returns long before its timeout,
+who counts as idle, and a job whose lease is already stale when shutdown comes to
+release it.
+
+How these tests stay deterministic: the clock is a ``WatchedClock`` (an ``OrderedClock``,
+where the order in which a condition's waiters wake matters), so a test waits until
+every thread of the pool is parked on it and judges at once; the async pool is judged
+after ``anyio.wait_all_tasks_blocked()``. Handlers block on events the test sets.
+
+Map: a submit wakes an idle worker (no-busy-waiting) · a handler done before its timeout
+(handler-acked, async-timeout) · idle workers (pool-statistics, bounded-in-flight,
+async-pool) · a lease already stale at shutdown (pool-statistics, shutdown-grace,
+heartbeat-lost, async-shutdown-cancels).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import partial
+
+import anyio
+import pytest
+
+from katas._harness import marks
+from katas._harness.marks import anyio_test, core, extended
+from katas._harness.story import Story, check
+from katas._harness.under_test import stage
+from katas._harness.waiting import eventually
+from katas.job_scheduler._testing.clocks import OrderedClock, WatchedClock
+from katas.job_scheduler._testing.pools import (
+    AsyncGate,
+    Gate,
+    Stalls,
+    fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
+    new_async_pool,
+    pool_queue,
+    running,
+    running_async,
+    stat,
+)
+from katas.job_scheduler._testing.queues import LEASE, START
+from katas.job_scheduler.api import JobQueue, JobState, Lease, PoolStatistics, WorkerPool
+
+pytestmark = [pytest.mark.stage(2)]
+
+
+# --- a submit wakes an idle worker -------------------------------------------------------
+
+
+@marks.rule("no-busy-waiting")
+@core
+def test_stage2_every_submit_wakes_an_idle_worker_whoever_waits_longest() -> None:
+    """Two workers and whatever else of the pool waits (a heartbeat thread): one worker
+    runs a held job, the other is idle, and a second job is submitted. Whichever thread
+    the pool's condition wakes first — its oldest waiter, then its newest — the idle
+    worker must take the job."""
+    stalls = Stalls()
+    clock = OrderedClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(queue, stalls.handler, workers=2, clock=clock)
+    others = set(threading.enumerate())
+    story = Story("2 workers, every job held by the test until it ends the round:", clock.now_ns)
+    with running(pool):
+        for i in range(4):
+            clock.newest_first = i % 2 == 1
+            order = "newest" if clock.newest_first else "oldest"
+            held = [stalls.hold(f"x{i}"), stalls.hold(f"y{i}")]
+            for n, payload in enumerate((f"x{i}", f"y{i}"), start=1):
+                clock.settle(others, stalls.busy)
+                pool.submit(payload)
+                clock.settle(others, stalls.busy)  # every thread asleep: nothing more happens
+                story.add(f"(a notify wakes its {order} waiter) submit({payload!r}): {n} running")
+                story.check(
+                    pool.statistics().claimed == 2 * i + n,
+                    "an idle worker waits until the queue's next_due_ns() or until submit wakes "
+                    "it: every submit must reach an idle worker, not only some other waiter "
+                    "(a heartbeat thread, a worker with no free slot)",
+                    f"{payload!r} is READY, a worker idle, and every thread of the pool "
+                    f"asleep: {pool.statistics()}",
+                )
+            for event in held:
+                event.set()
+            eventually(
+                partial(lambda n: stat(pool, "succeeded")() == n, 2 * i + 2),
+                "the round's jobs acked",
+            )
+
+
+# --- a handler done before its timeout ---------------------------------------------------
+
+
+@marks.rule("handler-acked", "async-timeout")
+@extended
+@anyio_test
+async def test_stage2_async_a_handler_done_before_its_timeout_is_acked_at_once() -> None:
+    async def handler(lease: Lease, payload: int) -> int:
+        return payload * 10
+
+    _, queue, pool = new_async_pool(handler, workers=1, timeout_ns=10 * LEASE)
+    async with running_async(pool):
+        ids = [pool.submit(i) for i in range(3)]
+        await anyio.wait_all_tasks_blocked()  # the clock stands still: nothing more happens
+        got = [(queue.get(j).state, queue.get(j).result) for j in ids]
+        check(
+            got == [(JobState.SUCCEEDED, i * 10) for i in range(3)],
+            f"timeout_ns={10 * LEASE} only cancels a handler still running then: handlers "
+            f"that return at once are acked at once, their worker free for the next job — "
+            f"with the clock standing still, one worker and 3 jobs ended {got}",
+        )
+
+
+# --- idle workers ------------------------------------------------------------------------
+
+
+@marks.rule("pool-statistics", "bounded-in-flight")
+@core
+def test_stage2_a_worker_waiting_for_a_free_slot_counts_as_idle() -> None:
+    gate = Gate()
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, gate.handler, workers=3, max_in_flight=1, clock=clock
+    )
+    others = set(threading.enumerate())
+    with running(pool):
+        clock.settle(others, gate.busy)
+        idle = [pool.statistics().idle]
+        pool.submit("runs")
+        pool.submit("waits for the slot")
+        eventually(lambda: len(gate.busy) == 1, "one handler running")
+        clock.settle(others, gate.busy)
+        stats = pool.statistics()
+        idle.append(stats.idle)
+        gate.event.set()
+        eventually(lambda: pool.statistics().succeeded == 2, "both jobs acked")
+        clock.settle(others, gate.busy)
+        idle.append(pool.statistics().idle)
+    check(
+        idle == [3, 2, 3] and stats.in_flight == 1,
+        "idle counts the workers waiting — for a due job, or for a free max_in_flight slot: "
+        "3 workers, max_in_flight=1; expected idle 3 with nothing to do, 2 while one job "
+        f"runs and another waits for the slot, 3 again after; got {idle} "
+        f"(in_flight {stats.in_flight})",
+    )
+
+
+@marks.rule("pool-statistics", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_a_worker_waiting_for_a_free_slot_counts_as_idle() -> None:
+    gate = AsyncGate()
+    _, _, pool = new_async_pool(gate.handler, workers=3, max_in_flight=1)
+    async with running_async(pool):
+        await anyio.wait_all_tasks_blocked()
+        idle = [pool.statistics().idle]
+        pool.submit("runs")
+        pool.submit("waits for the slot")
+        await anyio.wait_all_tasks_blocked()
+        stats = pool.statistics()
+        idle.append(stats.idle)
+        gate.event.set()
+        await anyio.wait_all_tasks_blocked()
+        idle.append(pool.statistics().idle)
+    check(
+        idle == [3, 2, 3] and stats.in_flight == 1,
+        "async pool: idle counts the workers waiting — for a due job, or for a free "
+        "max_in_flight slot: 3 workers, max_in_flight=1; expected idle 3, then 2 while one "
+        f"job runs and another waits for the slot, then 3; got {idle} (in_flight "
+        f"{stats.in_flight})",
+    )
+
+
+# --- a lease already stale at shutdown ---------------------------------------------------
+
+#: How a running job's lease goes stale before shutdown: its job cancelled, or the clock
+#: jumping past its expiry (a stall: no heartbeat could run), which kills it (1 attempt).
+STALE = ["cancelled", "expired in a stall"]
+
+
+def _make_stale(how: str, queue: JobQueue, job_id: str, advance: Callable[[int], None]) -> None:
+    if how == "cancelled":
+        assert queue.cancel(job_id) is True
+    else:
+        advance(LEASE)
+
+
+def _judge_stale_shutdown(
+    pool: str, how: str, before: JobState, after: JobState, stats: PoolStatistics
+) -> None:
+    check(
+        before == after and (stats.released, stats.lost) == (0, 1),
+        f"{pool}: a job whose lease is already stale ({how}) when shutdown(0) comes to "
+        "release it is lost, not released: the refused release changes nothing and counts "
+        f"in lost only; the job went from {before.value} to {after.value}; {stats}",
+    )
+
+
+@marks.rule("pool-statistics", "shutdown-grace", "heartbeat-lost")
+@core
+@pytest.mark.parametrize("how", STALE)
+def test_stage2_a_job_whose_lease_is_stale_at_shutdown_is_lost_not_released(how: str) -> None:
+    stalls = Stalls()
+    held = stalls.hold("job")
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, stalls.handler, workers=1, clock=clock, heartbeat_every_ns=300
+    )
+    others = set(threading.enumerate())
+    with running(pool):
+        job_id = pool.submit("job")
+        eventually(lambda: len(stalls.busy) == 1, "the job's handler running")
+        clock.settle(others, stalls.busy)
+        _make_stale(how, queue, job_id, clock.advance)
+        clock.settle(others, stalls.busy)
+        before = queue.get(job_id).state
+        pool.shutdown(0)
+        _judge_stale_shutdown(
+            "thread pool", how, before, queue.get(job_id).state, pool.statistics()
+        )
+        held.set()
+        eventually(lambda: not stalls.busy, "the handler to return")
+        eventually(lambda: pool.statistics().in_flight == 0, "nothing in flight")
+    _judge_stale_shutdown("thread pool", how, before, queue.get(job_id).state, pool.statistics())
+
+
+@marks.rule("pool-statistics", "async-shutdown-cancels")
+@extended
+@anyio_test
+@pytest.mark.parametrize("how", STALE)
+async def test_stage2_async_a_job_whose_lease_is_stale_at_shutdown_is_lost_not_released(
+    how: str,
+) -> None:
+    gate = AsyncGate()
+    clock, queue, pool = new_async_pool(gate.handler, workers=1, heartbeat_every_ns=300)
+    async with running_async(pool, grace_ns=None):
+        job_id = pool.submit("job")
+        await anyio.wait_all_tasks_blocked()
+        _make_stale(how, queue, job_id, clock.advance)
+        await anyio.wait_all_tasks_blocked()
+        before = queue.get(job_id).state
+        await pool.shutdown(0)
+    _judge_stale_shutdown("async pool", how, before, queue.get(job_id).state, pool.statistics())
