@@ -271,6 +271,12 @@ def test_stage3_a_worker_stopped_during_an_outage_still_finishes_its_job(
             f"the worker crashed on an outage at its {at} after stop(): "
             f"{type(crash).__name__}: {crash} — it must wait the outage out and finish the job"
         ) from None
+    tries = sum(1 for e, _ in events if e == "unavailable")
+    assert tries == 1, (
+        f"stop() during an outage at the worker's {at}, the clock frozen until Redis is back: "
+        f"with a job in hand the worker still waits poll_ns between tries, so it meets the "
+        f"outage once; it met it {tries} times (a tight loop of retries once stopping?)"
+    )
     job = queue.get(job_id)
     steps = [e for e, _ in events if e != "unavailable"]
     acked = ["claimed", "committed", "after_effect", "acked"]

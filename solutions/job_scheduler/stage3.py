@@ -444,7 +444,11 @@ class RedisWorker:
         with self._cond:
             self._idle = True
             deadline = self._clock.now_ns() + ns
-            while not self._stopping and self._clock.now_ns() < deadline:
+            # stop() ends an idle wait at once; with a job in hand the worker keeps its
+            # pace through an outage (no tight loop of retries) until the job is done
+            while (self._lease is not None or not self._stopping) and (
+                self._clock.now_ns() < deadline
+            ):
                 self._clock.wait_until_ns(self._cond, deadline)
             self._idle = False
 
