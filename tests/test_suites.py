@@ -1,4 +1,5 @@
-"""Checks 1 and 2: every stage suite passes on the reference and fails on the stubs.
+"""Checks 1 and 2: every stage suite passes on the reference and fails on the stubs; and
+the reference's run calls every public name of its stage (:mod:`katas._registry.reach`).
 
 Every run starts at once on a pool as wide as the machine; each test waits for its own.
 """
@@ -6,6 +7,7 @@ Every run starts at once on a pool as wide as the machine; each test waits for i
 from __future__ import annotations
 
 import functools
+import importlib
 import tempfile
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -21,6 +23,9 @@ from _support import (
     uses_redis,
 )
 
+from katas._registry import reach
+from katas._registry.catalog import Catalog
+from katas._registry.impl import REPO_ROOT
 from katas._registry.suites import SuiteRun, run_suite, suite_files
 
 SUITES = stage_suites()
@@ -46,9 +51,19 @@ def _summary(run: SuiteRun, limit: int = 15) -> str:
     return "\n".join(lines) or run.output[-3000:]
 
 
+#: (kata, stage) -> the public names of the stage its embedded reference run called.
+_REACHED: dict[tuple[str, int], set[str]] = {}
+
+
 def _reference(kata: str, stage: int, mode: str) -> SuiteRun:
-    env = None if mode == "real-redis" else embedded_env()
-    return run_suite(suite_files(kata, stage), impl="solutions", env=env)
+    if mode == "real-redis":
+        return run_suite(suite_files(kata, stage), impl="solutions")
+    with tempfile.TemporaryDirectory(prefix="kata-reached-") as tmp:
+        names = Path(tmp) / "reached"
+        env = {**embedded_env(), reach.ENV_REACHED: str(names)}
+        run = run_suite(suite_files(kata, stage), impl="solutions", env=env)
+        _REACHED[kata, stage] = set(names.read_text().split()) if names.exists() else set()
+    return run
 
 
 def _stubs(kata: str, stage: int) -> SuiteRun:
@@ -62,6 +77,10 @@ def runs(request: pytest.FixtureRequest) -> Iterator[Pool[SuiteRun]]:
     jobs: dict[Hashable, Callable[[], SuiteRun]] = {}
     for p in selected(request, "test_reference_passes_every_stage_suite"):
         k, s, m = p["kata"], p["stage"], p["mode"]
+        jobs["reference", k, s, m] = functools.partial(_reference, k, s, m)
+    for p in selected(request, "test_every_public_name_of_a_stage_is_called_by_its_suite"):
+        k, s = p["kata"], p["stage"]
+        m = _modes(k, s)[0]
         jobs["reference", k, s, m] = functools.partial(_reference, k, s, m)
     for p in selected(request, "test_every_test_fails_on_the_committed_stubs"):
         jobs["stubs", p["kata"], p["stage"]] = functools.partial(_stubs, p["kata"], p["stage"])
@@ -102,4 +121,26 @@ def test_every_test_fails_on_the_committed_stubs(
         "'not implemented yet' (a test that passes on a stub asserts nothing; an import or "
         "fixture error hides the learner's task):\n"
         + "\n".join(f"  {r.nodeid}: {r.outcome} ({r.kind}) {r.message}" for r in wrong)
+    )
+
+
+@pytest.mark.timeout(WAIT_S)
+@pytest.mark.parametrize(
+    ("kata", "stage"), [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in SUITES]
+)
+def test_every_public_name_of_a_stage_is_called_by_its_suite(
+    kata: str, stage: int, runs: Pool[SuiteRun]
+) -> None:
+    """A stub function no test calls could stay unimplemented while its stage goes green:
+    every public function, method and property of the stage module (the stub's surface is
+    the reference's: test_surface) is called by the suite itself, not only from inside the
+    reference."""
+    runs.result(("reference", kata, stage, _modes(kata, stage)[0]))
+    name = Catalog(REPO_ROOT / "katas").get(kata).stage(stage).module
+    module = importlib.import_module(f"solutions.{kata}.{name}")
+    missing = reach.expected(module, f"{kata}/stage{stage}") - _REACHED[kata, stage]
+    assert not missing, (
+        f"{kata} stage {stage}: no test of the stage calls these public names of "
+        f"{kata}/{name}.py (a stub could leave them unimplemented and pass):\n"
+        + "\n".join(f"  {m.partition(':')[2]}" for m in sorted(missing))
     )
