@@ -152,12 +152,7 @@ def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: Re
 def test_stage3_in_flight_reclaims_a_lease_at_its_expiry(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
-    if not redis_env.time_is_controlled:
-        pytest.skip("needs the server clock under the test's control (fakeredis)")
-    redis_env.freeze_time()
-    limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
-        redis_env.client(), max_in_flight=2, lease_ns=100 * NS_PER_MS, key_prefix=redis_env.prefix
-    )
+    limiter = _frozen_leases(stage_module, redis_env, max_in_flight=2)
     lease = limiter.try_acquire("alice")
     assert lease is not None
     start_ns = redis_env.server().time_us() * 1000
@@ -174,18 +169,29 @@ def test_stage3_in_flight_reclaims_a_lease_at_its_expiry(
     )
 
 
+def _frozen_leases(
+    stage_module: ModuleType, redis_env: RedisEnv, max_in_flight: int
+) -> LeaseLimiter:
+    """Leases of 100 ms on a server clock that stands still until the test moves it."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("needs the server clock under the test's control (fakeredis)")
+    redis_env.freeze_time()
+    limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
+        redis_env.client(),
+        max_in_flight=max_in_flight,
+        lease_ns=100 * NS_PER_MS,
+        key_prefix=redis_env.prefix,
+    )
+    return limiter
+
+
 @extended
 @pytest.mark.rule("redis-lease-expiry")
 def test_stage3_release_at_its_expiry_finds_the_lease_expired(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
     """No call drops the lease before its release: the release itself must."""
-    if not redis_env.time_is_controlled:
-        pytest.skip("needs the server clock under the test's control (fakeredis)")
-    redis_env.freeze_time()
-    limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
-        redis_env.client(), max_in_flight=2, lease_ns=100 * NS_PER_MS, key_prefix=redis_env.prefix
-    )
+    limiter = _frozen_leases(stage_module, redis_env, max_in_flight=2)
     late, early = limiter.try_acquire("alice"), limiter.try_acquire("alice")
     assert late is not None and early is not None
     start_ns = redis_env.server().time_us() * 1000
@@ -205,12 +211,7 @@ def test_stage3_release_at_its_expiry_finds_the_lease_expired(
 def test_stage3_try_acquire_reclaims_a_lease_at_its_expiry(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
-    if not redis_env.time_is_controlled:
-        pytest.skip("needs the server clock under the test's control (fakeredis)")
-    redis_env.freeze_time()
-    limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
-        redis_env.client(), max_in_flight=1, lease_ns=100 * NS_PER_MS, key_prefix=redis_env.prefix
-    )
+    limiter = _frozen_leases(stage_module, redis_env, max_in_flight=1)
     lost = limiter.try_acquire("alice")  # its holder crashes: never released
     assert lost is not None
     start_ns = redis_env.server().time_us() * 1000
