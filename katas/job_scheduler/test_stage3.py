@@ -45,6 +45,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from katas._harness import marks
 from katas._harness.marks import core, extended
 from katas._harness.redis import RedisEnv
+from katas._harness.story import expect
 from katas._harness.waiting import spawn
 from katas.job_scheduler._testing.clients import WORKERS
 from katas.job_scheduler._testing.queues import rejects
@@ -198,8 +199,11 @@ def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
     queue = new_queue(redis_env, lease_ns=100 * MS)
     job_id = queue.enqueue({"n": 1})
     zombie = claim(queue, "w1")
+    expect(queue.is_current(zombie), True, "is_current of the lease just granted")
     redis_env.pass_time(100 * MS)  # the lease's expiry: no longer live
+    expect(queue.is_current(zombie), False, "is_current of a lease at its expires_at_ns")
     second = claim(queue, "w2")
+    expect(queue.is_current(second), True, "is_current of the job's new lease")
     assert (second.job_id, second.token, second.attempt) == (job_id, 2, 2), (
         f"after w1's lease expired, the job must come back with token 2 and "
         f"attempt 2 (the crash cost an attempt); got {second}"
@@ -212,6 +216,7 @@ def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
     assert queue.get(job_id).state is LEASED and queue.get(job_id).worker_id == "w2"
     queue.ack(second, "w2's result")
     assert queue.get(job_id).result == "w2's result"
+    expect(queue.is_current(second), False, "is_current of the lease of a job acked")
 
 
 @marks.rule("redis-backoff")
