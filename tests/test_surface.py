@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from types import ModuleType
-from typing import Any
 
 import pytest
 from _support import committed_stubs, committed_text, stage_suites
@@ -13,32 +11,11 @@ from _support import committed_stubs, committed_text, stage_suites
 from katas._cli.pristine import looks_like_stub
 from katas._registry.catalog import Catalog
 from katas._registry.impl import REPO_ROOT, Selection, resolve
+from katas._registry.reach import public_names
 
 CATALOG = Catalog(REPO_ROOT / "katas")
 
 STAGES = [pytest.param(k, s, id=f"{k}-stage{s}") for k, s in stage_suites()]
-
-
-def _own(module: ModuleType, name: str, obj: object) -> bool:
-    """``obj`` is ``module``'s own: defined there, or re-exported in its ``__all__`` from a
-    helper module of its package that is no stage (a reference's ``request_batches.py``)."""
-    home = getattr(obj, "__module__", None)
-    if home in (module.__name__, None):
-        return True
-    package = module.__name__.rpartition(".")[0]
-    helper = home.startswith(package + ".") and not home.rpartition(".")[2].startswith("stage")
-    return helper and name in getattr(module, "__all__", ())
-
-
-def _public(module: ModuleType) -> dict[str, Any]:
-    """The names of a stage module's own (:func:`_own`), without a leading underscore."""
-    return {
-        name: obj
-        for name, obj in vars(module).items()
-        if not name.startswith("_")
-        and (inspect.isclass(obj) or inspect.isfunction(obj) or inspect.isbuiltin(obj))
-        and _own(module, name, obj)
-    }
 
 
 def _members(cls: type) -> dict[str, str]:
@@ -68,7 +45,7 @@ def test_stub_and_reference_have_the_same_public_surface(
     module = CATALOG.get(kata).stage(stage).module
     stub = stubs.stage(kata, stage)
     ref = importlib.import_module(f"solutions.{kata}.{module}")
-    stub_names, ref_names = _public(stub), _public(ref)
+    stub_names, ref_names = public_names(stub), public_names(ref)
     assert sorted(stub_names) == sorted(ref_names), (
         f"{kata} stage {stage}: public names differ — stub only: "
         f"{sorted(set(stub_names) - set(ref_names))}, reference only: "
