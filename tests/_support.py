@@ -65,6 +65,12 @@ def embedded_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in REDIS_ENV}
 
 
+def learners_env() -> dict[str, str]:
+    """The environment of a learner's plain run: the embedded fakeredis and the default
+    (``dev``) hypothesis profile, whatever ``KATA_PROFILE`` this process has."""
+    return {k: v for k, v in embedded_env().items() if k != "KATA_PROFILE"}
+
+
 def real_redis_configured() -> bool:
     return any(os.environ.get(k) for k in REDIS_ENV)
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _support import embedded_env
+from _support import learners_env
 
 from katas._registry import mutants
 from katas._registry.suites import SuiteRun, run_suite, suite_files
@@ -67,7 +67,7 @@ def judge(bug: mutants.Mutant) -> Verdict:
             impl = mutants.materialise(bug, Path(tmp) / "impl")
         except ValueError as exc:
             return Verdict(bug, (), str(exc).splitlines()[0])
-        env = {k: v for k, v in embedded_env().items() if k != "KATA_PROFILE"}
+        env = learners_env()
         env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(Path(tmp) / "db")
         run: SuiteRun = run_suite(
             suite_files(bug.kata, bug.stage), impl=str(impl), env=env, timeout_s=1800

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _support import embedded_env
+from _support import learners_env
 
 from katas._registry import mutants
 from katas._registry.suites import SuiteRun, run_suite, suite_files
@@ -46,7 +46,7 @@ def timed_run(kata: str, stage: int, impl: str) -> Timed:
     """One run of the stage suite under the default profile, as a learner's first run:
     with an empty example database, so nothing found earlier is replayed."""
     with tempfile.TemporaryDirectory(prefix="kata-red-db-") as db:
-        env = {k: v for k, v in embedded_env().items() if k != "KATA_PROFILE"}
+        env = learners_env()
         env["HYPOTHESIS_STORAGE_DIRECTORY"] = db
         run: SuiteRun = run_suite(
             suite_files(kata, stage),

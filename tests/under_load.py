@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _support import embedded_env, stage_suites
+from _support import learners_env, stage_suites
 
 from katas._registry.suites import run_suite, suite_files
 
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for kata, stage in stages:
             for n in range(1, args.runs + 1):
-                env = {k: v for k, v in embedded_env().items() if k != "KATA_PROFILE"}
+                env = learners_env()
                 run = run_suite(suite_files(kata, stage), impl="solutions", env=env, timeout_s=3600)
                 bad = [r.nodeid for r in run.failures()] or ([] if run.ok else ["(no verdict)"])
                 failed.update(f"{kata}/{stage}: {b}" for b in bad)
