@@ -15,6 +15,11 @@
    stopped: tests marked ``redis_faults`` skip — unless ``KATA_REDIS_SERVER`` is set
    too, in which case private servers serve those tests (and multi-node tests) and the
    external server the rest.
+4. ``KATA_REDIS_CLUSTER=redis-server`` — a **Redis Cluster**: three masters started
+   with that command (:mod:`katas._harness.redis_cluster`), shared by the session, every
+   client a ``RedisCluster``; each test gets a fresh key prefix, cleaned afterwards. Tests
+   that restart, stop or flush a server, or need several independent servers, get
+   private single servers started with the same command.
 
 Faults: :meth:`RedisEnv.proxy` puts a :class:`~katas._harness.faultproxy.FaultProxy`
 between a client and a node (outage, blackhole, dropped replies, latency, round-trip
@@ -60,11 +65,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from katas._harness.faultproxy import FaultProxy
-from katas._harness.redis_fixture import ENV_SERVER, ENV_URL
+from katas._harness.redis_fixture import ENV_CLUSTER, ENV_SERVER, ENV_URL
 from katas._runtime.children import dies_with_parent
 from katas._runtime.clock import NS_PER_S
 
-Mode = Literal["fakeredis", "server", "url"]
+Mode = Literal["fakeredis", "server", "url", "cluster"]
 
 #: Real seconds a private server may take to answer PING before the test fails.
 START_DEADLINE_S = 10.0
@@ -154,6 +159,8 @@ class RedisNode(ABC):
     kind: Mode
     #: restart/stop/start/flushall/script_flush act on this server
     can_fault: bool
+    #: other tests use it too: a test's keys are deleted by prefix, never flushed
+    shared: bool = False
 
     def __init__(self) -> None:
         self._clients: list[redis.Redis] = []
@@ -238,6 +245,10 @@ class RedisNode(ABC):
     @abstractmethod
     def restart(self) -> None:
         """Crash and start again without persistence: data and scripts are gone."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key starting with ``prefix`` (a :attr:`shared` node's cleanup)."""
+        raise NotImplementedError(f"{type(self).__name__} is private: it is dropped whole")
 
     def _require_faults(self, what: str) -> None:
         if not self.can_fault:
@@ -528,6 +539,8 @@ class ExternalNode(RedisNode):
             self._admin_client = self._new_client(**client_kwargs())
         return self._admin_client
 
+    shared = True
+
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key starting with ``prefix`` (SCAN, so the server is not blocked)."""
         admin = self._admin()
@@ -571,13 +584,16 @@ class RedisEnv:
         *,
         server_command: list[str] | None = None,
         url: str | None = None,
+        cluster_command: list[str] | None = None,
         faults: bool = False,
         realtime: bool = False,
         name: str = "test",
     ) -> None:
-        if url is not None and faults and server_command is None:
+        if url is not None and faults and server_command is None and cluster_command is None:
             pytest.skip(_FAULTS_REASON)
-        self._server_command = server_command
+        # private single servers (faults, several nodes) start with the cluster's command
+        self._server_command = server_command or cluster_command
+        self._cluster_command = cluster_command
         self._url = url
         self._faults = faults
         self._realtime = realtime
@@ -595,11 +611,14 @@ class RedisEnv:
     def from_environment(
         cls, *, faults: bool = False, realtime: bool = False, name: str = "test"
     ) -> RedisEnv:
-        """Choose the mode from ``KATA_REDIS_SERVER`` / ``KATA_REDIS_URL``."""
+        """Choose the mode from ``KATA_REDIS_SERVER`` / ``KATA_REDIS_URL`` /
+        ``KATA_REDIS_CLUSTER``."""
         command = os.environ.get(ENV_SERVER) or None
+        cluster = os.environ.get(ENV_CLUSTER) or None
         return cls(
             server_command=shlex.split(command) if command else None,
             url=os.environ.get(ENV_URL) or None,
+            cluster_command=shlex.split(cluster) if cluster else None,
             faults=faults,
             realtime=realtime,
             name=name,
@@ -608,7 +627,10 @@ class RedisEnv:
     # -- what serves the test --------------------------------------------------------
     @property
     def mode(self) -> Mode:
-        """Who serves :meth:`server`: ``fakeredis``, ``server`` (private) or ``url``."""
+        """Who serves :meth:`server`: ``fakeredis``, ``server`` (private), ``url`` or
+        ``cluster``."""
+        if self._cluster_command is not None and not self._faults:
+            return "cluster"
         if self._url is not None and not self._faults:
             return "url"
         return "server" if self._server_command is not None else "fakeredis"
@@ -632,7 +654,13 @@ class RedisEnv:
 
     def _server(self) -> RedisNode:
         if self._primary is None:
-            if self.mode == "url":
+            if self.mode == "cluster":
+                from katas._harness.redis_cluster import ClusterNode, shared_cluster
+
+                assert self._cluster_command is not None
+                self._primary = ClusterNode(shared_cluster(self._cluster_command))
+                self._nodes.append(self._primary)
+            elif self.mode == "url":
                 assert self._url is not None
                 self._primary = ExternalNode(self._url)
                 self._nodes.append(self._primary)
@@ -644,7 +672,7 @@ class RedisEnv:
         """``n`` independent servers (the first is :meth:`server` unless that is external)."""
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if self.mode == "url":
+        if self.mode in ("url", "cluster"):
             if n == 1:
                 return [self.server()]
             if self._server_command is None:
@@ -746,7 +774,7 @@ class RedisEnv:
             self._frozen.restore()
             self._frozen = None
         for node in self._nodes:
-            if isinstance(node, ExternalNode):
+            if node.shared:
                 for prefix in self._prefixes:
                     node.delete_prefix(prefix)
             node.close()

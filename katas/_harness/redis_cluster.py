@@ -19,20 +19,37 @@ persistence, its own folder holding its ``nodes.conf``, killed with the test). A
 
 Clients (:meth:`LocalCluster.client`) are redis-py's ``RedisCluster``, with the harness's
 socket timeout and no retries, so a fault shows up as one exception.
+
+A suite runs on a cluster with ``KATA_REDIS_CLUSTER=redis-server``: then ``redis_env``
+serves each test from one cluster shared by the session (:func:`shared_cluster`), through
+a :class:`ClusterNode` — the same surface as a single server's node, its clients cluster
+clients, its proxy a :class:`ClusterProxy` (one fault proxy per master, every fault on
+all of them, the client's view of the cluster remapped to the proxies).
 """
 
 from __future__ import annotations
 
+import atexit
 import shutil
 import subprocess
 import time
 from typing import Any
 
 import redis
+import redis.asyncio.cluster
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from katas._harness.redis import START_DEADLINE_S, ProcessNode, _free_port, client_kwargs
+from katas._harness.faultproxy import FaultProxy, ProxyCounts
+from katas._harness.redis import (
+    START_DEADLINE_S,
+    ProcessNode,
+    RedisNode,
+    _async_kwargs,
+    _free_port,
+    _glob_escape,
+    client_kwargs,
+)
 
 #: Slots in a Redis Cluster.
 SLOTS = 16384
@@ -50,7 +67,12 @@ class ClusterError(RuntimeError):
 class LocalCluster:
     """``masters`` private ``redis-server`` processes in one cluster, slots split evenly."""
 
-    def __init__(self, masters: int = 3, command: list[str] | None = None) -> None:
+    def __init__(
+        self, masters: int = 3, command: list[str] | None = None, *, full_coverage: bool = True
+    ) -> None:
+        """``full_coverage=False``: a dead master takes down only its own slots, the others
+        keep serving (``cluster-require-full-coverage no``); by default the whole cluster
+        answers ``CLUSTERDOWN`` until it is back, as Redis does."""
         if masters < 3:
             raise ValueError(f"masters must be at least 3 (redis-cli's minimum), got {masters}")
         base = command or ["redis-server"]
@@ -62,9 +84,13 @@ class LocalCluster:
             for _ in range(masters):
                 # a bus port of its own: the default, the port + 10 000, may not exist
                 bus = str(_free_port())
-                timeout = str(NODE_TIMEOUT_MS)
-                cluster = ["--cluster-enabled", "yes", "--cluster-port", bus]
-                self.nodes.append(ProcessNode([*base, *cluster, "--cluster-node-timeout", timeout]))
+                cluster = [
+                    "--cluster-enabled", "yes",
+                    "--cluster-port", bus,
+                    "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                    "--cluster-require-full-coverage", "yes" if full_coverage else "no",
+                ]  # fmt: skip
+                self.nodes.append(ProcessNode([*base, *cluster]))
             created = subprocess.run(
                 [cli, "--cluster", "create", *self.addresses(), "--cluster-yes"],
                 capture_output=True,
@@ -205,9 +231,192 @@ class LocalCluster:
         raise ClusterError(f"no node of this cluster listens on port {port}")
 
 
+class ClusterProxy:
+    """A :class:`FaultProxy` in front of each master, driven as one: a fault, a latency or
+    a count covers the whole cluster as a client sees it."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.by_address: dict[tuple[str, int], FaultProxy] = {}
+        for node in cluster.nodes:
+            self.by_address[("127.0.0.1", node.port)] = FaultProxy(("127.0.0.1", node.port))
+
+    def remap(self, address: tuple[str, int]) -> tuple[str, int]:
+        """Where a client reaches the node the cluster announces at ``address``."""
+        proxy = self.by_address.get(address)
+        return proxy.address if proxy is not None else address
+
+    @property
+    def _proxies(self) -> list[FaultProxy]:
+        return list(self.by_address.values())
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self._proxies[0].address
+
+    @property
+    def host(self) -> str:
+        return self.address[0]
+
+    @property
+    def port(self) -> int:
+        return self.address[1]
+
+    def outage(self) -> None:
+        for p in self._proxies:
+            p.outage()
+
+    def blackhole(self) -> None:
+        for p in self._proxies:
+            p.blackhole()
+
+    def drop_replies(self) -> None:
+        for p in self._proxies:
+            p.drop_replies()
+
+    def busy(self) -> None:
+        for p in self._proxies:
+            p.busy()
+
+    def heal(self) -> None:
+        for p in self._proxies:
+            p.heal()
+
+    def truncate_next_reply(self, nbytes: int) -> None:
+        for p in self._proxies:
+            p.truncate_next_reply(nbytes)
+
+    def set_latency_ns(self, ns: int) -> None:
+        for p in self._proxies:
+            p.set_latency_ns(ns)
+
+    def drop_connections(self) -> None:
+        for p in self._proxies:
+            p.drop_connections()
+
+    def counts(self) -> ProxyCounts:
+        counts = [p.counts() for p in self._proxies]
+        return ProxyCounts(
+            sum(c.round_trips for c in counts),
+            tuple(command for c in counts for command in c.commands),
+            sum(c.connections for c in counts),
+        )
+
+    def reset_counts(self) -> None:
+        for p in self._proxies:
+            p.reset_counts()
+
+    def close(self) -> None:
+        for p in self._proxies:
+            p.close()
+
+
+class ClusterNode(RedisNode):
+    """The session's shared cluster as a test's Redis: never flushed, restarted or stopped
+    (the test's keys, under its prefixes, are deleted afterwards)."""
+
+    kind = "cluster"
+    can_fault = False
+    shared = True
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self._admin_client: RedisCluster | None = None
+
+    def address(self) -> tuple[str, int]:
+        host, port = self.cluster.addresses()[0].split(":")
+        return host, int(port)
+
+    def _new_client(self, **kwargs: Any) -> RedisCluster:  # type: ignore[override]
+        host, port = self.address()
+        return RedisCluster(host=host, port=port, **kwargs)
+
+    def _new_async_client(self, **kwargs: Any) -> redis.asyncio.cluster.RedisCluster:  # type: ignore[override]
+        host, port = self.address()
+        return redis.asyncio.cluster.RedisCluster(host=host, port=port, **kwargs)
+
+    def tcp_client(self, **kwargs: Any) -> RedisCluster:  # type: ignore[override]
+        return self.client(**kwargs)  # type: ignore[return-value]
+
+    def proxy(self) -> ClusterProxy:  # type: ignore[override]
+        p = ClusterProxy(self.cluster)
+        self._proxies.append(p)  # type: ignore[arg-type]
+        return p
+
+    def proxied_client(self, proxy: FaultProxy, **kwargs: Any) -> RedisCluster:  # type: ignore[override]
+        if not isinstance(proxy, ClusterProxy):
+            raise TypeError(f"a cluster is reached through a ClusterProxy, got {proxy!r}")
+        c = RedisCluster(
+            host=proxy.host, port=proxy.port, address_remap=proxy.remap, **client_kwargs(**kwargs)
+        )
+        self._clients.append(c)  # type: ignore[arg-type]
+        return c
+
+    def proxied_async_client(  # type: ignore[override]
+        self, proxy: FaultProxy, **kwargs: Any
+    ) -> redis.asyncio.cluster.RedisCluster:
+        if not isinstance(proxy, ClusterProxy):
+            raise TypeError(f"a cluster is reached through a ClusterProxy, got {proxy!r}")
+        return redis.asyncio.cluster.RedisCluster(
+            host=proxy.host, port=proxy.port, address_remap=proxy.remap, **_async_kwargs(**kwargs)
+        )
+
+    def time_us(self) -> int:
+        seconds, micros = _call(self.cluster.nodes[0], "TIME")
+        return int(seconds) * 1_000_000 + int(micros)
+
+    def _admin(self) -> RedisCluster:  # type: ignore[override]
+        if self._admin_client is None:
+            self._admin_client = self._new_client(**client_kwargs())
+        return self._admin_client
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every key starting with ``prefix``, on every master."""
+        for node in self.cluster.nodes:
+            admin = node._admin()
+            for key in admin.scan_iter(match=_glob_escape(prefix) + "*", count=500):
+                admin.delete(key)
+
+    def stop(self) -> None:
+        self._require_faults("stop")
+
+    def start(self) -> None:
+        self._require_faults("start")
+
+    def restart(self) -> None:
+        self._require_faults("restart")
+
+    def close(self) -> None:
+        super().close()
+        if self._admin_client is not None:
+            self._admin_client.close()
+            self._admin_client = None
+
+
+_SHARED: LocalCluster | None = None
+
+
+def shared_cluster(command: list[str]) -> LocalCluster:
+    """The session's cluster, started on first use and stopped at interpreter exit."""
+    global _SHARED
+    if _SHARED is None or not _SHARED.nodes:
+        _SHARED = LocalCluster(command=command)
+        atexit.register(_SHARED.close)
+    return _SHARED
+
+
 def _call(node: ProcessNode, *command: Any) -> Any:
     """``command`` on ``node``'s own administration client (kept open by the node)."""
     return node._admin().execute_command(*command)  # type: ignore[no-untyped-call]
 
 
-__all__ = ["NODE_TIMEOUT_MS", "SLOTS", "START_DEADLINE_S", "ClusterError", "LocalCluster"]
+__all__ = [
+    "NODE_TIMEOUT_MS",
+    "SLOTS",
+    "START_DEADLINE_S",
+    "ClusterError",
+    "ClusterNode",
+    "ClusterProxy",
+    "LocalCluster",
+    "shared_cluster",
+]

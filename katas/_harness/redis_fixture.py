@@ -1,4 +1,5 @@
-"""The ``redis_env`` fixture and the ``redis_faults`` marker, in every suite run.
+"""The ``redis_env`` and ``redis_cluster`` fixtures and the ``redis_faults`` marker, in
+every suite run.
 
 Only a test that asks for the fixture imports :mod:`katas._harness.redis` and with it
 fakeredis and redis-py: half a second of every run that needs no Redis, and a
@@ -16,9 +17,12 @@ import pytest
 ENV_SERVER = "KATA_REDIS_SERVER"
 #: The environment variable of an external Redis server (mode 3).
 ENV_URL = "KATA_REDIS_URL"
+#: The environment variable naming the ``redis-server`` a Redis Cluster is built of (mode 4).
+ENV_CLUSTER = "KATA_REDIS_CLUSTER"
 
 if TYPE_CHECKING:
     from katas._harness.redis import RedisEnv
+    from katas._harness.redis_cluster import LocalCluster
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,3 +49,22 @@ def redis_env(request: pytest.FixtureRequest) -> Iterator[RedisEnv]:
         yield env
     finally:
         env.close()
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A Redis Cluster of three masters of the test's own, to reshard and kill masters
+    of; started with ``KATA_REDIS_CLUSTER`` (or ``KATA_REDIS_SERVER``), else skipped."""
+    import os
+    import shlex
+
+    command = os.environ.get(ENV_CLUSTER) or os.environ.get(ENV_SERVER)
+    if not command:
+        pytest.skip(
+            f"moves slots and kills masters of a real Redis Cluster: set {ENV_CLUSTER}="
+            f"redis-server (or {ENV_SERVER}) to run it"
+        )
+    from katas._harness.redis_cluster import LocalCluster
+
+    with LocalCluster(command=shlex.split(command)) as cluster:
+        yield cluster
