@@ -441,6 +441,7 @@ def test_a_local_cluster_moves_a_slot_step_by_step_and_fails_without_a_master() 
         redis.exceptions.ClusterDownError("The cluster is down"),
         redis.exceptions.MasterDownError("Link with MASTER is down"),
         redis.exceptions.TryAgainError("Multiple keys request during rehashing of slot"),
+        redis.exceptions.ClusterError("TTL exhausted."),
         redis.ResponseError("CLUSTERDOWN The cluster is down"),
         redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
     ],

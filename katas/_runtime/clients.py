@@ -67,8 +67,10 @@ def unavailable(error: BaseException) -> bool:
     if isinstance(error, redis.ConnectionError | redis.TimeoutError):
         return True
     # redis-py raises these replies as types of their own, their code cut from the text
-    typed = redis.exceptions.ClusterDownError | redis.exceptions.TryAgainError
-    if isinstance(error, typed):  # (MasterDownError is a ClusterDownError)
+    # (MasterDownError is a ClusterDownError); a cluster client that kept getting TRYAGAIN
+    # or redirections until its own bound ran out raises ClusterError("TTL exhausted.")
+    typed = redis.exceptions.ClusterError | redis.exceptions.TryAgainError
+    if isinstance(error, typed):
         return True
     return isinstance(error, redis.ResponseError) and str(error).startswith(UNAVAILABLE_REPLIES)
 
