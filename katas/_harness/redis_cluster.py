@@ -126,6 +126,18 @@ class LocalCluster:
     def owner_of(self, key: str) -> ProcessNode:
         return self.owner(key_slot(key.encode()))
 
+    def keys(self, prefix: str) -> list[str]:
+        """Every key starting with ``prefix``, on every live master, as text, sorted."""
+        names: list[str] = []
+        for node in self._live():
+            for key in node._admin().scan_iter(match=_glob_escape(prefix) + "*", count=1000):
+                names.append(key.decode() if isinstance(key, bytes) else str(key))
+        return sorted(names)
+
+    def other_master(self, node: ProcessNode) -> ProcessNode:
+        """A master other than ``node``: where a test moves ``node``'s slot."""
+        return next(n for n in self.nodes if n is not node)
+
     def state(self, node: ProcessNode | None = None) -> str:
         """``ok`` or ``fail``, as ``node`` (default: the first live one) reports it."""
         info = _call(node or self._live()[0], "CLUSTER", "INFO")

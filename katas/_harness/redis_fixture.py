@@ -51,10 +51,9 @@ def redis_env(request: pytest.FixtureRequest) -> Iterator[RedisEnv]:
         env.close()
 
 
-@pytest.fixture
-def redis_cluster() -> Iterator[LocalCluster]:
-    """A Redis Cluster of three masters of the test's own, to reshard and kill masters
-    of; started with ``KATA_REDIS_CLUSTER`` (or ``KATA_REDIS_SERVER``), else skipped."""
+def cluster_command() -> list[str]:
+    """The command a test's own cluster starts with: ``KATA_REDIS_CLUSTER``, else
+    ``KATA_REDIS_SERVER``; the test is skipped when neither is set."""
     import os
     import shlex
 
@@ -64,7 +63,14 @@ def redis_cluster() -> Iterator[LocalCluster]:
             f"moves slots and kills masters of a real Redis Cluster: set {ENV_CLUSTER}="
             f"redis-server (or {ENV_SERVER}) to run it"
         )
+    return shlex.split(command)
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A Redis Cluster of three masters of the test's own, to reshard and kill masters
+    of (:func:`cluster_command` says how it starts)."""
     from katas._harness.redis_cluster import LocalCluster
 
-    with LocalCluster(command=shlex.split(command)) as cluster:
+    with LocalCluster(command=cluster_command()) as cluster:
         yield cluster

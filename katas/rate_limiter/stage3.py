@@ -88,7 +88,7 @@ class RedisRateLimiter:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.RedisCluster,
         *,
         algorithm: RedisAlgorithm,
         limit: int,
@@ -138,7 +138,7 @@ class AsyncRedisRateLimiter:
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: redis.asyncio.Redis | redis.asyncio.RedisCluster,
         *,
         algorithm: RedisAlgorithm,
         limit: int,
@@ -182,7 +182,12 @@ class RedisConcurrencyLimiter:
     """
 
     def __init__(
-        self, client: redis.Redis, *, max_in_flight: int, lease_ns: int, key_prefix: str = "cl:"
+        self,
+        client: redis.Redis | redis.RedisCluster,
+        *,
+        max_in_flight: int,
+        lease_ns: int,
+        key_prefix: str = "cl:",
     ) -> None:
         """Validate everything (ValueError/TypeError naming the parameter); no I/O."""
         raise Todo()

@@ -10,6 +10,8 @@ import threading
 from fractions import Fraction
 from typing import Any
 
+from redis.exceptions import SlotNotCoveredError
+
 from katas.rate_limiter.api import (
     NS_PER_S,
     Clock,
@@ -81,7 +83,11 @@ class RedisCore:
         self._probe_ns = probe_interval_ns
         self._script = client.register_script(lua.SCRIPTS[algorithm])
         self._lock = threading.Lock()
-        self._retry_at_ns: int | None = None  # skip Redis until then (client clock)
+        # A cluster client names the master that serves a key; a plain client has one server.
+        self._owner = getattr(client, "get_node_from_key", None)
+        # Per server: skip it until then (client clock). One dead master of three must not
+        # send the keys of the two live ones to the failure mode.
+        self._retry_at_ns: dict[str, int] = {}
         self._counts = [0, 0, 0]  # redis decisions, fallback decisions, redis errors
         self._local = self._local_limiter() if failure_mode == "local" else None
 
@@ -99,44 +105,58 @@ class RedisCore:
     def _keys(self, key: str) -> list[str]:
         if not isinstance(key, str):
             raise TypeError(f"key must be a str, got {key!r}")
-        # {key} is the hash tag: Redis Cluster hashes only what is inside, so a key's
-        # state and log share a slot and one script may touch both. (An empty key, or
-        # one starting with "}", makes an empty tag: then the whole name is hashed.)
-        meta = f"{self._prefix}{{{key}}}:m"
-        return [meta, f"{self._prefix}{{{key}}}:l"] if self._algorithm == "sliding_log" else [meta]
+        # {k:key} is the hash tag: Redis Cluster hashes only what is inside, up to the
+        # first "}", so a key's state and log share a slot and one script may touch both.
+        # The "k:" keeps the tag non-empty whatever the key ("" or "}x" would otherwise
+        # make an empty tag, and Cluster would hash the two whole, different, names).
+        tag = f"{self._prefix}{{k:{key}}}"
+        return [f"{tag}:m", f"{tag}:l"] if self._algorithm == "sliding_log" else [f"{tag}:m"]
 
-    def _call_args(self, key: str, cost: int, mode: bytes) -> tuple[list[str], list[Any]]:
+    def _server_of(self, name: str) -> str:
+        """Which server decides for the Redis key ``name``: its slot's master as the
+        cluster client sees the cluster now; ``""`` for a plain client's one server (or
+        while a cluster client does not know the slot's master yet)."""
+        if self._owner is None:
+            return ""
+        try:
+            return str(self._owner(name).name)
+        except SlotNotCoveredError:
+            return ""
+
+    def _call_args(self, key: str, cost: int, mode: bytes) -> tuple[list[str], list[Any], str]:
+        """The script's keys and arguments, and the server they go to."""
         cost = positive_int("cost", cost)
         if mode == b"r":  # more than the limit never comes back: the script's numbers stay small
             cost = min(cost, self._limit)
-        return self._keys(key), [*self._args, cost, mode]
+        keys = self._keys(key)
+        return keys, [*self._args, cost, mode], self._server_of(keys[0])
 
-    def _should_try(self) -> bool:
-        retry_at = self._retry_at_ns  # one read: no lock needed on the hot path
+    def _should_try(self, server: str) -> bool:
+        retry_at = self._retry_at_ns.get(server)  # one read: no lock needed on the hot path
         return retry_at is None or self._clock.now_ns() >= retry_at
 
-    def _decided(self, reply: bytes | str) -> StampedDecision:
+    def _decided(self, reply: bytes | str, server: str) -> StampedDecision:
         allowed, remaining, retry_us, reset_us, op, now_us = map(int, reply.split())
         with self._lock:
-            self._retry_at_ns = None  # Redis answers: stop skipping it
+            self._retry_at_ns.pop(server, None)  # it answers: stop skipping it
             self._counts[0] += 1
         retry_ns = None if retry_us < 0 else retry_us * 1000
         return StampedDecision(
             allowed == 1, self._limit, remaining, retry_ns, reset_us * 1000, op, now_us
         )
 
-    def _failed(self) -> None:
+    def _failed(self, server: str) -> None:
         with self._lock:
             self._counts[2] += 1
-            self._retry_at_ns = self._clock.now_ns() + self._probe_ns
+            self._retry_at_ns[server] = self._clock.now_ns() + self._probe_ns
 
-    def _fallback(self, key: str, cost: int, acquire: bool) -> Decision:
+    def _fallback(self, key: str, cost: int, acquire: bool, server: str) -> Decision:
         with self._lock:
             self._counts[1] += 1
             if self._local is not None:
                 local = self._local
                 return local.try_acquire(key, cost) if acquire else local.peek(key, cost)
-            wait = max(1, (self._retry_at_ns or 0) - self._clock.now_ns())
+            wait = max(1, self._retry_at_ns.get(server, 0) - self._clock.now_ns())
         if cost > self._limit:
             return Decision(False, self._limit, 0, None, 0)
         if self._mode == "open":

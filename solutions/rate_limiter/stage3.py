@@ -6,8 +6,9 @@ Design (see katas/rate_limiter/README.md):
   (``redis.commands.core.Script`` reloads it after NOSCRIPT — a restart or SCRIPT
   FLUSH). Reading and writing in one script is what makes K nodes decide as one: Redis
   runs scripts one at a time.
-- A key's Redis keys share a hash tag, ``rl:{user42}:m`` and ``rl:{user42}:l``: in Redis
-  Cluster every key a script touches must live in one slot.
+- A key's Redis keys share a hash tag, ``rl:{k:user42}:m`` and ``rl:{k:user42}:l``: in
+  Redis Cluster every key a script touches must live in one slot, and the ``k:`` keeps
+  the tag whole for any user key (``""``, ``"}x"``).
 - Time comes from the server's ``TIME``. Node clocks disagree by seconds; the injected
   ``clock`` only paces client-side concerns: when to probe a failed Redis again, and
   the local fallback limiter.
@@ -15,7 +16,9 @@ Design (see katas/rate_limiter/README.md):
   follows ``failure_mode`` — "open": admit; "closed": deny; "local": a stage-1 limiter
   in this process at ``limit // expected_nodes``. After a failure Redis is skipped for
   ``probe_interval_ns`` (a dead server must not cost every request a socket timeout),
-  then tried again: recovery needs no restart. Every fallback is counted in statistics().
+  then tried again: recovery needs no restart. On a cluster each master has its own
+  interval: one dead master sends only its own keys to the failure mode. Every fallback
+  is counted in statistics().
   A refund Redis does not get is counted and dropped ("local": the local limiter gets it).
 - Validation, key names, reply parsing and failure bookkeeping are shared by the sync
   and async limiters (``_redis_core.py``); they differ only in awaiting the script.
@@ -51,7 +54,7 @@ class RedisRateLimiter(RedisCore):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.RedisCluster,
         *,
         algorithm: RedisAlgorithm,
         limit: int,
@@ -75,15 +78,16 @@ class RedisRateLimiter(RedisCore):
         )
 
     def _decide(self, key: str, cost: int, mode: bytes) -> Decision:
-        keys, args = self._call_args(key, cost, mode)
-        if self._should_try():
+        keys, args, server = self._call_args(key, cost, mode)
+        if self._should_try(server):
             try:
-                return self._decided(self._script(keys=keys, args=args, client=self._client))
+                reply = self._script(keys=keys, args=args, client=self._client)
+                return self._decided(reply, server)
             except redis.RedisError as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
-                self._failed()
-        return self._fallback(key, cost, acquire=mode == b"a")
+                self._failed(server)
+        return self._fallback(key, cost, acquire=mode == b"a", server=server)
 
     def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` now, or deny and consume nothing (one round trip)."""
@@ -95,15 +99,15 @@ class RedisRateLimiter(RedisCore):
 
     def refund(self, key: str, cost: int) -> None:
         """Give back ``cost`` units, capped, in one script call (Redis down: failure mode)."""
-        keys, args = self._call_args(key, cost, b"r")
-        if self._should_try():
+        keys, args, server = self._call_args(key, cost, b"r")
+        if self._should_try(server):
             try:
-                self._decided(self._script(keys=keys, args=args, client=self._client))
+                self._decided(self._script(keys=keys, args=args, client=self._client), server)
                 return
             except redis.RedisError as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
-                self._failed()
+                self._failed(server)
         self._refund_fallback(key, cost)
 
     def reset(self, key: str) -> None:
@@ -114,7 +118,7 @@ class RedisRateLimiter(RedisCore):
         except redis.RedisError as error:
             if not unavailable(error):  # a bug (a script error) is raised
                 raise
-            self._failed()
+            self._failed(self._server_of(keys[0]))
         if self._local is not None:
             with self._lock:
                 self._local.reset(key)
@@ -129,7 +133,7 @@ class AsyncRedisRateLimiter(RedisCore):
 
     def __init__(
         self,
-        client: redis.asyncio.Redis,
+        client: redis.asyncio.Redis | redis.asyncio.RedisCluster,
         *,
         algorithm: RedisAlgorithm,
         limit: int,
@@ -153,15 +157,16 @@ class AsyncRedisRateLimiter(RedisCore):
         )
 
     async def _decide(self, key: str, cost: int, mode: bytes) -> Decision:
-        keys, args = self._call_args(key, cost, mode)
-        if self._should_try():
+        keys, args, server = self._call_args(key, cost, mode)
+        if self._should_try(server):
             try:
-                return self._decided(await self._script(keys=keys, args=args, client=self._client))
+                reply = await self._script(keys=keys, args=args, client=self._client)
+                return self._decided(reply, server)
             except redis.RedisError as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
-                self._failed()
-        return self._fallback(key, cost, acquire=mode == b"a")
+                self._failed(server)
+        return self._fallback(key, cost, acquire=mode == b"a", server=server)
 
     async def try_acquire(self, key: str, cost: int = 1) -> Decision:
         """Admit and consume ``cost`` now, or deny and consume nothing (one round trip)."""
@@ -173,15 +178,15 @@ class AsyncRedisRateLimiter(RedisCore):
 
     async def refund(self, key: str, cost: int) -> None:
         """Give back ``cost`` units, capped, in one script call (Redis down: failure mode)."""
-        keys, args = self._call_args(key, cost, b"r")
-        if self._should_try():
+        keys, args, server = self._call_args(key, cost, b"r")
+        if self._should_try(server):
             try:
-                self._decided(await self._script(keys=keys, args=args, client=self._client))
+                self._decided(await self._script(keys=keys, args=args, client=self._client), server)
                 return
             except redis.RedisError as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
-                self._failed()
+                self._failed(server)
         self._refund_fallback(key, cost)
 
     async def reset(self, key: str) -> None:
@@ -192,7 +197,7 @@ class AsyncRedisRateLimiter(RedisCore):
         except redis.RedisError as error:
             if not unavailable(error):  # a bug (a script error) is raised
                 raise
-            self._failed()
+            self._failed(self._server_of(keys[0]))
         if self._local is not None:
             self._local.reset(key)
 
@@ -205,7 +210,12 @@ class RedisConcurrencyLimiter:
     """At most ``max_in_flight`` leases per key across every node; unreleased leases expire."""
 
     def __init__(
-        self, client: redis.Redis, *, max_in_flight: int, lease_ns: int, key_prefix: str = "cl:"
+        self,
+        client: redis.Redis | redis.RedisCluster,
+        *,
+        max_in_flight: int,
+        lease_ns: int,
+        key_prefix: str = "cl:",
     ) -> None:
         self._max = positive_int("max_in_flight", max_in_flight)
         if positive_int("lease_ns", lease_ns) % 1000:

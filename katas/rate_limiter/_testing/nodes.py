@@ -113,7 +113,12 @@ class LeaseModel:
 
 
 def make_limiter(
-    stage: ModuleType, client: redis.Redis, algorithm: str, limit: int, window_us: int, **kw: Any
+    stage: ModuleType,
+    client: redis.Redis | redis.RedisCluster,
+    algorithm: str,
+    limit: int,
+    window_us: int,
+    **kw: Any,
 ) -> RedisLimiter:
     """A RedisRateLimiter over ``client``; its own ManualClock unless ``clock`` is given."""
     kw.setdefault("clock", ManualClock())

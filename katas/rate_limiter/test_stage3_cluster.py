@@ -1,0 +1,379 @@
+"""Stage 3 on a Redis Cluster (see katas/rate_limiter/README.md, "On a Redis Cluster").
+
+Map: any user key keeps its Redis keys in one slot (hash-tag; on every Redis, fakeredis
+included) · on a real cluster of the test's own (``redis_cluster``: skipped unless
+``KATA_REDIS_CLUSTER`` or ``KATA_REDIS_SERVER`` names a ``redis-server``) — a cluster
+client is accepted, a retrying one refused (cluster-client) · a key's slot moved, step
+by step, between its decisions (cluster-reshard) · one master killed: only its keys go
+to the failure mode (node-outage) · the cluster in ``fail`` state: every call goes to
+the failure mode, none raises (cluster-down).
+
+The whole stage-3 suite runs on a shared cluster with ``KATA_REDIS_CLUSTER=redis-server``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+import pytest
+from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
+
+from katas._harness.marks import core, extended, rule
+from katas._harness.redis import RedisEnv
+from katas._harness.redis_cluster import LocalCluster
+from katas._harness.redis_fixture import cluster_command
+from katas._harness.story import check, expect
+from katas.rate_limiter._testing.nodes import (
+    ALGORITHMS,
+    Op,
+    Record,
+    call,
+    make_limiter,
+    replay,
+)
+from katas.rate_limiter.api import (
+    NS_PER_S,
+    Decision,
+    ManualClock,
+    RedisLimiter,
+    RedisLimiterStats,
+    StampedDecision,
+)
+
+pytestmark = [pytest.mark.stage(3)]
+
+#: User keys that break a naive tag: ``rl:{<key>}`` hashes an empty tag for "" and "}…"
+#: (then Cluster hashes each whole name, and a key's two Redis keys land apart).
+TAG_BREAKERS = ["user42", "", "}", "}x", "a}b", "{", "{}", "{x}", "k:", "日本"]
+LIMIT = 3
+WINDOW_US = 60_000_000
+
+
+def _slots(names: Sequence[str]) -> set[int]:
+    return {key_slot(name.encode()) for name in names}
+
+
+@rule("hash-tag")
+@core
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_stage3_any_user_key_keeps_its_redis_keys_in_one_slot(
+    stage_module: ModuleType, redis_env: RedisEnv, algorithm: str
+) -> None:
+    """Whatever the user key, every Redis key it is kept under hashes to one slot, so on a
+    Cluster its script runs (no CROSSSLOT) and decides on Redis."""
+    seen: dict[str, list[str]] = {}
+    for user_key in TAG_BREAKERS:
+        prefix = redis_env.fresh_prefix()
+        limiter = make_limiter(
+            stage_module, redis_env.client(), algorithm, LIMIT, WINDOW_US, key_prefix=prefix
+        )
+        decision = limiter.try_acquire(user_key, 2)
+        check(
+            isinstance(decision, StampedDecision) and decision.allowed,
+            f"{algorithm}: try_acquire({user_key!r}, 2) on a fresh key is decided by Redis "
+            f"(any str is a user key); got {decision}",
+        )
+        names = redis_env.keys(prefix)
+        seen[user_key] = names
+        check(
+            len(_slots(names)) == 1,
+            f"{algorithm}: user key {user_key!r} is kept under {names}, which Redis Cluster "
+            f"hashes to slots {sorted(_slots(names))}: a script may only touch one slot. A hash "
+            "tag the key cannot break (never empty, whatever the key holds) keeps them together",
+        )
+    layouts = {tuple(n[n.index(":", 5) :] for n in names) for names in seen.values()}
+    check(
+        len(layouts) == len(TAG_BREAKERS),
+        f"{algorithm}: two user keys must never share a Redis key; their keys were {seen}",
+    )
+
+
+# --- on a real cluster of the test's own ---------------------------------------------------
+
+
+@rule("cluster-client", "no-client-retries")
+@core
+def test_stage3_a_cluster_client_is_accepted_and_a_retrying_one_refused(
+    stage_module: ModuleType, redis_cluster: LocalCluster
+) -> None:
+    host, port = redis_cluster.addresses()[0].split(":")
+    retrying = RedisCluster(host=host, port=int(port), socket_timeout=2)  # redis-py retries 3x
+    try:
+        with pytest.raises(ValueError, match="client"):
+            make_limiter(stage_module, retrying, "sliding_log", LIMIT, WINDOW_US)
+    finally:
+        retrying.close()
+    limiter = make_limiter(stage_module, redis_cluster.client(), "sliding_log", LIMIT, WINDOW_US)
+    decision = limiter.try_acquire("alice")
+    check(
+        isinstance(decision, StampedDecision) and decision.allowed,
+        "a RedisCluster with a socket timeout and retry=Retry(NoBackoff(), 0) is accepted "
+        f"where a redis.Redis is, and decides on Redis; got {decision}",
+    )
+
+
+@rule("cluster-client", "no-client-retries")
+@extended
+def test_stage3_the_lease_and_async_limiters_take_a_cluster_client_and_refuse_a_retrying_one(
+    stage_module: ModuleType, redis_cluster: LocalCluster
+) -> None:
+    import redis.asyncio.cluster
+    import redis.asyncio.retry
+
+    host, port = redis_cluster.addresses()[0].split(":")
+    retrying = RedisCluster(host=host, port=int(port), socket_timeout=2)
+    try:
+        with pytest.raises(ValueError, match="client"):
+            stage_module.RedisConcurrencyLimiter(retrying, max_in_flight=1, lease_ns=NS_PER_S)
+    finally:
+        retrying.close()
+    leases = stage_module.RedisConcurrencyLimiter(
+        redis_cluster.client(), max_in_flight=1, lease_ns=NS_PER_S
+    )
+    lease = leases.try_acquire("")  # the empty key too
+    check(lease is not None, "RedisConcurrencyLimiter on a cluster client grants a free lease")
+    async_retrying = redis.asyncio.cluster.RedisCluster(host=host, port=int(port), socket_timeout=2)
+    with pytest.raises(ValueError, match="client"):
+        stage_module.AsyncRedisRateLimiter(
+            async_retrying,
+            algorithm="token_bucket",
+            limit=LIMIT,
+            window_ns=WINDOW_US * 1000,
+            clock=ManualClock(),
+        )
+    async_ok = redis.asyncio.cluster.RedisCluster(
+        host=host, port=int(port), socket_timeout=2, retry=redis.asyncio.retry.Retry(NoBackoff(), 0)
+    )
+    stage_module.AsyncRedisRateLimiter(
+        async_ok, algorithm="token_bucket", limit=LIMIT, window_ns=WINDOW_US, clock=ManualClock()
+    )
+
+
+@rule("cluster-reshard", "nodes-as-one")
+@core
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_stage3_a_slot_moved_between_decisions_loses_and_repeats_none(
+    stage_module: ModuleType, redis_cluster: LocalCluster, algorithm: str
+) -> None:
+    """The real MIGRATING/IMPORTING/MIGRATE/SETSLOT sequence, one step between decisions,
+    alice holding units throughout (so her Redis keys exist: Redis answers TRYAGAIN to a
+    multi-key script in a migrating slot whenever its keys are not all on one side, missing
+    ones included). Every decision Redis makes replays exactly through one ideal limiter;
+    while her keys are split between the two masters the limiter is unavailable — the
+    failure mode decides, counted — and at no other moment."""
+    clock, prefix = ManualClock(), "rl-reshard:"
+    limiter = make_limiter(
+        stage_module,
+        redis_cluster.client(),
+        algorithm,
+        LIMIT,
+        WINDOW_US,
+        key_prefix=prefix,
+        failure_mode="closed",
+        probe_interval_ns=NS_PER_S,
+        clock=clock,
+    )
+    records: list[Record] = []
+    steps: list[str] = []
+
+    def run(*ops: Op) -> Decision | None:
+        d = None
+        for op in ops:
+            d = call(limiter, op)
+            steps.append(f"  {op.call}({op.key!r}, {op.cost}) -> {d}")
+            records.append(Record(0, op.key, op.cost, op.call, d))
+        return d
+
+    run(Op(0, "alice", 1))
+    names = redis_cluster.keys(prefix)  # alice's Redis keys, whatever the layout
+    slot = key_slot(names[0].encode())
+    source = redis_cluster.owner(slot)
+    target = redis_cluster.other_master(source)
+    run(Op(0, "alice", 1, "refund"), Op(0, "bob", 2), Op(0, "alice", 1))
+    steps.append(f"slot {slot} (alice's keys {names}): target IMPORTING, owner MIGRATING")
+    redis_cluster.begin_migration(slot, target)
+    run(Op(0, "alice", 1), Op(0, "alice", 1, "peek"))
+    moved = redis_cluster.move_keys(slot, target, count=1)
+    split = len(names) > moved
+    steps.append(f"MIGRATE {moved} of alice's {len(names)} keys")
+    during = run(Op(0, "alice", 1))
+    if split:
+        check(
+            not isinstance(during, StampedDecision),
+            f"{algorithm}: with alice's keys split between two masters the cluster answers "
+            "TRYAGAIN, an unavailability: the failure mode decides; got a Redis decision. "
+            "The calls:\n" + "\n".join(steps),
+        )
+        clock.advance(NS_PER_S)  # the probe is due again
+    redis_cluster.move_keys(slot, target)
+    steps.append("MIGRATE the rest (the owner answers ASK)")
+    run(Op(0, "alice", 1), Op(0, "alice", 1, "refund"))
+    redis_cluster.finish_migration(slot, target)
+    steps.append(f"SETSLOT {slot} NODE <target> on every master (MOVED)")
+    run(Op(0, "alice", 1), Op(0, "alice", 2), Op(0, "alice", 1, "peek"), Op(0, "bob", 1))
+    fallbacks = [
+        r for r in records if r.call != "refund" and not isinstance(r.decision, StampedDecision)
+    ]
+    expect(
+        len(fallbacks),
+        1 if split else 0,
+        f"{algorithm}: only a call made while alice's keys were split may fall back. The "
+        "calls:\n" + "\n".join(steps),
+    )
+    expect(
+        limiter.statistics(),
+        RedisLimiterStats(len(records) - len(fallbacks), len(fallbacks), len(fallbacks)),
+        f"{algorithm}: every call but the split one is decided (or refunded) by Redis. The "
+        "calls:\n" + "\n".join(steps),
+    )
+    replay(
+        [r for r in records if r.call == "refund" or isinstance(r.decision, StampedDecision)],
+        algorithm,
+        LIMIT,
+        WINDOW_US,
+    )
+
+
+def _user_key_on(
+    cluster: LocalCluster, limiter: RedisLimiter, prefix: str, *, on: bool, master: object
+) -> str:
+    """A user key whose Redis keys live on ``master`` (``on``) or elsewhere (not ``on``),
+    found by deciding once for candidates and seeing where their keys appear."""
+    for i in range(200):
+        user_key = f"user{i}"
+        before = set(cluster.keys(prefix))
+        limiter.try_acquire(user_key)
+        names = sorted(set(cluster.keys(prefix)) - before)
+        if names and (cluster.owner_of(names[0]) is master) == on:
+            return user_key
+    raise AssertionError("no user key of 200 landed where the test needs it")
+
+
+@rule("node-outage", "probe-interval", "failure-modes")
+@core
+def test_stage3_one_dead_master_sends_only_its_own_keys_to_the_failure_mode(
+    stage_module: ModuleType,
+) -> None:
+    """A cluster that keeps serving without full coverage: one master of three is killed.
+    Its keys fall back, once per probe interval; a key on a live master is decided by
+    Redis at the same instant."""
+    with LocalCluster(command=cluster_command(), full_coverage=False) as cluster:
+        clock, prefix = ManualClock(), "rl-dead:"
+        limiter = make_limiter(
+            stage_module,
+            cluster.client(),
+            "token_bucket",
+            LIMIT,
+            WINDOW_US,
+            key_prefix=prefix,
+            failure_mode="closed",
+            probe_interval_ns=NS_PER_S,
+            clock=clock,
+        )
+        victim = cluster.nodes[0]
+        dead_key = _user_key_on(cluster, limiter, prefix, on=True, master=victim)
+        live_key = _user_key_on(cluster, limiter, prefix, on=False, master=victim)
+        before = limiter.statistics()
+        cluster.kill(victim)
+        story = f"the master serving {dead_key!r} killed, {live_key!r} on a live one: "
+        first = limiter.try_acquire(dead_key)
+        live = limiter.try_acquire(live_key)
+        check(
+            not isinstance(first, StampedDecision) and isinstance(live, StampedDecision),
+            story + f"try_acquire({dead_key!r}) falls back ({first}), and try_acquire("
+            f"{live_key!r}) right after it is decided by Redis: the live master still "
+            f"serves it, so its keys must not wait out the dead one's probe interval; got {live}",
+        )
+        clock.advance(NS_PER_S)
+        again = limiter.try_acquire(dead_key)
+        check(not isinstance(again, StampedDecision), story + f"1 s later it fails again: {again}")
+        after = limiter.statistics()
+        expect(
+            RedisLimiterStats(
+                after.redis_decisions - before.redis_decisions,
+                after.fallback_decisions - before.fallback_decisions,
+                after.redis_errors - before.redis_errors,
+            ),
+            RedisLimiterStats(1, 2, 2),
+            story + f"try_acquire({dead_key!r}) (tried, fails), try_acquire({live_key!r}) "
+            f"(Redis), 1 s later try_acquire({dead_key!r}) (tried again, fails)",
+        )
+        cluster.revive(victim)
+        clock.advance(NS_PER_S)
+        back = limiter.try_acquire(dead_key)
+        check(
+            isinstance(back, StampedDecision) and back.allowed and back.remaining == LIMIT - 1,
+            story + "once it is back (empty: no persistence) and the probe is due, Redis "
+            f"decides the key again, as a fresh one; got {back}",
+        )
+
+
+@rule("cluster-down", "failure-modes", "fallback-counted", "redis-reset")
+@core
+def test_stage3_a_failed_cluster_sends_every_call_to_the_failure_mode(
+    stage_module: ModuleType, redis_cluster: LocalCluster
+) -> None:
+    """With full coverage (Redis's default) one dead master takes the cluster to ``fail``:
+    every master answers CLUSTERDOWN. No call raises; each goes to the failure mode."""
+    clock, prefix = ManualClock(), "rl-down:"
+    limiter = make_limiter(
+        stage_module,
+        redis_cluster.client(),
+        "sliding_log",
+        LIMIT,
+        WINDOW_US,
+        key_prefix=prefix,
+        failure_mode="closed",
+        probe_interval_ns=0,  # every call tries Redis
+        clock=clock,
+    )
+    victim = redis_cluster.nodes[0]
+    live_key = _user_key_on(redis_cluster, limiter, prefix, on=False, master=victim)
+    before = limiter.statistics()
+    redis_cluster.kill(victim)
+    redis_cluster.wait_state("fail")
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("try_acquire", lambda: limiter.try_acquire(live_key)),
+        ("peek", lambda: limiter.peek(live_key)),
+        ("refund", lambda: limiter.refund(live_key, 1)),
+        ("reset", lambda: limiter.reset(live_key)),
+    ]
+    got = {}
+    for name, make in calls:
+        try:
+            got[name] = make()
+        except Exception as error:  # the test reports what escaped
+            raise AssertionError(
+                f"the cluster is in 'fail' state (CLUSTERDOWN on every master): "
+                f"{name}({live_key!r}) must go to the failure mode, not raise; it raised "
+                f"{type(error).__name__}: {error}"
+            ) from error
+    for name in ("try_acquire", "peek"):
+        d = got[name]
+        check(
+            isinstance(d, Decision)
+            and not isinstance(d, StampedDecision)
+            and not d.allowed
+            and d.retry_after_ns is not None,
+            f"failure_mode='closed' with the cluster down: {name}({live_key!r}) denies with a "
+            f"retry hint; got {d}",
+        )
+    after = limiter.statistics()
+    expect(
+        (
+            after.fallback_decisions - before.fallback_decisions,
+            after.redis_errors - before.redis_errors,
+        ),
+        (3, 4),
+        "with the cluster down: try_acquire, peek and refund fall back (3 fallbacks), and "
+        "all four calls, reset included, count a Redis error",
+    )
+    redis_cluster.revive(victim)
+    back = limiter.try_acquire(live_key)
+    check(
+        isinstance(back, StampedDecision),
+        f"the cluster is ok again: Redis decides {live_key!r} again; got {back}",
+    )
