@@ -38,7 +38,11 @@ The rules the tests hold you to:
   ``cost`` units still inside the window. A key with no state has nothing to give back:
   write nothing. The TTL rule holds after a refund too (it shortens time-to-fresh).
 - **Redis Cluster**: a script's keys must all hash to one slot, so put the user key in a
-  hash tag — ``f"{key_prefix}{{{key}}}:m"`` gives ``rl:{user42}:m`` and ``rl:{user42}:l``.
+  hash tag no key can break — ``f"{key_prefix}{{k:{key}}}:m"`` gives ``rl:{k:user42}:m``
+  and ``rl:{k:user42}:l`` (a bare ``{key}`` is an empty tag for ``""`` or ``"}x"``). A
+  ``redis.RedisCluster`` client is accepted; keep the probe interval per master (the
+  server a key goes to: ``client.get_node_from_key(name)`` on a cluster client), so one
+  dead master sends only its own keys to the failure mode.
 - ``failure_mode`` when Redis is unreachable (``redis.ConnectionError``,
   ``redis.TimeoutError``): "open" admits, "closed" denies (a ``Decision``, never an
   exception), "local" asks an in-process stage-1 limiter allowing
