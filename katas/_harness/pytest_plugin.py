@@ -409,8 +409,16 @@ def pytest_runtest_makereport(
         detail = failure_detail(call.excinfo.value, kind)
         record[item.nodeid] = failed_record(item, kind, message, detail, rules)
     elif call.when == "call" or (report.skipped and item.nodeid not in record):
+        # a skip keeps its reason (pytest's longrepr for a skip: path, line, reason)
+        reason = report.longrepr[2] if report.skipped and isinstance(report.longrepr, tuple) else ""
         record.setdefault(
-            item.nodeid, {"outcome": report.outcome, "kind": None, "message": "", "detail": ""}
+            item.nodeid,
+            {
+                "outcome": report.outcome,
+                "kind": None,
+                "message": str(reason).removeprefix("Skipped: "),
+                "detail": "",
+            },
         )
     return report
 
