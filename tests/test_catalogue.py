@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ import _sampled
 import pytest
 from _support import Pool, embedded_env, selected
 
+from katas._harness.redis_fixture import CLUSTER_SKIP, ENV_CLUSTER, ENV_SERVER
 from katas._registry import mutants
 from katas._registry.suites import SuiteRun, run_suite, suite_files
 
@@ -39,12 +41,19 @@ WAIT_S = 1200
 Runs = tuple[SuiteRun, SuiteRun]  # the named tests, then all the others (of one run)
 
 
+def _cluster_server() -> str | None:
+    """The ``redis-server`` a cluster entry's tests build their clusters of, if any."""
+    return os.environ.get(ENV_CLUSTER) or os.environ.get(ENV_SERVER) or None
+
+
 def _run(mutant: mutants.Mutant) -> Runs:
     """One run of the whole suite on the mutant, split into the named tests and the rest."""
     with tempfile.TemporaryDirectory(prefix="kata-mutant-") as tmp:
         impl = str(mutants.materialise(mutant, Path(tmp) / "impl"))
+        server = _cluster_server() if "cluster" in mutant.needs else None
         env = {
             **embedded_env(),
+            **({ENV_SERVER: server} if server else {}),
             "KATA_PROFILE": "mutant",
             "PYTHONPATH": str(Path(__file__).parent),  # where -p _sampled is found
             _sampled.KEEP: " ".join(mutant.catches),
@@ -64,7 +73,11 @@ def _run(mutant: mutants.Mutant) -> Runs:
 
 @pytest.fixture(scope="module")
 def catalogue_runs(request: pytest.FixtureRequest) -> Iterator[Pool[Runs]]:
-    chosen = [p["mutant"] for p in selected(request, "test_catalogue_entry_is_caught")]
+    chosen = [
+        m
+        for m in (p["mutant"] for p in selected(request, "test_catalogue_entry_is_caught"))
+        if "cluster" not in m.needs or _cluster_server() is not None
+    ]
     pool = Pool({m.name: functools.partial(_run, m) for m in chosen})
     yield pool
     pool.shutdown()
@@ -78,6 +91,8 @@ def test_catalogue_is_not_empty() -> None:
 @pytest.mark.timeout(WAIT_S)
 @pytest.mark.parametrize("mutant", CATALOGUE, ids=[m.name for m in CATALOGUE])
 def test_catalogue_entry_is_caught(mutant: mutants.Mutant, catalogue_runs: Pool[Runs]) -> None:
+    if "cluster" in mutant.needs and _cluster_server() is None:
+        pytest.skip(f"{CLUSTER_SKIP}: set {ENV_SERVER}=redis-server to run this entry's tests")
     run, others = catalogue_runs.result(mutant.name)
     for name in mutant.catches:
         results = run.named(name)

@@ -6,6 +6,7 @@ unified diff whose paths are relative to ``solutions/`` (``a/<kata>/stageN.py``)
     # bug: the one-line "common mistake" a learner reads
     # why: what goes wrong, and when
     # catches: test_stage1_name test_stage1_other test_stage1_param[one]
+    # needs: cluster      (optional: its tests need a real Redis Cluster)
 
 The repository's checks apply each entry to a copy of ``solutions/`` and require every
 named test (every parametrization, or only the one named with its id) to fail by
@@ -37,6 +38,8 @@ class Mutant:
     bug: str
     why: str
     catches: tuple[str, ...]
+    #: what its tests need beyond the embedded default: ``cluster`` (a real Redis Cluster)
+    needs: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -69,6 +72,7 @@ def parse(path: Path, required: tuple[str, ...] = ("bug", "why", "catches")) -> 
         bug=header["bug"],
         why=header["why"],
         catches=tuple(header.get("catches", "").split()),
+        needs=tuple(header.get("needs", "").split()),
     )
 
 
