@@ -22,7 +22,7 @@ from katas._runtime.children import dies_with_parent
 from katas._runtime.clock import NS_PER_S, ManualClock
 
 T = TypeVar("T")
-REDIS_ENV = ("KATA_REDIS_SERVER", "KATA_REDIS_URL")
+REDIS_ENV = ("KATA_REDIS_SERVER", "KATA_REDIS_URL", "KATA_REDIS_CLUSTER")
 
 
 def _catalog() -> Catalog:
@@ -72,7 +72,17 @@ def learners_env() -> dict[str, str]:
 
 
 def real_redis_configured() -> bool:
-    return any(os.environ.get(k) for k in REDIS_ENV)
+    """A real server or an external one is configured (a cluster is its own mode)."""
+    return any(os.environ.get(k) for k in ("KATA_REDIS_SERVER", "KATA_REDIS_URL"))
+
+
+def cluster_configured() -> bool:
+    return bool(os.environ.get("KATA_REDIS_CLUSTER"))
+
+
+def uses_cluster(kata: str, stage: int) -> bool:
+    """What the stage's kata.toml says: its prompt promises a Redis Cluster."""
+    return _catalog().get(kata).stage(stage).cluster
 
 
 def committed_text(path: Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import tempfile
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
@@ -15,11 +16,13 @@ from pathlib import Path
 import pytest
 from _support import (
     Pool,
+    cluster_configured,
     committed_stubs,
     embedded_env,
     real_redis_configured,
     selected,
     stage_suites,
+    uses_cluster,
     uses_redis,
 )
 
@@ -35,9 +38,14 @@ WAIT_S = 1200
 
 
 def _modes(kata: str, stage: int) -> list[str]:
-    if uses_redis(kata, stage) and real_redis_configured():
-        return ["fakeredis", "real-redis"]
-    return ["fakeredis"] if uses_redis(kata, stage) else ["memory"]
+    if not uses_redis(kata, stage):
+        return ["memory"]
+    modes = ["fakeredis"]
+    if real_redis_configured():
+        modes.append("real-redis")
+    if uses_cluster(kata, stage) and cluster_configured():
+        modes.append("cluster")
+    return modes
 
 
 RUNS = [(kata, stage, mode) for kata, stage in SUITES for mode in _modes(kata, stage)]
@@ -57,8 +65,12 @@ _REACHED: dict[tuple[str, int], set[str]] = {}
 
 
 def _reference(kata: str, stage: int, mode: str) -> SuiteRun:
-    if mode == "real-redis":
-        return run_suite(suite_files(kata, stage), impl="solutions")
+    if mode == "real-redis":  # a real server, or an external one: not the cluster
+        env = {k: v for k, v in os.environ.items() if k != "KATA_REDIS_CLUSTER"}
+        return run_suite(suite_files(kata, stage), impl="solutions", env=env)
+    if mode == "cluster":  # every test on the shared cluster, faults on private servers
+        env = {**embedded_env(), "KATA_REDIS_CLUSTER": os.environ["KATA_REDIS_CLUSTER"]}
+        return run_suite(suite_files(kata, stage), impl="solutions", env=env)
     with tempfile.TemporaryDirectory(prefix="kata-reached-") as tmp:
         names = Path(tmp) / "reached"
         env = {**embedded_env(), reach.ENV_REACHED: str(names)}
@@ -102,7 +114,7 @@ def test_reference_passes_every_stage_suite(
     )
     # the one skip the embedded default may have: a test that needs a real Redis Cluster
     skipped = [r for r in run.by_outcome("skipped") if not r.message.startswith(CLUSTER_SKIP)]
-    assert mode == "real-redis" or not skipped, (
+    assert mode in ("real-redis", "cluster") or not skipped, (
         f"{kata} stage {stage} ({mode}): tests skipped on the embedded default:\n"
         + "\n".join(f"  {r.nodeid}: {r.message}" for r in skipped)
     )

@@ -28,6 +28,9 @@ kata. The file (every field is checked, unknown fields are errors so typos surfa
                                            # (["test_stage3.py", "test_stage3_routes.py"])
     bench = "bench_stage1.py"              # optional, default bench_<first suite without test_>
     redis = true                           # optional, default false: the suite needs Redis
+    cluster = true                         # optional, default false: the prompt promises a
+                                           # Redis Cluster; the suite also runs on one
+                                           # (KATA_REDIS_CLUSTER)
     section = "Stage 1"                    # optional, default "Stage <N>": the `## Stage 1`
                                            # heading in README.md, HINTS.md, INTERVIEWER.md
 
@@ -124,6 +127,8 @@ class Stage:
     files: tuple[str, ...] = ()
     bench: str = ""
     redis: bool = False
+    #: The prompt promises a Redis Cluster: the suite also runs on one.
+    cluster: bool = False
     #: The module the suite tests, inside the kata package: ``stage1``, or a C extension
     #: module (``_hotpath``) built from the stage's C files.
     module: str = ""
@@ -238,6 +243,7 @@ _STAGE_FIELDS = {
     "files",
     "bench",
     "redis",
+    "cluster",
     "suite",
     "section",
     "units",
@@ -430,6 +436,7 @@ def load_kata(path: Path) -> Kata:
                 files=fields.learner_files("files", [stub]),
                 bench=fields.file_name("bench", "bench_" + suites[0].removeprefix("test_")),
                 redis=fields.flag("redis", False),
+                cluster=fields.flag("cluster", False),
                 module=fields.identifier("module", stub.removesuffix(".py")),
             )
         )
