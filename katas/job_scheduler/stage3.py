@@ -28,8 +28,14 @@ Rules the suite checks:
   script), fencing tokens, dead letters, redrive and idempotency keys exactly as in
   stage 1. Durations (``lease_ns``, the retry policy, ``dedup_ttl_ns``,
   ``retention_ns``) must be whole µs.
-- Retention by TTL: the script that finishes a job gives its keys their TTL; the script
-  that records an idempotency key writes it with its TTL. Pending jobs have none.
+- Retention: a finished job is forgotten at finish + ``retention_ns`` (an idempotency
+  key at its first enqueue + ``dedup_ttl_ns``); whatever holds finished jobs or records
+  carries a TTL that ends with its newest member's, set by the script that adds to it.
+  Pending jobs have none.
+- On a Redis Cluster: a queue is a fixed set of keys under the hash tag ``{<name>}``,
+  and every script declares every key it touches in ``KEYS`` (no key per job: a job is
+  fields of a few hashes). While the queue's slot moves, a call either runs whole or
+  raises the cluster's refusal (``TRYAGAIN``), an unavailability like an outage.
 - Payloads, results and effects are JSON: anything else raises ``TypeError`` naming it
   before anything is sent. Bad arguments raise as in stage 1 and change nothing.
 """
@@ -65,14 +71,16 @@ EventHook = Callable[[str, Lease | None], None]
 class RedisJobQueue:
     """Stage 1's JobQueue with its state in Redis, shared by every process that names it.
 
-    ``client`` is a ``redis.Redis``; ``name`` the queue (the hash tag of every key, so
-    one queue lives in one Redis Cluster slot: ``<key_prefix>{<name>}:…``). Every
-    client of one queue must be built with the same settings. ``lease_ns`` >= 1000.
+    ``client`` is a ``redis.Redis`` or a ``redis.RedisCluster`` (a socket timeout, no
+    retries: else ValueError); ``name`` the queue (the hash tag of every key, so one
+    queue lives in one Redis Cluster slot: ``<key_prefix>{<name>}:…``). Every script
+    declares every key it touches in ``KEYS``. Every client of one queue must be built
+    with the same settings. ``lease_ns`` >= 1000.
     """
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.RedisCluster,
         *,
         lease_ns: int,
         retry: RetryPolicy,
@@ -192,8 +200,9 @@ class RedisWorker:
     - A handler's exception nacks the job with ``"<ExceptionType>: <message>"``.
     - While a handler runs, a thread heartbeats its lease every ``heartbeat_every_ns``
       (default a third of ``queue.lease_ns``), timed by ``clock`` (default: monotonic).
-    - Redis unreachable (``redis.ConnectionError``/``TimeoutError``): wait ``poll_ns``
-      and try the same step again — never crash, never drop the job. A stale lease at
+    - Redis unreachable (``api.unavailable(error)``: a connection refused or timed out,
+      BUSY, CLUSTERDOWN, TRYAGAIN, a dead master): wait ``poll_ns`` and try the same step
+      again — never crash, never drop the job. A stale lease at
       any step (``StaleLease``/``JobNotFound``) drops the job: someone else has it.
     - An idle worker polls ``claim`` every ``poll_ns``.
     - ``on_event(event, lease)`` is called for "claimed", "committed", "duplicate"

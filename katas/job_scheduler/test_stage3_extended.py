@@ -36,6 +36,7 @@ from katas.job_scheduler._testing.redis_queues import (
     MS,
     claim,
     finish,
+    key_sizes,
     new_queue,
     race,
     stamp,
@@ -254,7 +255,14 @@ def test_stage3_a_cancelled_job_is_never_claimed_however_it_became_ready(
         redis_env.pass_time(20 * MS)  # its due time is behind it now
         assert queue.get(job_id).state is READY, f"the job {how} is READY"
         assert queue.cancel(job_id) is True
-        got = queue.claim("w")
+        try:
+            got = queue.claim("w")
+        except redis.ResponseError as error:  # a script tripping on what cancel left behind
+            raise AssertionError(
+                f"a job {how}, then cancelled 20 ms later while READY: the next claim() must "
+                f"find nothing due, but its script failed ({error}) — did cancel leave the "
+                "job in line?"
+            ) from None
         assert got is None, (
             f"a job {how}, then cancelled 20 ms later while READY, must never be claimed "
             f"(CANCELLED is final); claim() returned {got} — did cancel leave it in line?"
@@ -312,13 +320,15 @@ def test_stage3_redrive_starts_decorrelated_jitter_again_from_base(redis_env: Re
             redis_env.pass_time(cap)
             continue
         queue.nack(lease, "503")
+        nacked = stamp(queue, "nack").server_now_ns  # (a real clock runs on before the get)
         job = queue.get(lease.job_id)
         if job.state is not JobState.DEAD:
-            grown[lease.job_id].append(job.run_at_ns - stamp(queue, "nack").server_now_ns)
+            grown[lease.job_id].append(job.run_at_ns - nacked)
     for job_id in ids:
         assert queue.redrive(job_id) is True
         queue.nack(claim(queue), "503")
-        delay = queue.get(job_id).run_at_ns - stamp(queue, "nack").server_now_ns
+        nacked = stamp(queue, "nack").server_now_ns
+        delay = queue.get(job_id).run_at_ns - nacked
         assert base <= delay <= 3 * base, (
             f"redrive puts the decorrelated jitter's prev back to base_ns: {job_id}'s first "
             f"retry after it must wait within [{base}, {3 * base}] ns (base {base}); it waited "
@@ -507,13 +517,14 @@ def test_stage3_finished_jobs_and_keys_expire_with_a_ttl(redis_env: RedisEnv) ->
     for i in range(12):
         lease = claim(queue)
         finish(queue, lease, i)
-    keys = redis_env.keys()
-    forever = [k for k in keys if admin.pttl(k) < 0]
-    bounded = [k for k in keys if admin.pttl(k) >= 0]
-    assert len(forever) <= 16, (
-        f"once 12 jobs have finished, their keys and their idempotency records "
-        f"must carry a TTL (set by the script that finishes or records them); "
-        f"{len(forever)} keys have none: {forever[:20]}"
+    sizes = key_sizes(redis_env)
+    forever = {k: n for k, n in sizes.items() if admin.pttl(k) < 0}
+    bounded = [k for k in sizes if admin.pttl(k) >= 0]
+    assert len(forever) <= 16 and all(n <= 8 for n in forever.values()), (
+        f"once 12 jobs have finished (and none is pending), whatever holds them and their "
+        f"idempotency records must carry a TTL, set by the script that finishes or records "
+        f"them: only a few small counters may have none. Keys without a TTL (and the fields "
+        f"or members each holds): {dict(list(forever.items())[:20])}"
     )
     too_long = [k for k in bounded if admin.pttl(k) > 200 + 5]
     assert not too_long, f"TTLs must not exceed the retention (200 ms): {too_long}"
@@ -571,24 +582,31 @@ def test_stage3_an_idle_queue_shrinks_to_its_live_jobs(redis_env: RedisEnv) -> N
     ]
     redis_env.pass_time(101 * MS)  # and no call: nothing settles the history away
     admin = redis_env.client()
-    sizes: dict[str, Callable[[str], int]] = {
-        "set": admin.scard, "zset": admin.zcard, "list": admin.llen,
-    }  # fmt: skip
-    held: dict[str, int] = {}  # key -> its members (1 for a string or a hash)
-    members = 0
-    for key in redis_env.keys(redis_env.prefix):
-        size = sizes.get(text(admin.type(key)))
-        held[key] = 1 if size is None else size(key)
-        members += 0 if size is None else held[key]
-    assert len(held) <= 16 and members <= 2 * len(live), (
+    held = key_sizes(redis_env)  # key -> its members or fields (1 for a string)
+    members = sum(n for k, n in held.items() if text(admin.type(k)) in ("set", "zset", "list"))
+    # What a queue that only ever held these three jobs holds, for comparison.
+    fresh_prefix = redis_env.fresh_prefix()
+    fresh = new_queue(redis_env, prefix=fresh_prefix)
+    for payload, delay in [("ready", None), ("ready", None), ("later", 3_600_000 * MS)]:
+        fresh.enqueue(payload, delay_ns=delay)
+    fresh_held = key_sizes(redis_env, fresh_prefix)
+    assert (
+        len(held) <= 16
+        and members <= 2 * len(live)
+        and sum(held.values()) <= sum(fresh_held.values()) + 8
+    ), (
         f"60 jobs finished and passed their retention (100 ms) with no call since; the queue "
         f"keeps {len(live)} live jobs: expected their keys and a few counters (at most 16 "
-        f"keys, {2 * len(live)} index members), got {len(held)} keys and {members} members: "
+        f"keys, {2 * len(live)} index members, and about what a fresh queue holding just "
+        f"those 3 jobs holds: {sum(fresh_held.values())} members and fields), got "
+        f"{len(held)} keys, {members} index members and {sum(held.values())} members and "
+        f"fields: "
         + ", ".join(
             f"{k.removeprefix(redis_env.prefix)} ({n})"
             for k, n in sorted(held.items(), key=lambda kv: -kv[1])[:6]
         )
-        + " — an index of finished jobs or records needs a TTL of its own"
+        + " — whatever holds finished jobs or records (their fields, their indexes) needs "
+        "a TTL of its own"
     )
     for job_id in live:
         assert queue.get(job_id).state in (JobState.READY, JobState.SCHEDULED), job_id

@@ -18,6 +18,10 @@ Design (see katas/job_scheduler/README.md and ``_redis_scripts.py``):
   before anything is sent.
 - :class:`RedisWorker` is one worker's loop (claim, handler, commit, ack; heartbeats;
   graceful stop), what ``python -m katas._harness.worker`` runs as a separate OS process.
+- On a Redis Cluster (a ``RedisCluster`` client) nothing changes: a queue's keys share a
+  hash tag, so they live in one slot, and every script declares every key it touches, so
+  the cluster routes it whole — or, while the slot moves, refuses it (``TRYAGAIN``), an
+  outage like any other.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ class RedisJobQueue:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | redis.RedisCluster,
         *,
         lease_ns: int,
         retry: RetryPolicy,
@@ -104,8 +108,8 @@ class RedisJobQueue:
         name: str = "jobs",
         key_prefix: str = "q:",
     ) -> None:
-        if not isinstance(client, redis.Redis):
-            raise TypeError(f"client must be a redis.Redis, got {client!r}")
+        if not isinstance(client, redis.Redis | redis.RedisCluster):
+            raise TypeError(f"client must be a redis.Redis or a RedisCluster, got {client!r}")
         check_client(client)  # a socket timeout, and no retry that runs a script twice
         if not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {retry!r}")
@@ -136,8 +140,8 @@ class RedisJobQueue:
         rng = random.Random() if rng is None else rng
         self._seed = b"%d" % rng.randrange(1, 2**31 - 1) if jitters else b"1"
         self._client = client
-        # KEYS[1]: the prefix every key derives from; {name} puts them in one Cluster slot.
-        self._keys = [f"{key_prefix}{{{name}}}:"]
+        # Every key of the queue, declared by every script; {name} puts them in one slot.
+        self._keys = [f"{key_prefix}{{{name}}}:{key}" for key in lua.KEYS]
         self._scripts = {k: client.register_script(src) for k, src in lua.SCRIPTS.items()}
         self._local = threading.local()
 

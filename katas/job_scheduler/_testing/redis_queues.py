@@ -46,7 +46,7 @@ def fail_fast_on_redis_stubs(stage_module: ModuleType) -> None:
 
 def new_queue(
     env: RedisEnv,
-    client: redis.Redis | None = None,
+    client: redis.Redis | redis.RedisCluster | None = None,
     *,
     prefix: str | None = None,
     lease_ns: int = LEASE,
@@ -106,6 +106,20 @@ def key_contents(env: RedisEnv, node: RedisNode | None = None) -> dict[str, Any]
             "list": lambda k: admin.lrange(k, 0, -1),
         }
         out[key] = (kind, read[kind](key) if kind in read else None)
+    return out
+
+
+def key_sizes(env: RedisEnv, prefix: str | None = None) -> dict[str, int]:
+    """Every key under ``prefix`` (default: the test's) and how much it holds: its members
+    or fields (a string holds 1)."""
+    admin = env.server().client()
+    sizes: dict[str, Callable[[str], int]] = {
+        "hash": admin.hlen, "set": admin.scard, "zset": admin.zcard, "list": admin.llen,
+    }  # fmt: skip
+    out: dict[str, int] = {}
+    for key in env.keys(prefix):
+        size = sizes.get(text(admin.type(key)))
+        out[key] = 1 if size is None else int(size(key))
     return out
 
 
