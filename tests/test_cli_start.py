@@ -233,8 +233,8 @@ def test_suite_process_result_reads_like_run_suite(project: Path, warm: WarmStar
     assert by_name["test_stage1_sub"].outcome == "passed"
 
 
-def test_warm_start_forks_each_run_of_its_environment_and_ends_with_close(
-    project: Path,
+def test_warm_start_forks_each_run_in_its_own_environment_and_ends_with_close(
+    project: Path, tmp_path: Path
 ) -> None:
     write(_stage_file(project), OFF_BY_ONE)
     warm = WarmStart()
@@ -248,9 +248,14 @@ def test_warm_start_forks_each_run_of_its_environment_and_ends_with_close(
         again = second.wait(DEADLINE_S)
         assert ran is not None and again is not None and ran.results == again.results
         assert ran.returncode == again.returncode == 1
-        elsewhere = start_suite(_suite(project), warm=warm, env=dict(os.environ, ELSEWHERE="1"))
-        assert _parent(elsewhere.pid) == os.getpid()  # another environment: not forked
-        assert elsewhere.wait(DEADLINE_S) is not None
+        write(_stage_file(project), ENDLESS)  # writes its pid to $LOOPING, then loops
+        looping = tmp_path / "looping"
+        elsewhere = start_suite(
+            _suite(project), warm=warm, env=dict(os.environ, LOOPING=str(looping))
+        )
+        assert _parent(elsewhere.pid) == server  # another environment: forked all the same
+        _until(lambda: looping.is_file() and looping.read_text().isdigit(), "it sees $LOOPING")
+        elsewhere.kill()
     finally:
         warm.close()
     _until(lambda: not _alive(server), "the warm process ends with close")

@@ -1,7 +1,9 @@
 """The warm process of a ``kata start`` session (:mod:`katas._registry.warm` starts it).
 
-It imports what every suite run imports (pytest, hypothesis, anyio, trio), then forks one
-run per request line on stdin — ``[pytest arguments, output file]`` as JSON — and says
+It imports what every suite run imports (pytest, hypothesis, anyio, trio, redis-py and
+fakeredis), then forks one run per request line on stdin — ``[pytest arguments, output
+file, working directory, environment]`` as JSON (the last two may be left out: the warm
+process's own) — and says
 ``started PID`` and, once that run has ended, ``exit PID CODE`` on stdout (a negative
 code: the signal that ended it). Each run leads a process group of its own, writes to
 its output file, reads nothing, and dies with this process, which ends when its stdin
@@ -27,20 +29,40 @@ import pytest
 
 from katas._runtime.children import dies_with_parent
 
-#: What every run imports: imported once here, inherited by every fork.
-PRELOADED = ("hypothesis", "anyio", "trio")
+#: What every run imports: imported once here, inherited by every fork. (None of them
+#: reads the environment when imported, so a run's own environment still applies.)
+PRELOADED = ("hypothesis", "anyio", "trio", "redis", "fakeredis")
+#: Where the warm process started: ``python -m`` put it first on ``sys.path``.
+_HOME = os.getcwd()
 
 
 def _say(text: str) -> None:
     os.write(1, (text + "\n").encode())
 
 
-def _run(args: list[str], output: str, tie: Callable[[], None] | None) -> NoReturn:
-    """The forked child: pytest ``args``, its output to ``output``; never returns. ``tie``
-    (made in the warm process, before the fork) ends it with the warm process."""
+def _run(
+    args: list[str],
+    output: str,
+    tie: Callable[[], None] | None,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+) -> NoReturn:
+    """The forked child: pytest ``args``, its output to ``output``, in ``cwd`` with the
+    environment ``env`` (default: the warm process's); never returns. ``tie`` (made in
+    the warm process, before the fork) ends it with the warm process."""
     os.setsid()
     if tie is not None:
         tie()
+    if cwd is not None and cwd != _HOME:
+        os.chdir(cwd)
+        if sys.path and sys.path[0] == _HOME:
+            sys.path[0] = cwd
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+        # what a fresh interpreter would have put on sys.path from this run's PYTHONPATH
+        extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[1:1] = [p for p in extra if p not in sys.path]
     fd = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -81,10 +103,10 @@ def main() -> None:
         pending += data
         while b"\n" in pending:
             line, pending = pending.split(b"\n", 1)
-            args, output = json.loads(line)
+            args, output, *where = json.loads(line)
             pid = os.fork()
             if pid == 0:
-                _run(args, output, tie)
+                _run(args, output, tie, *where)
             running.add(pid)
             _say(f"started {pid}")
     for pid in running:

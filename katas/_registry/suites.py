@@ -400,6 +400,7 @@ def run_suite(
     live: bool = False,
     cache: bool = False,
     timeout_s: float | None = 900,
+    warm: WarmStart | None = None,
 ) -> SuiteRun:
     """Run the suite file ``suite`` (``<katas>/<kata>/test_stageN.py``), or a stage's
     suite files together; print nothing.
@@ -410,7 +411,8 @@ def run_suite(
     writes to this terminal as it goes (and reads it: ``--pdb`` works). ``cache`` keeps
     pytest's cache (``--lf``); checks leave it off so their deliberate failures never
     become "last failed". Test failures are results, never exceptions; ValueError for a
-    bad ``impl``; subprocess.TimeoutExpired, the run killed, past ``timeout_s``.
+    bad ``impl``; subprocess.TimeoutExpired, the run killed, past ``timeout_s``. With
+    ``warm`` (not ``live``) pytest is forked from that warm process.
     """
     options: dict[str, Any] = dict(
         impl=impl,
@@ -423,7 +425,7 @@ def run_suite(
         cache=cache,
     )
     if not live:
-        run = start_suite(suite, **options)
+        run = start_suite(suite, **options, warm=warm)
         try:
             result = run.wait(timeout_s)
             if result is None:

@@ -1,4 +1,5 @@
-"""A warm start for the suite runs of one ``kata start`` session.
+"""A warm start for suite runs: those of one ``kata start`` session, or of a check that
+starts hundreds (the bug-catalogue sweep).
 
 A run that stops at its first failure spends most of its time before the first test:
 on rate limiter stage 1, 0.7 s a run, of which about 0.45 s is importing pytest,
@@ -21,6 +22,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,14 +37,14 @@ SERVER = "katas._harness.warm_server"
 class WarmStart:
     """The warm process of a session, started with its first run; :meth:`close` ends it.
 
-    Runs whose working directory or environment differ from the first one's, or that are
-    not ``python -m pytest``, are not forked (:meth:`fork` returns None): the caller starts
-    them as usual.
+    Each run gets its own working directory and environment. Runs that are not ``python
+    -m pytest`` are not forked (:meth:`fork` returns None): the caller starts them as
+    usual. Threads may fork and wait on runs at the same time.
     """
 
     def __init__(self) -> None:
         self._server: subprocess.Popen[bytes] | None = None
-        self._key: tuple[str, dict[str, str]] | None = None
+        self._lock = threading.Lock()  # one reader and one writer of the warm process
         self._pending = b""
         self._exits: dict[int, int] = {}
         self._started: list[int] = []
@@ -54,32 +56,32 @@ class WarmStart:
         to ``output``; None if this run cannot be forked."""
         if list(cmd[:3]) != [sys.executable, "-m", "pytest"]:
             return None
-        key = (str(cwd), dict(env))
-        if self._server is None:
-            self._server = subprocess.Popen(
-                [sys.executable, "-m", SERVER],
-                cwd=cwd,
-                env=dict(env),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                start_new_session=True,  # no Ctrl-C of ours; the session ends it
-                **dies_with_parent(),
-            )
-            self._key = key
-        if key != self._key or self._server.poll() is not None:
-            return None
-        assert self._server.stdin is not None
-        try:
-            self._server.stdin.write(json.dumps([list(cmd[3:]), str(output)]).encode() + b"\n")
-            self._server.stdin.flush()
-        except OSError:
-            return None
-        deadline = time.monotonic() + 30
-        while not self._started:
-            if self._server.poll() is not None or time.monotonic() > deadline:
+        with self._lock:
+            if self._server is None:
+                self._server = subprocess.Popen(
+                    [sys.executable, "-m", SERVER],
+                    cwd=cwd,
+                    env=dict(env),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    start_new_session=True,  # no Ctrl-C of ours; the session ends it
+                    **dies_with_parent(),
+                )
+            if self._server.poll() is not None:
                 return None
-            self._read(0.05)
-        return ForkedRun(self, self._started.pop(0))
+            assert self._server.stdin is not None
+            request = [list(cmd[3:]), str(output), str(cwd), dict(env)]
+            try:
+                self._server.stdin.write(json.dumps(request).encode() + b"\n")
+                self._server.stdin.flush()
+            except OSError:
+                return None
+            deadline = time.monotonic() + 30
+            while not self._started:
+                if self._server.poll() is not None or time.monotonic() > deadline:
+                    return None
+                self._read(0.05)
+            return ForkedRun(self, self._started.pop(0))
 
     def _read(self, timeout_s: float) -> None:
         """Read what the warm process said within ``timeout_s``."""
@@ -104,17 +106,19 @@ class WarmStart:
     def returncode(self, pid: int, timeout_s: float | None) -> int | None:
         """Run ``pid``'s exit code, waiting at most ``timeout_s`` (None: for ever)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while pid not in self._exits:
-            if self._server is None or self._server.poll() is not None:
-                self._read(0)
-                if pid not in self._exits:
-                    return -signal.SIGKILL  # it died with the warm process
-                break
-            left = 0.5 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                return None
-            self._read(min(left, 0.5))
-        return self._exits[pid]
+        while True:
+            with self._lock:
+                if pid in self._exits:
+                    return self._exits[pid]
+                if self._server is None or self._server.poll() is not None:
+                    if self._server is not None:
+                        self._read(0)
+                    return self._exits.get(pid, -signal.SIGKILL)  # died with the warm process
+                left = 0.5 if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                # short reads: another thread waiting on its own run takes the lock between
+                self._read(min(left, 0.05))
 
     def close(self) -> None:
         """End the warm process and any run it still has (a no-op if none was started)."""
