@@ -81,6 +81,17 @@ def test_a_dead_redis_url_is_one_line_and_exit_code_2() -> None:
     assert len(out.splitlines()) <= FRAME_LINES, out
 
 
+def test_a_cluster_command_that_is_not_installed_is_one_line_and_exit_code_2() -> None:
+    run = pytest_run(
+        "katas/rate_limiter", "-k", "stage3", "--impl=solutions",
+        env={"KATA_REDIS_CLUSTER": "no-such-redis-server"},
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 2, out[-3000:]
+    assert "ERROR: KATA_REDIS_CLUSTER=no-such-redis-server: no such program on PATH" in out, out
+    assert len(out.splitlines()) <= FRAME_LINES, out
+
+
 def test_a_compile_error_is_said_once_and_one_line_per_test(tmp_path: Path) -> None:
     impl, source = c_with(tmp_path, "hp_int left =")
     run = pytest_run("katas/dynamic_batcher", "-k", "hotpath", f"--impl={impl}")

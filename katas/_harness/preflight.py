@@ -101,11 +101,16 @@ def redis_failure() -> str | None:
     the run uses the embedded server)."""
     # Imported here, not at the top: pytest loads redis_fixture as a plugin (and rewrites
     # its asserts) only if nothing imported it before.
-    from katas._harness.redis_fixture import ENV_SERVER, ENV_URL
+    from katas._harness.redis_fixture import ENV_CLUSTER, ENV_SERVER, ENV_URL
 
     server = os.environ.get(ENV_SERVER)
     if server and shutil.which(server) is None:
         return f"{ENV_SERVER}={server}: no such program on PATH (install redis-server)"
+    cluster = os.environ.get(ENV_CLUSTER)
+    if cluster and shutil.which(cluster.split()[0]) is None:
+        return f"{ENV_CLUSTER}={cluster}: no such program on PATH (install redis-server)"
+    if cluster and shutil.which("redis-cli") is None:
+        return f"{ENV_CLUSTER}={cluster}: redis-cli, which creates the cluster, is not on PATH"
     url = os.environ.get(ENV_URL)
     if not url:
         return None
