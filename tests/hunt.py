@@ -30,6 +30,7 @@ status: 1 if any bug survived or did not apply, else 0.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import tempfile
 from collections import Counter
@@ -61,7 +62,9 @@ def load(folder: Path) -> list[mutants.Mutant]:
     return sorted(found, key=lambda m: (m.kata, m.stage, m.slug))
 
 
-def judge(bug: mutants.Mutant) -> Verdict:
+def judge(bug: mutants.Mutant, cluster: str | None = None) -> Verdict:
+    """One run of the bug's stage suite; with ``cluster`` (a ``redis-server``) on a real
+    Redis Cluster, as ``KATA_REDIS_CLUSTER`` runs it."""
     with tempfile.TemporaryDirectory(prefix="kata-hunt-") as tmp:
         try:
             impl = mutants.materialise(bug, Path(tmp) / "impl")
@@ -69,6 +72,8 @@ def judge(bug: mutants.Mutant) -> Verdict:
             return Verdict(bug, (), str(exc).splitlines()[0])
         env = learners_env()
         env["HYPOTHESIS_STORAGE_DIRECTORY"] = str(Path(tmp) / "db")
+        if cluster:
+            env["KATA_REDIS_CLUSTER"] = cluster
         run: SuiteRun = run_suite(
             suite_files(bug.kata, bug.stage), impl=str(impl), env=env, timeout_s=1800
         )
@@ -82,12 +87,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folder", type=Path, help="the hunt's folder: <kata>/stageN_<bug>.diff")
     parser.add_argument("--only", default="", help="bugs whose name contains this")
     parser.add_argument("--jobs", type=int, default=1, help="runs at once")
+    parser.add_argument(
+        "--cluster",
+        metavar="REDIS_SERVER",
+        help="run on a real Redis Cluster of this redis-server (bugs only a cluster shows)",
+    )
     args = parser.parse_args(argv)
     chosen = [m for m in load(args.folder) if args.only in m.name]
     written: Counter[tuple[str, int]] = Counter((m.kata, m.stage) for m in chosen)
     caught: Counter[tuple[str, int]] = Counter()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for verdict in pool.map(judge, chosen):
+        for verdict in pool.map(functools.partial(judge, cluster=args.cluster), chosen):
             bug = verdict.bug
             if verdict.caught:
                 caught[bug.kata, bug.stage] += 1
