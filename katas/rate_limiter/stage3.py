@@ -42,7 +42,9 @@ The rules the tests hold you to:
   and ``rl:{k:user42}:l`` (a bare ``{key}`` is an empty tag for ``""`` or ``"}x"``). A
   ``redis.RedisCluster`` client is accepted; keep the probe interval per master (the
   server a key goes to: ``client.get_node_from_key(name)`` on a cluster client), so one
-  dead master sends only its own keys to the failure mode.
+  dead master sends only its own keys to the failure mode. While a slot migrates, a
+  script that touches a key it emptied itself fails halfway, writes kept: the sliding log
+  (which can empty its log) must not run then — declare a third key it never writes.
 - ``failure_mode`` when Redis is unreachable (``redis.ConnectionError``,
   ``redis.TimeoutError``): "open" admits, "closed" denies (a ``Decision``, never an
   exception), "local" asks an in-process stage-1 limiter allowing

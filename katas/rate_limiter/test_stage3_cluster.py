@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import pytest
+import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
@@ -160,88 +161,148 @@ def test_stage3_the_lease_and_async_limiters_take_a_cluster_client_and_refuse_a_
     )
 
 
+class Reshard:
+    """A limiter on a cluster client and the calls made on it: which Redis took (its
+    statistics say so) and which fell back; after a fallback the probe is due again."""
+
+    def __init__(self, stage: ModuleType, cluster: LocalCluster, algorithm: str) -> None:
+        self.clock, self.prefix, self.algorithm = ManualClock(), "rl-reshard:", algorithm
+        self.limiter = make_limiter(
+            stage,
+            cluster.client(),
+            algorithm,
+            LIMIT,
+            WINDOW_US,
+            key_prefix=self.prefix,
+            failure_mode="closed",
+            probe_interval_ns=NS_PER_S,
+            clock=self.clock,
+        )
+        self.records: list[Record] = []
+        self.taken: list[bool] = []
+        self.steps: list[str] = []
+
+    def run(self, *ops: Op) -> bool:
+        """Make ``ops``; whether Redis took the last one."""
+        took = False
+        for op in ops:
+            before = self.limiter.statistics().redis_decisions
+            d = call(self.limiter, op)
+            took = self.limiter.statistics().redis_decisions == before + 1
+            self.steps.append(f"  {op.call}({op.key!r}, {op.cost}) -> {d or ''}")
+            self.steps[-1] += "" if took else " (failure mode)"
+            self.records.append(Record(0, op.key, op.cost, op.call, d))
+            self.taken.append(took)
+            check(
+                op.call == "refund" or took == isinstance(d, StampedDecision),
+                f"{self.algorithm}: a decision is stamped exactly when Redis made it; the "
+                "calls:\n" + self.story(),
+            )
+            if not took:
+                self.clock.advance(NS_PER_S)  # the next call probes again
+        return took
+
+    def mark(self, text: str) -> None:
+        self.steps.append(text)
+
+    def story(self) -> str:
+        return "\n".join(self.steps)
+
+    def replay(self) -> None:
+        """Every call Redis took, replayed through one ideal limiter."""
+        taken = [r for r, took in zip(self.records, self.taken, strict=True) if took]
+        replay(taken, self.algorithm, LIMIT, WINDOW_US)
+
+
 @rule("cluster-reshard", "nodes-as-one")
 @core
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_stage3_a_slot_moved_between_decisions_loses_and_repeats_none(
     stage_module: ModuleType, redis_cluster: LocalCluster, algorithm: str
 ) -> None:
-    """The real MIGRATING/IMPORTING/MIGRATE/SETSLOT sequence, one step between decisions,
-    alice holding units throughout (so her Redis keys exist: Redis answers TRYAGAIN to a
-    multi-key script in a migrating slot whenever its keys are not all on one side, missing
-    ones included). Every decision Redis makes replays exactly through one ideal limiter;
-    while her keys are split between the two masters the limiter is unavailable — the
-    failure mode decides, counted — and at no other moment."""
-    clock, prefix = ManualClock(), "rl-reshard:"
-    limiter = make_limiter(
-        stage_module,
-        redis_cluster.client(),
-        algorithm,
-        LIMIT,
-        WINDOW_US,
-        key_prefix=prefix,
-        failure_mode="closed",
-        probe_interval_ns=NS_PER_S,
-        clock=clock,
-    )
-    records: list[Record] = []
-    steps: list[str] = []
-
-    def run(*ops: Op) -> Decision | None:
-        d = None
-        for op in ops:
-            d = call(limiter, op)
-            steps.append(f"  {op.call}({op.key!r}, {op.cost}) -> {d}")
-            records.append(Record(0, op.key, op.cost, op.call, d))
-        return d
-
-    run(Op(0, "alice", 1))
-    names = redis_cluster.keys(prefix)  # alice's Redis keys, whatever the layout
+    """The real MIGRATING/IMPORTING/MIGRATE/SETSLOT sequence, one step between calls,
+    alice holding units throughout. While the slot moves a call may be an unavailability
+    (the failure mode decides, counted) — and must be while her keys are split between
+    the two masters; every call Redis takes replays exactly through one ideal limiter, and
+    before and after the move Redis takes every call."""
+    r = Reshard(stage_module, redis_cluster, algorithm)
+    r.run(Op(0, "alice", 1))
+    names = redis_cluster.keys(r.prefix)  # alice's Redis keys, whatever the layout
     slot = key_slot(names[0].encode())
-    source = redis_cluster.owner(slot)
-    target = redis_cluster.other_master(source)
-    run(Op(0, "alice", 1, "refund"), Op(0, "bob", 2), Op(0, "alice", 1))
-    steps.append(f"slot {slot} (alice's keys {names}): target IMPORTING, owner MIGRATING")
+    target = redis_cluster.other_master(redis_cluster.owner(slot))
+    r.run(Op(0, "alice", 1, "refund"), Op(0, "bob", 2), Op(0, "alice", 1))
+    before = list(r.taken)
+    r.mark(f"slot {slot} (alice's keys {names}): target IMPORTING, owner MIGRATING")
     redis_cluster.begin_migration(slot, target)
-    run(Op(0, "alice", 1), Op(0, "alice", 1, "peek"))
+    r.run(Op(0, "alice", 1), Op(0, "alice", 1, "peek"))
     moved = redis_cluster.move_keys(slot, target, count=1)
-    split = len(names) > moved
-    steps.append(f"MIGRATE {moved} of alice's {len(names)} keys")
-    during = run(Op(0, "alice", 1))
-    if split:
-        check(
-            not isinstance(during, StampedDecision),
+    r.mark(f"MIGRATE {moved} of alice's {len(names)} keys")
+    if r.run(Op(0, "alice", 1)) and len(names) > moved:
+        raise AssertionError(
             f"{algorithm}: with alice's keys split between two masters the cluster answers "
-            "TRYAGAIN, an unavailability: the failure mode decides; got a Redis decision. "
-            "The calls:\n" + "\n".join(steps),
+            "TRYAGAIN, an unavailability: the failure mode decides; Redis took the call. "
+            "The calls:\n" + r.story()
         )
-        clock.advance(NS_PER_S)  # the probe is due again
     redis_cluster.move_keys(slot, target)
-    steps.append("MIGRATE the rest (the owner answers ASK)")
-    run(Op(0, "alice", 1), Op(0, "alice", 1, "refund"))
+    r.mark("MIGRATE the rest (the owner answers ASK)")
+    r.run(Op(0, "alice", 1), Op(0, "alice", 1, "refund"))
     redis_cluster.finish_migration(slot, target)
-    steps.append(f"SETSLOT {slot} NODE <target> on every master (MOVED)")
-    run(Op(0, "alice", 1), Op(0, "alice", 2), Op(0, "alice", 1, "peek"), Op(0, "bob", 1))
-    fallbacks = [
-        r for r in records if r.call != "refund" and not isinstance(r.decision, StampedDecision)
-    ]
-    expect(
-        len(fallbacks),
-        1 if split else 0,
-        f"{algorithm}: only a call made while alice's keys were split may fall back. The "
-        "calls:\n" + "\n".join(steps),
+    r.mark(f"SETSLOT {slot} NODE <target> on every master (MOVED)")
+    after = len(r.taken)
+    r.run(Op(0, "alice", 1), Op(0, "alice", 2), Op(0, "alice", 1, "peek"), Op(0, "bob", 1))
+    check(
+        all(before) and all(r.taken[after:]),
+        f"{algorithm}: before the slot moves and once it has moved, Redis takes every "
+        "call. The calls:\n" + r.story(),
     )
+    fallbacks = r.taken.count(False)
     expect(
-        limiter.statistics(),
-        RedisLimiterStats(len(records) - len(fallbacks), len(fallbacks), len(fallbacks)),
-        f"{algorithm}: every call but the split one is decided (or refunded) by Redis. The "
-        "calls:\n" + "\n".join(steps),
+        r.limiter.statistics(),
+        RedisLimiterStats(len(r.taken) - fallbacks, fallbacks, fallbacks),
+        f"{algorithm}: each call is decided by Redis or, unavailable, by the failure mode, "
+        "and counted once. The calls:\n" + r.story(),
     )
-    replay(
-        [r for r in records if r.call == "refund" or isinstance(r.decision, StampedDecision)],
-        algorithm,
-        LIMIT,
-        WINDOW_US,
+    r.replay()
+
+
+@rule("cluster-reshard", "refund-outage")
+@core
+def test_stage3_a_refund_that_empties_the_log_while_its_slot_moves_is_all_or_nothing(
+    stage_module: ModuleType, redis_cluster: LocalCluster
+) -> None:
+    """The sliding log's refund of every unit it holds empties the log mid-script. In a
+    migrating slot Redis fails a script halfway at the next command on a key that is
+    missing by then, keeping what it wrote: a refund reported as not taken (failure mode)
+    must have changed nothing on Redis, one reported as taken must be whole."""
+    r = Reshard(stage_module, redis_cluster, "sliding_log")
+    r.run(Op(0, "alice", 2))
+    names = redis_cluster.keys(r.prefix)
+    slot = key_slot(names[0].encode())
+    target = redis_cluster.other_master(redis_cluster.owner(slot))
+    r.mark(f"slot {slot} (alice's keys {names}): target IMPORTING, owner MIGRATING")
+    redis_cluster.begin_migration(slot, target)
+    try:
+        taken = r.run(Op(0, "alice", 2, "refund"))
+    except redis.RedisError as error:
+        raise AssertionError(
+            f"refund('alice', 2) while alice's slot migrates raised {type(error).__name__}: "
+            f"{error}. Redis either takes the refund or is unavailable (the failure mode): "
+            "a script that fails halfway in a migrating slot has also written half. The "
+            "calls:\n" + r.story()
+        ) from error
+    redis_cluster.migrate(slot, target)
+    r.mark("the slot moved to its new master")
+    r.run(Op(0, "alice", 1, "peek"))
+    check(r.taken[-1], "once the slot has moved Redis takes the peek. The calls:\n" + r.story())
+    peek = r.records[-1].decision
+    left = LIMIT if taken else LIMIT - 2
+    check(
+        isinstance(peek, Decision) and peek.remaining == left - 1,
+        f"alice held 2 of {LIMIT}; the refund of both was "
+        + ("taken by Redis" if taken else "not taken (the failure mode: dropped)")
+        + f", so peek('alice', 1) leaves {left - 1}; got {peek}. A script that ran halfway "
+        "in the migrating slot would have removed her units and then failed. The calls:\n"
+        + r.story(),
     )
 
 

@@ -110,7 +110,15 @@ class RedisCore:
         # The "k:" keeps the tag non-empty whatever the key ("" or "}x" would otherwise
         # make an empty tag, and Cluster would hash the two whole, different, names).
         tag = f"{self._prefix}{{k:{key}}}"
-        return [f"{tag}:m", f"{tag}:l"] if self._algorithm == "sliding_log" else [f"{tag}:m"]
+        if self._algorithm != "sliding_log":
+            return [f"{tag}:m"]
+        # The log can empty itself mid-script (expired units trimmed, a refund of them
+        # all) and is touched again after that. In a slot that is migrating, Redis checks
+        # a script's keys before it runs, but fails a command on a key that is missing by
+        # then halfway through, the writes before it kept. ":moving" is never written: a
+        # missing key makes Redis answer TRYAGAIN to the whole script while the slot
+        # moves, so the sliding log waits (failure mode) instead of half-running.
+        return [f"{tag}:m", f"{tag}:l", f"{tag}:moving"]
 
     def _server_of(self, name: str) -> str:
         """Which server decides for the Redis key ``name``: its slot's master as the
