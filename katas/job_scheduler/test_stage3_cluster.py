@@ -158,20 +158,10 @@ def test_stage3_every_key_a_call_writes_is_declared_to_its_script(redis_env: Red
 def test_stage3_a_cluster_client_is_accepted_and_a_retrying_one_refused(
     redis_cluster: LocalCluster,
 ) -> None:
+    """Two queues on a cluster client run a job each, every key of a queue in one slot;
+    the same cluster reached by a client with redis-py's default retries is refused."""
     from redis.cluster import RedisCluster
 
-    host, port = redis_cluster.addresses()[0].split(":")
-    retrying = RedisCluster(host=host, port=int(port), socket_timeout=2)  # redis-py retries
-    try:
-        with pytest.raises(ValueError, match="client"):
-            cluster_queue(redis_cluster, "q1:", retrying, lease_ns=CLUSTER_LEASE,
-                          retry=NO_RETRY_DELAY)  # fmt: skip
-            raise AssertionError(
-                "RedisJobQueue over a RedisCluster that keeps redis-py's default retries "
-                "was accepted: a reply lost after a script ran would run it again"
-            )
-    finally:
-        retrying.close()
     queues: dict[str, SharedJobQueue] = {}
     for name in ("emails", "thumbnails"):
         try:
@@ -200,6 +190,18 @@ def test_stage3_a_cluster_client_is_accepted_and_a_retrying_one_refused(
             f"every key of queue {name!r} is in one slot (its name is the hash tag); they are "
             f"in slots {sorted(slots)}: {keys}",
         )
+    host, port = redis_cluster.addresses()[0].split(":")
+    retrying = RedisCluster(host=host, port=int(port), socket_timeout=2)  # redis-py retries
+    try:
+        with pytest.raises(ValueError, match="client"):
+            cluster_queue(redis_cluster, "q1:", retrying, lease_ns=CLUSTER_LEASE,
+                          retry=NO_RETRY_DELAY)  # fmt: skip
+            raise AssertionError(
+                "RedisJobQueue over a RedisCluster that keeps redis-py's default retries "
+                "was accepted: a reply lost after a script ran would run it again"
+            )
+    finally:
+        retrying.close()
 
 
 @rule("cluster-reshard", "declared-keys", "op-order")
