@@ -470,3 +470,43 @@ def test_a_cluster_client_that_retries_is_refused_and_one_that_does_not_is_accep
                 check_client(default)
         finally:
             default.close()
+
+
+@needs_server
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_cluster_mode_serves_a_test_from_a_shared_cluster_and_cleans_its_keys() -> None:
+    """KATA_REDIS_CLUSTER's mode: cluster clients of one cluster for every test, keys
+    deleted by prefix afterwards on every master, faults on private single servers, and
+    a ClusterProxy that takes the whole cluster down and back for a client behind it."""
+    from redis.cluster import RedisCluster
+
+    from katas._harness.redis_cluster import ClusterNode
+
+    env = RedisEnv(cluster_command=SERVER_CMD, name="cluster-mode")
+    try:
+        assert env.mode == "cluster" and isinstance(env.server(), ClusterNode)
+        client = env.client()
+        assert isinstance(client, RedisCluster)
+        names = [f"{env.prefix}{i}" for i in range(20)]  # spread over the masters
+        for name in names:
+            client.set(name, "1")
+        assert env.keys() == sorted(names)
+        node = env.server()
+        assert isinstance(node, ClusterNode)
+        cluster = node.cluster
+        assert len({cluster.owner_of(n).port for n in names}) > 1, "all keys on one master"
+        proxy = env.proxy()
+        behind = env.server().proxied_client(proxy)
+        assert behind.get(names[0]) == b"1"
+        proxy.reset_counts()
+        behind.get(names[1])
+        assert proxy.counts().round_trips == 1
+        proxy.outage()
+        with pytest.raises(redis.ConnectionError):
+            behind.get(names[2])
+        proxy.heal()
+        assert behind.get(names[3]) == b"1"
+        assert env.fault_server() is not env.server()  # a private server for faults
+    finally:
+        env.close()
+    assert cluster.keys(env.prefix) == [], "the test's keys outlive it"
