@@ -202,8 +202,8 @@ class RedisWorker:
       (default a third of ``queue.lease_ns``), timed by ``clock`` (default: monotonic).
     - Redis unreachable (``api.unavailable(error)``: a connection refused or timed out,
       BUSY, CLUSTERDOWN, TRYAGAIN, a dead master): wait ``poll_ns`` and try the same step
-      again — never crash, never drop the job. A stale lease at
-      any step (``StaleLease``/``JobNotFound``) drops the job: someone else has it.
+      again — never crash, never drop the job. A stale lease at any step
+      (``StaleLease``/``JobNotFound``) drops the job: someone else has it.
     - An idle worker polls ``claim`` every ``poll_ns``.
     - ``on_event(event, lease)`` is called for "claimed", "committed", "duplicate"
       (already committed), "after_effect", "acked", "failed", "lost", "released", and
