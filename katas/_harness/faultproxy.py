@@ -47,6 +47,16 @@ _FORWARDING: tuple[Fault, ...] = ("none", "drop_replies")  # faults that still r
 BUSY_REPLY = (
     b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.\r\n"
 )
+#: How a server that is up but cannot serve now answers, by code: what :meth:`FaultProxy.
+#: refuse` sends (Redis's own texts).
+UNAVAILABLE_REPLIES = {
+    "BUSY": BUSY_REPLY,
+    "LOADING": b"-LOADING Redis is loading the dataset in memory\r\n",
+    "MASTERDOWN": b"-MASTERDOWN Link with MASTER is down and replica-serve-stale-data is "
+    b"set to 'no'.\r\n",
+    "TRYAGAIN": b"-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+    "CLUSTERDOWN": b"-CLUSTERDOWN The cluster is down\r\n",
+}
 _POLL_S = 0.02  # how often blocked threads look at the stop flag
 _JOIN_DEADLINE_S = 5.0
 _CONNECT_TIMEOUT_S = 5.0
@@ -165,7 +175,7 @@ class _Link:
                 commands = self.proxy._count(self, data)
                 self.awaiting_reply = False
                 try:
-                    self.client.sendall(BUSY_REPLY * commands)
+                    self.client.sendall(self.proxy.refusal * commands)
                 except OSError:
                     break
                 continue
@@ -220,6 +230,7 @@ class FaultProxy:
             raise ValueError(f"listen_host must be a loopback address, got {listen_host!r}")
         self.upstream = upstream
         self.fault: Fault = "none"
+        self.refusal = BUSY_REPLY  # what a "busy" proxy answers each command
         self.latency_ns = 0
         self._lock = threading.Lock()
         self._links: list[_Link] = []
@@ -263,6 +274,15 @@ class FaultProxy:
 
     def busy(self) -> None:
         """Answer every command ``-BUSY …`` without forwarding it, until ``heal()``."""
+        self.refuse("BUSY")
+
+    def refuse(self, code: str) -> None:
+        """Answer every command with the error reply ``code`` (a key of
+        :data:`UNAVAILABLE_REPLIES`: ``BUSY``, ``LOADING``, ``MASTERDOWN``, ``TRYAGAIN``,
+        ``CLUSTERDOWN``) without forwarding it, until ``heal()``."""
+        if code not in UNAVAILABLE_REPLIES:
+            raise ValueError(f"code must be one of {sorted(UNAVAILABLE_REPLIES)}, got {code!r}")
+        self.refusal = UNAVAILABLE_REPLIES[code]
         self.fault = "busy"
 
     def heal(self) -> None:

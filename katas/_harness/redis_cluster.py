@@ -289,6 +289,10 @@ class ClusterProxy:
         for p in self._proxies:
             p.busy()
 
+    def refuse(self, code: str) -> None:
+        for p in self._proxies:
+            p.refuse(code)
+
     def heal(self) -> None:
         for p in self._proxies:
             p.heal()
@@ -355,7 +359,9 @@ class ClusterNode(RedisNode):
         self._proxies.append(p)  # type: ignore[arg-type]
         return p
 
-    def proxied_client(self, proxy: FaultProxy, **kwargs: Any) -> RedisCluster:  # type: ignore[override]
+    def proxied_client(  # type: ignore[override]
+        self, proxy: FaultProxy | ClusterProxy, **kwargs: Any
+    ) -> RedisCluster:
         if not isinstance(proxy, ClusterProxy):
             raise TypeError(f"a cluster is reached through a ClusterProxy, got {proxy!r}")
         c = RedisCluster(
@@ -365,7 +371,7 @@ class ClusterNode(RedisNode):
         return c
 
     def proxied_async_client(  # type: ignore[override]
-        self, proxy: FaultProxy, **kwargs: Any
+        self, proxy: FaultProxy | ClusterProxy, **kwargs: Any
     ) -> redis.asyncio.cluster.RedisCluster:
         if not isinstance(proxy, ClusterProxy):
             raise TypeError(f"a cluster is reached through a ClusterProxy, got {proxy!r}")

@@ -13,7 +13,8 @@ The whole stage-3 suite runs on a shared cluster with ``KATA_REDIS_CLUSTER=redis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
 
 import pytest
@@ -24,7 +25,7 @@ from redis.crc import key_slot
 
 from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv
-from katas._harness.redis_cluster import LocalCluster
+from katas._harness.redis_cluster import ClusterNode, LocalCluster
 from katas._harness.redis_fixture import cluster_command
 from katas._harness.story import check, expect
 from katas.rate_limiter._testing.nodes import (
@@ -182,8 +183,9 @@ class Reshard:
         self.taken: list[bool] = []
         self.steps: list[str] = []
 
-    def run(self, *ops: Op) -> bool:
-        """Make ``ops``; whether Redis took the last one."""
+    def run(self, *ops: Op, probe: bool = True) -> bool:
+        """Make ``ops``; whether Redis took the last one. After a fallback the clock moves
+        to the next probe, unless ``probe`` is False."""
         took = False
         for op in ops:
             before = self.limiter.statistics().redis_decisions
@@ -198,7 +200,7 @@ class Reshard:
                 f"{self.algorithm}: a decision is stamped exactly when Redis made it; the "
                 "calls:\n" + self.story(),
             )
-            if not took:
+            if not took and probe:
                 self.clock.advance(NS_PER_S)  # the next call probes again
         return took
 
@@ -237,11 +239,22 @@ def test_stage3_a_slot_moved_between_decisions_loses_and_repeats_none(
     r.run(Op(0, "alice", 1), Op(0, "alice", 1, "peek"))
     moved = redis_cluster.move_keys(slot, target, count=1)
     r.mark(f"MIGRATE {moved} of alice's {len(names)} keys")
-    if r.run(Op(0, "alice", 1)) and len(names) > moved:
-        raise AssertionError(
-            f"{algorithm}: with alice's keys split between two masters the cluster answers "
-            "TRYAGAIN, an unavailability: the failure mode decides; Redis took the call. "
-            "The calls:\n" + r.story()
+    skipped = 0  # calls made while Redis was being skipped: fallbacks, not errors
+    if r.run(Op(0, "alice", 1), probe=False):
+        if len(names) > moved:
+            raise AssertionError(
+                f"{algorithm}: with alice's keys split between two masters the cluster "
+                "answers TRYAGAIN, an unavailability: the failure mode decides; Redis took "
+                "the call. The calls:\n" + r.story()
+            )
+    else:  # an unavailability starts the probe interval, TRYAGAIN like any other
+        errors, skipped = r.limiter.statistics().redis_errors, 1
+        r.run(Op(0, "alice", 1))
+        expect(
+            r.limiter.statistics().redis_errors,
+            errors,
+            f"{algorithm}: the call right after an unavailability, within the probe "
+            "interval, skips Redis (no new Redis error). The calls:\n" + r.story(),
         )
     redis_cluster.move_keys(slot, target)
     r.mark("MIGRATE the rest (the owner answers ASK)")
@@ -258,7 +271,7 @@ def test_stage3_a_slot_moved_between_decisions_loses_and_repeats_none(
     fallbacks = r.taken.count(False)
     expect(
         r.limiter.statistics(),
-        RedisLimiterStats(len(r.taken) - fallbacks, fallbacks, fallbacks),
+        RedisLimiterStats(len(r.taken) - fallbacks, fallbacks, fallbacks - skipped),
         f"{algorithm}: each call is decided by Redis or, unavailable, by the failure mode, "
         "and counted once. The calls:\n" + r.story(),
     )
@@ -446,3 +459,110 @@ def test_stage3_a_failed_cluster_sends_every_call_to_the_failure_mode(
         isinstance(back, StampedDecision),
         f"the cluster is ok again: Redis decides {live_key!r} again; got {back}",
     )
+
+
+@rule("node-outage", "probe-interval", "failure-modes", "async-redis")
+@core
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_stage3_each_master_has_its_own_probe_interval(
+    stage_module: ModuleType, redis_cluster: LocalCluster, flavour: str
+) -> None:
+    """Each master behind a fault proxy of its own, as the client sees the cluster.
+    Master A goes down: its keys fall back, A is tried once per probe interval whatever
+    the key, a key on master B is decided by Redis meanwhile; then B goes down too, half
+    an interval later: each keeps its own interval, and a closed denial's retry hint is
+    the time to the probe of the key's own master."""
+    if flavour == "async" and not hasattr(stage_module, "AsyncRedisRateLimiter"):
+        pytest.skip("the async limiter is the extended part")
+    node = ClusterNode(redis_cluster)
+    proxy = node.proxy()
+    prefix, clock = "rl-probe:", ManualClock()
+    a_master, b_master = redis_cluster.nodes[0], redis_cluster.nodes[1]
+    finder = make_limiter(stage_module, redis_cluster.client(), "token_bucket", 9, WINDOW_US,
+                          key_prefix=prefix)  # fmt: skip
+    a1 = _user_key_on(redis_cluster, finder, prefix, on=True, master=a_master)
+    a2 = next(  # a second key of A's, on another slot
+        k
+        for k in (f"{a1}-{i}" for i in range(500))
+        if _user_key_on_exactly(redis_cluster, finder, prefix, k, a_master)
+    )
+    b = _user_key_on(redis_cluster, finder, prefix, on=True, master=b_master)
+    pa = proxy.by_address[("127.0.0.1", a_master.port)]
+    pb = proxy.by_address[("127.0.0.1", b_master.port)]
+    kwargs = dict(
+        algorithm="token_bucket", limit=9, window_ns=WINDOW_US * 1000, clock=clock,
+        key_prefix=prefix, failure_mode="closed", probe_interval_ns=NS_PER_S,
+    )  # fmt: skip
+    story: list[str] = []
+
+    async def scenario(
+        acquire: Callable[[str], Awaitable[Decision]], stats: Callable[[], RedisLimiterStats]
+    ) -> None:
+        async def step(
+            key: str, redis_decides: bool, errors: int, retry: int | None = None
+        ) -> None:
+            d = await acquire(key)
+            story.append(f"  t={clock.now_ns() / NS_PER_S:.1f} s try_acquire({key!r}) -> {d}")
+            got = stats().redis_errors - base.redis_errors
+            check(
+                isinstance(d, StampedDecision) == redis_decides
+                and got == errors
+                and (retry is None or d.retry_after_ns == retry),
+                ("Redis decides" if redis_decides else "the failure mode decides")
+                + f", {errors} Redis error(s) so far"
+                + ("" if retry is None else f", retry_after_ns={retry}")
+                + f"; got {got} error(s). The calls ({a1!r}, {a2!r} on master A, {b!r} on "
+                "master B):\n" + "\n".join(story),
+            )
+
+        await acquire(b)  # connects to both masters
+        await acquire(a1)
+        base = stats()
+        story.append("  -- master A unreachable")
+        pa.outage()
+        await step(a1, False, 1)  # tried: fails
+        await step(a2, False, 1)  # A is skipped for any key, not tried once per key
+        await step(b, True, 1)  # B is up
+        await step(a1, False, 1)  # B answering does not end A's interval
+        clock.advance(NS_PER_S // 2)
+        story.append("  -- half an interval later, master B unreachable too")
+        pb.outage()
+        await step(b, False, 2)
+        await step(a1, False, 2, retry=NS_PER_S // 2)  # A's probe is due in 0.5 s, B's in 1 s
+        clock.advance(NS_PER_S // 2)
+        story.append("  -- A's interval is over, and A is back")
+        pa.heal()
+        await step(a2, True, 2)
+        await step(b, False, 2, retry=NS_PER_S // 2)
+
+    if flavour == "sync":
+        limiter = stage_module.RedisRateLimiter(
+            node.proxied_client(proxy, socket_timeout=2), **kwargs
+        )
+
+        async def acquire(key: str) -> Decision:
+            d: Decision = limiter.try_acquire(key)
+            return d
+
+        asyncio.run(scenario(acquire, limiter.statistics))
+        return
+
+    async def main() -> None:
+        client = node.proxied_async_client(proxy, socket_timeout=2)
+        limiter = stage_module.AsyncRedisRateLimiter(client, **kwargs)
+        try:
+            await scenario(limiter.try_acquire, limiter.statistics)
+        finally:
+            await client.aclose()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def _user_key_on_exactly(
+    cluster: LocalCluster, limiter: RedisLimiter, prefix: str, user_key: str, master: object
+) -> bool:
+    """Whether ``user_key``'s Redis keys live on ``master`` (decided once to find out)."""
+    before = set(cluster.keys(prefix))
+    limiter.try_acquire(user_key)
+    names = sorted(set(cluster.keys(prefix)) - before)
+    return bool(names) and cluster.owner_of(names[0]) is master

@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 import redis
 
+from katas._harness.faultproxy import UNAVAILABLE_REPLIES
 from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.story import Story, check, expect
@@ -46,6 +48,47 @@ from katas.rate_limiter.api import (
 )
 
 pytestmark = [pytest.mark.stage(3)]
+
+
+@rule("busy-unavailable", "redis-reset", "fallback-counted", "cluster-down")
+@core
+@pytest.mark.parametrize("code", sorted(UNAVAILABLE_REPLIES))
+def test_stage3_every_unavailable_reply_goes_to_the_failure_mode(
+    stage_module: ModuleType, redis_env: RedisEnv, code: str
+) -> None:
+    """BUSY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN: a server that is up but cannot
+    serve now (redis-py raises most as types of their own, the code cut from the text).
+    A decision, a peek, a refund and a reset each go to the failure mode, counted."""
+    if redis_env.mode == "cluster" and code not in ("BUSY", "LOADING"):
+        pytest.skip(
+            f"a cluster never answers its CLUSTER SLOTS with {code}, which a proxy refusing "
+            "every command would; the real CLUSTERDOWN and TRYAGAIN are in -k cluster"
+        )
+    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, "closed")
+    assert limiter.try_acquire("alice").allowed, "Redis is up: 1 of 4"
+    proxy.refuse(code)
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("try_acquire('alice')", lambda: limiter.try_acquire("alice")),
+        ("peek('alice')", lambda: limiter.peek("alice")),
+        ("refund('alice', 1)", lambda: limiter.refund("alice", 1)),
+        ("reset('alice')", lambda: limiter.reset("alice")),
+    ]
+    for name, make in calls:
+        clock.advance(NS_PER_S)  # the probe is due: each call tries Redis
+        try:
+            make()
+        except redis.RedisError as error:
+            raise AssertionError(
+                f"every command answered {code}: {name} raised {type(error).__name__}: "
+                f"{error}. That reply is an unavailability (api.unavailable says so): the "
+                "failure mode's, counted, never raised"
+            ) from error
+    expect(
+        limiter.statistics(),
+        RedisLimiterStats(1, 3, 4),
+        f"every command answered {code}: try_acquire, peek and refund fall back (3), and "
+        "all four, reset included, count a Redis error",
+    )
 
 
 @rule("refund-outage", "fallback-counted", "busy-unavailable")

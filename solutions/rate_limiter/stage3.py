@@ -114,7 +114,9 @@ class RedisRateLimiter(RedisCore):
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
         keys = self._keys(key)
         try:
-            self._client.delete(*keys)
+            # one DEL, not delete(): a cluster client splits that into a pipeline, whose
+            # errors come back as text ("Command # 1 ... caused error: BUSY ...")
+            self._client.execute_command("DEL", *keys)
         except redis.RedisError as error:
             if not unavailable(error):  # a bug (a script error) is raised
                 raise
@@ -193,7 +195,7 @@ class AsyncRedisRateLimiter(RedisCore):
         """Return ``key`` to fresh (best effort: a Redis failure is counted, not raised)."""
         keys = self._keys(key)
         try:
-            await self._client.delete(*keys)
+            await self._client.execute_command("DEL", *keys)  # one DEL (see the sync reset)
         except redis.RedisError as error:
             if not unavailable(error):  # a bug (a script error) is raised
                 raise
