@@ -69,12 +69,14 @@ def test_stage3_every_unavailable_reply_goes_to_the_failure_mode(
     proxy.refuse(code)
     calls: list[tuple[str, Callable[[], object]]] = [
         ("try_acquire('alice')", lambda: limiter.try_acquire("alice")),
+        ("try_acquire('alice') at once", lambda: limiter.try_acquire("alice")),
         ("peek('alice')", lambda: limiter.peek("alice")),
         ("refund('alice', 1)", lambda: limiter.refund("alice", 1)),
         ("reset('alice')", lambda: limiter.reset("alice")),
     ]
     for name, make in calls:
-        clock.advance(NS_PER_S)  # the probe is due: each call tries Redis
+        if not name.endswith("at once"):  # else within the probe interval: Redis is skipped
+            clock.advance(NS_PER_S)  # the probe is due: the call tries Redis
         try:
             make()
         except redis.RedisError as error:
@@ -85,9 +87,11 @@ def test_stage3_every_unavailable_reply_goes_to_the_failure_mode(
             ) from error
     expect(
         limiter.statistics(),
-        RedisLimiterStats(1, 3, 4),
-        f"every command answered {code}: try_acquire, peek and refund fall back (3), and "
-        "all four, reset included, count a Redis error",
+        RedisLimiterStats(1, 4, 4),
+        f"every command answered {code}: try_acquire, then at once try_acquire again "
+        "(within the probe interval the failure started: Redis skipped), then one probe "
+        "interval apart peek, refund and reset. The two try_acquire, peek and refund fall "
+        "back (4); every call that tried Redis, reset included, counts a Redis error (4)",
     )
 
 
