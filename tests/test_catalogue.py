@@ -99,6 +99,10 @@ def test_catalogue_entry_is_caught(mutant: mutants.Mutant, catalogue_runs: Pool[
     if "cluster" in mutant.needs and _cluster_server() is None:
         pytest.skip(f"{CLUSTER_SKIP}: set {ENV_SERVER}=redis-server to run this entry's tests")
     run, others = catalogue_runs.result(mutant.name)
+    assert run.results or others.results, (
+        f"{mutant.path.name}: the suite run gave no results (exit code {run.returncode}):\n"
+        + run.output[-3000:]
+    )
     for name in mutant.catches:
         results = run.named(name)
         assert results, f"{mutant.path.name}: names {name}, which is not a test of the suite"

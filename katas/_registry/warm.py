@@ -76,9 +76,10 @@ class WarmStart:
                 self._server.stdin.flush()
             except OSError:
                 return None
-            deadline = time.monotonic() + 30
+            # Once asked, the run is forked: wait for its pid (starting it a second time,
+            # cold, would give two runs one report file), unless the warm process died.
             while not self._started:
-                if self._server.poll() is not None or time.monotonic() > deadline:
+                if self._server.poll() is not None:
                     return None
                 self._read(0.05)
             return ForkedRun(self, self._started.pop(0))
@@ -99,7 +100,11 @@ class WarmStart:
             line, self._pending = self._pending.split(b"\n", 1)
             words = line.decode().split()
             if words[:1] == ["started"]:
-                self._started.append(int(words[1]))
+                pid = int(words[1])
+                # pids are reused (32 768 of them on many machines): an exit said for an
+                # earlier run of this pid is not this run's
+                self._exits.pop(pid, None)
+                self._started.append(pid)
             elif words[:1] == ["exit"]:
                 self._exits[int(words[1])] = int(words[2])
 
