@@ -62,6 +62,7 @@ import pytest
 import redis
 import redis.asyncio
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from katas._harness.faultproxy import FaultProxy
@@ -495,11 +496,37 @@ class ProcessNode(RedisNode):
         _LIVE.discard(self)
 
 
-class ExternalNode(RedisNode):
-    """The server at ``KATA_REDIS_URL``: shared, so never flushed, restarted or stopped."""
+class SharedNode(RedisNode):
+    """A Redis other tests use too (an external server, the session's cluster): never
+    flushed, restarted or stopped — a test's keys are deleted by prefix afterwards."""
+
+    can_fault = False
+    shared = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._admin_client: redis.Redis | RedisCluster | None = None
+
+    def stop(self) -> None:
+        self._require_faults("stop")
+
+    def start(self) -> None:
+        self._require_faults("start")
+
+    def restart(self) -> None:
+        self._require_faults("restart")
+
+    def close(self) -> None:
+        super().close()
+        if self._admin_client is not None:
+            self._admin_client.close()
+            self._admin_client = None
+
+
+class ExternalNode(SharedNode):
+    """The server at ``KATA_REDIS_URL``."""
 
     kind: Mode = "url"
-    can_fault = False
 
     def __init__(self, url: str) -> None:
         super().__init__()
@@ -507,7 +534,6 @@ class ExternalNode(RedisNode):
         parsed = urlparse(url)
         self._host = parsed.hostname or "127.0.0.1"
         self._port = parsed.port or 6379
-        self._admin_client: redis.Redis | None = None
 
     @property
     def url(self) -> str:
@@ -535,11 +561,9 @@ class ExternalNode(RedisNode):
         return c
 
     def _admin(self) -> redis.Redis:
-        if self._admin_client is None:
+        if not isinstance(self._admin_client, redis.Redis):
             self._admin_client = self._new_client(**client_kwargs())
         return self._admin_client
-
-    shared = True
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key starting with ``prefix`` (SCAN, so the server is not blocked)."""
@@ -552,21 +576,6 @@ class ExternalNode(RedisNode):
                 batch.clear()
         if batch:
             admin.delete(*batch)
-
-    def stop(self) -> None:
-        self._require_faults("stop")
-
-    def start(self) -> None:
-        self._require_faults("start")
-
-    def restart(self) -> None:
-        self._require_faults("restart")
-
-    def close(self) -> None:
-        super().close()
-        if self._admin_client is not None:
-            self._admin_client.close()
-            self._admin_client = None
 
 
 def _glob_escape(text: str) -> str:
@@ -800,5 +809,6 @@ __all__ = [
     "ProcessNode",
     "RedisEnv",
     "RedisNode",
+    "SharedNode",
     "client_kwargs",
 ]

@@ -44,7 +44,7 @@ from katas._harness.faultproxy import FaultProxy, ProxyCounts
 from katas._harness.redis import (
     START_DEADLINE_S,
     ProcessNode,
-    RedisNode,
+    SharedNode,
     _async_kwargs,
     _free_port,
     _glob_escape,
@@ -326,18 +326,14 @@ class ClusterProxy:
             p.close()
 
 
-class ClusterNode(RedisNode):
-    """The session's shared cluster as a test's Redis: never flushed, restarted or stopped
-    (the test's keys, under its prefixes, are deleted afterwards)."""
+class ClusterNode(SharedNode):
+    """The session's shared cluster as a test's Redis."""
 
     kind = "cluster"
-    can_fault = False
-    shared = True
 
     def __init__(self, cluster: LocalCluster) -> None:
         super().__init__()
         self.cluster = cluster
-        self._admin_client: RedisCluster | None = None
 
     def address(self) -> tuple[str, int]:
         host, port = self.cluster.addresses()[0].split(":")
@@ -384,7 +380,7 @@ class ClusterNode(RedisNode):
         return int(seconds) * 1_000_000 + int(micros)
 
     def _admin(self) -> RedisCluster:  # type: ignore[override]
-        if self._admin_client is None:
+        if not isinstance(self._admin_client, RedisCluster):
             self._admin_client = self._new_client(**client_kwargs())
         return self._admin_client
 
@@ -394,21 +390,6 @@ class ClusterNode(RedisNode):
             admin = node._admin()
             for key in admin.scan_iter(match=_glob_escape(prefix) + "*", count=500):
                 admin.delete(key)
-
-    def stop(self) -> None:
-        self._require_faults("stop")
-
-    def start(self) -> None:
-        self._require_faults("start")
-
-    def restart(self) -> None:
-        self._require_faults("restart")
-
-    def close(self) -> None:
-        super().close()
-        if self._admin_client is not None:
-            self._admin_client.close()
-            self._admin_client = None
 
 
 _SHARED: LocalCluster | None = None
