@@ -4,9 +4,11 @@ Map: any user key keeps its Redis keys in one slot (hash-tag; on every Redis, fa
 included) · on a real cluster of the test's own (``redis_cluster``: skipped unless
 ``KATA_REDIS_CLUSTER`` or ``KATA_REDIS_SERVER`` names a ``redis-server``) — a cluster
 client is accepted, a retrying one refused (cluster-client) · a key's slot moved, step
-by step, between its decisions (cluster-reshard) · one master killed: only its keys go
-to the failure mode (node-outage) · the cluster in ``fail`` state: every call goes to
-the failure mode, none raises (cluster-down).
+by step, between its decisions, and a refund that empties the sliding log while its
+slot moves (cluster-reshard) · one master killed: only its keys go to the failure mode,
+and each master's own probe interval behind a proxy of its own, sync and async
+(node-outage) · the cluster in ``fail`` state: every call goes to the failure mode,
+none raises (cluster-down).
 
 The whole stage-3 suite runs on a shared cluster with ``KATA_REDIS_CLUSTER=redis-server``.
 """
@@ -87,14 +89,14 @@ def test_stage3_any_user_key_keeps_its_redis_keys_in_one_slot(
             f"(any str is a user key); got {decision}",
         )
         names = redis_env.keys(prefix)
-        seen[user_key] = names
+        seen[user_key] = [name[len(prefix) :] for name in names]  # what follows the prefix
         check(
             len(_slots(names)) == 1,
             f"{algorithm}: user key {user_key!r} is kept under {names}, which Redis Cluster "
             f"hashes to slots {sorted(_slots(names))}: a script may only touch one slot. A hash "
             "tag the key cannot break (never empty, whatever the key holds) keeps them together",
         )
-    layouts = {tuple(n[n.index(":", 5) :] for n in names) for names in seen.values()}
+    layouts = {tuple(names) for names in seen.values()}
     check(
         len(layouts) == len(TAG_BREAKERS),
         f"{algorithm}: two user keys must never share a Redis key; their keys were {seen}",
