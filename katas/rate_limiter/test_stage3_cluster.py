@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from katas._harness.marks import core, extended, rule
-from katas._harness.redis import RedisEnv
+from katas._harness.redis import ProcessNode, RedisEnv
 from katas._harness.redis_cluster import ClusterNode, LocalCluster
 from katas._harness.redis_fixture import cluster_command
 from katas._harness.story import check, expect
@@ -324,15 +324,11 @@ def test_stage3_a_refund_that_empties_the_log_while_its_slot_moves_is_all_or_not
 def _user_key_on(
     cluster: LocalCluster, limiter: RedisLimiter, prefix: str, *, on: bool, master: object
 ) -> str:
-    """A user key whose Redis keys live on ``master`` (``on``) or elsewhere (not ``on``),
-    found by deciding once for candidates and seeing where their keys appear."""
+    """A user key whose Redis keys live on ``master`` (``on``) or elsewhere (not ``on``)."""
     for i in range(200):
-        user_key = f"user{i}"
-        before = set(cluster.keys(prefix))
-        limiter.try_acquire(user_key)
-        names = sorted(set(cluster.keys(prefix)) - before)
-        if names and (cluster.owner_of(names[0]) is master) == on:
-            return user_key
+        owner = _owner_of(cluster, limiter, prefix, f"user{i}")
+        if owner is not None and (owner is master) == on:
+            return f"user{i}"
     raise AssertionError("no user key of 200 landed where the test needs it")
 
 
@@ -486,7 +482,7 @@ def test_stage3_each_master_has_its_own_probe_interval(
     a2 = next(  # a second key of A's, on another slot
         k
         for k in (f"{a1}-{i}" for i in range(500))
-        if _user_key_on_exactly(redis_cluster, finder, prefix, k, a_master)
+        if _owner_of(redis_cluster, finder, prefix, k) is a_master
     )
     b = _user_key_on(redis_cluster, finder, prefix, on=True, master=b_master)
     pa = proxy.by_address[("127.0.0.1", a_master.port)]
@@ -560,11 +556,12 @@ def test_stage3_each_master_has_its_own_probe_interval(
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def _user_key_on_exactly(
-    cluster: LocalCluster, limiter: RedisLimiter, prefix: str, user_key: str, master: object
-) -> bool:
-    """Whether ``user_key``'s Redis keys live on ``master`` (decided once to find out)."""
+def _owner_of(
+    cluster: LocalCluster, limiter: RedisLimiter, prefix: str, user_key: str
+) -> ProcessNode | None:
+    """The master ``user_key``'s Redis keys live on, found by deciding once for it and
+    seeing where its keys appear (None if none did)."""
     before = set(cluster.keys(prefix))
     limiter.try_acquire(user_key)
     names = sorted(set(cluster.keys(prefix)) - before)
-    return bool(names) and cluster.owner_of(names[0]) is master
+    return cluster.owner_of(names[0]) if names else None
