@@ -65,7 +65,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from katas._harness.faultproxy import FaultProxy
+from katas._harness.faultproxy import UNAVAILABLE_REPLIES, FaultProxy
 from katas._harness.redis_fixture import ENV_CLUSTER, ENV_SERVER, ENV_URL
 from katas._runtime.children import dies_with_parent
 from katas._runtime.clock import NS_PER_S
@@ -645,6 +645,17 @@ class RedisEnv:
         return "server" if self._server_command is not None else "fakeredis"
 
     @property
+    def refusals(self) -> tuple[str, ...]:
+        """The replies a proxy's ``refuse(code)`` stands in for here: every one of
+        :data:`UNAVAILABLE_REPLIES`, but only ``BUSY`` and ``LOADING`` on a cluster — a
+        cluster client answers the others by asking the cluster for its slots, which a
+        real cluster never refuses so (its real ``CLUSTERDOWN`` and ``TRYAGAIN`` are
+        what the tests with a cluster of their own make)."""
+        if self.mode == "cluster":
+            return ("BUSY", "LOADING")
+        return tuple(sorted(UNAVAILABLE_REPLIES))
+
+    @property
     def time_is_controlled(self) -> bool:
         """True when :meth:`pass_time` moves server time without waiting (fakeredis)."""
         return self.mode == "fakeredis"
@@ -738,6 +749,15 @@ class RedisEnv:
             k.decode() if isinstance(k, bytes) else str(k)
             for k in admin.scan_iter(match=pattern, count=1000)
         )
+
+    def lose_keys(self) -> None:
+        """Every key of this test gone at once, as with a master back empty (a restart
+        without persistence), but with no restart: connections and scripts live on."""
+        node = self.server()
+        if node.shared:
+            node.delete_prefix(self.prefix)
+        else:
+            node.flushall()
 
     # -- time ------------------------------------------------------------------------
     def freeze_time(self) -> None:

@@ -8,7 +8,8 @@ skipped unless ``KATA_REDIS_CLUSTER`` or ``KATA_REDIS_SERVER`` names a ``redis-s
 — a cluster client accepted and a retrying one refused, the queue in one slot
 (cluster-client, hash-tag-slot) · the queue's slot moved step by step (MIGRATING and
 IMPORTING, keys moved a few at a time, SETSLOT) while several clients work, replayed in
-op order through the exact model, and a worker riding it out (cluster-reshard) · the
+op order through the exact model; a queue holding every kind of key, its slot just
+MIGRATING, where no call may run halfway; a worker riding it out (cluster-reshard) · the
 queue's master killed and started again empty (dead-master) · the cluster in ``fail``
 state, every call an unavailability (cluster-down).
 
@@ -269,6 +270,82 @@ def test_stage3_a_reshard_mid_traffic_loses_nothing_and_numbers_nothing_twice(
         "after the reshard and the drain: no job pending, and each job's first committed "
         "effect, once\n" + story,
     )
+
+
+@rule("cluster-reshard", "declared-keys")
+@core
+def test_stage3_a_migrating_slot_runs_no_call_halfway_on_a_queue_holding_every_key(
+    redis_cluster: LocalCluster,
+) -> None:
+    """The queue holds a key of every kind — ready, leased, succeeded, cancelled and dead
+    jobs, an idempotency record, and one delayed job, due, that the next call's settle
+    moves (emptying its key) — when its slot starts migrating, no key moved yet. The old
+    owner still holds every key a script reads or writes: each call, the reads included
+    (they settle first), must either run whole or be refused having changed nothing."""
+    queue = cluster_queue(
+        redis_cluster, "ek:", lease_ns=CLUSTER_LEASE, retry=NO_RETRY_DELAY, max_attempts=1
+    )
+    queue.enqueue("acked")
+    queue.ack(claim(queue), "ok")
+    queue.enqueue("dead")
+    queue.nack(claim(queue), "boom")
+    queue.enqueue("leased")
+    lease = claim(queue)
+    queue.cancel(queue.enqueue("cancelled"))
+    ready = queue.enqueue("ready", idempotency_key="k")
+    keys = redis_cluster.keys("ek:")
+    slot = key_slot(keys[0].encode())
+    source = redis_cluster.owner(slot)
+    target = redis_cluster.other_master(source)
+    admin = source.client()
+    queue.enqueue("due", delay_ns=20 * MS)
+    enqueued_us = _server_us(admin)
+    eventually(lambda: _server_us(admin) > enqueued_us + 20_000, "the delayed job to be due")
+    held = redis_cluster.keys("ek:")
+    redis_cluster.begin_migration(slot, target)
+    wrong: list[str] = []
+    for name, call in every_call(queue, lease, ready):
+        keys = redis_cluster.keys("ek:")
+        before = _dumps(admin, keys)
+        try:
+            call()
+        except Exception as error:  # the test reports what escaped
+            after, now = _dumps(admin, keys), redis_cluster.keys("ek:")
+            changed = sorted({k for k in keys if before[k] != after[k]} | (set(now) - set(keys)))
+            if not unavailable(error):
+                wrong.append(f"{name} raised {type(error).__name__}: {error}")
+            elif changed:
+                wrong.append(
+                    f"{name} was refused ({type(error).__name__}: {error}) but changed "
+                    f"{[k.removeprefix('ek:') for k in changed]}: half a script ran"
+                )
+    check(
+        not wrong,
+        f"the queue's slot {slot} MIGRATING from port {source.port} to port {target.port}, "
+        f"no key moved, the old owner holding all of {[k.removeprefix('ek:') for k in held]} "
+        "and a delayed job due: Redis checks a script's declared keys once, before it runs, "
+        "and every command inside it again — a command on a key the script itself emptied "
+        "finds it 'moved' and fails the script halfway, its writes kept. A call must run "
+        "whole or be refused having run nowhere (HINTS.md shows one way to keep scripts off "
+        "a moving slot). Got:\n  " + "\n  ".join(wrong),
+    )
+
+
+def _dumps(owner: redis.Redis, keys: list[str]) -> dict[str, bytes | None]:
+    """What the slot's owner holds of each key (None: gone — a migrating slot answers ASK
+    for a key its owner does not hold)."""
+    held: dict[str, bytes | None] = {}
+    for key in keys:
+        try:
+            held[key] = owner.dump(key)
+        except redis.exceptions.AskError:
+            held[key] = None
+    return held
+
+
+def _server_us(admin: redis.Redis) -> int:
+    seconds, micros = admin.time()
+    return int(seconds) * 1_000_000 + int(micros)
 
 
 @rule("cluster-reshard", "worker-outage", "busy-unavailable")

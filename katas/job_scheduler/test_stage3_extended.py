@@ -12,13 +12,14 @@ cancel, dead letters and redrive (redis-extended, redis-jitter, ttl-retention) �
 idempotency keys (redis-dedup-ttl, redis-idempotency) · racing workers (one-script,
 redis-attempts) · max_pending, jobs noticed late, a death by expiry (redis-extended,
 redis-order, redis-backoff, redis-settle-first) · retention by TTL and bounded memory
-(ttl-retention, key-prefix, bounded-memory) · the reaper (reap) · scripts
-and outages (scripts-reload, outage-raises, busy-unavailable, worker-outage,
-fault-lost-reply).
+idle and busy (ttl-retention, key-prefix, bounded-memory) · the reaper (reap) ·
+scripts and outages, every refusal on every call (scripts-reload, outage-raises,
+busy-unavailable, one-script, worker-outage, fault-lost-reply).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import replace
@@ -29,8 +30,10 @@ import redis
 
 from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv
+from katas._harness.story import check
 from katas._harness.waiting import eventually
 from katas.job_scheduler._testing.bounds import max_pending_walk
+from katas.job_scheduler._testing.cluster import SCRIPT_COMMANDS, every_call
 from katas.job_scheduler._testing.fleets import in_process_worker, run_in_thread
 from katas.job_scheduler._testing.redis_queues import (
     MS,
@@ -52,6 +55,7 @@ from katas.job_scheduler.api import (
     RetryPolicy,
     SharedJobQueue,
     StaleLease,
+    unavailable,
 )
 
 pytestmark = [pytest.mark.stage(3)]
@@ -613,6 +617,48 @@ def test_stage3_an_idle_queue_shrinks_to_its_live_jobs(redis_env: RedisEnv) -> N
         assert queue.get(job_id).state in (JobState.READY, JobState.SCHEDULED), job_id
 
 
+@rule("bounded-memory")
+@extended
+@pytest.mark.realtime
+def test_stage3_a_queue_that_never_idles_holds_its_retention_not_its_history(
+    redis_env: RedisEnv,
+) -> None:
+    """A job every 10 ms, each finished at once (acked, nacked to its death or cancelled)
+    and kept 100 ms: no TTL of the queue's history ever runs out, since something new is
+    always written. What it holds follows the ~10 jobs within their retention — after 300
+    jobs, what it held after 60."""
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, retention_ns=100 * MS, dedup_ttl_ns=100 * MS, max_attempts=1)
+    held: dict[int, dict[str, int]] = {}
+    for i in range(300):
+        queue.enqueue({"n": i}, idempotency_key=f"k{i}")
+        finish(queue, claim(queue), i)
+        redis_env.pass_time(10 * MS)
+        if i + 1 in (60, 300):
+            held[i + 1] = key_sizes(redis_env)
+    early, late = held[60], held[300]
+
+    def top(sizes: dict[str, int]) -> str:
+        return ", ".join(
+            f"{k.removeprefix(redis_env.prefix)} ({n})"
+            for k, n in sorted(sizes.items(), key=lambda kv: -kv[1])[:6]
+        )
+
+    # On a real server the jobs take real time too, so how many are within their
+    # retention varies a little; a queue that keeps its history holds 5 times as much.
+    grew = {k.removeprefix(redis_env.prefix): (early.get(k, 0), n)
+            for k, n in late.items() if n > 1.5 * early.get(k, 0) + 2}  # fmt: skip
+    check(
+        sum(late.values()) <= 1.5 * sum(early.values()) + 8 and not grew,
+        f"a job every 10 ms, each kept 100 ms past its end: the queue holds about 10 "
+        f"finished jobs at any time, so after 300 jobs it holds about what it held after 60 "
+        f"({sum(early.values())} members and fields: {top(early)}); it holds "
+        f"{sum(late.values())}: {top(late)}. Grown (after 60 -> after 300): {grew} — a "
+        "TTL alone never runs out on a queue that keeps busy: a finished job's fields and "
+        "index entries go one by one when its retention ends",
+    )
+
+
 @rule("ttl-retention", "redis-extended")
 @extended
 def test_stage3_dead_letters_after_a_thousand_deaths_pass_their_retention(
@@ -724,6 +770,48 @@ def test_stage3_a_busy_server_is_waited_out_by_the_worker(redis_env: RedisEnv) -
     clock.advance(1_000)
     thread.outcome("the worker to run the job once the server answers again")
     assert queue.get(job_id).state is SUCCEEDED, queue.get(job_id)
+
+
+@rule("busy-unavailable", "one-script")
+@extended
+def test_stage3_every_call_raises_each_refusal_as_it_comes(redis_env: RedisEnv) -> None:
+    """The server (or the cluster) answers every command with one of the unavailable
+    replies: each public call of the queue and its effect store sends its one script and
+    raises what came back — it retries nothing itself, at once or later (the caller, and
+    the worker, decide when to try again)."""
+    proxy = redis_env.proxy()
+    queue = new_queue(redis_env, redis_env.server().proxied_client(proxy))
+    job_id = queue.enqueue("held")
+    lease = claim(queue)
+    calls = every_call(queue, lease, job_id)
+    for _, call in calls:  # every script loaded: a refusal is the only reply to come
+        with contextlib.suppress(StaleLease, JobNotFound, ValueError):
+            call()
+    for code in redis_env.refusals:
+        proxy.refuse(code)
+        for name, call in calls:
+            proxy.reset_counts()
+            try:
+                got = call()
+            except Exception as error:  # the test reports what escaped
+                got = error
+            sent = proxy.counts()
+            scripts = [c for c in sent.commands if c in SCRIPT_COMMANDS]
+            check(
+                isinstance(got, Exception)
+                and unavailable(got)
+                and len(scripts) <= 1
+                and (redis_env.mode == "cluster" or sent.connections <= 1),  # (a cluster
+                # client asks for the slots again on a connection error, on connections of
+                # its own)
+                f"the server answering {code} to every command: {name} sends its one script "
+                f"(none, if the connection's handshake was refused) and raises the reply as "
+                f"it comes (an error api.unavailable accepts); it sent {len(scripts)} "
+                f"script(s) on {sent.connections} new connection(s) and "
+                + (f"raised {type(got).__name__}: {got}" if isinstance(got, Exception)
+                   else f"returned {got!r}"),
+            )  # fmt: skip
+        proxy.heal()
 
 
 @rule("redis-idempotency", "fault-lost-reply")

@@ -12,7 +12,8 @@ land exactly once, whatever was killed when.
 
 Map: in process (worker-heartbeat-default, worker-heartbeats, worker-nack,
 worker-events, worker-run, worker-poll, worker-loop; held at an exact point of its loop:
-worker-stale-drops, worker-outage, worker-stop) · SIGKILL mid-job (fault-sigkill) ·
+worker-stale-drops, worker-outage, worker-stop; the heartbeat thread through every
+refusal and a lost job: worker-heartbeats, busy-unavailable) · SIGKILL mid-job (fault-sigkill) ·
 SIGSTOP past the lease (fault-sigstop, worker-stale-drops) · a poison job
 (fault-poison) · a job three leases long (fault-long-job) · SIGTERM during a burst
 (fault-sigterm, worker-stop) · an outage and a restart (fault-outage, worker-outage,
@@ -25,7 +26,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -288,6 +289,98 @@ def test_stage3_a_worker_stopped_during_an_outage_still_finishes_its_job(
         f"out and finishes the job ({state.value}, effects {effects}, events {want}); got "
         f"{job.state.value}, effects {effect_store(queue).effects()}, events {steps}"
     )
+
+
+@rule("worker-heartbeats", "worker-outage", "busy-unavailable", "worker-stale-drops")
+@extended
+def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
+    redis_env: RedisEnv,
+) -> None:
+    """A job in its handler: one heartbeat meets an outage, the next each refusal a server
+    or a cluster answers (BUSY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN) — each is
+    waited out, the beat tried again ``poll_ns`` later. Then the store is lost under the
+    job (a master back empty): its heartbeat finds no job, the job is dropped as lost, and
+    the next job's lease is kept by heartbeats as the first one's was."""
+    proxy = redis_env.proxy()
+    client = redis_env.server().proxied_client(proxy)
+    release = {"first": threading.Event(), "second": threading.Event()}
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        assert release[payload].wait(30), f"the handler of {payload!r} was never released"
+        return payload
+
+    poll, every = 1_000, WORKER_LEASE // 3
+    queue, worker, clock, events = in_process_worker(
+        redis_env, handler, client=client, poll_ns=poll
+    )
+    first = queue.enqueue("first")
+    thread = run_in_thread(worker, 2)
+    eventually(lambda: ("claimed", first) in events, "the worker to claim the first job")
+    start = clock.now_ns()
+    story = Story(
+        f"RedisWorker(poll_ns={poll}), heartbeat_every_ns={every} (lease/3), its handler "
+        "holding a job claimed at t=+0:", clock.now_ns, start,
+    )  # fmt: skip
+
+    def until(pred: Callable[[], bool], invariant: str, waited_for: str) -> None:
+        try:
+            eventually(pred, waited_for)
+        except AssertionError as error:
+            beats = worker.statistics().heartbeats
+            raise AssertionError(story.tell(invariant, f"{error} (heartbeats: {beats})")) from None
+
+    def beating(after: int) -> bool:  # the heartbeat thread asleep on the clock, not dead
+        deadline = clock.next_deadline_ns()
+        return clock.sleepers() >= 1 and (deadline is None or deadline > after)
+
+    due, beats = start + every, 0
+    for fault in ("outage", *redis_env.refusals):
+        if fault == "outage":
+            proxy.outage()
+        else:
+            proxy.refuse(fault)
+        clock.set(due)
+        story.add(f"a beat due, Redis {'unreachable' if fault == 'outage' else fault}")
+        until(
+            lambda at=due: beating(at),  # type: ignore[misc]
+            f"a heartbeat refused by {fault} is an "
+            "unavailability like any other — the thread waits poll_ns and beats again (a "
+            "thread that died on it leaves the lease to run out under a live handler)",
+            "the heartbeat thread asleep on the clock until its next try",
+        )  # fmt: skip
+        proxy.heal()
+        clock.set(due + poll)
+        story.add("Redis back, poll_ns later")
+        until(
+            lambda want=beats + 1: worker.statistics().heartbeats == want,  # type: ignore[misc]
+            f"once {fault} is over, the refused beat is "
+            "tried again poll_ns later, and made",
+            f"heartbeats={beats + 1}",
+        )  # fmt: skip
+        beats, due = beats + 1, due + poll + every
+    redis_env.lose_keys()
+    clock.set(due)
+    story.add("the store lost (every key of the queue gone, as a master back empty); a beat due")
+    until(
+        lambda: beating(due),
+        "a heartbeat that finds its job gone (JobNotFound, like "
+        "StaleLease) drops that job, and the thread lives on for the next one",
+        "the heartbeat thread asleep on the clock",
+    )  # fmt: skip
+    second = queue.enqueue("second")
+    release["first"].set()
+    eventually(lambda: ("claimed", second) in events, "the worker to claim the second job")
+    story.add(f"the first handler returned; the worker reported {events[-2][0]!r}, then "
+              "claimed the second job")  # fmt: skip
+    clock.set(clock.now_ns() + every)
+    story.add("lease/3 later")
+    until(
+        lambda: worker.statistics().heartbeats == beats + 1,
+        "the second job's lease is kept by heartbeats like the first's",
+        f"heartbeats={beats + 1}",
+    )
+    release["second"].set()
+    thread.outcome("the worker to finish its two jobs")
 
 
 @rule("worker-stop")
