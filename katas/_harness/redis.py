@@ -561,9 +561,9 @@ class ExternalNode(SharedNode):
         return c
 
     def _admin(self) -> redis.Redis:
-        if not isinstance(self._admin_client, redis.Redis):
+        if self._admin_client is None:  # one, kept open (a cluster client finds its slots once)
             self._admin_client = self._new_client(**client_kwargs())
-        return self._admin_client
+        return self._admin_client  # type: ignore[return-value]  # a RedisCluster serves as one
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every key starting with ``prefix`` (SCAN, so the server is not blocked)."""
@@ -749,6 +749,11 @@ class RedisEnv:
             k.decode() if isinstance(k, bytes) else str(k)
             for k in admin.scan_iter(match=pattern, count=1000)
         )
+
+    def admin(self, node: RedisNode | None = None) -> redis.Redis:
+        """The administration client of ``node`` (default :meth:`server`; one, kept open):
+        what a test reads the server's keys with, apart from the code under test's own."""
+        return (node or self.server())._admin()
 
     def lose_keys(self) -> None:
         """Every key of this test gone at once, as with a master back empty (a restart

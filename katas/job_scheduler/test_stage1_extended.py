@@ -612,7 +612,7 @@ def test_stage1_max_pending_bounds_unfinished_jobs() -> None:
     assert queue.redrive(a) is True
 
 
-@rule("max-pending", "cancel")
+@rule("max-pending", "cancel", "full-queue-dedups")
 @extended
 def test_stage1_max_pending_counts_exactly_the_unfinished_jobs() -> None:
     clock, queue = new_queue(max_pending=1, max_attempts=1)

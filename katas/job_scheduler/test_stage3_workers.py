@@ -70,7 +70,7 @@ from katas.job_scheduler._testing.redis_queues import (
     new_queue,
 )
 from katas.job_scheduler._testing.states import DEAD, READY, SUCCEEDED
-from katas.job_scheduler.api import LEASE_EXPIRED, Lease, Worker
+from katas.job_scheduler.api import LEASE_EXPIRED, JobNotFound, Lease, StaleLease, Worker
 
 pytestmark = [pytest.mark.stage(3)]
 
@@ -291,6 +291,60 @@ def test_stage3_a_worker_stopped_during_an_outage_still_finishes_its_job(
     )
 
 
+#: Where a worker meets the loss of its store (a master back empty) with a job in hand:
+#: the payload's get (held right after the claim), the commit (the handler returns), the
+#: nack (the handler raises), the ack (held right after the commit).
+LOST_AT = ["get", "commit", "nack", "ack"]
+
+
+@rule("worker-stale-drops", "dead-master", "worker-events")
+@extended
+@pytest.mark.parametrize("at", LOST_AT)
+def test_stage3_a_worker_whose_store_is_lost_drops_the_job_and_goes_on(
+    redis_env: RedisEnv, at: str
+) -> None:
+    """The queue's keys are lost while the worker holds a job, just before one of its
+    steps: the job is gone (``JobNotFound`` or ``StaleLease``, whichever the step meets)
+    — the worker reports it lost and runs the next job, enqueued into the new store."""
+    held = InterleaveGate(f"the worker before its {at}", limit=1)
+    in_handler = threading.Event()
+    go_on = threading.Event()
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        if payload == "first" and at in ("commit", "nack"):
+            in_handler.set()
+            assert go_on.wait(30), "the handler was never let go on"
+            if at == "nack":
+                raise RuntimeError("the job fails")
+        return payload
+
+    hold = {"get": ("claimed", held), "ack": ("after_effect", held)}.get(at)
+    queue, worker, _, events = in_process_worker(redis_env, handler, hold=hold)
+    first = queue.enqueue("first")
+    thread = run_in_thread(worker, 2)
+    if hold is not None:
+        held.wait_arrived()
+    else:
+        eventually(in_handler.is_set, "the first job's handler running")
+    redis_env.lose_keys()
+    second = queue.enqueue("second")
+    held.open()
+    go_on.set()
+    try:
+        thread.outcome(f"the worker to finish two jobs, the first lost before its {at}")
+    except (StaleLease, JobNotFound) as crash:
+        raise AssertionError(
+            f"the store was lost before the worker's {at}: {type(crash).__name__} escaped "
+            f"run() ({crash}) — a stale lease at any step drops the job as lost, whichever "
+            f"of the two the step meets. Events: {events}"
+        ) from None
+    seen = [(e, job) for e, job in events if e in ("lost", "acked", "failed")]
+    assert seen == [("lost", first), ("acked", second)], (
+        f"the store lost before the worker's {at}: the first job is dropped as lost, then "
+        f"the second, enqueued into the new store, runs and is acked; events {events}"
+    )
+
+
 @rule("worker-heartbeats", "worker-outage", "busy-unavailable", "worker-stale-drops")
 @extended
 def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
@@ -304,8 +358,10 @@ def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
     proxy = redis_env.proxy()
     client = redis_env.server().proxied_client(proxy)
     release = {"first": threading.Event(), "second": threading.Event()}
+    running = {"first": threading.Event(), "second": threading.Event()}
 
     def handler(lease: Lease, payload: Any) -> Any:
+        running[payload].set()  # from now on, only the heartbeat thread sleeps on the clock
         assert release[payload].wait(30), f"the handler of {payload!r} was never released"
         return payload
 
@@ -315,7 +371,7 @@ def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
     )
     first = queue.enqueue("first")
     thread = run_in_thread(worker, 2)
-    eventually(lambda: ("claimed", first) in events, "the worker to claim the first job")
+    eventually(running["first"].is_set, "the first job's handler running")
     start = clock.now_ns()
     story = Story(
         f"RedisWorker(poll_ns={poll}), heartbeat_every_ns={every} (lease/3), its handler "
@@ -367,11 +423,13 @@ def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
         "StaleLease) drops that job, and the thread lives on for the next one",
         "the heartbeat thread asleep on the clock",
     )  # fmt: skip
-    second = queue.enqueue("second")
+    queue.enqueue("second")
     release["first"].set()
-    eventually(lambda: ("claimed", second) in events, "the worker to claim the second job")
-    story.add(f"the first handler returned; the worker reported {events[-2][0]!r}, then "
-              "claimed the second job")  # fmt: skip
+    eventually(running["second"].is_set, "the second job's handler running")
+    story.add(
+        f"the first handler returned; the worker reported {[e for e, j in events if j == first]}"
+        " for that job, then claimed the second"
+    )
     clock.set(clock.now_ns() + every)
     story.add("lease/3 later")
     until(

@@ -20,8 +20,9 @@ def max_pending_walk(
     queue: JobQueue, now_ns: Callable[[], int], pass_time: Callable[[int], None], lease_ns: int
 ) -> None:
     """Walk a queue built with ``max_pending=1``, ``max_attempts=1`` and retries due at
-    once. ``now_ns`` reads the queue's clock (the server's, in stage 3); ``pass_time``
-    moves it. Fails, telling the steps so far, at the first call that breaks the bound."""
+    once, a full queue's deduplicated enqueue included (full-queue-dedups). ``now_ns``
+    reads the queue's clock (the server's, in stage 3); ``pass_time`` moves it. Fails,
+    telling the steps so far, at the first call that breaks the bound."""
     story = Story("max_pending=1, max_attempts=1:", now_ns, now_ns())
     rule = (
         "max_pending counts the unfinished jobs — SCHEDULED, READY and LEASED — and only "
@@ -53,8 +54,14 @@ def max_pending_walk(
         assert isinstance(lease, Lease)
         return lease
 
-    a = fits("enqueue('a')", lambda: queue.enqueue("a"), "the queue is empty")
+    a = fits("enqueue('a', key 'a')", lambda: queue.enqueue("a", idempotency_key="a"), "empty")
     full("enqueue('b')", lambda: queue.enqueue("b"), "a is READY: one unfinished job")
+    again = fits(
+        "enqueue('a again', key 'a')",
+        lambda: queue.enqueue("a again", idempotency_key="a"),
+        "a full queue still answers a deduplicated enqueue: it creates nothing",
+    )
+    story.check(again == a, rule, f"the deduplicated enqueue returned {again!r}, not a's id")
     lease_a = claimed("a")
     full("enqueue('b')", lambda: queue.enqueue("b"), "a is LEASED, unfinished: it still counts")
     fits(f"cancel({a!r})", lambda: queue.cancel(a), "cancel never adds a job")

@@ -94,7 +94,7 @@ def finish(queue: SharedJobQueue, lease: Lease, turn: int) -> None:
 
 def key_contents(env: RedisEnv, node: RedisNode | None = None) -> dict[str, Any]:
     """Every key under the test's prefix and what it holds (to prove nothing changed)."""
-    admin = (node or env.server()).client()
+    admin = env.admin(node)
     out: dict[str, Any] = {}
     for key in env.keys(node=node):
         kind = text(admin.type(key))
@@ -112,7 +112,7 @@ def key_contents(env: RedisEnv, node: RedisNode | None = None) -> dict[str, Any]
 def key_sizes(env: RedisEnv, prefix: str | None = None) -> dict[str, int]:
     """Every key under ``prefix`` (default: the test's) and how much it holds: its members
     or fields (a string holds 1)."""
-    admin = env.server().client()
+    admin = env.admin()
     sizes: dict[str, Callable[[str], int]] = {
         "hash": admin.hlen, "set": admin.scard, "zset": admin.zcard, "list": admin.llen,
     }  # fmt: skip
