@@ -138,37 +138,71 @@ def committed_stubs(dest: Path) -> Path:
 
 
 class Pool(Generic[T]):
-    """Runs independent subprocess checks on every core while pytest walks its tests.
+    """Independent subprocess checks (whole suite runs), run in the background while
+    pytest walks its tests; ``result(key)`` waits for one of them.
 
-    Parametrized checks each spawn a whole suite run; started together, they use both
-    cores of a CI machine instead of one. Two runs a core, because a run waits about as
-    much as it computes (a cluster starting, a red test's deadline running out): the
-    catalogue sweep took 435 s instead of about 600 s, with the same verdicts.
-    ``KATA_POOL_WIDTH`` sets another width. ``result(key)`` waits for one of them.
+    Every pool of the session shares one executor, two runs a core, because a run waits
+    about as much as it computes (a cluster starting, a red test's deadline running
+    out): the catalogue sweep took 435 s instead of about 600 s with one a core, with
+    the same verdicts. ``KATA_POOL_WIDTH`` sets another width. A module that defines
+    ``start_runs(items)`` and ``POOL_ORDER`` has its pool started as soon as the session
+    is collected (:func:`start_pools`), lowest order first, so its runs overlap the
+    checks that come before it.
     """
 
     def __init__(self, jobs: Mapping[Hashable, Callable[[], T]]) -> None:
-        width = int(os.environ.get("KATA_POOL_WIDTH", 0)) or 2 * (os.cpu_count() or 1)
-        self._executor = ThreadPoolExecutor(max_workers=width)
-        self._futures = {key: self._executor.submit(job) for key, job in jobs.items()}
+        executor = _executor()
+        self._futures = {key: executor.submit(job) for key, job in jobs.items()}
 
     def result(self, key: Hashable) -> T:
         return self._futures[key].result()
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for future in self._futures.values():
+            future.cancel()
 
 
-def selected(request: pytest.FixtureRequest, test: str) -> list[dict[str, Any]]:
-    """The parameters of every selected item of ``test`` in the requesting module.
+_EXECUTOR: list[ThreadPoolExecutor] = []
+#: Pools started at collection, by test module, until its fixture takes its own.
+_STARTED: dict[Path, Pool[Any]] = {}
+
+
+def _executor() -> ThreadPoolExecutor:
+    if not _EXECUTOR:
+        width = int(os.environ.get("KATA_POOL_WIDTH", 0)) or 2 * (os.cpu_count() or 1)
+        _EXECUTOR.append(ThreadPoolExecutor(max_workers=width, thread_name_prefix="pool"))
+    return _EXECUTOR[0]
+
+
+def start_pools(items: Sequence[pytest.Item]) -> None:
+    """Start the pool of every selected module that has one (``conftest`` calls this once
+    the session is collected)."""
+    modules = {item.module for item in items if isinstance(item, pytest.Function)}
+    starters = sorted((m for m in modules if hasattr(m, "start_runs")), key=lambda m: m.POOL_ORDER)
+    for module in starters:
+        path = Path(module.__file__)
+        _STARTED[path] = module.start_runs([i for i in items if i.path == path])
+
+
+def module_pool(
+    request: pytest.FixtureRequest, start: Callable[[list[pytest.Item]], Pool[T]]
+) -> Pool[T]:
+    """The requesting module's pool: the one started at collection, else started now."""
+    started = _STARTED.pop(request.path, None)
+    if started is not None:
+        return started
+    return start([i for i in request.session.items if i.path == request.path])
+
+
+def selected(items: Sequence[pytest.Item], test: str) -> list[dict[str, Any]]:
+    """The parameters of every selected item of ``test`` among ``items``.
 
     A pool starts only the runs that pytest's selection (``-k``, node ids) kept.
     """
     return [
         dict(item.callspec.params)
-        for item in request.session.items
+        for item in items
         if isinstance(item, pytest.Function)
-        and item.path == request.path
         and item.originalname == test
         and hasattr(item, "callspec")
     ]

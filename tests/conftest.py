@@ -12,7 +12,7 @@ import time
 from collections import defaultdict
 
 import pytest
-from _support import learner_edits
+from _support import learner_edits, start_pools
 
 CATALOGUE_MARK = "catalogue"
 
@@ -62,6 +62,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept
         config.stash[_left_out_key] = len(left_out)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the whole-suite runs of the checks that pool them now, in the background,
+    so that they overlap every check that comes before them."""
+    start_pools(session.items)
 
 
 _left_out_key = pytest.StashKey[int]()

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import _sampled
 import pytest
-from _support import Pool, embedded_env, selected
+from _support import Pool, embedded_env, module_pool, selected
 
 from katas._harness.redis_fixture import CLUSTER_SKIP, ENV_CLUSTER, ENV_SERVER
 from katas._registry import mutants
@@ -77,14 +77,22 @@ def _run(mutant: mutants.Mutant) -> Runs:
     return part(True), part(False)
 
 
-@pytest.fixture(scope="module")
-def catalogue_runs(request: pytest.FixtureRequest) -> Iterator[Pool[Runs]]:
+#: The catalogue's short runs start after the stage suites' whole ones (test_suites).
+POOL_ORDER = 1
+
+
+def start_runs(items: list[pytest.Item]) -> Pool[Runs]:
     chosen = [
         m
-        for m in (p["mutant"] for p in selected(request, "test_catalogue_entry_is_caught"))
+        for m in (p["mutant"] for p in selected(items, "test_catalogue_entry_is_caught"))
         if "cluster" not in m.needs or _cluster_server() is not None
     ]
-    pool = Pool({m.name: functools.partial(_run, m) for m in chosen})
+    return Pool({m.name: functools.partial(_run, m) for m in chosen})
+
+
+@pytest.fixture(scope="module")
+def catalogue_runs(request: pytest.FixtureRequest) -> Iterator[Pool[Runs]]:
+    pool = module_pool(request, start_runs)
     yield pool
     pool.shutdown()
     _WARM.close()

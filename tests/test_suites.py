@@ -19,6 +19,7 @@ from _support import (
     cluster_configured,
     committed_stubs,
     embedded_env,
+    module_pool,
     real_redis_configured,
     selected,
     stage_suites,
@@ -85,19 +86,27 @@ def _stubs(kata: str, stage: int) -> SuiteRun:
         return run_suite(suite_files(kata, stage), impl=str(stubs), env=embedded_env())
 
 
-@pytest.fixture(scope="module")
-def runs(request: pytest.FixtureRequest) -> Iterator[Pool[SuiteRun]]:
+#: Whole stage suites, the longest runs of the session: started first.
+POOL_ORDER = 0
+
+
+def start_runs(items: list[pytest.Item]) -> Pool[SuiteRun]:
     jobs: dict[Hashable, Callable[[], SuiteRun]] = {}
-    for p in selected(request, "test_reference_passes_every_stage_suite"):
+    for p in selected(items, "test_reference_passes_every_stage_suite"):
         k, s, m = p["kata"], p["stage"], p["mode"]
         jobs["reference", k, s, m] = functools.partial(_reference, k, s, m)
-    for p in selected(request, "test_every_public_name_of_a_stage_is_called_by_its_suite"):
+    for p in selected(items, "test_every_public_name_of_a_stage_is_called_by_its_suite"):
         k, s = p["kata"], p["stage"]
         m = _modes(k, s)[0]
         jobs["reference", k, s, m] = functools.partial(_reference, k, s, m)
-    for p in selected(request, "test_every_test_fails_on_the_committed_stubs"):
+    for p in selected(items, "test_every_test_fails_on_the_committed_stubs"):
         jobs["stubs", p["kata"], p["stage"]] = functools.partial(_stubs, p["kata"], p["stage"])
-    pool = Pool(jobs)
+    return Pool(jobs)
+
+
+@pytest.fixture(scope="module")
+def runs(request: pytest.FixtureRequest) -> Iterator[Pool[SuiteRun]]:
+    pool = module_pool(request, start_runs)
     yield pool
     pool.shutdown()
 
