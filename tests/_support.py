@@ -60,9 +60,11 @@ def uses_redis(kata: str, stage: int) -> bool:
     return _catalog().get(kata).stage(stage).redis
 
 
-def embedded_env() -> dict[str, str]:
-    """The environment for a run on the embedded fakeredis (real-server variables off)."""
-    return {k: v for k, v in os.environ.items() if k not in REDIS_ENV}
+def embedded_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a run on the embedded fakeredis (real-server variables off):
+    this process's, or ``base`` (a pool's runs take the one they were started with, not
+    what a check running meanwhile has set)."""
+    return {k: v for k, v in (os.environ if base is None else base).items() if k not in REDIS_ENV}
 
 
 def learners_env() -> dict[str, str]:

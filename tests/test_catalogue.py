@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import _sampled
@@ -47,18 +47,19 @@ Runs = tuple[SuiteRun, SuiteRun]  # the named tests, then all the others (of one
 _WARM = WarmStart()
 
 
-def _cluster_server() -> str | None:
+def _cluster_server(base: Mapping[str, str] = os.environ) -> str | None:
     """The ``redis-server`` a cluster entry's tests build their clusters of, if any."""
-    return os.environ.get(ENV_CLUSTER) or os.environ.get(ENV_SERVER) or None
+    return base.get(ENV_CLUSTER) or base.get(ENV_SERVER) or None
 
 
-def _run(mutant: mutants.Mutant) -> Runs:
-    """One run of the whole suite on the mutant, split into the named tests and the rest."""
+def _run(mutant: mutants.Mutant, base: Mapping[str, str]) -> Runs:
+    """One run of the whole suite on the mutant, split into the named tests and the rest,
+    from the environment ``base``."""
     with tempfile.TemporaryDirectory(prefix="kata-mutant-") as tmp:
         impl = str(mutants.materialise(mutant, Path(tmp) / "impl"))
-        server = _cluster_server() if "cluster" in mutant.needs else None
+        server = _cluster_server(base) if "cluster" in mutant.needs else None
         env = {
-            **embedded_env(),
+            **embedded_env(base),
             **({ENV_SERVER: server} if server else {}),
             "KATA_PROFILE": "mutant",
             "PYTHONPATH": str(Path(__file__).parent),  # where -p _sampled is found
@@ -87,7 +88,8 @@ def start_runs(items: list[pytest.Item]) -> Pool[Runs]:
         for m in (p["mutant"] for p in selected(items, "test_catalogue_entry_is_caught"))
         if "cluster" not in m.needs or _cluster_server() is not None
     ]
-    return Pool({m.name: functools.partial(_run, m) for m in chosen})
+    base = dict(os.environ)
+    return Pool({m.name: functools.partial(_run, m, base) for m in chosen})
 
 
 @pytest.fixture(scope="module")

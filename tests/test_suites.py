@@ -10,7 +10,7 @@ import functools
 import importlib
 import os
 import tempfile
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -65,25 +65,26 @@ def _summary(run: SuiteRun, limit: int = 15) -> str:
 _REACHED: dict[tuple[str, int], set[str]] = {}
 
 
-def _reference(kata: str, stage: int, mode: str) -> SuiteRun:
+def _reference(kata: str, stage: int, mode: str, base: Mapping[str, str]) -> SuiteRun:
+    """The stage's suite on the reference, in ``mode``, from the environment ``base``."""
     if mode == "real-redis":  # a real server, or an external one: not the cluster
-        env = {k: v for k, v in os.environ.items() if k != "KATA_REDIS_CLUSTER"}
+        env = {k: v for k, v in base.items() if k != "KATA_REDIS_CLUSTER"}
         return run_suite(suite_files(kata, stage), impl="solutions", env=env)
     if mode == "cluster":  # every test on the shared cluster, faults on private servers
-        env = {**embedded_env(), "KATA_REDIS_CLUSTER": os.environ["KATA_REDIS_CLUSTER"]}
+        env = {**embedded_env(base), "KATA_REDIS_CLUSTER": base["KATA_REDIS_CLUSTER"]}
         return run_suite(suite_files(kata, stage), impl="solutions", env=env)
     with tempfile.TemporaryDirectory(prefix="kata-reached-") as tmp:
         names = Path(tmp) / "reached"
-        env = {**embedded_env(), reach.ENV_REACHED: str(names)}
+        env = {**embedded_env(base), reach.ENV_REACHED: str(names)}
         run = run_suite(suite_files(kata, stage), impl="solutions", env=env)
         _REACHED[kata, stage] = set(names.read_text().split()) if names.exists() else set()
     return run
 
 
-def _stubs(kata: str, stage: int) -> SuiteRun:
+def _stubs(kata: str, stage: int, base: Mapping[str, str]) -> SuiteRun:
     with tempfile.TemporaryDirectory(prefix="kata-stubs-") as tmp:
         stubs = committed_stubs(Path(tmp) / "stubs")
-        return run_suite(suite_files(kata, stage), impl=str(stubs), env=embedded_env())
+        return run_suite(suite_files(kata, stage), impl=str(stubs), env=embedded_env(base))
 
 
 #: Whole stage suites, the longest runs of the session: started first.
@@ -92,15 +93,17 @@ POOL_ORDER = 0
 
 def start_runs(items: list[pytest.Item]) -> Pool[SuiteRun]:
     jobs: dict[Hashable, Callable[[], SuiteRun]] = {}
+    base = dict(os.environ)
     for p in selected(items, "test_reference_passes_every_stage_suite"):
         k, s, m = p["kata"], p["stage"], p["mode"]
-        jobs["reference", k, s, m] = functools.partial(_reference, k, s, m)
+        jobs["reference", k, s, m] = functools.partial(_reference, k, s, m, base)
     for p in selected(items, "test_every_public_name_of_a_stage_is_called_by_its_suite"):
         k, s = p["kata"], p["stage"]
         m = _modes(k, s)[0]
-        jobs["reference", k, s, m] = functools.partial(_reference, k, s, m)
+        jobs["reference", k, s, m] = functools.partial(_reference, k, s, m, base)
     for p in selected(items, "test_every_test_fails_on_the_committed_stubs"):
-        jobs["stubs", p["kata"], p["stage"]] = functools.partial(_stubs, p["kata"], p["stage"])
+        k, s = p["kata"], p["stage"]
+        jobs["stubs", k, s] = functools.partial(_stubs, k, s, base)
     return Pool(jobs)
 
 
