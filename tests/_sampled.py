@@ -5,6 +5,8 @@ An entry is proved by its named tests, which always run. The others only show th
 entry is a realistic bug rather than a crash (most of them still pass), and a sample of
 them shows that as well as all of them would, at a fraction of a whole suite's run.
 
+Tests marked ``processes`` (they start OS processes: seconds each) are never drawn.
+
 ``KATA_SAMPLE_KEEP``: the names to keep (test functions or stateful classes, or one
 parametrization as ``test_x[id]``; space separated); ``KATA_SAMPLE_OTHERS``: how many
 others; ``KATA_SAMPLE_SEED``: the seed (the entry's name, so one entry always meets the
@@ -34,8 +36,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     keep = set(os.environ.get(KEEP, "").split())
     others = [item for item in items if not _names(item) & keep]
+    # A test that starts processes costs seconds and tells a crash from a bug no better.
+    sampled = [item for item in others if item.get_closest_marker("processes") is None]
     sample = random.Random(os.environ.get(SEED, "")).sample(
-        others, min(len(others), int(os.environ[OTHERS]))
+        sampled, min(len(sampled), int(os.environ[OTHERS]))
     )
     chosen = {id(item) for item in sample}
     dropped = [item for item in others if id(item) not in chosen]

@@ -67,6 +67,7 @@ MARKERS = (
     "core: the part of a stage a strong candidate finishes within the timebox",
     "extended: the part of a stage that deepens the kata beyond the timebox",
     "realtime: waits for real Redis expiry (short, bounded)",
+    "processes: starts OS processes of the code under test (seconds of wall time)",
     "rule(*ids): the rules of the stage's prompt this test checks (§id in the kata README)",
 )
 

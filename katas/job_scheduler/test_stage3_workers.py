@@ -35,7 +35,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from katas._harness.interleave import Gate as InterleaveGate
-from katas._harness.marks import extended, rule
+from katas._harness.marks import extended, processes, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.story import Story
 from katas._harness.under_test import stage
@@ -474,6 +474,7 @@ def test_stage3_a_second_stop_never_extends_the_grace(
 # --- as OS processes, under real signals ----------------------------------------------
 
 
+@processes
 @rule("fault-sigkill", "worker-loop")
 @extended
 @pytest.mark.realtime
@@ -481,6 +482,7 @@ def test_stage3_sigkill_after_the_claim_the_job_comes_back(workers: Workers) -> 
     sigkill_mid_job(workers, "claimed")
 
 
+@processes
 @rule("fault-sigkill", "worker-events")
 @extended
 @pytest.mark.realtime
@@ -488,6 +490,7 @@ def test_stage3_sigkill_between_effect_and_ack_the_effect_lands_once(workers: Wo
     sigkill_mid_job(workers, "after_effect")
 
 
+@processes
 @rule("fault-sigstop", "worker-stale-drops")
 @extended
 @pytest.mark.realtime
@@ -512,6 +515,7 @@ def test_stage3_sigstop_past_the_lease_then_sigcont_the_zombie_is_fenced(
     applied_once(workers, queue, [job_id])
 
 
+@processes
 @rule("fault-poison")
 @extended
 @pytest.mark.realtime
@@ -532,6 +536,7 @@ def test_stage3_poison_job_that_kills_every_worker_is_dead_lettered(workers: Wor
     assert [j.id for j in queue.dead_letters()] == [job_id]
 
 
+@processes
 @rule("fault-long-job", "worker-heartbeats")
 @extended
 @pytest.mark.realtime
@@ -546,6 +551,7 @@ def test_stage3_a_job_three_leases_long_keeps_its_lease_by_heartbeats(workers: W
     )
 
 
+@processes
 @rule("fault-long-job")
 @extended
 @pytest.mark.realtime
@@ -564,6 +570,7 @@ def test_stage3_a_job_three_leases_long_without_heartbeats_loses_every_attempt(
     assert effect_store(queue).effects() == {}, "an expired attempt committed"
 
 
+@processes
 @rule("fault-sigterm", "worker-stop")
 @extended
 @pytest.mark.realtime
@@ -605,6 +612,7 @@ def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
     applied_once(workers, queue, ids)
 
 
+@processes
 @rule("fault-outage", "worker-outage")
 @extended
 @pytest.mark.realtime
@@ -628,6 +636,7 @@ def test_stage3_workers_ride_out_a_redis_outage(workers: Workers) -> None:
     )
 
 
+@processes
 @rule("fault-restart", "scripts-reload")
 @extended
 @pytest.mark.realtime
@@ -646,6 +655,7 @@ def test_stage3_a_worker_survives_a_real_redis_restart(workers: Workers) -> None
     assert not worker.lines("<closed>"), worker.transcript()
 
 
+@processes
 @rule("fault-random-crashes")
 @extended
 @pytest.mark.realtime
