@@ -22,7 +22,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from katas._harness.marks import anyio_test, core, extended, rule
+from katas._harness.marks import anyio_test, core, extended, processes, rule
 from katas._harness.profiles import examples
 from katas._registry import impl
 from katas.dynamic_batcher._testing import replica
@@ -205,6 +205,7 @@ async def test_stage3_prefix_affinity_gets_at_least_twice_round_robins_cache_hit
 @core
 @rule("failover")
 @anyio_test
+@processes
 async def test_stage3_real_a_replica_killed_mid_stream_loses_and_repeats_nothing(
     impl_selection: impl.Selection,
 ) -> None:
@@ -223,6 +224,7 @@ async def test_stage3_real_a_replica_killed_mid_stream_loses_and_repeats_nothing
 @extended
 @rule("epoch", "router-stall")
 @anyio_test
+@processes
 async def test_stage3_real_a_stopped_replica_that_continues_injects_nothing(
     impl_selection: impl.Selection,
 ) -> None:
@@ -255,6 +257,7 @@ async def test_stage3_real_a_stopped_replica_that_continues_injects_nothing(
 @extended
 @rule("probe")
 @anyio_test
+@processes
 async def test_stage3_real_a_replica_restarted_on_its_port_is_routed_again(
     impl_selection: impl.Selection,
 ) -> None:
@@ -281,6 +284,7 @@ async def test_stage3_real_a_replica_restarted_on_its_port_is_routed_again(
 @rule("failover", "router-bad-input")
 @anyio_test
 @pytest.mark.parametrize("answer", sorted(GARBAGE))
+@processes
 async def test_stage3_real_a_replica_answering_garbage_is_a_failure_not_a_crash(
     impl_selection: impl.Selection, answer: str
 ) -> None:

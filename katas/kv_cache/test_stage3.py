@@ -48,7 +48,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from katas._harness.child import run_once
-from katas._harness.marks import core, rule
+from katas._harness.marks import core, processes, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.story import check, expect
 from katas._harness.under_test import stage
@@ -247,6 +247,7 @@ def test_stage3_placement_ignores_the_order_nodes_joined() -> None:
 
 @core
 @rule("stable-hash")
+@processes
 def test_stage3_placement_is_identical_across_processes(impl_selection: impl.Selection) -> None:
     nodes = [f"cache-{i}.internal" for i in range(5)]
     keys = KEYS[:1_000]

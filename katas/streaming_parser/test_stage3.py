@@ -36,7 +36,7 @@ import pytest
 from hypothesis import given, settings
 
 from katas._harness.faultproxy import FaultProxy
-from katas._harness.marks import core, extended, rule
+from katas._harness.marks import core, extended, processes, rule
 from katas._harness.profiles import heavy_examples
 from katas._harness.story import check
 from katas._harness.waiting import eventually_async
@@ -95,6 +95,7 @@ def replicas(
 
 @core
 @rule("exactly-once", "stop", "last-event-id")
+@processes
 async def test_stage3_a_whole_stream_is_delivered_and_the_204_after_it_stops(
     replicas: ReplicaSet,
 ) -> None:
@@ -110,6 +111,7 @@ async def test_stage3_a_whole_stream_is_delivered_and_the_204_after_it_stops(
 
 @core
 @rule("exactly-once", "reconnect", "last-event-id")
+@processes
 async def test_stage3_a_reset_anywhere_in_an_event_loses_and_repeats_nothing(
     replicas: ReplicaSet,
 ) -> None:
@@ -126,6 +128,7 @@ async def test_stage3_a_reset_anywhere_in_an_event_loses_and_repeats_nothing(
 
 @core
 @rule("exactly-once", "reconnect")
+@processes
 async def test_stage3_a_response_that_ends_inside_an_event_does_not_deliver_it(
     replicas: ReplicaSet,
 ) -> None:
@@ -144,6 +147,7 @@ async def test_stage3_a_response_that_ends_inside_an_event_does_not_deliver_it(
 @rule("exactly-once", "reconnect", "last-event-id")
 @settings(max_examples=heavy_examples())
 @given(case=schedules())
+@processes
 async def test_stage3_any_schedule_of_faults_delivers_every_event_once(
     replicas: ReplicaSet, case: Schedule
 ) -> None:
@@ -155,6 +159,7 @@ async def test_stage3_any_schedule_of_faults_delivers_every_event_once(
 
 @core
 @rule("exactly-once", "reconnect")
+@processes
 async def test_stage3_a_cut_at_an_exact_byte_of_the_wire_through_a_proxy(
     replicas: ReplicaSet,
 ) -> None:
@@ -186,6 +191,7 @@ async def test_stage3_a_cut_at_an_exact_byte_of_the_wire_through_a_proxy(
 
 @core
 @rule("last-event-id")
+@processes
 async def test_stage3_every_request_asks_for_an_event_stream_and_no_empty_id_is_sent(
     replicas: ReplicaSet,
 ) -> None:
@@ -210,6 +216,7 @@ async def test_stage3_every_request_asks_for_an_event_stream_and_no_empty_id_is_
 
 @core
 @rule("last-event-id")
+@processes
 async def test_stage3_the_id_sent_is_the_last_delivered_events_not_a_cut_ones(
     replicas: ReplicaSet,
 ) -> None:
@@ -228,6 +235,7 @@ async def test_stage3_the_id_sent_is_the_last_delivered_events_not_a_cut_ones(
 
 @core
 @rule("last-event-id")
+@processes
 async def test_stage3_the_last_event_id_outlives_its_connection(replicas: ReplicaSet) -> None:
     blocks = [
         Block(b"id: 1\ndata: a\n\n", "1"),
@@ -251,6 +259,7 @@ async def test_stage3_the_last_event_id_outlives_its_connection(replicas: Replic
     [b"id:\ndata: b\n\n", b"id\n\n"],
     ids=["an-event-with-an-empty-id", "a-block-of-only-id"],
 )
+@processes
 async def test_stage3_an_id_the_server_cleared_is_not_sent(
     replicas: ReplicaSet, clearing: bytes
 ) -> None:
@@ -279,6 +288,7 @@ async def test_stage3_an_id_the_server_cleared_is_not_sent(
 
 @core
 @rule("failover", "reconnect")
+@processes
 async def test_stage3_each_attempt_goes_to_the_next_replica_cycling(replicas: ReplicaSet) -> None:
     actions = ["status:503", "refuse", "status:500", "cut:30", "status:429", "end:70"]
     result = await run(replicas, BLOCKS, actions)
@@ -293,6 +303,7 @@ async def test_stage3_each_attempt_goes_to_the_next_replica_cycling(replicas: Re
 
 @core
 @rule("failover")
+@processes
 async def test_stage3_a_replica_that_is_down_costs_one_attempt(replicas: ReplicaSet) -> None:
     middle = ENDS[0] + 5
     replicas.reset(BLOCKS, [f"cut:{middle}"])
@@ -315,6 +326,7 @@ async def test_stage3_a_replica_that_is_down_costs_one_attempt(replicas: Replica
 
 @core
 @rule("failover", "exactly-once")
+@processes
 async def test_stage3_a_replica_killed_mid_event_is_failed_over_exactly_once(
     replicas: ReplicaSet,
 ) -> None:
@@ -333,6 +345,7 @@ async def test_stage3_a_replica_killed_mid_event_is_failed_over_exactly_once(
 
 @core
 @rule("exactly-once", "reconnect")
+@processes
 async def test_stage3_a_replica_restarted_is_resumed_from(replicas: ReplicaSet) -> None:
     clock = JumpingClock(jumping=False)
     inside_second = ENDS[0] + 3
@@ -364,6 +377,7 @@ async def test_stage3_a_replica_restarted_is_resumed_from(replicas: ReplicaSet) 
 
 @core
 @rule("stop")
+@processes
 async def test_stage3_204_ends_the_stream_and_nothing_more_is_requested(
     replicas: ReplicaSet,
 ) -> None:
@@ -381,6 +395,7 @@ async def test_stage3_204_ends_the_stream_and_nothing_more_is_requested(
 @core
 @rule("fatal")
 @pytest.mark.parametrize("status", [301, 400, 401, 404, 428, 430, 499])
+@processes
 async def test_stage3_a_status_no_retry_changes_is_fatal(replicas: ReplicaSet, status: int) -> None:
     result = await run(replicas, BLOCKS, [f"status:{status}"])
     err = result.outcome
@@ -397,6 +412,7 @@ async def test_stage3_a_status_no_retry_changes_is_fatal(replicas: ReplicaSet, s
 @core
 @rule("reconnect")
 @pytest.mark.parametrize("status", [429, 500, 503, 599])
+@processes
 async def test_stage3_a_5xx_or_429_is_retried(replicas: ReplicaSet, status: int) -> None:
     result = await run(replicas, BLOCKS, [f"status:{status}"])
     expect_exactly_once(result, BLOCKS, f"the first answer was a {status}, then the stream")
@@ -413,6 +429,7 @@ async def test_stage3_a_5xx_or_429_is_retried(replicas: ReplicaSet, status: int)
         pytest.param("Text/Event-Stream; charset=utf-8", False, id="event-stream-with-charset"),
     ],
 )
+@processes
 async def test_stage3_only_a_200_event_stream_is_read(
     replicas: ReplicaSet, content_type: str, fatal: bool
 ) -> None:
@@ -431,6 +448,7 @@ async def test_stage3_only_a_200_event_stream_is_read(
 
 @core
 @rule("fatal")
+@processes
 async def test_stage3_events_before_a_fatal_answer_are_kept_and_then_it_is_over(
     replicas: ReplicaSet,
 ) -> None:
@@ -454,6 +472,7 @@ async def test_stage3_events_before_a_fatal_answer_are_kept_and_then_it_is_over(
 
 @extended
 @rule("fatal")
+@processes
 async def test_stage3_a_parse_error_is_raised_after_the_events_before_it(
     replicas: ReplicaSet,
 ) -> None:
@@ -469,6 +488,7 @@ async def test_stage3_a_parse_error_is_raised_after_the_events_before_it(
 
 @extended
 @rule("fatal")
+@processes
 async def test_stage3_a_parse_error_comes_after_the_events_of_its_own_chunk(
     replicas: ReplicaSet,
 ) -> None:
@@ -494,6 +514,7 @@ async def test_stage3_a_parse_error_comes_after_the_events_of_its_own_chunk(
 
 @extended
 @rule("backoff")
+@processes
 async def test_stage3_waits_double_from_retry_up_to_the_cap_and_reset_after_an_event(
     replicas: ReplicaSet,
 ) -> None:
@@ -511,6 +532,7 @@ async def test_stage3_waits_double_from_retry_up_to_the_cap_and_reset_after_an_e
 
 @extended
 @rule("backoff")
+@processes
 async def test_stage3_the_servers_retry_sets_the_base_and_outlives_its_connection(
     replicas: ReplicaSet,
 ) -> None:
@@ -529,6 +551,7 @@ async def test_stage3_the_servers_retry_sets_the_base_and_outlives_its_connectio
 
 @extended
 @rule("backoff")
+@processes
 async def test_stage3_waits_are_jittered_with_the_injected_random(replicas: ReplicaSet) -> None:
     actions = ["status:503"] * 6
 
@@ -561,6 +584,7 @@ async def test_stage3_waits_are_jittered_with_the_injected_random(replicas: Repl
 
 @extended
 @rule("backoff")
+@processes
 async def test_stage3_retry_after_of_a_429_or_503_is_a_floor(replicas: ReplicaSet) -> None:
     actions = ["status:503:7", "status:429:3", "status:503:0"]
     result = await run(replicas, BLOCKS, actions, retry_ms=100)
@@ -581,6 +605,7 @@ async def test_stage3_retry_after_of_a_429_or_503_is_a_floor(replicas: ReplicaSe
 
 @extended
 @rule("backoff")
+@processes
 async def test_stage3_retry_after_sets_the_next_wait_only_even_past_the_cap(
     replicas: ReplicaSet,
 ) -> None:
@@ -599,6 +624,7 @@ async def test_stage3_retry_after_sets_the_next_wait_only_even_past_the_cap(
 
 @extended
 @rule("backoff")
+@processes
 async def test_stage3_retry_after_on_another_status_is_ignored(replicas: ReplicaSet) -> None:
     actions = ["status:500:10", "status:502:10", "status:504:10", "status:599:10"]
     result = await run(replicas, BLOCKS, actions, retry_ms=100)
@@ -613,6 +639,7 @@ async def test_stage3_retry_after_on_another_status_is_ignored(replicas: Replica
 
 @extended
 @rule("backoff")
+@processes
 async def test_stage3_a_retry_in_an_event_cut_by_a_drop_sets_the_next_wait(
     replicas: ReplicaSet,
 ) -> None:
@@ -639,6 +666,7 @@ async def test_stage3_a_retry_in_an_event_cut_by_a_drop_sets_the_next_wait(
     ("fault", "status"),
     [("status:503", 503), ("status:429", 429), ("refuse", None), ("cut:5", None), ("end:5", None)],
 )
+@processes
 async def test_stage3_max_attempts_in_a_row_without_an_event_give_up(
     replicas: ReplicaSet, fault: str, status: int | None
 ) -> None:
@@ -658,6 +686,7 @@ async def test_stage3_max_attempts_in_a_row_without_an_event_give_up(
 
 @extended
 @rule("give-up")
+@processes
 async def test_stage3_an_attempt_that_delivers_starts_the_count_again(
     replicas: ReplicaSet,
 ) -> None:
@@ -675,6 +704,7 @@ async def test_stage3_an_attempt_that_delivers_starts_the_count_again(
 @extended
 @rule("give-up", "backoff")
 @pytest.mark.parametrize("fault", ["end:0", "cut:0", "end:5"])
+@processes
 async def test_stage3_each_response_after_a_delivering_one_counts_if_it_delivers_nothing(
     replicas: ReplicaSet, fault: str
 ) -> None:
@@ -711,6 +741,7 @@ async def test_stage3_each_response_after_a_delivering_one_counts_if_it_delivers
         pytest.param([f"end:{ENDS[0]}", "refuse", "status:502"], "c", 502, id="refused-then-502"),
     ],
 )
+@processes
 async def test_stage3_giving_up_names_the_last_attempts_url_and_status(
     replicas: ReplicaSet, actions: list[str], replica: str, status: int | None
 ) -> None:
@@ -731,6 +762,7 @@ async def test_stage3_giving_up_names_the_last_attempts_url_and_status(
 
 @extended
 @rule("stalled-connection", "failover")
+@processes
 async def test_stage3_a_stalled_replica_is_left_after_the_idle_timeout(
     replicas: ReplicaSet,
 ) -> None:
@@ -748,6 +780,7 @@ async def test_stage3_a_stalled_replica_is_left_after_the_idle_timeout(
 
 @extended
 @rule("stalled-connection")
+@processes
 async def test_stage3_a_response_that_never_sends_a_byte_is_dropped(replicas: ReplicaSet) -> None:
     with bounded(f"the idle timeout ({IDLE_S} s) to end the silent response", 10 * IDLE_S):
         result = await run(replicas, BLOCKS, ["silent"], idle_timeout_s=IDLE_S)
@@ -756,6 +789,7 @@ async def test_stage3_a_response_that_never_sends_a_byte_is_dropped(replicas: Re
 
 @extended
 @rule("stalled-connection")
+@processes
 async def test_stage3_bytes_that_keep_coming_slowly_keep_the_connection(
     replicas: ReplicaSet,
 ) -> None:
@@ -775,6 +809,7 @@ async def test_stage3_bytes_that_keep_coming_slowly_keep_the_connection(
 
 @extended
 @rule("aclose")
+@processes
 async def test_stage3_aclose_while_reading_ends_the_iteration_at_once(
     replicas: ReplicaSet,
 ) -> None:
@@ -805,6 +840,7 @@ async def test_stage3_aclose_while_reading_ends_the_iteration_at_once(
 
 @extended
 @rule("aclose")
+@processes
 async def test_stage3_aclose_during_a_backoff_ends_at_once(replicas: ReplicaSet) -> None:
     clock = JumpingClock(jumping=False)
     replicas.reset(BLOCKS, ["status:503"])
@@ -828,6 +864,7 @@ async def test_stage3_aclose_during_a_backoff_ends_at_once(replicas: ReplicaSet)
 
 @extended
 @rule("aclose")
+@processes
 async def test_stage3_leaving_the_block_closes_the_response(replicas: ReplicaSet) -> None:
     inside_second = ENDS[0] + 3
     replicas.reset(BLOCKS, [f"hold:{inside_second}"])
@@ -846,6 +883,7 @@ async def test_stage3_leaving_the_block_closes_the_response(replicas: ReplicaSet
 @extended
 @rule("aclose")
 @pytest.mark.parametrize("when", ["before-any-anext", "after-an-event"])
+@processes
 async def test_stage3_after_aclose_every_anext_ends_and_nothing_is_requested(
     replicas: ReplicaSet, when: str
 ) -> None:
@@ -894,6 +932,7 @@ async def test_stage3_after_aclose_every_anext_ends_and_nothing_is_requested(
         ("idle_timeout_s", "1", None),
     ],
 )
+@processes
 async def test_stage3_bad_arguments_are_refused_by_name(
     replicas: ReplicaSet, name: str, value: object, urls: object
 ) -> None:
@@ -913,6 +952,7 @@ async def test_stage3_bad_arguments_are_refused_by_name(
 
 @extended
 @rule("stage3-bad-arguments")
+@processes
 async def test_stage3_nothing_is_requested_before_the_first_anext(replicas: ReplicaSet) -> None:
     replicas.reset(BLOCKS)
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
