@@ -23,6 +23,7 @@ fault-restart, scripts-reload) · random crashes (fault-random-crashes) · skewe
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -385,6 +386,9 @@ def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
             beats = worker.statistics().heartbeats
             raise AssertionError(story.tell(invariant, f"{error} (heartbeats: {beats})")) from None
 
+    def beats_are(want: int) -> bool:
+        return worker.statistics().heartbeats == want
+
     def beating(after: int) -> bool:  # the heartbeat thread asleep on the clock, not dead
         deadline = clock.next_deadline_ns()
         return clock.sleepers() >= 1 and (deadline is None or deadline > after)
@@ -398,7 +402,7 @@ def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
         clock.set(due)
         story.add(f"a beat due, Redis {'unreachable' if fault == 'outage' else fault}")
         until(
-            lambda at=due: beating(at),  # type: ignore[misc]
+            functools.partial(beating, due),
             f"a heartbeat refused by {fault} is an "
             "unavailability like any other — the thread waits poll_ns and beats again (a "
             "thread that died on it leaves the lease to run out under a live handler)",
@@ -408,7 +412,7 @@ def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
         clock.set(due + poll)
         story.add("Redis back, poll_ns later")
         until(
-            lambda want=beats + 1: worker.statistics().heartbeats == want,  # type: ignore[misc]
+            functools.partial(beats_are, beats + 1),
             f"once {fault} is over, the refused beat is "
             "tried again poll_ns later, and made",
             f"heartbeats={beats + 1}",
@@ -433,7 +437,7 @@ def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
     clock.set(clock.now_ns() + every)
     story.add("lease/3 later")
     until(
-        lambda: worker.statistics().heartbeats == beats + 1,
+        functools.partial(beats_are, beats + 1),
         "the second job's lease is kept by heartbeats like the first's",
         f"heartbeats={beats + 1}",
     )
