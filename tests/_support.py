@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
@@ -164,16 +165,19 @@ class Pool(Generic[T]):
             future.cancel()
 
 
-_EXECUTOR: list[ThreadPoolExecutor] = []
 #: Pools started at collection, by test module, until its fixture takes its own.
 _STARTED: dict[Path, Pool[Any]] = {}
 
 
+@functools.cache
 def _executor() -> ThreadPoolExecutor:
-    if not _EXECUTOR:
-        width = int(os.environ.get("KATA_POOL_WIDTH", 0)) or 2 * (os.cpu_count() or 1)
-        _EXECUTOR.append(ThreadPoolExecutor(max_workers=width, thread_name_prefix="pool"))
-    return _EXECUTOR[0]
+    """The session's one executor (made on first use)."""
+    width = int(os.environ.get("KATA_POOL_WIDTH", 0)) or 2 * (os.cpu_count() or 1)
+    return ThreadPoolExecutor(max_workers=width, thread_name_prefix="pool")
+
+
+def _items_of(items: Sequence[pytest.Item], path: Path) -> list[pytest.Item]:
+    return [i for i in items if i.path == path]
 
 
 def start_pools(items: Sequence[pytest.Item]) -> None:
@@ -183,7 +187,7 @@ def start_pools(items: Sequence[pytest.Item]) -> None:
     starters = sorted((m for m in modules if hasattr(m, "start_runs")), key=lambda m: m.POOL_ORDER)
     for module in starters:
         path = Path(module.__file__)
-        _STARTED[path] = module.start_runs([i for i in items if i.path == path])
+        _STARTED[path] = module.start_runs(_items_of(items, path))
 
 
 def module_pool(
@@ -193,7 +197,7 @@ def module_pool(
     started = _STARTED.pop(request.path, None)
     if started is not None:
         return started
-    return start([i for i in request.session.items if i.path == request.path])
+    return start(_items_of(request.session.items, request.path))
 
 
 def selected(items: Sequence[pytest.Item], test: str) -> list[dict[str, Any]]:

@@ -83,12 +83,12 @@ POOL_ORDER = 1
 
 
 def start_runs(items: list[pytest.Item]) -> Pool[Runs]:
+    base = dict(os.environ)
     chosen = [
         m
         for m in (p["mutant"] for p in selected(items, "test_catalogue_entry_is_caught"))
-        if "cluster" not in m.needs or _cluster_server() is not None
+        if "cluster" not in m.needs or _cluster_server(base) is not None
     ]
-    base = dict(os.environ)
     return Pool({m.name: functools.partial(_run, m, base) for m in chosen})
 
 

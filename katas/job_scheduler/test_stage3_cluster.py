@@ -299,8 +299,8 @@ def test_stage3_a_migrating_slot_runs_no_call_halfway_on_a_queue_holding_every_k
     target = redis_cluster.other_master(source)
     admin = source.client()
     queue.enqueue("due", delay_ns=20 * MS)
-    enqueued_us = _server_us(admin)
-    eventually(lambda: _server_us(admin) > enqueued_us + 20_000, "the delayed job to be due")
+    enqueued_us = source.time_us()
+    eventually(lambda: source.time_us() > enqueued_us + 20_000, "the delayed job to be due")
     held = redis_cluster.keys("ek:")
     redis_cluster.begin_migration(slot, target)
     wrong: list[str] = []
@@ -341,11 +341,6 @@ def _dumps(owner: redis.Redis, keys: list[str]) -> dict[str, bytes | None]:
         except redis.exceptions.AskError:
             held[key] = None
     return held
-
-
-def _server_us(admin: redis.Redis) -> int:
-    seconds, micros = admin.time()
-    return int(seconds) * 1_000_000 + int(micros)
 
 
 @rule("cluster-reshard", "worker-outage", "busy-unavailable")

@@ -403,30 +403,29 @@ def test_stage3_the_heartbeat_thread_outlives_every_refusal_and_a_lost_job(
         story.add(f"a beat due, Redis {'unreachable' if fault == 'outage' else fault}")
         until(
             functools.partial(beating, due),
-            f"a heartbeat refused by {fault} is an "
-            "unavailability like any other — the thread waits poll_ns and beats again (a "
-            "thread that died on it leaves the lease to run out under a live handler)",
+            f"a heartbeat refused by {fault} is an unavailability like any other — the "
+            "thread waits poll_ns and beats again (a thread that died on it leaves the "
+            "lease to run out under a live handler)",
             "the heartbeat thread asleep on the clock until its next try",
-        )  # fmt: skip
+        )
         proxy.heal()
         clock.set(due + poll)
         story.add("Redis back, poll_ns later")
         until(
             functools.partial(beats_are, beats + 1),
-            f"once {fault} is over, the refused beat is "
-            "tried again poll_ns later, and made",
+            f"once {fault} is over, the refused beat is tried again poll_ns later, and made",
             f"heartbeats={beats + 1}",
-        )  # fmt: skip
+        )
         beats, due = beats + 1, due + poll + every
     redis_env.lose_keys()
     clock.set(due)
     story.add("the store lost (every key of the queue gone, as a master back empty); a beat due")
     until(
-        lambda: beating(due),
-        "a heartbeat that finds its job gone (JobNotFound, like "
-        "StaleLease) drops that job, and the thread lives on for the next one",
+        functools.partial(beating, due),
+        "a heartbeat that finds its job gone (JobNotFound, like StaleLease) drops that job, "
+        "and the thread lives on for the next one",
         "the heartbeat thread asleep on the clock",
-    )  # fmt: skip
+    )
     queue.enqueue("second")
     release["first"].set()
     eventually(running["second"].is_set, "the second job's handler running")
