@@ -3,12 +3,18 @@
 A learner's laptop is busy (a browser, an IDE, a build), and a suite whose deadlines
 measure the machine's mood instead of what the test controls fails there on a correct
 solution. This tool keeps ``--busy`` processes spinning (default: 4 per core) while it
-runs each stage suite on the reference ``--runs`` times in a row, one suite at a time,
-as a learner would (the default profile, the embedded fakeredis), and prints every test
-that failed in any run. It exits 1 if any did. Too slow for CI:
+runs each stage suite on the reference ``--runs`` times in a row, as a learner would (the
+default profile, the embedded fakeredis), and prints every test that failed in any run,
+with its message. It exits 1 if any did. Too slow for CI:
 
     python tests/under_load.py                          # every stage, 10 runs each
     python tests/under_load.py --only job_scheduler/3 --runs 3
+    python tests/under_load.py --together 3             # 3 stages at a time
+
+Every spinner and every suite run is a session of its own. Linux's scheduler shares the
+CPU between sessions first (autogroup), so spinners that shared one session would cost
+a suite no more than one other busy program: with ``--busy 8`` on 2 cores each suite
+gets at most 2/9 of the CPU, and with ``--together K`` 2/(8 + K), a heavier load still.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import multiprocessing
 import os
 import sys
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,9 +33,27 @@ from _support import learners_env, stage_suites
 from katas._registry.suites import run_suite, suite_files
 
 
-def _spin() -> None:  # a busy process: all the CPU it can get, until it is terminated
+def _spin() -> None:  # a busy process in a session of its own, until it is terminated
+    os.setsid()
     while True:
         pass
+
+
+def _runs(kata: str, stage: int, runs: int) -> list[tuple[str, str]]:
+    """Run one stage suite ``runs`` times in a row; (test, message) of every failure."""
+    failed: list[tuple[str, str]] = []
+    for n in range(1, runs + 1):
+        run = run_suite(
+            suite_files(kata, stage), impl="solutions", env=learners_env(), timeout_s=3600
+        )
+        bad = [(r.nodeid, r.message) for r in run.failures()]
+        if not run.ok and not bad:
+            bad = [("(no verdict)", run.output[-2000:])]
+        failed += [(f"{kata}/{stage}: {test}", message) for test, message in bad]
+        names = ", ".join(test for test, _ in bad[:3])
+        verdict = f"{len(bad)} failed: {names}" if bad else "green"
+        print(f"{kata} stage {stage} run {n}: {verdict} ({run.seconds:.0f}s)", flush=True)
+    return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,27 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="stages like kata/N containing this")
     parser.add_argument("--runs", type=int, default=10, help="runs of each suite (10)")
     parser.add_argument("--busy", type=int, default=4 * (os.cpu_count() or 1))
+    parser.add_argument("--together", type=int, default=1, help="stages run at once (1)")
     args = parser.parse_args(argv)
     stages = [(k, s) for k, s in stage_suites() if args.only in f"{k}/{s}"]
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
     for spinner in spinners:
         spinner.start()
-    failed: Counter[str] = Counter()
     try:
-        for kata, stage in stages:
-            for n in range(1, args.runs + 1):
-                env = learners_env()
-                run = run_suite(suite_files(kata, stage), impl="solutions", env=env, timeout_s=3600)
-                bad = [r.nodeid for r in run.failures()] or ([] if run.ok else ["(no verdict)"])
-                failed.update(f"{kata}/{stage}: {b}" for b in bad)
-                verdict = "green" if run.ok else f"{len(bad)} failed: " + ", ".join(bad[:3])
-                print(f"{kata} stage {stage} run {n}: {verdict} ({run.seconds:.0f}s)", flush=True)
+        with ThreadPoolExecutor(args.together) as pool:
+            done = pool.map(lambda ks: _runs(ks[0], ks[1], args.runs), stages)
+            failed = [failure for failures in done for failure in failures]
     finally:
         for spinner in spinners:
             spinner.terminate()
-    for test, times in failed.most_common():
-        print(f"✗ {times}/{args.runs} runs  {test}")
-    print(f"{len(failed)} tests failed at least once under {args.busy} busy processes")
+    times = Counter(test for test, _ in failed)
+    for test, message in dict(failed).items():
+        print(f"✗ {times[test]}/{args.runs} runs  {test}\n    {message[:600]}")
+    print(f"{len(times)} tests failed at least once under {args.busy} busy processes")
     return 1 if failed else 0
 
 

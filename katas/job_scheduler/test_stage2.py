@@ -46,6 +46,7 @@ from katas._harness.marks import anyio_test, core, extended
 from katas._harness.profiles import heavy_examples
 from katas._harness.story import check
 from katas._harness.under_test import stage
+from katas._harness.virtual_time import settle
 from katas._harness.waiting import (
     DEADLINE_S,
     QUIET_S,
@@ -627,7 +628,7 @@ async def test_stage2_async_timeout_cancels_the_handler_and_nacks_the_job() -> N
         clock.advance(499)
         await stays_async(lambda: pool.statistics().in_flight == 1, "the job running at 499 ns")
         clock.advance(1)
-        await anyio.wait_all_tasks_blocked()  # nothing more happens until the clock moves
+        await settle()  # nothing more happens until the clock moves
         check(
             pool.statistics().timed_out == 1,
             f"at timeout_ns=500 after its claim the handler must be cancelled "
@@ -708,7 +709,7 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
         await stays_async(lambda: not stopped, "shutdown waiting for the stuck job")
         clock.advance(1)
         await eventually_async(lambda: bool(stopped), "shutdown done at its grace deadline")
-        await anyio.wait_all_tasks_blocked()  # whatever was cancelled has ended by now
+        await settle()  # whatever was cancelled has ended by now
         # Judged here, inside the task group: a handler left running would keep run()
         # (and this test) waiting forever; failing here cancels it.
         check(
@@ -780,7 +781,7 @@ async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> N
             due = START + beat * THIRD
             for at, want in ((due - 1, beat - 1), (due, beat)):
                 clock.set(at)
-                await anyio.wait_all_tasks_blocked()
+                await settle()
                 beats.append(pool.statistics().heartbeats)
                 check(
                     beats[-1] == want,

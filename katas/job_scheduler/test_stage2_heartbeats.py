@@ -10,7 +10,7 @@ through shutdown's grace period.
 How these tests stay deterministic: the clock is a ``WatchedClock`` that knows which
 threads sleep on it, so a test moves it and then waits until every thread of the pool is
 parked again — nothing more can happen before the clock moves — and judges at once (the
-async pool: ``anyio.wait_all_tasks_blocked()``). Handlers block on events the test sets.
+async pool: the harness's ``settle()``). Handlers block on events the test sets.
 
 Map: a job claimed at its run time is heartbeaten (heartbeats, async-pool) · the next
 heartbeat counts from the last one made (heartbeats, heartbeat-default, async-pool) ·
@@ -29,6 +29,7 @@ from katas._harness import marks
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.story import Story, check
 from katas._harness.under_test import stage
+from katas._harness.virtual_time import settle
 from katas._harness.waiting import eventually, spawn
 from katas.job_scheduler._testing.clocks import (
     AFTER_A_JUMP,
@@ -109,12 +110,12 @@ async def test_stage2_async_a_job_claimed_at_its_run_time_is_heartbeaten() -> No
     )
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         clock.set(START + 1_000)  # the job is due: the idle worker wakes and claims it
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         for beat in (1, 2, 3, 4):
             clock.advance(EVERY)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             now = clock.now_ns()
             check(
                 pool.statistics().heartbeats == beat and _lease_ends(queue, job_id) == now + LEASE,
@@ -125,7 +126,7 @@ async def test_stage2_async_a_job_claimed_at_its_run_time_is_heartbeaten() -> No
                 f"{rel(_lease_ends(queue, job_id))} — was the heartbeat task told of the claim?",
             )
         gate.event.set()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         await pool.shutdown(0)
 
 
@@ -169,14 +170,14 @@ async def test_stage2_async_after_a_clock_jump_the_next_heartbeat_counts_from_th
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
         pool.submit("long")
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         for at, want in AFTER_A_JUMP:
             clock.set(START + at)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             beats = pool.statistics().heartbeats
             judge_beats_after_a_jump(story, "async pool", at, beats, want)
         gate.event.set()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         await pool.shutdown(0)
 
 
@@ -303,12 +304,12 @@ async def test_stage2_async_heartbeats_go_on_through_the_grace_period() -> None:
     )
     async with running_async(pool, grace_ns=None), anyio.create_task_group() as tg:
         job_id = pool.submit("long")
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         tg.start_soon(pool.shutdown, GRACE)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         for beat in range(1, GRACE // EVERY + 1):
             clock.advance(EVERY)
-            await anyio.wait_all_tasks_blocked()
+            await settle()
             now = clock.now_ns()
             check(
                 pool.statistics().heartbeats == beat and _lease_ends(queue, job_id) == now + LEASE,
@@ -318,7 +319,7 @@ async def test_stage2_async_heartbeats_go_on_through_the_grace_period() -> None:
                 f"{pool.statistics().heartbeats}, lease ends {rel(_lease_ends(queue, job_id))}",
             )
         clock.set(START + GRACE)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
     job, stats = queue.get(job_id), pool.statistics()
     check(
         (job.state, job.attempts, stats.released, stats.lost) == (JobState.READY, 0, 1, 0),

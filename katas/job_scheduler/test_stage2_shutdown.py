@@ -10,7 +10,8 @@ release it.
 How these tests stay deterministic: the clock is a ``WatchedClock`` (an ``OrderedClock``,
 where the order in which a condition's waiters wake matters), so a test waits until
 every thread of the pool is parked on it and judges at once; the async pool is judged
-after ``anyio.wait_all_tasks_blocked()``. Handlers block on events the test sets.
+after the harness's ``settle()`` (every task blocked, several scheduler passes in a
+row). Handlers block on events the test sets.
 
 Map: a submit wakes an idle worker (no-busy-waiting) · a handler done before its timeout
 (handler-acked, async-timeout) · idle workers (pool-statistics, bounded-in-flight,
@@ -24,15 +25,15 @@ import threading
 from collections.abc import Callable
 from functools import partial
 
-import anyio
 import pytest
 
 from katas._harness import marks
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.story import Story, check
 from katas._harness.under_test import stage
+from katas._harness.virtual_time import settle
 from katas._harness.waiting import eventually
-from katas.job_scheduler._testing.clocks import OrderedClock, WatchedClock
+from katas.job_scheduler._testing.clocks import WAKE_ORDERS, OrderedClock, WatchedClock
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
     Gate,
@@ -58,8 +59,9 @@ pytestmark = [pytest.mark.stage(2)]
 def test_stage2_every_submit_wakes_an_idle_worker_whoever_waits_longest() -> None:
     """Two workers and whatever else of the pool waits (a heartbeat thread): one worker
     runs a held job, the other is idle, and a second job is submitted. Whichever thread
-    the pool's condition wakes first — its oldest waiter, then its newest — the idle
-    worker must take the job."""
+    the pool's condition wakes first — its oldest waiter, its newest, or the one asleep
+    until the soonest deadline (the heartbeat thread, while a job runs) — the idle worker
+    must take the job."""
     stalls = Stalls()
     clock = OrderedClock(START)
     _, queue = pool_queue(clock=clock)
@@ -67,15 +69,14 @@ def test_stage2_every_submit_wakes_an_idle_worker_whoever_waits_longest() -> Non
     others = set(threading.enumerate())
     story = Story("2 workers, every job held by the test until it ends the round:", clock.now_ns)
     with running(pool):
-        for i in range(4):
-            clock.newest_first = i % 2 == 1
-            order = "newest" if clock.newest_first else "oldest"
+        for i, order in enumerate(WAKE_ORDERS):
+            clock.order = order
             held = [stalls.hold(f"x{i}"), stalls.hold(f"y{i}")]
             for n, payload in enumerate((f"x{i}", f"y{i}"), start=1):
                 clock.settle(others, stalls.busy)
                 pool.submit(payload)
                 clock.settle(others, stalls.busy)  # every thread asleep: nothing more happens
-                story.add(f"(a notify wakes its {order} waiter) submit({payload!r}): {n} running")
+                story.add(f"(notify() wakes the {order} waiter) submit({payload!r}): {n} running")
                 story.check(
                     pool.statistics().claimed == 2 * i + n,
                     "an idle worker waits until the queue's next_due_ns() or until submit wakes "
@@ -105,7 +106,7 @@ async def test_stage2_async_a_handler_done_before_its_timeout_is_acked_at_once()
     _, queue, pool = new_async_pool(handler, workers=1, timeout_ns=10 * LEASE)
     async with running_async(pool):
         ids = [pool.submit(i) for i in range(3)]
-        await anyio.wait_all_tasks_blocked()  # the clock stands still: nothing more happens
+        await settle()  # the clock stands still: nothing more happens
         got = [(queue.get(j).state, queue.get(j).result) for j in ids]
         check(
             got == [(JobState.SUCCEEDED, i * 10) for i in range(3)],
@@ -157,15 +158,15 @@ async def test_stage2_async_a_worker_waiting_for_a_free_slot_counts_as_idle() ->
     gate = AsyncGate()
     _, _, pool = new_async_pool(gate.handler, workers=3, max_in_flight=1)
     async with running_async(pool):
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         idle = [pool.statistics().idle]
         pool.submit("runs")
         pool.submit("waits for the slot")
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         stats = pool.statistics()
         idle.append(stats.idle)
         gate.event.set()
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         idle.append(pool.statistics().idle)
     check(
         idle == [3, 2, 3] and stats.in_flight == 1,
@@ -241,9 +242,9 @@ async def test_stage2_async_a_job_whose_lease_is_stale_at_shutdown_is_lost_not_r
     clock, queue, pool = new_async_pool(gate.handler, workers=1, heartbeat_every_ns=300)
     async with running_async(pool, grace_ns=None):
         job_id = pool.submit("job")
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         _make_stale(how, queue, job_id, clock.advance)
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         before = queue.get(job_id).state
         await pool.shutdown(0)
     _judge_stale_shutdown("async pool", how, before, queue.get(job_id).state, pool.statistics())

@@ -3,10 +3,11 @@ it, and the heartbeat check that stages 2 and 3 share."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from katas._harness.story import Story, check
 from katas._harness.waiting import eventually
@@ -36,6 +37,12 @@ class WatchedClock(ManualClock):
             with self._watch:
                 self._asleep.pop(me, None)
 
+    def asleep(self, thread: threading.Thread) -> bool:
+        """``thread`` sleeps on this clock, until a deadline after now or none."""
+        with self._watch:
+            deadline, _ = self._asleep.get(thread.ident or 0, (0, None))
+        return deadline is None or deadline > self.now_ns()
+
     def parked(self, others: set[threading.Thread], busy: set[int]) -> bool:
         """Every thread not in ``others`` (those alive before the test) and not ``busy``
         (held by the test, e.g. in a handler) sleeps here with a deadline after now."""
@@ -63,35 +70,56 @@ class WatchedClock(ManualClock):
         )
 
 
+#: Which waiter of a condition a ``notify()`` wakes first (see :class:`OrderedClock`).
+WakeOrder = Literal["oldest", "newest", "soonest"]
+WAKE_ORDERS: tuple[WakeOrder, ...] = ("oldest", "newest", "soonest")
+
+
 class _Waiters(deque[Any]):
-    """A condition's queue of waiters that can put each new waiter first."""
+    """A condition's queue of waiters in the order an :class:`OrderedClock` chooses;
+    ``notify()`` wakes the first."""
 
-    def __init__(self, waiters: deque[Any], newest_first: Callable[[], bool]) -> None:
+    def __init__(self, waiters: deque[Any], clock: OrderedClock) -> None:
         super().__init__(waiters)
-        self._newest_first = newest_first
+        self._clock = clock
+        self._deadlines: dict[int, float] = {}  # by id(waiter): until when its thread sleeps
 
-    def append(self, waiter: Any) -> None:
-        if self._newest_first():
-            self.appendleft(waiter)
-        else:
+    def append(self, waiter: Any) -> None:  # called by the thread that starts to wait
+        order = self._clock.order
+        if order == "oldest":
             super().append(waiter)
+        elif order == "newest":
+            self.appendleft(waiter)
+        else:  # "soonest": ahead of every waiter due later or never
+            self._deadlines = {id(w): self._deadlines.get(id(w), math.inf) for w in self}
+            due = self._clock.deadline_of_this_thread()
+            later = (i for i, w in enumerate(self) if self._deadlines[id(w)] > due)
+            self.insert(next(later, len(self)), waiter)
+            self._deadlines[id(waiter)] = due
 
 
 class OrderedClock(WatchedClock):
-    """A WatchedClock that decides which waiter a ``notify()`` wakes: with
-    :attr:`newest_first` set, each condition a thread waits on through this clock wakes
-    its newest waiter first instead of its oldest. A component whose every waiter may be
-    woken by one ``notify()`` shows a lost wake-up on every run once a test tries both
-    orders, instead of when the threads happen to queue up so."""
+    """A WatchedClock that decides which waiter a ``notify()`` wakes, on each condition
+    a thread waits on through this clock: with :attr:`order` ``"oldest"`` the oldest
+    (as CPython does), ``"newest"`` the newest, ``"soonest"`` the one asleep until the
+    earliest deadline (a heartbeat thread with a job to beat, before an idle worker who
+    waits for that job's lease to expire). A component whose every waiter may be woken
+    by one ``notify()`` shows a lost wake-up on every run once a test tries each order,
+    instead of when the threads happen to queue up so."""
 
     def __init__(self, start_ns: int) -> None:
         super().__init__(start_ns)
-        self.newest_first = False
+        self.order: WakeOrder = "oldest"
+
+    def deadline_of_this_thread(self) -> float:
+        """Until when the calling thread sleeps on this clock (inf: no deadline)."""
+        with self._watch:
+            deadline, _ = self._asleep.get(threading.get_ident(), (None, None))
+        return math.inf if deadline is None else deadline
 
     def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
-        waiters = cond._waiters  # type: ignore[attr-defined]
-        if not isinstance(waiters, _Waiters):
-            cond._waiters = _Waiters(waiters, lambda: self.newest_first)  # type: ignore[attr-defined]
+        if not isinstance(cond._waiters, _Waiters):  # type: ignore[attr-defined]
+            cond._waiters = _Waiters(cond._waiters, self)  # type: ignore[attr-defined]
         super().wait_until_ns(cond, deadline_ns)
 
 

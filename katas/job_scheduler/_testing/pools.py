@@ -14,6 +14,7 @@ import pytest
 
 from katas._harness.interleave import Gate as InterleaveGate
 from katas._harness.under_test import stage
+from katas._harness.virtual_time import settle
 from katas._harness.waiting import DEADLINE_S
 from katas.job_scheduler._testing.queues import LEASE, START
 from katas.job_scheduler.api import (
@@ -103,7 +104,7 @@ async def running_async(pool: AsyncWorkerPool, grace_ns: int | None = 0) -> Asyn
             await pool.shutdown(grace_ns)
         # Nothing is left for run() to wait for: once every task is blocked it has
         # returned, or (a handler of its own in a thread) does so within a real second.
-        await anyio.wait_all_tasks_blocked()
+        await settle()
         with anyio.move_on_after(RUN_RETURNS_S):
             await returned.wait()
         if not returned.is_set():
