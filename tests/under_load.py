@@ -8,7 +8,7 @@ default profile, the embedded fakeredis), and prints every test that failed in a
 with its message. It exits 1 if any did. Too slow for CI:
 
     python tests/under_load.py                          # every stage, 10 runs each
-    python tests/under_load.py --only job_scheduler/3 --runs 3
+    python tests/under_load.py --only job_scheduler/3 kv_cache --runs 3
     python tests/under_load.py --together 3             # 3 stages at a time
 
 Every spinner and every suite run is a session of its own. Linux's scheduler shares the
@@ -58,12 +58,14 @@ def _runs(kata: str, stage: int, runs: int) -> list[tuple[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="", help="stages like kata/N containing this")
+    parser.add_argument(
+        "--only", nargs="+", default=[""], help="stages like kata/N containing any of these"
+    )
     parser.add_argument("--runs", type=int, default=10, help="runs of each suite (10)")
     parser.add_argument("--busy", type=int, default=4 * (os.cpu_count() or 1))
     parser.add_argument("--together", type=int, default=1, help="stages run at once (1)")
     args = parser.parse_args(argv)
-    stages = [(k, s) for k, s in stage_suites() if args.only in f"{k}/{s}"]
+    stages = [(k, s) for k, s in stage_suites() if any(o in f"{k}/{s}" for o in args.only)]
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
     for spinner in spinners:
         spinner.start()

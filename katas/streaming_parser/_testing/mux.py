@@ -19,8 +19,8 @@ Any of them can hold its ``aclose()`` until the test lets it finish (``hold_clos
 
 :class:`Consumer` takes a stream's events in a task and records them and how the
 iteration ended. :func:`bounded` turns a wait that overruns its deadline into an
-assertion that says what was awaited; :func:`settle` lets every task run until all of
-them wait. What a test does with a mux — build it, take from it, probe its idle
+assertion that says what was awaited; ``settle`` (the harness's) lets every task run
+until all of them wait. What a test does with a mux — build it, take from it, probe its idle
 timeouts — is in :mod:`.streams`.
 """
 
@@ -33,6 +33,7 @@ from contextlib import contextmanager
 import anyio
 import anyio.lowlevel
 
+from katas._harness.virtual_time import settle
 from katas._harness.waiting import DEADLINE_S
 from katas._runtime.todo import Todo
 from katas.streaming_parser.api import MuxedStream, ServerSentEvent
@@ -46,21 +47,6 @@ def bounded(what: str, seconds: float = DEADLINE_S) -> Iterator[None]:
         yield
     if scope.cancelled_caught:
         raise AssertionError(f"within {seconds:g} real seconds, expected {what}")
-
-
-async def settle() -> None:
-    """Let every task run until all of them wait (on an event, a stream or the clock).
-
-    A mux whose task never waits — a polling loop — never settles: that fails here, by
-    the deadline.
-    """
-    for _ in range(8):  # most work is done in a few rounds: no real sleep needed then
-        await anyio.lowlevel.checkpoint()
-    with bounded(
-        "every task to be waiting (on an event, a stream or the clock); one that never "
-        "waits is a polling loop"
-    ):
-        await anyio.wait_all_tasks_blocked()
 
 
 class _Recording:
