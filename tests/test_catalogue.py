@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -27,6 +28,7 @@ from _support import Pool, embedded_env, module_pool, selected
 
 from katas._harness.redis_fixture import CLUSTER_SKIP, ENV_CLUSTER, ENV_SERVER
 from katas._registry import mutants
+from katas._registry.impl import REPO_ROOT
 from katas._registry.suites import SuiteRun, run_suite, suite_files
 from katas._registry.warm import WarmStart
 
@@ -102,6 +104,45 @@ def catalogue_runs(request: pytest.FixtureRequest) -> Iterator[Pool[Runs]]:
 
 def test_catalogue_is_not_empty() -> None:
     assert len(CATALOGUE) >= 10, f"only {len(CATALOGUE)} catalogue entries"
+
+
+#: A name as code spells it: with an underscore, or camelCase.
+_CODE_NAME = re.compile(r"\b(?=\w*(?:_|[a-z][A-Z]))[A-Za-z_]\w*\b")
+
+
+@functools.cache
+def _public_names(kata: str) -> frozenset[str]:
+    """The names a learner's prompt and API give them: a symptom may use those."""
+    folder = REPO_ROOT / "katas" / kata
+    text = "".join((folder / f).read_text() for f in ("api.py", "README.md"))
+    return frozenset(_CODE_NAME.findall(text))
+
+
+def _names_the_cause(mutant: mutants.Mutant) -> list[str]:
+    """Why the entry's symptom gives its cause away (empty: it does not)."""
+    symptom = mutant.symptom
+    if len(symptom) < 40:
+        return [f"a symptom of {len(symptom)} characters (an incident report is a sentence)"]
+    changed = {n for line in mutants.changed_lines(mutant) for n in _CODE_NAME.findall(line)}
+    private = set(_CODE_NAME.findall(symptom)) & changed - _public_names(mutant.kata)
+    reasons = [f"names {name!r}, which the diff changes" for name in sorted(private)]
+    if "§" in symptom:
+        reasons.append("cites a rule (§): the learner finds the rule")
+    if symptom.lower() == mutant.bug.lower():
+        reasons.append("repeats the bug line")
+    return reasons
+
+
+def test_every_entry_reports_a_symptom_that_does_not_name_its_cause() -> None:
+    """The debugging round (kata debug) shows an entry's symptom instead of its name: a
+    report as a user or an on-call engineer would give it. It must not name what the diff
+    changes (a private name of the code), nor cite the rule."""
+    bad = {m.name: reasons for m in CATALOGUE if (reasons := _names_the_cause(m))}
+    assert not bad, (
+        f"{len(bad)} of {len(CATALOGUE)} catalogue entries:\n"
+        + "\n".join(f"  {name}: {'; '.join(reasons)}" for name, reasons in list(bad.items())[:20])
+        + ("\n  …" if len(bad) > 20 else "")
+    )
 
 
 @pytest.mark.catalogue

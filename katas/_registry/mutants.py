@@ -5,6 +5,7 @@ unified diff whose paths are relative to ``solutions/`` (``a/<kata>/stageN.py``)
 
     # bug: the one-line "common mistake" a learner reads
     # why: what goes wrong, and when
+    # symptom: what a user or an on-call engineer reports, never naming the cause
     # catches: test_stage1_name test_stage1_other test_stage1_param[one]
     # needs: cluster      (optional: its tests need a real Redis Cluster)
 
@@ -38,6 +39,8 @@ class Mutant:
     bug: str
     why: str
     catches: tuple[str, ...]
+    #: the incident a debugging round reports instead of the bug's name
+    symptom: str = ""
     #: what its tests need beyond the embedded default: ``cluster`` (a real Redis Cluster)
     needs: tuple[str, ...] = ()
 
@@ -72,8 +75,19 @@ def parse(path: Path, required: tuple[str, ...] = ("bug", "why", "catches")) -> 
         bug=header["bug"],
         why=header["why"],
         catches=tuple(header.get("catches", "").split()),
+        symptom=header.get("symptom", ""),
         needs=tuple(header.get("needs", "").split()),
     )
+
+
+def changed_lines(mutant: Mutant) -> list[str]:
+    """The lines the diff removes or adds, without their ``-``/``+``."""
+    lines = mutant.path.read_text().splitlines()
+    return [
+        line[1:]
+        for line in lines
+        if line.startswith(("+", "-")) and not line.startswith(("+++", "---"))
+    ]
 
 
 def load(kata: str | None = None) -> list[Mutant]:
