@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from katas._harness.waiting import patience
 from katas._registry import impl
 from katas._runtime.children import dies_with_parent
 
@@ -197,6 +198,7 @@ class ChildProcess:
         ``idle_polls``: work is due for this child, so that many idle lines in a row fail
         the wait at once.
         """
+        deadline_s *= patience()
         deadline = time.monotonic() + deadline_s
         with self._cond:
             while True:
@@ -226,6 +228,7 @@ class ChildProcess:
     def wait(self, deadline_s: float = LINE_DEADLINE_S, *, idle_polls: int | None = None) -> int:
         """Wait (hard deadline) for the child to exit and its output to be read; its
         return code. ``idle_polls`` as for :meth:`wait_for`."""
+        deadline_s *= patience()
         deadline = time.monotonic() + deadline_s
         while True:
             try:

@@ -42,6 +42,7 @@ from katas._harness.failures import (
     tell_once,
 )
 from katas._harness.under_test import KataUnderTest
+from katas._harness.waiting import patience
 from katas._registry import impl as _impl
 from katas._registry.catalog import CatalogError, load_kata
 from katas._registry.rules import Rule, all_rules
@@ -315,7 +316,9 @@ def _stage_of(item: pytest.Item) -> int:
 @pytest.hookimpl(tryfirst=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """A kata test's hard deadline (:func:`profiles.test_seconds`: the profile's, or
-    ``KATA_TEST_TIMEOUT``), as :class:`profiles.TestTimedOut` raised in the test (one
+    ``KATA_TEST_TIMEOUT`` as set; the profile's stretched on a busy machine by
+    :func:`waiting.patience`), as
+    :class:`profiles.TestTimedOut` raised in the test (one
     line, past hypothesis), not pytest-timeout's stack dump of every thread. A test that
     ignores it (stuck in C) ends the run a minute later. The repository's own checks keep
     pytest-timeout's.
@@ -326,9 +329,12 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
         return None
     profile = _impl.profile_name()
     seconds = profiles.test_seconds(profile)
+    busy = 1.0 if os.environ.get(profiles.ENV_TEST_TIMEOUT) else patience()  # as set
     name = item.nodeid.split("::", 1)[-1]
+    stretched = f" ({seconds:g} s × {busy:.1f}, the machine's load per core)" if busy > 1 else ""
+    seconds *= busy
     message = (
-        f"timeout: {name} ran past {seconds:g} s under the {profile} profile "
+        f"timeout: {name} ran past {seconds:.0f} s under the {profile} profile{stretched} "
         "(an endless loop or a wait that never ends?)"
     )
 

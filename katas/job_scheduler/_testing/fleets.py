@@ -228,7 +228,15 @@ def sigkill_mid_job(workers: Workers, point: str) -> None:
         )
 
 
+#: The lease of a fleet running a job three leases long: heartbeats every lease/3 keep
+#: it only if none comes more than 2/3 of a lease late, and on a busy machine a thread
+#: (and the server) can wait 100 ms for a core.
+LONG_JOB_LEASE = 500 * MS
+
+
 def long_job(workers: Workers) -> tuple[SharedJobQueue, str]:
-    """A queue (2 attempts) holding one job that runs three leases long, for real."""
+    """A queue (2 attempts) holding one job that runs three leases long, for real; the
+    fleet's lease (for the workers it starts next) is :data:`LONG_JOB_LEASE`."""
+    workers.lease_ns = LONG_JOB_LEASE
     queue = workers.queue(max_attempts=2)
     return queue, queue.enqueue({"effect": "slow", "work_ms": 3 * workers.lease_ns // MS})
