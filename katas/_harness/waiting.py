@@ -26,15 +26,25 @@ QUIET_S = 0.05
 _POLL_S = 0.0005
 
 
+#: A fixed stretch of every hard deadline instead of the machine's load (1: never).
+ENV_PATIENCE = "KATA_PATIENCE"
+
+
 def patience() -> float:
     """How many times longer a hard deadline lasts on this machine now: the runnable
-    load per core (the last minute's average), at least 1.
+    load per core (the last minute's average), at least 1 — or ``KATA_PATIENCE``.
 
     A hard deadline is there to end a hang, not to judge speed: on a laptop busy with a
-    build, or a CI machine running suites side by side, a correct test gets a fraction of
-    a core, and its deadlines stretch with it — on an idle machine nothing changes.
+    build, or a machine running suites side by side, a correct test gets a fraction of a
+    core, and its deadlines stretch with it — on an idle machine nothing changes.
     """
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    text = os.environ.get(ENV_PATIENCE)
+    if not text:
+        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+    try:
+        return max(1.0, float(text))
+    except ValueError:
+        raise ValueError(f"{ENV_PATIENCE} must be a number, got {text!r}") from None
 
 
 @contextmanager
