@@ -315,13 +315,11 @@ def _stage_of(item: pytest.Item) -> int:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
-    """A kata test's hard deadline (:func:`profiles.test_seconds`: the profile's, or
-    ``KATA_TEST_TIMEOUT`` as set; the profile's stretched on a busy machine by
-    :func:`waiting.patience`), as
-    :class:`profiles.TestTimedOut` raised in the test (one
-    line, past hypothesis), not pytest-timeout's stack dump of every thread. A test that
-    ignores it (stuck in C) ends the run a minute later. The repository's own checks keep
-    pytest-timeout's.
+    """A kata test's hard deadline (:func:`profiles.test_seconds`: ``KATA_TEST_TIMEOUT``
+    as set, or the profile's, stretched on a busy machine by :func:`waiting.patience`), as
+    :class:`profiles.TestTimedOut` raised in the test (one line, past hypothesis), not
+    pytest-timeout's stack dump of every thread. A test that ignores it (stuck in C) ends
+    the run a minute later. The repository's own checks keep pytest-timeout's.
     """
     if item.get_closest_marker("stage") is None:
         return None
