@@ -40,7 +40,8 @@ def patience() -> float:
     """
     text = os.environ.get(ENV_PATIENCE)
     if not text:
-        return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0  # not on Windows
+        return max(1.0, load / (os.cpu_count() or 1))
     try:
         return max(1.0, float(text))
     except ValueError:
