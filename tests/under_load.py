@@ -50,8 +50,8 @@ def _runs(kata: str, stage: int, runs: int) -> list[tuple[str, str]]:
         if not run.ok and not bad:
             bad = [("(no verdict)", run.output[-2000:])]
         failed += [(f"{kata}/{stage}: {test}", message) for test, message in bad]
-        names = ", ".join(test for test, _ in bad[:3])
-        verdict = f"{len(bad)} failed: {names}" if bad else "green"
+        names = "".join(f"\n  {test}: {message[:300]}" for test, message in bad[:3])
+        verdict = f"{len(bad)} failed:{names}" if bad else "green"
         print(f"{kata} stage {stage} run {n}: {verdict} ({run.seconds:.0f}s)", flush=True)
     return failed
 
