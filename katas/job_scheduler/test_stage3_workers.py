@@ -40,7 +40,7 @@ from katas._harness.marks import extended, processes, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.story import Story
 from katas._harness.under_test import stage
-from katas._harness.waiting import eventually, stays
+from katas._harness.waiting import eventually, patience, stays
 from katas._registry import impl
 from katas.job_scheduler._testing.clocks import (
     AFTER_A_JUMP,
@@ -589,8 +589,9 @@ def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
 ) -> None:
     queue = workers.frozen_queue()
     burst = [workers.start("--grace-ns", str(250 * MS)) for _ in range(3)]
-    # The long job goes first and outlives the grace period: it must be released.
-    long_job = queue.enqueue({"effect": "long", "work_ms": 800}, priority=1)
+    # The long job goes first and outlives the grace period: it must be released. It
+    # outlives it on a busy machine too, where the signal may come half a second late.
+    long_job = queue.enqueue({"effect": "long", "work_ms": int(800 * patience())}, priority=1)
     ids = [long_job] + [queue.enqueue({"effect": i, "work_ms": 40}) for i in range(12)]
     wait_until(
         lambda: len(workers.events("acked")) >= 3 and f"{long_job} 1" in workers.events("claimed"),
@@ -705,20 +706,21 @@ def test_stage3_under_random_crashes_every_job_finishes_and_applies_its_effect_o
 @pytest.mark.realtime
 def test_stage3_skewed_worker_clocks_change_nothing(redis_env: RedisEnv) -> None:
     """Two in-process workers whose clocks are an hour off either way: heartbeats are
-    paced by intervals, never by comparing a local clock with a server time."""
-
-    queue = new_queue(redis_env, lease_ns=120 * MS)
+    paced by intervals, never by comparing a local clock with a server time. (A real
+    lease: on a busy machine, where a heartbeat can come late, it is longer.)"""
+    lease_ns = 3 * int(40 * patience()) * MS  # whole ms (Redis TIME has µs), a third too
+    queue = new_queue(redis_env, lease_ns=lease_ns)
     ids = [queue.enqueue(i) for i in range(4)]
 
     def handler(lease: Lease, payload: Any) -> Any:
-        time.sleep(0.3)  # 2.5 leases: only heartbeats keep it
+        time.sleep(2.5 * lease_ns / 10**9)  # 2.5 leases: only heartbeats keep it
         return payload
 
     hour = 3600 * 10**9
     fleet: list[Worker] = [
         stage().RedisWorker(
-            new_queue(redis_env, lease_ns=120 * MS), handler, worker_id=f"w{i}",
-            clock=Skewed(offset), heartbeat_every_ns=40 * MS,
+            new_queue(redis_env, lease_ns=lease_ns), handler, worker_id=f"w{i}",
+            clock=Skewed(offset), heartbeat_every_ns=lease_ns // 3,
         )
         for i, offset in enumerate((hour, -hour))
     ]  # fmt: skip
