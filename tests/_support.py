@@ -69,10 +69,9 @@ def embedded_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
 
 
 def learners_env() -> dict[str, str]:
-    """The environment of a learner's plain run: the embedded fakeredis, the default
-    (``dev``) hypothesis profile and deadlines that stretch on a busy machine, whatever
-    ``KATA_PROFILE`` and ``KATA_PATIENCE`` this process has."""
-    return {k: v for k, v in embedded_env().items() if k not in ("KATA_PROFILE", "KATA_PATIENCE")}
+    """The environment of a learner's plain run: the embedded fakeredis and the default
+    (``dev``) hypothesis profile, whatever ``KATA_PROFILE`` this process has."""
+    return {k: v for k, v in embedded_env().items() if k != "KATA_PROFILE"}
 
 
 def real_redis_configured() -> bool:

@@ -7,21 +7,12 @@ stage suite per entry (about 475 entries, most of the machine's time): ``pytest
 
 from __future__ import annotations
 
-import os
 import textwrap
 import time
 from collections import defaultdict
 
 import pytest
 from _support import learner_edits, start_pools
-
-from katas._harness.waiting import ENV_PATIENCE
-
-# The checks' deadlines never stretch with the machine's load (a learner's run does):
-# that load is the checks' own pools, two suite runs a core, under which they were
-# sized, and some wait on purpose for a deadline to pass (a child that never answers).
-# Every run they start inherits it.
-os.environ.setdefault(ENV_PATIENCE, "1")
 
 CATALOGUE_MARK = "catalogue"
 

@@ -27,6 +27,7 @@ import pytest
 from _support import Pool, embedded_env, module_pool, selected
 
 from katas._harness.redis_fixture import CLUSTER_SKIP, ENV_CLUSTER, ENV_SERVER
+from katas._harness.waiting import ENV_PATIENCE
 from katas._registry import mutants
 from katas._registry.impl import REPO_ROOT
 from katas._registry.suites import SuiteRun, run_suite, suite_files
@@ -64,6 +65,9 @@ def _run(mutant: mutants.Mutant, base: Mapping[str, str]) -> Runs:
             **embedded_env(base),
             **({ENV_SERVER: server} if server else {}),
             "KATA_PROFILE": "mutant",
+            # The sweep's load is its own pool, two runs a core, under which its tests'
+            # deadlines were sized: stretching them would only slow the red runs.
+            ENV_PATIENCE: "1",
             "PYTHONPATH": str(Path(__file__).parent),  # where -p _sampled is found
             _sampled.KEEP: " ".join(mutant.catches),
             _sampled.OTHERS: str(OTHERS_SAMPLED),
