@@ -131,15 +131,27 @@ def test_stage3_each_lease_call_is_one_round_trip(
 @pytest.mark.realtime
 def test_stage3_unreleased_lease_expires(stage_module: ModuleType, redis_env: RedisEnv) -> None:
     redis_env.freeze_time()
+    # A real server's clock runs on while the test reads: a longer lease there, and a
+    # check made after the lease's own expiry proves nothing, so it is not held against it.
+    lease_ms = 100 if redis_env.time_is_controlled else 300
     prefix = redis_env.fresh_prefix()
     limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
-        redis_env.client(), max_in_flight=1, lease_ns=100 * NS_PER_MS, key_prefix=prefix
+        redis_env.client(), max_in_flight=1, lease_ns=lease_ms * NS_PER_MS, key_prefix=prefix
     )
     lost = limiter.try_acquire("alice")
-    assert lost is not None and limiter.try_acquire("alice") is None, "1 in flight at most"
-    for name in redis_env.keys(prefix):
-        assert 0 < redis_env.client().pttl(name) <= 1_100, f"{name}: TTL within lease + 1 s"
-    redis_env.pass_time(150 * NS_PER_MS)
+    assert lost is not None
+    second = limiter.try_acquire("alice")
+    ttls = {name: redis_env.client().pttl(name) for name in redis_env.keys(prefix)}
+    late = (
+        not redis_env.time_is_controlled
+        and redis_env.server().time_us() * 1000 >= lost.expires_at_ns
+    )
+    assert second is None or late, "1 in flight at most"
+    for name, ttl in ttls.items():
+        assert 0 < ttl <= lease_ms + 1_000 or (ttl == -2 and late), (
+            f"{name}: TTL within lease + 1 s, got {ttl} ms"
+        )
+    redis_env.pass_time(lease_ms * 3 // 2 * NS_PER_MS)
     again = limiter.try_acquire("alice")
     assert again is not None, (
         "a lease whose holder vanished must expire after lease_ns, freeing its slot"
