@@ -20,11 +20,12 @@
 
 Measured here (the reference as ``--impl``; 2 shared cores): batches 7.5-8.8x on asyncio
 and trio (a round of 64 requests in ~8 ms batched, ~68 ms one by one; the batcher's own
-work is ~9 µs a request). The engine: 0.42-0.49x the bare loop, short of the spec's
-0.7x. Every client here takes each token as it comes, so each token wakes its reader's
-task (an event set, a task switch, a ``Delivery``): ~10 µs a token on asyncio, as much
-as the FakeModel's own work per token. A reader that falls behind takes many tokens per
-wake-up (the merged delivery), which is where a real server recovers it.
+work is ~9 µs a request). The engine: 0.56-0.65x the bare loop, short of the spec's
+0.7x (0.42-0.50x while each read parked on an ``anyio.Event``; reader.py says why it no
+longer does). Every client here takes each token as it comes, so each token wakes its
+reader's task (a future resolved, a task switch, a ``Delivery``): ~9 µs a token on
+asyncio, a third of the FakeModel's own work per token. A reader that falls behind takes
+many tokens per wake-up (the merged delivery), which is where a real server recovers it.
 
 Contenders run in turn within every round (:func:`katas._harness.bench.interleaved`);
 ratios go to ``extra_info`` (``kata bench`` reads them) and stdout. Informational:

@@ -29,7 +29,6 @@ its own blocks there.
 
 from __future__ import annotations
 
-import bisect
 from collections import OrderedDict
 
 from katas.dynamic_batcher.api import (
@@ -44,7 +43,7 @@ from katas.dynamic_batcher.api import (
 )
 
 from .running import blocks_for
-from .stage1 import _Batcher, _check_config, _Seq
+from .stage1 import _Batcher, _check_config, _queue_by_key, _Seq
 
 
 class _Pool:
@@ -249,8 +248,7 @@ class PrefixCachingBatcher(_Batcher):
 
     def _queue(self, seq: _Seq, *, preempted: bool) -> None:
         if self._policy == "priority":  # by (priority, submission), a victim too
-            keys = [s.key(self._policy) for s in self._waiting]
-            self._waiting.insert(bisect.bisect(keys, seq.key(self._policy)), seq)
+            _queue_by_key(self._waiting, seq, self._policy)
         elif preempted:  # fcfs: a victim goes first (several: in admission order)
             self._waiting.insert(0, seq)
         else:

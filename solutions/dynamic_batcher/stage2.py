@@ -188,7 +188,12 @@ class AsyncEngine:
         if not isinstance(request, Request):
             raise TypeError(f"request must be an api.Request, got {request!r}")
         now = self._clock.now_ns()
-        if len(self._batcher.waiting()) >= self._max_waiting:
+        # Every waiting request has a stream: only with that many streams can the queue
+        # be full, and only then is it worth building the batcher's list to count it.
+        if (
+            len(self._streams) >= self._max_waiting
+            and len(self._batcher.waiting()) >= self._max_waiting
+        ):
             # Nothing leaves the queue before the step in flight ends; with none in
             # flight the next one starts at once.
             left = 0 if self._step_end is None else self._step_end - now
