@@ -27,6 +27,7 @@ from rich.console import Console
 from katas._cli import (
     cli_bench,
     cli_coderpad,
+    cli_debug,
     cli_hint,
     cli_list,
     cli_pair,
@@ -67,6 +68,7 @@ COMMANDS: tuple[Command, ...] = (
     cli_hint.COMMAND,
     cli_reveal.COMMAND,
     cli_reset.COMMAND,
+    cli_debug.COMMAND,
     cli_bench.COMMAND,
     cli_progress.COMMAND,
     cli_coderpad.COMMAND,

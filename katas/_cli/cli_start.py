@@ -30,9 +30,9 @@ from katas._cli.cliutil import (
     stage_file_or_error,
     suites_or_error,
 )
-from katas._cli.practice import SoloOutcome, SoloSession, tally, verdict
+from katas._cli.practice import SoloOutcome, SoloSession, tally
 from katas._cli.state import Attempt, StateError, clock_text
-from katas._cli.summary import crash_line, nothing_selected, print_failing_lines, print_summary
+from katas._cli.summary import nothing_selected, print_summary, show_run
 from katas._cli.watch import Watcher
 from katas._registry.catalog import CatalogError, Kata, Stage, Unit, display_path
 from katas._registry.notes import is_section
@@ -226,31 +226,7 @@ class StartSession:
             raise UserError(result.config_error)
         if self.finished == 1 and result.run_error:
             raise UserError(result.run_error)
-        out = self.ctx.out
-        line = Text(f"[{clock_text(elapsed_ns)}] ", style="dim")
-        crashed = None if result.results else crash_line(result)
-        if crashed:  # the process died: no test reported, so no tally either
-            line.append(crashed, style="bold red")
-        else:
-            line.append(verdict(result), style="bold " + ("green" if result.ok else "red"))
-        line.append(f"{', after' if crashed else ' in'} {result.seconds:.1f}s")
-        if result.not_run and not crashed:
-            line.append(" (a runs them all)", style="dim")
-        out.print(line, overflow="ellipsis", no_wrap=True)
-        if crashed:
-            return  # its one line says all there is
-        if result.results:
-            if not result.ok:
-                print_failing_lines(self.ctx, result)
-        elif result.collection_error:
-            error = Text("  ! ", style="red bold")
-            error.append(result.collection_error)
-            error.append(" — pytest could not collect the suite", style="dim")
-            out.print(error, overflow="ellipsis", no_wrap=True)
-        elif nothing_selected(result):
-            out.print("  No tests were selected.", style="yellow", highlight=False)
-        elif result.run_error:
-            out.print(Text(f"  ! {result.run_error}", style="red"))
+        show_run(self.ctx, result, elapsed_ns)
 
     def on_hint(self) -> None:
         try:

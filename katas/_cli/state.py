@@ -61,7 +61,7 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _keep(record: Attempt | StageResult, data: Mapping[str, object]) -> None:
+def _keep(record: Attempt | StageResult | DebugRound, data: Mapping[str, object]) -> None:
     """Make ``record`` (just decoded from ``data``) write back what ``data`` held: its keys
     unknown here or holding a value of the wrong type as they are, and no key it lacked —
     so a file this command reads (a hand-edited one too) is written back as it was."""
@@ -201,6 +201,55 @@ class StageResult:
         return {k: v for k, v in {**data, **self.other}.items() if k not in self.missing}
 
 
+@dataclass
+class DebugRound:
+    """One debugging round (``kata debug``): a copy of a stage's reference with catalogue
+    bugs in it, to be found and fixed from an incident report."""
+
+    kata: str
+    stage: int
+    entries: list[str]  # the catalogue entries applied, as ``kata/stageN_slug``
+    copy: str  # where the working copy was laid out
+    started: float | None  # epoch s
+    seconds: float | None
+    result: str  # solved | timeout | stopped | interrupted
+    runs: int = 0  # suite runs finished
+    lines_changed: int = 0  # lines added or removed in the copy, against the bugged start
+    hints_used: int = 0
+    other: dict[str, object] = field(default_factory=dict)
+    missing: frozenset[str] = frozenset()
+
+    @property
+    def solved(self) -> bool:
+        return self.result == "solved"
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, object]) -> DebugRound:
+        entries = data.get("entries")
+        record = cls(
+            kata=str(data.get("kata", "?")),
+            stage=_integer(data.get("stage")) or 0,
+            entries=[str(e) for e in entries] if isinstance(entries, list) else [],
+            copy=str(data.get("copy", "")),
+            started=_number(data.get("started")),
+            seconds=_number(data.get("seconds")),
+            result=str(data.get("result", "?")),
+            runs=_integer(data.get("runs")) or 0,
+            lines_changed=_integer(data.get("lines_changed")) or 0,
+            hints_used=_integer(data.get("hints_used")) or 0,
+        )
+        _keep(record, data)
+        return record
+
+    def to_json(self) -> dict[str, object]:
+        data = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("other", "missing")
+        }
+        return {k: v for k, v in {**data, **self.other}.items() if k not in self.missing}
+
+
 def _last_status(attempts: list[Attempt]) -> str | None:
     """``passed`` or ``failing`` by the newest of ``attempts``; None if there is none."""
     if not attempts:
@@ -248,23 +297,36 @@ class Practice:
     attempts: list[Attempt]
     hints: dict[str, int]  # stage key -> number of hints revealed
     results: dict[str, StageResult]  # stage key -> its last run
+    debug_rounds: list[DebugRound] = field(default_factory=list)  # written only once any
 
     @classmethod
     def empty(cls) -> Practice:
         return cls([], {}, {})
 
     def to_json(self) -> dict[str, object]:
-        return {
+        data: dict[str, object] = {
             "version": VERSION,
             "attempts": [a.to_json() for a in self.attempts],
             "hints": self.hints,
             "results": {key: r.to_json() for key, r in self.results.items()},
         }
+        if self.debug_rounds:
+            data["debug_rounds"] = [r.to_json() for r in self.debug_rounds]
+        return data
 
     # --- queries -------------------------------------------------------------------------
 
     def attempts_of(self, kata: str, stage: int) -> list[Attempt]:
         return [a for a in self.attempts if a.kata == kata and a.stage == stage]
+
+    def times_drawn(self, kata: str) -> dict[str, int]:
+        """How often each catalogue entry of ``kata`` was drawn for a debugging round."""
+        drawn: dict[str, int] = {}
+        for round_ in self.debug_rounds:
+            if round_.kata == kata:
+                for entry in round_.entries:
+                    drawn[entry] = drawn.get(entry, 0) + 1
+        return drawn
 
     def hints_revealed(self, kata: str, stage: int) -> int:
         return self.hints.get(stage_key(kata, stage), 0)
@@ -465,10 +527,14 @@ def _decode(data: object, path: Path) -> Practice:
         raise bad("'hints' must map stages to counts")
     if not isinstance(results, dict) or not all(isinstance(v, dict) for v in results.values()):
         raise bad("'results' must map stages to objects")
+    rounds = data.get("debug_rounds", [])
+    if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
+        raise bad("'debug_rounds' must be a list of objects")
     return Practice(
         [Attempt.from_json(a) for a in attempts],
         hints,
         {str(key): StageResult.from_json(r) for key, r in results.items()},
+        [DebugRound.from_json(r) for r in rounds],
     )
 
 
@@ -547,6 +613,7 @@ __all__ = [
     "ENV_STATE_DIR",
     "STATUSES",
     "Attempt",
+    "DebugRound",
     "Practice",
     "StageResult",
     "StateError",

@@ -14,6 +14,8 @@ from rich.console import Console
 from rich.text import Text
 
 from katas._cli.cliutil import Context
+from katas._cli.practice import verdict
+from katas._cli.state import clock_text
 from katas._registry.catalog import Kata, Stage
 from katas._registry.crashes import crash_message, died_of, dying_test
 from katas._registry.impl import NOT_IMPLEMENTED
@@ -255,6 +257,36 @@ def print_failing_lines(ctx: Context, result: SuiteRun, limit: int = 3) -> None:
         )
 
 
+def show_run(ctx: Context, result: SuiteRun, elapsed_ns: int) -> None:
+    """A finished run of a timed session: one line (``[mm:ss] 3/4 passed in 1.2s``, or how
+    the process died), then its first few failures."""
+    out = ctx.out
+    line = Text(f"[{clock_text(elapsed_ns)}] ", style="dim")
+    crashed = None if result.results else crash_line(result)
+    if crashed:  # the process died: no test reported, so no tally either
+        line.append(crashed, style="bold red")
+    else:
+        line.append(verdict(result), style="bold " + ("green" if result.ok else "red"))
+    line.append(f"{', after' if crashed else ' in'} {result.seconds:.1f}s")
+    if result.not_run and not crashed:
+        line.append(" (a runs them all)", style="dim")
+    out.print(line, overflow="ellipsis", no_wrap=True)
+    if crashed:
+        return  # its one line says all there is
+    if result.results:
+        if not result.ok:
+            print_failing_lines(ctx, result)
+    elif result.collection_error:
+        error = Text("  ! ", style="red bold")
+        error.append(result.collection_error)
+        error.append(" — pytest could not collect the suite", style="dim")
+        out.print(error, overflow="ellipsis", no_wrap=True)
+    elif nothing_selected(result):
+        out.print("  No tests were selected.", style="yellow", highlight=False)
+    elif result.run_error:
+        out.print(Text(f"  ! {result.run_error}", style="red"))
+
+
 __all__ = [
     "SHOWN_KINDS",
     "crash_line",
@@ -264,4 +296,5 @@ __all__ = [
     "print_failing_lines",
     "print_summary",
     "show_difference",
+    "show_run",
 ]

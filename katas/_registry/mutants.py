@@ -101,9 +101,16 @@ def load(kata: str | None = None) -> list[Mutant]:
 def materialise(mutant: Mutant, dest: Path, solutions: Path = REPO_ROOT / "solutions") -> Path:
     """Copy ``solutions/`` to ``dest`` and apply the mutant there; return ``dest``."""
     shutil.copytree(solutions, dest, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    apply(mutant, dest)
+    return dest
+
+
+def apply(mutant: Mutant, tree: Path) -> None:
+    """Apply the mutant to ``tree``, a copy of ``solutions/`` (perhaps with other entries
+    applied already); ValueError if it does not apply cleanly."""
     result = subprocess.run(
         ["patch", "-p1", "--batch", "--forward", "--silent", "-i", str(mutant.path)],
-        cwd=dest,
+        cwd=tree,
         capture_output=True,
         text=True,
         check=False,
@@ -112,4 +119,12 @@ def materialise(mutant: Mutant, dest: Path, solutions: Path = REPO_ROOT / "solut
         raise ValueError(
             f"{mutant.path}: does not apply to solutions/: {result.stdout}{result.stderr}"
         )
-    return dest
+
+
+def touched_files(mutant: Mutant) -> list[str]:
+    """The files the diff changes, relative to ``solutions/`` (``kata/stageN.py``)."""
+    return [
+        line[len("+++ b/") :].split("\t")[0].strip()
+        for line in mutant.path.read_text().splitlines()
+        if line.startswith("+++ b/")
+    ]
