@@ -88,14 +88,14 @@ def test_cli_debug_reports_the_incident_and_records_the_fix(
     (copy,) = _copies(project)
     assert project not in copy.parents, "the copy lives outside the learner's project"
     assert (project / "katas" / "calc" / "stage1.py").read_text() == learners
-    (round_,) = state(project)["debug_rounds"]
+    (round_,) = state(project)["rounds"]
     assert round_["entries"] == ["calc/stage1_sub_swapped"] and round_["result"] == "solved"
     assert round_["seconds"] == 75 and round_["runs"] == 2 and round_["lines_changed"] == 2
     assert round_["copy"] == str(copy)
 
     assert main(["progress"]) == 0
     shown = capsys.readouterr().out
-    assert "debugging rounds" in shown and "solved" in shown and "01:15" in shown, shown
+    assert "interview rounds" in shown and "solved" in shown and "01:15" in shown, shown
 
     assert main(["debug", "--reveal"]) == 0
     shown = capsys.readouterr().out
@@ -112,7 +112,7 @@ def test_cli_debug_given_up_is_recorded_unsolved_and_a_hint_says_where(
     (copy,) = _copies(project)
     assert f"Hint: look in {copy / 'calc' / 'stage1.py'}" in out, out
     assert "Round over (stopped) after 00:20, not solved" in out, out
-    (round_,) = state(project)["debug_rounds"]
+    (round_,) = state(project)["rounds"]
     assert round_["result"] == "stopped" and round_["hints_used"] == 1
     assert round_["lines_changed"] == 0
 
@@ -136,7 +136,7 @@ def test_cli_debug_never_repeats_an_entry_before_every_one_was_drawn(
         assert code == 1
     out = capsys.readouterr().out
     assert "CLUSTER_SYMPTOM_MARK" not in out, "an entry that needs a cluster is never drawn here"
-    drawn = [r["entries"] for r in state(project)["debug_rounds"]]
+    drawn = [r["entries"] for r in state(project)["rounds"]]
     assert sorted(drawn[0] + drawn[1]) == ["calc/stage1_add_off_by_one", "calc/stage1_sub_swapped"]
     assert drawn[2][0] in {"calc/stage1_add_off_by_one", "calc/stage1_sub_swapped"}
 

@@ -35,7 +35,7 @@ from katas._cli.cliutil import (
     suites_or_error,
 )
 from katas._cli.practice import SoloOutcome, SoloSession
-from katas._cli.state import DebugRound, StateError, clock_text
+from katas._cli.state import Round, StateError, clock_text
 from katas._cli.summary import show_run
 from katas._cli.watch import Watcher
 from katas._registry import mutants
@@ -276,7 +276,8 @@ def run_debug(args: argparse.Namespace, ctx: Context) -> int:
     started = ctx.wall()
     outcome = session.run(timebox_ns, int(args.poll * NS_PER_S))
     result = "solved" if outcome.green_ns is not None else outcome.result
-    record = DebugRound(
+    record = Round(
+        mode="debug",
         kata=kata.name,
         stage=stage.number,
         entries=[e.name for e in entries],
@@ -291,7 +292,7 @@ def run_debug(args: argparse.Namespace, ctx: Context) -> int:
     _tell_the_end(ctx, record)
     try:
         with ctx.store.update() as state:
-            state.debug_rounds.append(record)
+            state.rounds.append(record)
     except StateError as exc:
         ctx.out.print(f"kata: error: this round was not recorded: {exc}", style="red")
     if outcome.result == "interrupted":
@@ -299,7 +300,7 @@ def run_debug(args: argparse.Namespace, ctx: Context) -> int:
     return 0 if record.solved else 1
 
 
-def _tell_the_end(ctx: Context, record: DebugRound) -> None:
+def _tell_the_end(ctx: Context, record: Round) -> None:
     at = clock_text(int((record.seconds or 0) * NS_PER_S))
     if record.solved:
         ctx.out.print(
@@ -314,7 +315,7 @@ def _tell_the_end(ctx: Context, record: DebugRound) -> None:
 
 
 def _reveal(ctx: Context) -> int:
-    rounds = ctx.state().debug_rounds
+    rounds = [r for r in ctx.state().rounds if r.mode == "debug"]
     if not rounds:
         raise UserError("no debugging round yet: kata debug KATA starts one")
     last = rounds[-1]
@@ -333,8 +334,7 @@ def _reveal(ctx: Context) -> int:
         line.append(entry.bug)
         ctx.out.print(line)
         ctx.out.print(Text(f"Why it matters: {entry.why}"))
-        diff = "".join(ln + "\n" for ln in path.read_text().splitlines() if not ln.startswith("# "))
-        ctx.out.print(Syntax(diff, "diff", theme="ansi_dark", word_wrap=True))
+        ctx.out.print(Syntax(mutants.body(entry), "diff", theme="ansi_dark", word_wrap=True))
         ctx.out.print(f"The tests that catch it: {', '.join(entry.catches)}", style="dim")
     return 0
 

@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 
 from katas._cli.cliutil import Command, Context
-from katas._cli.state import Attempt, DebugRound, clock_text
+from katas._cli.state import Attempt, Round, clock_text
 from katas._runtime.clock import NS_PER_S
 
 
@@ -50,27 +50,34 @@ def progress_table(attempts: Sequence[Attempt]) -> Table:
     return table
 
 
-def debug_table(rounds: Sequence[DebugRound]) -> Table:
-    """The debugging rounds (``kata debug``): what was solved, how fast, at what cost."""
-    table = Table(box=box.SIMPLE_HEAD, title="debugging rounds", pad_edge=False)
-    for column in ("when", "kata", "stage", "bugs", "result", "time", "runs", "lines", "hints"):
-        table.add_column(column, justify="right" if column in ("stage", "bugs") else "left")
+def rounds_table(rounds: Sequence[Round]) -> Table:
+    """The debugging and review rounds: what was solved or judged right, how fast."""
+    table = Table(box=box.SIMPLE_HEAD, title="interview rounds", pad_edge=False)
+    for column in ("when", "round", "kata", "stage", "result", "time", "detail"):
+        table.add_column(column, justify="right" if column == "stage" else "left")
     for round_ in rounds:
         when = (
             "?"
             if round_.started is None
             else dt.datetime.fromtimestamp(round_.started).strftime("%m-%d %H:%M")
         )
+        if round_.mode == "review":
+            result = f"{round_.verdicts_right}/{len(round_.entries)} right"
+            detail = f"rules {round_.rules_right}/{round_.rules_asked}"
+        else:
+            result = f"[green]{round_.result}[/]" if round_.solved else round_.result
+            detail = (
+                f"{len(round_.entries)} bug(s), {round_.runs} run(s), "
+                f"{round_.lines_changed} line(s), {round_.hints_used} hint(s)"
+            )
         table.add_row(
             when,
+            round_.mode,
             round_.kata,
             str(round_.stage),
-            str(len(round_.entries)),
-            f"[green]{round_.result}[/]" if round_.solved else round_.result,
+            result,
             _duration(round_.seconds),
-            str(round_.runs),
-            str(round_.lines_changed),
-            str(round_.hints_used),
+            detail,
         )
     return table
 
@@ -80,9 +87,9 @@ def run_progress(args: argparse.Namespace, ctx: Context) -> int:
     wanted = ctx.catalog.get(args.kata).name if args.kata else None
     attempts = [a for a in state.attempts if wanted is None or a.kata == wanted]
     attempts.sort(key=lambda a: (a.kata, str(a.stage), a.started or 0))
-    rounds = [r for r in state.debug_rounds if wanted is None or r.kata == wanted]
+    rounds = [r for r in state.rounds if wanted is None or r.kata == wanted]
     if rounds:
-        ctx.out.print(debug_table(rounds))
+        ctx.out.print(rounds_table(rounds))
     if not attempts and not state.results and not state.hints:
         if not rounds:
             ctx.out.print("No attempts yet: kata start KATA STAGE begins one.")
@@ -133,9 +140,10 @@ COMMAND = Command(
     "your history: attempts, times to green, hints used",
     "Show every recorded attempt (solo and pairing) with its result, time to green "
     "(green), length, tests passed and hints used, a summary per kata stage, and the "
-    "debugging rounds (kata debug): result, time, runs, lines changed.",
+    "interview rounds (kata debug: result, time, runs, lines changed; kata review: "
+    "verdicts and rules right).",
     _configure_progress,
     run_progress,
 )
 
-__all__ = ["COMMAND", "debug_table", "progress_table"]
+__all__ = ["COMMAND", "progress_table", "rounds_table"]

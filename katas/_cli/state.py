@@ -61,7 +61,7 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _keep(record: Attempt | StageResult | DebugRound, data: Mapping[str, object]) -> None:
+def _keep(record: Attempt | StageResult | Round, data: Mapping[str, object]) -> None:
     """Make ``record`` (just decoded from ``data``) write back what ``data`` held: its keys
     unknown here or holding a value of the wrong type as they are, and no key it lacked —
     so a file this command reads (a hand-edited one too) is written back as it was."""
@@ -202,51 +202,65 @@ class StageResult:
 
 
 @dataclass
-class DebugRound:
-    """One debugging round (``kata debug``): a copy of a stage's reference with catalogue
-    bugs in it, to be found and fixed from an incident report."""
+class Round:
+    """One round of an interview mode: a debugging round (``kata debug``: a copy of a
+    stage's reference with catalogue bugs in it, to find and fix from an incident report)
+    or a review round (``kata review``: proposed changes to approve or reject)."""
 
+    mode: str  # debug | review
     kata: str
     stage: int
-    entries: list[str]  # the catalogue entries applied, as ``kata/stageN_slug``
-    copy: str  # where the working copy was laid out
+    entries: list[str]  # the diffs shown, as ``kata/stageN_slug``
     started: float | None  # epoch s
     seconds: float | None
-    result: str  # solved | timeout | stopped | interrupted
-    runs: int = 0  # suite runs finished
-    lines_changed: int = 0  # lines added or removed in the copy, against the bugged start
+    result: str  # debug: solved | timeout | stopped | interrupted; review: done | stopped
+    # debug: where the copy was laid out, the suite runs finished, the lines added or
+    # removed in the copy against its bugged start, the hints shown
+    copy: str = ""
+    runs: int = 0
+    lines_changed: int = 0
     hints_used: int = 0
+    # review: verdicts that were right, and of the bugs rejected, the rules named right
+    verdicts_right: int = 0
+    rules_right: int = 0
+    rules_asked: int = 0
     other: dict[str, object] = field(default_factory=dict)
     missing: frozenset[str] = frozenset()
+
+    _INTEGERS = (
+        "runs",
+        "lines_changed",
+        "hints_used",
+        "verdicts_right",
+        "rules_right",
+        "rules_asked",
+    )
 
     @property
     def solved(self) -> bool:
         return self.result == "solved"
 
     @classmethod
-    def from_json(cls, data: Mapping[str, object]) -> DebugRound:
+    def from_json(cls, data: Mapping[str, object]) -> Round:
         entries = data.get("entries")
         record = cls(
+            mode=str(data.get("mode", "?")),
             kata=str(data.get("kata", "?")),
             stage=_integer(data.get("stage")) or 0,
             entries=[str(e) for e in entries] if isinstance(entries, list) else [],
-            copy=str(data.get("copy", "")),
             started=_number(data.get("started")),
             seconds=_number(data.get("seconds")),
             result=str(data.get("result", "?")),
-            runs=_integer(data.get("runs")) or 0,
-            lines_changed=_integer(data.get("lines_changed")) or 0,
-            hints_used=_integer(data.get("hints_used")) or 0,
+            copy=str(data.get("copy", "")),
         )
+        for name in cls._INTEGERS:
+            setattr(record, name, _integer(data.get(name)) or 0)
         _keep(record, data)
         return record
 
     def to_json(self) -> dict[str, object]:
-        data = {
-            f.name: getattr(self, f.name)
-            for f in fields(self)
-            if f.name not in ("other", "missing")
-        }
+        kept = [f.name for f in fields(self) if f.name not in ("other", "missing")]
+        data = {name: getattr(self, name) for name in kept}
         return {k: v for k, v in {**data, **self.other}.items() if k not in self.missing}
 
 
@@ -297,7 +311,7 @@ class Practice:
     attempts: list[Attempt]
     hints: dict[str, int]  # stage key -> number of hints revealed
     results: dict[str, StageResult]  # stage key -> its last run
-    debug_rounds: list[DebugRound] = field(default_factory=list)  # written only once any
+    rounds: list[Round] = field(default_factory=list)  # kata debug, kata review; once any
 
     @classmethod
     def empty(cls) -> Practice:
@@ -310,8 +324,8 @@ class Practice:
             "hints": self.hints,
             "results": {key: r.to_json() for key, r in self.results.items()},
         }
-        if self.debug_rounds:
-            data["debug_rounds"] = [r.to_json() for r in self.debug_rounds]
+        if self.rounds:
+            data["rounds"] = [r.to_json() for r in self.rounds]
         return data
 
     # --- queries -------------------------------------------------------------------------
@@ -322,8 +336,8 @@ class Practice:
     def times_drawn(self, kata: str) -> dict[str, int]:
         """How often each catalogue entry of ``kata`` was drawn for a debugging round."""
         drawn: dict[str, int] = {}
-        for round_ in self.debug_rounds:
-            if round_.kata == kata:
+        for round_ in self.rounds:
+            if round_.mode == "debug" and round_.kata == kata:
                 for entry in round_.entries:
                     drawn[entry] = drawn.get(entry, 0) + 1
         return drawn
@@ -527,14 +541,14 @@ def _decode(data: object, path: Path) -> Practice:
         raise bad("'hints' must map stages to counts")
     if not isinstance(results, dict) or not all(isinstance(v, dict) for v in results.values()):
         raise bad("'results' must map stages to objects")
-    rounds = data.get("debug_rounds", [])
+    rounds = data.get("rounds", [])
     if not isinstance(rounds, list) or not all(isinstance(r, dict) for r in rounds):
-        raise bad("'debug_rounds' must be a list of objects")
+        raise bad("'rounds' must be a list of objects")
     return Practice(
         [Attempt.from_json(a) for a in attempts],
         hints,
         {str(key): StageResult.from_json(r) for key, r in results.items()},
-        [DebugRound.from_json(r) for r in rounds],
+        [Round.from_json(r) for r in rounds],
     )
 
 
@@ -613,8 +627,8 @@ __all__ = [
     "ENV_STATE_DIR",
     "STATUSES",
     "Attempt",
-    "DebugRound",
     "Practice",
+    "Round",
     "StageResult",
     "StateError",
     "StateStore",

@@ -6,12 +6,18 @@ unified diff whose paths are relative to ``solutions/`` (``a/<kata>/stageN.py``)
     # bug: the one-line "common mistake" a learner reads
     # why: what goes wrong, and when
     # symptom: what a user or an on-call engineer reports, never naming the cause
+    # rationale: how the change would be proposed in a review, never admitting the defect
     # catches: test_stage1_name test_stage1_other test_stage1_param[one]
     # needs: cluster      (optional: its tests need a real Redis Cluster)
 
 The repository's checks apply each entry to a copy of ``solutions/`` and require every
 named test (every parametrization, or only the one named with its id) to fail by
 assertion while the mutant still passes most other tests.
+
+The review round (``kata review``) mixes entries with *sound* changes:
+``tests/reviews/<kata>/stageN_<change>.diff``, the same format with the header lines
+``# rationale:`` and ``# sound:`` (why behaviour is unchanged); the repository's checks
+require the whole stage suite to pass on each.
 """
 
 from __future__ import annotations
@@ -25,12 +31,14 @@ from pathlib import Path
 from katas._registry.impl import REPO_ROOT
 
 CATALOGUE = REPO_ROOT / "tests" / "mutants"
+REVIEWS = REPO_ROOT / "tests" / "reviews"
 _NAME = re.compile(r"stage(?P<stage>\d+)_(?P<slug>[a-z0-9_]+)\.diff")
 
 
 @dataclass(frozen=True)
 class Mutant:
-    """One catalogue entry."""
+    """One catalogue entry, or a sound change of the review round (``sound`` set, no
+    ``bug``)."""
 
     path: Path
     kata: str
@@ -43,6 +51,10 @@ class Mutant:
     symptom: str = ""
     #: what its tests need beyond the embedded default: ``cluster`` (a real Redis Cluster)
     needs: tuple[str, ...] = ()
+    #: how the change is proposed in the review round
+    rationale: str = ""
+    #: a sound change: why behaviour is unchanged
+    sound: str = ""
 
     @property
     def name(self) -> str:
@@ -72,11 +84,13 @@ def parse(path: Path, required: tuple[str, ...] = ("bug", "why", "catches")) -> 
         kata=path.parent.name,
         stage=int(match["stage"]),
         slug=match["slug"],
-        bug=header["bug"],
-        why=header["why"],
+        bug=header.get("bug", ""),
+        why=header.get("why", ""),
         catches=tuple(header.get("catches", "").split()),
         symptom=header.get("symptom", ""),
         needs=tuple(header.get("needs", "").split()),
+        rationale=header.get("rationale", ""),
+        sound=header.get("sound", ""),
     )
 
 
@@ -90,11 +104,26 @@ def changed_lines(mutant: Mutant) -> list[str]:
     ]
 
 
+def body(mutant: Mutant) -> str:
+    """The diff itself, its header lines left off."""
+    lines = mutant.path.read_text().splitlines(keepends=True)
+    return "".join(line for line in lines if not line.startswith("# "))
+
+
 def load(kata: str | None = None) -> list[Mutant]:
     """Every catalogue entry (of one kata, if named), sorted by kata, stage and name."""
     pattern = f"{kata}/*.diff" if kata else "*/*.diff"
     return sorted(
         (parse(p) for p in CATALOGUE.glob(pattern)), key=lambda m: (m.kata, m.stage, m.slug)
+    )
+
+
+def load_sound(kata: str | None = None, folder: Path = REVIEWS) -> list[Mutant]:
+    """Every sound change of the review round (of one kata, if named), sorted."""
+    pattern = f"{kata}/*.diff" if kata else "*/*.diff"
+    return sorted(
+        (parse(p, required=("rationale", "sound")) for p in folder.glob(pattern)),
+        key=lambda m: (m.kata, m.stage, m.slug),
     )
 
 

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -83,6 +83,8 @@ class SuiteRun:
     #: how many tests pytest selected (None: not known); more than ran when the run
     #: stopped at its first failure (``-x``)
     selected: int | None = None
+    #: the rule ids each selected test declares, by node id (``@pytest.mark.rule``)
+    rules: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def by_outcome(self, outcome: str) -> list[TestResult]:
         return [r for r in self.results if r.outcome == outcome]
@@ -178,13 +180,20 @@ def read_report(path: Path) -> tuple[TestResult, ...]:
     )
 
 
-def read_selected(path: Path) -> int | None:
-    """How many tests the plugin's ``--kata-collected`` file lists (None: no such file)."""
+def read_rules(path: Path) -> dict[str, tuple[str, ...]] | None:
+    """Each test the plugin's ``--kata-collected`` file lists (by node id) and the rule ids
+    it declares (None: no such file)."""
     try:
         data: Any = json.loads(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, json.JSONDecodeError):
         return None
-    return len(data) if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    return {
+        str(nodeid): tuple(str(r) for r in test.get("rules", ()))
+        for nodeid, test in data.items()
+        if isinstance(test, dict)
+    }
 
 
 def resolve_impl(spec: str | None, root: Path) -> str:
@@ -292,12 +301,14 @@ class SuiteProcess:
         seconds = time.monotonic() - self._started
         self._output.seek(0)
         output = self._output.read().decode(errors="replace")
+        rules = read_rules(self._collected)
         self._result = SuiteRun(
             self._proc.wait(),  # it has exited: its code, at once
             read_report(self.report),
             output,
             seconds,
-            read_selected(self._collected),
+            None if rules is None else len(rules),
+            rules or {},
         )
         self._cleanup()
 
