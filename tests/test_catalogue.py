@@ -93,7 +93,7 @@ def start_runs(items: list[pytest.Item]) -> Pool[Runs]:
     chosen = [
         m
         for m in (p["mutant"] for p in selected(items, "test_catalogue_entry_is_caught"))
-        if "cluster" not in m.needs or _cluster_server(base) is not None
+        if mutants.shows_here(m, base)
     ]
     return Pool({m.name: functools.partial(_run, m, base) for m in chosen})
 
@@ -153,7 +153,7 @@ def test_every_entry_reports_a_symptom_that_does_not_name_its_cause() -> None:
 @pytest.mark.timeout(WAIT_S)
 @pytest.mark.parametrize("mutant", CATALOGUE, ids=[m.name for m in CATALOGUE])
 def test_catalogue_entry_is_caught(mutant: mutants.Mutant, catalogue_runs: Pool[Runs]) -> None:
-    if "cluster" in mutant.needs and _cluster_server() is None:
+    if not mutants.shows_here(mutant):
         pytest.skip(f"{CLUSTER_SKIP}: set {ENV_SERVER}=redis-server to run this entry's tests")
     run, others = catalogue_runs.result(mutant.name)
     assert run.results or others.results, (

@@ -53,14 +53,6 @@ _SOURCE_SUFFIXES = (".py", ".c", ".h", ".lua")
 # --- drawing the entries -----------------------------------------------------------------
 
 
-def runnable(entry: mutants.Mutant) -> bool:
-    """Whether this machine can show the entry's failure: an entry whose tests need a
-    real Redis Cluster stays out unless one is configured (its suite would pass)."""
-    if "cluster" in entry.needs:
-        return bool(os.environ.get("KATA_REDIS_CLUSTER") or os.environ.get("KATA_REDIS_SERVER"))
-    return True
-
-
 def draw_order(
     entries: Sequence[mutants.Mutant], drawn: dict[str, int], passed: set[int], rng: random.Random
 ) -> list[mutants.Mutant]:
@@ -97,7 +89,7 @@ def lines_changed(before: dict[str, list[str]], tree: Path) -> int:
     count = 0
     for name in before.keys() | after.keys():
         for line in difflib.unified_diff(before.get(name, []), after.get(name, []), n=0):
-            if line[:1] in "+-" and not line.startswith(("+++", "---")):
+            if line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
                 count += 1
     return count
 
@@ -114,11 +106,7 @@ def lay_out(ctx: Context, kata: Kata, stage: Stage, entries: list[mutants.Mutant
     staging = Path(tempfile.mkdtemp(prefix=".laying-", dir=folder))
     try:
         tree = staging / "impl"
-        shutil.copytree(
-            ctx.catalog.project_root / "solutions",
-            tree,
-            ignore=shutil.ignore_patterns("__pycache__", "*.so"),
-        )
+        mutants.copy_solutions(ctx.catalog.project_root / "solutions", tree)
         for entry in entries:
             mutants.apply(entry, tree)
         tree.rename(dest)  # whole or not at all
@@ -134,7 +122,7 @@ def _pick(
     2 the next of its stage whose diff applies on top of it."""
     state = ctx.state()
     stages = [kata.stage(stage_number)] if stage_number is not None else list(kata.stages)
-    entries = [e for s in stages for e in common_mistakes(ctx, kata, s) if runnable(e)]
+    entries = [e for s in stages for e in common_mistakes(ctx, kata, s) if mutants.shows_here(e)]
     if not entries:
         where = f"stage {stage_number} of {kata.name}" if stage_number else kata.name
         raise UserError(f"{where} has no catalogue entry this machine can run a round of")
@@ -157,11 +145,7 @@ def _pick(
 def _apply_together(ctx: Context, entries: list[mutants.Mutant]) -> bool:
     with tempfile.TemporaryDirectory(prefix="kata-debug-") as tmp:
         tree = Path(tmp) / "impl"
-        shutil.copytree(
-            ctx.catalog.project_root / "solutions",
-            tree,
-            ignore=shutil.ignore_patterns("__pycache__", "*.so"),
-        )
+        mutants.copy_solutions(ctx.catalog.project_root / "solutions", tree)
         try:
             for entry in entries:
                 mutants.apply(entry, tree)

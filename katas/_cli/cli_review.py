@@ -18,7 +18,6 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from katas._cli.cli_debug import runnable
 from katas._cli.cli_reveal import common_mistakes
 from katas._cli.cliutil import (
     Command,
@@ -131,7 +130,7 @@ def run_review(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
     stage = kata.stage(args.stage)
     ctx.state()  # an unusable state file stops us before the round starts
-    bugs = [e for e in common_mistakes(ctx, kata, stage) if e.rationale and runnable(e)]
+    bugs = [e for e in common_mistakes(ctx, kata, stage) if e.rationale and mutants.shows_here(e)]
     sound = sound_changes(ctx, kata, stage)
     if not bugs or not sound:
         raise UserError(

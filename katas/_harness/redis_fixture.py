@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from katas._registry.impl import ENV_REDIS_CLUSTER, ENV_REDIS_SERVER
+
 #: The environment variable naming the ``redis-server`` the harness starts (mode 2).
-ENV_SERVER = "KATA_REDIS_SERVER"
+ENV_SERVER = ENV_REDIS_SERVER
 #: The environment variable of an external Redis server (mode 3).
 ENV_URL = "KATA_REDIS_URL"
 #: The environment variable naming the ``redis-server`` a Redis Cluster is built of (mode 4).
-ENV_CLUSTER = "KATA_REDIS_CLUSTER"
+ENV_CLUSTER = ENV_REDIS_CLUSTER
 #: How a test that needs a real Redis Cluster, and has none, is skipped: on the embedded
 #: default that is the one skip the repository's checks accept.
 CLUSTER_SKIP = "needs a real Redis Cluster"

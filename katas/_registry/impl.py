@@ -30,6 +30,10 @@ from katas._runtime import native
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_IMPL = "KATA_IMPL"
 ENV_PROFILE = "KATA_PROFILE"  # hypothesis profile: dev (default), ci, thorough
+#: The ``redis-server`` the harness starts private servers of (katas/_harness/redis_fixture.py)
+ENV_REDIS_SERVER = "KATA_REDIS_SERVER"
+#: The ``redis-server`` the harness builds a Redis Cluster of
+ENV_REDIS_CLUSTER = "KATA_REDIS_CLUSTER"
 #: The hypothesis profiles :mod:`katas._harness.profiles` registers (``mutant``: the catalogue's).
 PROFILES = ("dev", "ci", "thorough", "mutant")
 #: How a stub's ``Todo`` reads in a report: one line, no traceback.

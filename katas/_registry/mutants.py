@@ -22,13 +22,15 @@ require the whole stage suite to pass on each.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from katas._registry.impl import REPO_ROOT
+from katas._registry.impl import ENV_REDIS_CLUSTER, ENV_REDIS_SERVER, REPO_ROOT
 
 CATALOGUE = REPO_ROOT / "tests" / "mutants"
 REVIEWS = REPO_ROOT / "tests" / "reviews"
@@ -129,9 +131,22 @@ def load_sound(kata: str | None = None, folder: Path = REVIEWS) -> list[Mutant]:
 
 def materialise(mutant: Mutant, dest: Path, solutions: Path = REPO_ROOT / "solutions") -> Path:
     """Copy ``solutions/`` to ``dest`` and apply the mutant there; return ``dest``."""
-    shutil.copytree(solutions, dest, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    copy_solutions(solutions, dest)
     apply(mutant, dest)
     return dest
+
+
+def copy_solutions(solutions: Path, dest: Path) -> None:
+    """A copy of the references to apply entries to: no caches, no built modules."""
+    shutil.copytree(solutions, dest, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+
+
+def shows_here(mutant: Mutant, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether a run here can show the entry's failure: one whose tests need a real Redis
+    Cluster, only where a ``redis-server`` to build one of is configured."""
+    if "cluster" in mutant.needs:
+        return bool(environ.get(ENV_REDIS_CLUSTER) or environ.get(ENV_REDIS_SERVER))
+    return True
 
 
 def apply(mutant: Mutant, tree: Path) -> None:
