@@ -95,8 +95,8 @@ def lines_changed(before: dict[str, list[str]], tree: Path) -> int:
 
 
 def lay_out(ctx: Context, kata: Kata, stage: Stage, entries: list[mutants.Mutant]) -> Path:
-    """A fresh copy of the project's ``solutions/`` with ``entries`` applied, under the
-    state directory: ``debug/<kata>-stage<N>-<k>``."""
+    """A fresh copy of the kata's references with ``entries`` applied, under the state
+    directory: ``debug/<kata>-stage<N>-<k>``."""
     folder = ctx.store.directory / "debug"
     folder.mkdir(parents=True, exist_ok=True)
     k = 1
@@ -106,7 +106,7 @@ def lay_out(ctx: Context, kata: Kata, stage: Stage, entries: list[mutants.Mutant
     staging = Path(tempfile.mkdtemp(prefix=".laying-", dir=folder))
     try:
         tree = staging / "impl"
-        mutants.copy_solutions(ctx.catalog.project_root / "solutions", tree)
+        _copy_kata(ctx, kata, tree)
         for entry in entries:
             mutants.apply(entry, tree)
         tree.rename(dest)  # whole or not at all
@@ -132,7 +132,7 @@ def _pick(
     for entry in order[1:]:
         if len(chosen) == bugs:
             break
-        if entry.stage == chosen[0].stage and _apply_together(ctx, [*chosen, entry]):
+        if entry.stage == chosen[0].stage and _apply_together(ctx, kata, [*chosen, entry]):
             chosen.append(entry)
     if len(chosen) < bugs:
         raise UserError(
@@ -142,10 +142,19 @@ def _pick(
     return kata.stage(chosen[0].stage), chosen
 
 
-def _apply_together(ctx: Context, entries: list[mutants.Mutant]) -> bool:
+def _copy_kata(ctx: Context, kata: Kata, tree: Path) -> None:
+    """The references of ``kata`` alone (the other katas' stay unseen), laid out as
+    ``solutions/`` is: ``tree/<kata>/``, and the package's own top-level files."""
+    solutions = ctx.catalog.project_root / "solutions"
+    mutants.copy_solutions(solutions / kata.name, tree / kata.name)
+    for path in solutions.glob("*.py"):
+        shutil.copy2(path, tree / path.name)
+
+
+def _apply_together(ctx: Context, kata: Kata, entries: list[mutants.Mutant]) -> bool:
     with tempfile.TemporaryDirectory(prefix="kata-debug-") as tmp:
         tree = Path(tmp) / "impl"
-        mutants.copy_solutions(ctx.catalog.project_root / "solutions", tree)
+        _copy_kata(ctx, kata, tree)
         try:
             for entry in entries:
                 mutants.apply(entry, tree)
@@ -251,8 +260,8 @@ def run_debug(args: argparse.Namespace, ctx: Context) -> int:
     timebox_ns = int(minutes * NS_PER_MIN)
     _incident(ctx, kata, stage, entries)
     ctx.out.print(
-        f"A build of {kata.name} stage {stage.number} is in {copy} (the whole project's "
-        f"solutions/, with the fault somewhere in it). Find it and fix it there: every save "
+        f"A build of {kata.name} stage {stage.number} is in {copy} (the kata's references, "
+        f"with the fault somewhere in them). Find it and fix it there: every save "
         f"re-runs the stage suite on the copy. Solved when every test passes again. "
         f"Keys: r run now, a run all, h hint, q give up. Timebox {clock_text(timebox_ns)}.",
         highlight=False,
