@@ -354,6 +354,36 @@ class Calc:
         return a - b
 """
 
+#: Catalogue entries of the fake ``calc`` kata (diffs against ``CALC_SOLUTION``), every
+#: header line carrying a mark, so a check sees which of them a command shows.
+CALC_SUB_SWAPPED = """\
+# bug: BUG_MARK subtracts the wrong way round
+# why: WHY_MARK a - b and b - a differ
+# symptom: SYMPTOM_MARK the ledger's balances come out negated after every withdrawal
+# rationale: RATIONALE_MARK read the operands in declaration order
+# catches: test_stage1_sub
+--- a/calc/stage1.py
++++ b/calc/stage1.py
+@@ -7,2 +7,2 @@
+     def sub(self, a: int, b: int) -> int:
+-        return a - b
++        return b - a
+"""
+CALC_ADD_OFF_BY_ONE = """\
+# bug: ADD_BUG_MARK adds one too many
+# why: every sum is off by one
+# symptom: OTHER_SYMPTOM_MARK totals are always one more than the receipts say
+# rationale: ADD_RATIONALE_MARK count the carry explicitly
+# catches: test_stage1_add
+--- a/calc/stage1.py
++++ b/calc/stage1.py
+@@ -1,3 +1,3 @@
+ class Calc:
+     def add(self, a: int, b: int) -> int:
+-        return a + b
++        return a + b + 1
+"""
+
 #: The stage-1 suite of the fake ``calc`` kata: add and mul are core, sub is extended; a
 #: kata's checks may add tests after.
 CALC_SUITE = """\

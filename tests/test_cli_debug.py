@@ -10,38 +10,19 @@ import random
 from pathlib import Path
 
 import pytest
-from _support import CALC_SOLUTION, practice_project, run_kata, state, write
+from _support import (
+    CALC_ADD_OFF_BY_ONE,
+    CALC_SOLUTION,
+    CALC_SUB_SWAPPED,
+    practice_project,
+    run_kata,
+    state,
+    write,
+)
 
 from katas._cli.cli import main
 from katas._cli.cli_debug import draw_order
 from katas._registry import mutants
-
-SUB_SWAPPED = """\
-# bug: BUG_MARK subtracts the wrong way round
-# why: WHY_MARK a - b and b - a differ
-# symptom: SYMPTOM_MARK the ledger's balances come out negated after every withdrawal
-# catches: test_stage1_sub
---- a/calc/stage1.py
-+++ b/calc/stage1.py
-@@ -7,2 +7,2 @@
-     def sub(self, a: int, b: int) -> int:
--        return a - b
-+        return b - a
-"""
-
-ADD_OFF_BY_ONE = """\
-# bug: adds one too many
-# why: every sum is off by one
-# symptom: OTHER_SYMPTOM_MARK totals are always one more than the receipts say
-# catches: test_stage1_add
---- a/calc/stage1.py
-+++ b/calc/stage1.py
-@@ -1,3 +1,3 @@
- class Calc:
-     def add(self, a: int, b: int) -> int:
--        return a + b
-+        return a + b + 1
-"""
 
 NEEDS_CLUSTER = """\
 # bug: multiplies by zero on a cluster
@@ -62,7 +43,9 @@ NEEDS_CLUSTER = """\
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv("KATA_REDIS_CLUSTER", raising=False)
     monkeypatch.delenv("KATA_REDIS_SERVER", raising=False)
-    return practice_project(tmp_path, monkeypatch, mutants={"stage1_sub_swapped.diff": SUB_SWAPPED})
+    return practice_project(
+        tmp_path, monkeypatch, mutants={"stage1_sub_swapped.diff": CALC_SUB_SWAPPED}
+    )
 
 
 def _copies(project: Path) -> list[Path]:
@@ -126,8 +109,8 @@ def test_cli_debug_never_repeats_an_entry_before_every_one_was_drawn(
         tmp_path,
         monkeypatch,
         mutants={
-            "stage1_sub_swapped.diff": SUB_SWAPPED,
-            "stage1_add_off_by_one.diff": ADD_OFF_BY_ONE,
+            "stage1_sub_swapped.diff": CALC_SUB_SWAPPED,
+            "stage1_add_off_by_one.diff": CALC_ADD_OFF_BY_ONE,
             "stage1_mul_by_zero.diff": NEEDS_CLUSTER,
         },
     )

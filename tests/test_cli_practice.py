@@ -15,6 +15,7 @@ from _support import (
     CALC_KATA,
     CALC_SOLUTION,
     CALC_STUB,
+    CALC_SUB_SWAPPED,
     git,
     kata_process,
     practice_project,
@@ -48,18 +49,6 @@ def test_bench_stage1_add(benchmark, stage_module, capsys):
     print("\\n  printed_not_reported = 9.99   (target: ~1)")  # a printed line is not a ratio
 """
 
-MUTANT = """\
-# bug: MUTANT_MARK subtracts the wrong way round
-# why: a - b and b - a differ
-# catches: test_stage1_sub
---- a/calc/stage1.py
-+++ b/calc/stage1.py
-@@ -7,2 +7,2 @@
-     def sub(self, a: int, b: int) -> int:
--        return a - b
-+        return b - a
-"""
-
 
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -68,7 +57,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         tmp_path,
         monkeypatch,
         kata={**CALC_KATA, "bench_stage1.py": BENCH},
-        mutants={"stage1_sub_swapped.diff": MUTANT},
+        mutants={"stage1_sub_swapped.diff": CALC_SUB_SWAPPED},
     )
 
 
@@ -109,7 +98,7 @@ def test_cli_reveal_only_after_passing_or_forced_and_lists_common_mistakes(
     assert main(["reveal", "calc", "1", "--force"]) == 0
     out = capsys.readouterr().out
     assert "+        raise Todo()" in out and "-        return a + b" in out, out
-    assert "MUTANT_MARK subtracts the wrong way round" in out, out
+    assert "BUG_MARK subtracts the wrong way round" in out, out
     assert "stage1_sub_swapped" in out
 
     _solve(project)  # a green `kata test` of the learner's code unlocks reveal and hint --all

@@ -8,7 +8,17 @@ import random
 from pathlib import Path
 
 import pytest
-from _support import CALC_KATA, CALC_README, CALC_SUITE, practice_project, run_kata, state, write
+from _support import (
+    CALC_ADD_OFF_BY_ONE,
+    CALC_KATA,
+    CALC_README,
+    CALC_SUB_SWAPPED,
+    CALC_SUITE,
+    practice_project,
+    run_kata,
+    state,
+    write,
+)
 
 from katas._cli.cli import main
 from katas._cli.cli_review import compose
@@ -27,35 +37,6 @@ SUITE = CALC_SUITE.replace(
     "@pytest.mark.extended\ndef test_stage1_sub",
     '@pytest.mark.extended\n@pytest.mark.rule("sub-order")\ndef test_stage1_sub',
 )
-
-SUB_SWAPPED = """\
-# bug: BUG_MARK subtracts the wrong way round
-# why: a - b and b - a differ
-# symptom: the ledger's balances come out negated after every withdrawal, every time
-# rationale: SUB_RATIONALE_MARK read the operands in declaration order
-# catches: test_stage1_sub
---- a/calc/stage1.py
-+++ b/calc/stage1.py
-@@ -7,2 +7,2 @@
-     def sub(self, a: int, b: int) -> int:
--        return a - b
-+        return b - a
-"""
-
-ADD_OFF_BY_ONE = """\
-# bug: ADD_BUG_MARK adds one too many
-# why: every sum is off by one
-# symptom: totals are always one more than the receipts say, on every single invoice
-# rationale: ADD_RATIONALE_MARK count the carry explicitly
-# catches: test_stage1_add
---- a/calc/stage1.py
-+++ b/calc/stage1.py
-@@ -1,3 +1,3 @@
- class Calc:
-     def add(self, a: int, b: int) -> int:
--        return a + b
-+        return a + b + 1
-"""
 
 MUL_COMMUTED = """\
 # rationale: SOUND_RATIONALE_MARK write the product in the order the docs use
@@ -76,8 +57,8 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         monkeypatch,
         kata={**CALC_KATA, "README.md": README, "test_stage1.py": SUITE},
         mutants={
-            "stage1_sub_swapped.diff": SUB_SWAPPED,
-            "stage1_add_off_by_one.diff": ADD_OFF_BY_ONE,
+            "stage1_sub_swapped.diff": CALC_SUB_SWAPPED,
+            "stage1_add_off_by_one.diff": CALC_ADD_OFF_BY_ONE,
         },
     )
     write(project / "tests" / "reviews" / "calc" / "stage1_mul_commuted.diff", MUL_COMMUTED)
@@ -108,7 +89,7 @@ def test_cli_review_scores_the_verdicts_and_the_rules_named(
     )
     out, err = capsys.readouterr()
     assert code == 0, out + err
-    assert "SUB_RATIONALE_MARK" in out and "SOUND_RATIONALE_MARK" in out, out
+    assert "RATIONALE_MARK read the operands" in out and "SOUND_RATIONALE_MARK" in out, out
     assert "+        return b * a" in out, out
     assert "3/3 verdicts right · 1/2 rules named right" in out, out
     assert "BUG_MARK" in out and "SOUND_WHY_MARK" in out and "§sums" in out, out

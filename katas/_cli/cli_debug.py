@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import os
 import random
 import shutil
 import tempfile
@@ -24,7 +23,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from katas._cli.cli_reveal import common_mistakes
-from katas._cli.cli_sessions import NS_PER_MIN, minutes_arg
+from katas._cli.cli_sessions import NS_PER_MIN, SessionRuns, minutes_arg
 from katas._cli.cliutil import (
     Command,
     Context,
@@ -40,8 +39,7 @@ from katas._cli.summary import show_run
 from katas._cli.watch import Watcher
 from katas._registry import mutants
 from katas._registry.catalog import Kata, Stage, display_path
-from katas._registry.suites import SuiteProcess, SuiteRun, start_suite
-from katas._registry.warm import WarmStart
+from katas._registry.suites import SuiteProcess, SuiteRun
 from katas._runtime.clock import NS_PER_S
 
 #: The timebox of a round unless ``--minutes`` says otherwise.
@@ -178,21 +176,10 @@ class DebugSession:
         self.impl = impl_or_error(str(copy), ctx)
         self.start = _sources(copy)
         self.hints = 0
-        self.env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        self.cache: tempfile.TemporaryDirectory[str]
-        self.warm: WarmStart
+        self.runs: SessionRuns  # from run()
 
     def start_run(self, whole: bool) -> SuiteProcess:
-        order = ["-o", f"cache_dir={self.cache.name}", "--failed-first"]
-        return start_suite(
-            self.suites,
-            impl=self.impl,
-            core_only=False,
-            env=self.env,
-            pytest_args=order + ([] if whole else ["-x"]),
-            cache=True,
-            warm=self.warm,
-        )
+        return self.runs.start(self.suites, impl=self.impl, whole=whole, core_only=False)
 
     def on_result(self, result: SuiteRun, elapsed_ns: int) -> None:
         if result.config_error:  # nothing a fix in the copy can change
@@ -216,8 +203,7 @@ class DebugSession:
             )
 
     def run(self, timebox_ns: int, poll_ns: int) -> SoloOutcome:
-        self.cache = tempfile.TemporaryDirectory(prefix="kata-debug-")
-        self.warm = WarmStart()
+        self.runs = SessionRuns("kata-debug-")
         try:
             return SoloSession(
                 clock=self.ctx.clock,
@@ -232,8 +218,7 @@ class DebugSession:
                 poll_ns=poll_ns,
             ).run()
         finally:
-            self.warm.close()
-            self.cache.cleanup()
+            self.runs.close()
 
 
 def _incident(ctx: Context, kata: Kata, stage: Stage, entries: list[mutants.Mutant]) -> None:

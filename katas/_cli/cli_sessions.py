@@ -6,12 +6,17 @@ tests, and recording an attempt with the progress it made.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
 
 from katas._cli.cliutil import Context, add_kata_stage, impl_or_error
 from katas._cli.practice import tally
 from katas._cli.state import Attempt, StateError
-from katas._registry.suites import SuiteRun
+from katas._registry.suites import SuiteProcess, SuiteRun, start_suite
+from katas._registry.warm import WarmStart
 from katas._runtime.clock import NS_PER_S
 
 NS_PER_MIN = 60 * NS_PER_S
@@ -25,6 +30,46 @@ def minutes_arg(text: str) -> float:
     if not value > 0 or value > 24 * 60:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1440 minutes, got {text!r}")
     return value
+
+
+class SessionRuns:
+    """What the suite runs of one timed session share: pytest's cache of what failed last
+    (the session's own; the project's stays as it is) and one process that has imported
+    pytest and the libraries every run imports, to fork each run from. ``close()`` it."""
+
+    def __init__(self, prefix: str) -> None:
+        self._cache = tempfile.TemporaryDirectory(prefix=prefix)
+        self._warm = WarmStart()
+        # a save within a second never runs stale
+        self._env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+
+    def start(
+        self,
+        suites: Sequence[Path],
+        *,
+        impl: str,
+        whole: bool,
+        core_only: bool,
+        base: str | None = None,
+        keyword: str | None = None,
+    ) -> SuiteProcess:
+        """A run that takes what failed last first and stops at a failure unless ``whole``."""
+        order = ["-o", f"cache_dir={self._cache.name}", "--failed-first"]
+        return start_suite(
+            suites,
+            impl=impl,
+            base=base,
+            keyword=keyword,
+            core_only=core_only,
+            env=self._env,
+            pytest_args=order + ([] if whole else ["-x"]),
+            cache=True,
+            warm=self._warm,
+        )
+
+    def close(self) -> None:
+        self._warm.close()
+        self._cache.cleanup()
 
 
 def learners_impl(ctx: Context) -> str:
@@ -58,4 +103,11 @@ def save_attempt(ctx: Context, attempt: Attempt, hints_before: int, last: SuiteR
         return False
 
 
-__all__ = ["NS_PER_MIN", "add_session_arguments", "learners_impl", "minutes_arg", "save_attempt"]
+__all__ = [
+    "NS_PER_MIN",
+    "SessionRuns",
+    "add_session_arguments",
+    "learners_impl",
+    "minutes_arg",
+    "save_attempt",
+]

@@ -7,9 +7,7 @@ kata's files, its suite and the recorded progress.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from rich.markdown import Markdown
@@ -17,7 +15,13 @@ from rich.rule import Rule
 from rich.text import Text
 
 from katas._cli.cli_hint import reveal_next_hint, stage_hints
-from katas._cli.cli_sessions import NS_PER_MIN, add_session_arguments, learners_impl, save_attempt
+from katas._cli.cli_sessions import (
+    NS_PER_MIN,
+    SessionRuns,
+    add_session_arguments,
+    learners_impl,
+    save_attempt,
+)
 from katas._cli.cliutil import (
     YES,
     Command,
@@ -36,8 +40,7 @@ from katas._cli.summary import nothing_selected, print_summary, show_run
 from katas._cli.watch import Watcher
 from katas._registry.catalog import CatalogError, Kata, Stage, Unit, display_path
 from katas._registry.notes import is_section
-from katas._registry.suites import SuiteProcess, SuiteRun, start_suite
-from katas._registry.warm import WarmStart
+from katas._registry.suites import SuiteProcess, SuiteRun
 from katas._runtime.clock import NS_PER_S
 
 
@@ -171,12 +174,7 @@ class StartSession:
         self.core = not args.full  # the part watched: the core tests, or the whole suite
         self.greens: list[tuple[int, bool]] = []  # (time to green, whether of the core only)
         self.finished = 0  # runs finished
-        # a save within a second never runs stale
-        self.env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
-        # pytest's cache of what failed last, the session's own (the project's stays as it
-        # is), and pytest with the libraries every run imports, imported once: from run()
-        self.cache: tempfile.TemporaryDirectory[str]
-        self.warm: WarmStart
+        self.runs: SessionRuns  # from run()
 
     @property
     def title(self) -> str:
@@ -203,17 +201,13 @@ class StartSession:
 
     def start_part(self, whole: bool) -> SuiteProcess:
         """A run of the part watched: failed first, stopping at a failure unless ``whole``."""
-        order = ["-o", f"cache_dir={self.cache.name}", "--failed-first"]
-        return start_suite(
+        return self.runs.start(
             self.suites,
             impl=self.impl,
+            whole=whole,
+            core_only=self.core,
             base=self.base,
             keyword=self.unit.keyword if self.unit else None,
-            core_only=self.core,
-            env=self.env,
-            pytest_args=order + ([] if whole else ["-x"]),
-            cache=True,
-            warm=self.warm,
         )
 
     def start_run(self, whole: bool) -> _CoreElseWhole:
@@ -275,8 +269,7 @@ class StartSession:
 
     def run(self, poll_ns: int) -> SoloOutcome:
         """Watch and run until green, the timebox's end or q: how the attempt ended."""
-        self.cache = tempfile.TemporaryDirectory(prefix="kata-start-")
-        self.warm = WarmStart()
+        self.runs = SessionRuns("kata-start-")
         try:
             return SoloSession(
                 clock=self.ctx.clock,
@@ -292,8 +285,7 @@ class StartSession:
                 poll_ns=poll_ns,
             ).run()
         finally:
-            self.warm.close()
-            self.cache.cleanup()
+            self.runs.close()
 
     def recorded_run(self, outcome: SoloOutcome) -> SuiteRun | None:
         """What the attempt is measured on: the run that first went green (the core's, when
