@@ -29,7 +29,7 @@ from katas._cli.cli import main
 from katas._cli.pristine import looks_like_stub
 from katas._cli.state import StateStore
 from katas._registry import catalog as cat
-from katas._registry.notes import hints, rubric_axes
+from katas._registry.notes import clarifying_questions, hints, rubric_axes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -276,8 +276,13 @@ def test_cli_help_for_the_practice_commands(capsys: pytest.CaptureFixture[str]) 
     assert "--minutes" in out and "time to green" in out and "exit code" in out
 
 
+#: Clarifying questions of a stage marked key, at least: the interview mode asks for them.
+KEY_QUESTIONS = 3
+
+
 def test_cli_notes_of_every_real_kata_parse() -> None:
-    """Every kata's HINTS.md and INTERVIEWER.md parse; the rate limiter's are complete."""
+    """Every kata's HINTS.md and INTERVIEWER.md parse; the rate limiter's are complete;
+    every stage has clarifying questions, some of them key."""
     for kata in cat.Catalog(REPO / "katas").katas():
         for stage in kata.stages:
             found = hints(kata.hints.read_text(), stage.section) if kata.hints.is_file() else None
@@ -289,6 +294,13 @@ def test_cli_notes_of_every_real_kata_parse() -> None:
             if kata.name == "rate_limiter":
                 assert found and len(found) >= 3, (stage.number, found)
                 assert [a for a, _ in axes][:2] == ["Problem solving", "Correctness & complexity"]
+            questions = clarifying_questions(kata.interviewer.read_text(), stage.section)
+            key = [q for q in questions if q.key]
+            assert len(key) >= KEY_QUESTIONS, (
+                f"{kata.name} stage {stage.number}: {len(key)} of its {len(questions)} "
+                f"clarifying questions are marked *(key)* in INTERVIEWER.md (the ones whose "
+                f"answer changes the code); at least {KEY_QUESTIONS} expected"
+            )
 
 
 def test_cli_test_still_runs_with_a_corrupted_state_and_says_it_did_not_record(

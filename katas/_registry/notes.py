@@ -87,6 +87,9 @@ def hints(text: str, stage_section: str) -> list[Part] | None:
 
 LADDER = "The follow-up ladder"
 RUBRIC = "Rubric"
+CLARIFYING = "Clarifying questions"
+#: How a clarifying question is marked key (its answer changes the code): at its end.
+_KEY = re.compile(r"\s*\*\(key\)\*\s*$")
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,29 @@ def table_rows(markdown: str) -> list[list[str]]:
     return rows[1:]  # the first row is the header
 
 
+@dataclass(frozen=True)
+class Question:
+    """A clarifying question a strong candidate asks, the answer to give, and whether it
+    is key: its answer changes the code."""
+
+    text: str
+    answer: str
+    key: bool
+
+
+def clarifying_questions(text: str, stage_section: str) -> list[Question]:
+    """The stage's ``### Clarifying questions …`` table of INTERVIEWER.md, in order."""
+    notes = interviewer_notes(text, stage_section)
+    part = notes.part(CLARIFYING) if notes is not None else None
+    if part is None:
+        return []
+    return [
+        Question(_KEY.sub("", row[0]), row[1], bool(_KEY.search(row[0])))
+        for row in table_rows(part.body)
+        if len(row) >= 2 and row[0]
+    ]
+
+
 DEFAULT_AXES = ("Problem solving", "Correctness & complexity", "Communication", "Code quality")
 
 
@@ -149,6 +175,8 @@ def rubric_axes(text: str, stage_section: str) -> list[tuple[str, list[str]]]:
 __all__ = [
     "InterviewerNotes",
     "Part",
+    "Question",
+    "clarifying_questions",
     "hints",
     "interviewer_notes",
     "is_section",
