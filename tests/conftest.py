@@ -22,6 +22,7 @@ CATALOGUE_MARK = "catalogue"
 #: machine's, not the code's. The catalogue's budget is for ``--catalogue`` runs.
 BUDGETS_S = {
     "test_catalogue": 900,
+    "test_reviews": 240,
     "test_suites": 240,
     "test_cli_start": 90,
     "test_cli_pair": 45,
