@@ -71,8 +71,9 @@ def compose(
 
 
 def rules_of_tests(ctx: Context, kata: Kata, stage: Stage) -> dict[str, set[str]]:
-    """Each test of the stage suite (by its name, and by its name with its parameters)
-    and the rule ids it declares, from one ``--collect-only`` on the reference."""
+    """Each test of the stage suite (by its name with and without its parameters, and a
+    state machine's by its class) and the rule ids it declares, from one
+    ``--collect-only`` on the reference."""
     run = run_suite(
         suites_or_error(kata, stage),
         impl=impl_or_error("solutions", ctx),
@@ -86,9 +87,9 @@ def rules_of_tests(ctx: Context, kata: Kata, stage: Stage) -> dict[str, set[str]
         )
     rules: dict[str, set[str]] = {}
     for nodeid, ids in run.rules.items():
-        name = nodeid.rpartition("::")[2]
-        for key in (name, name.partition("[")[0]):
-            rules.setdefault(key, set()).update(ids)
+        for name in nodeid.split("::")[1:]:  # a state machine's test is its class's
+            for key in (name, name.partition("[")[0]):
+                rules.setdefault(key, set()).update(ids)
     return rules
 
 
