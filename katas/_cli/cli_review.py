@@ -119,10 +119,7 @@ def _show(ctx: Context, n: int, total: int, change: mutants.Mutant) -> None:
     line = Text("Proposed: ", style="bold")
     line.append(change.rationale)
     ctx.out.print(line)
-    body = "".join(
-        ln + "\n" for ln in change.path.read_text().splitlines() if not ln.startswith("# ")
-    )
-    ctx.out.print(Syntax(body, "diff", theme="ansi_dark", word_wrap=True))
+    ctx.out.print(Syntax(mutants.body(change), "diff", theme="ansi_dark", word_wrap=True))
 
 
 def run_review(args: argparse.Namespace, ctx: Context) -> int:
