@@ -326,7 +326,9 @@ def _configure_debug(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--minutes", type=minutes_arg, metavar="N", help=f"the timebox ({DEFAULT_MINUTES:g})"
     )
-    parser.add_argument("--seed", type=int, help="draw the same entries again (a number)")
+    parser.add_argument(
+        "--seed", type=int, help="fix the random choice among equally drawn entries"
+    )
     parser.add_argument(
         "--poll", type=float, default=0.25, metavar="SECONDS", help=argparse.SUPPRESS
     )
