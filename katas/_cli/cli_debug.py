@@ -23,7 +23,7 @@ from rich.syntax import Syntax
 from rich.text import Text
 
 from katas._cli.cli_reveal import common_mistakes
-from katas._cli.cli_sessions import NS_PER_MIN, SessionRuns, minutes_arg
+from katas._cli.cli_sessions import NS_PER_MIN, SessionRuns, minutes_arg, poll_seconds
 from katas._cli.cliutil import (
     Command,
     Context,
@@ -330,7 +330,7 @@ def _configure_debug(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, help="fix the random choice among equally drawn entries"
     )
     parser.add_argument(
-        "--poll", type=float, default=0.25, metavar="SECONDS", help=argparse.SUPPRESS
+        "--poll", type=poll_seconds, default=0.25, metavar="SECONDS", help=argparse.SUPPRESS
     )
     parser.add_argument("--reveal", action="store_true", help="show what the last round's bug was")
 

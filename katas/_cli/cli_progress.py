@@ -18,10 +18,11 @@ def _duration(seconds: float | None) -> str:
     return "—" if seconds is None else clock_text(int(seconds * NS_PER_S))
 
 
-def _when(attempt: Attempt) -> str:
-    if attempt.started is None:
+def _when(started: float | None) -> str:
+    """When an attempt or a round began (epoch s), as ``12-05 14:30``."""
+    if started is None:
         return "?"
-    return dt.datetime.fromtimestamp(attempt.started).strftime("%m-%d %H:%M")
+    return dt.datetime.fromtimestamp(started).strftime("%m-%d %H:%M")
 
 
 def progress_table(attempts: Sequence[Attempt]) -> Table:
@@ -38,7 +39,7 @@ def progress_table(attempts: Sequence[Attempt]) -> Table:
         said = attempt.to_json()  # as the file says it, even where a hand edit left it odd
         passed, total = said.get("passed"), said.get("total")
         table.add_row(
-            _when(attempt),
+            _when(attempt.started),
             attempt.kata,
             str(said.get("stage", "?")),
             f"[green]{result}[/]" if said.get("green_seconds") is not None else result,
@@ -56,11 +57,6 @@ def rounds_table(rounds: Sequence[Round]) -> Table:
     for column in ("when", "round", "kata", "stage", "result", "time", "detail"):
         table.add_column(column, justify="right" if column == "stage" else "left")
     for round_ in rounds:
-        when = (
-            "?"
-            if round_.started is None
-            else dt.datetime.fromtimestamp(round_.started).strftime("%m-%d %H:%M")
-        )
         if round_.mode == "review":
             result = f"{round_.verdicts_right}/{len(round_.entries)} right"
             detail = f"rules {round_.rules_right}/{round_.rules_asked}"
@@ -71,7 +67,7 @@ def rounds_table(rounds: Sequence[Round]) -> Table:
                 f"{round_.lines_changed} line(s), {round_.hints_used} hint(s)"
             )
         table.add_row(
-            when,
+            _when(round_.started),
             round_.mode,
             round_.kata,
             str(round_.stage),

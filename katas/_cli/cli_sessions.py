@@ -32,6 +32,17 @@ def minutes_arg(text: str) -> float:
     return value
 
 
+def poll_seconds(text: str) -> float:
+    """``--poll``: how often a session looks for saved files, 0.05 to 60 seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.05 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be between 0.05 and 60 seconds, got {text!r}")
+    return value
+
+
 class SessionRuns:
     """What the suite runs of one timed session share: pytest's cache of what failed last
     (the session's own; the project's stays as it is) and one process that has imported
@@ -109,5 +120,6 @@ __all__ = [
     "add_session_arguments",
     "learners_impl",
     "minutes_arg",
+    "poll_seconds",
     "save_attempt",
 ]

@@ -20,6 +20,7 @@ from katas._cli.cli_sessions import (
     SessionRuns,
     add_session_arguments,
     learners_impl,
+    poll_seconds,
     save_attempt,
 )
 from katas._cli.cliutil import (
@@ -42,17 +43,6 @@ from katas._registry.catalog import CatalogError, Kata, Stage, Unit, display_pat
 from katas._registry.notes import is_section
 from katas._registry.suites import SuiteProcess, SuiteRun
 from katas._runtime.clock import NS_PER_S
-
-
-def _poll_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0.05 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"must be between 0.05 and 60 seconds, got {text!r}")
-    return value
-
 
 # --- before the clock starts -----------------------------------------------------------------
 
@@ -429,7 +419,7 @@ def _configure_start(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--poll",
-        type=_poll_seconds,
+        type=poll_seconds,
         default=0.25,
         metavar="SECONDS",
         help="how often to look for saved files (0.25)",
