@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -310,7 +311,9 @@ TIMEBOX_MARK
 
 | a strong candidate asks | answer |
 |---|---|
-| CLARIFY_MARK: negative numbers? | Yes. |
+| CLARIFY_MARK: negative numbers? *(key)* <!-- also: numbers below zero; minus numbers --> | Yes. |
+| What happens on integer overflow? *(key)* | Python ints do not overflow. |
+| Which Python version? | 3.10 and up. |
 
 ### Follow-ups for this stage
 
@@ -322,6 +325,10 @@ FOLLOWUP_MARK
 |---|---|---|---|
 | Problem solving | asks first | asks some | asks none |
 | Communication | narrates | explains | silent |
+
+### Curveballs
+
+- **CURVEBALL_MARK — "now divide".** What does 1/0 return?
 """
 
 #: The pristine stub ``stage1.py`` the learner starts from (a docstring is still a stub).
@@ -631,3 +638,60 @@ def git(cwd: Path, *args: str) -> None:
         check=True,
         capture_output=True,
     )
+
+
+class Tmux:
+    """One ``kata …`` command in a detached tmux session of its own (``project``'s katas,
+    its private state), read off the screen: a real terminal for the session loops."""
+
+    def __init__(
+        self, project: Path, tmp_path: Path, args: str, env: Mapping[str, str] | None = None
+    ) -> None:
+        self.tmux = ["tmux", "-L", f"kata-start-{os.getpid()}-{tmp_path.name}", "-f", "/dev/null"]
+        env = {
+            **(env or {}),
+            "PATH": os.environ["PATH"],
+            "HOME": str(tmp_path),
+            "TERM": "xterm-256color",
+            ENV_ROOT: str(project / "katas"),
+            "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],  # the project's private state
+            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        }
+        settings = [f"{k}={v}" for k, v in env.items()]
+        kata = kata_command()
+        command = " ".join(["env", "-i", *settings, *kata, args, "; echo KATA_EXIT=$?; sleep 60"])
+        subprocess.run(
+            [*self.tmux, "new-session", "-d", "-s", "kata", "-x", "120", "-y", "40", command],
+            check=True,
+        )
+
+    def screen(self) -> str:
+        shown = subprocess.run(
+            [*self.tmux, "capture-pane", "-p", "-J", "-S", "-200", "-t", "kata"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        return shown.stdout
+
+    def wait_for(self, *texts: str, timeout_s: float = 30.0) -> str:
+        """The screen once every one of ``texts`` is on it.
+
+        A report reaches the pane in more than one write (tmux draws what has arrived), so
+        a test waits for all it will read, never for its first line alone.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            shown = self.screen()
+            if all(text in shown for text in texts):
+                return shown
+            time.sleep(0.05)
+        shown = self.screen()
+        missing = [text for text in texts if text not in shown]
+        raise AssertionError(f"{missing!r} never appeared on the screen:\n{shown}")
+
+    def press(self, key: str) -> None:
+        subprocess.run([*self.tmux, "send-keys", "-t", "kata", key], check=True)
+
+    def close(self) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)

@@ -28,6 +28,7 @@ BUDGETS_S = {
     "test_cli_pair": 45,
     "test_cli_practice": 45,
     "test_cli_debug": 45,
+    "test_interview": 45,
     "test_cli": 60,
     "test_rules": 30,
     "test_lint": 60,

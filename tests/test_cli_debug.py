@@ -170,3 +170,22 @@ def test_cli_debug_bad_input_is_one_line(
     assert code == 2, err
     assert says in err and len(err.strip().splitlines()) == 1, err
     assert not _copies(project), "a refused round lays nothing out"
+
+
+def test_cli_pair_round_debug_shows_the_interviewer_the_bug_and_records_a_paired_round(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _ = run_kata(
+        ["pair", "calc", "1", "--round", "debug"], [(30, lambda: _fix_the_copy(project))]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    report, rest = " ".join(out.split()).split("for the interviewer only")
+    assert "SYMPTOM_MARK" in report and "BUG_MARK" not in report, report
+    assert "The candidate finds it and fixes it there" in report, report
+    assert "BUG_MARK" in rest and "WHY_MARK" in rest and "test_stage1_sub" in rest, rest
+    assert "solved in 00:30" in rest, rest
+    (round_,) = state(project)["rounds"]
+    assert round_["mode"] == "debug" and round_["paired"] is True and round_["result"] == "solved"
+    assert main(["progress"]) == 0
+    assert "debug (paired)" in capsys.readouterr().out

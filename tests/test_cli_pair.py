@@ -32,6 +32,7 @@ PAGES = [
     "FOLLOWUP_MARK",
     "LADDER_MARK",
     "asks first",
+    "CURVEBALL_MARK",
 ]
 
 
@@ -81,7 +82,7 @@ def test_cli_pair_pages_the_notes_then_times_swaps_and_saves_the_rubric_sheet(
         assert mark in shown, f"part {number + 1} ({mark}) missing:\n{shown}"
         assert not any(m in shown for m in PAGES[number + 1 :]), shown
     assert "Enter: clarifying questions" in seen[0], seen[0]
-    assert "(2 of 7) · s: start the timer" in seen[0], seen[0]
+    assert "(2 of 8) · s: start the timer" in seen[0], seen[0]
     assert seen[-1].rstrip().endswith("Enter starts the timer"), seen[-1]
     # the timer starts under what to read aloud, printed again
     session = out.split("pairing · calc stage 1")[1]
@@ -120,7 +121,7 @@ def test_cli_pair_s_starts_the_timer_at_once_and_n_and_p_show_notes_and_prompt_i
     assert "Enter: clarifying questions" in notes and "Enter starts the timer" not in out
     assert "READ_ALOUD_MARK" in notes and "CLARIFY_MARK" not in notes, notes
     assert "n next note · p the prompt" not in out  # the live line is a terminal's only
-    first, second = session.split("notes 1 of 7")[1].split("notes 2 of 7")
+    first, second = session.split("notes 1 of 8")[1].split("notes 2 of 8")
     assert "READ_ALOUD_MARK" in first and "CLARIFY_MARK" not in first, session
     assert "CLARIFY_MARK" in second and "PROMPT_MARK" in second.split("prompt · kata show")[1]
     assert "Session ended" in session, session

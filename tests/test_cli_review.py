@@ -150,3 +150,20 @@ def test_cli_review_without_sound_changes_says_so(
     code, _ = run_kata(["review", "calc", "1"], answers=[])
     err = capsys.readouterr().err
     assert code == 2 and "no review material yet (2 proposed bug(s), 0 sound" in err, err
+
+
+def test_cli_pair_round_review_takes_the_candidates_verdicts_and_records_a_paired_round(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    order = _order(project, 5)
+    verdicts = {"sub_swapped": ["r", "§sub-order"], "add_off_by_one": ["a"], "mul_commuted": ["a"]}
+    run_kata(
+        ["pair", "calc", "1", "--round", "review", "--seed", "5"],
+        answers=[a for slug in order for a in verdicts[slug]] + ["q"] * 10,
+    )
+    out = capsys.readouterr().out
+    assert "Show each change to the candidate" in out, out
+    (round_,) = state(project)["rounds"]
+    assert round_["mode"] == "review" and round_["paired"] is True, round_
+    assert main(["progress"]) == 0
+    assert "review (paired)" in capsys.readouterr().out

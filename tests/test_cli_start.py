@@ -33,8 +33,8 @@ from _support import (
     CALC_TOML,
     CALC_TOML_STAGE2,
     ScriptedTerminal,
+    Tmux,
     attempts,
-    kata_command,
     practice_project,
     run_kata,
     state,
@@ -836,62 +836,6 @@ def test_cli_start_stops_if_the_first_run_cannot_run_at_all(
 
 
 # --- a real terminal: tmux ---------------------------------------------------------------------
-
-
-class Tmux:
-    """One ``kata start`` in a detached tmux session of its own, read off the screen."""
-
-    def __init__(
-        self, project: Path, tmp_path: Path, args: str, env: Mapping[str, str] | None = None
-    ) -> None:
-        self.tmux = ["tmux", "-L", f"kata-start-{os.getpid()}-{tmp_path.name}", "-f", "/dev/null"]
-        env = {
-            **(env or {}),
-            "PATH": os.environ["PATH"],
-            "HOME": str(tmp_path),
-            "TERM": "xterm-256color",
-            cat.ENV_ROOT: str(project / "katas"),
-            "XDG_STATE_HOME": os.environ["XDG_STATE_HOME"],  # the project's private state
-            "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-        }
-        settings = [f"{k}={v}" for k, v in env.items()]
-        kata = kata_command()
-        command = " ".join(["env", "-i", *settings, *kata, args, "; echo KATA_EXIT=$?; sleep 60"])
-        subprocess.run(
-            [*self.tmux, "new-session", "-d", "-s", "kata", "-x", "120", "-y", "40", command],
-            check=True,
-        )
-
-    def screen(self) -> str:
-        shown = subprocess.run(
-            [*self.tmux, "capture-pane", "-p", "-J", "-S", "-200", "-t", "kata"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        return shown.stdout
-
-    def wait_for(self, *texts: str, timeout_s: float = DEADLINE_S) -> str:
-        """The screen once every one of ``texts`` is on it.
-
-        A report reaches the pane in more than one write (tmux draws what has arrived), so
-        a test waits for all it will read, never for its first line alone.
-        """
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            shown = self.screen()
-            if all(text in shown for text in texts):
-                return shown
-            time.sleep(0.05)
-        shown = self.screen()
-        missing = [text for text in texts if text not in shown]
-        raise AssertionError(f"{missing!r} never appeared on the screen:\n{shown}")
-
-    def press(self, key: str) -> None:
-        subprocess.run([*self.tmux, "send-keys", "-t", "kata", key], check=True)
-
-    def close(self) -> None:
-        subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)
 
 
 @pytest.fixture

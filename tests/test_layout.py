@@ -7,8 +7,9 @@ What each module may import, by where it lives (the standard library always):
 - ``katas/_registry``: itself (tomli on old Pythons).
 - ``katas/_harness``: the runtime, the registry, itself, the test tools, and h11 (the
   replicas' HTTP).
-- ``katas/_cli``: the runtime, the registry, itself, rich — never pytest or hypothesis,
-  which run in child processes.
+- ``katas/_cli``: the runtime, the registry, itself, rich, and bm25s and snowballstemmer
+  (interview mode's question matching) — never pytest or hypothesis, which run in child
+  processes.
 - ``katas/<kata>/api.py``: the runtime.
 - a kata's stubs and ``solutions/<kata>/``: the runtime, their kata's ``api``, their own
   package (earlier stages), third-party libraries.
@@ -54,7 +55,7 @@ LAYERS: dict[str, tuple[set[str], set[str] | None]] = {
     "_runtime": ({"_runtime"}, {"anyio", "redis"}),
     "_registry": ({"_runtime", "_registry"}, {"tomli"}),
     "_harness": ({"_runtime", "_registry", "_harness"}, {*TEST_TOOLS, "exceptiongroup", "h11"}),
-    "_cli": ({"_runtime", "_registry", "_cli"}, {"rich"}),
+    "_cli": ({"_runtime", "_registry", "_cli"}, {"rich", "bm25s", "snowballstemmer"}),
     "api": ({"_runtime"}, set()),
     "stage": ({"_runtime"}, ANY),
     "solution": ({"_runtime"}, ANY),

@@ -236,23 +236,52 @@ def run_debug(args: argparse.Namespace, ctx: Context) -> int:
         return _reveal(ctx)
     if args.kata is None:
         raise UserError("name a kata: kata debug KATA [STAGE] (or kata debug --reveal)")
+    return debug_round(
+        ctx,
+        ctx.catalog.get(args.kata),
+        args.stage,
+        bugs=args.bugs,
+        seed=args.seed,
+        minutes=args.minutes or DEFAULT_MINUTES,
+        poll_s=args.poll,
+    )
+
+
+def debug_round(
+    ctx: Context,
+    kata: Kata,
+    stage_number: int | None,
+    *,
+    bugs: int = 1,
+    seed: int | None = None,
+    minutes: float = DEFAULT_MINUTES,
+    poll_s: float = 0.25,
+    paired: bool = False,
+) -> int:
+    """One debugging round (``paired``: run by an interviewer in ``kata pair``, who also
+    sees what was planted); its exit code."""
     check_profile()
-    kata = ctx.catalog.get(args.kata)
-    stage, entries = _pick(ctx, kata, args.stage, args.bugs, args.seed)
+    stage, entries = _pick(ctx, kata, stage_number, bugs, seed)
     copy = lay_out(ctx, kata, stage, entries)
     session = DebugSession(ctx, kata, stage, entries, copy)
-    minutes = args.minutes or DEFAULT_MINUTES
     timebox_ns = int(minutes * NS_PER_MIN)
     _incident(ctx, kata, stage, entries)
+    who = "The candidate finds it and fixes it" if paired else "Find it and fix it"
     ctx.out.print(
         f"A build of {kata.name} stage {stage.number} is in {copy} (the kata's references, "
-        f"with the fault somewhere in them). Find it and fix it there: every save "
-        f"re-runs the stage suite on the copy. Solved when every test passes again. "
-        f"Keys: r run now, a run all, h hint, q give up. Timebox {clock_text(timebox_ns)}.",
+        f"with the fault somewhere in them). {who} there: "
+        f"every save re-runs the stage suite on the copy. Solved when every test passes "
+        f"again. Keys: r run now, a run all, h hint, q give up. Timebox "
+        f"{clock_text(timebox_ns)}.",
         highlight=False,
     )
+    if paired:
+        ctx.out.print(Rule("for the interviewer only: what was planted"))
+        for entry in entries:
+            show_entry(ctx, entry)
+        ctx.out.print(Rule())
     started = ctx.wall()
-    outcome = session.run(timebox_ns, int(args.poll * NS_PER_S))
+    outcome = session.run(timebox_ns, int(poll_s * NS_PER_S))
     result = "solved" if outcome.green_ns is not None else outcome.result
     record = Round(
         mode="debug",
@@ -266,6 +295,7 @@ def run_debug(args: argparse.Namespace, ctx: Context) -> int:
         runs=outcome.runs,
         lines_changed=lines_changed(session.start, copy),
         hints_used=session.hints,
+        paired=paired,
     )
     _tell_the_end(ctx, record)
     try:
@@ -308,13 +338,18 @@ def _reveal(ctx: Context) -> int:
         except (OSError, ValueError):
             ctx.out.print(f"{name}: the entry is no longer in the catalogue", style="yellow")
             continue
-        line = Text("The bug: ", style="bold")
-        line.append(entry.bug)
-        ctx.out.print(line)
-        ctx.out.print(Text(f"Why it matters: {entry.why}"))
-        ctx.out.print(Syntax(mutants.body(entry), "diff", theme="ansi_dark", word_wrap=True))
-        ctx.out.print(f"The tests that catch it: {', '.join(entry.catches)}", style="dim")
+        show_entry(ctx, entry)
     return 0
+
+
+def show_entry(ctx: Context, entry: mutants.Mutant) -> None:
+    """A catalogue entry in full: the bug, why it matters, its diff, the tests that catch it."""
+    line = Text("The bug: ", style="bold")
+    line.append(entry.bug)
+    ctx.out.print(line)
+    ctx.out.print(Text(f"Why it matters: {entry.why}"))
+    ctx.out.print(Syntax(mutants.body(entry), "diff", theme="ansi_dark", word_wrap=True))
+    ctx.out.print(f"The tests that catch it: {', '.join(entry.catches)}", style="dim")
 
 
 def _configure_debug(parser: argparse.ArgumentParser) -> None:
@@ -351,4 +386,4 @@ COMMAND = Command(
     run_debug,
 )
 
-__all__ = ["COMMAND", "draw_order", "lay_out", "lines_changed"]
+__all__ = ["COMMAND", "debug_round", "draw_order", "lay_out", "lines_changed", "show_entry"]

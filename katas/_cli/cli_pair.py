@@ -14,11 +14,16 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
+from katas._cli.cli_debug import DEFAULT_MINUTES as DEBUG_MINUTES
+from katas._cli.cli_debug import debug_round
+from katas._cli.cli_review import review_round
 from katas._cli.cli_sessions import (
     NS_PER_MIN,
     add_session_arguments,
+    ask_rubric,
     learners_impl,
     minutes_arg,
+    print_prompt,
     save_attempt,
 )
 from katas._cli.cliutil import (
@@ -31,7 +36,6 @@ from katas._cli.cliutil import (
     read_text,
     shorten,
     stage_file_or_error,
-    stage_prompt,
     suites_or_error,
 )
 from katas._cli.practice import PairSession, SessionKey, tally
@@ -39,7 +43,9 @@ from katas._cli.state import Attempt, clock_text
 from katas._cli.summary import print_summary
 from katas._registry.catalog import Kata, Stage, display_path
 from katas._registry.notes import (
+    CLARIFYING,
     LADDER,
+    READ_ALOUD,
     InterviewerNotes,
     Part,
     interviewer_notes,
@@ -57,8 +63,6 @@ def _swap_minutes(text: str) -> float:
 # --- kata pair -------------------------------------------------------------------------------
 
 
-READ_ALOUD = "Read aloud"
-CLARIFYING = "Clarifying questions"
 ABOUT = "About this stage"
 
 
@@ -128,45 +132,6 @@ def show_notes(ctx: Context, kata: Kata, stage: Stage, pages: list[Part]) -> boo
     return paged
 
 
-_SCORES = {"s": "strong", "a": "acceptable", "w": "weak"}
-
-
-def _score(answer: str) -> str | None:
-    """``strong`` from s, st, strong (any case); "" for a blank answer; None if unknown."""
-    word = answer.strip().lower()
-    if not word:
-        return ""
-    return next((s for s in _SCORES.values() if s.startswith(word)), None)
-
-
-def _rubric(ctx: Context, axes: list[tuple[str, list[str]]], sheet: list[dict[str, str]]) -> None:
-    """Ask for a score and evidence per axis into ``sheet`` (blanks if nobody can answer).
-
-    A score that is not s/a/w is asked again; Enter skips the axis.
-    """
-    for axis, _levels in axes:
-        score: str | None = None
-        evidence = ""
-        while score is None:
-            answer = ctx.terminal.ask(f"{axis}: strong/acceptable/weak? [s/a/w, Enter skips] ")
-            if answer is None:
-                score = ""
-                break
-            score = _score(answer)
-            if score is None:
-                ctx.out.print(
-                    f"  {answer.strip()!r} is not a score: s (strong), a (acceptable), "
-                    "w (weak), or Enter to skip",
-                    style="yellow",
-                    highlight=False,
-                )
-        if score:
-            evidence = (
-                ctx.terminal.ask(f"{axis}: evidence (a line they wrote or said): ") or ""
-            ).strip()
-        sheet.append({"axis": axis, "score": score, "evidence": evidence})
-
-
 def _sheet_markdown(
     kata: Kata,
     stage: Stage,
@@ -218,13 +183,7 @@ class _SessionKeys:
         _print_page(self.ctx, pages[number])
 
     def prompt(self) -> None:
-        kata, stage, out = self.kata, self.stage, self.ctx.out
-        try:
-            readme = read_text(kata.prompt, f"the prompt of {kata.name}")
-            out.print(Rule(f"the candidate's prompt · kata show {kata.name} {stage.number}"))
-            out.print(Markdown(stage_prompt(readme, kata, stage, kata.prompt)))
-        except UserError as exc:
-            out.print(f"no prompt: {exc}", style="yellow", highlight=False)
+        print_prompt(self.ctx, self.kata, self.stage, "the candidate's prompt")
 
     def on_swap(self, number: int, at_ns: int) -> None:
         self.ctx.out.print(
@@ -237,6 +196,11 @@ class _SessionKeys:
 
 def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     kata = ctx.catalog.get(args.kata)
+    if args.round == "debug":
+        minutes = args.minutes or DEBUG_MINUTES
+        return debug_round(ctx, kata, args.stage, seed=args.seed, minutes=minutes, paired=True)
+    if args.round == "review":
+        return review_round(ctx, kata, args.stage, seed=args.seed, paired=True)
     stage = kata.stage(args.stage)
     suites = suites_or_error(kata, stage)
     text = read_text(kata.interviewer, f"the interviewer notes of {kata.name}")
@@ -298,7 +262,7 @@ def run_pair(args: argparse.Namespace, ctx: Context) -> int:
     axes = rubric_axes(text, stage.section)
     sheet: list[dict[str, str]] = []
     try:
-        _rubric(ctx, axes, sheet)
+        ask_rubric(ctx, axes, sheet, "a line they wrote or said")
     except KeyboardInterrupt:  # keep what was scored; the rest stays blank
         ctx.out.print()
     scored = {row["axis"] for row in sheet}
@@ -352,6 +316,17 @@ def _configure_pair(parser: argparse.ArgumentParser) -> None:
         help="announce a driver/navigator swap every M minutes (default 15; 0: never)",
     )
     parser.add_argument(
+        "--round",
+        choices=["coding", "debug", "review"],
+        default="coding",
+        help="coding (default): the stage itself; debug: a debugging round on a copy of the "
+        "reference with a catalogue bug, its incident read to the candidate and the bug "
+        "shown to you; review: proposed changes, the candidate's verdicts typed by you",
+    )
+    parser.add_argument(
+        "--seed", type=int, help="with --round: fix the random choice of bugs or changes"
+    )
+    parser.add_argument(
         "--no-notes",
         action="store_true",
         help="do not print the interviewer notes first (n still shows them in the session)",
@@ -370,7 +345,12 @@ COMMAND = Command(
     "p the candidate's prompt. At the end (time up, q or Ctrl-C) the stage's suite runs on "
     "the candidate's code and a rubric sheet is printed, filled in at the prompt if there "
     "is a terminal (s, a or w and a line of evidence per axis; Enter skips), and saved with"
-    " the attempt in the state directory."
+    " the attempt in the state directory.\n\n"
+    "--round debug or --round review runs the stage's other interview rounds instead, as "
+    "kata debug and kata review do, with the interviewer at the keyboard: the debugging "
+    "round also shows you the planted bug, its diff and the tests that catch it; in the "
+    "review round you type the candidate's verdicts. Both are recorded as paired rounds "
+    "(kata progress)."
     "\n\n"
     "exit code: 0 the candidate's suite passed, 1 it did not, 2 bad input, 130 Ctrl-C "
     "during the suite run",

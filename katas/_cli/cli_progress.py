@@ -35,7 +35,7 @@ def progress_table(attempts: Sequence[Attempt]) -> Table:
         )
     table.add_column("hints", justify="right")
     for attempt in attempts:
-        result = f"pair {attempt.result}" if attempt.mode == "pair" else attempt.result
+        result = attempt.result if attempt.mode == "solo" else f"{attempt.mode} {attempt.result}"
         said = attempt.to_json()  # as the file says it, even where a hand edit left it odd
         passed, total = said.get("passed"), said.get("total")
         table.add_row(
@@ -47,6 +47,31 @@ def progress_table(attempts: Sequence[Attempt]) -> Table:
             _duration(attempt.seconds),
             f"{passed}/{total}" if total is not None else "—",
             str(said.get("hints_used", 0)),
+        )
+    return table
+
+
+def interviews_table(attempts: Sequence[Attempt]) -> Table:
+    """Interview-mode attempts: the key questions asked before the first run and missed,
+    when the whole prompt was opened, and the self-assessment (s/a/w per rubric axis)."""
+    table = Table(box=box.SIMPLE_HEAD, title="interviews", pad_edge=False)
+    for column in ("when", "kata", "stage", "asked first", "missed", "prompt", "self"):
+        table.add_column(column, justify="right" if column == "stage" else "left")
+    for attempt in attempts:
+        record = attempt.interview
+        if record is None:
+            continue
+        early = len(record.key_asked(before_first_run=True))
+        opened = record.prompt_opened_seconds
+        scores = " ".join((row.get("score") or "-")[:1] for row in attempt.rubric or [])
+        table.add_row(
+            _when(attempt.started),
+            attempt.kata,
+            str(attempt.stage),
+            f"{early}/{len(record.key)} key",
+            "; ".join(record.key_missed()) or "—",
+            "never" if opened is None else f"at {_duration(opened)}",
+            scores or "—",
         )
     return table
 
@@ -68,7 +93,7 @@ def rounds_table(rounds: Sequence[Round]) -> Table:
             )
         table.add_row(
             _when(round_.started),
-            round_.mode,
+            f"{round_.mode} (paired)" if round_.paired else round_.mode,
             round_.kata,
             str(round_.stage),
             result,
@@ -92,6 +117,8 @@ def run_progress(args: argparse.Namespace, ctx: Context) -> int:
         return 0
     if attempts:
         ctx.out.print(progress_table(attempts))
+    if any(a.interview is not None for a in attempts):
+        ctx.out.print(interviews_table(attempts))
     summary = Table(box=box.SIMPLE_HEAD, title="per stage")
     for column in ("kata", "stage", "status", "attempts", "best", "hints shown"):
         summary.add_column(column)
@@ -134,12 +161,14 @@ def _configure_progress(parser: argparse.ArgumentParser) -> None:
 COMMAND = Command(
     "progress",
     "your history: attempts, times to green, hints used",
-    "Show every recorded attempt (solo and pairing) with its result, time to green "
-    "(green), length, tests passed and hints used, a summary per kata stage, and the "
+    "Show every recorded attempt (solo, interview and pairing) with its result, time to "
+    "green (green), length, tests passed and hints used; for interviews the key questions "
+    "asked before the first run and missed, when the whole prompt was opened and the "
+    "self-assessment (s/a/w per rubric axis); a summary per kata stage, and the "
     "interview rounds (kata debug: result, time, runs, lines changed; kata review: "
     "verdicts and rules right).",
     _configure_progress,
     run_progress,
 )
 
-__all__ = ["COMMAND", "progress_table", "rounds_table"]
+__all__ = ["COMMAND", "interviews_table", "progress_table", "rounds_table"]

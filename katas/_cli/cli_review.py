@@ -123,10 +123,24 @@ def _show(ctx: Context, n: int, total: int, change: mutants.Mutant) -> None:
 
 
 def run_review(args: argparse.Namespace, ctx: Context) -> int:
-    if not ctx.terminal.interactive:
-        raise UserError("kata review asks a question for each change: run it in a terminal")
     kata = ctx.catalog.get(args.kata)
-    stage = kata.stage(args.stage)
+    return review_round(ctx, kata, args.stage, changes=args.changes, seed=args.seed)
+
+
+def review_round(
+    ctx: Context,
+    kata: Kata,
+    stage_number: int,
+    *,
+    changes: int = DEFAULT_CHANGES,
+    seed: int | None = None,
+    paired: bool = False,
+) -> int:
+    """One review round (``paired``: run by an interviewer in ``kata pair``, who types
+    the candidate's verdicts); its exit code."""
+    if not ctx.terminal.interactive:
+        raise UserError("a review round asks a question for each change: run it in a terminal")
+    stage = kata.stage(stage_number)
     ctx.state()  # an unusable state file stops us before the round starts
     bugs = [e for e in common_mistakes(ctx, kata, stage) if e.rationale and mutants.shows_here(e)]
     sound = sound_changes(ctx, kata, stage)
@@ -135,23 +149,30 @@ def run_review(args: argparse.Namespace, ctx: Context) -> int:
             f"{kata.name} stage {stage.number} has no review material yet "
             f"({len(bugs)} proposed bug(s), {len(sound)} sound change(s))"
         )
-    changes = compose(bugs, sound, args.changes, random.Random(args.seed))
+    shown = compose(bugs, sound, changes, random.Random(seed))
     ctx.out.print("Preparing the round (reading the stage's rules)…", style="dim")
     rules = rules_of_tests(ctx, kata, stage)
     ctx.out.print(
-        f"Review {len(changes)} proposed changes to the reference of {kata.name} stage "
+        f"Review {len(shown)} proposed changes to the reference of {kata.name} stage "
         f"{stage.number}. Approve (a) a change that keeps every rule of the prompt; reject "
         f"(r) one that breaks a rule, and name it (§id: kata show {kata.name} {stage.number} "
         "lists them).",
         highlight=False,
     )
+    if paired:
+        ctx.out.print(
+            "Show each change to the candidate, ask them to think aloud, and type their "
+            "verdict and the rule they name; the right answers follow the last change.",
+            style="dim",
+            highlight=False,
+        )
     start_ns = ctx.clock.now_ns()
     started = ctx.wall()
     answers: list[tuple[mutants.Mutant, bool, str]] = []  # (change, approved, rule named)
     result = "done"
     try:
-        for n, change in enumerate(changes, 1):
-            _show(ctx, n, len(changes), change)
+        for n, change in enumerate(shown, 1):
+            _show(ctx, n, len(shown), change)
             verdict = _ask(ctx, "approve or reject? [a/r] ", APPROVE + REJECT)
             named = ""
             if verdict in REJECT:
@@ -161,6 +182,7 @@ def run_review(args: argparse.Namespace, ctx: Context) -> int:
         result = "stopped"
     seconds = (ctx.clock.now_ns() - start_ns) / NS_PER_S
     record = _score(ctx, kata, stage, answers, rules, started, seconds, result)
+    record.paired = paired
     try:
         with ctx.store.update() as saved:
             saved.rounds.append(record)
@@ -248,4 +270,12 @@ COMMAND = Command(
     run_review,
 )
 
-__all__ = ["COMMAND", "broken_rules", "compose", "rules_of_tests", "sound_changes"]
+__all__ = [
+    "COMMAND",
+    "DEFAULT_CHANGES",
+    "broken_rules",
+    "compose",
+    "review_round",
+    "rules_of_tests",
+    "sound_changes",
+]

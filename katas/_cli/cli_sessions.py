@@ -1,6 +1,7 @@
-"""What ``kata start`` (:mod:`katas._cli.cli_start`) and ``kata pair``
-(:mod:`katas._cli.cli_pair`) share: the session arguments, the implementation a session
-tests, and recording an attempt with the progress it made.
+"""What ``kata start`` (:mod:`katas._cli.cli_start`), ``kata pair``
+(:mod:`katas._cli.cli_pair`) and ``kata debug`` share: the session arguments, the
+implementation a session tests, the prompt and the rubric, and recording an attempt with
+the progress it made.
 """
 
 from __future__ import annotations
@@ -12,9 +13,20 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from katas._cli.cliutil import Context, add_kata_stage, impl_or_error
+from rich.markdown import Markdown
+from rich.rule import Rule
+
+from katas._cli.cliutil import (
+    Context,
+    UserError,
+    add_kata_stage,
+    impl_or_error,
+    read_text,
+    stage_prompt,
+)
 from katas._cli.practice import tally
 from katas._cli.state import Attempt, StateError
+from katas._registry.catalog import Kata, Stage
 from katas._registry.suites import SuiteProcess, SuiteRun, start_suite
 from katas._registry.warm import WarmStart
 from katas._runtime.clock import NS_PER_S
@@ -114,12 +126,64 @@ def save_attempt(ctx: Context, attempt: Attempt, hints_before: int, last: SuiteR
         return False
 
 
+_SCORES = {"s": "strong", "a": "acceptable", "w": "weak"}
+
+
+def _score(answer: str) -> str | None:
+    """``strong`` from s, st, strong (any case); "" for a blank answer; None if unknown."""
+    word = answer.strip().lower()
+    if not word:
+        return ""
+    return next((s for s in _SCORES.values() if s.startswith(word)), None)
+
+
+def ask_rubric(
+    ctx: Context, axes: list[tuple[str, list[str]]], sheet: list[dict[str, str]], evidence: str
+) -> None:
+    """Ask for a score and evidence (``evidence`` says what: "a line they wrote or said")
+    per axis into ``sheet``; blanks if nobody can answer.
+
+    A score that is not s/a/w is asked again; Enter skips the axis.
+    """
+    for axis, _levels in axes:
+        score: str | None = None
+        said = ""
+        while score is None:
+            answer = ctx.terminal.ask(f"{axis}: strong/acceptable/weak? [s/a/w, Enter skips] ")
+            if answer is None:
+                score = ""
+                break
+            score = _score(answer)
+            if score is None:
+                ctx.out.print(
+                    f"  {answer.strip()!r} is not a score: s (strong), a (acceptable), "
+                    "w (weak), or Enter to skip",
+                    style="yellow",
+                    highlight=False,
+                )
+        if score:
+            said = (ctx.terminal.ask(f"{axis}: evidence ({evidence}): ") or "").strip()
+        sheet.append({"axis": axis, "score": score, "evidence": said})
+
+
+def print_prompt(ctx: Context, kata: Kata, stage: Stage, title: str) -> None:
+    """The stage's whole written prompt, under a rule naming it ``title``."""
+    try:
+        readme = read_text(kata.prompt, f"the prompt of {kata.name}")
+        ctx.out.print(Rule(f"{title} · kata show {kata.name} {stage.number}"))
+        ctx.out.print(Markdown(stage_prompt(readme, kata, stage, kata.prompt)))
+    except UserError as exc:
+        ctx.out.print(f"no prompt: {exc}", style="yellow", highlight=False)
+
+
 __all__ = [
     "NS_PER_MIN",
     "SessionRuns",
     "add_session_arguments",
+    "ask_rubric",
     "learners_impl",
     "minutes_arg",
     "poll_seconds",
+    "print_prompt",
     "save_attempt",
 ]

@@ -35,6 +35,7 @@ from katas._cli.cliutil import (
     stage_file_or_error,
     suites_or_error,
 )
+from katas._cli.interview import InterviewKeys
 from katas._cli.practice import SoloOutcome, SoloSession, tally
 from katas._cli.state import Attempt, StateError, clock_text
 from katas._cli.summary import nothing_selected, print_summary, show_run
@@ -155,8 +156,11 @@ class StartSession:
         self.ctx = ctx
         self.kata = kata = ctx.catalog.get(args.kata)
         self.stage = stage = kata.stage(args.stage)
+        if args.interview and args.unit:
+            raise UserError("--interview is the whole stage as an interview: leave out --unit")
         self.unit = stage.unit(args.unit) if args.unit else None
         self.suites, self.impl = _check_configuration(ctx, kata, stage)
+        self.interview = InterviewKeys(ctx, kata, stage) if args.interview else None
         self.state = ctx.state()  # an unusable state file stops us before the clock starts
         self.base: str | None = args.base
         self.minutes: float = args.minutes if args.minutes is not None else stage.timebox_minutes
@@ -164,18 +168,27 @@ class StartSession:
         self.core = not args.full  # the part watched: the core tests, or the whole suite
         self.greens: list[tuple[int, bool]] = []  # (time to green, whether of the core only)
         self.finished = 0  # runs finished
+        self.started = 0  # runs started
         self.runs: SessionRuns  # from run()
 
     @property
     def title(self) -> str:
         return f"{self.kata.name} stage {self.stage.number}"
 
+    @property
+    def number(self) -> int:
+        """This attempt's number among the stage's."""
+        return len(self.state.attempts_of(self.kata.name, self.stage.number)) + 1
+
     def introduce(self, prompt: bool) -> None:
-        """The stage's summary (with ``prompt``), the attempt's rule and what to do."""
+        """The stage's summary (with ``prompt``; an interview's read-aloud prompt instead),
+        the attempt's rule and what to do."""
         kata, stage, unit = self.kata, self.stage, self.unit
-        if prompt:
+        if self.interview:
+            self.interview.introduce()
+        elif prompt:
             _print_prompt_summary(self.ctx, kata, stage, self.minutes, unit)
-        number = len(self.state.attempts_of(kata.name, stage.number)) + 1
+        number = self.number
         part = "the core tests" if self.core else "the whole suite"
         part += f" of the {unit.name} unit" if unit else ""
         self.ctx.out.print(
@@ -191,6 +204,7 @@ class StartSession:
 
     def start_part(self, whole: bool) -> SuiteProcess:
         """A run of the part watched: failed first, stopping at a failure unless ``whole``."""
+        self.started += 1
         return self.runs.start(
             self.suites,
             impl=self.impl,
@@ -260,6 +274,10 @@ class StartSession:
     def run(self, poll_ns: int) -> SoloOutcome:
         """Watch and run until green, the timebox's end or q: how the attempt ended."""
         self.runs = SessionRuns("kata-start-")
+        interview = self.interview
+        if interview:
+            interview.started_ns = self.ctx.clock.now_ns()
+            interview.ran = lambda: self.started > 0
         try:
             return SoloSession(
                 clock=self.ctx.clock,
@@ -273,6 +291,8 @@ class StartSession:
                 on_green=self.on_green,
                 title=self.title,
                 poll_ns=poll_ns,
+                keys=interview.keys() if interview else {},
+                run_at_start=interview is None,  # an interview's first run is the learner's
             ).run()
         finally:
             self.runs.close()
@@ -365,6 +385,8 @@ def run_start(args: argparse.Namespace, ctx: Context) -> int:
     outcome = session.run(int(args.poll * NS_PER_S))
     attempt = session.attempt(outcome, started_wall)
     session.tell_the_end(outcome)
+    if session.interview:
+        session.interview.end(attempt, session.number)
     hints_before = session.state.hints_revealed(session.kata.name, session.stage.number)
     # A unit's run is not the stage's result (the progress file keeps one a stage).
     last = None if session.unit else session.recorded_run(outcome)
@@ -413,6 +435,13 @@ def _configure_start(parser: argparse.ArgumentParser) -> None:
         "measured on the whole suite)",
     )
     parser.add_argument(
+        "--interview",
+        action="store_true",
+        help="practise the stage as an interview: only the read-aloud prompt; ? asks a "
+        "clarifying question in your own words, p opens the whole prompt (recorded); at the "
+        "end, the key questions you asked and missed, a curveball and a self-assessment",
+    )
+    parser.add_argument(
         "--no-prompt",
         action="store_true",
         help="do not print the stage's summary first (kata show prints the whole prompt)",
@@ -441,6 +470,13 @@ COMMAND = Command(
     "offered (the extended part, or the next stage); at the end of the timebox you see "
     "what still fails and are offered the next hint. q or Ctrl-C ends the attempt, "
     "which is recorded too (kata progress).\n\n"
+    "With --interview the stage is given as in an interview: the interviewer's read-aloud "
+    "prompt only, and nothing runs until you save or press r. ? asks a clarifying question "
+    "in your own words, answered as the interviewer's notes say (or: your call, state your "
+    "assumption); p opens the whole written prompt, which is recorded. At the end: the key "
+    "questions (whose answers change the code) you asked before your first run, later or "
+    "never, a curveball to think about, and a self-assessment on the stage's rubric, all "
+    "saved with the attempt.\n\n"
     "exit code: 0 green, 1 not green (time up or stopped), 2 bad input, 130 Ctrl-C",
     _configure_start,
     run_start,

@@ -143,6 +143,7 @@ class _SoloView:
     running: str | None = None  # why a run is in progress ("saved stage1.py")
     running_since_ns: int = 0
     runs: int = 0
+    keys_text: str = ""  # the session's own keys ("? ask a question · p the prompt")
 
     def __rich__(self) -> RenderableType:
         now = self.clock.now_ns()
@@ -161,8 +162,10 @@ class _SoloView:
             status.append(f"  running {took}s… ({self.running})", style="yellow")
         grid.add_row(bar, status)
         run_key = "r restart" if self.running else "r run now"
+        more = f"{self.keys_text} · " if self.keys_text else ""
         keys = Text(
-            f"{run_key} (failed first, stops at a failure) · a run all · h next hint · q stop",
+            f"{run_key} (failed first, stops at a failure) · a run all · h next hint · "
+            f"{more}q stop",
             style="dim",
         )
         return Group(head, grid, keys)
@@ -181,6 +184,20 @@ class _SoloState:
     green_ns: int | None = None
     green: SuiteRun | None = None
     restarts: int = 0
+    pause: Callable[[], None] | None = None  # what to do outside the live line, then go on
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    """A key a session answers besides its own: its label in the live line, its action.
+
+    An action that ``reads`` a line of input runs outside the live line (the run in
+    progress goes on meanwhile); any other prints above it, the timer still ticking.
+    """
+
+    label: str  # "next note"
+    action: Callable[[], None]
+    reads: bool = False
 
 
 @dataclass
@@ -192,7 +209,9 @@ class SoloSession:
     a fresh run in its place. The first run, and one after ``a``, runs every test; one
     after a save or ``r`` runs what failed last first and stops at the first failure.
     When a run goes green, ``on_green`` (outside the live line, so it may ask a question)
-    returns why to go on watching, or None to end the attempt.
+    returns why to go on watching, or None to end the attempt. ``keys`` are the
+    session's own (an interview's ``?`` and ``p``); without ``run_at_start`` nothing runs
+    until the first save or ``r``.
     """
 
     clock: Clock
@@ -207,6 +226,8 @@ class SoloSession:
     title: str = ""
     poll_ns: int = POLL_NS
     run_wait_ns: int = RUN_WAIT_NS
+    keys: Mapping[str, SessionKey] = field(default_factory=dict)  # lower-case key -> action
+    run_at_start: bool = True
 
     def _elapsed(self, state: _SoloState) -> int:
         return self.clock.now_ns() - state.view.started_ns
@@ -259,6 +280,12 @@ class SoloSession:
                         return "stopped"
                     if key in HINT_KEYS:
                         self.on_hint()
+                    own = self.keys.get(key) if key is not None else None
+                    if own is not None and own.reads:
+                        state.pause = own.action
+                        return "pause"
+                    if own is not None:
+                        own.action()
                     now = self.clock.now_ns()
                     if state.running is None or now >= state.next_poll_ns:
                         state.next_poll_ns = now + self.poll_ns
@@ -275,18 +302,24 @@ class SoloSession:
                         state.trigger, state.whole = "run all", True
                     live.refresh()
             finally:
-                if state.running is not None:  # q, the timebox, Ctrl-C: the run goes too
+                # q, the timebox, Ctrl-C: the run goes too (a pause lets it run on)
+                if state.running is not None and state.pause is None:
                     state.running.kill()
                     state.running = None
                     state.view.running = None
 
     def run(self) -> SoloOutcome:
         view = _SoloView(self.clock, self.clock.now_ns(), self.timebox_ns, self.title)
-        state = _SoloState(view)
+        view.keys_text = " · ".join(f"{k} {key.label}" for k, key in self.keys.items())
+        state = _SoloState(view, trigger="start" if self.run_at_start else None)
         result = "stopped"
         try:
             while True:
                 result = self._watch(state)
+                if state.pause is not None:
+                    pause, state.pause = state.pause, None
+                    pause()
+                    continue
                 if result != "green" or view.last is None:
                     break
                 if state.green_ns is None:
@@ -297,6 +330,10 @@ class SoloSession:
                 state.trigger, state.whole = again, True  # a new selection: all of it
         except KeyboardInterrupt:
             result = "interrupted"
+        finally:
+            if state.running is not None:  # Ctrl-C during a pause: the run goes too
+                state.running.kill()
+                state.running = None
         return SoloOutcome(
             result,
             self._elapsed(state),
@@ -351,14 +388,6 @@ class _PairView:
         keys = f"{self.keys_text} · " if self.keys_text else ""
         lines.append(Text(f"{keys}q end the session now · Ctrl-C end", style="dim"))
         return Group(*lines)
-
-
-@dataclass(frozen=True)
-class SessionKey:
-    """A key a pairing session answers besides q: its label in the live line, its action."""
-
-    label: str  # "next note"
-    action: Callable[[], None]  # prints above the live line; the timer keeps running
 
 
 @dataclass

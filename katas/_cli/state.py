@@ -70,9 +70,81 @@ def _keep(record: Attempt | StageResult | Round, data: Mapping[str, object]) -> 
     record.missing = frozenset(written) - frozenset(data)
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A question asked in interview mode: its words, the clarifying question it was
+    answered as (None: the stock answer), and when (seconds into the attempt)."""
+
+    text: str
+    means: str | None
+    seconds: float
+    before_first_run: bool
+
+
+@dataclass
+class Interview:
+    """What an interview-mode attempt (``kata start --interview``) adds to it: the
+    questions asked, the stage's key questions, when the full prompt was opened (None:
+    never) and the curveball shown at the end."""
+
+    asked: list[Asked] = field(default_factory=list)
+    key: list[str] = field(default_factory=list)
+    prompt_opened_seconds: float | None = None
+    curveball: str = ""
+
+    def key_asked(self, *, before_first_run: bool) -> list[str]:
+        """The key questions asked (before the first run only, with ``before_first_run``)."""
+        meant = {a.means for a in self.asked if a.before_first_run or not before_first_run}
+        return [q for q in self.key if q in meant]
+
+    def key_missed(self) -> list[str]:
+        """The key questions never asked."""
+        asked = set(self.key_asked(before_first_run=False))
+        return [q for q in self.key if q not in asked]
+
+    @classmethod
+    def from_json(cls, data: object) -> Interview | None:
+        if not isinstance(data, Mapping):
+            return None
+        asked = data.get("asked")
+        key = data.get("key")
+        return cls(
+            asked=[
+                Asked(
+                    str(a.get("text", "")),
+                    _text(a.get("means")),
+                    _number(a.get("seconds")) or 0.0,
+                    bool(a.get("before_first_run")),
+                )
+                for a in (asked if isinstance(asked, list) else [])
+                if isinstance(a, Mapping)
+            ],
+            key=[str(k) for k in key] if isinstance(key, list) else [],
+            prompt_opened_seconds=_number(data.get("prompt_opened_seconds")),
+            curveball=str(data.get("curveball", "")),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "asked": [
+                {
+                    "text": a.text,
+                    "means": a.means,
+                    "seconds": a.seconds,
+                    "before_first_run": a.before_first_run,
+                }
+                for a in self.asked
+            ],
+            "key": list(self.key),
+            "prompt_opened_seconds": self.prompt_opened_seconds,
+            "curveball": self.curveball,
+        }
+
+
 @dataclass
 class Attempt:
-    """One timed session at a stage, solo (``kata start``) or pairing (``kata pair``).
+    """One timed session at a stage: solo (``kata start``), an interview (``kata start
+    --interview``) or pairing (``kata pair``).
 
     In the file it is one object with these keys; the optional ones appear only where
     they apply (a solo attempt's runs, a pairing's rubric sheet, a unit's name).
@@ -80,7 +152,7 @@ class Attempt:
 
     kata: str
     stage: int | None
-    mode: str  # solo | pair
+    mode: str  # solo | interview | pair
     started: float | None  # epoch s
     seconds: float | None  # its length
     timebox_minutes: float | None
@@ -98,14 +170,16 @@ class Attempt:
     #: with ``went_on``: when the whole suite went green after the core (None: never)
     whole_green_seconds: float | None = None
     went_on: bool = False  # the learner went on from the core to the whole suite
-    # pair: swaps announced, the rubric sheet's rows and its file
+    # pair: swaps announced, the rubric sheet's rows and its file (an interview's rubric
+    # is the learner's self-assessment)
     swaps: int | None = None
     rubric: list[dict[str, str]] | None = None
     sheet: str | None = None
+    interview: Interview | None = None
     other: dict[str, object] = field(default_factory=dict)  # kept as the file had them
     missing: frozenset[str] = frozenset()  # keys the file did not have
 
-    _OPTIONAL = ("unit", "runs", "core_only", "base", "swaps", "rubric", "sheet")
+    _OPTIONAL = ("unit", "runs", "core_only", "base", "swaps", "rubric", "sheet", "interview")
 
     @classmethod
     def from_json(cls, data: Mapping[str, object]) -> Attempt:
@@ -132,6 +206,7 @@ class Attempt:
             swaps=_integer(data.get("swaps")),
             rubric=rubric if isinstance(rubric, list) else None,
             sheet=_text(data.get("sheet")),
+            interview=Interview.from_json(data.get("interview")),
         )
         _keep(attempt, data)
         return attempt
@@ -143,6 +218,8 @@ class Attempt:
             if f.name not in ("whole_green_seconds", "went_on", "other", "missing")
         }
         data = {k: v for k, v in data.items() if v is not None or k not in self._OPTIONAL}
+        if self.interview is not None:
+            data["interview"] = self.interview.to_json()
         if self.went_on:
             data["whole_green_seconds"] = self.whole_green_seconds
         return {k: v for k, v in {**data, **self.other}.items() if k not in self.missing}
@@ -224,6 +301,7 @@ class Round:
     verdicts_right: int = 0
     rules_right: int = 0
     rules_asked: int = 0
+    paired: bool = False  # run by an interviewer in ``kata pair --round``
     other: dict[str, object] = field(default_factory=dict)
     missing: frozenset[str] = frozenset()
 
@@ -252,6 +330,7 @@ class Round:
             seconds=_number(data.get("seconds")),
             result=str(data.get("result", "?")),
             copy=str(data.get("copy", "")),
+            paired=data.get("paired") is True,
         )
         for name in cls._INTEGERS:
             setattr(record, name, _integer(data.get(name)) or 0)
@@ -626,7 +705,9 @@ class StateStore:
 __all__ = [
     "ENV_STATE_DIR",
     "STATUSES",
+    "Asked",
     "Attempt",
+    "Interview",
     "Practice",
     "Round",
     "StageResult",

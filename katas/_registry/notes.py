@@ -88,8 +88,13 @@ def hints(text: str, stage_section: str) -> list[Part] | None:
 LADDER = "The follow-up ladder"
 RUBRIC = "Rubric"
 CLARIFYING = "Clarifying questions"
+READ_ALOUD = "Read aloud"
+CURVEBALLS = "Curveballs"
 #: How a clarifying question is marked key (its answer changes the code): at its end.
 _KEY = re.compile(r"\s*\*\(key\)\*\s*$")
+#: Other words a candidate asks it in, hidden from the rendered table: ``<!-- also: a; b -->``
+#: at the end of the question's cell (the interview mode matches questions on them too).
+_ALSO = re.compile(r"\s*<!--\s*also:\s*(.*?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -129,12 +134,20 @@ def table_rows(markdown: str) -> list[list[str]]:
 
 @dataclass(frozen=True)
 class Question:
-    """A clarifying question a strong candidate asks, the answer to give, and whether it
-    is key: its answer changes the code."""
+    """A clarifying question a strong candidate asks, the answer to give, whether it is
+    key (its answer changes the code), and other ways of asking it (``also``)."""
 
     text: str
     answer: str
     key: bool
+    also: tuple[str, ...] = ()
+
+
+def _question(cell: str, answer: str) -> Question:
+    also = _ALSO.search(cell)
+    cell = _ALSO.sub("", cell)
+    words = tuple(w.strip() for w in also.group(1).split(";") if w.strip()) if also else ()
+    return Question(_KEY.sub("", cell), answer, bool(_KEY.search(cell)), words)
 
 
 def clarifying_questions(text: str, stage_section: str) -> list[Question]:
@@ -143,11 +156,21 @@ def clarifying_questions(text: str, stage_section: str) -> list[Question]:
     part = notes.part(CLARIFYING) if notes is not None else None
     if part is None:
         return []
-    return [
-        Question(_KEY.sub("", row[0]), row[1], bool(_KEY.search(row[0])))
-        for row in table_rows(part.body)
-        if len(row) >= 2 and row[0]
-    ]
+    return [_question(row[0], row[1]) for row in table_rows(part.body) if len(row) >= 2 and row[0]]
+
+
+def stage_part(text: str, stage_section: str, title: str) -> str:
+    """The body of one ``###`` part of the stage's section of INTERVIEWER.md ("" if none)."""
+    notes = interviewer_notes(text, stage_section)
+    part = notes.part(title) if notes is not None else None
+    return part.body if part is not None else ""
+
+
+def curveballs(text: str, stage_section: str) -> list[str]:
+    """The stage's curveballs, one Markdown bullet each (``- **Fault — …** …``)."""
+    body = stage_part(text, stage_section, CURVEBALLS)
+    items = re.split(r"\n(?=- )", "\n" + body.strip())
+    return [item.strip() for item in items if item.strip().startswith("- ")]
 
 
 DEFAULT_AXES = ("Problem solving", "Correctness & complexity", "Communication", "Code quality")
@@ -177,6 +200,7 @@ __all__ = [
     "Part",
     "Question",
     "clarifying_questions",
+    "curveballs",
     "hints",
     "interviewer_notes",
     "is_section",
@@ -184,5 +208,6 @@ __all__ = [
     "rubric_axes",
     "section",
     "sections",
+    "stage_part",
     "table_rows",
 ]
