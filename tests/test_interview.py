@@ -29,6 +29,7 @@ from _support import (
 )
 
 from katas._cli.asking import QuestionMatcher
+from katas._cli.cli import main
 from katas._cli.state import Asked, Attempt, Interview
 from katas._registry import catalog as cat
 from katas._registry.impl import REPO_ROOT
@@ -224,6 +225,59 @@ def test_interview_bad_input_is_one_line(project: Path, capsys: pytest.CaptureFi
     assert not state_file(project).exists()
 
 
+def test_kata_ask_answers_and_counts_for_the_interview_in_progress(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["ask", "calc", "1", "can", "numbers", "be", "below", "zero"]) == 0
+    out = capsys.readouterr().out
+    assert "(heard as: CLARIFY_MARK: negative numbers?)" in out and "Yes." in out, out
+    assert "Recorded" not in out, out  # no interview runs
+
+    def asked_elsewhere() -> None:  # kata ask in another terminal, while the clock runs
+        assert main(["ask", "calc", "1", "what about integer overflow"]) == 0
+
+    events: list[tuple[float, str | Callable[[], None]]] = [
+        (5, asked_elsewhere),
+        (30, _solve(project)),
+    ]
+    code, _ = run_kata(["start", "calc", "1", "--interview"], events, ["n"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Recorded with the interview in progress." in out, out
+    assert "✓ What happens on integer overflow?" in out, out
+    (attempt,) = attempts(project)
+    (asked,) = attempt["interview"]["asked"]
+    assert asked["means"] == "What happens on integer overflow?" and asked["before_first_run"]
+    assert main(["ask", "calc", "1", "what about integer overflow"]) == 0  # it is over
+    assert "Recorded" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["ask", "calc", "1", "  "], "the question is empty"),
+        (["ask", "calc", "1"], "the question is empty"),
+        (["ask", "nope", "1", "why?"], "nope"),
+        (["ask", "calc", "9", "why?"], "9"),
+    ],
+)
+def test_kata_ask_bad_input_is_one_line(
+    project: Path, capsys: pytest.CaptureFixture[str], argv: list[str], says: str
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+
+
+def test_a_corrupted_state_file_stops_an_interview_before_its_clock(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(state_file(project), "{not json")
+    code, _ = run_kata(["start", "calc", "1", "--interview"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert state_file(project).read_text() == "{not json"
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not on PATH")
 def test_tmux_an_interview_asks_two_opens_the_prompt_goes_green_and_shows_it(
     project: Path, tmp_path: Path
@@ -236,7 +290,7 @@ def test_tmux_an_interview_asks_two_opens_the_prompt_goes_green_and_shows_it(
         tmux.press("is a minus number allowed")
         tmux.press("Enter")
         tmux.wait_for("(heard as: CLARIFY_MARK: negative numbers?)")
-        tmux.press("?")
+        tmux.press("?")  # typed at once, before the question's prompt shows: nothing lost
         tmux.press("what font size is the output")
         tmux.press("Enter")
         tmux.wait_for("Your call: state your assumption")

@@ -25,6 +25,7 @@ from typing import NoReturn
 from rich.console import Console
 
 from katas._cli import (
+    cli_ask,
     cli_bench,
     cli_coderpad,
     cli_debug,
@@ -65,6 +66,7 @@ COMMANDS: tuple[Command, ...] = (
     cli_show.COMMAND,
     cli_test.COMMAND,
     cli_start.COMMAND,
+    cli_ask.COMMAND,
     cli_pair.COMMAND,
     cli_hint.COMMAND,
     cli_reveal.COMMAND,

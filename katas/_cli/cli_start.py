@@ -168,7 +168,7 @@ class StartSession:
         self.core = not args.full  # the part watched: the core tests, or the whole suite
         self.greens: list[tuple[int, bool]] = []  # (time to green, whether of the core only)
         self.finished = 0  # runs finished
-        self.started = 0  # runs started
+        self.first_run_wall: float | None = None  # when the first run started
         self.runs: SessionRuns  # from run()
 
     @property
@@ -204,7 +204,8 @@ class StartSession:
 
     def start_part(self, whole: bool) -> SuiteProcess:
         """A run of the part watched: failed first, stopping at a failure unless ``whole``."""
-        self.started += 1
+        if self.first_run_wall is None:
+            self.first_run_wall = self.ctx.wall()
         return self.runs.start(
             self.suites,
             impl=self.impl,
@@ -276,8 +277,8 @@ class StartSession:
         self.runs = SessionRuns("kata-start-")
         interview = self.interview
         if interview:
-            interview.started_ns = self.ctx.clock.now_ns()
-            interview.ran = lambda: self.started > 0
+            interview.first_run_wall = lambda: self.first_run_wall
+            interview.open()
         try:
             return SoloSession(
                 clock=self.ctx.clock,
@@ -296,6 +297,8 @@ class StartSession:
             ).run()
         finally:
             self.runs.close()
+            if interview:
+                interview.close()
 
     def recorded_run(self, outcome: SoloOutcome) -> SuiteRun | None:
         """What the attempt is measured on: the run that first went green (the core's, when

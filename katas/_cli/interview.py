@@ -7,11 +7,18 @@ whole written prompt stays one key away (``p``), and opening it is recorded. At 
 which key questions (those whose answer changes the code) were asked before the first
 run, later or never, a curveball to think about, and a self-assessment on the stage's
 rubric, all saved with the attempt (:class:`~katas._cli.state.Interview`).
+
+A question may also come from another terminal (``kata ask KATA N "…"``): while an
+interview of that stage runs, its ``.live`` file in the state directory names when it
+began, and ``kata ask`` appends each question to the interview's inbox, which the
+session reads when the learner next asks a question and at the end.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 from rich.markdown import Markdown
 from rich.rule import Rule
@@ -26,6 +33,7 @@ from katas._cli.state import Asked, Attempt, Interview, clock_text
 from katas._registry.catalog import Kata, Stage, display_path
 from katas._registry.notes import (
     READ_ALOUD,
+    Question,
     clarifying_questions,
     curveballs,
     rubric_axes,
@@ -35,6 +43,42 @@ from katas._runtime.clock import NS_PER_S
 
 ASK_KEY = "?"
 PROMPT_KEY = "p"
+
+
+def _inbox(ctx: Context, kata: Kata, stage: Stage) -> tuple[Path, Path]:
+    """The live marker and the inbox of ``kata`` ``stage``'s interview, in the state dir."""
+    folder = ctx.store.directory / "interview"
+    name = f"{kata.name}-stage{stage.number}"
+    return folder / f"{name}.live", folder / f"{name}.jsonl"
+
+
+def answer(ctx: Context, matcher: QuestionMatcher, text: str) -> Question | None:
+    """Print the interviewer's answer to ``text``: the row it was heard as and its answer,
+    or the stock answer. The row, or None."""
+    question = matcher.match(text)
+    if question is None:
+        ctx.out.print(Text.assemble(("Interviewer: ", "bold"), STOCK_ANSWER))
+        return None
+    ctx.out.print(Text(f"(heard as: {question.text})", style="dim"), highlight=False)
+    ctx.out.print(Markdown(f"**Interviewer:** {question.answer}"))
+    return question
+
+
+def matcher_of(ctx: Context, kata: Kata, stage: Stage) -> QuestionMatcher:
+    notes = read_text(kata.interviewer, f"the interviewer notes of {kata.name}")
+    return QuestionMatcher(clarifying_questions(notes, stage.section))
+
+
+def post(ctx: Context, kata: Kata, stage: Stage, text: str, means: str | None) -> bool:
+    """Hand a question asked with ``kata ask`` to the running interview of the stage;
+    False if none is running."""
+    live, inbox = _inbox(ctx, kata, stage)
+    if not live.is_file():
+        return False
+    line = json.dumps({"text": text, "means": means, "wall": ctx.wall()})
+    with inbox.open("a", encoding="utf-8") as file:
+        file.write(line + "\n")
+    return True
 
 
 class InterviewKeys:
@@ -58,7 +102,51 @@ class InterviewKeys:
         self.matcher = QuestionMatcher(questions)
         self.record = Interview(key=[q.text for q in questions if q.key])
         self.started_ns = 0
-        self.ran: Callable[[], bool] = lambda: False
+        self.started_wall = 0.0
+        #: when the first run started (wall clock), None before it
+        self.first_run_wall: Callable[[], float | None] = lambda: None
+        self._live, self._inbox = _inbox(ctx, kata, stage)
+        self._read = 0  # lines of the inbox taken in
+
+    def open(self) -> None:
+        """The clock starts: ``kata ask`` of this stage reaches this session from now on."""
+        self.started_ns = self.ctx.clock.now_ns()
+        self.started_wall = self.ctx.wall()
+        try:
+            self._live.parent.mkdir(parents=True, exist_ok=True)
+            self._inbox.write_text("", encoding="utf-8")
+            self._live.write_text(str(self.started_wall), encoding="utf-8")
+        except OSError:  # kata ask will not reach this session; the ? key still does
+            pass
+
+    def close(self) -> None:
+        self._take_inbox()
+        self._live.unlink(missing_ok=True)
+        self._inbox.unlink(missing_ok=True)
+
+    def _take_inbox(self) -> None:
+        """The questions ``kata ask`` posted since the last look."""
+        try:
+            lines = self._inbox.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return
+        first_run = self.first_run_wall()
+        for line in lines[self._read :]:
+            try:
+                data = json.loads(line)
+                wall = float(data["wall"])
+                means = data["means"] if isinstance(data["means"], str) else None
+                asked = Asked(
+                    str(data["text"]),
+                    means,
+                    max(0.0, wall - self.started_wall),
+                    before_first_run=first_run is None or wall < first_run,
+                )
+            except (ValueError, KeyError, TypeError):
+                continue
+            self.record.asked.append(asked)
+        self._read = len(lines)
+        self.record.asked.sort(key=lambda a: a.seconds)
 
     def _seconds(self) -> float:
         return (self.ctx.clock.now_ns() - self.started_ns) / NS_PER_S
@@ -88,25 +176,20 @@ class InterviewKeys:
 
     def ask(self) -> None:
         """Read a question, answer it as the notes do (or with the stock answer)."""
-        out = self.ctx.out
+        self._take_inbox()
         text = self.ctx.terminal.ask("Your question (Enter: back to the clock): ")
         if text is None or not text.strip():
-            out.print("No question asked.", style="dim")
+            self.ctx.out.print("No question asked.", style="dim")
             return
-        question = self.matcher.match(text)
+        question = answer(self.ctx, self.matcher, text)
         self.record.asked.append(
             Asked(
                 text.strip(),
                 question.text if question else None,
                 self._seconds(),
-                before_first_run=not self.ran(),
+                before_first_run=self.first_run_wall() is None,
             )
         )
-        if question is None:
-            out.print(Text.assemble(("Interviewer: ", "bold"), STOCK_ANSWER))
-            return
-        out.print(Text(f"(heard as: {question.text})", style="dim"), highlight=False)
-        out.print(Markdown(f"**Interviewer:** {question.answer}"))
 
     def prompt(self) -> None:
         """The whole written prompt; the first time is recorded."""
@@ -181,4 +264,4 @@ class InterviewKeys:
         attempt.interview = self.record
 
 
-__all__ = ["ASK_KEY", "PROMPT_KEY", "InterviewKeys"]
+__all__ = ["ASK_KEY", "PROMPT_KEY", "InterviewKeys", "answer", "matcher_of", "post"]

@@ -47,6 +47,7 @@ class KeyboardTerminal:
     def __init__(self, stdin: TextIO | None = None) -> None:
         self.stdin = stdin or sys.stdin
         self._cbreak = False
+        self._typed = ""  # what arrived after the key a read returned, not taken yet
 
     @property
     def interactive(self) -> bool:
@@ -74,6 +75,9 @@ class KeyboardTerminal:
             termios.tcsetattr(fd, termios.TCSADRAIN, saved)
 
     def wait_key(self, timeout_ns: int) -> str | None:
+        if self._typed:
+            key, self._typed = self._typed[0], self._typed[1:]
+            return key
         timeout = max(0, timeout_ns) / NS_PER_S
         if not self._cbreak:
             time.sleep(timeout)
@@ -81,14 +85,37 @@ class KeyboardTerminal:
         ready, _, _ = select.select([self.stdin], [], [], timeout)
         if not ready:
             return None
-        data = os.read(self.stdin.fileno(), 32)
-        return data.decode(errors="replace")[:1] if data else None
+        text = os.read(self.stdin.fileno(), 256).decode(errors="replace")
+        if text.startswith("\x1b"):  # an arrow or function key: one escape, nothing else
+            return text[:1]
+        # Typed faster than read (a question after ?, a paste): the rest is kept, for the
+        # next keys or the next line asked for.
+        self._typed = text[1:]
+        return text[:1] or None
 
     def ask(self, question: str) -> str | None:
         if not self.interactive:
             return None
+        typed, self._typed = self._typed, ""
+        line, newline, rest = typed.replace("\r", "\n").partition("\n")
+        if newline:  # the whole answer was typed ahead
+            self._typed = rest
+            print(question + line, flush=True)
+            return line
         try:
-            return input(question)
+            import readline  # line editing for input(), and room for what was typed ahead
+        except ImportError:  # no readline: what was typed ahead starts the answer
+            return self._input(question, typed)
+        readline.set_startup_hook(lambda: readline.insert_text(line))
+        try:
+            return self._input(question, "")
+        finally:
+            readline.set_startup_hook(None)
+
+    @staticmethod
+    def _input(question: str, before: str) -> str | None:
+        try:
+            return before + input(question)
         except EOFError:
             return None
 
