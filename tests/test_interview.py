@@ -311,3 +311,12 @@ def test_tmux_an_interview_asks_two_opens_the_prompt_goes_green_and_shows_it(
     (attempt,) = attempts(project)
     assert attempt["mode"] == "interview" and len(attempt["interview"]["asked"]) == 2, attempt
     assert [row["score"] for row in attempt["rubric"]] == ["acceptable", "strong"], attempt
+
+
+def test_a_green_solo_attempt_names_the_interview_rounds_of_its_stage(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _ = run_kata(["start", "calc", "1"], [(10, _solve(project))], ["n"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0, out
+    assert "kata start calc 1 --interview · kata debug calc 1 · kata review calc 1" in out, out

@@ -356,6 +356,14 @@ class StartSession:
                 style="dim",
                 highlight=False,
             )
+            if not self.interview and not unit:
+                ctx.out.print(
+                    f"The interview's other rounds on this stage: kata start {kata.name} "
+                    f"{stage.number} --interview · kata debug {kata.name} {stage.number} · "
+                    f"kata review {kata.name} {stage.number}",
+                    style="dim",
+                    highlight=False,
+                )
         elif outcome.result == "timeout":
             ctx.out.print(Text(f"⏰ time is up ({clock_text(self.timebox_ns)}).", style="bold red"))
             if outcome.last is not None:
