@@ -817,15 +817,26 @@ async def test_stage2_async_running_a_pool_twice_raises() -> None:
 
 class PoolMachine(RuleBasedStateMachine):
     """Jobs submitted and finished one by one against a model: FIFO claims into at most
-    ``workers`` slots; each handler waits for the test to say how it ends."""
+    ``workers`` slots; each handler waits for the test to say how it ends.
+
+    After each step the check waits until the pool has caught up with the model, or until
+    it has come to rest short of it: every thread asleep on the (frozen) clock but those
+    inside a handler. At rest nothing more can happen, so it judges then, not after a
+    deadline: a wake-up that went to the wrong thread fails in milliseconds."""
 
     @initialize(workers=st.integers(1, 3))
     def build(self, workers: int) -> None:
         self.workers = workers
         self.gates: dict[int, tuple[threading.Event, list[bool]]] = {}
         self.started: list[int] = []
+        self.in_handler: dict[int, int] = {}  # thread ident -> the payload it handles
         self.lock = threading.Lock()
-        _, self.queue, self.pool = new_pool(self.handler, workers=workers)
+        self.clock = WatchedClock(START)
+        _, self.queue = pool_queue(clock=self.clock)
+        self.others = set(threading.enumerate())
+        self.pool: WorkerPool = stage(2).ThreadWorkerPool(
+            self.queue, self.handler, workers=workers, clock=self.clock
+        )
         self.pool.start()
         self.pending: list[int] = []  # the model: submitted, not claimed, in order
         self.running: list[int] = []
@@ -836,7 +847,12 @@ class PoolMachine(RuleBasedStateMachine):
         event, outcome = self.gates[payload]
         with self.lock:
             self.started.append(payload)
-        assert event.wait(DEADLINE_S), f"job {payload} waited for the test too long"
+            self.in_handler[threading.get_ident()] = payload
+        try:
+            assert event.wait(DEADLINE_S), f"job {payload} waited for the test too long"
+        finally:
+            with self.lock:
+                del self.in_handler[threading.get_ident()]
         if not outcome[0]:
             raise RuntimeError(f"job {payload} failed")
         return payload
@@ -878,15 +894,34 @@ class PoolMachine(RuleBasedStateMachine):
             s = self.pool.statistics()
             return (s.in_flight, s.succeeded, s.failed)
 
-        # Wait for the progress (every finished handler counted one way or the other),
-        # then judge the split at once: a wrong split fails now, not after a deadline.
+        # Wait for the progress (every finished handler counted one way or the other) or
+        # for the pool to come to rest short of it, then judge at once: a wrong split, or
+        # a job no worker was woken for, fails now, not after a deadline.
         done = self.succeeded + self.failed
+
+        def caught_up() -> bool:
+            got = now()
+            return (got[0], got[1] + got[2]) == (expected[0], done) and len(self.started) == len(
+                self.running
+            ) + done
+
+        def at_rest() -> bool:
+            with self.lock:  # held by the test: in a handler the test has not yet ended
+                busy = {t for t, p in self.in_handler.items() if not self.gates[p][0].is_set()}
+            return self.clock.parked(self.others, busy)
+
         eventually(
-            lambda: (
-                (now()[0], now()[1] + now()[2]) == (expected[0], done)
-                and len(self.started) == len(self.running) + done
-            ),
-            f"(in_flight, succeeded + failed) == {(expected[0], done)}",
+            lambda: caught_up() or at_rest(),
+            f"(in_flight, succeeded + failed) == {(expected[0], done)}, or every thread "
+            "asleep on the clock but those in a handler",
+        )
+        check(
+            caught_up(),
+            f"the pool came to rest (every worker asleep on the clock, none due) with "
+            f"(in_flight, succeeded + failed) {(now()[0], now()[1] + now()[2])} and "
+            f"{len(self.started)} handler(s) started, where the model has "
+            f"{(expected[0], done)} and {len(self.running) + done}: a job submitted while a "
+            "worker is idle must wake one that can claim it",
         )
         got = now()
         check(
