@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -248,6 +249,11 @@ def test_kata_ask_answers_and_counts_for_the_interview_in_progress(
     (asked,) = attempt["interview"]["asked"]
     assert asked["means"] == "What happens on integer overflow?" and asked["before_first_run"]
     assert main(["ask", "calc", "1", "what about integer overflow"]) == 0  # it is over
+    assert "Recorded" not in capsys.readouterr().out
+    killed = subprocess.Popen(["true"])  # an interview whose process is gone
+    killed.wait()
+    write(state_file(project).parent / "interview" / "calc-stage1.live", str(killed.pid))
+    assert main(["ask", "calc", "1", "what about integer overflow"]) == 0
     assert "Recorded" not in capsys.readouterr().out
 
 

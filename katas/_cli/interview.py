@@ -9,14 +9,15 @@ run, later or never, a curveball to think about, and a self-assessment on the st
 rubric, all saved with the attempt (:class:`~katas._cli.state.Interview`).
 
 A question may also come from another terminal (``kata ask KATA N "…"``): while an
-interview of that stage runs, its ``.live`` file in the state directory names when it
-began, and ``kata ask`` appends each question to the interview's inbox, which the
-session reads when the learner next asks a question and at the end.
+interview of that stage runs, its ``.live`` file in the state directory names its
+process, and ``kata ask`` appends each question to the interview's inbox, which the
+session reads when the learner next asks a question and when its clock stops.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -73,7 +74,9 @@ def post(ctx: Context, kata: Kata, stage: Stage, text: str, means: str | None) -
     """Hand a question asked with ``kata ask`` to the running interview of the stage;
     False if none is running."""
     live, inbox = _inbox(ctx, kata, stage)
-    if not live.is_file():
+    try:
+        os.kill(int(live.read_text(encoding="utf-8")), 0)
+    except (OSError, ValueError):  # no interview, or its process is gone (killed)
         return False
     line = json.dumps({"text": text, "means": means, "wall": ctx.wall()})
     with inbox.open("a", encoding="utf-8") as file:
@@ -83,10 +86,8 @@ def post(ctx: Context, kata: Kata, stage: Stage, text: str, means: str | None) -
 
 class InterviewKeys:
     """One interview-mode attempt: the read-aloud prompt, the questions asked and the
-    prompt opened while the clock runs, and the end screen.
-
-    ``started_ns`` is when the clock started (by ``ctx.clock``); ``ran`` says whether a
-    run of the suite has started yet.
+    prompt opened while the clock runs (from :meth:`open` to :meth:`close`), and the end
+    screen. ``first_run_wall`` says when the first run of the suite started, if one has.
     """
 
     def __init__(self, ctx: Context, kata: Kata, stage: Stage) -> None:
@@ -115,7 +116,7 @@ class InterviewKeys:
         try:
             self._live.parent.mkdir(parents=True, exist_ok=True)
             self._inbox.write_text("", encoding="utf-8")
-            self._live.write_text(str(self.started_wall), encoding="utf-8")
+            self._live.write_text(str(os.getpid()), encoding="utf-8")
         except OSError:  # kata ask will not reach this session; the ? key still does
             pass
 
