@@ -302,18 +302,32 @@ def test_stage2_without_timely_heartbeats_the_lease_expires_and_the_job_is_retri
     first = threading.Event()
     runs: list[int] = []
 
+    held: set[int] = set()  # the thread of attempt 1, until the test lets it go
+
     def handler(lease: Lease, payload: Any) -> int:
         runs.append(lease.attempt)
         if lease.attempt == 1:
+            held.add(threading.get_ident())
             assert first.wait(DEADLINE_S)
         return lease.attempt
 
-    clock, queue, pool = new_pool(handler, workers=2, max_attempts=3, heartbeat_every_ns=5_000)
+    clock = WatchedClock(START)
+    _, queue = pool_queue(max_attempts=3, clock=clock)
+    others = set(threading.enumerate())
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, handler, workers=2, clock=clock, heartbeat_every_ns=5_000
+    )
     with running(pool):
         job_id = pool.submit("slow")
         eventually(lambda: pool.statistics().in_flight == 1, "the job in flight")
         clock.advance(LEASE)
-        eventually(lambda: pool.statistics().succeeded == 1, "the retry (attempt 2) acked")
+        clock.until(
+            lambda: pool.statistics().succeeded == 1,
+            "the retry (attempt 2) acked: an idle worker wakes when the expired lease's "
+            "job falls due again",
+            others,
+            held,
+        )
         first.set()
         eventually(lambda: pool.statistics().lost == 1, "the first run's ack refused")
         pool.shutdown(0)
@@ -705,7 +719,12 @@ async def test_stage2_async_shutdown_cancels_and_releases_jobs_past_the_grace_pe
         await eventually_async(lambda: pool.statistics().stopping, "shutdown begun")
         quick.set()
         clock.advance(499)
-        await eventually_async(lambda: pool.statistics().succeeded == 1, "the quick job acked")
+        await settle()  # every task waits again: judged now, not after a deadline
+        check(
+            pool.statistics().succeeded == 1,
+            "a handler that returned before the grace deadline is acked at once, during "
+            f"shutdown too; {pool.statistics()}",
+        )
         await stays_async(lambda: not stopped, "shutdown waiting for the stuck job")
         clock.advance(1)
         await eventually_async(lambda: bool(stopped), "shutdown done at its grace deadline")
