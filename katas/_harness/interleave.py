@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Collection, Iterator
 from typing import Any, TypeVar
 
-from katas._harness.waiting import DEADLINE_S
+from katas._harness.waiting import DEADLINE_S, eventually
 
 T = TypeVar("T")
 
@@ -66,12 +66,11 @@ class Gate:
         return gated
 
     def wait_arrived(self, count: int = 1) -> None:
-        """Wait (hard deadline) until ``count`` threads have reached the gate."""
-        with self._changed:
-            ok = self._changed.wait_for(lambda: self.arrivals >= count, DEADLINE_S)
-        assert ok, (
-            f"within {DEADLINE_S:.0f} real seconds, expected {count} thread(s) "
-            f"at '{self.name}', saw {self.arrivals}"
+        """Wait (hard deadline, or until the component is at rest) until ``count``
+        threads have reached the gate."""
+        eventually(
+            lambda: self.arrivals >= count,
+            f"{count} thread(s) at '{self.name}'",
         )
 
     def open(self) -> None:

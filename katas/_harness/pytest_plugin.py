@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from katas._harness import isolation, preflight, profiles
+from katas._harness import isolation, preflight, profiles, waiting
 from katas._harness import under_test as _stages
 from katas._harness.failures import (
     classify,
@@ -151,7 +151,9 @@ def stage_module(request: pytest.FixtureRequest, kata: KataUnderTest) -> ModuleT
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """``stage()`` reaches this test's kata while it runs (fixtures included)."""
+    """``stage()`` reaches this test's kata while it runs (fixtures included); the
+    waits of the last test leave no rest checks behind."""
+    waiting.begin_test()
     if item.get_closest_marker("stage") is not None:
         _stages.running(_kata_of(item, item.config.stash[_selection_key]))
 

@@ -93,12 +93,57 @@ def spawn(fn: Callable[[], Any], name: str) -> Thread:
     return thread
 
 
+# --- at rest: nothing more can happen until the test acts ----------------------------
+
+#: Checks a test's fixtures register (:func:`at_rest`): each says whether the component
+#: under test has come to rest, e.g. every thread it started asleep on a frozen test
+#: clock. Forgotten after each test (:func:`begin_test`).
+_rest_checks: list[Callable[[], bool]] = []
+_threads_before: set[threading.Thread] = set()
+
+
+def begin_test() -> None:
+    """A test begins (the plugin calls this): no rest checks, and the threads alive now
+    are not the test's."""
+    global _threads_before
+    _rest_checks.clear()
+    _threads_before = set(threading.enumerate())
+
+
+def threads_before_test() -> set[threading.Thread]:
+    """The threads that were alive when the current test began (none of them its own)."""
+    return set(_threads_before)
+
+
+def at_rest(check: Callable[[], bool]) -> None:
+    """Register, for the current test, a check that the component has come to rest:
+    while it holds, :func:`eventually` judges at once instead of waiting out its
+    deadline for what can no longer happen (a red run stays short)."""
+    _rest_checks.append(check)
+
+
+def _resting() -> bool:
+    return any(check() for check in _rest_checks)
+
+
 def eventually(pred: Callable[[], bool], what: str) -> None:
-    """Wait (hard real-time deadline) until ``pred()``; polling only."""
+    """Wait (hard real-time deadline) until ``pred()``; polling only. If the component
+    comes to rest (:func:`at_rest`) short of it, two looks a poll apart, judge then."""
     seconds = DEADLINE_S * patience()
     deadline = time.monotonic() + seconds
+    rested = False
     while not pred() and time.monotonic() < deadline:
+        if _rest_checks and _resting():
+            time.sleep(_POLL_S)
+            if not pred() and _resting():
+                rested = True
+                break
         time.sleep(_POLL_S)
+    if rested:
+        assert pred(), (
+            f"expected {what}, but everything came to rest short of it (every thread "
+            "asleep on the test's clock, none due): nothing more can happen"
+        )
     assert pred(), f"within {seconds:.0f} real seconds, expected {what}"
 
 

@@ -70,6 +70,7 @@ from katas.job_scheduler._testing.pools import (
     running,
     running_async,
     stat,
+    wait_at,
 )
 from katas.job_scheduler._testing.queues import LEASE, START, rel
 from katas.job_scheduler.api import (
@@ -171,7 +172,7 @@ def test_stage2_every_call_on_the_queue_is_made_under_the_one_lock(at: str) -> N
 
     def handler(lease: Lease, payload: str) -> str:
         if payload == "job" and at == "heartbeat":
-            assert proceed.wait(DEADLINE_S), "the job's handler was held too long"
+            wait_at(proceed, "the job's handler")
         if payload == "job" and at == "nack":
             raise RuntimeError("the job fails")
         return payload

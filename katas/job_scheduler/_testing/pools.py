@@ -15,7 +15,8 @@ import pytest
 from katas._harness.interleave import Gate as InterleaveGate
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
-from katas._harness.waiting import DEADLINE_S
+from katas._harness.waiting import DEADLINE_S, at_rest, threads_before_test
+from katas.job_scheduler._testing.clocks import WatchedClock
 from katas.job_scheduler._testing.queues import LEASE, START
 from katas.job_scheduler.api import (
     AsyncWorkerPool,
@@ -30,6 +31,40 @@ from katas.job_scheduler.api import (
 #: is blocked (the red run of a pool that never returns waits this long, not DEADLINE_S).
 RUN_RETURNS_S = 1.0
 
+#: The threads inside a :class:`Gate`'s handler, by ident, and the gate they wait at.
+_AT_GATES: dict[int, threading.Event] = {}
+
+
+def held() -> set[int]:
+    """The threads waiting at a gate (:func:`wait_at`) the test has not opened yet."""
+    return {t for t, event in list(_AT_GATES.items()) if not event.is_set()}
+
+
+def wait_at(event: threading.Event, what: str) -> None:
+    """Wait in a handler (hard deadline) until the test sets ``event``: held there by the
+    test, the thread does not keep its pool from coming to rest (:func:`rest_on`)."""
+    me = threading.get_ident()
+    _AT_GATES[me] = event
+    try:
+        assert event.wait(DEADLINE_S), f"{what} waited for the test too long"
+    finally:
+        del _AT_GATES[me]
+
+
+def rest_on(clock: WatchedClock) -> None:
+    """From now on in this test, a wait ends as soon as every thread the test started is
+    asleep on ``clock`` (but those held at a gate): at rest on a frozen clock, a pool does
+    nothing more until the test acts, so a red run judges at once instead of waiting out
+    a deadline."""
+    before = threads_before_test()
+
+    def resting() -> bool:  # with no thread of the test's own (an async pool), never
+        started = any(t not in before for t in threading.enumerate())
+        return started and clock.parked(before, held())
+
+    at_rest(resting)
+
+
 #: What a pool's handler is: the job's lease and payload in, the job's result out.
 Handler = Callable[[Lease, Any], Any]
 AsyncHandler = Callable[[Lease, Any], Awaitable[Any]]
@@ -38,8 +73,12 @@ AsyncHandler = Callable[[Lease, Any], Awaitable[Any]]
 def pool_queue(
     max_attempts: int = 1, clock: ManualClock | None = None, lease_ns: int = LEASE
 ) -> tuple[ManualClock, JobQueue]:
-    """A stage-1 queue on a frozen clock: lease 1000 ns, retries due at once."""
-    clock = ManualClock(START) if clock is None else clock
+    """A stage-1 queue on a frozen clock: lease 1000 ns, retries due at once. Made here,
+    the clock is a :class:`WatchedClock`; on one, the test's waits end once the pool is
+    at rest (:func:`rest_on`)."""
+    clock = WatchedClock(START) if clock is None else clock
+    if isinstance(clock, WatchedClock):
+        rest_on(clock)
     queue: JobQueue = stage(1).JobQueue(
         clock=clock, lease_ns=lease_ns, retry=RetryPolicy(0, 0, "none"), max_attempts=max_attempts
     )
@@ -138,10 +177,11 @@ class Gate:
         self._lock = threading.Lock()
 
     def handler(self, lease: Lease, payload: Any) -> Any:
+        me = threading.get_ident()
         with self._lock:
             self.entered.append(payload)
-            self.busy.add(threading.get_ident())
-        assert self.event.wait(DEADLINE_S), "a handler waited on its gate for too long"
+            self.busy.add(me)
+        wait_at(self.event, "a handler at its gate")
         return payload
 
 
@@ -244,7 +284,8 @@ def lock_watched_queue(parked: InterleaveGate, at: str) -> tuple[ManualClock, Jo
         return call
 
     cls = type("LockWatchedJobQueue", (base,), {n: watched(n) for n in QUEUE_CALLS})
-    clock = ManualClock(START)
+    clock = WatchedClock(START)
+    rest_on(clock)
     queue: JobQueue = cls(
         clock=clock, lease_ns=LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
     )
