@@ -189,7 +189,8 @@ class _SoloState:
 
 @dataclass(frozen=True)
 class SessionKey:
-    """A key a session answers besides its own: its label in the live line, its action.
+    """A key a session answers besides its built-in ones (r, a, h, q): its label in the
+    live line and its action.
 
     An action that ``reads`` a line of input runs outside the live line (the run in
     progress goes on meanwhile); any other prints above it, the timer still ticking.
