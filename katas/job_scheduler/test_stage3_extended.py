@@ -7,8 +7,9 @@ state machines replay these calls too through the exact model); tests marked
 ``redis_faults`` flush scripts and restart a server, those marked ``realtime`` wait for
 server time to pass on a real server.
 
-Map: heartbeats (redis-extended, redis-settle-first) · jitter (redis-jitter) · release,
-cancel, dead letters and redrive (redis-extended, redis-jitter, ttl-retention) ·
+Map: heartbeats (redis-extended, redis-settle-first) · jitter (redis-jitter) · release
+(its old due time and place in line), cancel, dead letters and redrive (redis-extended,
+redis-order, redis-jitter, ttl-retention) ·
 idempotency keys (redis-dedup-ttl, redis-idempotency) · racing workers (one-script,
 redis-attempts) · max_pending, jobs noticed late, a death by expiry (redis-extended,
 redis-order, redis-backoff, redis-settle-first) · retention by TTL and bounded memory
@@ -190,6 +191,47 @@ def test_stage3_release_refunds_the_attempt_and_keeps_the_place_in_line(
         f"(and a new token); expected {first!r} attempt 1 token 2, got {again}"
     )
     assert claim(queue).job_id == second
+
+
+@rule("redis-extended", "redis-order")
+@extended
+def test_stage3_a_job_released_after_others_fell_due_keeps_its_due_time_and_place(
+    redis_env: RedisEnv,
+) -> None:
+    """One priority, due times in the server's past: "later" (enqueued first, due 1 s ago),
+    "early" and "twin" (both due 2 s ago, in that enqueue order). "early" is claimed and
+    released now, after all three fell due: it is back at its old due time, ahead of
+    both — not at the release's now, and not with a new sequence number."""
+    redis_env.freeze_time()
+    queue = new_queue(redis_env)
+    now = _server_ns(redis_env)
+    later = queue.enqueue("later", run_at_ns=now - 1000 * MS)
+    early = queue.enqueue("early", run_at_ns=now - 2000 * MS)
+    twin = queue.enqueue("twin", run_at_ns=now - 2000 * MS)
+    before = queue.get(early)
+    lease = claim(queue)
+    assert lease.job_id == early, f"claim() leased {lease.job_id}, expected {early}"
+    queue.release(lease)
+    released_at = stamp(queue, "release").server_now_ns
+    job = queue.get(early)
+    assert (job.state, job.run_at_ns, job.seq) == (READY, before.run_at_ns, before.seq), (
+        f"release (redis-extended): the job is READY again at its old due time, with its "
+        f"sequence number; expected READY, run_at_ns {before.run_at_ns}, seq {before.seq}; "
+        f"got {job.state}, run_at_ns {job.run_at_ns}, seq {job.seq} (released at "
+        f"{released_at})"
+    )
+    names = {later: "later", early: "early", twin: "twin"}
+    got = [claim(queue) for _ in names]
+    order = [names.get(other.job_id, other.job_id) for other in got]
+    assert order == ["early", "twin", "later"], (
+        f"release (redis-extended): a released job keeps its old place in line (its due "
+        f"time, then its enqueue order), however long the others have been due; expected "
+        f"claims ['early', 'twin', 'later'], got {order}"
+    )
+    assert (got[0].attempt, got[0].token) == (1, 2), (
+        f"release refunds the attempt and keeps the token issued: expected attempt 1, "
+        f"token 2; got {got[0]}"
+    )
 
 
 @rule("redis-extended")
