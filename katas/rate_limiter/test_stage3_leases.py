@@ -7,7 +7,11 @@ so "expired at this microsecond" is exact; tests that need that skip on a real s
 
 Map: leases capped across nodes against a model (redis-leases) · one round trip a call
 (redis-leases) · expiry, by time passing and at the exact microsecond, for try_acquire
-and in_flight alike (redis-lease-expiry).
+and in_flight alike (redis-lease-expiry) · the set's TTL after every call covering its
+latest live lease, rounded up to whole ms — leases of different expiries, time left not
+a whole ms, server time stepping back between acquires — and each held lease counted up
+to its own expiry (redis-lease-expiry, ttl-bound; exact on fakeredis, within a few ms
+on a real server, where the step back skips).
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from hypothesis import strategies as st
 from katas._harness.marks import extended
 from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv
-from katas._harness.story import expect
-from katas._runtime.clock import NS_PER_MS
-from katas.rate_limiter._testing.nodes import KEYS, NODES, LeaseModel
+from katas._harness.story import Story, expect
+from katas._runtime.clock import NS_PER_MS, NS_PER_US
+from katas.rate_limiter._testing.nodes import KEYS, NODES, LeaseModel, check_lease_set_ttl
 from katas.rate_limiter.api import NS_PER_S, Lease, LeaseLimiter
 
 pytestmark = [pytest.mark.stage(3)]
@@ -183,16 +187,20 @@ def test_stage3_in_flight_reclaims_a_lease_at_its_expiry(
 
 
 def _frozen_leases(
-    stage_module: ModuleType, redis_env: RedisEnv, max_in_flight: int
+    stage_module: ModuleType,
+    redis_env: RedisEnv,
+    max_in_flight: int,
+    lease_ns: int = 100 * NS_PER_MS,
 ) -> LeaseLimiter:
-    """Leases of 100 ms on a server clock that stands still until the test moves it."""
+    """Leases (of 100 ms unless told) on a server clock that stands still until the test
+    moves it."""
     if not redis_env.time_is_controlled:
         pytest.skip("needs the server clock under the test's control (fakeredis)")
     redis_env.freeze_time()
     limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
         redis_env.client(),
         max_in_flight=max_in_flight,
-        lease_ns=100 * NS_PER_MS,
+        lease_ns=lease_ns,
         key_prefix=redis_env.prefix,
     )
     return limiter
@@ -240,3 +248,172 @@ def test_stage3_try_acquire_reclaims_a_lease_at_its_expiry(
     expect(limiter.in_flight("alice"), 1, "the new lease holds the slot")
     expect(limiter.release(lost), False, "the expired lease is no longer held")
     expect(limiter.release(again), True, "the new one is")
+
+
+#: A lease of 300.25 ms: at the whole-ms instants these tests act at, no lease has a whole
+#: number of ms left, so a TTL rounded to whole ms the wrong way shows.
+ODD_LEASE_NS = 300_250 * NS_PER_US
+
+
+def _lease_story(redis_env: RedisEnv, title: str) -> Story:
+    """A story stamped with the server's TIME since now."""
+    return Story(
+        title,
+        lambda: redis_env.server().time_us() * NS_PER_US,
+        redis_env.server().time_us() * NS_PER_US,
+    )
+
+
+@pytest.mark.rule("redis-lease-expiry", "ttl-bound")
+@extended
+@pytest.mark.realtime
+def test_stage3_lease_set_outlives_its_latest_lease_after_every_call(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """Leases of different expiries, none with a whole number of ms left: after every
+    call — try_acquire granted and denied, in_flight, release of the earliest lease, of
+    the latest, and again — the set's TTL covers the latest lease still held, rounded up;
+    and each held lease is still counted 1 µs before its own expiry (fakeredis)."""
+    redis_env.freeze_time()
+    prefix = redis_env.fresh_prefix()
+    limiter: LeaseLimiter = stage_module.RedisConcurrencyLimiter(
+        redis_env.client(), max_in_flight=3, lease_ns=ODD_LEASE_NS, key_prefix=prefix
+    )
+    story = _lease_story(redis_env, "max_in_flight=3, leases of 300.25 ms, on 'alice':")
+    held: list[Lease] = []
+
+    def late(*also: Lease) -> bool:
+        """A real server's clock ran past a held lease's expiry: the outcome proves nothing."""
+        now_ns = redis_env.server().time_us() * NS_PER_US
+        expired = any(now_ns >= lease.expires_at_ns for lease in (*held, *also))
+        return not redis_env.time_is_controlled and expired
+
+    slowest_us = 0
+
+    def judge(start_us: int) -> None:
+        """The set's TTL after a call made from ``start_us`` (server TIME) on."""
+        __tracebackhide__ = True
+        nonlocal slowest_us
+        slowest_us = max(slowest_us, redis_env.server().time_us() - start_us)
+        check_lease_set_ttl(redis_env, story, prefix, held, slowest_us)
+
+    def acquire(want: bool) -> Lease | None:
+        __tracebackhide__ = True
+        start_us = redis_env.server().time_us()
+        lease = limiter.try_acquire("alice")
+        story.add(f"try_acquire('alice') -> {lease}")
+        story.check(
+            (lease is not None) == want or late(),
+            "redis-leases: at most 3 leases in flight",
+            f"{len(held)} held: expected {'a lease' if want else 'None'}, got {lease}",
+        )
+        if lease is not None:
+            held.append(lease)
+        judge(start_us)
+        return lease
+
+    def release(lease: Lease, want: bool) -> None:
+        __tracebackhide__ = True
+        start_us = redis_env.server().time_us()
+        got = limiter.release(lease)
+        story.add(f"release({lease}) -> {got}")
+        story.check(
+            got is want or late(lease),
+            "redis-leases: release is True only the first time, for a lease still held",
+            f"expected {want}, got {got}",
+        )
+        if lease in held:
+            held.remove(lease)
+        judge(start_us)
+
+    def count(want: int) -> None:
+        __tracebackhide__ = True
+        start_us = redis_env.server().time_us()
+        got = limiter.in_flight("alice")
+        story.add(f"in_flight('alice') -> {got}")
+        story.check(
+            got == want or late(),
+            "redis-lease-expiry: a lease is counted until its own expiry",
+            f"expected {want}, got {got}",
+        )
+        judge(start_us)
+
+    first = acquire(True)
+    redis_env.pass_time(20 * NS_PER_MS)
+    acquire(True)
+    redis_env.pass_time(20 * NS_PER_MS)
+    acquire(True)
+    acquire(False)  # full: denied
+    redis_env.pass_time(20 * NS_PER_MS)
+    count(3)
+    assert first is not None
+    release(first, True)  # the earliest: the two later ones still held
+    redis_env.pass_time(20 * NS_PER_MS)
+    last = acquire(True)
+    assert last is not None
+    redis_env.pass_time(20 * NS_PER_MS)
+    release(last, True)  # the latest: the two earlier ones still held
+    release(last, False)
+    redis_env.pass_time(20 * NS_PER_MS)
+    count(2)
+    if not redis_env.time_is_controlled:
+        return  # a real server's clock cannot be stopped 1 µs before an expiry
+    for lease in list(held):  # expiring one after the other, with no call in between
+        now_ns = redis_env.server().time_us() * NS_PER_US
+        redis_env.pass_time(lease.expires_at_ns - now_ns - 1000)
+        count(len(held))  # 1 µs before its expiry: still counted
+        redis_env.pass_time(1000)
+        held.remove(lease)
+        count(len(held))
+
+
+@pytest.mark.rule("redis-lease-expiry", "ttl-bound", "server-time")
+@extended
+def test_stage3_lease_set_outlives_its_leases_when_server_time_steps_back(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """Server time steps back 50 ms between two acquires (a failover to a replica whose
+    clock lags): the leases granted after it end before those granted before it, and the
+    set's TTL must still cover the latest one, after every call."""
+    limiter = _frozen_leases(stage_module, redis_env, max_in_flight=3, lease_ns=ODD_LEASE_NS)
+    story = _lease_story(redis_env, "max_in_flight=3, leases of 300.25 ms, on 'alice':")
+    held: list[Lease] = []
+
+    def acquire() -> Lease:
+        __tracebackhide__ = True
+        lease = limiter.try_acquire("alice")
+        story.add(f"try_acquire('alice') -> {lease}")
+        story.check(lease is not None, "redis-leases: fewer than 3 held", f"got {lease}")
+        assert lease is not None
+        held.append(lease)
+        check_lease_set_ttl(redis_env, story, redis_env.prefix, held)
+        return lease
+
+    def count() -> None:
+        __tracebackhide__ = True
+        got = limiter.in_flight("alice")
+        now_ns = redis_env.server().time_us() * NS_PER_US
+        live = sum(lease.expires_at_ns > now_ns for lease in held)
+        story.add(f"in_flight('alice') -> {got}")
+        story.expect(got, live, "redis-lease-expiry: a lease is counted until its own expiry")
+        check_lease_set_ttl(redis_env, story, redis_env.prefix, held)
+
+    first = acquire()
+    redis_env.pass_time(20 * NS_PER_MS)
+    second = acquire()  # the latest lease from here on
+    redis_env.step_time_back(50 * NS_PER_MS)
+    story.add("server time steps back 50 ms")
+    count()
+    acquire()  # ends 50 ms before the one before it
+    released = limiter.release(first)  # neither the earliest nor the latest lease
+    story.add(f"release({first}) -> {released}")
+    story.expect(released, True, "redis-leases: release of a lease still held is True")
+    held.remove(first)
+    check_lease_set_ttl(redis_env, story, redis_env.prefix, held)
+    redis_env.pass_time(20 * NS_PER_MS)
+    acquire()
+    now_ns = redis_env.server().time_us() * NS_PER_US
+    redis_env.pass_time(second.expires_at_ns - now_ns - 1000)
+    count()  # 1 µs before the latest lease's expiry: still counted
+    redis_env.pass_time(1000)
+    count()

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from katas._harness.faultproxy import FaultProxy
 from katas._harness.machines import Operations
 from katas._harness.redis import RedisEnv
-from katas._harness.story import expect
+from katas._harness.story import Story, expect
 from katas._runtime.clock import NS_PER_US
 from katas.rate_limiter._testing.models import (
     FixedWindowModel,
@@ -40,6 +40,7 @@ from katas.rate_limiter.api import (
     NS_PER_S,
     AsyncRedisLimiter,
     Decision,
+    Lease,
     ManualClock,
     RedisLimiter,
     StampedDecision,
@@ -107,6 +108,65 @@ class LeaseModel:
     """The leases held per key, across every node."""
 
     held: dict[str, set[int]] = field(default_factory=dict)
+
+
+#: What a lease set's TTL must be after every call, whatever the call: the set outlives
+#: its latest live lease, and not by more than a second.
+LEASE_SET_TTL = (
+    "redis-lease-expiry, ttl-bound: a lease set must never expire while it holds a live "
+    "lease — after every call (try_acquire, release, in_flight), server time stepped back "
+    "or not, time to its latest live lease's expires_at_ns (server TIME, whole ms rounded "
+    "up) <= PTTL <= that + 1 s"
+)
+
+
+def check_lease_set_ttl(
+    env: RedisEnv, story: Story, prefix: str, held: Sequence[Lease], slowest_call_us: int = 0
+) -> None:
+    """Every key under ``prefix`` (one user key's) outlives the latest of ``held`` (the
+    leases granted and not released) still live by the server's TIME: exact on fakeredis,
+    whose clock stands still while the test reads. A real server's clock runs on: its
+    PTTLs are read between two TIMEs, with 2 ms of slack (Redis expires keys by whole ms)
+    and ``slowest_call_us`` more (the slowest call so far: a relative TTL may count from
+    the instant its script started, TIME inside it from later), and nothing is judged
+    while a lease's expiry falls among the readings."""
+    __tracebackhide__ = True
+    before_us = env.server().time_us()
+    ttls = {name: env.admin().pttl(name) for name in env.keys(prefix)}
+    after_us = env.server().time_us()
+    slack_ms = 0 if env.time_is_controlled else 2 + -(-slowest_call_us // 1000)
+    expiries = [lease.expires_at_ns // NS_PER_US for lease in held]
+    if not env.time_is_controlled and any(
+        before_us - slack_ms * 1000 <= e <= after_us + slack_ms * 1000 for e in expiries
+    ):
+        return  # a real server's clock ran past a lease's expiry while the test read
+    live = [e for e in expiries if e > after_us]
+    if not live:
+        for name, ttl in ttls.items():
+            story.check(
+                ttl == -2 or 0 <= ttl <= 1000 + slack_ms,
+                LEASE_SET_TTL,
+                f"no lease is live, and key {name!r} has PTTL {ttl} ms (-1: no TTL at all)",
+            )
+        return
+    latest_us = max(live)
+    low = -(-(latest_us - after_us) // 1000) - slack_ms
+    high = -(-(latest_us - before_us) // 1000) + 1000 + slack_ms
+    story.check(
+        ttls,
+        LEASE_SET_TTL,
+        f"{len(live)} lease(s) live, the latest for {latest_us - after_us} µs more, and no "
+        f"key under {prefix!r} left: the set expired with them",
+    )
+    for name, ttl in ttls.items():
+        story.check(
+            low <= ttl <= high,
+            LEASE_SET_TTL,
+            f"key {name!r} has PTTL {ttl} ms, expected {low}..{high} ms: {len(live)} "
+            f"lease(s) live, the latest expiring {latest_us - after_us} µs from now "
+            "(below: the set expires, and takes live leases with it, before that lease ends; "
+            "-1: no TTL at all)",
+        )
 
 
 # --- building nodes ---------------------------------------------------------------------
