@@ -4,21 +4,25 @@ that the tests SIGKILL, SIGSTOP and SIGTERM for real (see katas/job_scheduler/RE
 "Stage 3").
 
 In process, the worker's ``ManualClock`` paces its heartbeats and polls, so a test
-decides exactly when each one is due (server time plays no part there). As processes,
-each worker prints its events as it goes (:mod:`katas.job_scheduler._testing.worker`),
-holds at a named point when told, and the test strikes there; the workers' transcripts
-come with every failure (:mod:`katas.job_scheduler._testing.fleets`). Every effect must
-land exactly once, whatever was killed when.
+decides exactly when each one is due (server time plays no part there, but where a test
+sets the worker's clock an hour off the server's ``TIME`` and moves both); a
+``LateWakes`` clock holds the wake-up of the worker's other threads, so that the clock
+moves between a claim and the heartbeat thread noticing it. As processes, each worker
+prints its events as it goes (:mod:`katas.job_scheduler._testing.worker`), holds at a
+named point when told, and the test strikes there; the workers' transcripts come with
+every failure (:mod:`katas.job_scheduler._testing.fleets`). Every effect must land
+exactly once, whatever was killed when.
 
-Map: in process (worker-heartbeat-default, worker-heartbeats, worker-nack,
-worker-events, worker-run, worker-poll, worker-loop; held at an exact point of its loop:
-worker-stale-drops, worker-outage, worker-stop; the heartbeat thread through every
-refusal and a lost job: worker-heartbeats, busy-unavailable) · SIGKILL mid-job (fault-sigkill) ·
-SIGSTOP past the lease (fault-sigstop, worker-stale-drops) · a poison job
-(fault-poison) · a job three leases long (fault-long-job) · SIGTERM during a burst
-(fault-sigterm, worker-stop) · an outage and a restart (fault-outage, worker-outage,
-fault-restart, scripts-reload) · random crashes (fault-random-crashes) · skewed clocks
-(fault-skew, worker-clock).
+Map: in process (worker-heartbeat-default, worker-heartbeats; the first heartbeat however
+late the heartbeat thread wakes: worker-heartbeat-default; a clock an hour off the
+server's either way: worker-clock, fault-skew; worker-nack, worker-events, worker-run,
+worker-poll, worker-loop; held at an exact point of its loop: worker-stale-drops,
+worker-outage, worker-stop; the heartbeat thread through every refusal and a lost job:
+worker-heartbeats, busy-unavailable) · SIGKILL mid-job (fault-sigkill) · SIGSTOP past the
+lease (fault-sigstop, worker-stale-drops) · a poison job (fault-poison) · a job three
+leases long (fault-long-job) · SIGTERM during a burst (fault-sigterm, worker-stop) · an
+outage and a restart (fault-outage, worker-outage, fault-restart, scripts-reload) · random
+crashes (fault-random-crashes) · skewed clocks (fault-skew, worker-clock).
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from katas._registry import impl
 from katas.job_scheduler._testing.clocks import (
     AFTER_A_JUMP,
     JUMP_EVERY,
+    LateWakes,
     WatchedClock,
     beats_at_a_third,
     judge_beats_after_a_jump,
@@ -70,7 +75,7 @@ from katas.job_scheduler._testing.redis_queues import (
     heavy,
     new_queue,
 )
-from katas.job_scheduler._testing.states import DEAD, READY, SUCCEEDED
+from katas.job_scheduler._testing.states import DEAD, LEASED, READY, SUCCEEDED
 from katas.job_scheduler.api import LEASE_EXPIRED, JobNotFound, Lease, StaleLease, Worker
 
 pytestmark = [pytest.mark.stage(3)]
@@ -136,6 +141,140 @@ def test_stage3_worker_after_a_clock_jump_the_next_heartbeat_counts_from_the_las
         judge_beats_after_a_jump(story, "RedisWorker", at, beats, want)
     gate.event.set()
     thread.outcome("the worker to finish its one job")
+
+
+#: The heartbeat thread wakes late to a claim (the test holds its wake-up): when it wakes,
+#: in ns after the claim, then (ns after the claim, heartbeats made by then), with the
+#: default interval (a third of WORKER_LEASE). Before the first beat is due it makes none
+#: until claim + interval exactly; after, one at once, the next an interval after it.
+EVERY_THIRD = WORKER_LEASE // 3
+LATE_WAKES = {
+    "before_the_first_beat_is_due": (
+        EVERY_THIRD // 2,
+        [(EVERY_THIRD - 1, 0), (EVERY_THIRD, 1), (2 * EVERY_THIRD - 1, 1), (2 * EVERY_THIRD, 2)],
+    ),
+    "after_the_first_beat_is_due": (
+        EVERY_THIRD + EVERY_THIRD // 2,
+        [(5 * EVERY_THIRD // 2 - 1, 1), (5 * EVERY_THIRD // 2, 2)],
+    ),
+}
+
+
+@rule("worker-heartbeat-default", "worker-heartbeats")
+@extended
+@pytest.mark.parametrize("woken", list(LATE_WAKES))
+def test_stage3_worker_first_heartbeat_counts_from_the_claim_however_late_the_thread_wakes(
+    redis_env: RedisEnv, woken: str
+) -> None:
+    """The idle worker's poll claims a job while its heartbeat thread sleeps; that thread
+    is woken late (the test holds its wake-up while the clock moves on). The first beat is
+    due at claim + lease_ns // 3 all the same — not an interval after the thread noticed
+    the job, and not at once when it notices it."""
+    wake_at, steps = LATE_WAKES[woken]
+    poll = 1_000
+    gate = Gate()
+    clock = LateWakes(10**12)
+    queue, worker, _, _ = in_process_worker(redis_env, gate.handler, clock=clock, poll_ns=poll)
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    clock.settle(others, set())  # idle: the worker polling, its heartbeat thread jobless
+    clock.hold_wakes(but={thread})  # every thread of the worker's but the one that claims
+    queue.enqueue("long")
+    clock.advance(poll)  # the worker's next poll claims the job
+    eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+    start = clock.now_ns()
+    story = Story(
+        f"RedisWorker, heartbeat_every_ns=None on a {WORKER_LEASE} ns lease (a beat every "
+        f"{EVERY_THIRD} ns), claimed at t=+0 by its poll:", clock.now_ns, start,
+    )  # fmt: skip
+    clock.set(start + wake_at)
+    story.add(f"the clock moved on while {clock.held()} other thread(s) of the worker slept")
+    clock.let_wake()
+    clock.settle(others | {thread}, gate.busy)
+    beats = worker.statistics().heartbeats
+    story.add(f"those threads woken only now: {beats} heartbeat(s)")
+    want = int(wake_at >= EVERY_THIRD)
+    rule_text = (
+        "the first heartbeat is due at claim + lease_ns // 3 on the worker's clock exactly, "
+        "not before, however late the heartbeat thread wakes to notice the job (one due "
+        "already is made at once); each next one an interval after the last one made"
+    )
+    story.check(beats == want, rule_text, f"expected {want} heartbeat(s), got {beats}")
+    for at, want in steps:
+        clock.set(start + at)
+        clock.settle(others | {thread}, gate.busy)
+        beats = worker.statistics().heartbeats
+        story.add(f"clock at claim + {at}: {beats} heartbeat(s)")
+        story.check(beats == want, rule_text, f"expected {want} heartbeat(s), got {beats}")
+    gate.event.set()
+    thread.outcome("the worker to finish its one job")
+
+
+HOUR = 3_600 * 10**9
+
+
+@rule("worker-clock", "fault-skew", "worker-heartbeats")
+@extended
+@pytest.mark.parametrize("off", ["ahead", "behind"])
+def test_stage3_a_worker_clock_an_hour_off_the_servers_keeps_a_long_job_by_heartbeats(
+    redis_env: RedisEnv, off: str
+) -> None:
+    """The worker's clock an hour ahead of the server's ``TIME`` — by it, every lease the
+    server grants has expired before it was granted — or an hour behind. It only paces
+    the heartbeats: a beat every lease_ns // 3 of it keeps a job running three leases of
+    server time on its one lease. (On fakeredis server time moves with the worker's clock;
+    a real server's moves by itself, and the lease outlasts the test.)"""
+    redis_env.freeze_time()
+    skew = HOUR if off == "ahead" else -HOUR
+    gate = Gate()
+    clock = WatchedClock(redis_env.server().time_us() * 1000 + skew)
+    queue, worker, _, events = in_process_worker(redis_env, gate.handler, clock=clock)
+    job_id = queue.enqueue("three leases long")
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+    start, expires = clock.now_ns(), queue.get(job_id).lease_expires_at_ns
+    server_now = redis_env.server().time_us() * 1000
+    assert abs(start - server_now - skew) < WORKER_LEASE, "the worker's clock is not skewed"
+    story = Story(
+        f"RedisWorker, its clock an hour {off} (claimed at {start} on it, at {server_now} on "
+        f"the server's TIME; the lease expires at {expires} on the server's), "
+        f"heartbeat_every_ns=None on a {WORKER_LEASE} ns lease:", clock.now_ns, start,
+    )  # fmt: skip
+    invariant = (
+        "the worker's clock paces heartbeats only, never compared with a server time "
+        "(Lease.expires_at_ns): a worker whose clock is an hour off either way heartbeats "
+        "every lease_ns // 3 of it and keeps its lease"
+    )
+    for beat in range(1, 10):  # three leases
+        if redis_env.time_is_controlled:
+            redis_env.pass_time(EVERY_THIRD)
+        clock.set(start + beat * EVERY_THIRD)
+        clock.settle(others | {thread}, gate.busy)
+        beats, job = worker.statistics().heartbeats, queue.get(job_id)
+        story.add(
+            f"worker and server clocks lease/3 on: {beats} heartbeat(s), job "
+            f"{job.state.value} (token {job.token}), its lease until {job.lease_expires_at_ns}"
+        )
+        story.check(
+            (beats, job.state, job.token) == (beat, LEASED, 1),
+            invariant,
+            f"expected {beat} heartbeat(s) and the job still leased by this worker (token 1); "
+            f"got {beats}, {job.state.value} (token {job.token})",
+        )
+    gate.event.set()
+    thread.outcome("the worker to finish its one job")
+    job, stats = queue.get(job_id), worker.statistics()
+    seen = [e for e, _ in events]
+    story.add(f"the handler returned: events {seen}")
+    story.check(
+        (job.state, job.attempts, stats.lost, effect_store(queue).effects())
+        == (SUCCEEDED, 1, 0, {job_id: job.payload}),
+        invariant,
+        f"expected the job SUCCEEDED in 1 attempt, its effect committed, nothing lost; got "
+        f"{job.state.value} in {job.attempts}, lost {stats.lost}, effects "
+        f"{effect_store(queue).effects()}",
+    )
 
 
 @rule("worker-nack", "worker-events", "worker-run")

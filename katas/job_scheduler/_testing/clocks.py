@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
 
 from katas._harness.story import Story, check
 from katas._harness.waiting import eventually
+from katas._runtime.clock import HARD_DEADLINE_S
 from katas.job_scheduler.api import ManualClock
 
 #: A lease a third of which is a whole number: the default heartbeat interval (lease // 3).
@@ -90,6 +92,62 @@ class WatchedClock(ManualClock):
             lambda: self.parked(others, busy),
             "every worker and heartbeat thread asleep on the clock (none busy, none due)",
         )
+
+
+class LateWakes(WatchedClock):
+    """A WatchedClock that can wake threads late, as a busy machine does: between
+    :meth:`hold_wakes` and :meth:`let_wake`, a thread that would return from a wait on
+    this clock (notified, or at its deadline) sleeps on instead — its condition released,
+    shown asleep with no deadline — so a test can move the clock between an event (a
+    claim) and the moment another thread of the component notices it."""
+
+    def __init__(self, start_ns: int) -> None:
+        super().__init__(start_ns)
+        self._spared: set[int] | None = None  # while holding: the threads never held
+        self._held: dict[int, threading.Condition] = {}  # by thread: what it waits on
+
+    def hold_wakes(self, but: set[threading.Thread]) -> None:
+        """From now on, hold every waking thread but those of ``but``."""
+        with self._watch:
+            self._spared = {t.ident for t in but if t.ident is not None}
+
+    def let_wake(self) -> None:
+        """Stop holding; return once every held thread is running again (so a
+        :meth:`settle` after it sees each one asleep again, not still held)."""
+        with self._watch:
+            self._spared = None
+            waiting = list(self._held.values())
+        for cond in waiting:
+            with cond:
+                cond.notify_all()
+        eventually(lambda: not self.held(), "the threads this clock held to run again")
+
+    def held(self) -> int:
+        """How many threads are held now."""
+        with self._watch:
+            return len(self._held)
+
+    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        super().wait_until_ns(cond, deadline_ns)
+        me = threading.get_ident()
+        # ``cond`` is held from here on but inside ``cond.wait``: let_wake's notify
+        # cannot come between a look at the hold and the wait, so none is lost.
+        with self._watch:
+            if self._spared is None or me in self._spared:
+                return
+            self._held[me] = cond
+            self._asleep[me] = (None, cond)
+        give_up = time.monotonic() + HARD_DEADLINE_S  # a test that never lets go
+        try:
+            while time.monotonic() < give_up:
+                with self._watch:
+                    if self._spared is None:
+                        return
+                cond.wait(max(0.0, give_up - time.monotonic()))
+        finally:
+            with self._watch:
+                self._held.pop(me, None)
+                self._asleep.pop(me, None)
 
 
 #: Which waiter of a condition a ``notify()`` wakes first (see :class:`OrderedClock`).
