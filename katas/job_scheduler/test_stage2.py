@@ -303,31 +303,21 @@ def test_stage2_without_timely_heartbeats_the_lease_expires_and_the_job_is_retri
     first = threading.Event()
     runs: list[int] = []
 
-    held: set[int] = set()  # the thread of attempt 1, until the test lets it go
-
     def handler(lease: Lease, payload: Any) -> int:
         runs.append(lease.attempt)
         if lease.attempt == 1:
-            held.add(threading.get_ident())
-            assert first.wait(DEADLINE_S)
+            wait_at(first, "attempt 1's handler")
         return lease.attempt
 
-    clock = WatchedClock(START)
-    _, queue = pool_queue(max_attempts=3, clock=clock)
-    others = set(threading.enumerate())
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, handler, workers=2, clock=clock, heartbeat_every_ns=5_000
-    )
+    clock, queue, pool = new_pool(handler, workers=2, max_attempts=3, heartbeat_every_ns=5_000)
     with running(pool):
         job_id = pool.submit("slow")
         eventually(lambda: pool.statistics().in_flight == 1, "the job in flight")
         clock.advance(LEASE)
-        clock.until(
+        eventually(
             lambda: pool.statistics().succeeded == 1,
             "the retry (attempt 2) acked: an idle worker wakes when the expired lease's "
             "job falls due again",
-            others,
-            held,
         )
         first.set()
         eventually(lambda: pool.statistics().lost == 1, "the first run's ack refused")

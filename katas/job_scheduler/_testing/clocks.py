@@ -64,28 +64,6 @@ class WatchedClock(ManualClock):
             on[id(cond)] = (cond, on.get(id(cond), (cond, 0))[1] + 1)
         return all(len(cond._waiters) >= n for cond, n in on.values())  # type: ignore[attr-defined]
 
-    def until(
-        self,
-        pred: Callable[[], bool],
-        what: str,
-        others: set[threading.Thread],
-        busy: set[int] | None = None,
-    ) -> None:
-        """Wait until ``pred()``, or until the component has come to rest short of it
-        (every thread asleep on the clock but the ``busy`` ones, held by the test; a set
-        the test may change meanwhile): then
-        nothing more can happen before the clock moves, so judge at once instead of
-        waiting out a deadline for what cannot come."""
-
-        def at_rest() -> bool:
-            return self.parked(others, set() if busy is None else busy)
-
-        eventually(lambda: pred() or at_rest(), f"{what}, or every thread asleep on the clock")
-        check(
-            pred(),
-            f"every thread came to rest (asleep on the clock, none due) before {what}",
-        )
-
     def settle(self, others: set[threading.Thread], busy: set[int]) -> None:
         """Wait (hard deadline) until every thread of the component is parked on the clock."""
         eventually(
