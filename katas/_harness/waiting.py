@@ -24,6 +24,8 @@ DEADLINE_S = 5.0
 #: Real seconds during which something that must NOT happen is watched for.
 QUIET_S = 0.05
 _POLL_S = 0.0005
+#: How long a join waits between two looks at whether the component came to rest.
+_JOIN_SLICE_S = 0.005
 
 
 #: A fixed stretch of every hard deadline instead of the machine's load (1: never).
@@ -75,11 +77,24 @@ class Thread(threading.Thread):
             self.error = e
 
     def outcome(self, what: str) -> Any:
-        """Join (hard deadline); re-raise what ``fn`` raised, else return its result."""
+        """Join (hard deadline); re-raise what ``fn`` raised, else return its result. If
+        the component comes to rest (:func:`at_rest`) with the thread still in it, two
+        looks a poll apart, judge then: it can no longer return."""
         seconds = DEADLINE_S * patience()
-        self.join(seconds)
+        deadline = time.monotonic() + seconds
+        rested = False
+        while self.is_alive() and time.monotonic() < deadline:
+            self.join(_JOIN_SLICE_S)
+            if self.is_alive() and _rest_checks and _resting():
+                time.sleep(_POLL_S)
+                if self.is_alive() and _resting():
+                    rested = True
+                    break
         assert not self.is_alive(), (
-            f"{self.name} did not return within {seconds:.0f} real seconds — {what}"
+            f"{self.name} did not return — {what}: every thread of the test came to rest "
+            "with it still inside (asleep on the test's clock, none due), so it never will"
+            if rested
+            else f"{self.name} did not return within {seconds:.0f} real seconds — {what}"
         )
         if self.error is not None:
             raise self.error

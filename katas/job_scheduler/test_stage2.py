@@ -44,6 +44,7 @@ from katas._harness import marks
 from katas._harness.interleave import Gate as InterleaveGate
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.profiles import heavy_examples
+from katas._harness.resting import WatchedClock, wait_at
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
@@ -57,7 +58,7 @@ from katas._harness.waiting import (
     stays_async,
     tiny_switch_interval,
 )
-from katas.job_scheduler._testing.clocks import LONG_LEASE, WatchedClock, beats_at_a_third
+from katas.job_scheduler._testing.clocks import LONG_LEASE, beats_at_a_third
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
     Gate,
@@ -70,7 +71,6 @@ from katas.job_scheduler._testing.pools import (
     running,
     running_async,
     stat,
-    wait_at,
 )
 from katas.job_scheduler._testing.queues import LEASE, START, rel
 from katas.job_scheduler.api import (

@@ -29,11 +29,12 @@ import pytest
 
 from katas._harness import marks
 from katas._harness.marks import anyio_test, core, extended
+from katas._harness.resting import WatchedClock
 from katas._harness.story import Story, check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
 from katas._harness.waiting import eventually
-from katas.job_scheduler._testing.clocks import WAKE_ORDERS, OrderedClock, WatchedClock
+from katas.job_scheduler._testing.clocks import WAKE_ORDERS, OrderedClock
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
     Gate,

@@ -42,6 +42,7 @@ from hypothesis import strategies as st
 from katas._harness.interleave import Gate as InterleaveGate
 from katas._harness.marks import extended, processes, rule
 from katas._harness.redis import RedisEnv
+from katas._harness.resting import WatchedClock
 from katas._harness.story import Story
 from katas._harness.under_test import stage
 from katas._harness.waiting import eventually, patience, stays
@@ -50,7 +51,6 @@ from katas.job_scheduler._testing.clocks import (
     AFTER_A_JUMP,
     JUMP_EVERY,
     LateWakes,
-    WatchedClock,
     beats_at_a_third,
     judge_beats_after_a_jump,
 )
@@ -617,6 +617,53 @@ def test_stage3_a_second_stop_never_extends_the_grace(
         f"stop({first}) then stop({second}): the earlier deadline stands (a second stop "
         f"never extends the grace), so the running job is released at +5000 ns exactly; "
         f"released by +4999 and +5000: {released}, the job {queue.get(job_id).state.value}"
+    )
+
+
+@rule("worker-stop")
+@extended
+@pytest.mark.parametrize("outcome", ["returns", "raises"])
+def test_stage3_a_job_released_at_the_grace_deadline_drops_its_handlers_result(
+    redis_env: RedisEnv, outcome: str
+) -> None:
+    """The grace runs out with the handler still running: the job is released. The
+    handler then comes back, with an effect or an exception: either is dropped — no
+    commit, no nack, no ack, not even an attempt at one (the job is someone else's)."""
+    gate = Gate()
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        effect = gate.handler(lease, payload)
+        if outcome == "raises":
+            raise RuntimeError("the handler failed after its grace ran out")
+        return {"charge": effect}
+
+    clock = WatchedClock(10**12)
+    queue, worker, _, events = in_process_worker(redis_env, handler, clock=clock, max_attempts=3)
+    job_id = queue.enqueue(5)
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+    worker.stop(1_000)
+    clock.set(clock.now_ns() + 1_000)
+    clock.settle(others | {thread}, gate.busy)
+    gate.event.set()  # the handler comes back after the release
+    thread.outcome("the worker to return once its job was released")
+    job, stats = queue.get(job_id), worker.statistics()
+    got = (
+        [e for e, j in events if j == job_id],
+        job.state,
+        job.attempts,
+        job.last_error,
+        effect_store(queue).effects(),
+        (stats.released, stats.lost, stats.failed, stats.succeeded),
+    )
+    want: tuple[Any, ...] = (["claimed", "released"], READY, 0, None, {}, (1, 0, 0, 0))
+    assert got == want, (
+        f"stop(grace 1000 ns); the handler {outcome} after the job was released at the "
+        "deadline: its result is dropped — no commit, nack or ack tried (each would meet "
+        "a stale lease and report the job lost), the attempt refunded. (events, state, "
+        f"attempts, last_error, effects, (released, lost, failed, succeeded)):\n"
+        f"  expected {want}\n  got      {got}"
     )
 
 

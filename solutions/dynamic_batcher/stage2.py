@@ -71,20 +71,19 @@ class _Stream(ReaderEnd):
     def rid(self) -> str:
         return self._rid
 
-    async def __anext__(self) -> Delivery:
-        while True:
-            if self._over:
-                raise StopAsyncIteration
-            if self._error is not None:
-                self._over = True
-                raise self._error
-            if self._pending or self._reason is not None:
-                delivery = Delivery(tuple(self._pending), self._reason)
-                self._pending.clear()
-                self._engine._taken(self)
-                self._over = self._reason is not None
-                return delivery
-            await self._wait()  # a reader cancelled here leaves (ReaderEnd)
+    def _take(self) -> Delivery | None:
+        if self._over:
+            raise StopAsyncIteration
+        if self._error is not None:
+            self._over = True
+            raise self._error
+        if not self._pending and self._reason is None:
+            return None  # the read parks (ReaderEnd)
+        delivery = Delivery(tuple(self._pending), self._reason)
+        self._pending.clear()
+        self._engine._taken(self)
+        self._over = self._reason is not None
+        return delivery
 
     # -- the engine's side -------------------------------------------------------------
     def _push(self, tokens: tuple[int, ...], at_ns: int) -> bool:

@@ -98,19 +98,18 @@ class _RoutedStream(ReaderEnd):
             priority=r.priority,
         )
 
-    async def __anext__(self) -> Delivery:
-        while True:
-            if self.over:
-                raise StopAsyncIteration
-            fresh = tuple(self.accepted[self._taken :])
-            if fresh or self.reason is not None:
-                self._taken = len(self.accepted)
-                self.over = self.reason is not None
-                return Delivery(fresh, self.reason)
-            if self.error is not None:
-                self.over = True
-                raise self.error
-            await self._wait()  # a client cancelled here leaves (ReaderEnd)
+    def _take(self) -> Delivery | None:
+        if self.over:
+            raise StopAsyncIteration
+        fresh = tuple(self.accepted[self._taken :])
+        if fresh or self.reason is not None:
+            self._taken = len(self.accepted)
+            self.over = self.reason is not None
+            return Delivery(fresh, self.reason)
+        if self.error is not None:
+            self.over = True
+            raise self.error
+        return None  # the read parks (ReaderEnd)
 
     def _leave(self) -> None:
         if not self.over:

@@ -1,5 +1,5 @@
-"""Test clocks of the job scheduler's suites: a ManualClock that knows who sleeps on
-it, and the heartbeat check that stages 2 and 3 share."""
+"""Test clocks of the job scheduler's suites: a WatchedClock that can wake its sleepers
+late, and the heartbeat check that stages 2 and 3 share."""
 
 from __future__ import annotations
 
@@ -10,66 +10,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Literal
 
+from katas._harness.resting import WatchedClock
 from katas._harness.story import Story, check
 from katas._harness.waiting import eventually
 from katas._runtime.clock import HARD_DEADLINE_S
-from katas.job_scheduler.api import ManualClock
 
 #: A lease a third of which is a whole number: the default heartbeat interval (lease // 3).
 LONG_LEASE = 3_000
-
-
-class WatchedClock(ManualClock):
-    """A ManualClock that knows which threads sleep on it, and until when: so a test can
-    tell when every thread of a pool is parked — nothing can happen until the clock
-    moves — instead of watching for a while that nothing happens."""
-
-    def __init__(self, start_ns: int) -> None:
-        super().__init__(start_ns)
-        self._asleep: dict[int, tuple[int | None, threading.Condition]] = {}
-        self._watch = threading.Lock()
-
-    def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
-        me = threading.get_ident()
-        with self._watch:
-            self._asleep[me] = (deadline_ns, cond)
-        try:
-            super().wait_until_ns(cond, deadline_ns)
-        finally:
-            with self._watch:
-                self._asleep.pop(me, None)
-
-    def asleep(self, thread: threading.Thread) -> bool:
-        """``thread`` sleeps on this clock, until a deadline after now or none."""
-        with self._watch:
-            deadline, _ = self._asleep.get(thread.ident or 0, (0, None))
-        return deadline is None or deadline > self.now_ns()
-
-    def parked(self, others: set[threading.Thread], busy: set[int]) -> bool:
-        """Every thread not in ``others`` (those alive before the test) and not ``busy``
-        (held by the test, e.g. in a handler) sleeps here with a deadline after now."""
-        now = self.now_ns()
-        with self._watch:
-            asleep = dict(self._asleep)
-        threads = [t for t in threading.enumerate() if t not in others and t.ident not in busy]
-        if not all(t.ident in asleep for t in threads):
-            return False
-        sleeping = [asleep[t.ident] for t in threads if t.ident is not None]
-        if any(deadline is not None and deadline <= now for deadline, _ in sleeping):
-            return False
-        # A thread notified (by the component, not the clock) but not yet running still
-        # shows as asleep here; its condition no longer counts it among its waiters.
-        on: dict[int, tuple[threading.Condition, int]] = {}
-        for _, cond in sleeping:
-            on[id(cond)] = (cond, on.get(id(cond), (cond, 0))[1] + 1)
-        return all(len(cond._waiters) >= n for cond, n in on.values())  # type: ignore[attr-defined]
-
-    def settle(self, others: set[threading.Thread], busy: set[int]) -> None:
-        """Wait (hard deadline) until every thread of the component is parked on the clock."""
-        eventually(
-            lambda: self.parked(others, busy),
-            "every worker and heartbeat thread asleep on the clock (none busy, none due)",
-        )
 
 
 class LateWakes(WatchedClock):

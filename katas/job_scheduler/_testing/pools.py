@@ -13,10 +13,10 @@ import anyio
 import pytest
 
 from katas._harness.interleave import Gate as InterleaveGate
+from katas._harness.resting import WatchedClock, rest_on, wait_at
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
-from katas._harness.waiting import DEADLINE_S, at_rest, threads_before_test
-from katas.job_scheduler._testing.clocks import WatchedClock
+from katas._harness.waiting import DEADLINE_S
 from katas.job_scheduler._testing.queues import LEASE, START
 from katas.job_scheduler.api import (
     AsyncWorkerPool,
@@ -30,40 +30,6 @@ from katas.job_scheduler.api import (
 #: Real seconds run() may take to return once shutdown has finished and every task
 #: is blocked (the red run of a pool that never returns waits this long, not DEADLINE_S).
 RUN_RETURNS_S = 1.0
-
-#: The threads inside a :class:`Gate`'s handler, by ident, and the gate they wait at.
-_AT_GATES: dict[int, threading.Event] = {}
-
-
-def held() -> set[int]:
-    """The threads waiting at a gate (:func:`wait_at`) the test has not opened yet."""
-    return {t for t, event in list(_AT_GATES.items()) if not event.is_set()}
-
-
-def wait_at(event: threading.Event, what: str) -> None:
-    """Wait in a handler (hard deadline) until the test sets ``event``: held there by the
-    test, the thread does not keep its pool from coming to rest (:func:`rest_on`)."""
-    me = threading.get_ident()
-    _AT_GATES[me] = event
-    try:
-        assert event.wait(DEADLINE_S), f"{what} waited for the test too long"
-    finally:
-        del _AT_GATES[me]
-
-
-def rest_on(clock: WatchedClock) -> None:
-    """From now on in this test, a wait ends as soon as every thread the test started is
-    asleep on ``clock`` (but those held at a gate): at rest on a frozen clock, a pool does
-    nothing more until the test acts, so a red run judges at once instead of waiting out
-    a deadline."""
-    before = threads_before_test()
-
-    def resting() -> bool:  # with no thread of the test's own (an async pool), never
-        started = any(t not in before for t in threading.enumerate())
-        return started and clock.parked(before, held())
-
-    at_rest(resting)
-
 
 #: What a pool's handler is: the job's lease and payload in, the job's result out.
 Handler = Callable[[Lease, Any], Any]

@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 
 from katas._harness import waiting
 from katas._harness.interleave import Gate, Parked
+from katas._harness.resting import WatchedClock, rest_on
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import DEADLINE_S, Thread, eventually_async
@@ -64,6 +65,13 @@ class LateWakeClock(ManualClock):
         self._wake_due()
 
 
+def watched() -> WatchedClock:
+    """A frozen clock for this test, on which its waits end once the limiter is at rest."""
+    clock = WatchedClock()
+    rest_on(clock)
+    return clock
+
+
 def bucket_limiter(
     capacity: int,
     refill_per_s: int | Fraction = 1,
@@ -71,8 +79,10 @@ def bucket_limiter(
     stripes: int = 64,
     clock: ManualClock | None = None,
 ) -> tuple[ManualClock, BlockingLimiter]:
-    """A ThreadSafeLimiter around a stage-1 TokenBucket (auto_sweep off), on a frozen clock."""
-    clock = clock if clock is not None else ManualClock()
+    """A ThreadSafeLimiter around a stage-1 TokenBucket (auto_sweep off), on a frozen clock.
+    Made here, the clock is a :class:`WatchedClock`: the test's waits end once every
+    thread it started is asleep on it (:func:`rest_on`)."""
+    clock = clock if clock is not None else watched()
     inner = stage(1).TokenBucket(
         capacity=capacity, refill_per_s=refill_per_s, clock=clock, auto_sweep=False
     )
@@ -126,8 +136,8 @@ def emptied_async_limiter(
 def concurrency(
     max_in_flight: int, lease_ns: int = 10 * NS_PER_S
 ) -> tuple[ManualClock, InProcessLeaseLimiter]:
-    """A ConcurrencyLimiter on a frozen clock."""
-    clock = ManualClock()
+    """A ConcurrencyLimiter on a frozen clock, a :class:`WatchedClock` (:func:`rest_on`)."""
+    clock = watched()
     limiter: InProcessLeaseLimiter = stage(2).ConcurrencyLimiter(
         max_in_flight=max_in_flight, lease_ns=lease_ns, clock=clock
     )
