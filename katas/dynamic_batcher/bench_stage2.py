@@ -18,14 +18,18 @@
   look useless), and the batcher's own work runs on the same thread, paid in full. The
   spec's target: >= 5x one call per request (the cost model alone allows 11.7x).
 
-Measured here (the reference as ``--impl``; 2 shared cores): batches 7.5-8.8x on asyncio
-and trio (a round of 64 requests in ~8 ms batched, ~68 ms one by one; the batcher's own
-work is ~9 µs a request). The engine: 0.56-0.65x the bare loop, short of the spec's
-0.7x (0.42-0.50x while each read parked on an ``anyio.Event``; reader.py says why it no
-longer does). Every client here takes each token as it comes, so each token wakes its
-reader's task (a future resolved, a task switch, a ``Delivery``): ~9 µs a token on
-asyncio, a third of the FakeModel's own work per token. A reader that falls behind takes
-many tokens per wake-up (the merged delivery), which is where a real server recovers it.
+Measured here (the reference as ``--impl``; 2 shared cores): batches 5.1-8.8x on asyncio
+and trio, by machine (a round of 64 requests in ~8 ms batched, ~68 ms one by one; the batcher's own
+work is ~9 µs a request). The engine: 0.60-0.63x the bare loop, short of the spec's
+0.7x (0.56-0.59x while each read went through a coroutine of its own and asked sniffio
+for its loop; 0.42-0.50x while it parked on an ``anyio.Event``: reader.py says why
+neither is done now). Every client here takes each token as it comes, so each token
+wakes its reader's task: a future resolved, a handle through asyncio's loop, anyio's
+task wrapper and the reader's ``__anext__``, ~5 µs a token before the stream does
+anything (measured with a bare future and an empty reader), and ~14 µs in all against
+the FakeModel's ~23 µs of work a token. uvloop did not narrow it here (0.61x). A reader
+that falls behind takes many tokens per wake-up (the merged delivery), which is where a
+real server recovers it.
 
 Contenders run in turn within every round (:func:`katas._harness.bench.interleaved`);
 ratios go to ``extra_info`` (``kata bench`` reads them) and stdout. Informational:
