@@ -170,6 +170,18 @@ def stays(pred: Callable[[], bool], what: str) -> None:
         time.sleep(_POLL_S)
 
 
+@contextmanager
+def bounded(what: str, seconds: float | None = None) -> Iterator[None]:
+    """Run the block of an async test under a hard real-time deadline (``DEADLINE_S``,
+    stretched by :func:`patience`, unless ``seconds``); past it, fail saying ``what`` was
+    awaited, instead of hanging the suite or raising a bare TimeoutError."""
+    limit = DEADLINE_S * patience() if seconds is None else seconds
+    with anyio.move_on_after(limit) as scope:
+        yield
+    if scope.cancelled_caught:
+        raise AssertionError(f"within {limit:g} real seconds, expected {what}")
+
+
 async def eventually_async(pred: Callable[[], bool], what: str) -> None:
     """Wait (hard real-time deadline) until ``pred()``, letting other tasks run."""
     with anyio.move_on_after(DEADLINE_S):

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from katas._harness.marks import core, extended, rule
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import SETTLE_S, settle
+from katas._harness.waiting import bounded
 from katas._runtime.clock import ManualClock
 from katas._runtime.todo import Todo
 from katas.dynamic_batcher._testing.batches import (
@@ -34,7 +35,6 @@ from katas.dynamic_batcher._testing.batches import (
     Caller,
     Model,
     answer,
-    bounded,
     expect_nothing_sent,
     expect_results,
     expect_sent,

@@ -30,6 +30,7 @@ from hypothesis import given
 from katas._harness.marks import core, extended, rule
 from katas._harness.story import check
 from katas._harness.under_test import stage
+from katas._harness.waiting import bounded
 from katas._runtime.clock import NS_PER_S, ManualClock
 from katas._runtime.todo import Todo
 from katas.streaming_parser._testing import sse
@@ -40,7 +41,6 @@ from katas.streaming_parser._testing.mux import (
     IterableOnly,
     ListSource,
     NoCloseSource,
-    bounded,
     settle,
     sse_events,
 )

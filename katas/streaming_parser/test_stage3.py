@@ -39,10 +39,10 @@ from katas._harness.faultproxy import FaultProxy
 from katas._harness.marks import core, extended, processes, rule
 from katas._harness.profiles import heavy_examples
 from katas._harness.story import check
-from katas._harness.waiting import eventually_async
+from katas._harness.waiting import bounded, eventually_async
 from katas._registry import impl
 from katas._runtime.clock import NS_PER_MS, NS_PER_S
-from katas.streaming_parser._testing.mux import END, bounded, settle
+from katas.streaming_parser._testing.mux import END, settle
 from katas.streaming_parser._testing.replica import Block
 from katas.streaming_parser._testing.replicas import (
     JumpingClock,

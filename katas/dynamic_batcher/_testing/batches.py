@@ -10,17 +10,15 @@ advances it; :func:`settle` (the harness's) lets every task run until all of the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import anyio.abc
 
-from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
-from katas._harness.waiting import DEADLINE_S
 from katas._runtime.clock import NS_PER_MS, ManualClock
 from katas._runtime.todo import Todo
 from katas.dynamic_batcher.api import BatchStatistics, RequestBatcher
@@ -152,15 +150,6 @@ class Caller:
         if self.result is not _NOTHING:
             return f"returned {self.result!r}"
         return "was cancelled" if self.cancelled else "is still waiting"
-
-
-@contextmanager
-def bounded(what: str, seconds: float = 2 * DEADLINE_S) -> Iterator[None]:
-    """Run the block under a hard real-time deadline; past it, fail saying ``what`` was
-    awaited (instead of hanging the suite)."""
-    with anyio.move_on_after(seconds) as scope:
-        yield
-    check(not scope.cancelled_caught, f"within {seconds:g} real seconds, expected {what}")
 
 
 async def settled(pred: Callable[[], bool], what: str) -> None:

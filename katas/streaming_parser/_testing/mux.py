@@ -27,26 +27,15 @@ timeouts — is in :mod:`.streams`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 import anyio
 import anyio.lowlevel
 
 from katas._harness.virtual_time import settle
-from katas._harness.waiting import DEADLINE_S
+from katas._harness.waiting import bounded
 from katas._runtime.todo import Todo
 from katas.streaming_parser.api import MuxedStream, ServerSentEvent
-
-
-@contextmanager
-def bounded(what: str, seconds: float = DEADLINE_S) -> Iterator[None]:
-    """Run the block under a hard real-time deadline; past it, fail saying ``what`` was
-    awaited (instead of hanging the suite, or a bare TimeoutError)."""
-    with anyio.move_on_after(seconds) as scope:
-        yield
-    if scope.cancelled_caught:
-        raise AssertionError(f"within {seconds:g} real seconds, expected {what}")
 
 
 class _Recording:

@@ -26,12 +26,12 @@ import httpx
 
 from katas._harness.story import check
 from katas._harness.under_test import stage
-from katas._harness.waiting import DEADLINE_S, eventually_async
+from katas._harness.waiting import DEADLINE_S, bounded, eventually_async
 from katas._runtime.clock import NS_PER_MS, NS_PER_S
 from katas._runtime.todo import Todo
 from katas.streaming_parser.api import EventSource, ServerSentEvent
 
-from .mux import END, bounded, settle
+from .mux import END, settle
 from .replica import Block
 from .replicas import JumpingClock, ReplicaSet, Request, events_of, resumes, show_requests
 

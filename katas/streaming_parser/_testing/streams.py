@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 
 from katas._harness.story import check
 from katas._harness.under_test import stage
-from katas._harness.waiting import eventually_async
+from katas._harness.waiting import bounded, eventually_async
 from katas._runtime.clock import NS_PER_S, ManualClock
 from katas._runtime.todo import Todo
 from katas.streaming_parser.api import Multiplexer, MuxedStream, ServerSentEvent, StreamTimeout
 
 from . import sse
-from .mux import END, ChannelSource, Consumer, bounded, settle, sse_events
+from .mux import END, ChannelSource, Consumer, settle, sse_events
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
