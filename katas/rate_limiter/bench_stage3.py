@@ -11,6 +11,16 @@ shared machine hits them alike; the ratios of their best rounds are reported in
 even without ``-s``). Targets: ≥ 0.8× the decisions/s of the bare ``EVALSHA``, and
 exactly one round trip per decision (counted through a proxy). Benchmarks report, they
 never fail.
+
+Against the library a user would otherwise pick, same server, same run: ``limits``
+with its Redis storage, each algorithm against its like — ``sliding_log`` against its
+moving window (both keep every admitted request's time), ``fixed_window`` against its
+fixed window — ``hit()`` against ``try_acquire()``, one round trip each. Target: at least
+its decisions/s. The guarantees differ in the reference's favour: ``limits`` stamps a
+moving-window hit with the calling machine's ``time.time()`` (nodes whose clocks differ
+share one log out of order) where the reference reads the server's ``TIME``, and
+answers a bool (``hit``) where the reference returns the whole ``Decision``
+(remaining, the exact retry-after) in the same round trip.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+from limits import RateLimitItemPerMinute, storage, strategies
 
 from katas._harness.bench import Contender, interleaved, report, say
 from katas._harness.redis import RedisEnv
@@ -136,3 +147,48 @@ def test_bench_stage3_round_trips_per_decision(
 
     benchmark.pedantic(decisions, rounds=1, iterations=1, warmup_rounds=0)
     report(benchmark, capsys, "round_trips_per_decision", max(trips), "== 1")
+
+
+#: Each stage-3 algorithm and the ``limits`` strategy that does the same job.
+PEERS = {
+    "sliding_log": strategies.MovingWindowRateLimiter,
+    "fixed_window": strategies.FixedWindowRateLimiter,
+}
+
+
+@pytest.mark.parametrize("algorithm", sorted(PEERS))
+def test_bench_stage3_decision_vs_limits(
+    benchmark: Any,
+    stage_module: ModuleType,
+    bench_env: RedisEnv,
+    capsys: pytest.CaptureFixture[str],
+    algorithm: str,
+) -> None:
+    benchmark.group = f"rate_limiter stage 3 {algorithm} vs limits, real Redis (interleaved)"
+    client = bench_env.client()
+    ours = stage_module.RedisRateLimiter(
+        client, algorithm=algorithm, limit=1_000_000, window_ns=60 * NS_PER_S,
+        clock=ManualClock(), key_prefix=bench_env.fresh_prefix(),
+    )  # fmt: skip
+    peer = PEERS[algorithm](
+        storage.RedisStorage(bench_env.server().url, key_prefix=bench_env.fresh_prefix())
+    )
+    item = RateLimitItemPerMinute(1_000_000)
+    contenders = {
+        "decision": _cycle(ours.try_acquire),
+        "limits": _cycle(lambda key: peer.hit(item, key)),
+    }
+    for contender in contenders.values():
+        contender.run()  # load every script
+    per_decision = interleaved(benchmark, contenders, rounds=ROUNDS)
+    if math.isnan(per_decision["decision"]):
+        return
+    say(
+        capsys,
+        f"{algorithm} decisions/s on {bench_env.mode}: "
+        + ", ".join(f"{name} {1 / s:,.0f}" for name, s in per_decision.items()),
+    )
+    report(
+        benchmark, capsys, f"rate_vs_limits[{algorithm}]",
+        per_decision["limits"] / per_decision["decision"], ">= 1.0",
+    )  # fmt: skip
