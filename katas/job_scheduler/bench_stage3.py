@@ -59,7 +59,6 @@ from typing import Any
 
 import pytest
 import redis
-from huey import RedisHuey
 
 from katas._harness.bench import Contender, capped_rounds, interleaved, report, say
 from katas._harness.redis import RedisEnv
@@ -423,8 +422,9 @@ def lifecycle_run(stage: ModuleType, env: RedisEnv, scale: Scale) -> Callable[[]
 def huey_run(env: RedisEnv, scale: Scale) -> Callable[[], None]:
     """Per job: enqueue (calling the task), dequeue, execute (which stores its result),
     as huey's consumer does it, through a client of the same server made as the queue's."""
+    huey_lib = pytest.importorskip("huey", reason="the anchors come with `pip install -e .[bench]`")
     pool = env.client().connection_pool
-    huey = RedisHuey(env.fresh_prefix(), connection_pool=pool)
+    huey = huey_lib.RedisHuey(env.fresh_prefix(), connection_pool=pool)
 
     @huey.task()  # type: ignore[untyped-decorator]
     def job(i: int) -> int:

@@ -34,7 +34,6 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from limits import RateLimitItemPerMinute, storage, strategies
 
 from katas._harness.bench import Contender, interleaved, report, say
 from katas._harness.redis import RedisEnv
@@ -150,10 +149,7 @@ def test_bench_stage3_round_trips_per_decision(
 
 
 #: Each stage-3 algorithm and the ``limits`` strategy that does the same job.
-PEERS = {
-    "sliding_log": strategies.MovingWindowRateLimiter,
-    "fixed_window": strategies.FixedWindowRateLimiter,
-}
+PEERS = {"sliding_log": "MovingWindowRateLimiter", "fixed_window": "FixedWindowRateLimiter"}
 
 
 @pytest.mark.parametrize("algorithm", sorted(PEERS))
@@ -164,16 +160,17 @@ def test_bench_stage3_decision_vs_limits(
     capsys: pytest.CaptureFixture[str],
     algorithm: str,
 ) -> None:
+    limits = pytest.importorskip("limits", reason="the anchors come with `pip install -e .[bench]`")
     benchmark.group = f"rate_limiter stage 3 {algorithm} vs limits, real Redis (interleaved)"
     client = bench_env.client()
     ours = stage_module.RedisRateLimiter(
         client, algorithm=algorithm, limit=1_000_000, window_ns=60 * NS_PER_S,
         clock=ManualClock(), key_prefix=bench_env.fresh_prefix(),
     )  # fmt: skip
-    peer = PEERS[algorithm](
-        storage.RedisStorage(bench_env.server().url, key_prefix=bench_env.fresh_prefix())
+    peer = getattr(limits.strategies, PEERS[algorithm])(
+        limits.storage.RedisStorage(bench_env.server().url, key_prefix=bench_env.fresh_prefix())
     )
-    item = RateLimitItemPerMinute(1_000_000)
+    item = limits.RateLimitItemPerMinute(1_000_000)
     contenders = {
         "decision": _cycle(ours.try_acquire),
         "limits": _cycle(lambda key: peer.hit(item, key)),
