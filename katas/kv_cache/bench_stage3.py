@@ -382,6 +382,14 @@ def zipf_keys(n: int) -> list[str]:
     return [names[r] for r in random.Random(1).choices(range(ZIPF_KEYS), cum_weights=cum, k=n)]
 
 
+def zipf_rounds(scale: Scale) -> tuple[list[str], list[list[str]]]:
+    """The warm-up reads, then one chunk of reads a round (and one for the warm-up round)."""
+    n = scale.zipf_reads
+    stream = zipf_keys(ZIPF_WARMUP + (scale.rounds + 1) * n)
+    rest = stream[ZIPF_WARMUP:]
+    return stream[:ZIPF_WARMUP], [rest[i : i + n] for i in range(0, len(rest), n)]
+
+
 def filled(stage: ModuleType, env: RedisEnv, clients: dict[str, redis.Redis]) -> Any:
     """A publishing ShardedCache holding all ZIPF_KEYS keys (written by a plain one under
     the same prefix: plain SETs, so filling costs no scripts)."""
@@ -419,14 +427,11 @@ def test_bench_stage3_zipf_reads_through_a_near_cache(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     benchmark.group = "stage3 Zipf(1.25) reads over 5 000 keys, NearCache LRU(500) (interleaved)"
-    n = scale.zipf_reads
-    stream = zipf_keys(ZIPF_WARMUP + (scale.rounds + 1) * n)
-    warmup, rest = stream[:ZIPF_WARMUP], stream[ZIPF_WARMUP:]
-    chunks = [rest[i : i + n] for i in range(0, len(rest), n)]
+    warmup, chunks = zipf_rounds(scale)
     mine_remote = filled(stage_module, bench_env, clients)
     mine = near_cache(stage_module, mine_remote, kata.stage(1).LRUCache(LOCAL_SIZE))
     theirs = near_cache(reference, filled(reference, bench_env, clients), reference_lru(LOCAL_SIZE))
-    assert mine_remote.get(stream[0]) == VALUE
+    assert mine_remote.get(warmup[0]) == VALUE
     nears = {"NearCache": mine, "reference NearCache": theirs}
     for near in nears.values():  # untimed: the local caches hold their steady state
         for key in warmup:
@@ -496,10 +501,7 @@ def test_bench_stage3_zipf_reads_vs_redis_py_client_cache(
     cache = pytest.importorskip("redis.cache", reason="redis-py's client cache: redis-py 5.1+")
     monkeypatch.setattr(redis.connection.CacheProxyConnection, "MIN_ALLOWED_VERSION", "6.0.0")
     benchmark.group = "stage3 Zipf(1.25) reads, NearCache LRU(500) vs redis-py cache(500)"
-    n = scale.zipf_reads
-    stream = zipf_keys(ZIPF_WARMUP + (scale.rounds + 1) * n)
-    warmup, rest = stream[:ZIPF_WARMUP], stream[ZIPF_WARMUP:]
-    chunks = [rest[i : i + n] for i in range(0, len(rest), n)]
+    warmup, chunks = zipf_rounds(scale)
     mine = near_cache(
         stage_module, filled(stage_module, bench_env, clients), kata.stage(1).LRUCache(LOCAL_SIZE)
     )
@@ -512,7 +514,7 @@ def test_bench_stage3_zipf_reads_vs_redis_py_client_cache(
         raw = cached.get(prefix + key)
         return None if raw is None else json.loads(raw)
 
-    assert mine.get(stream[0]) == peer_get(stream[0]) == VALUE
+    assert mine.get(warmup[0]) == peer_get(warmup[0]) == VALUE
     for key in warmup:  # untimed: both local caches hold their steady state
         mine.get(key)
         peer_get(key)
