@@ -85,11 +85,9 @@ class Thread(threading.Thread):
         rested = False
         while self.is_alive() and time.monotonic() < deadline:
             self.join(_JOIN_SLICE_S)
-            if self.is_alive() and _rest_checks and _resting():
-                time.sleep(_POLL_S)
-                if self.is_alive() and _resting():
-                    rested = True
-                    break
+            if self.is_alive() and _rested_short_of(lambda: not self.is_alive()):
+                rested = True
+                break
         assert not self.is_alive(), (
             f"{self.name} did not return — {what}: every thread of the test came to rest "
             "with it still inside (asleep on the test's clock, none due), so it never will"
@@ -132,13 +130,22 @@ def threads_before_test() -> set[threading.Thread]:
 
 def at_rest(check: Callable[[], bool]) -> None:
     """Register, for the current test, a check that the component has come to rest:
-    while it holds, :func:`eventually` judges at once instead of waiting out its
-    deadline for what can no longer happen (a red run stays short)."""
+    while it holds, :func:`eventually` and :meth:`Thread.outcome` judge at once instead
+    of waiting out their deadline for what can no longer happen (a red run stays short)."""
     _rest_checks.append(check)
 
 
 def _resting() -> bool:
     return any(check() for check in _rest_checks)
+
+
+def _rested_short_of(done: Callable[[], bool]) -> bool:
+    """The component is at rest with ``done()`` still false, at two looks a poll apart
+    (a thread woken between them is not at rest at the second): nothing more can happen."""
+    if not (_rest_checks and _resting()):
+        return False
+    time.sleep(_POLL_S)
+    return not done() and _resting()
 
 
 def eventually(pred: Callable[[], bool], what: str) -> None:
@@ -148,11 +155,9 @@ def eventually(pred: Callable[[], bool], what: str) -> None:
     deadline = time.monotonic() + seconds
     rested = False
     while not pred() and time.monotonic() < deadline:
-        if _rest_checks and _resting():
-            time.sleep(_POLL_S)
-            if not pred() and _resting():
-                rested = True
-                break
+        if _rested_short_of(pred):
+            rested = True
+            break
         time.sleep(_POLL_S)
     if rested:
         assert pred(), (
