@@ -805,6 +805,9 @@ def test_stage3_sigterm_during_a_burst_finishes_or_releases_and_leaves_no_lease(
         f"(READY again, attempt refunded): {queue.get(long_job)}\n{workers.transcripts()}"
     )
     left = sum(queue.get(j).state is READY for j in ids)
+    # The sweep runs the long job whole, for real: on a lease long enough that no
+    # heartbeat comes late for it on a busy machine (a lost lease would take a turn).
+    workers.lease_ns = WORKER_LEASE
     workers.start("--max-jobs", str(left)).wait_for("EXIT", idle_polls=DUE)
     applied_once(workers, queue, ids)
 
