@@ -10,6 +10,12 @@ with its message. It exits 1 if any did. Too slow for CI:
     python tests/under_load.py                          # every stage, 10 runs each
     python tests/under_load.py --only job_scheduler/3 kv_cache --runs 3
     python tests/under_load.py --together 3             # 3 stages at a time
+    python tests/under_load.py --ci --only /3           # as CI's second pass runs them
+
+``--ci`` runs the suites as CI's second pass does: the ``ci`` profile, on a real
+``redis-server`` this tool starts (``KATA_REDIS_URL``) with private servers for the
+fault tests (``KATA_REDIS_SERVER``) — where a real server's clock runs and a heartbeat
+that comes late on a busy machine loses its lease for real.
 
 Every spinner and every suite run is a session of its own. Linux's scheduler shares the
 CPU between sessions first (autogroup), so spinners that shared one session would cost
@@ -20,10 +26,15 @@ gets at most 2/9 of the CPU, and with ``--together K`` 2/(8 + K), a heavier load
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
+import socket
+import subprocess
 import sys
+import time
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,13 +50,35 @@ def _spin() -> None:  # a busy process in a session of its own, until it is term
         pass
 
 
-def _runs(kata: str, stage: int, runs: int) -> list[tuple[str, str]]:
+@contextlib.contextmanager
+def _ci_env() -> Iterator[dict[str, str]]:
+    """CI's second pass: the ci profile, a real server of this run, private ones too."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    server = subprocess.Popen([*argv, "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            time.sleep(0.05)
+        yield {
+            **learners_env(),
+            "KATA_PROFILE": "ci",
+            "KATA_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+            "KATA_REDIS_SERVER": "redis-server",
+        }
+    finally:
+        server.terminate()
+        server.wait()
+
+
+def _runs(kata: str, stage: int, runs: int, env: dict[str, str]) -> list[tuple[str, str]]:
     """Run one stage suite ``runs`` times in a row; (test, message) of every failure."""
     failed: list[tuple[str, str]] = []
     for n in range(1, runs + 1):
-        run = run_suite(
-            suite_files(kata, stage), impl="solutions", env=learners_env(), timeout_s=3600
-        )
+        run = run_suite(suite_files(kata, stage), impl="solutions", env=env, timeout_s=3600)
         bad = [(r.nodeid, r.message) for r in run.failures()]
         if not run.ok and not bad:
             bad = [("(no verdict)", run.output[-2000:])]
@@ -64,14 +97,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=10, help="runs of each suite (10)")
     parser.add_argument("--busy", type=int, default=4 * (os.cpu_count() or 1))
     parser.add_argument("--together", type=int, default=1, help="stages run at once (1)")
+    parser.add_argument("--ci", action="store_true", help="as CI's second pass: real Redis")
     args = parser.parse_args(argv)
     stages = [(k, s) for k, s in stage_suites() if any(o in f"{k}/{s}" for o in args.only)]
     spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy)]
     for spinner in spinners:
         spinner.start()
     try:
-        with ThreadPoolExecutor(args.together) as pool:
-            done = pool.map(lambda ks: _runs(ks[0], ks[1], args.runs), stages)
+        with _ci_env() if args.ci else contextlib.nullcontext(learners_env()) as env, \
+                ThreadPoolExecutor(args.together) as pool:  # fmt: skip
+            done = pool.map(lambda ks: _runs(ks[0], ks[1], args.runs, env), stages)
             failed = [failure for failures in done for failure in failures]
     finally:
         for spinner in spinners:
