@@ -13,12 +13,16 @@ and on every run once a test parks one thread exactly there:
 
 :class:`Parked` does the same for calls on an object the code under test holds (its inner
 cache, its queue): the chosen methods park at a gate before they run, while the calling
-thread holds whatever lock it took around the call. Every wait has a hard deadline.
+thread holds whatever lock it took around the call. :func:`pause_after_wakes` stops a
+thread right after each wake-up it sends (``Event.set``, ``Condition.notify``), so its
+waiters run before its next line: "wake, then write" is caught on every run. Every wait
+has a hard deadline.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -158,3 +162,33 @@ class Parked:
 
 
 __all__ = ["Gate", "Parked"]
+
+
+#: threading's own wake-ups: Event.set, and Condition.notify and notify_all (which
+#: Semaphore, Barrier and queue.Queue wake their waiters through).
+_WAKES = frozenset({"set", "notify", "notify_all"})
+
+
+def pause_after_wakes(woken: Callable[[], bool], deadline_s: float = 0.05) -> None:
+    """From now on, the calling thread stops right after each wake-up it sends through
+    threading's primitives, until ``woken()`` holds (the woken threads are done) or
+    ``deadline_s`` has passed; once ``woken()`` holds it stops no more.
+
+    A waker that wakes its waiters before it writes what they read ("set, then store the
+    value") is caught in the act: the waiters run through while it stands between the
+    two, on every run — a switch interval would almost never cut it there. Call it from
+    the thread under test (a loader's last line); it ends with that thread.
+    """
+
+    def stop_after_a_wake(frame: Any, event: str, arg: object) -> None:
+        if event != "return" or frame.f_code.co_name not in _WAKES:
+            return
+        if frame.f_globals.get("__name__") != "threading":
+            return
+        deadline = time.monotonic() + deadline_s
+        while not woken() and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        if woken():
+            sys.setprofile(None)
+
+    sys.setprofile(stop_after_a_wake)

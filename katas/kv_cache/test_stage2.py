@@ -25,12 +25,13 @@ import anyio
 import pytest
 
 from katas._harness.history import Call, check_per_key
-from katas._harness.interleave import Gate, Parked
+from katas._harness.interleave import Gate, Parked, pause_after_wakes
 from katas._harness.marks import anyio_test, core, extended, rule
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
     DEADLINE_S,
+    Thread,
     eventually,
     eventually_async,
     spawn,
@@ -39,6 +40,9 @@ from katas._harness.waiting import (
 from katas.kv_cache._testing.caches import (
     EVICTED,
     EXPIRED,
+    START,
+    TTL,
+    Log,
     async_cache,
     concurrent,
     fail_fast_on_stage2_stubs,  # noqa: F401 (autouse)
@@ -57,7 +61,13 @@ from katas.kv_cache._testing.locks import (
     waiting_now,
     write_meanwhile,
 )
-from katas.kv_cache.api import LoadStatistics, ManualClock, RemovalCause
+from katas.kv_cache.api import (
+    EvictingCache,
+    LoadingCache,
+    LoadStatistics,
+    ManualClock,
+    RemovalCause,
+)
 
 pytestmark = [pytest.mark.stage(2)]
 
@@ -129,6 +139,36 @@ def test_stage2_concurrent_misses_call_the_loader_once_and_share_one_object() ->
 
 
 @core
+@rule("single-flight")
+def test_stage2_every_waiter_gets_the_value_of_a_load_landing_as_it_wakes() -> None:
+    """The leader stops right after it wakes the waiters (each wake-up it sends through
+    threading), until they are done: a waiter that is woken before the value is handed
+    to the flight returns something else, on every run."""
+    cache = concurrent()
+    value = object()
+    threads: list[Thread] = []
+
+    def load() -> object:
+        pause_after_wakes(lambda: all(not t.is_alive() for t in threads[1:]))
+        return value
+
+    loader = Loader(lambda n: load())
+    get = partial(cache.get_or_load, "k", loader)
+    threads.append(spawn(get, "leader"))
+    loading(cache, loader)
+    threads += [spawn(get, f"waiter-{i}") for i in range(3)]
+    eventually(lambda: loads(cache).waiters == 3, "3 callers waiting for the load")
+    loader.release.set()
+    got = [t.outcome("a caller of a landing load must return") for t in threads]
+    assert all(r is value for r in got) and cache.get("k") is value, (
+        f"every caller of a flight receives the very object its loader returned, and it "
+        f"is cached — hand the value to the flight before waking its waiters: the loader "
+        f"returned {value}; the leader and its 3 waiters got {got}; the cache holds "
+        f"{cache.get('k')}"
+    )
+
+
+@core
 @rule("load-reentrant", "load-error")
 def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
     cache = concurrent()
@@ -187,7 +227,10 @@ def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> N
     assert "k" not in cache and cache.get_or_load("k", lambda: "fine") == "fine", (
         "a failure is not cached: the next call loads again"
     )
-    assert loads(cache).failures == 1 and loads(cache).loads == 2, loads(cache)
+    assert loads(cache) == LoadStatistics(loads=2, failures=1, in_flight=0, waiters=0), (
+        f"after the failed load (its 4 waiters gone, each with the error) and one more "
+        f"load: 2 loads, 1 failure, nothing in flight, no one waiting; got {loads(cache)}"
+    )
 
 
 @core
@@ -234,6 +277,55 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
     assert not blocked, (
         f"{blocked} ran while the cache's lock was held: another thread's get "
         "blocked. Call weigh before taking the lock, and run on_evict after releasing it"
+    )
+
+
+#: Every call of the wrapper, as the bare stage-1 cache answers it (a miss of
+#: ``get_or_load`` is its ``get`` and then the ``put`` of what was loaded).
+_CALLS: dict[str, tuple[Callable[[LoadingCache], object], Callable[[EvictingCache], object]]] = {
+    "get": (lambda c: c.get("a"), lambda c: c.get("a")),
+    "put": (lambda c: c.put("d", 4), lambda c: c.put("d", 4)),
+    "delete": (lambda c: c.delete("a"), lambda c: c.delete("a")),
+    "clear": (lambda c: c.clear(), lambda c: c.clear()),
+    "len": (len, len),
+    "in": (lambda c: "a" in c, lambda c: "a" in c),
+    "iteration": (list, list),
+    "statistics": (lambda c: c.statistics(), lambda c: c.statistics()),
+    "get_or_load": (lambda c: c.get_or_load("a", lambda: "loaded"), lambda c: _load(c, "a")),
+}
+
+
+def _load(cache: EvictingCache, key: str) -> None:
+    """A miss of ``get_or_load`` on the bare cache: its ``get``, then the loaded value's ``put``."""
+    cache.get(key)
+    cache.put(key, "loaded")
+
+
+@core
+@rule("no-user-code-under-lock", "exact-under-threads")
+@pytest.mark.parametrize("call", list(_CALLS))
+def test_stage2_each_call_hands_on_the_removals_it_caused_before_it_returns(call: str) -> None:
+    """A TTL cache whose entries have all expired, side by side with the bare stage-1
+    cache: after the call, ``on_evict`` has heard exactly what the bare cache reports for
+    it — whichever call it is (a TTL cache expires on reads and on ``len()`` too)."""
+    wrapped, bare = _CALLS[call]
+    log, bare_log = Log(), Log()
+    clock, bare_clock = ManualClock(START), ManualClock(START)
+    cache = wrap(stage(1).TTLCache(3, TTL, clock=clock, on_evict=log))
+    alone = stage(1).TTLCache(3, TTL, clock=bare_clock, on_evict=bare_log)
+    for key, value in [("a", 1), ("b", 2), ("c", 3)]:
+        cache.put(key, value)
+        alone.put(key, value)
+    for c in (clock, bare_clock):
+        c.advance(TTL + 1)  # every entry has expired; none was reclaimed yet
+    log.take(), bare_log.take()
+    wrapped(cache)
+    bare(alone)
+    assert log.calls == bare_log.calls, (
+        f"{call} on a cache whose 3 entries expired: on_evict must hear, by the time the "
+        f"call returns, what that call removed — as the stage-1 cache alone reports it "
+        f"(removals are collected under the lock and handed on after it, by the call that "
+        f"caused them, not by some later call): expected {bare_log.calls}, got {log.calls}"
     )
 
 
@@ -653,6 +745,10 @@ async def test_stage2_async_a_loader_exception_reaches_every_waiter() -> None:
         release.set()
     assert len(errors) == 4 and all(e is errors[0] for e in errors) and "k" not in cache, (
         f"the loader's exception reaches all 4 tasks and nothing is cached: {errors}"
+    )
+    assert loads(cache) == LoadStatistics(loads=1, failures=1, in_flight=0, waiters=0), (
+        f"after the failed load (its 3 waiters gone, each with the error): 1 load, "
+        f"1 failure, nothing in flight, no one waiting; got {loads(cache)}"
     )
 
 

@@ -1040,12 +1040,27 @@ async def test_stage2_a_name_is_free_again_once_its_stream_has_ended(ending: str
         else ListSource(chunks, then=OSError("reset") if ending == "an error" else None)
     )
     second_source = ListSource([sse_events("c")], name="second")
+    first_source.hold_close()  # until its aclose() returns, the stream has not ended
     with bounded(f"a name opened again after {ending}"), nothing_escapes(ending):
         async with new_mux(max_buffered=8) as mux:
             first = mux.open("req-1", first_source)
             await until(lambda: first.buffered == 2, "the first stream's two events read")
             if ending == "cancel()":
                 first.cancel()
+            try:
+                await until(lambda: first_source.aclose_calls == 1, f"aclose() after {ending}")
+                await settle()
+                early = ListSource([], name="too-early")
+                with pytest.raises(ValueError):
+                    mux.open("req-1", early)
+                    raise AssertionError(
+                        f"stage2-bad-arguments: the stream 'req-1' stopped reading ({ending}) "
+                        f"but its source's aclose() has not returned: it has not ended, the "
+                        f"name is still open, and open('req-1', ...) must raise ValueError; "
+                        f"it opened a second stream under it"
+                    )
+            finally:
+                first_source.release_close()
             await until(first_source.closed_once, f"the first stream ended by {ending}")
             await settle()
             try:
