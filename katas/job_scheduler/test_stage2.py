@@ -247,6 +247,32 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
         )
 
 
+@marks.rule("no-busy-waiting")
+@core
+def test_stage2_a_job_submitted_for_later_to_an_idle_pool_runs_at_its_time() -> None:
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, lambda lease, payload: payload, workers=2, clock=clock
+    )
+    others = set(threading.enumerate())
+    with running(pool):
+        clock.settle(others, set())  # the queue is empty: every worker waits, no deadline
+        pool.submit("later", run_at_ns=START + 1_000)
+        clock.advance(999)
+        clock.settle(others, set())
+        check(pool.statistics().claimed == 0, "a job was claimed 1 ns before its run_at_ns")
+        clock.advance(1)
+        clock.settle(others, set())  # every thread asleep on the clock again: judge now
+        check(
+            pool.statistics().succeeded == 1,
+            "a job submitted with run_at_ns to a pool whose workers were all idle (waiting "
+            "with no deadline) did not run at its run_at_ns: submit must wake the idle "
+            "workers whenever it enqueues, so that they wait again until the queue's new "
+            f"next_due_ns; {pool.statistics()}",
+        )
+
+
 @marks.rule("no-busy-waiting", "shutdown-grace")
 @core
 def test_stage2_a_job_due_in_the_far_future_leaves_the_workers_alive() -> None:

@@ -301,6 +301,10 @@ BAD_CALLS: dict[str, tuple[Callable[[object, ManualClock, BlockingLimiter], obje
         lambda inner, clock, lim: stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=True),
         "stripes",
     ),
+    "stripes65537": (  # one past the bound: 65 536 is still allowed
+        lambda inner, clock, lim: stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=65537),
+        "stripes",
+    ),
     "cost0": (lambda inner, clock, lim: lim.try_acquire("k", 0), "cost"),
     "costTrue": (lambda inner, clock, lim: lim.try_acquire("k", True), "cost"),
     "costFloat": (lambda inner, clock, lim: lim.acquire("k", 1.5), "cost"),  # type: ignore[arg-type]
@@ -323,6 +327,56 @@ def test_stage2_bad_arguments_name_the_parameter(case: str) -> None:
         call(inner, clock, limiter)
     assert units_left(limiter, "k") == 1, "a rejected call must change nothing"
     assert limiter.statistics().waiters == 0
+
+
+@pytest.mark.rule("bad-arguments")
+@core
+@pytest.mark.parametrize("stripes", [1, 65536])
+def test_stage2_stripes_at_either_end_of_their_range_are_allowed(stripes: int) -> None:
+    clock = ManualClock()
+    inner = stage(1).TokenBucket(capacity=2, refill_per_s=1, clock=clock, auto_sweep=False)
+    try:
+        limiter = stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=stripes)
+    except (ValueError, TypeError) as exc:
+        raise AssertionError(
+            f"stripes may be anything in [1, 65536], both ends included: stripes={stripes} "
+            f"raised {exc!r}"
+        ) from None
+    assert limiter.try_acquire("k").allowed and units_left(limiter, "k") == 1
+
+
+#: Keys held busy (none refills on a frozen clock), and requests made on them after.
+BUSY_KEYS, LATER_OPS = 4_000, 20_000
+
+
+@pytest.mark.rule("sweeping")
+@core
+def test_stage2_the_automatic_sweep_is_amortised_over_the_operations() -> None:
+    """4 000 busy keys (a frozen clock: none becomes idle, so every sweep walks them
+    all), then 20 000 more requests: the keys the automatic sweeps walk must be paid for
+    by operations — at most two walked per operation, counted from the first."""
+    clock = ManualClock()
+    inner = stage(1).TokenBucket(capacity=1, refill_per_s=1, clock=clock, auto_sweep=False)
+    walked = [0]  # keys held by the inner limiter at each of its sweeps
+    sweep: Callable[[], int] = inner.sweep
+
+    def counted_sweep() -> int:
+        walked[0] += inner.tracked_keys()
+        return sweep()
+
+    inner.sweep = counted_sweep
+    limiter = stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=4)
+    ops = 0
+    for ops in range(1, BUSY_KEYS + LATER_OPS + 1):
+        limiter.try_acquire(f"k{ops % BUSY_KEYS}")  # the first round admits, then denials
+        if walked[0] > 2 * ops:
+            break
+    assert walked[0] <= 2 * ops, (
+        f"by operation {ops} ({BUSY_KEYS} keys held, none idle) the automatic sweeps had "
+        f"walked {walked[0]} keys: more than two per operation. Sweep every so many "
+        f"operations — at least as many as there were keys left at the last sweep — so "
+        f"that sweeping stays amortised O(1) per operation"
+    )
 
 
 @pytest.mark.rule("sweeping", "tracked-keys-inner")
