@@ -223,17 +223,24 @@ def test_stage2_in_flight_work_is_bounded() -> None:
 
 @marks.rule("no-busy-waiting")
 @core
-def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
+@pytest.mark.parametrize("arrival", ["enqueued", "submitted"])
+def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due(arrival: str) -> None:
+    """A job due at START + 1 000: enqueued before the pool starts, so that nothing but
+    the clock can wake a worker; or submitted to a pool whose workers all wait with no
+    deadline (an empty queue), so that only submit tells them of it. Once every thread
+    sleeps on the clock, nothing happens until it moves."""
     clock = WatchedClock(START)
     _, queue = pool_queue(clock=clock)
-    # Enqueued before the pool starts, so that nothing but the clock can wake a worker:
-    # once every thread sleeps on the clock, nothing happens until it moves.
-    queue.enqueue("later", run_at_ns=START + 1_000)
+    if arrival == "enqueued":
+        queue.enqueue("later", run_at_ns=START + 1_000)
     pool: WorkerPool = stage(2).ThreadWorkerPool(
         queue, lambda lease, payload: payload, workers=2, clock=clock
     )
     others = set(threading.enumerate())
     with running(pool):
+        if arrival == "submitted":
+            clock.settle(others, set())  # the queue is empty: every worker waits, no deadline
+            pool.submit("later", run_at_ns=START + 1_000)
         clock.advance(999)
         clock.settle(others, set())
         check(pool.statistics().claimed == 0, "a job was claimed 1 ns before its run_at_ns")
@@ -241,35 +248,10 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due() -> None:
         clock.settle(others, set())  # every thread asleep on the clock again: judge now
         check(
             pool.statistics().succeeded == 1,
-            "at the job's run_at_ns every worker went back to sleep without "
-            "running it: idle workers must wait until the queue's next_due_ns (through "
-            f"the clock), not only for submit; {pool.statistics()}",
-        )
-
-
-@marks.rule("no-busy-waiting")
-@core
-def test_stage2_a_job_submitted_for_later_to_an_idle_pool_runs_at_its_time() -> None:
-    clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, lambda lease, payload: payload, workers=2, clock=clock
-    )
-    others = set(threading.enumerate())
-    with running(pool):
-        clock.settle(others, set())  # the queue is empty: every worker waits, no deadline
-        pool.submit("later", run_at_ns=START + 1_000)
-        clock.advance(999)
-        clock.settle(others, set())
-        check(pool.statistics().claimed == 0, "a job was claimed 1 ns before its run_at_ns")
-        clock.advance(1)
-        clock.settle(others, set())  # every thread asleep on the clock again: judge now
-        check(
-            pool.statistics().succeeded == 1,
-            "a job submitted with run_at_ns to a pool whose workers were all idle (waiting "
-            "with no deadline) did not run at its run_at_ns: submit must wake the idle "
-            "workers whenever it enqueues, so that they wait again until the queue's new "
-            f"next_due_ns; {pool.statistics()}",
+            f"a job {arrival} with run_at_ns: at that instant every worker went back to "
+            f"sleep without running it. Idle workers wait until the queue's next_due_ns "
+            f"(through the clock), and submit wakes them whenever it enqueues, so that they "
+            f"wait again until the new one; {pool.statistics()}",
         )
 
 
