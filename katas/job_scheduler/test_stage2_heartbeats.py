@@ -12,7 +12,8 @@ threads sleep on it, so a test moves it and then waits until every thread of the
 parked again — nothing more can happen before the clock moves — and judges at once (the
 async pool: the harness's ``settle()``). Handlers block on events the test sets.
 
-Map: a job claimed at its run time is heartbeaten (heartbeats, async-pool) · the next
+Map: a job claimed at its run time is heartbeaten (heartbeats, async-pool) · two jobs
+whose beats alternate, each at its own instants (heartbeats) · the next
 heartbeat counts from the last one made (heartbeats, heartbeat-default, async-pool) ·
 one job, two runs (heartbeats, pool-statistics, bounded-in-flight) · heartbeats through
 the grace period (heartbeats, shutdown-grace, async-pool).
@@ -21,6 +22,7 @@ the grace period (heartbeats, shutdown-grace, async-pool).
 from __future__ import annotations
 
 import threading
+from functools import partial
 
 import anyio
 import pytest
@@ -49,6 +51,10 @@ pytestmark = [pytest.mark.stage(2)]
 
 #: The heartbeat interval of these tests: three beats a lease (LEASE = 1 000 ns).
 EVERY = JUMP_EVERY
+
+
+def _running(gate: Gate, handlers: int) -> bool:
+    return len(gate.busy) == handlers
 
 
 def _lease_ends(queue: JobQueue, job_id: str) -> int | None:
@@ -91,6 +97,44 @@ def test_stage2_a_job_claimed_at_its_run_time_is_heartbeaten() -> None:
             )
         gate.event.set()
         eventually(lambda: pool.statistics().succeeded == 1, "the job acked")
+
+
+@marks.rule("heartbeats")
+@core
+def test_stage2_each_running_job_is_heartbeaten_at_its_own_instants() -> None:
+    """Two jobs claimed half an interval apart, so that their beats alternate: the one
+    claimed first is not always the one due next. Each must be heartbeaten at its own
+    instants — the heartbeat thread waits for the earliest beat due, whichever job's."""
+    gate = Gate()
+    clock = WatchedClock(START)
+    _, queue = pool_queue(clock=clock)
+    half = EVERY // 2
+    first = queue.enqueue("first", run_at_ns=START + 1_000)
+    second = queue.enqueue("second", run_at_ns=START + 1_000 + half)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, gate.handler, workers=2, clock=clock, heartbeat_every_ns=EVERY
+    )
+    claimed = {first: START + 1_000, second: START + 1_000 + half}
+    beats = sorted((at + n * EVERY, job) for job, at in claimed.items() for n in (1, 2, 3))
+    others = set(threading.enumerate())
+    with running(pool):
+        clock.settle(others, gate.busy)
+        for count, at in enumerate(claimed.values(), start=1):
+            clock.set(at)  # the job is due: an idle worker wakes and claims it
+            eventually(partial(_running, gate, count), f"{count} handler(s) running")
+            clock.settle(others, gate.busy)
+        for n, (at, job) in enumerate(beats, start=1):
+            clock.set(at)
+            clock.settle(others, gate.busy)
+            check(
+                pool.statistics().heartbeats == n and _lease_ends(queue, job) == at + LEASE,
+                f"two jobs claimed at {rel(START + 1_000)} and {rel(START + 1_000 + half)}, "
+                f"heartbeat_every_ns={EVERY}: by {rel(at)} expected {n} heartbeat(s), the "
+                f"last one {job}'s, its lease extended to {rel(at + LEASE)}; got "
+                f"{pool.statistics().heartbeats}, its lease ends {rel(_lease_ends(queue, job))}",
+            )
+        gate.event.set()
+        eventually(lambda: pool.statistics().succeeded == 2, "both jobs acked")
 
 
 @marks.rule("heartbeats", "async-pool")

@@ -231,6 +231,34 @@ def test_stage2_timed_out_waiter_consumes_nothing_and_unblocks_the_queue() -> No
     )
 
 
+@pytest.mark.rule("timeout-consumes-nothing", "fifo")
+@core
+def test_stage2_a_waiter_timing_out_behind_the_head_leaves_the_head_in_place() -> None:
+    clock, limiter = bucket_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    head = enqueue(limiter, "k", lambda: limiter.acquire("k", 2), "head (cost 2)")
+    middle = enqueue(
+        limiter, "k", lambda: limiter.acquire("k", 1, timeout_ns=NS_PER_S), "middle (cost 1, 1 s)"
+    )
+    tail = enqueue(limiter, "k", lambda: limiter.acquire("k", 1), "tail (cost 1)")
+    clock.advance(NS_PER_S)  # 1 unit: the head needs 2, and the middle one's time is up
+    assert middle.outcome("the waiter behind the head whose timeout passed") is False, (
+        "acquire('k', 1, timeout_ns=1 s) queued behind a head that needs 2 units must "
+        "time out at 1 s and return False"
+    )
+    stays(
+        lambda: waiters_on(limiter, "k") == 2 and head.is_alive() and tail.is_alive(),
+        "the head (cost 2) and the tail still queued on 'k' after the middle waiter timed "
+        "out: a caller that times out leaves the queue, and only itself",
+    )
+    clock.advance(NS_PER_S)  # 2 units: the head's
+    assert head.outcome("the head, once its 2 units are there") is True
+    check(tail.is_alive(), "the tail must wait for its unit after the head took both")
+    clock.advance(NS_PER_S)
+    assert tail.outcome("the tail, once its unit is there") is True
+    assert limiter.statistics().waiters == 0
+
+
 @pytest.mark.rule("acquire-blocks", "timeout-consumes-nothing", "wait-through-clock")
 @core
 def test_stage2_acquire_deadline_is_exact() -> None:
