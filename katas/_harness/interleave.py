@@ -161,9 +161,6 @@ class Parked:
         return iter(self._call("__iter__", self._inner.__iter__))
 
 
-__all__ = ["Gate", "Parked"]
-
-
 #: threading's own wake-ups: Event.set, and Condition.notify and notify_all (which
 #: Semaphore, Barrier and queue.Queue wake their waiters through).
 _WAKES = frozenset({"set", "notify", "notify_all"})
@@ -192,3 +189,6 @@ def pause_after_wakes(woken: Callable[[], bool], deadline_s: float = 0.05) -> No
             sys.setprofile(None)
 
     sys.setprofile(stop_after_a_wake)
+
+
+__all__ = ["Gate", "Parked", "pause_after_wakes"]
