@@ -228,9 +228,12 @@ def test_stage1_expired_lease_costs_an_attempt_and_is_retried() -> None:
     )
 
 
-@rule("stale-changes-nothing")
-@core
-def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() -> None:
+def _superseded(
+    calls: Callable[[JobQueue, Lease], dict[str, Callable[[], object]]],
+) -> tuple[JobQueue, str, Lease]:
+    """A job whose first lease (w1's) was superseded by w2's claim after it expired: each
+    of ``calls`` with w1's lease raises StaleLease and changes nothing. Returns
+    (queue, job id, w2's live lease)."""
     clock, queue = new_queue(max_attempts=5)
     job_id = queue.enqueue("transfer")
     zombie = claim(queue, "w1")
@@ -240,16 +243,25 @@ def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() ->
         f"a reclaim must issue a larger fencing token: {zombie} then {fresh}"
     )
     before = queue.get(job_id)
-    for name, call in (
-        ("ack", lambda: queue.ack(zombie, "late")),
-        ("nack", lambda: queue.nack(zombie, "x")),
-    ):
+    for name, call in calls(queue, zombie).items():
         rejects(StaleLease, call, f"{name} with the superseded token {zombie.token} was accepted")
         after = queue.get(job_id)
         assert after == before, (
             f"{name} with the superseded token {zombie.token} (live token "
             f"{fresh.token}) must raise StaleLease and change nothing: {differences(before, after)}"
         )
+    return queue, job_id, fresh
+
+
+@rule("stale-changes-nothing")
+@core
+def test_stage1_ack_with_a_superseded_token_is_rejected_and_changes_nothing() -> None:
+    queue, job_id, fresh = _superseded(
+        lambda queue, zombie: {
+            "ack": lambda: queue.ack(zombie, "late"),
+            "nack": lambda: queue.nack(zombie, "x"),
+        }
+    )
     queue.ack(fresh, "done")
     assert queue.get(job_id).result == "done"
     rejects(StaleLease, lambda: queue.ack(fresh, "twice"), "a second ack was accepted")
@@ -671,6 +683,18 @@ def live_until_its_expiry(method: str) -> None:
 def test_stage1_ack_and_nack_need_a_lease_live_until_1_ns_before_its_expiry() -> None:
     for method in ("ack", "nack"):
         live_until_its_expiry(method)
+
+
+@rule("stale-changes-nothing", "release", "heartbeat-never-revives")
+@extended
+def test_stage1_heartbeat_and_release_with_a_superseded_token_are_rejected() -> None:
+    queue, job_id, fresh = _superseded(
+        lambda queue, zombie: {
+            "heartbeat": lambda: queue.heartbeat(zombie),
+            "release": lambda: queue.release(zombie),
+        }
+    )
+    assert queue.is_current(fresh), f"w2's lease must still be live: {queue.get(job_id)}"
 
 
 @rule("lease-live", "heartbeat-never-revives", "release", "is-current", "effect-fenced")
