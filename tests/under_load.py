@@ -29,10 +29,7 @@ import argparse
 import contextlib
 import multiprocessing
 import os
-import socket
-import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _support import learners_env, stage_suites
 
+from katas._harness.redis import ProcessNode
 from katas._registry.suites import run_suite, suite_files
 
 
@@ -53,25 +51,16 @@ def _spin() -> None:  # a busy process in a session of its own, until it is term
 @contextlib.contextmanager
 def _ci_env() -> Iterator[dict[str, str]]:
     """CI's second pass: the ci profile, a real server of this run, private ones too."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    server = subprocess.Popen([*argv, "--appendonly", "no"], stdout=subprocess.DEVNULL)
+    server = ProcessNode(["redis-server"])  # the harness's own: a free port, PING before use
     try:
-        for _ in range(100):
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            time.sleep(0.05)
         yield {
             **learners_env(),
             "KATA_PROFILE": "ci",
-            "KATA_REDIS_URL": f"redis://127.0.0.1:{port}/0",
+            "KATA_REDIS_URL": server.url,
             "KATA_REDIS_SERVER": "redis-server",
         }
     finally:
-        server.terminate()
-        server.wait()
+        server.close()
 
 
 def _runs(kata: str, stage: int, runs: int, env: dict[str, str]) -> list[tuple[str, str]]:
