@@ -318,7 +318,8 @@ def test_stage2_each_call_hands_on_the_removals_it_caused_before_it_returns(call
         alone.put(key, value)
     for c in (clock, bare_clock):
         c.advance(TTL + 1)  # every entry has expired; none was reclaimed yet
-    log.take(), bare_log.take()
+    log.take()
+    bare_log.take()
     wrapped(cache)
     bare(alone)
     assert log.calls == bare_log.calls, (
