@@ -321,7 +321,7 @@ def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) 
 @rule("near-placeholder", "near-no-lock-over-io")
 def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFleet) -> None:
     near, taps = fleet.near(taps=("GET",))
-    fleet.writer.put("k", "v1")
+    fleet.put_heard(near, "k", "v1", since=0)  # no late message of it can take the placeholder
     tap, reader = held_read(fleet, near, taps, "k")
     # The reply 'v1' is on the wire. Another client writes; both replicas' messages land.
     fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
@@ -363,7 +363,7 @@ def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) 
 def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     near, _ = fleet.near(pubsub_proxies=proxies)
-    fleet.writer.put("k", "v1")
+    fleet.put_heard(near, "k", "v1", since=0)  # only the flush may take 'v1' out
     assert near.get("k") == "v1" and near.get("k") == "v1"
     cut(proxies, near)
     fleet.writer.put("k", "v2")  # its invalidation cannot reach the near cache
@@ -394,7 +394,7 @@ def test_stage3_near_flushes_when_its_channel_drops(fleet: NearFleet) -> None:
 def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     near, taps = fleet.near(pubsub_proxies=proxies, taps=("GET",))
-    fleet.writer.put("k", "v1")
+    fleet.put_heard(near, "k", "v1", since=0)  # only the flush may take the placeholder
     tap, reader = held_read(fleet, near, taps, "k")
     cut(proxies, near)
     fleet.writer.put("k", "v2")  # lost to the near cache
@@ -413,8 +413,8 @@ def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFle
 def test_stage3_near_a_node_killed_and_restarted(fleet: NearFleet) -> None:
     near, _ = fleet.near()
     keys = [f"doc:{i}" for i in range(30)]
-    for key in keys:
-        fleet.writer.put(key, "old")
+    for key in keys:  # each put's messages applied: only n0's death may take 'old' out
+        fleet.put_heard(near, key, "old", since=near_stats(near).invalidations)
         assert near.get(key) == "old"
     fleet.nodes["n0"].stop()
     eventually(
