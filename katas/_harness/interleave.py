@@ -15,8 +15,9 @@ and on every run once a test parks one thread exactly there:
 cache, its queue): the chosen methods park at a gate before they run, while the calling
 thread holds whatever lock it took around the call. :func:`pause_after_wakes` stops a
 thread right after each wake-up it sends (``Event.set``, ``Condition.notify``), so its
-waiters run before its next line: "wake, then write" is caught on every run. Every wait
-has a hard deadline.
+waiters run before its next line: "wake, then write" is caught on every run;
+:func:`pause_after_unlocks` stops it right after each lock section it leaves, so the
+others run in the gap: "check, unlock, act" is caught too. Every wait has a hard deadline.
 """
 
 from __future__ import annotations
@@ -191,4 +192,47 @@ def pause_after_wakes(woken: Callable[[], bool], deadline_s: float = 0.05) -> No
     sys.setprofile(stop_after_a_wake)
 
 
-__all__ = ["Gate", "Parked", "pause_after_wakes"]
+#: How a lock section ends: ``Lock``/``RLock`` ``__exit__`` or ``release`` (C calls), and
+#: ``Condition.__exit__`` (threading's own Python code).
+_UNLOCKS = frozenset({"__exit__", "release"})
+
+
+def pause_after_unlocks(
+    module: str, woken: Callable[[], bool], done: Callable[[], bool], deadline_s: float = 0.05
+) -> None:
+    """From now on, the calling thread stops right after each lock it releases in the
+    code of ``module`` (the component under test), until ``woken()`` holds or
+    ``deadline_s`` has passed; once ``done()`` holds it stops no more.
+
+    A component that does in two lock sections what must be one ("claim, unlock, then
+    record the claim") is caught between them: the other threads take the lock in the
+    gap, on every run. Call it from the thread under test (a wrapped call it makes).
+    """
+
+    def released_here(frame: Any, event: str, arg: Any) -> bool:
+        if event == "c_return":  # a Lock's or RLock's own method, called from ``frame``
+            name = getattr(arg, "__name__", "")
+            return name in _UNLOCKS and frame.f_globals.get("__name__") == module
+        if event != "return" or frame.f_code.co_name != "__exit__":
+            return False
+        caller = frame.f_back
+        return (
+            frame.f_globals.get("__name__") == "threading"
+            and caller is not None
+            and caller.f_globals.get("__name__") == module
+        )
+
+    def stop_after_an_unlock(frame: Any, event: str, arg: Any) -> None:
+        if not released_here(frame, event, arg):
+            return
+        if done():
+            sys.setprofile(None)
+            return
+        deadline = time.monotonic() + deadline_s
+        while not woken() and time.monotonic() < deadline:
+            time.sleep(0.0005)
+
+    sys.setprofile(stop_after_an_unlock)
+
+
+__all__ = ["Gate", "Parked", "pause_after_unlocks", "pause_after_wakes"]

@@ -11,9 +11,10 @@ red run stays short (:func:`katas._harness.waiting.at_rest`). :class:`WatchedClo
 from __future__ import annotations
 
 import threading
+import time
 
 from katas._harness.waiting import DEADLINE_S, at_rest, eventually, threads_before_test
-from katas._runtime.clock import ManualClock
+from katas._runtime.clock import HARD_DEADLINE_S, ManualClock
 
 #: The threads waiting in :func:`wait_at`, by ident, and the event they wait for.
 _AT_GATES: dict[int, threading.Event] = {}
@@ -72,6 +73,28 @@ class WatchedClock(ManualClock):
         )
 
 
+class SelfWakingClock(WatchedClock):
+    """A WatchedClock on which a deadline wakes only the thread that waited for it, as a
+    real timeout does: moving time notifies no condition. A component that counts on
+    its waiters' timeouts to wake the others (``notify()`` where several must look again)
+    loses a wake-up here, as it would on a real clock; on a plain ManualClock the clock's
+    ``notify_all`` would hide it."""
+
+    _notifies_sleepers = False
+    POLL_S = 0.001  # real seconds between a timed sleeper's looks at the frozen time
+
+    def _block(self, cond: threading.Condition, deadline_ns: int | None) -> bool:
+        if deadline_ns is None:  # stays in its place among the condition's waiters
+            return cond.wait(HARD_DEADLINE_S)
+        give_up = time.monotonic() + HARD_DEADLINE_S
+        while self.now_ns() < deadline_ns:
+            if cond.wait(self.POLL_S):
+                return True
+            if time.monotonic() > give_up:
+                return False
+        return True
+
+
 def held() -> set[int]:
     """The threads waiting at a gate (:func:`wait_at`) the test has not opened yet."""
     return {t for t, event in list(_AT_GATES.items()) if not event.is_set()}
@@ -102,4 +125,4 @@ def rest_on(clock: WatchedClock) -> None:
     at_rest(resting)
 
 
-__all__ = ["WatchedClock", "held", "rest_on", "wait_at"]
+__all__ = ["SelfWakingClock", "WatchedClock", "held", "rest_on", "wait_at"]

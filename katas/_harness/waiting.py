@@ -90,9 +90,10 @@ class Thread(threading.Thread):
                 break
         assert not self.is_alive(), (
             f"{self.name} did not return — {what}: every thread of the test came to rest "
-            "with it still inside (asleep on the test's clock, none due), so it never will"
+            f"with it still inside (asleep on the test's clock, none due), so it never "
+            f"will{_why()}"
             if rested
-            else f"{self.name} did not return within {seconds:.0f} real seconds — {what}"
+            else f"{self.name} did not return within {seconds:.0f} real seconds — {what}{_why()}"
         )
         if self.error is not None:
             raise self.error
@@ -115,12 +116,37 @@ _rest_checks: list[Callable[[], bool]] = []
 _threads_before: set[threading.Thread] = set()
 
 
+#: What killed threads of the component during the current test (their name and error):
+#: a wait that ends short names them, since a dead thread is why nothing more happens.
+_deaths: list[str] = []
+
+
+class _DeathRecorder:
+    """``threading.excepthook`` that notes each thread death, then passes it on."""
+
+    def __init__(self, chained: Callable[[threading.ExceptHookArgs], Any]) -> None:
+        self._chained = chained
+
+    def __call__(self, args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else "a thread"
+        _deaths.append(f"{name}: {args.exc_type.__name__}: {args.exc_value}")
+        self._chained(args)
+
+
 def begin_test() -> None:
-    """A test begins (the plugin calls this): no rest checks, and the threads alive now
-    are not the test's."""
+    """A test begins (the plugin calls this): no rest checks, no thread deaths, and the
+    threads alive now are not the test's."""
     global _threads_before
     _rest_checks.clear()
+    _deaths.clear()
     _threads_before = set(threading.enumerate())
+    if not isinstance(threading.excepthook, _DeathRecorder):  # wrap the current hook
+        threading.excepthook = _DeathRecorder(threading.excepthook)
+
+
+def _why() -> str:
+    """The thread deaths of this test, as a clause for a failed wait's message."""
+    return f" — meanwhile a thread died of an error: {'; '.join(_deaths)}" if _deaths else ""
 
 
 def threads_before_test() -> set[threading.Thread]:
@@ -162,9 +188,9 @@ def eventually(pred: Callable[[], bool], what: str) -> None:
     if rested:
         assert pred(), (
             f"expected {what}, but everything came to rest short of it (every thread "
-            "asleep on the test's clock, none due): nothing more can happen"
+            f"asleep on the test's clock, none due): nothing more can happen{_why()}"
         )
-    assert pred(), f"within {seconds:.0f} real seconds, expected {what}"
+    assert pred(), f"within {seconds:.0f} real seconds, expected {what}{_why()}"
 
 
 def stays(pred: Callable[[], bool], what: str) -> None:

@@ -21,6 +21,10 @@ NS_PER_US = 1_000
 #: for in waits of at most this, instead of an OverflowError in the waiting thread.
 MAX_WAIT_NS = int(threading.TIMEOUT_MAX) * NS_PER_S
 
+#: How many waits in a row for a deadline already past one thread may make while a
+#: ManualClock stands still before the clock fails it as a busy loop.
+SPIN_LIMIT = 10_000
+
 #: How long (real seconds) a ManualClock waiter may wait for a test to move time
 #: before the test is failed instead of hanging.
 HARD_DEADLINE_S = 20.0
@@ -84,6 +88,7 @@ class ManualClock:
         self._thread_sleepers: dict[int, tuple[threading.Condition, int | None]] = {}
         self._task_sleepers: dict[int, tuple[anyio.Event, int]] = {}
         self._next_id = 0
+        self._spins: dict[int, tuple[int, int]] = {}  # thread: (instant, waits already due)
 
     def now_ns(self) -> int:
         with self._lock:
@@ -113,10 +118,16 @@ class ManualClock:
             deadlines += [d for _, d in self._task_sleepers.values()]
         return min(deadlines, default=None)
 
+    #: Whether moving time notifies the condition of each thread whose deadline came (a
+    #: clock whose sleepers notice by themselves, as a real timeout does, sets it False).
+    _notifies_sleepers = True
+
     def _wake_due(self) -> None:
         with self._lock:
             now = self._now
             conds = [c for c, d in self._thread_sleepers.values() if d is not None and d <= now]
+            if not self._notifies_sleepers:
+                conds = []
             events = [e for e, d in self._task_sleepers.values() if d <= now]
         # Taken outside our lock: a waiter holds its condition while it registers here.
         for cond in conds:
@@ -126,14 +137,17 @@ class ManualClock:
             event.set()
 
     def wait_until_ns(self, cond: threading.Condition, deadline_ns: int | None) -> None:
+        me = threading.get_ident()
         with self._lock:
             if deadline_ns is not None and deadline_ns <= self._now:
+                self._count_spin(me, deadline_ns)
                 return
+            self._spins.pop(me, None)
             key = self._next_id
             self._next_id += 1
             self._thread_sleepers[key] = (cond, deadline_ns)
         try:
-            if not cond.wait(HARD_DEADLINE_S):
+            if not self._block(cond, deadline_ns):
                 raise TimeoutError(
                     f"ManualClock: a thread waited {HARD_DEADLINE_S:.0f} real seconds for "
                     f"deadline {deadline_ns} (now {self.now_ns()}) and nobody advanced the "
@@ -142,6 +156,25 @@ class ManualClock:
         finally:
             with self._lock:
                 del self._thread_sleepers[key]
+
+    def _count_spin(self, me: int, deadline_ns: int) -> None:
+        """One more wait of thread ``me`` that was due already; with the clock frozen,
+        :data:`SPIN_LIMIT` of them in a row is a busy loop: fail it in that thread."""
+        instant, spins = self._spins.get(me, (self._now, 0))
+        spins = spins + 1 if instant == self._now else 1
+        self._spins[me] = (self._now, spins)
+        if spins >= SPIN_LIMIT:
+            del self._spins[me]
+            raise RuntimeError(
+                f"ManualClock: this thread asked {spins} times in a row to wait until "
+                f"{deadline_ns}, already past at {self._now}, with the clock frozen: a busy "
+                "loop (after the work due at an instant, wait for the next deadline, one "
+                "strictly later)"
+            )
+
+    def _block(self, cond: threading.Condition, deadline_ns: int | None) -> bool:
+        """Wait on ``cond`` (held) for a notify; False if none came within the hard deadline."""
+        return cond.wait(HARD_DEADLINE_S)
 
     async def sleep_until_ns_async(self, deadline_ns: int) -> None:
         event = anyio.Event()
@@ -168,6 +201,7 @@ __all__ = [
     "NS_PER_MS",
     "NS_PER_S",
     "NS_PER_US",
+    "SPIN_LIMIT",
     "Clock",
     "ManualClock",
     "MonotonicClock",

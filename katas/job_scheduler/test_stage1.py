@@ -406,6 +406,26 @@ def test_stage1_expiries_at_one_instant_settle_by_sequence_not_by_token() -> Non
     )
 
 
+@rule("expiry-order")
+@core
+def test_stage1_expiries_at_one_instant_settle_by_sequence_not_by_id() -> None:
+    clock, queue = new_queue(jitter="full", max_attempts=5)
+    ids = [queue.enqueue(n) for n in range(12)]  # seq 1..12; "job-10" sorts before "job-9"
+    for _ in ids:
+        claim(queue)
+    clock.advance(LEASE)  # the twelve leases expire at this one instant
+    rng = random.Random(SEED)
+    want = [clock.now_ns() + rng.randrange(BASE + 1) for _ in ids]
+    got = [queue.get(j).run_at_ns for j in ids]
+    check(
+        got == want,
+        "expiries at one instant settle in (expires_at, seq) order — not by job id: twelve "
+        "jobs enqueued and claimed at one instant expire together, and each draws its "
+        "backoff in enqueue order, whatever order their ids sort in. Expected retry times "
+        f"(in enqueue order) {[rel(w) for w in want]}, got {[rel(g) for g in got]}",
+    )
+
+
 @rule("settle-first")
 @core
 def test_stage1_every_call_applies_due_expiries_before_its_own_work() -> None:

@@ -415,6 +415,34 @@ def test_stage1_a_redriven_job_is_kept_past_its_old_retention() -> None:
     rejects(JobNotFound, lambda: queue.get(job_id), "the job at its latest death + retention_ns")
 
 
+@rule("redrive", "retention")
+@extended
+@pytest.mark.parametrize("finish", ["nack", "ack"])
+def test_stage1_a_job_redriven_and_finished_again_before_its_old_retention_ended(
+    finish: str,
+) -> None:
+    clock, queue = new_queue(retention_ns=500, max_attempts=1)
+    job_id = queue.enqueue("x")
+    queue.nack(claim(queue), "boom")  # DEAD at 0: its retention would end at 500
+    clock.advance(100)
+    assert queue.redrive(job_id) is True
+    clock.advance(100)
+    lease = claim(queue)
+    queue.nack(lease, "boom again") if finish == "nack" else queue.ack(lease)  # at 200
+    state = queue.get(job_id).state
+    clock.advance(300)  # 500: the first death's retention would end now
+    check(
+        held(queue, job_id) is not None,
+        f"steps: the job dies at 0 (retention_ns=500), is redriven at 100 and finishes "
+        f"again at 200 ({finish}: {state.name}). Its retention counts from its latest "
+        f"finish, so it is held until 700; at 500 (the first death + 500) it was forgotten",
+    )
+    clock.advance(199)
+    check(held(queue, job_id) is not None, "the job must still be held at 699")
+    clock.advance(1)
+    rejects(JobNotFound, lambda: queue.get(job_id), "the job at its latest finish + retention_ns")
+
+
 @rule("idempotency", "dedup-ttl-from-first")
 @extended
 def test_stage1_idempotency_key_returns_the_first_job_within_its_ttl() -> None:

@@ -42,9 +42,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from katas._harness import marks
 from katas._harness.interleave import Gate as InterleaveGate
+from katas._harness.interleave import pause_after_unlocks
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.profiles import heavy_examples
-from katas._harness.resting import WatchedClock, wait_at
+from katas._harness.resting import WatchedClock, rest_on, wait_at
 from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
@@ -219,6 +220,48 @@ def test_stage2_in_flight_work_is_bounded() -> None:
         gate.event.set()
         eventually(lambda: pool.statistics().succeeded == 5, "all 5 jobs succeeded")
     assert sorted(gate.entered) == list(range(5))
+
+
+@marks.rule("bounded-in-flight", "one-worker-per-job")
+@core
+def test_stage2_a_claimed_job_takes_its_slot_in_the_claims_own_lock_section() -> None:
+    """Two jobs, two workers, max_in_flight=1. Once its claim returned, the first worker
+    stops right after each lock section it leaves (until its handler starts): the other
+    worker runs through every gap, and must find the one slot taken."""
+    claimed: list[str] = []
+    gate = Gate()
+    module = stage(2).ThreadWorkerPool.__module__
+    base: type[Any] = stage(1).JobQueue
+
+    class Claims(base):  # type: ignore[misc]
+        def claim(self, worker_id: str) -> Lease | None:
+            lease: Lease | None = super().claim(worker_id)
+            if lease is not None:
+                claimed.append(lease.job_id)
+                if len(claimed) == 1:  # this worker stops in each gap it leaves
+                    pause_after_unlocks(
+                        module, lambda: len(claimed) > 1, lambda: bool(gate.entered)
+                    )
+            return lease
+
+    clock = WatchedClock(START)
+    rest_on(clock)
+    queue = Claims(clock=clock, lease_ns=LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, gate.handler, workers=2, clock=clock, max_in_flight=1
+    )
+    queue.enqueue("a")
+    queue.enqueue("b")
+    with running(pool):
+        eventually(lambda: len(gate.entered) == 1, "the first job's handler running")
+        stays(
+            lambda: len(claimed) == 1,
+            "a single claim while the first job runs (max_in_flight=1: a claimed job takes "
+            "its slot in its claim's own lock section; taken in a later one, the other "
+            "worker finds the slot free in between and claims a second job)",
+        )
+        gate.event.set()
+        eventually(lambda: pool.statistics().succeeded == 2, "both jobs succeeded")
 
 
 @marks.rule("no-busy-waiting")

@@ -769,6 +769,30 @@ def test_stage1_ttl_a_put_over_an_expired_key_reports_it_before_what_it_pushed_o
     )
 
 
+@extended
+@rule("callback-consistent", "ttl-put-over-expired", "active-expiry")
+@pytest.mark.parametrize("written", ["live", "expired"])
+def test_stage1_ttl_a_put_reports_its_own_key_before_older_expired_entries(written: str) -> None:
+    clock, log = ManualClock(START), Log()
+    cache = make("TTLCache", 10, clock, on_evict=log)
+    cache.put("old", "o")  # expires first
+    clock.advance(1 if written == "expired" else TTL // 2)
+    cache.put("k", "v1")
+    clock.set(START + TTL + 1)  # old has expired; k too, if it was written at START + 1
+    cache.put("k", "v2")  # room is plenty: only the bounded cleanup reclaims old
+    own = ("k", "v1", EXPIRED if written == "expired" else REPLACED)
+    allowed = [[own, ("old", "o", EXPIRED)]] + ([[own]] if written == "expired" else [])
+    got = log.take()
+    check(
+        got in allowed,
+        f"TTLCache(10, ttl_ns={TTL}): put old 'o' at START, k 'v1' at START + "
+        f"{1 if written == 'expired' else TTL // 2}, then put('k', 'v2') at START + TTL + 1 "
+        f"(old expired, k {written}). Within one put the key written is reported first, "
+        f"before the expired entries its cleanup reclaims, even those that expired earlier: "
+        f"expected one of {allowed} as the on_evict calls, got {got}",
+    )
+
+
 _BAD_PUT_WEIGHTS: list[tuple[Any, str]] = [
     (-1, "weigh"), (1.5, "weigh"), ("3", "weigh"), (True, "weigh"), (False, "weigh"),
     (11, "max_weight"),

@@ -44,6 +44,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from katas._harness.interleave import Gate
 from katas._harness.marks import anyio_test, core, extended
+from katas._harness.resting import SelfWakingClock, rest_on
 from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas._harness.waiting import (
@@ -257,6 +258,32 @@ def test_stage2_a_waiter_timing_out_behind_the_head_leaves_the_head_in_place() -
     clock.advance(NS_PER_S)
     assert tail.outcome("the tail, once its unit is there") is True
     assert limiter.statistics().waiters == 0
+
+
+@pytest.mark.rule("no-deadlock", "timeout-consumes-nothing", "fifo")
+@core
+def test_stage2_a_head_that_times_out_wakes_the_waiter_behind_it() -> None:
+    clock = SelfWakingClock()  # a timeout wakes its own thread only, as a real one does
+    rest_on(clock)
+    _, limiter = bucket_limiter(2, refill_per_s=1, stripes=1, clock=clock)
+    assert limiter.try_acquire("b", 2).allowed and limiter.try_acquire("k", 2).allowed
+    b_head = enqueue(limiter, "b", lambda: limiter.acquire("b", 2), "head on 'b' (cost 2)")
+    b_next = enqueue(limiter, "b", lambda: limiter.acquire("b", 1), "next on 'b' (cost 1)")
+    k_head = enqueue(
+        limiter, "k", lambda: limiter.acquire("k", 2, timeout_ns=NS_PER_S), "head on 'k' (1 s)"
+    )
+    k_next = enqueue(limiter, "k", lambda: limiter.acquire("k", 1), "next on 'k' (cost 1)")
+    clock.advance(NS_PER_S)  # k's head times out, by itself; k's 1 unit is k_next's
+    assert k_head.outcome("the head on 'k' whose timeout passed") is False
+    assert k_next.outcome(
+        "the waiter behind a head that timed out, on a clock whose timeouts wake no one "
+        "else: with four waiters on one stripe, the leaving head must wake every waiter "
+        "there (one notify can go to a waiter of 'b', which sleeps again: a lost wake-up)"
+    ), "the waiter on 'k' must be admitted with the unit on hand once the head left"
+    clock.advance(NS_PER_S)
+    assert b_head.outcome("the head on 'b' at 2 s") is True
+    clock.advance(NS_PER_S)
+    assert b_next.outcome("the next on 'b' at 3 s") is True
 
 
 @pytest.mark.rule("acquire-blocks", "timeout-consumes-nothing", "wait-through-clock")
