@@ -238,9 +238,10 @@ def test_stage2_a_claimed_job_takes_its_slot_in_the_claims_own_lock_section() ->
             lease: Lease | None = super().claim(worker_id)
             if lease is not None:
                 claimed.append(lease.job_id)
-                if len(claimed) == 1:  # this worker stops in each gap it leaves
+                if len(claimed) == 1:  # this worker stops in each gap it leaves, long
+                    # enough for the other to be scheduled even on a busy machine
                     pause_after_unlocks(
-                        module, lambda: len(claimed) > 1, lambda: bool(gate.entered)
+                        module, lambda: len(claimed) > 1, lambda: bool(gate.entered), 0.2
                     )
             return lease
 
