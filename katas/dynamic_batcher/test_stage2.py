@@ -30,6 +30,7 @@ import anyio
 import pytest
 
 from katas._harness.marks import core, extended, rule
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher._testing.engine import (
@@ -49,6 +50,7 @@ from katas.dynamic_batcher.api import (
     Overloaded,
     ReaderStalled,
     Request,
+    RequestRejected,
     StepOutput,
     TokenStream,
 )
@@ -216,6 +218,31 @@ LEAVES = {"aclose": _leave_by_aclose, "cancelled in __anext__": _leave_by_cancel
 
 
 WHEN = ["waiting", "prefill", "decode"]
+
+
+@extended
+@rule("reader-leaves")
+@pytest.mark.parametrize("how", ["aclose", "async with"])
+async def test_stage2_a_reader_leaving_inside_a_cancelled_scope_still_aborts(how: str) -> None:
+    rig = Rig()
+    async with rig.engine:
+        stream = rig.engine.generate(request("a", 3, 20))
+        await rig.time.advance_to(T0 + 1_500)  # decoding
+        with anyio.CancelScope() as scope:
+            scope.cancel()  # the reader's task is being cancelled as it leaves
+            if how == "aclose":
+                await stream.aclose()
+            else:
+                async with stream:
+                    pass
+        freed = rig.batcher.free_blocks() == rig.num_blocks
+        assert not rig.holds("a") and freed, (
+            f"reader-leaves: the reader left by {how} inside a cancelled scope (a task "
+            "being cancelled, as trio and anyio shield cleanup): the request must be "
+            "aborted at that instant all the same, its blocks back in the pool — leave "
+            "first, then any checkpoint; got still held: "
+            f"{rig.holds('a')}, free blocks {rig.batcher.free_blocks()} of {rig.num_blocks}"
+        )
 
 
 @core
@@ -413,12 +440,73 @@ async def test_stage2_generate_refuses_at_max_waiting_with_the_time_left_in_the_
             f"+300): 700, got {refused.value.retry_after_ns}"
         )
         assert not rig.holds("d"), "a refused request is not submitted"
+        rig.clock.set(T0 + STEP_NS)  # the step ends now; the loop has not run yet
+        with pytest.raises(Overloaded) as refused:
+            rig.engine.generate(request("d", 2, 9))
+        assert refused.value.retry_after_ns == 1, (
+            "a refusal at the very instant the step in flight ends (+1000, before the loop "
+            "ran): the time left is 0, and retry_after_ns is at least 1 ns, got "
+            f"{refused.value.retry_after_ns}"
+        )
         await rig.time.advance_to(T0 + 10 * STEP_NS)
         rig.engine.generate(request("d", 2, 9))  # the same id, later: not a duplicate
         await rig.engine.aclose()
 
 
+@extended
+@rule("overload", "engine-statistics")
+async def test_stage2_a_request_the_batcher_refuses_leaves_no_stream_behind() -> None:
+    rig = Rig()
+    streams: dict[str, int] = {}
+    try:
+        async with rig.engine:
+            stream = rig.engine.generate(request("a", 2, 3))
+            too_big = request("big", rig.num_blocks * rig.block_size + 1, 1)
+            for refused, why in ((request("a", 2, 3), "a second 'a'"), (too_big, "'big'")):
+                with pytest.raises(RequestRejected):
+                    rig.engine.generate(refused)
+                streams[why] = rig.engine.statistics().streams
+            reader = await rig.consume(stream, "the first 'a''s stream to end")
+    finally:  # checked first: an engine left with a stream of a refused request may fail
+        check(  # to close it, and that error would hide this one
+            set(streams.values()) == {1},
+            "generate() of a second 'a', then of 'big' (more KV than the pool holds) raised "
+            "RequestRejected: nothing was admitted, so only the first 'a' is a stream "
+            f"(requests admitted and not finished); statistics().streams after each: {streams}",
+        )
+    check(
+        len(reader.tokens) == 3 and reader.reason == "length",
+        "the first 'a' keeps its stream after a second 'a' was refused: its 3 tokens and "
+        f"its end come to its reader, got {show(reader.taken)}",
+    )
+
+
 # -- stalls -----------------------------------------------------------------------------
+
+
+@extended
+@rule("stall", "reader-leaves")
+@pytest.mark.parametrize("then", ["read-again", "aclose-first"])
+async def test_stage2_a_stalled_stream_raises_once_then_stops(then: str) -> None:
+    rig = Rig(max_stall_ns=3 * STEP_NS)
+    async with rig.engine:
+        stream = rig.engine.generate(request("a", 3, 20))
+        await rig.time.advance_to(T0 + 4 * STEP_NS)  # stalled: aborted at +4000
+        assert not rig.holds("a"), "setup: the stalled request is aborted at +4000"
+        if then == "read-again":
+            with pytest.raises(ReaderStalled):
+                await stream.__anext__()
+            what = "the read after the one that raised ReaderStalled"
+        else:
+            await stream.aclose()
+            what = "a read of the stalled stream after aclose()"
+        try:
+            got: object = await stream.__anext__()
+        except StopAsyncIteration:
+            return
+        except ReaderStalled:
+            got = "ReaderStalled again"
+        pytest.fail(f"{what} must stop the iteration (ReaderStalled is raised once); got {got}")
 
 
 @extended
@@ -744,6 +832,27 @@ async def test_stage2_statistics_count_the_requests_that_ended_early() -> None:
         "reason), with the deliveries its stream got: 'left' at +1000 and +2000, 'stalled' "
         "at +1000 … +4000; each TTFT and TPOT is 1000 ns. Expected "
         f"(ttft p50, p99, tpot p50, p99) = (1000, 1000, 1000, 1000), got {latency}"
+    )
+
+
+@extended
+@rule("engine-statistics", "reader-leaves")
+async def test_stage2_a_request_whose_reader_left_has_latencies_of_its_own() -> None:
+    rig = Rig()
+    async with rig.engine:
+        left = rig.engine.generate(request("left", 3, 20))
+        await rig.time.advance_to(T0 + 2_500)
+        got = await take(left, "the read at +2500")
+        await left.aclose()
+        await rig.time.advance_to(T0 + 10 * STEP_NS)
+        stats = rig.engine.statistics()
+    assert len(got.tokens) == 2, f"setup: tokens delivered at +1000 and +2000, got {got}"
+    latency = (stats.ttft_p50_ns, stats.tpot_p50_ns)
+    assert latency == (STEP_NS, STEP_NS), (
+        "engine-statistics: the only request, 'left', got deliveries at +1000 and +2000, "
+        "then its reader left: it finished (any reason counts), so TTFT = 1000 and TPOT = "
+        f"(2000 - 1000) / (2 - 1) = 1000; expected (ttft p50, tpot p50) = (1000, 1000), got "
+        f"{latency}"
     )
 
 
