@@ -69,6 +69,7 @@ class ProxyCounts:
     round_trips: int
     commands: tuple[str, ...]  # upper-cased command names, in order
     connections: int  # connections accepted
+    refused: int = 0  # connections reset on accept, during an outage
 
 
 class RespCommandParser:
@@ -237,6 +238,7 @@ class FaultProxy:
         self._round_trips = 0
         self._commands: list[str] = []
         self._connections = 0
+        self._refused = 0
         self._truncations: deque[int] = deque()
         self._stop = threading.Event()
         self._listener = socket.create_server((listen_host, 0))
@@ -311,13 +313,16 @@ class FaultProxy:
     # -- counting --------------------------------------------------------------------
     def counts(self) -> ProxyCounts:
         with self._lock:
-            return ProxyCounts(self._round_trips, tuple(self._commands), self._connections)
+            return ProxyCounts(
+                self._round_trips, tuple(self._commands), self._connections, self._refused
+            )
 
     def reset_counts(self) -> None:
         with self._lock:
             self._round_trips = 0
             self._commands.clear()
             self._connections = 0
+            self._refused = 0
 
     def _count(self, link: _Link, data: bytes) -> int:
         """Count what ``data`` completes; how many commands it completes."""
@@ -347,6 +352,8 @@ class FaultProxy:
                 return
             client.setblocking(True)
             if self.fault == "outage":
+                with self._lock:
+                    self._refused += 1
                 _reset(client)
                 continue
             upstream: socket.socket | None = None

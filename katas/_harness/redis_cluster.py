@@ -315,6 +315,7 @@ class ClusterProxy:
             sum(c.round_trips for c in counts),
             tuple(command for c in counts for command in c.commands),
             sum(c.connections for c in counts),
+            sum(c.refused for c in counts),
         )
 
     def reset_counts(self) -> None:

@@ -69,11 +69,13 @@ from katas.kv_cache._testing.shards import (
     MISS,
     NODES,
     ShardedCacheMachine,
+    after_100_calls,
     behind_a_proxy,
     heavy,
     holders,
     make_cache,
     node_stats,
+    old_copies,
     read_despite_faults,
     recorded_cache,
     sharded,
@@ -469,15 +471,17 @@ def test_stage3_delete_is_true_if_any_replica_held_the_key(
 
 @core
 @rule("ttl-replicas")
-def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv) -> None:
-    cache, nodes, _ = make_cache(redis_env, ttl_ns=5 * NS_PER_S)
+@pytest.mark.parametrize("channel", [None, "invalidations"], ids=["plain", "publishing"])
+def test_stage3_ttl_is_set_on_every_replica(redis_env: RedisEnv, channel: str | None) -> None:
+    cache, nodes, _ = make_cache(redis_env, ttl_ns=5 * NS_PER_S, channel=channel)
     cache.put("session", "s1")
     for name in cache.replicas_for("session"):
         pttl = nodes[name].client().pttl(cache.key_name(name, "session"))
         assert 0 < pttl <= 5_000, (
-            f"ttl_ns=5 s puts a 5 000 ms TTL on every replica; {name}: PTTL {pttl}"
+            f"ttl_ns=5 s puts a 5 000 ms TTL on every replica (channel={channel!r}: "
+            f"{'the write script' if channel else 'a plain SET'}); {name}: PTTL {pttl}"
         )
-    untimed, nodes2, _ = make_cache(redis_env)
+    untimed, nodes2, _ = make_cache(redis_env, channel=channel)
     untimed.put("forever", 1)
     name = untimed.replicas_for("forever")[0]
     assert nodes2[name].client().pttl(untimed.key_name(name, "forever")) == -1
@@ -633,8 +637,7 @@ def test_stage3_copies_under_an_abandoned_epoch_are_reclaimed(redis_env: RedisEn
         cache.get(first_on_n0[i % len(first_on_n0)])
     epoch = node_stats(cache, "n0").epoch
     assert epoch == 5, f"n0 was stopped and started 5 times: expected epoch 5, got {epoch}"
-    current = f"{prefix}{epoch}:"
-    stale = [k for k in redis_env.keys(prefix, node=nodes["n0"]) if not k.startswith(current)]
+    stale = old_copies(redis_env, cache, nodes["n0"], prefix)
     assert not stale, (
         f"n0 rejoined 5 times; each time it held {held} keys under the epoch it left, never "
         f"read again (ttl_ns=None). After 100 more calls on n0, expected no key of an older "
@@ -664,12 +667,7 @@ def test_stage3_old_copies_are_reclaimed_on_a_node_full_of_other_keys(
         nodes["n0"].start()  # (a redis-server process comes back empty: write them again)
         nodes["n0"].client().mset(others)
         cache.get(first_on_n0[0])  # ... and back, under the next epoch
-    for i in range(100):
-        cache.get(first_on_n0[i % len(first_on_n0)])
-    epoch = node_stats(cache, "n0").epoch
-    current = f"{prefix}{epoch}:"
-    stale = [k for k in redis_env.keys(prefix, node=nodes["n0"]) if not k.startswith(current)]
-    kept = len(redis_env.keys(f"{base}a:", node=nodes["n0"]))
+    epoch, stale, kept = after_100_calls(redis_env, cache, nodes["n0"], prefix, f"{base}a:")
     check(
         epoch == 2 and not stale and kept == 400,
         f"n0 holds 400 keys that are not the cache's, and rejoined twice, each time holding "
@@ -678,6 +676,46 @@ def test_stage3_old_copies_are_reclaimed_on_a_node_full_of_other_keys(
         f"{epoch}, {len(stale)} old copies ({[k.removeprefix(prefix) for k in stale[:4]]}), "
         f"{kept} others — a SCAN page that matches nothing is not the end of the walk, "
         f"only the cursor's return to 0 is",
+    )
+
+
+@core
+@rule("reclaim-old-epochs", "rejoin-new-epoch")
+@pytest.mark.redis_faults
+def test_stage3_a_node_that_rejoins_again_mid_sweep_reclaims_both_old_epochs(
+    redis_env: RedisEnv,
+) -> None:
+    base = redis_env.fresh_prefix()
+    servers = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    proxy = redis_env.proxy(servers["n0"])  # outages that keep n0's data
+    clients = {name: node.client() for name, node in servers.items()}
+    clients["n0"] = servers["n0"].proxied_client(proxy)
+    prefix = f"{base}z:"  # the cache's keys sort after 1 000 that are not its own
+    cache = sharded(clients, replicas=2, key_prefix=prefix, probe_interval_ns=0)
+    servers["n0"].client().mset({f"{base}a:{i:04}": "other" for i in range(1000)})
+    keys = [f"doc:{i}" for i in range(60)]
+    first_on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
+    for key in keys:
+        cache.put(key, "v0")  # copies on n0 under epoch 0
+
+    def outage_then(probe: Callable[[], object]) -> None:
+        proxy.outage()
+        cache.get(first_on_n0[0])  # n0 is marked down
+        proxy.heal()
+        probe()  # ... and back, under the next epoch
+
+    outage_then(lambda: cache.put(first_on_n0[0], "v1"))  # epoch 1; the probe writes under it
+    outage_then(lambda: cache.get(first_on_n0[0]))  # epoch 2, before epoch 0's walk could end
+    epoch, stale, kept = after_100_calls(redis_env, cache, servers["n0"], prefix, f"{base}a:")
+    check(
+        epoch == 2 and not stale and kept == 1000,
+        f"n0 (1 000 keys that are not the cache's, scanned first) lost its connection twice: "
+        f"the first rejoin's probe was a put (a copy under epoch 1), the second came right "
+        f"after, before the walk of epoch 0's copies could end — two abandoned epochs to "
+        f"reclaim at once, each walked whole from its own start. After 100 more calls on "
+        f"n0 expected epoch 2, no key of an older epoch and the 1 000 others untouched; got "
+        f"epoch {epoch}, {len(stale)} old copies "
+        f"({[k.removeprefix(prefix) for k in stale[:4]]}), {kept} others",
     )
 
 
@@ -852,7 +890,7 @@ def test_stage3_a_busy_node_is_failed_over_like_a_down_one(redis_env: RedisEnv) 
 
 
 @core
-@rule("failed-probe", "probe-interval")
+@rule("failed-probe", "probe-interval", "rejoin-new-epoch")
 @pytest.mark.redis_faults
 def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> None:
     clock = ManualClock()
@@ -873,9 +911,10 @@ def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> N
         errors += 1
         s = node_stats(cache, "n0")
         check(
-            (s.errors, s.down) == (errors, True),
+            (s.errors, s.down, s.epoch) == (errors, True, 0),
             f"after probe_interval_ns a {what} probes the down node n0, which is still "
-            f"stopped: one more error ({errors}), still down; got {s}",
+            f"stopped: one more error ({errors}), still down, and still epoch 0 (only a "
+            f"probe that succeeds bumps it); got {s}",
         )
         clock.advance(NS_PER_S - 1)
         op()
@@ -893,6 +932,15 @@ def test_stage3_a_failed_probe_starts_another_interval(redis_env: RedisEnv) -> N
             node_stats(cache, "n0").errors == errors,
             f"at the end of the new interval a {what} probes n0 again: {node_stats(cache, 'n0')}",
         )
+    nodes["n0"].start()
+    clock.advance(NS_PER_S)
+    cache.get(key)  # the probe that succeeds
+    s = node_stats(cache, "n0")
+    check(
+        (s.down, s.epoch) == (False, 1),
+        f"n0 failed {errors - 1} probes, then one succeeded: the first successful call "
+        f"after it was marked down bumps its epoch by one, so it is up at epoch 1; got {s}",
+    )
 
 
 @core

@@ -30,11 +30,14 @@ calling invalidate / channel_lost / channel_ready itself, in whatever order it l
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator, Sized
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from katas._harness.interleave import pause_after_unlocks
 from katas._harness.marks import extended, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.story import check
@@ -44,6 +47,7 @@ from katas._harness.walks import walked
 from katas.kv_cache._testing.caches import lru
 from katas.kv_cache._testing.near import (
     NEAR_WALKS,
+    HeldWrite,
     NearCacheMachine,
     NearFleet,
     cut,
@@ -56,8 +60,8 @@ from katas.kv_cache._testing.near import (
 )
 from katas.kv_cache._testing.rings import fail_fast_on_stubs  # noqa: F401 (autouse)
 from katas.kv_cache._testing.shards import MISS, NODES, heavy, sharded
-from katas.kv_cache._testing.wire import HeldSubscribe, HoldBefore, Holds
-from katas.kv_cache.api import NS_PER_S, ManualClock
+from katas.kv_cache._testing.wire import HeldSubscribe, Holds
+from katas.kv_cache.api import NS_PER_S, ManualClock, NoReplicaAvailable
 
 pytestmark = [pytest.mark.stage(3)]
 
@@ -169,9 +173,7 @@ def test_stage3_near_rejects_bad_arguments(fleet: NearFleet) -> None:
 def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
     proxies = fleet.proxies()
     clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
-    near = near_cache(fleet.sharded(clients), lru(100))
-    for name in NODES:
-        near.channel_ready(name)
+    near = unstarted(fleet, set(NODES), clients=clients)
     fleet.writer.put("k", [1, 2, 3])
     assert near.get("k") == [1, 2, 3]
     for p in proxies.values():
@@ -266,23 +268,13 @@ def test_stage3_near_a_delete_forgets_the_local_entry_even_if_redis_had_none(
 def test_stage3_near_a_writer_forgets_its_entry_after_the_remote_write(
     fleet: NearFleet, write: str
 ) -> None:
-    key = "prompt:9"
-    clients = {n: node.client() for n, node in fleet.nodes.items()}
-    first = fleet.writer.replicas_for(key)[0]
-    hold = HoldBefore(clients[first], "EVALSHA", "EVAL")
-    near = near_cache(fleet.sharded(clients), lru(100))
-    for name in NODES:
-        near.channel_ready(name)  # nobody delivers messages
-    fleet.writer.put(key, "v0")  # loads the scripts too
+    held = HeldWrite(fleet, "prompt:9", write)
+    near, key, first = held.near, held.key, held.first
     assert near.get(key) == "v0"
-    hold.arm()
-    writes = {"put": lambda: near.put(key, "v1"), "delete": lambda: near.delete(key)}
-    writer = spawn(writes[write], "writer")
-    check(hold.reached.wait(DEADLINE_S), f"near cache: {write} runs a script on {first}")
+    held.start()
     # The write is not on the server yet. Another thread of this client reads the key.
     near.get(key)
-    hold.release.set()
-    writer.outcome(f"the held {write} must finish")
+    held.finish()
     want = "v1" if write == "put" else MISS
     got = near.get(key, MISS)
     check(
@@ -405,6 +397,29 @@ def test_stage3_near_a_read_in_flight_across_a_drop_is_not_cached(fleet: NearFle
         "drop, another client puts 'v2' (message lost), the channels come back; then the "
         f"reply lands. It must be discarded (the flush took its placeholder); got {got!r}"
     )
+
+
+@extended
+@rule("near-flush", "near-listener")
+def test_stage3_near_a_channel_that_stays_down_is_flushed_once(fleet: NearFleet) -> None:
+    proxies = fleet.proxies()
+    near, _ = fleet.near(pubsub_proxies=proxies)
+    before = near_stats(near).flushes
+    for p in proxies.values():
+        p.reset_counts()
+    cut(proxies, near)
+    eventually(
+        lambda: all(p.counts().refused >= 3 for p in proxies.values()),
+        "each listener to try to subscribe again 3 times while its node is unreachable",
+    )
+    flushes = near_stats(near).flushes - before
+    check(
+        flushes == len(NODES),
+        f"near cache: the {len(NODES)} channels dropped and stayed down while each listener "
+        f"tried 3 times to subscribe again: one flush per channel lost ({len(NODES)}), none "
+        f"for an attempt that never subscribed; got {flushes}",
+    )
+    heal(proxies, near)
 
 
 @extended
@@ -558,9 +573,7 @@ def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearF
     clients = {n: node.client() for n, node in fleet.nodes.items()}
     first = fleet.writer.replicas_for(key)[0]
     holds = Holds(clients[first], "GET")
-    near = near_cache(fleet.sharded(clients), lru(100))
-    for name in NODES:
-        near.channel_ready(name)
+    near = unstarted(fleet, set(NODES), clients=clients)
     fleet.writer.put(key, "v1")
     holds.armed = True
     try:
@@ -585,6 +598,156 @@ def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearF
         f"placeholder, so 'v1' is discarded and 'v2' kept; get('k') must be 'v2', got {got!r}",
     )
     check(near_stats(near).discarded == 1, f"near cache: one discarded: {near_stats(near)}")
+
+
+@extended
+@rule("near-read-your-writes", "near-placeholder")
+@pytest.mark.parametrize("write", ["put", "delete"])
+def test_stage3_near_a_write_drops_the_placeholder_of_a_read_in_flight(
+    fleet: NearFleet, write: str
+) -> None:
+    key = "prompt:8"
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    holds = Holds(clients[fleet.writer.replicas_for(key)[0]], "GET")
+    near = unstarted(fleet, set(NODES), clients=clients)  # nobody delivers messages
+    fleet.writer.put(key, "v1")
+    holds.armed = True
+    try:
+        reader = spawn(lambda: near.get(key), "reader")
+        holds.wait(1)  # its reply 'v1' is on the wire, its placeholder in the cache
+        near.put(key, "v2") if write == "put" else near.delete(key)
+        holds.held[0].set()
+        assert reader.outcome("the read in flight returns") == "v1"
+    finally:
+        holds.release_all()
+    want = "v2" if write == "put" else MISS
+    got = near.get(key, MISS)
+    check(
+        got == want,
+        f"near cache: steps: a get of {key!r} reads 'v1', its reply held on the wire; this "
+        f"client's {write} returns; the reply lands. The writer drops its local entry after "
+        f"the write, a placeholder too, so the old reply is not stored: get must see the "
+        f"write ({'MISS' if want is MISS else repr(want)}), got "
+        f"{'MISS' if got is MISS else repr(got)}",
+    )
+
+
+@extended
+@rule("near-read-your-writes")
+@pytest.mark.parametrize("write", ["put", "delete"])
+def test_stage3_near_a_write_that_raised_still_forgets_the_local_entry(
+    fleet: NearFleet, write: str
+) -> None:
+    key = "prompt:9"
+    proxies = fleet.proxies()
+    clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
+    near = unstarted(fleet, set(NODES), clients=clients)  # nobody delivers messages
+    fleet.writer.put(key, "v1")
+    assert near.get(key) == "v1" and near.get(key) == "v1"  # cached
+    for p in proxies.values():
+        p.outage()
+    try:
+        near.put(key, "v2") if write == "put" else near.delete(key)
+    except NoReplicaAvailable:
+        pass
+    else:
+        raise AssertionError(f"near cache: a {write} with every node unreachable must raise")
+    for p in proxies.values():
+        p.heal()
+    before = near_stats(near)
+    near.get(key)
+    after = near_stats(near)
+    check(
+        (after.hits, after.misses) == (before.hits, before.misses + 1),
+        f"near cache: 'v1' cached; this client's {write} raised (every node unreachable) — "
+        f"a write that fails may still have reached a replica, so the writer drops its "
+        f"local entry after a failure too: the next get must go to Redis (a miss), not "
+        f"serve 'v1' (a hit); statistics before {before}, after {after}",
+    )
+
+
+@extended
+@rule("near-no-lock-over-io")
+@pytest.mark.parametrize("write", ["put", "delete"])
+def test_stage3_near_a_write_on_the_wire_holds_up_no_hit_and_no_message(
+    fleet: NearFleet, write: str
+) -> None:
+    held = HeldWrite(fleet, "prompt:9", write)
+    near = held.near
+    fleet.writer.put("other", "o")
+    assert near.get("other") == "o"  # cached: the next get is a hit
+    held.start()
+    try:
+
+        def hit_and_message() -> object:
+            got = near.get("other")
+            near.invalidate("elsewhere")
+            return got
+
+        got = spawn(hit_and_message, "hit and message").outcome(
+            f"a hit on another key and a message for another key, while this client's "
+            f"{write} waits for {held.first}: the near cache never holds its lock over a network "
+            f"call, so neither waits for the {write}"
+        )
+        check(
+            got == "o" and held.still_held(),
+            f"near cache: while this client's {write} waits for {held.first}, a hit on "
+            f"'other' returns 'o' at once, without waiting for the {write} — got {got!r}, "
+            f"{'before' if held.still_held() else 'only after'} the {write} went on",
+        )
+    finally:
+        held.finish()
+
+
+@extended
+@rule("near-placeholder", "near-own-placeholder")
+def test_stage3_near_a_reply_is_stored_in_the_lock_section_that_found_its_placeholder(
+    fleet: NearFleet,
+) -> None:
+    key = "prompt:8"
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    holds = Holds(clients[fleet.writer.replicas_for(key)[0]], "GET")
+    module = stage().NearCache.__module__
+    arm, landing, invalidated = threading.Event(), threading.Event(), threading.Event()
+    base: type[Any] = stage(1).LRUCache
+
+    class Local(base):  # type: ignore[misc]
+        """Once armed, the reader's look for its placeholder makes it stop right after
+        each lock section it leaves, until the message below has been applied."""
+
+        def get(self, k: str, default: Any = None) -> Any:
+            if arm.is_set() and not landing.is_set():
+                landing.set()
+                pause_after_unlocks(module, invalidated.is_set, invalidated.is_set, 0.2)
+            return super().get(k, default)
+
+    near = unstarted(
+        fleet, set(NODES), Local(100), clients=clients
+    )  # the test delivers the one message
+    fleet.writer.put(key, "v1")
+    holds.armed = True
+    try:
+        reader = spawn(lambda: near.get(key), "reader")
+        holds.wait(1)  # its reply 'v1' is on the wire, its placeholder in the cache
+        fleet.writer.put(key, "v2")  # another client's write; its message comes below
+        arm.set()
+        holds.held[0].set()  # the reply lands
+        check(landing.wait(DEADLINE_S), "near cache: the reply must look for its placeholder")
+        near.invalidate(key)  # the message of 'v2', as the reply is being stored
+        invalidated.set()
+        assert reader.outcome("the read returns") == "v1"
+    finally:
+        holds.release_all()
+    got = near.get(key)
+    check(
+        got == "v2",
+        "near cache: steps: a get reads 'v1'; another client puts 'v2'; the reply lands and "
+        "finds its placeholder, and the message of 'v2' arrives right after that look. The "
+        "look and the store are one lock section: either the reply is stored before the "
+        "message (which then drops it) or the message takes the placeholder first. "
+        f"get('k') must be 'v2', got {got!r} — the reply was stored after the message, "
+        "in a second lock section",
+    )
 
 
 @extended

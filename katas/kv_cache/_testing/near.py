@@ -23,7 +23,7 @@ from katas._harness.waiting import DEADLINE_S, Thread, eventually, spawn
 from katas._harness.walks import Drawn, Walk
 from katas.kv_cache._testing.caches import lru
 from katas.kv_cache._testing.shards import MACHINE_KEYS, MISS, NODES, sharded
-from katas.kv_cache._testing.wire import Tap
+from katas.kv_cache._testing.wire import HoldBefore, Tap
 from katas.kv_cache.api import CoherentCache, EvictingCache, NearStatistics, RemoteCache
 
 
@@ -168,12 +168,55 @@ def heal(proxies: dict[str, FaultProxy], near: CoherentCache) -> None:
     )
 
 
+class HeldWrite:
+    """An unstarted near cache over clients of its own (``"v0"`` put under ``key`` by the
+    fleet's writer, which loads the scripts), whose ``write`` of ``key`` (``"put"`` of
+    ``"v1"``, or ``"delete"``) the test starts with :meth:`start`: it is held before its
+    script reaches the key's first replica until :meth:`finish`."""
+
+    def __init__(self, fleet: NearFleet, key: str, write: str) -> None:
+        clients = {n: node.client() for n, node in fleet.nodes.items()}
+        self.key, self.write = key, write
+        self.first = fleet.writer.replicas_for(key)[0]
+        self._hold = HoldBefore(clients[self.first], "EVALSHA", "EVAL")
+        self.near = unstarted(fleet, set(NODES), clients=clients)  # nobody delivers messages
+        fleet.writer.put(key, "v0")
+        self._writer: Thread | None = None
+
+    def start(self) -> None:
+        """This client's write starts; return once it is held on the wire."""
+        self._hold.arm()
+        near, key = self.near, self.key
+        act = (lambda: near.put(key, "v1")) if self.write == "put" else lambda: near.delete(key)
+        self._writer = spawn(act, "writer")
+        check(
+            self._hold.reached.wait(DEADLINE_S),
+            f"near cache: {self.write} runs a script on {self.first}",
+        )
+
+    def still_held(self) -> bool:
+        """The write is still held on the wire (the test has not let it go, nor has the
+        hold given up waiting for the test)."""
+        return not self._hold.release.is_set() and not self._hold.gave_up.is_set()
+
+    def finish(self) -> None:
+        """Let the write go on; return once it has."""
+        self._hold.release.set()
+        if self._writer is not None:
+            self._writer.outcome(f"the held {self.write} must finish")
+
+
 def unstarted(
-    fleet: NearFleet, ready: set[str], local: EvictingCache | None = None
+    fleet: NearFleet,
+    ready: set[str],
+    local: EvictingCache | None = None,
+    clients: dict[str, redis.Redis] | None = None,
 ) -> CoherentCache:
-    """A near cache that is not started, with ``channel_ready`` called for ``ready``."""
+    """A near cache that is not started, with ``channel_ready`` called for ``ready``: the
+    test delivers (or withholds) every message. Over the fleet's writer, or a cache of
+    its own over ``clients`` (e.g. clients a test holds replies of)."""
     local = lru(100) if local is None else local
-    near = near_cache(fleet.writer, local)
+    near = near_cache(fleet.writer if clients is None else fleet.sharded(clients), local)
     for name in sorted(ready):
         near.channel_ready(name)
     return near

@@ -135,6 +135,7 @@ class HoldBefore:
         self._lock = threading.Lock()
         self.reached = threading.Event()
         self.release = threading.Event()
+        self.gave_up = threading.Event()  # the test never released it: it went on anyway
         client.execute_command = self._execute  # type: ignore[method-assign]
 
     def arm(self) -> None:
@@ -147,7 +148,8 @@ class HoldBefore:
             self._armed &= not hold
         if hold:
             self.reached.set()
-            self.release.wait(DEADLINE_S)
+            if not self.release.wait(DEADLINE_S):
+                self.gave_up.set()
         return self._inner(*args, **options)
 
 
