@@ -256,9 +256,12 @@ def test_stage1_a_request_finishes_on_its_stop_token_or_its_length() -> None:
 
 @core
 @rule("finish")
-def test_stage1_a_deadline_finishes_the_request_at_the_first_step_at_or_past_it() -> None:
-    t = trace()
-    t.submit(req("D", 3, 50, deadline_ns=3 * STEP_NS), req("W", 3, 5))
+@pytest.mark.parametrize("arrival_ns", [0, STEP_NS // 2], ids=["arrived-at-0", "arrived-later"])
+def test_stage1_a_deadline_finishes_the_request_at_the_first_step_at_or_past_it(
+    arrival_ns: int,
+) -> None:
+    t = trace()  # deadline_ns is a time on the clock, not a timeout from the arrival
+    t.submit(req("D", 3, 50, deadline_ns=3 * STEP_NS, arrival_ns=arrival_ns), req("W", 3, 5))
     t.step()
     t.step()
     out = t.step()
@@ -641,6 +644,15 @@ def test_stage1_the_priority_policy_admits_the_smallest_priority_first() -> None
     assert t.b.running() == ["high"] and t.b.waiting() == ["mid-1", "mid-2", "low"], (
         "admission: priority: smaller first (high=1, then the two 3s in submission "
         f"order, then low=5); running {t.b.running()}, waiting {t.b.waiting()}"
+    )
+    for gone in ("high", "low"):  # fewer requests in the batcher: the order goes on all the same
+        t.b.abort(gone)
+        t.finished[gone] = "abort"
+    t.submit(req("mid-3", 8, 2, priority=3))
+    assert t.b.waiting() == ["mid-1", "mid-2", "mid-3"], (
+        "admission: priority ties go in submission order, counted over every request ever "
+        "submitted: after 'high' and 'low' were aborted, 'mid-3' (priority 3) queues behind "
+        f"mid-1 and mid-2, submitted before it; waiting {t.b.waiting()}"
     )
 
 

@@ -165,6 +165,9 @@ def test_stage1_the_lf_of_a_crlf_split_across_chunks_is_skipped() -> None:
         [b"data: a\r", b"", b"\ndata: b\n\n"], [E(data="a\nb")], "an empty chunk in between"
     )
     expect_events([b"data: a\r", b"\n", b"\n"], [E(data="a")], "the LF alone, then a blank line")
+    # Only an LF *directly* after the CR is skipped: here the next chunk starts otherwise,
+    # and the LF that ends "data: b" is a line end of its own.
+    expect_events([b"data: a\r", b"data: b", b"\n\n"], [E(data="a\nb")], "CR | a line | LF LF")
     # A lone CR followed by a CR is two line ends: the second one is the blank line.
     expect_events([b"data: a\r", b"\r"], [E(data="a")], "CR | CR")
 
@@ -728,6 +731,12 @@ def test_stage1_content_and_refusal_concatenate_from_the_first_string() -> None:
         (choice.content, choice.refusal),
         (None, ""),
         f"a refusal of '' is a string, a content of null is not: (content, refusal) of {choice}",
+    )
+    (choice,) = assemble([chunk(delta(0, content="", refusal=None))]).choices
+    expect(
+        (choice.content, choice.refusal),
+        ("", None),
+        f"a content of '' is a string, a refusal of null is not: (content, refusal) of {choice}",
     )
 
 
