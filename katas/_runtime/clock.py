@@ -125,9 +125,8 @@ class ManualClock:
     def _wake_due(self) -> None:
         with self._lock:
             now = self._now
-            conds = [c for c, d in self._thread_sleepers.values() if d is not None and d <= now]
-            if not self._notifies_sleepers:
-                conds = []
+            sleepers = self._thread_sleepers.values() if self._notifies_sleepers else ()
+            conds = [c for c, d in sleepers if d is not None and d <= now]
             events = [e for e, d in self._task_sleepers.values() if d <= now]
         # Taken outside our lock: a waiter holds its condition while it registers here.
         for cond in conds:

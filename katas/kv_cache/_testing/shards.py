@@ -119,24 +119,17 @@ def node_stats(cache: RemoteCache, name: str) -> NodeStatistics:
     return s
 
 
-def old_copies(redis_env: RedisEnv, cache: RemoteCache, node: RedisNode, prefix: str) -> list[str]:
-    """The keys under ``prefix`` on ``node`` (named ``n0``) that are not of ``cache``'s
-    current epoch there: copies left under an epoch it abandoned."""
-    current = f"{prefix}{node_stats(cache, 'n0').epoch}:"
-    return [k for k in redis_env.keys(prefix, node=node) if not k.startswith(current)]
-
-
 def after_100_calls(
-    redis_env: RedisEnv, cache: RemoteCache, node: RedisNode, prefix: str, others: str
-) -> tuple[int, list[str], int]:
-    """100 more gets of keys whose first replica is ``node`` (named ``n0``); then its
-    epoch, the :func:`old_copies` left on it and how many keys under ``others`` it keeps."""
-    first_on_n0 = [k for k in (f"doc:{i}" for i in range(60)) if cache.replicas_for(k)[0] == "n0"]
+    redis_env: RedisEnv, cache: RemoteCache, node: RedisNode, prefix: str, calls_on: list[str]
+) -> tuple[int, list[str]]:
+    """100 more gets, cycling through ``calls_on`` (keys whose first replica is ``node``,
+    named ``n0``); then its epoch and the keys under ``prefix`` left on it under an older
+    one: copies of an epoch it abandoned."""
     for i in range(100):
-        cache.get(first_on_n0[i % len(first_on_n0)])
+        cache.get(calls_on[i % len(calls_on)])
     epoch = node_stats(cache, "n0").epoch
-    kept = len(redis_env.keys(others, node=node))
-    return epoch, old_copies(redis_env, cache, node, prefix), kept
+    current = f"{prefix}{epoch}:"
+    return epoch, [k for k in redis_env.keys(prefix, node=node) if not k.startswith(current)]
 
 
 def behind_a_proxy(
