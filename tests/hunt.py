@@ -19,6 +19,7 @@ hypothesis profile, an empty example database, the embedded fakeredis)::
 
     python tests/hunt.py HUNT                       # every bug, one run at a time
     python tests/hunt.py HUNT --only kv_cache/stage2 --jobs 2
+    python tests/hunt.py HUNT --first               # each run up to its first failure
 
 Each bug gets one line (caught, with the tests that failed; or SURVIVED) and each stage
 a tally. Bugs are written down before the first run, so none is tuned to slip past.
@@ -62,9 +63,10 @@ def load(folder: Path) -> list[mutants.Mutant]:
     return sorted(found, key=lambda m: (m.kata, m.stage, m.slug))
 
 
-def judge(bug: mutants.Mutant, cluster: str | None = None) -> Verdict:
+def judge(bug: mutants.Mutant, cluster: str | None = None, first: bool = False) -> Verdict:
     """One run of the bug's stage suite; with ``cluster`` (a ``redis-server``) on a real
-    Redis Cluster, as ``KATA_REDIS_CLUSTER`` runs it."""
+    Redis Cluster, as ``KATA_REDIS_CLUSTER`` runs it; with ``first``, up to its first
+    failure (the verdict is the same, the failed tests are one)."""
     with tempfile.TemporaryDirectory(prefix="kata-hunt-") as tmp:
         try:
             impl = mutants.materialise(bug, Path(tmp) / "impl")
@@ -75,7 +77,11 @@ def judge(bug: mutants.Mutant, cluster: str | None = None) -> Verdict:
         if cluster:
             env["KATA_REDIS_CLUSTER"] = cluster
         run: SuiteRun = run_suite(
-            suite_files(bug.kata, bug.stage), impl=str(impl), env=env, timeout_s=1800
+            suite_files(bug.kata, bug.stage),
+            impl=str(impl),
+            env=env,
+            timeout_s=1800,
+            pytest_args=("-x",) if first else (),
         )
     failed = tuple(r.nodeid.split("::", 1)[-1] for r in run.failures())
     problem = "" if failed or run.ok else (run.collection_error or run.run_error or "no verdict")
@@ -92,12 +98,19 @@ def main(argv: list[str] | None = None) -> int:
         metavar="REDIS_SERVER",
         help="run on a real Redis Cluster of this redis-server (bugs only a cluster shows)",
     )
+    parser.add_argument(
+        "--first",
+        action="store_true",
+        help="stop each run at its first failure: same verdicts, a caught bug's run is shorter",
+    )
     args = parser.parse_args(argv)
     chosen = [m for m in load(args.folder) if args.only in m.name]
     written: Counter[tuple[str, int]] = Counter((m.kata, m.stage) for m in chosen)
     caught: Counter[tuple[str, int]] = Counter()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for verdict in pool.map(functools.partial(judge, cluster=args.cluster), chosen):
+        for verdict in pool.map(
+            functools.partial(judge, cluster=args.cluster, first=args.first), chosen
+        ):
             bug = verdict.bug
             if verdict.caught:
                 caught[bug.kata, bug.stage] += 1

@@ -884,6 +884,44 @@ def test_stage1_reads_drop_nothing_a_clock_step_back_would_find(
     check_reads_drop_nothing(stage_module, algo)
 
 
+@rule("clock-step-back", "refund-capped", "refund-newest")
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_a_refund_is_a_write_a_clock_step_back_pauses_at(
+    stage_module: ModuleType, algo: Algo
+) -> None:
+    # A refund writes the key's state, so it stamps the key's time like an admission:
+    # after a step back to before the refund, the key waits at the refund's instant.
+    # Twin A steps back, twin B does not; from the refund's instant on they must agree.
+    setup = Setup(algo, limit=3, rate=Fraction(1, 10), window_ns=10 * S_)
+    a, ca, b, cb = twins(stage_module, setup)
+    for limiter, clock in ((a, ca), (b, cb)):
+        for at_s in (0, 5, 6):
+            clock.set(START_NS + at_s * S_)
+            limiter.try_acquire("alice")
+        clock.set(START_NS + 12 * S_)
+        limiter.refund("alice", 1)
+    ca.set(START_NS + 8 * S_)
+    taken_a, taken_b = a.try_acquire("alice"), b.try_acquire("alice")
+    story = (
+        f"{setup}: units taken at 0, 5 and 6 s; refund('alice', 1) at 12 s; then twin A's "
+        "clock stepped back to 8 s and twin B's stayed at 12 s; both took 1 unit"
+    )
+    expect(
+        (taken_a.allowed, taken_a.remaining),
+        (taken_b.allowed, taken_b.remaining),
+        f"{story}: (allowed, remaining) — A's key is paused at the refund's instant",
+    )
+    for at_s in range(12, 27):
+        for clock in (ca, cb):
+            clock.set(START_NS + at_s * S_)
+        expect(
+            state_of(a, "alice", 3),
+            state_of(b, "alice", 3),
+            f"{story}. At {at_s} s the twins must agree: the refund is a write, so it "
+            "stamps the key's time and A's unit counts from 12 s, not 8 s",
+        )
+
+
 @core
 @rule("refund-capped")
 def test_stage1_token_bucket_refund_tops_up_a_partly_refilled_bucket(

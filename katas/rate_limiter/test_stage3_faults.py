@@ -14,8 +14,9 @@ probe-interval, busy-unavailable) · peeks and impossible costs in every failure
 Redis cannot take (redis-reset, probe-interval) · what statistics() counts
 (fallback-counted) · a blackholed Redis (socket-timeout) · probes that fail
 (probe-interval) · script errors (script-error-raised) · SCRIPT FLUSH and restarts
-(noscript-reload) · extended: the async limiter's refunds and resets during an outage
-(async-redis, refund-outage, redis-reset).
+(noscript-reload) · extended: the async limiter's unavailable replies, local resets,
+and refunds and resets during an outage (async-redis, busy-unavailable, refund-outage,
+redis-reset).
 """
 
 from __future__ import annotations
@@ -28,13 +29,15 @@ from types import ModuleType
 import pytest
 import redis
 
-from katas._harness.faultproxy import UNAVAILABLE_REPLIES
+from katas._harness.faultproxy import UNAVAILABLE_REPLIES, FaultProxy
 from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.story import Story, check, expect
 from katas.rate_limiter._testing.nodes import (
     ALGORITHMS,
+    Blocking,
     async_behind_a_proxy,
+    async_behind_a_proxy_blocking,
     behind_a_proxy,
     make_limiter,
 )
@@ -49,6 +52,8 @@ from katas.rate_limiter.api import (
 
 pytestmark = [pytest.mark.stage(3)]
 
+FaultTolerant = RedisLimiter | Blocking  # a sync limiter, or an async one called to its end
+
 
 @rule("busy-unavailable", "redis-reset", "fallback-counted", "cluster-down")
 @core
@@ -59,12 +64,35 @@ def test_stage3_every_unavailable_reply_goes_to_the_failure_mode(
     """BUSY, LOADING, MASTERDOWN, TRYAGAIN, CLUSTERDOWN: a server that is up but cannot
     serve now (redis-py raises most as types of their own, the code cut from the text).
     A decision, a peek, a refund and a reset each go to the failure mode, counted."""
+    skip_unless_a_proxy_can_answer(redis_env, code)
+    check_every_call_takes_the_reply_as_unavailable(
+        *behind_a_proxy(stage_module, redis_env, "closed"), code
+    )
+
+
+@rule("async-redis", "busy-unavailable", "redis-reset", "fallback-counted")
+@extended
+@pytest.mark.parametrize("code", sorted(UNAVAILABLE_REPLIES))
+def test_stage3_async_every_unavailable_reply_goes_to_the_failure_mode(
+    stage_module: ModuleType, redis_env: RedisEnv, code: str
+) -> None:
+    skip_unless_a_proxy_can_answer(redis_env, code)
+    with async_behind_a_proxy_blocking(stage_module, redis_env, "closed") as (proxy, clock, lim):
+        check_every_call_takes_the_reply_as_unavailable(proxy, clock, lim, code)
+
+
+def skip_unless_a_proxy_can_answer(redis_env: RedisEnv, code: str) -> None:
     if code not in redis_env.refusals:
         pytest.skip(
             f"a cluster never answers its CLUSTER SLOTS with {code}, which a proxy refusing "
             "every command would; the real CLUSTERDOWN and TRYAGAIN are in -k cluster"
         )
-    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, "closed")
+
+
+def check_every_call_takes_the_reply_as_unavailable(
+    proxy: FaultProxy, clock: ManualClock, limiter: FaultTolerant, code: str
+) -> None:
+    __tracebackhide__ = True
     assert limiter.try_acquire("alice").allowed, "Redis is up: 1 of 4"
     proxy.refuse(code)
     calls: list[tuple[str, Callable[[], object]]] = [
@@ -317,6 +345,22 @@ def test_stage3_reset_in_local_mode_resets_the_local_limiter_too(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
     proxy, _, limiter = behind_a_proxy(stage_module, redis_env, "local", expected_nodes=2)
+    check_a_reset_in_local_mode_resets_the_local_limiter(proxy, limiter)
+
+
+@rule("async-redis", "redis-reset", "failure-modes")
+@extended
+def test_stage3_async_reset_in_local_mode_resets_the_local_limiter_too(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    with async_behind_a_proxy_blocking(stage_module, redis_env, "local") as (proxy, _, limiter):
+        check_a_reset_in_local_mode_resets_the_local_limiter(proxy, limiter)
+
+
+def check_a_reset_in_local_mode_resets_the_local_limiter(
+    proxy: FaultProxy, limiter: FaultTolerant
+) -> None:
+    __tracebackhide__ = True
     proxy.outage()
     before = [limiter.try_acquire("bob").allowed for _ in range(3)]
     limiter.reset("bob")

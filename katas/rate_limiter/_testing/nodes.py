@@ -14,12 +14,14 @@ the same as at the refund's own time (see :meth:`ServerModel.refund`).
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Coroutine, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fractions import Fraction
 from types import ModuleType
-from typing import Any, Literal, assert_never, get_args
+from typing import Any, Literal, TypeVar, assert_never, get_args
 
 import redis
 import redis.asyncio
@@ -43,12 +45,14 @@ from katas.rate_limiter.api import (
     Lease,
     ManualClock,
     RedisLimiter,
+    RedisLimiterStats,
     StampedDecision,
 )
 
 ALGORITHMS = ("token_bucket", "sliding_log", "fixed_window")
 KEYS = ("alice", "bob")
 NODES = 3
+_T = TypeVar("_T")
 
 
 # --- the model: one ideal limiter on the server's clock ---------------------------------
@@ -254,6 +258,49 @@ def async_behind_a_proxy(
         probe_interval_ns=NS_PER_S,
     )
     return client, limiter
+
+
+class Blocking:
+    """An async limiter called from plain test code: each call runs to its end on the
+    limiter's own event loop (a hard 10 s deadline), so one check serves both flavours."""
+
+    def __init__(self, limiter: AsyncRedisLimiter, loop: asyncio.AbstractEventLoop) -> None:
+        self._limiter, self._loop = limiter, loop
+
+    def _run(self, call: Coroutine[Any, Any, _T]) -> _T:
+        return self._loop.run_until_complete(asyncio.wait_for(call, 10))
+
+    def try_acquire(self, key: str, cost: int = 1) -> Decision:
+        return self._run(self._limiter.try_acquire(key, cost))
+
+    def peek(self, key: str, cost: int = 1) -> Decision:
+        return self._run(self._limiter.peek(key, cost))
+
+    def refund(self, key: str, cost: int) -> None:
+        self._run(self._limiter.refund(key, cost))
+
+    def reset(self, key: str) -> None:
+        self._run(self._limiter.reset(key))
+
+    def statistics(self) -> RedisLimiterStats:
+        return self._limiter.statistics()
+
+
+@contextmanager
+def async_behind_a_proxy_blocking(
+    stage: ModuleType, env: RedisEnv, failure_mode: str
+) -> Iterator[tuple[FaultProxy, ManualClock, Blocking]]:
+    """:func:`async_behind_a_proxy`'s limiter, called through :class:`Blocking`: the
+    proxy, the clock and the limiter; its client and event loop closed on leaving."""
+    proxy, clock, loop = env.proxy(), ManualClock(), asyncio.new_event_loop()
+    try:
+        client, limiter = async_behind_a_proxy(stage, env, proxy, clock, failure_mode)
+        try:
+            yield proxy, clock, Blocking(limiter, loop)
+        finally:
+            loop.run_until_complete(client.aclose())
+    finally:
+        loop.close()
 
 
 # --- operations, streams of them, and their replay ---------------------------------------
