@@ -31,6 +31,7 @@ import anyio.abc
 import pytest
 
 from katas._harness.marks import anyio_test, core, extended, rule
+from katas._harness.story import expect
 from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, expect_ending, request
 from katas.dynamic_batcher._testing.fleet import (
     PROBE_TIMEOUT,
@@ -820,6 +821,48 @@ async def test_stage3_a_failed_probe_fails_over_the_replicas_requests_at_once() 
         )
         await clients.finish()
     expect_whole(clients.readers, want, "a stopped, found down by a probe")
+
+
+@extended
+@rule("probe", "failover")
+@anyio_test
+async def test_stage3_probe_verdicts_apply_once_the_whole_round_is_over() -> None:
+    fleet = Fleet(names=("a", "b", "c"))
+    r = request("r", 6, 40)  # still streaming when the round ends
+    want = fleet.expected([r])
+    async with fleet.routing(
+        [r], stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT
+    ) as clients:
+        start = T0 + 3 * STEP_NS
+        await fleet.time.advance_to(start)
+        fleet["a"].probe_error = OSError("connection reset by peer")  # fails at once
+        fleet["b"].stop()  # its probe times out at the round's end
+        clients.tasks.start_soon(clients.router.check_health)
+        await fleet.time.advance_to(start + PROBE_TIMEOUT - 1)
+        story = (
+            "r streams from a; a probe round starts: a's probe fails at once, b's "
+            f"never answers (probe_timeout_ns={PROBE_TIMEOUT})"
+        )
+        expect(
+            (
+                clients.router.statistics().down,
+                [(name, x.rid) for name in "abc" for x in fleet[name].seen],
+            ),
+            ((), [("a", "r")]),
+            f"{story}. 1 ns before the round ends: (down, attempts seen by the replicas) — "
+            "no verdict applies until every probe answered or timed out, so r is still a's",
+        )
+        await fleet.time.advance_to(start + PROBE_TIMEOUT)
+        expect(
+            (clients.router.statistics().down, [x.rid for x in fleet["c"].seen]),
+            (("a", "b"), ["r#1"]),
+            f"{story}. When the round ends: a and b are down at once, and r fails over "
+            "once, to c — never to b, whose probe was still out",
+        )
+        fleet["a"].probe_error = None
+        fleet["b"].resume()
+        await clients.finish()
+    expect_whole(clients.readers, want, "a failed its probe, b's timed out, in one round")
 
 
 @extended

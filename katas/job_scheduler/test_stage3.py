@@ -434,6 +434,33 @@ def test_stage3_values_travel_as_json_under_the_key_prefix(redis_env: RedisEnv) 
         )
 
 
+@marks.rule("key-prefix")
+@core
+def test_stage3_queues_with_other_names_under_one_prefix_share_nothing(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    emails = new_queue(redis_env, name="emails")
+    reports = new_queue(redis_env, name="reports")
+    first = emails.enqueue("welcome")
+    story = "queues 'emails' and 'reports' under one key_prefix; 'emails' enqueued one job"
+    expect(reports.claim("w"), None, f"{story}: reports.claim() finds nothing of it")
+    expect(reports.statistics().ready, 0, f"{story}: reports.statistics().ready")
+    expect(
+        reports.enqueue("weekly").split("@")[0],
+        first.split("@")[0],
+        f"{story}, then 'reports' enqueued one: each queue numbers its own jobs from 1",
+    )
+    keys = sorted(text(k) for k in redis_env.client().scan_iter(match=f"{redis_env.prefix}*"))
+    tags = sorted({k[len(redis_env.prefix) :].split("}")[0] + "}" for k in keys})
+    expect(
+        tags,
+        ["{emails}", "{reports}"],
+        f"{story}: each queue's keys are <key_prefix>{{<name>}}:…, the name its hash tag; "
+        f"the keys written were {keys}",
+    )
+
+
 @marks.rule("redis-bad-input", "whole-us", "json", "lua-bounds")
 @core
 @pytest.mark.parametrize(("call", "parameter"), bad_calls())

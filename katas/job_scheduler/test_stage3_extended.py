@@ -31,7 +31,7 @@ import redis
 
 from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv
-from katas._harness.story import check
+from katas._harness.story import check, expect
 from katas._harness.waiting import eventually
 from katas.job_scheduler._testing.bounds import max_pending_walk
 from katas.job_scheduler._testing.cluster import SCRIPT_COMMANDS, every_call
@@ -193,6 +193,42 @@ def test_stage3_release_refunds_the_attempt_and_keeps_the_place_in_line(
     assert claim(queue).job_id == second
 
 
+@rule("redis-stale", "redis-fenced", "redis-extended")
+@extended
+@pytest.mark.realtime
+@pytest.mark.parametrize("then", ["expired", "reclaimed"])
+def test_stage3_every_call_on_a_stale_lease_is_refused_and_writes_nothing(
+    redis_env: RedisEnv, then: str
+) -> None:
+    """A zombie's lease expired (``expired``), and the job was then claimed by w2
+    (``reclaimed``): its heartbeat, release, ack and nack each raise StaleLease, and the
+    job — and w2's lease — are exactly as they were."""
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, lease_ns=100 * MS)
+    job_id = queue.enqueue("work")
+    zombie = claim(queue, "w1")
+    redis_env.pass_time(100 * MS)  # the zombie's lease ends: at its expiry, not live
+    live = claim(queue, "w2") if then == "reclaimed" else None
+    story = "w1 claimed the job; its lease expired" + (", then w2 claimed it" * bool(live))
+    before = queue.get(job_id)
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("heartbeat(zombie)", lambda: queue.heartbeat(zombie)),
+        ("release(zombie)", lambda: queue.release(zombie)),
+        ("ack(zombie)", lambda: queue.ack(zombie, "late")),
+        ("nack(zombie)", lambda: queue.nack(zombie, "late")),
+    ]
+    for name, call in calls:
+        with pytest.raises(StaleLease):
+            call()
+            raise AssertionError(f"{story}: {name} was accepted, it must raise StaleLease")
+        check(
+            queue.get(job_id) == before and (live is None or queue.is_current(live)),
+            f"{story}: {name} raised StaleLease, and a refused call writes nothing — "
+            f"expected the job as it was, {before}, got {queue.get(job_id)}"
+            + (f"; w2's lease current: {queue.is_current(live)}" if live else ""),
+        )
+
+
 @rule("redis-extended", "redis-order")
 @extended
 def test_stage3_a_job_released_after_others_fell_due_keeps_its_due_time_and_place(
@@ -231,6 +267,32 @@ def test_stage3_a_job_released_after_others_fell_due_keeps_its_due_time_and_plac
     assert (got[0].attempt, got[0].token) == (1, 2), (
         f"release refunds the attempt and keeps the token issued: expected attempt 1, "
         f"token 2; got {got[0]}"
+    )
+
+
+@rule("redis-settle-first", "redis-extended", "redis-order")
+@extended
+@pytest.mark.realtime
+def test_stage3_twelve_leases_expiring_at_one_instant_settle_in_sequence_order(
+    redis_env: RedisEnv,
+) -> None:
+    """Twelve jobs claimed at one frozen server instant expire together, each at its last
+    attempt: they die in (expires_at, seq) order — job 10 after job 9 — and the dead
+    letters list them in that order of death."""
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, lease_ns=100 * MS, max_attempts=1)
+    ids = [queue.enqueue(n) for n in range(12)]
+    for _ in ids:
+        claim(queue)
+    redis_env.pass_time(100 * MS)
+    expect(queue.reap(), 12, "the twelve leases expire at this one instant: reap() expires 12")
+    expect(
+        [job.id for job in queue.dead_letters()],
+        ids,
+        "twelve jobs enqueued and claimed at one server instant, max_attempts=1, expire "
+        "together: the settle applies expiries in (expires_at, seq) order, so they die — "
+        "and are dead letters — in enqueue order, the tenth after the ninth (a sequence "
+        "number is never compared as text)",
     )
 
 
@@ -610,6 +672,20 @@ def test_stage3_statistics_stop_counting_a_finished_job_at_its_retention(
         queue.get(first)
         raise AssertionError(f"{first} outlived its retention")
     assert queue.get(second).state is SUCCEEDED
+    # After that settle, the next retention still ends on time: a third job finishes
+    # (its writes keep the queue's keys alive), and the second's retention ends 40 ms on.
+    third = queue.enqueue("third")
+    queue.ack(claim(queue))
+    redis_env.pass_time(40 * MS)  # 100 ms after the second ack, 40 ms after the third
+    stats = queue.statistics()
+    assert stats.succeeded == 1, (
+        f"then {third} succeeded 40 ms ago, and {second} 100 ms ago: its retention ended "
+        f"(the settle that forgot {first} must still wake for it) — statistics() must count "
+        f"1 succeeded job, got {stats}"
+    )
+    with pytest.raises(JobNotFound):
+        queue.get(second)
+        raise AssertionError(f"{second} outlived its retention")
 
 
 @rule("bounded-memory")

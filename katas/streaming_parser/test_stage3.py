@@ -606,6 +606,30 @@ async def test_stage3_retry_after_of_a_429_or_503_is_a_floor(replicas: ReplicaSe
 @extended
 @rule("backoff")
 @processes
+async def test_stage3_a_retry_after_shorter_than_the_draw_changes_no_wait(
+    replicas: ReplicaSet,
+) -> None:
+    said = ["status:503:1", "status:429:1", "end:5"]
+    silent = ["status:503:0", "status:429:0", "end:5"]
+    results = [
+        await run(replicas, BLOCKS, actions, random=random.Random(7), retry_ms=4000)
+        for actions in (said, silent)
+    ]
+    for actions, result in zip((said, silent), results, strict=True):
+        expect_exactly_once(result, BLOCKS, f"the connections got {actions}")
+    check(
+        results[0].sleeps_ns == results[1].sleeps_ns,
+        "backoff: retry_ms=4000, so the waits after the 503 and the 429 are drawn from "
+        "[2, 4] s and [4, 8] s; a Retry-After of 1 s is shorter: the wait is the larger, "
+        "the draw — and the draw is made anyway, so every later wait is what the same "
+        f"seed gives without Retry-After.\n  with Retry-After: 1  {results[0].sleeps_ns}"
+        f"\n  with Retry-After: 0  {results[1].sleeps_ns}",
+    )
+
+
+@extended
+@rule("backoff")
+@processes
 async def test_stage3_retry_after_sets_the_next_wait_only_even_past_the_cap(
     replicas: ReplicaSet,
 ) -> None:
@@ -785,6 +809,24 @@ async def test_stage3_a_response_that_never_sends_a_byte_is_dropped(replicas: Re
     with bounded(f"the idle timeout ({IDLE_S} s) to end the silent response", 10 * IDLE_S):
         result = await run(replicas, BLOCKS, ["silent"], idle_timeout_s=IDLE_S)
     expect_exactly_once(result, BLOCKS, "the first response sent its head, then nothing")
+
+
+@extended
+@rule("stalled-connection")
+@processes
+async def test_stage3_without_an_idle_timeout_the_clients_own_read_timeout_holds(
+    replicas: ReplicaSet,
+) -> None:
+    own = httpx.Timeout(5.0, read=IDLE_S)
+    with bounded(f"the client's own read timeout ({IDLE_S} s) to end the silence", 10 * IDLE_S):
+        result = await run(replicas, BLOCKS, ["silent"], idle_timeout_s=None, client_timeout=own)
+    expect_exactly_once(
+        result,
+        BLOCKS,
+        f"idle_timeout_s=None over a client whose own read timeout is {IDLE_S} s; the first "
+        "response sent its head, then nothing: None leaves the client's timeouts, so that "
+        "response is dropped after the client's read timeout",
+    )
 
 
 @extended

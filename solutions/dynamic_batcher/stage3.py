@@ -329,10 +329,19 @@ class Router:
 
     def _replica_failed(self, name: str, why: str) -> None:
         """``name`` is down: every request in flight there fails over, each once."""
-        self.replicas.mark_down(name)
-        for stream in [
-            s for s in self._streams.values() if s.attempt and s.attempt.replica == name
-        ]:
+        self._replicas_failed({name: why})
+
+    def _replicas_failed(self, whys: dict[str, str]) -> None:
+        """Every replica named is down; then every request in flight on one fails over,
+        each once — after all are marked, so that none moves onto another of them."""
+        for name in whys:
+            self.replicas.mark_down(name)
+        moving = [
+            (s, whys[s.attempt.replica])
+            for s in self._streams.values()
+            if s.attempt and s.attempt.replica in whys
+        ]
+        for stream, why in moving:
             self._fail_over(stream, why)
 
     def _fail_over(self, stream: _RoutedStream, why: str) -> None:
@@ -423,8 +432,13 @@ class Router:
         for name, ok in results.items():
             if ok:
                 self.replicas.mark_up(name)
-            elif self.replicas.is_up(name):
-                self._replica_failed(name, f"replica {name!r} failed its health probe")
+        self._replicas_failed(
+            {
+                name: f"replica {name!r} failed its health probe"
+                for name, ok in results.items()
+                if not ok and self.replicas.is_up(name)
+            }
+        )
 
     async def _probe(self, name: str, results: dict[str, bool]) -> None:
         results[name] = False

@@ -157,10 +157,12 @@ async def run(
     reset: bool = True,
     what: str = "the source to deliver the stream and end",
     clock: JumpingClock | None = None,
+    client_timeout: httpx.Timeout = CLIENT_TIMEOUT,
     **options: object,
 ) -> Run:
     """Reset the replicas to serve ``blocks`` with ``actions`` (unless the test did, with
-    ``reset=False``), read the whole stream with a new source, and return what happened."""
+    ``reset=False``), read the whole stream with a new source over a client with
+    ``client_timeout``, and return what happened."""
     __tracebackhide__ = True
     if reset:
         replicas.reset(blocks, actions)
@@ -168,7 +170,7 @@ async def run(
     events: list[ServerSentEvent] = []
     outcome: str | BaseException = "no end within 10 real seconds"
     again = END
-    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+    async with httpx.AsyncClient(timeout=client_timeout) as client:
         source = new_source(client, urls or replicas.urls, clock=clock, **options)
         with anyio.move_on_after(10.0) as scope:
             async with source:
