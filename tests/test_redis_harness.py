@@ -444,12 +444,14 @@ def test_a_local_cluster_moves_a_slot_step_by_step_and_fails_without_a_master() 
         redis.exceptions.ClusterError("TTL exhausted."),
         redis.ResponseError("CLUSTERDOWN The cluster is down"),
         redis.exceptions.BusyLoadingError("Redis is loading the dataset in memory"),
+        redis.exceptions.RedisClusterUnreachableError("Redis Cluster cannot be connected."),
     ],
     ids=lambda e: type(e).__name__,
 )
-def test_redis_py_typed_cluster_replies_are_unavailability(error: redis.RedisError) -> None:
+def test_redis_py_typed_cluster_replies_are_unavailability(error: Exception) -> None:
     """redis-py cuts the reply's code (CLUSTERDOWN, TRYAGAIN, MASTERDOWN) from the text of
-    the error it types: the type alone must say "cannot serve now"."""
+    the error it types: the type alone must say "cannot serve now". A cluster client that
+    reaches no node raises RedisClusterUnreachableError, which is not even a RedisError."""
     assert unavailable(error), f"{type(error).__name__}: {error}"
     assert not unavailable(redis.ResponseError("WRONGTYPE Operation against a key"))
 

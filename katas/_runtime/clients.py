@@ -64,7 +64,10 @@ def unavailable(error: BaseException) -> bool:
     handles, rather than a bug (a script error, a wrong type), which is raised."""
     import redis  # here, so that importing a kata's api does not import redis
 
-    if isinstance(error, redis.ConnectionError | redis.TimeoutError):
+    # A cluster client that can reach no node at all raises RedisClusterUnreachableError,
+    # which is not a RedisError: catch it beside RedisError.
+    unreachable = redis.exceptions.RedisClusterUnreachableError
+    if isinstance(error, redis.ConnectionError | redis.TimeoutError | unreachable):
         return True
     # redis-py raises these replies as types of their own, their code cut from the text
     # (MasterDownError is a ClusterDownError); a cluster client that kept getting TRYAGAIN

@@ -459,6 +459,56 @@ def test_stage3_a_failed_cluster_sends_every_call_to_the_failure_mode(
     )
 
 
+@rule("busy-unavailable", "failure-modes", "fallback-counted", "async-redis")
+@extended
+def test_stage3_an_async_limiter_whose_cluster_is_unreachable_from_the_start_falls_back(
+    stage_module: ModuleType, redis_cluster: LocalCluster
+) -> None:
+    """An async cluster client finds its nodes at its first call. Every node unreachable
+    then: the client raises RedisClusterUnreachableError, which is not a RedisError —
+    an unavailability all the same, for the failure mode."""
+    proxy = ClusterNode(redis_cluster).proxy()
+    clock = ManualClock()
+
+    async def main() -> tuple[Decision, RedisLimiterStats, Decision]:
+        client = ClusterNode(redis_cluster).proxied_async_client(proxy, socket_timeout=2)
+        limiter = stage_module.AsyncRedisRateLimiter(
+            client, algorithm="token_bucket", limit=4, window_ns=WINDOW_US * 1000,
+            clock=clock, key_prefix="rl-unreachable:", failure_mode="closed",
+            probe_interval_ns=NS_PER_S,
+        )  # fmt: skip
+        try:
+            proxy.outage()
+            try:
+                down = await limiter.try_acquire("alice")
+            except Exception as error:  # the test reports what escaped
+                raise AssertionError(
+                    "every node of the cluster unreachable before the async client's first "
+                    f"call: try_acquire('alice') raised {type(error).__name__}: {error}. An "
+                    "unreachable cluster is an unavailability (api.unavailable says so): the "
+                    "failure mode's, counted, never raised"
+                ) from error
+            stats = limiter.statistics()
+            proxy.heal()
+            clock.advance(NS_PER_S)  # the next probe is due
+            return down, stats, await limiter.try_acquire("alice")
+        finally:
+            await client.aclose()
+
+    down, stats, back = asyncio.run(asyncio.wait_for(main(), 60))
+    expect(
+        (type(down).__name__, down.allowed, stats),
+        ("Decision", False, RedisLimiterStats(0, 1, 1)),
+        "the cluster unreachable from the start, failure_mode='closed': try_acquire('alice') "
+        "is denied by the failure mode (not Redis: no StampedDecision), one fallback and one "
+        "Redis error counted",
+    )
+    check(
+        isinstance(back, StampedDecision) and back.allowed,
+        f"the cluster reachable again, 1 s later: Redis decides 'alice'; got {back}",
+    )
+
+
 @rule("node-outage", "probe-interval", "failure-modes", "async-redis")
 @core
 @pytest.mark.parametrize("flavour", ["sync", "async"])

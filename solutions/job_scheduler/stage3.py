@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
+from redis.exceptions import RedisClusterUnreachableError
 
 from katas.job_scheduler.api import (
     DEFAULT_DEDUP_TTL_NS,
@@ -59,7 +60,10 @@ from katas.job_scheduler.api import (
 from . import _redis_scripts as lua
 from .stage1 import _check_int, _check_str
 
-#: What "Redis is unavailable" means to a worker; a script error is a bug and is raised.
+#: What a Redis call raises: redis-py's errors, and the one a cluster client that can
+#: reach no node raises, which is not a RedisError. ``unavailable`` sorts them.
+REDIS_FAILURES = (redis.RedisError, RedisClusterUnreachableError)
+
 #: The largest number a script is given. Lua numbers are doubles, exact below 2^53, and a
 #: duration is added to the server's time (about 2^50.6 µs since 1970): with every duration,
 #: time and count at most 2^52 (µs: 142 years) every sum a script makes stays exact — and a
@@ -461,7 +465,7 @@ class RedisWorker:
         while True:
             try:
                 return call()
-            except redis.RedisError as error:
+            except REDIS_FAILURES as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
                 self._event("unavailable", None)
@@ -529,7 +533,7 @@ class RedisWorker:
                             self._event("released", lease, "released")
                         except (StaleLease, JobNotFound):
                             self._event("lost", lease, "lost")
-                        except redis.RedisError as error:
+                        except REDIS_FAILURES as error:
                             if not unavailable(error):
                                 raise
                             self._event("lost", lease, "lost")
@@ -538,7 +542,7 @@ class RedisWorker:
                             self._queue.heartbeat(lease)
                             self._counts["heartbeats"] += 1
                             next_beat = now + self._every
-                        except redis.RedisError as error:
+                        except REDIS_FAILURES as error:
                             if not unavailable(error):  # a bug (a script error) is raised
                                 raise
                             next_beat = now + self._poll  # soon again: the lease runs out

@@ -46,7 +46,7 @@ from katas.rate_limiter.api import (
 )
 
 from . import _redis_scripts as lua
-from ._redis_core import RedisCore, positive_int
+from ._redis_core import REDIS_FAILURES, RedisCore, positive_int
 
 
 class RedisRateLimiter(RedisCore):
@@ -83,7 +83,7 @@ class RedisRateLimiter(RedisCore):
             try:
                 reply = self._script(keys=keys, args=args, client=self._client)
                 return self._decided(reply, server)
-            except redis.RedisError as error:
+            except REDIS_FAILURES as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
                 self._failed(server)
@@ -104,7 +104,7 @@ class RedisRateLimiter(RedisCore):
             try:
                 self._decided(self._script(keys=keys, args=args, client=self._client), server)
                 return
-            except redis.RedisError as error:
+            except REDIS_FAILURES as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
                 self._failed(server)
@@ -117,7 +117,7 @@ class RedisRateLimiter(RedisCore):
             # one DEL, not delete(): a cluster client splits that into a pipeline, whose
             # errors come back as text ("Command # 1 ... caused error: BUSY ...")
             self._client.execute_command("DEL", *keys)
-        except redis.RedisError as error:
+        except REDIS_FAILURES as error:
             if not unavailable(error):  # a bug (a script error) is raised
                 raise
             self._failed(self._server_of(keys[0]))
@@ -164,7 +164,7 @@ class AsyncRedisRateLimiter(RedisCore):
             try:
                 reply = await self._script(keys=keys, args=args, client=self._client)
                 return self._decided(reply, server)
-            except redis.RedisError as error:
+            except REDIS_FAILURES as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
                 self._failed(server)
@@ -185,7 +185,7 @@ class AsyncRedisRateLimiter(RedisCore):
             try:
                 self._decided(await self._script(keys=keys, args=args, client=self._client), server)
                 return
-            except redis.RedisError as error:
+            except REDIS_FAILURES as error:
                 if not unavailable(error):  # a bug (a script error) is raised
                     raise
                 self._failed(server)
@@ -196,7 +196,7 @@ class AsyncRedisRateLimiter(RedisCore):
         keys = self._keys(key)
         try:
             await self._client.execute_command("DEL", *keys)  # one DEL (see the sync reset)
-        except redis.RedisError as error:
+        except REDIS_FAILURES as error:
             if not unavailable(error):  # a bug (a script error) is raised
                 raise
             self._failed(self._server_of(keys[0]))
