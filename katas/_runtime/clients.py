@@ -65,7 +65,7 @@ def unavailable(error: BaseException) -> bool:
     import redis  # here, so that importing a kata's api does not import redis
 
     # A cluster client that can reach no node at all raises RedisClusterUnreachableError,
-    # which is not a RedisError: catch it beside RedisError.
+    # which is not a RedisError (redis_errors.REDIS_FAILURES catches both).
     unreachable = redis.exceptions.RedisClusterUnreachableError
     if isinstance(error, redis.ConnectionError | redis.TimeoutError | unreachable):
         return True

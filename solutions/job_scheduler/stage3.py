@@ -33,8 +33,8 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from redis.exceptions import RedisClusterUnreachableError
 
+from katas._runtime.redis_errors import REDIS_FAILURES
 from katas.job_scheduler.api import (
     DEFAULT_DEDUP_TTL_NS,
     DEFAULT_RETENTION_NS,
@@ -59,10 +59,6 @@ from katas.job_scheduler.api import (
 
 from . import _redis_scripts as lua
 from .stage1 import _check_int, _check_str
-
-#: What a Redis call raises: redis-py's errors, and the one a cluster client that can
-#: reach no node raises, which is not a RedisError. ``unavailable`` sorts them.
-REDIS_FAILURES = (redis.RedisError, RedisClusterUnreachableError)
 
 #: The largest number a script is given. Lua numbers are doubles, exact below 2^53, and a
 #: duration is added to the server's time (about 2^50.6 µs since 1970): with every duration,

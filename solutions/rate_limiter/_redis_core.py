@@ -10,8 +10,7 @@ import threading
 from fractions import Fraction
 from typing import Any
 
-import redis
-from redis.exceptions import RedisClusterUnreachableError, SlotNotCoveredError
+from redis.exceptions import SlotNotCoveredError
 
 from katas.rate_limiter.api import (
     NS_PER_S,
@@ -30,9 +29,6 @@ from . import _redis_scripts as lua
 _ALGORITHMS = ("token_bucket", "sliding_log", "fixed_window")
 _FAILURE_MODES = ("open", "closed", "local")
 _MAX_SCALED = 2**51  # limit × window_us: the scripts' doubles stay exact below 2^53
-#: What a Redis call raises: redis-py's errors, and the one a cluster client that can
-#: reach no node raises, which is not a RedisError. ``unavailable`` sorts them.
-REDIS_FAILURES = (redis.RedisError, RedisClusterUnreachableError)
 
 
 def positive_int(name: str, value: object) -> int:

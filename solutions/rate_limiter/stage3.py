@@ -33,6 +33,7 @@ import secrets
 import redis
 import redis.asyncio
 
+from katas._runtime.redis_errors import REDIS_FAILURES
 from katas.rate_limiter.api import (
     NS_PER_S,
     Clock,
@@ -46,7 +47,7 @@ from katas.rate_limiter.api import (
 )
 
 from . import _redis_scripts as lua
-from ._redis_core import REDIS_FAILURES, RedisCore, positive_int
+from ._redis_core import RedisCore, positive_int
 
 
 class RedisRateLimiter(RedisCore):
