@@ -109,5 +109,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if left_out:
         terminalreporter.write_line(
             f"{left_out} bug-catalogue checks were not run: `pytest --catalogue` adds them "
-            "(one stage-suite run per entry, about 15 minutes more on 2 quiet cores)"
+            "(one stage-suite run per entry, about 8 minutes more on 2 quiet cores)"
         )
