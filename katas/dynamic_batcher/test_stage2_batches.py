@@ -671,6 +671,37 @@ async def test_stage2_batches_a_slow_batch_holds_back_neither_the_next_nor_its_c
             )
 
 
+@extended
+@rule("batch-statistics", "batch-concurrent")
+async def test_stage2_batches_a_batch_is_in_flight_from_the_instant_it_is_sent() -> None:
+    """Two batches sent in one go: each is in flight from its send, before its task has
+    started. Seen from inside each ``fn`` call, ``in_flight`` is every batch sent whose
+    ``fn`` has not ended — not only those whose task got to run."""
+    clock = ManualClock()
+    model = Model(clock)
+    seen: list[tuple[BatchStatistics, int]] = []
+
+    async def fn(items: Sequence[Any]) -> list[str]:
+        seen.append((stats(b), sum(1 for how in model.ended if how)))
+        return await model(items)
+
+    b = stage().DynamicBatcher(fn, max_batch_size=2, max_queue_delay_ns=DELAY, clock=clock)
+    with bounded("two full batches sent in one go"):
+        async with anyio.create_task_group() as tg, serving(b, model):
+            await settle()  # the batcher waits for its first item
+            callers = [Caller(b, item) for item in "abcd"]
+            for caller in callers:  # all four queued before the batcher looks
+                tg.start_soon(caller.run)
+            await outcomes(callers, "two full batches")
+    wrong = [(s, ended) for s, ended in seen if s.in_flight != s.dispatched - ended]
+    assert len(seen) == 2 and not wrong, (
+        "batch-statistics: a b c d submitted at once, max_batch_size=2: two batches sent. "
+        "in_flight counts every batch sent whose fn has not ended, from the instant it is "
+        "sent; read from inside each fn call, expected in_flight == dispatched - ended, got "
+        + "; ".join(f"{s} with {ended} ended" for s, ended in seen)
+    )
+
+
 # -- closing ---------------------------------------------------------------------------
 
 

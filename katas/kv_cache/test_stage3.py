@@ -80,7 +80,7 @@ from katas.kv_cache._testing.shards import (
     sharded,
     stored,
 )
-from katas.kv_cache._testing.wire import ttl_ms
+from katas.kv_cache._testing.wire import HoldBefore, ttl_ms
 from katas.kv_cache.api import NS_PER_MS, NS_PER_S, ManualClock, NoReplicaAvailable
 
 pytestmark = [pytest.mark.stage(3)]
@@ -677,6 +677,52 @@ def test_stage3_old_copies_are_reclaimed_on_a_node_full_of_other_keys(
 
 
 @core
+@rule("reclaim-old-epochs")
+@pytest.mark.redis_faults
+def test_stage3_a_sweep_step_cut_by_an_outage_resumes_once_the_node_is_back(
+    redis_env: RedisEnv,
+) -> None:
+    """The node stops answering in the middle of a sweep step, between the call that
+    found it back and that step's SCAN: the step fails, the node is down again. Once it
+    answers again, sweeping goes on — a step that failed must not leave the node marked
+    as being swept for ever."""
+    servers = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    proxy = redis_env.proxy(servers["n0"])
+    clients = {name: node.client() for name, node in servers.items()}
+    clients["n0"] = servers["n0"].proxied_client(proxy)
+    held = HoldBefore(clients["n0"], "SCAN")
+    clock, prefix = ManualClock(), redis_env.fresh_prefix()
+    cache = sharded(clients, key_prefix=prefix, replicas=2, probe_interval_ns=NS_PER_S, clock=clock)
+    keys = [f"doc:{i}" for i in range(60)]
+    first_on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
+    for key in keys:
+        cache.put(key, "v")
+    proxy.busy()
+    cache.get(first_on_n0[0])  # n0 answers BUSY: down
+    proxy.heal()
+    clock.advance(NS_PER_S)
+    held.arm()
+    probe = threading.Thread(target=lambda: cache.get(first_on_n0[0]), daemon=True)
+    probe.start()  # n0 is back under epoch 1, and this call sweeps a page of epoch 0
+    check(held.reached.wait(10), "the first call on n0 back under a new epoch must SCAN")
+    proxy.busy()  # ... and n0 is unavailable again when that SCAN reaches it
+    held.release.set()
+    probe.join(10)
+    check(not probe.is_alive(), "the get whose sweep step failed never returned")
+    proxy.heal()
+    clock.advance(NS_PER_S)
+    epoch, stale = after_100_calls(redis_env, cache, servers["n0"], prefix, first_on_n0)
+    check(
+        epoch == 2 and not stale,
+        f"n0 held 60 keys' copies under epoch 0; it answered BUSY, came back under epoch 1, "
+        f"and answered BUSY again to the SCAN of the first sweep step; then it came back "
+        f"under epoch 2. After 100 more calls on n0 expected epoch 2 and no copy of an older "
+        f"epoch (the sweep resumes once n0 answers); got epoch {epoch}, {len(stale)} old "
+        f"copies ({[k.removeprefix(prefix) for k in stale[:4]]})",
+    )
+
+
+@core
 @rule("reclaim-old-epochs", "rejoin-new-epoch")
 @pytest.mark.redis_faults
 def test_stage3_a_node_that_rejoins_again_mid_sweep_reclaims_both_old_epochs(
@@ -829,6 +875,64 @@ def test_stage3_the_probe_of_a_rejoining_node_already_uses_its_new_epoch(
         )
     s = node_stats(cache, "n0")
     check((s.epoch, s.down) == (1, False), f"the probe found n0 back, at epoch 1: {s}")
+
+
+@core
+@rule("rejoin-new-epoch")
+@pytest.mark.redis_faults
+@pytest.mark.parametrize("op", ["get", "put", "delete"])
+def test_stage3_two_probes_racing_bump_the_epoch_once(redis_env: RedisEnv, op: str) -> None:
+    """Two calls probe a rejoined node at once: both were sent under its new epoch, and
+    only the first to succeed bumps it. The other, back later, must not bump again: that
+    would abandon what the first wrote under the epoch it had just taken."""
+    clock = ManualClock()
+    nodes = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    clients = {name: node.client() for name, node in nodes.items()}
+    held = HoldBefore(clients["n0"], *_EVERY_COMMAND)
+    prefix = redis_env.fresh_prefix()
+    cache = sharded(clients, key_prefix=prefix, replicas=2, probe_interval_ns=NS_PER_S, clock=clock)
+    key = next(k for k in KEYS if cache.replicas_for(k)[0] == "n0")
+    second = cache.replicas_for(key)[1]
+    cache.put(key, "old")
+    nodes["n0"].stop()
+    cache.get(key)  # n0 is marked down
+    nodes["n0"].start()
+    clock.advance(NS_PER_S)
+    held.arm()
+    first: dict[str, Callable[[], object]] = {
+        "get": lambda: cache.get(key), "put": lambda: cache.put(key, "first"),
+        "delete": lambda: cache.delete(key),
+    }  # fmt: skip
+    slow = threading.Thread(target=first[op], daemon=True)
+    slow.start()
+    check(held.reached.wait(10), f"{op}({key!r}) must probe n0, its first replica")
+    cache.put(key, "new")  # the other probe: n0 answers, back under epoch 1
+    held.release.set()
+    slow.join(10)
+    check(not slow.is_alive(), f"the {op} held on its probe of n0 never returned")
+    story = (
+        f"put({key!r}, 'old'); stop n0 (its first replica); a get marks it down; start n0; "
+        f"1 s later a {op} probes n0 and its command is held before it is sent; meanwhile "
+        f"put({key!r}, 'new') probes n0 too and finds it back; then the held {op} goes on"
+    )
+    s = node_stats(cache, "n0")
+    check(
+        (s.epoch, s.down) == (1, False),
+        f"{story}. Only the first successful probe bumps n0's epoch, once: expected n0 up at "
+        f"epoch 1, got {s}",
+    )
+    if op != "delete":
+        nodes[second].stop()
+        expected = "new" if op == "get" else "first"
+        expect(
+            cache.get(key, MISS), expected,
+            f"{story}; then stop {second}, the other replica: n0 holds the last write under "
+            f"epoch 1, the epoch both probes wrote under",
+        )  # fmt: skip
+
+
+#: Whatever a call sends first: the probe is held before it, whichever command it is.
+_EVERY_COMMAND = ("GET", "SET", "DEL", "UNLINK", "EVAL", "EVALSHA", "MGET", "PSETEX", "EXISTS")
 
 
 @core
