@@ -458,6 +458,45 @@ def test_stage2_negative_grace_is_rejected_and_changes_nothing() -> None:
         eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
 
 
+#: Values of each int parameter that are no int (a bool is none either): TypeError.
+NOT_INTS = [True, 2.0, "2"]
+
+
+@marks.rule("pool-bad-input")
+@core
+@pytest.mark.parametrize("value", NOT_INTS, ids=repr)
+@pytest.mark.parametrize("param", ["workers", "max_in_flight", "heartbeat_every_ns", "grace_ns"])
+def test_stage2_a_parameter_that_is_not_an_int_is_a_type_error(param: str, value: Any) -> None:
+    _clock, queue, pool = new_pool(lambda lease, payload: payload, workers=1)
+    with pytest.raises(TypeError, match=param):
+        if param == "grace_ns":
+            pool.shutdown(value)
+        else:
+            stage(2).ThreadWorkerPool(
+                queue, lambda lease, payload: None, **{"workers": 1, param: value}
+            )
+    assert not pool.statistics().stopping, f"shutdown({value!r}) refused must stop nothing"
+
+
+@marks.rule("pool-bad-input", "async-pool")
+@extended
+@pytest.mark.parametrize("value", NOT_INTS, ids=repr)
+@pytest.mark.parametrize(
+    "param", ["workers", "max_in_flight", "heartbeat_every_ns", "timeout_ns", "grace_ns"]
+)
+@anyio_test
+async def test_stage2_async_a_parameter_that_is_not_an_int_is_a_type_error(
+    param: str, value: Any
+) -> None:
+    _, queue, pool = new_async_pool(idle_handler, workers=1)
+    with pytest.raises(TypeError, match=param):
+        if param == "grace_ns":
+            await pool.shutdown(value)
+        else:
+            stage(2).AsyncWorkerPool(queue, idle_handler, **{"workers": 1, param: value})
+    assert not pool.statistics().stopping, f"shutdown({value!r}) refused must stop nothing"
+
+
 THIRD = LONG_LEASE // 3
 
 
@@ -492,6 +531,92 @@ def test_stage2_starting_a_pool_twice_raises() -> None:
             raise AssertionError("a second start() must raise RuntimeError")
         pool.submit(1)
         eventually(lambda: pool.statistics().succeeded == 1, "the pool still working")
+
+
+@marks.rule("start-once")
+@core
+def test_stage2_starting_a_pool_again_after_its_shutdown_raises() -> None:
+    _clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=1)
+    with running(pool):
+        pass
+    with pytest.raises(RuntimeError):
+        pool.start()
+        raise AssertionError("start() after shutdown must raise RuntimeError: once only")
+
+
+@marks.rule("start-once")
+@core
+def test_stage2_two_threads_starting_the_pool_at_once_start_it_once() -> None:
+    """Two threads call ``start()`` at once; the first is held as it launches its first
+    thread, until the second call has returned. One of the two raises RuntimeError, and
+    the pool has one set of threads."""
+    _clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=2)
+    before = set(threading.enumerate())
+    launching, go = threading.Event(), threading.Event()
+    launch = threading.Thread.start
+    held: list[threading.Thread] = []
+
+    def held_start(thread: threading.Thread) -> None:
+        if not held and threading.current_thread() is first:
+            held.append(thread)
+            launching.set()
+            go.wait(DEADLINE_S)
+        launch(thread)
+
+    outcomes: dict[str, str] = {}
+
+    def start(who: str) -> None:
+        try:
+            pool.start()
+            outcomes[who] = "started"
+        except RuntimeError:
+            outcomes[who] = "RuntimeError"
+
+    first = threading.Thread(target=start, args=("first",), daemon=True)
+    threading.Thread.start = held_start  # type: ignore[method-assign, assignment]
+    try:
+        launch(first)
+        check(launching.wait(DEADLINE_S), "start() must launch threads")
+        start("second")
+    finally:
+        go.set()
+        threading.Thread.start = launch  # type: ignore[method-assign]
+    first.join(DEADLINE_S)
+    try:
+        started = [t for t in threading.enumerate() if t not in before and t is not first]
+        one_start = _threads_of_one_start(workers=2)
+        check(
+            sorted(outcomes.values()) == ["RuntimeError", "started"] and len(started) == one_start,
+            f"two threads called start() at once (the first held while it launched its first "
+            f"thread): one must start the pool and the other raise RuntimeError, and the "
+            f"pool run the {one_start} threads one start() makes; got {outcomes}, and "
+            f"{len(started)} pool threads running",
+        )
+    finally:
+        pool.shutdown(0)
+
+
+def _threads_of_one_start(workers: int) -> int:
+    """How many threads one ``start()`` of a pool of ``workers`` runs."""
+    _clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=workers)
+    before = set(threading.enumerate())
+    with running(pool):
+        return sum(t not in before for t in threading.enumerate())
+
+
+@marks.rule("start-once")
+@core
+def test_stage2_every_thread_of_the_pool_is_a_daemon() -> None:
+    """A pool nobody shut down must not keep the process from exiting."""
+    _clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=3)
+    before = set(threading.enumerate())
+    with running(pool):
+        started = [t for t in threading.enumerate() if t not in before]
+        check(
+            len(started) >= 3 and all(t.daemon for t in started),
+            f"start() starts the pool's threads as daemons (workers=3); got "
+            f"{[(t.name, 'daemon' if t.daemon else 'NOT a daemon') for t in started]}",
+        )
 
 
 @marks.rule("heartbeat-lost", "pool-statistics")
@@ -872,6 +997,19 @@ async def test_stage2_async_running_a_pool_twice_raises() -> None:
         with pytest.raises(RuntimeError):
             await pool.run()
             raise AssertionError("a second run() must raise RuntimeError")
+
+
+@marks.rule("start-once", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_running_a_pool_again_after_its_shutdown_raises() -> None:
+    _, _, pool = new_async_pool(idle_handler, workers=1)
+    async with running_async(pool):
+        await eventually_async(lambda: pool.statistics().idle == 1, "the worker idle")
+    with pytest.raises(RuntimeError):
+        with anyio.fail_after(DEADLINE_S):
+            await pool.run()
+        raise AssertionError("run() after shutdown must raise RuntimeError: once only")
 
 
 # --- a model of the pool's bookkeeping, step by step ----------------------------------

@@ -22,18 +22,20 @@ the grace period (heartbeats, shutdown-grace, async-pool).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import anyio
 import pytest
 
 from katas._harness import marks
 from katas._harness.marks import anyio_test, core, extended
-from katas._harness.resting import WatchedClock
+from katas._harness.resting import SelfWakingClock, WatchedClock, wait_at
 from katas._harness.story import Story, check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
-from katas._harness.waiting import eventually, spawn
+from katas._harness.waiting import DEADLINE_S, eventually, spawn
 from katas.job_scheduler._testing.clocks import AFTER_A_JUMP, JUMP_EVERY, judge_beats_after_a_jump
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
@@ -43,9 +45,10 @@ from katas.job_scheduler._testing.pools import (
     pool_queue,
     running,
     running_async,
+    stat,
 )
 from katas.job_scheduler._testing.queues import LEASE, START, rel
-from katas.job_scheduler.api import AsyncWorkerPool, JobQueue, JobState, WorkerPool
+from katas.job_scheduler.api import AsyncWorkerPool, JobQueue, JobState, Lease, WorkerPool
 
 pytestmark = [pytest.mark.stage(2)]
 
@@ -367,3 +370,116 @@ async def test_stage2_async_heartbeats_go_on_through_the_grace_period() -> None:
         f"attempt refunded; released 1, lost 0); got {job.state.value}, attempts "
         f"{job.attempts}, released {stats.released}, lost {stats.lost}",
     )
+
+
+class _CountedBeats:
+    """Counts the heartbeat calls ``queue`` receives (refused ones too)."""
+
+    def __init__(self, queue: JobQueue) -> None:
+        self._heartbeat: Callable[..., Any] = queue.heartbeat
+        self.calls = 0
+        queue.heartbeat = self._call  # type: ignore[method-assign]
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self._heartbeat(*args, **kwargs)
+
+
+@marks.rule("heartbeat-lost")
+@core
+def test_stage2_a_refused_heartbeat_is_the_last_one_tried() -> None:
+    """A heartbeat that raised StaleLease ends the job's heartbeats: the pool does not
+    try again at the next interval, as if the refusal were a blip."""
+    gate = Gate()
+    clock, queue = pool_queue()
+    counted = _CountedBeats(queue)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=300
+    )
+    assert isinstance(clock, WatchedClock)
+    others = set(threading.enumerate())
+    with running(pool):
+        job_id = pool.submit("cancelled while it runs")
+        eventually(lambda: len(gate.entered) == 1, "the job's handler running")
+        clock.advance(300)
+        eventually(lambda: pool.statistics().heartbeats == 1, "the first heartbeat at 300 ns")
+        clock.settle(others, gate.busy)
+        assert queue.cancel(job_id) is True  # every pool thread is parked: no race
+        clock.advance(300)
+        eventually(lambda: counted.calls == 2, "the second heartbeat tried, and refused")
+        for _ in range(3):
+            clock.settle(others, gate.busy)
+            clock.advance(300)
+        clock.settle(others, gate.busy)
+        check(
+            counted.calls == 2,
+            f"heartbeat_every_ns=300: heartbeat at 300 ns; the job cancelled; the heartbeat at "
+            f"600 ns refused (StaleLease): the job is lost, and the pool stops heartbeating "
+            f"it. Three intervals later expected 2 heartbeat calls in all, got {counted.calls}",
+        )
+        gate.event.set()
+        eventually(lambda: pool.statistics().lost == 1, "the job counted as lost")
+
+
+@marks.rule("heartbeats")
+@core
+def test_stage2_a_job_claimed_when_it_falls_due_is_heartbeaten() -> None:
+    """Nothing runs, so the heartbeats have nothing to wait for; a scheduled job falls due
+    and a worker claims it on its own wake-up: its heartbeats come all the same. On a
+    clock whose deadlines wake only the thread that waited for them, as a real timeout
+    does, whoever heartbeats learns of the job only if the claim says so."""
+    gate = Gate()
+    clock = SelfWakingClock(START)
+    _, queue = pool_queue(clock=clock)
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=300
+    )
+    others = set(threading.enumerate())
+    with running(pool):
+        pool.submit("later", run_at_ns=START + 1_000)
+        clock.settle(others, gate.busy)  # every pool thread asleep: nothing runs yet
+        clock.advance(1_000)
+        eventually(lambda: len(gate.entered) == 1, "the job claimed when it fell due")
+        clock.advance(300)
+        eventually(
+            lambda: stat(pool, "heartbeats")() >= 1,
+            "a heartbeat 300 ns after the claim of a job that fell due while nothing ran "
+            "(the claim gives the heartbeats a deadline)",
+        )
+        check(
+            pool.statistics().heartbeats == 1,
+            f"a job due at 1000 ns, claimed then; heartbeat_every_ns=300: one heartbeat at "
+            f"1300 ns, got {pool.statistics().heartbeats}",
+        )
+        gate.event.set()
+        eventually(lambda: pool.statistics().succeeded == 1, "the job acked")
+
+
+@marks.rule("heartbeat-lost", "pool-statistics", "handler-error-nacked")
+@core
+def test_stage2_a_handler_that_raises_after_its_job_was_lost_counts_lost_not_failed() -> None:
+    """The job is cancelled while its handler runs, and the handler then raises: its nack
+    is refused, so the job is ``lost`` — and not ``failed`` as well."""
+    entered, release = threading.Event(), threading.Event()
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        entered.set()
+        wait_at(release, "a handler that will raise")
+        raise ValueError("too late")
+
+    clock, queue = pool_queue()
+    pool: WorkerPool = stage(2).ThreadWorkerPool(queue, handler, workers=1, clock=clock)
+    with running(pool):
+        job_id = pool.submit("cancelled while it runs")
+        check(entered.wait(DEADLINE_S), "the job's handler must run")
+        eventually(lambda: pool.statistics().in_flight == 1, "the job in flight")
+        assert queue.cancel(job_id) is True  # the other threads are asleep on the clock
+        release.set()
+        eventually(lambda: pool.statistics().in_flight == 0, "the handler to return")
+        stats = pool.statistics()
+        check(
+            (stats.failed, stats.lost) == (0, 1),
+            f"the job was cancelled while its handler ran; the handler then raised, and its "
+            f"nack was refused (StaleLease): the job counts as lost, not failed too; got "
+            f"failed {stats.failed}, lost {stats.lost}",
+        )

@@ -249,3 +249,29 @@ async def test_stage2_async_a_job_whose_lease_is_stale_at_shutdown_is_lost_not_r
         before = queue.get(job_id).state
         await pool.shutdown(0)
     _judge_stale_shutdown("async pool", how, before, queue.get(job_id).state, pool.statistics())
+
+
+@marks.rule("shutdown-stops-claiming")
+@core
+def test_stage2_a_worker_waiting_for_a_scheduled_job_claims_nothing_after_shutdown() -> None:
+    """An idle worker waits for a job due later; shutdown wakes it — and it must not go
+    back to waiting for that job, then claim it once it falls due."""
+    clock, queue = pool_queue()
+    pool: WorkerPool = stage(2).ThreadWorkerPool(
+        queue, lambda lease, payload: payload, workers=1, clock=clock
+    )
+    with running(pool):
+        job_id = pool.submit("later", run_at_ns=START + 1_000)
+        eventually(lambda: pool.statistics().idle == 1, "the worker waiting for the job's time")
+        pool.shutdown(0)
+        clock.advance(1_000)
+        eventually(lambda: pool.statistics().idle == 0, "the worker gone")
+        job = queue.get(job_id)
+        check(
+            (job.state, pool.statistics().claimed, queue.statistics().leased)
+            == (JobState.READY, 0, 0),
+            f"a job due at 1000 ns; the one worker idle, waiting for it; shutdown(0) at 0 ns; "
+            f"the clock moves to 1000 ns: shutdown stops claiming at once, so the job stays "
+            f"READY and unleased; got {job.state}, claimed {pool.statistics().claimed}, "
+            f"{queue.statistics().leased} lease(s)",
+        )

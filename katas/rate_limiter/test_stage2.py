@@ -34,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from fractions import Fraction
 from functools import partial
+from typing import Any
 
 import anyio
 import anyio.lowlevel
@@ -343,6 +344,74 @@ def test_stage2_impossible_cost_and_zero_timeout_return_at_once() -> None:
     assert limiter.peek("k").retry_after_ns == NS_PER_S, "a failed acquire consumed"
 
 
+@pytest.mark.rule("acquire-impossible")
+@core
+def test_stage2_an_impossible_cost_returns_at_once_even_behind_waiters() -> None:
+    """A waiter is queued on the key: a cost above capacity does not join the queue to
+    find out at its head — it can never fit, so it returns False at once."""
+    clock, limiter = bucket_limiter(2, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed
+    head = enqueue(limiter, "k", lambda: limiter.acquire("k", 2), "waiter (cost 2)")
+    never = start(lambda: limiter.acquire("k", 3), "acquire(cost 3) behind the waiter")
+    assert never.outcome("acquire('k', 3) on a bucket of 2, with a waiter queued") is False
+    check(
+        limiter.statistics().waiters_by_key == {"k": 1},
+        f"bucket of 2, emptied; a waiter (cost 2) queued on 'k'; acquire('k', 3) can never "
+        f"fit: False at once, and nothing changes — only the first waiter is queued; got "
+        f"{limiter.statistics()}",
+    )
+    clock.advance(2 * NS_PER_S)
+    assert head.outcome("the waiter, once 2 units refilled") is True
+
+
+@pytest.mark.rule("statistics")
+@core
+def test_stage2_statistics_count_callers_not_keys() -> None:
+    clock, limiter = bucket_limiter(1, refill_per_s=1)
+    assert limiter.try_acquire("a").allowed and limiter.try_acquire("b").allowed
+    waiters = [
+        enqueue(limiter, "a", lambda: limiter.acquire("a"), f"waiter {i} on 'a'") for i in (1, 2)
+    ]
+    waiters.append(enqueue(limiter, "b", lambda: limiter.acquire("b"), "waiter on 'b'"))
+    got = limiter.statistics()
+    check(
+        (got.waiters, got.waiters_by_key) == (3, {"a": 2, "b": 1}),
+        f"two callers blocked on 'a' and one on 'b': statistics() counts callers, in total "
+        f"and per key — expected waiters 3, {{'a': 2, 'b': 1}}; got {got}",
+    )
+    clock.advance(NS_PER_S)  # a unit for the first waiter on each key
+    assert waiters[0].outcome("the first waiter on 'a', a unit refilled") is True
+    clock.advance(NS_PER_S)  # ... and one for the second on 'a'
+    assert [w.outcome("a waiter, its unit refilled") for w in waiters] == [True] * 3
+
+
+@pytest.mark.rule("striped-locks", "no-overtaking")
+@core
+@pytest.mark.parametrize("stripes", [3, 10, 64])
+def test_stage2_every_method_finds_a_key_on_the_same_stripe(stripes: int) -> None:
+    """Whatever the number of stripes (a power of two or not), try_acquire and peek look
+    for a key's waiters on the stripe acquire queued them on: ``hash(key) % stripes``."""
+    clock, limiter = bucket_limiter(2, refill_per_s=1, stripes=stripes)
+    keys = [f"key-{i}" for i in range(24)]
+    heads = []
+    for key in keys:
+        assert limiter.try_acquire(key, 2).allowed
+        waiter = partial(limiter.acquire, key, 2)
+        heads.append(enqueue(limiter, key, waiter, f"waiter (cost 2) on {key!r}"))
+    clock.advance(NS_PER_S)  # 1 unit on hand on each key; its waiter needs 2
+    overtook = [k for k in keys if limiter.peek(k, 1).allowed or limiter.try_acquire(k, 1).allowed]
+    check(
+        not overtook,
+        f"stripes={stripes}: a waiter (cost 2) queued on each of 24 keys, then 1 unit "
+        f"refilled on each: try_acquire and peek of 1 must be denied on every key (no "
+        f"overtaking); admitted on {overtook[:5]} — a method that picks a key's stripe "
+        f"otherwise than acquire does (hash(key) & (stripes - 1) is not hash(key) % "
+        f"stripes) misses the key's queue",
+    )
+    clock.advance(NS_PER_S)
+    assert all(h.outcome("a waiter, its 2 units refilled") is True for h in heads)
+
+
 BAD_CALLS: dict[str, tuple[Callable[[object, ManualClock, BlockingLimiter], object], str]] = {
     "stripes0": (
         lambda inner, clock, lim: stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=0),
@@ -454,6 +523,25 @@ def test_stage2_sweep_forgets_idle_keys_and_runs_by_itself() -> None:
         f"after 20 000 requests on distinct keys, each idle 1 s later, sweep() still "
         f"found {forgotten} idle keys to forget: memory grows with every key ever seen. The "
         "inner limiter never sweeps (auto_sweep=False), so the wrapper must, amortised"
+    )
+
+
+@pytest.mark.rule("sweeping")
+@core
+def test_stage2_the_wrapper_sweeps_by_itself_when_only_acquire_is_called() -> None:
+    """Every operation counts towards the automatic sweep: a workload of ``acquire``
+    calls alone (here with ``timeout_ns=0``) keeps memory bounded too."""
+    clock, limiter = bucket_limiter(1, refill_per_s=1, stripes=4)
+    for i in range(20_000):
+        assert limiter.acquire(f"n{i}", timeout_ns=0)
+        clock.advance(NS_PER_S // 10)  # a key is idle again 1 s after its request
+    forgotten = limiter.sweep()
+    check(
+        forgotten <= 10_000,
+        f"20 000 acquire(timeout_ns=0) calls on distinct keys, each idle 1 s later, and "
+        f"nothing else: sweep() then found {forgotten} idle keys to forget. The inner "
+        f"limiter never sweeps (auto_sweep=False): the wrapper sweeps by itself every so "
+        f"many operations, acquire's included",
     )
 
 
@@ -1031,6 +1119,39 @@ async def test_stage2_async_acquire_in_a_cancelled_scope_consumes_nothing() -> N
         scope.cancel()
         await limiter.acquire("k", 1)  # now it would have to wait
     assert limiter.statistics().waiters == 0, "the cancelled caller left no waiter"
+
+
+@extended
+@pytest.mark.rule("async-cancel")
+@anyio_test
+async def test_stage2_async_a_cancellation_as_the_units_are_taken_loses_nothing() -> None:
+    """The caller's scope is cancelled in the instant its units are taken (from inside
+    the inner limiter's ``try_acquire``): either ``acquire`` returns True and the units
+    are spent, or it raises the cancellation and nothing was consumed — never both."""
+    clock = ManualClock()
+    inner = stage(1).TokenBucket(capacity=2, refill_per_s=1, clock=clock)
+    limiter = stage(2).AsyncLimiter(inner, clock=clock)
+    scope = anyio.CancelScope()
+    take = inner.try_acquire
+
+    def taken_then_cancelled(key: str, cost: int = 1) -> Any:
+        decision = take(key, cost)
+        scope.cancel()  # the caller's scope, cancelled as the units are taken
+        return decision
+
+    inner.try_acquire = taken_then_cancelled
+    got: list[bool] = []
+    with scope:
+        got.append(await limiter.acquire("k", 1))
+    inner.try_acquire = take
+    left = units_left(inner, "k")
+    check(
+        (got, left) in (([True], 1), ([], 2)),
+        f"bucket of 2; acquire('k', 1) whose scope is cancelled as its unit is taken: "
+        f"either it returns True (1 unit left) or it raises the cancellation (2 left: it "
+        f"consumed nothing); got {'True' if got else 'the cancellation'} with {left} left "
+        f"— a cancellation point after the units were taken loses them",
+    )
 
 
 @extended
