@@ -707,6 +707,49 @@ def test_stage1_metrics_use_the_steps_now_and_the_exact_definitions() -> None:
     assert [m.rid for m in t.b.metrics()] == sorted(got, key=lambda r: got[r].finish_ns)
 
 
+@extended
+@rule("metrics", "finish")
+def test_stage1_metrics_take_each_steps_own_now_even_0_and_past_a_deadline() -> None:
+    """Steps at irregular instants, the first at 0: ``first_token_ns`` is 0 and stays 0,
+    and a deadline passed between two steps finishes its request at the later step's
+    ``now_ns``, not at the deadline."""
+    b = batcher(model())
+    b.submit(req("A", 3, 3, arrival_ns=0))
+    b.submit(req("D", 3, 50, arrival_ns=0, deadline_ns=50))
+    for now in (0, 100, 130):
+        b.step(now)
+    got = {m.rid: (m.first_token_ns, m.finish_ns, m.finish_reason) for m in b.metrics()}
+    want = {"A": (0, 130, "length"), "D": (0, 100, "deadline")}
+    check(
+        got == want,
+        f"steps at 0, 100 and 130 ns; A (3 tokens) and D (deadline 50 ns) prefill at 0 and "
+        f"emit their first token then; D's deadline has passed at the step of 100 ns, which "
+        f"finishes it, at its now_ns; A's third token comes at 130. Expected (first token, "
+        f"finish, reason) {want}, got {got}",
+    )
+
+
+@extended
+@rule("metrics", "abort")
+def test_stage1_an_aborted_request_finishes_at_the_step_of_its_abort() -> None:
+    """C emitted its first token at step 1 and was preempted at step 2 (no token then);
+    aborted after step 2, it finishes at step 2's ``now_ns`` — the step of the abort, not
+    its last token's (vLLM's convention)."""
+    t = _several("fcfs")
+    t.submit(*SEVERAL_ARRIVALS[1])
+    t.step()
+    t.submit(*SEVERAL_ARRIVALS[2])
+    assert "C" in t.step().preempted, f"setup: C gives way at step 2\n{t.rows()}"
+    t.b.abort("C")
+    got = {m.rid: m for m in t.b.metrics()}.get("C")
+    check(
+        got is not None and (got.finish_ns, got.finish_reason) == (2 * STEP_NS, "abort"),
+        f"C emitted a token at step 1 ({STEP_NS} ns), gave way at step 2 ({2 * STEP_NS} "
+        f"ns) and was aborted after it: it finishes at the step of the abort, "
+        f"{2 * STEP_NS} ns, reason abort; got {got}",
+    )
+
+
 # --- the static baseline ----------------------------------------------------------------------
 
 
@@ -954,6 +997,23 @@ TIGHT_ARRIVALS = {1: [req("A", 4, 9), req("B", 4, 9)], 6: [req("C", 1, 1)]}
 #: ... and, the second time, a running request aborted mid-decode, its blocks due back.
 TIGHT_ABORT = {1: [req("A", 4, 9), req("B", 4, 9)], 3: [req("C", 6, 4)]}
 FCFS_TIGHT = {**TIGHT, "policy": "fcfs"}
+#: Under priority, a chunk of r3's prompt needs more blocks than its first victim (r0,
+#: the least important) holds: a second victim must give way before r3 takes its blocks.
+PRIORITY_TWO_VICTIMS: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]] = (
+    {"num_blocks": 8, "block_size": 2, "max_num_seqs": 4, "max_num_batched_tokens": 10,
+     "policy": "priority"},
+    {1: [req("r2", 6, 4, priority=2)], 3: [req("r0", 1, 6, priority=3)],
+     4: [req("r1", 7, 5, priority=1), req("r3", 14, 3, priority=2)]},
+    {},
+)  # fmt: skip
+#: A request preempted after many tokens recomputes them in chunks of a small budget:
+#: a chunk past its prompt that is not its last reads the output's middle, not its tail.
+CHUNKED_RECOMPUTE: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]] = (
+    {"num_blocks": 7, "block_size": 4, "max_num_seqs": 3, "max_num_batched_tokens": 4,
+     "policy": "fcfs"},
+    {2: [req("r2", 3, 19)], 3: [req("r1", 1, 14)], 4: [req("r0", 3, 7)]},
+    {},
+)  # fmt: skip
 #: More requests at once than ``max_num_seqs``, with budget and blocks to spare: the cap
 #: alone holds the third back.
 OVER_THE_CAP: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]] = (
@@ -981,6 +1041,8 @@ def _shortage(name: str) -> tuple[dict[str, Any], dict[int, list[Request]], dict
 @example(case=_shortage("tokens-back"))
 @example(case=({**SEVERAL, "policy": "fcfs"}, SEVERAL_ARRIVALS, {}))
 @example(case=({**SEVERAL, "policy": "priority"}, SEVERAL_ARRIVALS, {}))
+@example(case=PRIORITY_TWO_VICTIMS)
+@example(case=CHUNKED_RECOMPUTE)
 @settings(max_examples=examples(at_ci=30))
 def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
@@ -1016,6 +1078,8 @@ def test_stage1_the_c_hot_path_is_a_twin_on_any_workload(
 @example(case=_shortage("already-scheduled"))
 @example(case=({**SEVERAL, "policy": "fcfs"}, SEVERAL_ARRIVALS, {}))
 @example(case=({**SEVERAL, "policy": "priority"}, SEVERAL_ARRIVALS, {}))
+@example(case=PRIORITY_TWO_VICTIMS)
+@example(case=CHUNKED_RECOMPUTE)
 @settings(max_examples=examples(at_ci=60))
 def test_stage1_any_workload_keeps_every_invariant_and_every_output(
     case: tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]],
