@@ -25,7 +25,7 @@ import anyio
 import pytest
 
 from katas._harness.history import Call, check_per_key
-from katas._harness.interleave import Gate, Parked, pause_after_wakes
+from katas._harness.interleave import Gate, Parked, pause_after_unlocks, pause_after_wakes
 from katas._harness.marks import anyio_test, core, extended, rule
 from katas._harness.story import check
 from katas._harness.under_test import stage
@@ -544,6 +544,87 @@ def test_stage2_a_miss_racing_the_landing_of_a_load_joins_its_flight() -> None:
 
 
 @core
+@rule("single-flight")
+def test_stage2_a_miss_in_any_gap_of_the_landing_finds_the_value() -> None:
+    """The leader's landing — its flight unregistered, its value cached — is one step: the
+    leader stops right after each lock it releases once its loader has returned, and
+    another thread's miss runs then. Whichever gap that is, the miss finds the value."""
+    cache = concurrent()
+    landed = threading.Event()
+
+    def first_load(n: int) -> object:
+        landed.set()  # the loader has returned: what the leader does next is the landing
+        return "first load"
+
+    first = Loader(first_load)
+    second = Loader(lambda n: "second load")
+    second.release.set()
+    racers: list[Thread] = []
+
+    def woken() -> bool:  # asked by the paused leader, after each lock it releases
+        if not landed.is_set():
+            return True  # not landing yet: no stop
+        if not racers:
+            racers.append(spawn(lambda: cache.get_or_load("k", second), "a miss in the gap"))
+        return not racers[0].is_alive()
+
+    def lead() -> object:
+        pause_after_unlocks(type(cache).__module__, woken, lambda: False, deadline_s=2.0)
+        return cache.get_or_load("k", first)
+
+    leader = spawn(lead, "leader")
+    loading(cache, first)
+    first.release.set()
+    assert leader.outcome("the leader returns") == "first load"
+    got = racers[0].outcome("the miss in the gap") if racers else None
+    check(
+        bool(racers) and second.calls == 0 and got == "first load",
+        f"a load of 'k' lands; right after each lock the leader then releases, another "
+        f"thread calls get_or_load('k'). Unregistering the flight and caching its value "
+        f"is one step under the lock, so that miss finds 'first load' and no second load "
+        f"starts; got {got!r}, the second loader ran {second.calls} times",
+    )
+
+
+@core
+@rule("no-user-code-under-lock", "exact-under-threads")
+def test_stage2_a_call_hands_on_its_own_removals_even_if_another_comes_in_between() -> None:
+    """A put evicts; right after each lock it releases, another thread's put evicts too.
+    Each eviction is handed to ``on_evict`` by the call that caused it: the removals a
+    call collected are its own once it leaves the lock, not the next caller's."""
+    heard: list[tuple[object, str]] = []  # (evicted key, the thread that handed it on)
+
+    def on_evict(key: object, value: object, cause: RemovalCause) -> None:
+        heard.append((key, threading.current_thread().name))
+
+    cache = wrap(lru(1, on_evict=on_evict))
+    cache.put("a", 1)
+    other: list[Thread] = []
+
+    def woken() -> bool:  # asked by the paused first put, after each lock it releases
+        if not other:
+            other.append(spawn(lambda: cache.put("c", 3), "second put"))
+        return not other[0].is_alive()
+
+    def first_put() -> None:
+        pause_after_unlocks(type(cache).__module__, woken, lambda: False, deadline_s=2.0)
+        cache.put("b", 2)
+
+    spawn(first_put, "first put").outcome("put('b') returns")
+    if other:
+        other[0].outcome("put('c') returns")
+    # Whichever put reached the inner cache first evicted 'a'; the other, what it put.
+    orders = ([("a", "first put"), ("b", "second put")], [("a", "second put"), ("c", "first put")])
+    check(
+        sorted(heard, key=str) in orders,
+        f"capacity 1, holding 'a': put('b'), and right after each lock it releases, put('c') "
+        f"from another thread. Each eviction is handed on by the call that caused it, before "
+        f"it returns: expected {orders[0]} (or, had put('c') reached the cache first, "
+        f"{orders[1]}); got {heard}",
+    )
+
+
+@core
 @rule("one-lock")
 def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
     """Park one thread inside the inner cache's put (holding the lock), then try every
@@ -616,6 +697,138 @@ def test_stage2_a_loaded_value_too_heavy_to_cache_is_still_returned() -> None:
         f"caller of its flight, it is just not cached; got {got}, cached: {'k' in cache}",
     )
     check(loads(cache).failures == 0, f"not a failure: {loads(cache)}")
+
+
+@core
+@rule("load-too-heavy")
+def test_stage2_a_loaded_value_of_exactly_max_weight_is_cached() -> None:
+    cache = concurrent(4, max_weight=5, weigh=len)
+    got = cache.get_or_load("k", lambda: "x" * 5)
+    check(
+        got == "x" * 5 and "k" in cache,
+        f"max_weight=5, weigh=len: a loaded value of weight 5 is not over max_weight, so it "
+        f"is cached (only a value over it is not); got {got!r}, cached: {'k' in cache}",
+    )
+
+
+class _Abort(BaseException):
+    """Not an Exception: what KeyboardInterrupt or a framework's own abort looks like."""
+
+
+@core
+@rule("load-error", "flight-unregistered")
+def test_stage2_a_loader_raising_a_base_exception_fails_its_flight_like_any_other() -> None:
+    cache = concurrent()
+
+    def loader() -> object:
+        raise _Abort("interrupted")
+
+    with pytest.raises(_Abort):
+        cache.get_or_load("k", loader)
+        raise AssertionError("the loader's exception must reach its caller")
+    stats = loads(cache)
+    check(
+        (stats.in_flight, stats.waiters) == (0, 0),
+        f"a loader that raised a BaseException (not an Exception, like KeyboardInterrupt): "
+        f"its flight failed like any other, so nothing is in flight any more; got {stats}",
+    )
+    later = spawn(lambda: cache.get_or_load("k", lambda: "later"), "the next miss")
+    check(
+        later.outcome("the next miss of k, after the failed flight") == "later",
+        "the next miss loads again",
+    )
+
+
+@core
+@rule("load-error", "flight-unregistered", "no-user-code-under-lock")
+def test_stage2_a_weigh_that_raises_fails_the_load_and_frees_the_key() -> None:
+    def weigh(value: object) -> int:
+        if value == "unweighable":
+            raise ValueError("cannot weigh this")
+        return 1
+
+    cache = concurrent(4, max_weight=5, weigh=weigh)
+    with pytest.raises(ValueError, match="cannot weigh"):
+        cache.get_or_load("k", lambda: "unweighable")
+        raise AssertionError("weigh's exception must reach the caller of get_or_load")
+    stats = loads(cache)
+    check(
+        stats.in_flight == 0 and "k" not in cache,
+        f"weigh raised for the loaded value: that load failed like a loader exception — "
+        f"nothing cached, nothing left in flight; got {stats}, cached: {'k' in cache}",
+    )
+    later = spawn(lambda: cache.get_or_load("k", lambda: "fine"), "the next miss")
+    check(
+        later.outcome("the next miss of k, after the failed load") == "fine",
+        "the next miss loads again",
+    )
+
+
+@core
+@rule("load-reentrant", "statistics")
+def test_stage2_a_refused_reentrant_call_leaves_no_waiter_behind() -> None:
+    cache = concurrent()
+
+    def loader() -> object:
+        return cache.get_or_load("k", lambda: "inner")
+
+    with pytest.raises(RuntimeError):
+        cache.get_or_load("k", loader)
+    stats = loads(cache)
+    check(
+        (stats.in_flight, stats.waiters) == (0, 0),
+        f"get_or_load('k') from inside k's own loader is refused (RuntimeError) and fails "
+        f"that load: nobody waits, nothing is in flight; got {stats}",
+    )
+
+
+@core
+@rule("one-lock", "no-user-code-under-lock")
+def test_stage2_an_iterator_holds_no_lock_between_its_items() -> None:
+    cache = concurrent()
+    for key in "abc":
+        cache.put(key, key)
+    keys = iter(cache)
+    first = next(keys)
+    other = spawn(lambda: cache.get("b"), "a get from another thread, mid-iteration")
+    other.join(PROMPTLY_S)
+    check(
+        not other.is_alive(),
+        f"iter(cache) took {first!r}; while the caller's loop body runs, another thread's "
+        f"get('b') must not wait: iteration holds the lock only for its call on the inner "
+        f"cache (a snapshot), never between items; it had not returned after {PROMPTLY_S} s",
+    )
+    assert other.outcome("the get from another thread") == "b"
+    assert sorted([first, *keys]) == ["a", "b", "c"]
+
+
+@core
+@rule("not-a-cache")
+def test_stage2_a_cache_like_object_without_the_stage1_seams_is_refused() -> None:
+    class LooksLikeACache:  # get/put/delete/statistics, but no on_evict, weigh, max_weight
+        def get(self, key: object, default: object = None) -> object:
+            return default
+
+        def put(self, key: object, value: object) -> None: ...
+
+        def delete(self, key: object) -> bool:
+            return False
+
+        def statistics(self) -> object:
+            return None
+
+    for name in ("ConcurrentCache", "AsyncCache"):
+        try:
+            getattr(stage(2), name)(LooksLikeACache())
+        except TypeError:
+            continue
+        except Exception as error:  # an AttributeError deep in the constructor, say
+            raise AssertionError(
+                f"{name}(an object with get, put, delete and statistics but none of the "
+                f"stage-1 seams on_evict, weigh, max_weight) raised {type(error).__name__}: "
+                f"{error}; it is not a stage-1 cache: TypeError"
+            ) from None
+        raise AssertionError(f"{name} accepted an object that is not a stage-1 cache")
 
 
 # --------------------------------------------------------------------------- async
