@@ -385,6 +385,29 @@ def test_stage1_expiries_are_applied_in_expiry_then_sequence_order() -> None:
 
 @rule("expiry-order")
 @core
+def test_stage1_a_later_job_whose_lease_expires_first_settles_first() -> None:
+    clock, queue = new_queue(jitter="full", max_attempts=5)
+    a = queue.enqueue("a")  # seq 1
+    b = queue.enqueue("b", priority=1)  # seq 2, claimed first
+    claim(queue, "w")  # b, expires at L
+    clock.advance(10)
+    claim(queue, "w")  # a, expires at L + 10
+    clock.advance(3 * LEASE)  # one call notices both expiries
+    rng = random.Random(SEED)
+    want = {
+        b: START + LEASE + rng.randrange(BASE + 1),  # (L, 2): it expired first
+        a: START + 10 + LEASE + rng.randrange(BASE + 1),  # (L + 10, 1)
+    }
+    got = {j: queue.get(j).run_at_ns for j in (a, b)}
+    assert got == want, (
+        "expiries settle in (expires_at, seq) order, one full-jitter draw each: b (seq 2) "
+        "expired 10 ns before a (seq 1), so b draws first — the order of expiry, not of "
+        f"sequence. Expected retry times {want}, got {got}"
+    )
+
+
+@rule("expiry-order")
+@core
 def test_stage1_expiries_at_one_instant_settle_by_sequence_not_by_token() -> None:
     clock, queue = new_queue(jitter="full", max_attempts=5)
     a = queue.enqueue("a")  # seq 1

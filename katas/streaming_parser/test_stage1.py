@@ -182,6 +182,7 @@ def test_stage1_the_lf_of_a_crlf_split_across_chunks_is_skipped() -> None:
     [
         pytest.param(b"data:x", [E(data="x")], id="no-space"),
         pytest.param(b"data: x", [E(data="x")], id="one-space"),
+        pytest.param(b"data: ", [E(data="")], id="one-space-and-nothing-after"),
         pytest.param(b"data:  x", [E(data=" x")], id="two-spaces-one-kept"),
         pytest.param(b"data:\tx", [E(data="\tx")], id="a-tab-is-not-a-space"),
         pytest.param(b"data: a:b", [E(data="a:b")], id="first-colon-splits"),
@@ -384,6 +385,13 @@ def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() 
     p = new_parser()
     p.feed(b"retry: 50\nid: 3\ndata: a\n\ndata: half")
     expect(p.close(), [], "close() must not dispatch the unterminated event")
+    p.feed(b"data: a whole line\n")
+    expect(
+        p.close(),
+        [],
+        "close() after a whole data line but no blank line: that event never completed, "
+        "so it is discarded too",
+    )
     expect(
         (p.last_event_id, p.retry_ms),
         ("3", 50),
@@ -401,6 +409,26 @@ def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() 
 
 
 # --- limits -----------------------------------------------------------------------------------
+
+
+@extended
+@rule("limits", "line-ends")
+def test_stage1_an_offset_after_a_crlf_split_across_chunks_counts_its_lf() -> None:
+    line = b"data: " + b"x" * 20  # 26 bytes: 6 past a limit of 20
+    # "data: a\r" is bytes 0-7, its LF byte 8: the long line starts at 9, and the first
+    # byte past the limit is 9 + 20.
+    expect_refused_at(
+        [b"data: a\r", b"\n" + line], 9 + 20,
+        "a CRLF split across chunks is 2 bytes of the stream: the LF skipped at the start "
+        "of the second chunk counts, so the line after it starts at 9",
+        max_line_bytes=20,
+    )  # fmt: skip
+    expect_refused_at(
+        [b"data: a\r", b"\ndata: " + b"y" * 30 + b"\n"], 9,
+        "the data: line that breaks the event limit starts at 9, after the CR (7) and the LF "
+        "(8) of a CRLF split across chunks",
+        max_event_bytes=20,
+    )  # fmt: skip
 
 
 @extended
@@ -815,6 +843,45 @@ def test_stage1_a_tool_calls_id_and_name_come_from_the_first_fragment_that_has_t
         "tool-calls: a call's id and name are those of the first fragment that carries "
         "each (call 0: id call_a then call_b, name f then g, k; call 1: id call_c, its "
         "name first in the second fragment, h); later ones never replace them",
+    )
+
+
+@extended
+@rule("tool-calls")
+def test_stage1_tool_calls_are_listed_by_index_whatever_order_they_began_in() -> None:
+    result = assemble(
+        [
+            chunk(delta(0, tool_calls=[call(1, "{}", "call_b", "g")])),
+            chunk(delta(0, tool_calls=[call(0, "{}", "call_a", "f")])),
+        ]
+    )
+    expect(
+        [(t.index, t.id) for t in result.choices[0].tool_calls],
+        [(0, "call_a"), (1, "call_b")],
+        "tool-calls: call 1's first fragment came before call 0's; the calls are keyed, "
+        "and listed, by their index",
+    )
+
+
+@extended
+@rule("finish")
+def test_stage1_a_null_finish_reason_or_usage_after_them_changes_nothing() -> None:
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    result = assemble(
+        [
+            chunk(delta(0, content="x", finish="stop"), delta(1, content="y")),
+            chunk(delta(0), delta(1, content="z", finish="length")),  # choice 0: null
+            chunk(usage=usage),
+            chunk(delta(1)),  # usage absent, finish_reason null
+        ]
+    )
+    got = ([c.finish_reason for c in result.choices], result.usage)
+    check(
+        got[0] == ["stop", "length"] and got[1] is not None and got[1].total_tokens == 5,
+        f"finish: choice 0 finished with 'stop', then a chunk carried it again with "
+        f"finish_reason null; the usage chunk came, then a chunk without usage. A null or "
+        f"absent field records nothing: expected finish reasons ['stop', 'length'] and "
+        f"total_tokens 5; got {got}",
     )
 
 
