@@ -711,6 +711,15 @@ def test_stage2_a_loaded_value_of_exactly_max_weight_is_cached() -> None:
     )
 
 
+def _the_next_miss_loads_again(cache: LoadingCache) -> None:
+    """After a failed load of 'k': a miss from another thread loads again, at once."""
+    later = spawn(lambda: cache.get_or_load("k", lambda: "later"), "the next miss")
+    check(
+        later.outcome("the next miss of k, after the failed load") == "later",
+        "the next miss of k loads again: the failed flight is gone",
+    )
+
+
 class _Abort(BaseException):
     """Not an Exception: what KeyboardInterrupt or a framework's own abort looks like."""
 
@@ -732,11 +741,7 @@ def test_stage2_a_loader_raising_a_base_exception_fails_its_flight_like_any_othe
         f"a loader that raised a BaseException (not an Exception, like KeyboardInterrupt): "
         f"its flight failed like any other, so nothing is in flight any more; got {stats}",
     )
-    later = spawn(lambda: cache.get_or_load("k", lambda: "later"), "the next miss")
-    check(
-        later.outcome("the next miss of k, after the failed flight") == "later",
-        "the next miss loads again",
-    )
+    _the_next_miss_loads_again(cache)
 
 
 @core
@@ -757,11 +762,7 @@ def test_stage2_a_weigh_that_raises_fails_the_load_and_frees_the_key() -> None:
         f"weigh raised for the loaded value: that load failed like a loader exception — "
         f"nothing cached, nothing left in flight; got {stats}, cached: {'k' in cache}",
     )
-    later = spawn(lambda: cache.get_or_load("k", lambda: "fine"), "the next miss")
-    check(
-        later.outcome("the next miss of k, after the failed load") == "fine",
-        "the next miss loads again",
-    )
+    _the_next_miss_loads_again(cache)
 
 
 @core
