@@ -584,7 +584,7 @@ def test_stage2_two_threads_starting_the_pool_at_once_start_it_once() -> None:
     first.join(DEADLINE_S)
     try:
         started = [t for t in threading.enumerate() if t not in before and t is not first]
-        one_start = _threads_of_one_start(workers=2)
+        one_start = len(_threads_of_one_start(workers=2))
         check(
             sorted(outcomes.values()) == ["RuntimeError", "started"] and len(started) == one_start,
             f"two threads called start() at once (the first held while it launched its first "
@@ -596,27 +596,24 @@ def test_stage2_two_threads_starting_the_pool_at_once_start_it_once() -> None:
         pool.shutdown(0)
 
 
-def _threads_of_one_start(workers: int) -> int:
-    """How many threads one ``start()`` of a pool of ``workers`` runs."""
+def _threads_of_one_start(workers: int) -> list[threading.Thread]:
+    """The threads one ``start()`` of a new pool of ``workers`` runs (shut down since)."""
     _clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=workers)
     before = set(threading.enumerate())
     with running(pool):
-        return sum(t not in before for t in threading.enumerate())
+        return [t for t in threading.enumerate() if t not in before]
 
 
 @marks.rule("start-once")
 @core
 def test_stage2_every_thread_of_the_pool_is_a_daemon() -> None:
     """A pool nobody shut down must not keep the process from exiting."""
-    _clock, _queue, pool = new_pool(lambda lease, payload: payload, workers=3)
-    before = set(threading.enumerate())
-    with running(pool):
-        started = [t for t in threading.enumerate() if t not in before]
-        check(
-            len(started) >= 3 and all(t.daemon for t in started),
-            f"start() starts the pool's threads as daemons (workers=3); got "
-            f"{[(t.name, 'daemon' if t.daemon else 'NOT a daemon') for t in started]}",
-        )
+    started = _threads_of_one_start(workers=3)
+    check(
+        len(started) >= 3 and all(t.daemon for t in started),
+        f"start() starts the pool's threads as daemons (workers=3); got "
+        f"{[(t.name, 'daemon' if t.daemon else 'NOT a daemon') for t in started]}",
+    )
 
 
 @marks.rule("heartbeat-lost", "pool-statistics")

@@ -42,6 +42,7 @@ from katas.job_scheduler._testing.pools import (
     Gate,
     Stalls,
     fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
+    new_pool,
     pool_queue,
     running,
     running_async,
@@ -391,11 +392,8 @@ def test_stage2_a_refused_heartbeat_is_the_last_one_tried() -> None:
     """A heartbeat that raised StaleLease ends the job's heartbeats: the pool does not
     try again at the next interval, as if the refusal were a blip."""
     gate = Gate()
-    clock, queue = pool_queue()
+    clock, queue, pool = new_pool(gate.handler, workers=1, heartbeat_every_ns=300)
     counted = _CountedBeats(queue)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=300
-    )
     assert isinstance(clock, WatchedClock)
     others = set(threading.enumerate())
     with running(pool):
@@ -467,8 +465,7 @@ def test_stage2_a_handler_that_raises_after_its_job_was_lost_counts_lost_not_fai
         wait_at(release, "a handler that will raise")
         raise ValueError("too late")
 
-    clock, queue = pool_queue()
-    pool: WorkerPool = stage(2).ThreadWorkerPool(queue, handler, workers=1, clock=clock)
+    _clock, queue, pool = new_pool(handler, workers=1)
     with running(pool):
         job_id = pool.submit("cancelled while it runs")
         check(entered.wait(DEADLINE_S), "the job's handler must run")

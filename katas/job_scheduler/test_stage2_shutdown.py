@@ -41,6 +41,7 @@ from katas.job_scheduler._testing.pools import (
     Stalls,
     fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
     new_async_pool,
+    new_pool,
     pool_queue,
     running,
     running_async,
@@ -256,10 +257,7 @@ async def test_stage2_async_a_job_whose_lease_is_stale_at_shutdown_is_lost_not_r
 def test_stage2_a_worker_waiting_for_a_scheduled_job_claims_nothing_after_shutdown() -> None:
     """An idle worker waits for a job due later; shutdown wakes it — and it must not go
     back to waiting for that job, then claim it once it falls due."""
-    clock, queue = pool_queue()
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, lambda lease, payload: payload, workers=1, clock=clock
-    )
+    clock, queue, pool = new_pool(lambda lease, payload: payload, workers=1)
     with running(pool):
         job_id = pool.submit("later", run_at_ns=START + 1_000)
         eventually(lambda: pool.statistics().idle == 1, "the worker waiting for the job's time")
