@@ -106,6 +106,19 @@ def test_a_compile_error_is_said_once_and_one_line_per_test(tmp_path: Path) -> N
     assert "Traceback" not in out and "cmake in" not in out, out[-3000:]
 
 
+def test_a_stage_whose_units_are_python_builds_no_c(tmp_path: Path) -> None:
+    """The batcher's stages 2 and 3 never reach the C hot path: their runs do not build
+    it (a second of CMake a run), so stage 1's broken C says nothing there."""
+    impl, _ = c_with(tmp_path, "hp_int left =")
+    run = pytest_run(
+        "katas/dynamic_batcher", "-k", "stage2 and full_batch_is_sent_at_once",
+        f"--impl={impl}",
+    )  # fmt: skip
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-3000:]
+    assert "does not build" not in out, out[-3000:]
+
+
 def test_a_broken_build_is_tried_once_per_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

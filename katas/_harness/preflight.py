@@ -75,14 +75,17 @@ def native_modules(kata_dir: Path) -> list[str]:
 def reaches_c(items: list[pytest.Item], kata_dir: Path, stage: int) -> bool:
     """Whether ``items`` (of one stage) include a test of the stage's C unit (a practice
     unit whose file is C, by its ``-k`` keyword): a run of the Python unit alone builds
-    no C before its tests (one of them that needs it still builds it). True where the
-    stage declares no such unit."""
+    no C before its tests (one of them that needs it still builds it), nor does a stage
+    whose units are all Python. True where the stage declares no units at all."""
     try:
-        units = [u for u in load_kata(kata_dir).stage(stage).units if u.file.endswith(".c")]
+        declared = load_kata(kata_dir).stage(stage).units
     except CatalogError:
         return True
-    if not units:
+    if not declared:
         return True
+    units = [u for u in declared if u.file.endswith(".c")]
+    if not units:
+        return False
     selects = [Expression.compile(unit.keyword) for unit in units]
     return any(s.evaluate(KeywordMatcher.from_item(item)) for s in selects for item in items)
 
