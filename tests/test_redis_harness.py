@@ -435,6 +435,32 @@ def test_a_local_cluster_moves_a_slot_step_by_step_and_fails_without_a_master() 
         assert cluster.state() == "ok"
 
 
+@needs_server
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_clusters_built_ahead_are_fresh_and_a_partial_one_stays_partial_after_a_revive() -> None:
+    """Each cluster taken has the next built behind it (a new master waits two seconds to
+    turn ok): the next is a cluster of its own, empty, ok; ``full_coverage=False`` is
+    set on a cluster taken ready-made, and kept by a master that is started again."""
+    from katas._harness.redis_cluster import LocalCluster
+
+    with LocalCluster(command=SERVER_CMD) as first:
+        first.client().set("k", 1)
+        ports = {node.port for node in first.nodes}
+    with LocalCluster(command=SERVER_CMD, full_coverage=False) as second:
+        assert not ports & {node.port for node in second.nodes}, "a cluster was reused"
+        client = second.client()
+        assert client.get("k") is None and second.state() == "ok"
+        dead = second.owner_of("k")
+        second.kill(dead)
+        second.revive(dead)
+        alive = next(n for n in second.nodes if n is not dead)
+        assert (
+            dead._admin().config_get("cluster-require-full-coverage")
+            == alive._admin().config_get("cluster-require-full-coverage")
+            == {"cluster-require-full-coverage": "no"}
+        )
+
+
 @pytest.mark.parametrize(
     "error",
     [

@@ -30,9 +30,12 @@ all of them, the client's view of the cluster remapped to the proxies).
 from __future__ import annotations
 
 import atexit
+import queue
 import shutil
 import subprocess
+import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import redis
@@ -75,32 +78,13 @@ class LocalCluster:
         answers ``CLUSTERDOWN`` until it is back, as Redis does."""
         if masters < 3:
             raise ValueError(f"masters must be at least 3 (redis-cli's minimum), got {masters}")
-        base = command or ["redis-server"]
-        cli = shutil.which("redis-cli")
-        if cli is None:
-            raise ClusterError("redis-cli is not installed: it creates the cluster")
-        self.nodes: list[ProcessNode] = []
+        self.nodes: list[ProcessNode] = _READY.take(masters, tuple(command or ["redis-server"]))
+        if full_coverage:
+            return
         try:
-            for _ in range(masters):
-                # a bus port of its own: the default, the port + 10 000, may not exist
-                bus = str(_free_port())
-                cluster = [
-                    "--cluster-enabled", "yes",
-                    "--cluster-port", bus,
-                    "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-                    "--cluster-require-full-coverage", "yes" if full_coverage else "no",
-                ]  # fmt: skip
-                self.nodes.append(ProcessNode([*base, *cluster]))
-            created = subprocess.run(
-                [cli, "--cluster", "create", *self.addresses(), "--cluster-yes"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            if created.returncode != 0:
-                raise ClusterError(f"redis-cli --cluster create failed: {created.stdout[-800:]}")
-            self.wait_state("ok")
+            for node in self.nodes:
+                _call(node, "CONFIG", "SET", "cluster-require-full-coverage", "no")
+                node._command = [*node._command, "--cluster-require-full-coverage", "no"]
         except BaseException:
             self.close()
             raise
@@ -140,25 +124,11 @@ class LocalCluster:
 
     def state(self, node: ProcessNode | None = None) -> str:
         """``ok`` or ``fail``, as ``node`` (default: the first live one) reports it."""
-        info = _call(node or self._live()[0], "CLUSTER", "INFO")
-        text = info.decode() if isinstance(info, bytes) else str(info)
-        for line in text.splitlines():
-            if line.startswith("cluster_state:"):
-                return line.split(":", 1)[1].strip()
-        raise ClusterError(f"CLUSTER INFO without cluster_state: {text[:200]}")
+        return _state(node or self._live()[0])
 
     def wait_state(self, state: str) -> None:
         """Wait (real time) until every live node reports ``state``."""
-        deadline = time.monotonic() + STATE_DEADLINE_S
-        while True:
-            try:
-                if all(self.state(node) == state for node in self._live()):
-                    return
-            except redis.RedisError:
-                pass
-            if time.monotonic() > deadline:
-                raise ClusterError(f"the cluster did not reach state {state!r} in time")
-            time.sleep(0.05)
+        _wait_state(self._live(), state)
 
     # --- clients ----------------------------------------------------------------------------
 
@@ -391,6 +361,118 @@ class ClusterNode(SharedNode):
             admin = node._admin()
             for key in admin.scan_iter(match=_glob_escape(prefix) + "*", count=500):
                 admin.delete(key)
+
+
+def _build(masters: int, command: tuple[str, ...]) -> list[ProcessNode]:
+    """``masters`` new nodes joined in one cluster, every slot served: state ``ok``."""
+    cli = shutil.which("redis-cli")
+    if cli is None:
+        raise ClusterError("redis-cli is not installed: it creates the cluster")
+    nodes: list[ProcessNode] = []
+    try:
+        for _ in range(masters):
+            # a bus port of its own: the default, the port + 10 000, may not exist
+            bus = str(_free_port())
+            cluster = [
+                "--cluster-enabled", "yes",
+                "--cluster-port", bus,
+                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+            ]  # fmt: skip
+            nodes.append(ProcessNode([*command, *cluster]))
+        addresses = [f"127.0.0.1:{node.port}" for node in nodes]
+        created = subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-yes"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        if created.returncode != 0:
+            raise ClusterError(f"redis-cli --cluster create failed: {created.stdout[-800:]}")
+        _wait_state(nodes, "ok")
+    except BaseException:
+        for node in nodes:
+            node.close()
+        raise
+    return nodes
+
+
+#: What a cluster is built from: its masters' count and their command.
+_Key = tuple[int, tuple[str, ...]]
+
+
+class _Ready:
+    """Clusters built ahead of the tests that take them.
+
+    A new master turns ``ok`` no sooner than two seconds after it started (Redis's
+    ``CLUSTER_WRITABLE_DELAY``: a rebooted master gives the cluster time to reconfigure
+    it), which made every test with a cluster of its own wait two seconds. So each
+    cluster taken has another started behind it: as many clusters wait ready as were
+    taken so far, up to :data:`AHEAD`. A run that needs one cluster builds one spare; one
+    that needs a dozen finds most of them ready. The builders are daemon threads that
+    live as long as the process (a node dies with the thread that started it), and an
+    exit waits for none of them: the spares die with the process.
+    """
+
+    AHEAD = 3
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: queue.SimpleQueue[tuple[_Key, Future[list[ProcessNode]]]] = queue.SimpleQueue()
+        self._builders = 0
+        self._ahead: dict[_Key, list[Future[list[ProcessNode]]]] = {}
+        self._taken: dict[_Key, int] = {}
+
+    def take(self, masters: int, command: tuple[str, ...]) -> list[ProcessNode]:
+        key = (masters, command)
+        with self._lock:
+            ahead = self._ahead.setdefault(key, [])
+            self._taken[key] = taken = self._taken.get(key, 0) + 1
+            ready = ahead.pop(0) if ahead else None
+            while len(ahead) < min(taken, self.AHEAD):
+                future: Future[list[ProcessNode]] = Future()
+                self._jobs.put((key, future))
+                ahead.append(future)
+                if self._builders < self.AHEAD:
+                    self._builders += 1
+                    threading.Thread(target=self._build, name="cluster", daemon=True).start()
+        return _build(*key) if ready is None else ready.result()
+
+    def _build(self) -> None:
+        while True:
+            key, future = self._jobs.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(_build(*key))
+                except BaseException as exc:  # the test that takes it raises it
+                    future.set_exception(exc)
+
+
+_READY = _Ready()
+
+
+def _wait_state(nodes: list[ProcessNode], state: str) -> None:
+    """Wait (real time) until every live node of ``nodes`` reports ``state``."""
+    deadline = time.monotonic() + STATE_DEADLINE_S
+    while True:
+        try:
+            if all(_state(node) == state for node in nodes if node._proc is not None):
+                return
+        except redis.RedisError:
+            pass
+        if time.monotonic() > deadline:
+            raise ClusterError(f"the cluster did not reach state {state!r} in time")
+        time.sleep(0.02)
+
+
+def _state(node: ProcessNode) -> str:
+    """``ok`` or ``fail``, as ``node`` reports it."""
+    info = _call(node, "CLUSTER", "INFO")
+    text = info.decode() if isinstance(info, bytes) else str(info)
+    for line in text.splitlines():
+        if line.startswith("cluster_state:"):
+            return line.split(":", 1)[1].strip()
+    raise ClusterError(f"CLUSTER INFO without cluster_state: {text[:200]}")
 
 
 _SHARED: LocalCluster | None = None
