@@ -84,8 +84,9 @@ def _run(mutant: mutants.Mutant, base: Mapping[str, str]) -> Runs:
     return part(True), part(False)
 
 
-#: The catalogue's short runs start after the stage suites' whole ones (test_suites).
-POOL_ORDER = 1
+#: The catalogue's short runs start last, after the whole suites (test_suites and the
+#: sound changes of test_reviews): the long runs first, the short ones fill the end.
+POOL_ORDER = 2
 
 
 def start_runs(items: list[pytest.Item]) -> Pool[Runs]:
@@ -95,6 +96,9 @@ def start_runs(items: list[pytest.Item]) -> Pool[Runs]:
         for m in (p["mutant"] for p in selected(items, "test_catalogue_entry_is_caught"))
         if mutants.shows_here(m, base)
     ]
+    # The longest first (a cluster of its own, then stage 3's real servers and processes):
+    # the short runs fill the machine at the end.
+    chosen.sort(key=lambda m: ("cluster" not in m.needs, m.stage != 3))
     return Pool({m.name: functools.partial(_run, m, base) for m in chosen})
 
 

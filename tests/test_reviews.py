@@ -27,8 +27,8 @@ RATIONALE_MAX = 110
 #: Words a proposed change's rationale never says: it is presented as an improvement.
 _GIVES_AWAY = re.compile(r"§|\b(bug|wrong|broken|incorrect|fix(es|ed)?)\b", re.IGNORECASE)
 WAIT_S = 1200
-#: After the catalogue's runs: these are whole suites, fewer and longer.
-POOL_ORDER = 2
+#: Whole suites, after the stage suites' and before the catalogue's short runs.
+POOL_ORDER = 1
 _WARM = WarmStart()
 
 
