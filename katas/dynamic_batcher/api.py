@@ -193,11 +193,16 @@ class ReplicaError(Exception):
     unexpected status, a body that is not an event stream, a truncated or garbled event."""
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Delivery:
     """What one read of a stream returns: every token produced since the reader's last
     read, in order (several when the reader was slower than the engine), and, on the
-    stream's last delivery, why the request finished (its ``tokens`` may then be empty)."""
+    stream's last delivery, why the request finished (its ``tokens`` may then be empty).
+
+    A value: never change one after it is returned. It is not ``frozen``: one is built
+    per token a reader takes, and a frozen dataclass sets each field through
+    ``object.__setattr__`` (0.3 µs here, against 0.13 µs with ``slots``), so it is not
+    hashable either."""
 
     tokens: tuple[int, ...]
     finish_reason: FinishReason | None = None

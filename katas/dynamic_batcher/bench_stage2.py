@@ -20,16 +20,17 @@
 
 Measured here (the reference as ``--impl``; 2 shared cores): batches 5.1-8.8x on asyncio
 and trio, by machine (a round of 64 requests in ~8 ms batched, ~68 ms one by one; the batcher's own
-work is ~9 µs a request). The engine: 0.60-0.63x the bare loop, short of the spec's
-0.7x (0.56-0.59x while each read went through a coroutine of its own and asked sniffio
-for its loop; 0.42-0.50x while it parked on an ``anyio.Event``: reader.py says why
-neither is done now). Every client here takes each token as it comes, so each token
-wakes its reader's task: a future resolved, a handle through asyncio's loop, anyio's
-task wrapper and the reader's ``__anext__``, ~5 µs a token before the stream does
-anything (measured with a bare future and an empty reader), and ~14 µs in all against
-the FakeModel's ~23 µs of work a token. uvloop did not narrow it here (0.61x). A reader
-that falls behind takes many tokens per wake-up (the merged delivery), which is where a
-real server recovers it.
+work is ~9 µs a request). The engine: 0.63-0.64x the bare loop, short of the spec's
+0.7x (0.60-0.61x while ``Delivery`` was a frozen dataclass; 0.56-0.59x while each read
+went through a coroutine of its own and asked sniffio for its loop; 0.42-0.50x while it
+parked on an ``anyio.Event``: reader.py says why neither is done now). Every client here
+takes each token as it comes, so each token wakes its reader's task: the bare loop
+spends ~6.8 µs a token, the engine ~4 µs more, of which ~1.4 µs is the wake-up alone
+(a future resolved, a handle through asyncio's loop, the task resumed: measured with
+bare futures and empty readers) and ~0.3 µs anyio's spawning of the 1 000 client tasks.
+Inlining the stream's calls into the loop gained nothing measurable (within the ±0.01
+noise), nor did uvloop (0.61x). A reader that falls behind takes many tokens per
+wake-up (the merged delivery), which is where a real server recovers it.
 
 Contenders run in turn within every round (:func:`katas._harness.bench.interleaved`);
 ratios go to ``extra_info`` (``kata bench`` reads them) and stdout. Informational:
