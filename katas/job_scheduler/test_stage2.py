@@ -76,7 +76,6 @@ from katas.job_scheduler._testing.pools import (
 from katas.job_scheduler._testing.queues import LEASE, START, rel
 from katas.job_scheduler.api import (
     TIMED_OUT,
-    AsyncWorkerPool,
     JobQueue,
     JobState,
     Lease,
@@ -274,12 +273,9 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due(arrival: str) -
     deadline (an empty queue), so that only submit tells them of it. Once every thread
     sleeps on the clock, nothing happens until it moves."""
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
+    _, queue, pool = new_pool(lambda lease, payload: payload, workers=2, clock=clock)
     if arrival == "enqueued":
         queue.enqueue("later", run_at_ns=START + 1_000)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, lambda lease, payload: payload, workers=2, clock=clock
-    )
     others = set(threading.enumerate())
     with running(pool):
         if arrival == "submitted":
@@ -505,8 +501,7 @@ THIRD = LONG_LEASE // 3
 def test_stage2_default_heartbeat_is_every_third_of_the_lease() -> None:
     gate = Gate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock, lease_ns=LONG_LEASE)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(queue, gate.handler, workers=1, clock=clock)
+    _, queue, pool = new_pool(gate.handler, workers=1, clock=clock, lease_ns=LONG_LEASE)
     others = set(threading.enumerate())
     with running(pool):
         job_id = pool.submit("long")
@@ -955,8 +950,7 @@ async def test_stage2_async_negative_grace_is_rejected() -> None:
 async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> None:
     gate = AsyncGate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock, lease_ns=LONG_LEASE)
-    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(queue, gate.handler, workers=1, clock=clock)
+    _, queue, pool = new_async_pool(gate.handler, workers=1, clock=clock, lease_ns=LONG_LEASE)
     async with running_async(pool):
         job_id = pool.submit("long")
         await eventually_async(lambda: pool.statistics().in_flight == 1, "the job in flight")
@@ -1029,11 +1023,8 @@ class PoolMachine(RuleBasedStateMachine):
         self.in_handler: dict[int, int] = {}  # thread ident -> the payload it handles
         self.lock = threading.Lock()
         self.clock = WatchedClock(START)
-        _, self.queue = pool_queue(clock=self.clock)
         self.others = set(threading.enumerate())
-        self.pool: WorkerPool = stage(2).ThreadWorkerPool(
-            self.queue, self.handler, workers=workers, clock=self.clock
-        )
+        _, self.queue, self.pool = new_pool(self.handler, workers=workers, clock=self.clock)
         self.pool.start()
         self.pending: list[int] = []  # the model: submitted, not claimed, in order
         self.running: list[int] = []

@@ -33,7 +33,6 @@ from katas._harness import marks
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.resting import SelfWakingClock, WatchedClock, wait_at
 from katas._harness.story import Story, check
-from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
 from katas._harness.waiting import DEADLINE_S, eventually, spawn
 from katas.job_scheduler._testing.clocks import AFTER_A_JUMP, JUMP_EVERY, judge_beats_after_a_jump
@@ -42,14 +41,14 @@ from katas.job_scheduler._testing.pools import (
     Gate,
     Stalls,
     fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
+    new_async_pool,
     new_pool,
-    pool_queue,
     running,
     running_async,
     stat,
 )
 from katas.job_scheduler._testing.queues import LEASE, START, rel
-from katas.job_scheduler.api import AsyncWorkerPool, JobQueue, JobState, Lease, WorkerPool
+from katas.job_scheduler.api import JobQueue, JobState, Lease
 
 pytestmark = [pytest.mark.stage(2)]
 
@@ -76,11 +75,8 @@ def test_stage2_a_job_claimed_at_its_run_time_is_heartbeaten() -> None:
     wait for. The job falls due, a worker claims it — and its lease must be kept."""
     gate = Gate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
+    _, queue, pool = new_pool(gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY)
     job_id = queue.enqueue("due later", run_at_ns=START + 1_000)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
-    )
     others = set(threading.enumerate())
     with running(pool):
         clock.settle(others, gate.busy)
@@ -111,13 +107,10 @@ def test_stage2_each_running_job_is_heartbeaten_at_its_own_instants() -> None:
     instants — the heartbeat thread waits for the earliest beat due, whichever job's."""
     gate = Gate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
+    _, queue, pool = new_pool(gate.handler, workers=2, clock=clock, heartbeat_every_ns=EVERY)
     half = EVERY // 2
     first = queue.enqueue("first", run_at_ns=START + 1_000)
     second = queue.enqueue("second", run_at_ns=START + 1_000 + half)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, gate.handler, workers=2, clock=clock, heartbeat_every_ns=EVERY
-    )
     claimed = {first: START + 1_000, second: START + 1_000 + half}
     beats = sorted((at + n * EVERY, job) for job, at in claimed.items() for n in (1, 2, 3))
     others = set(threading.enumerate())
@@ -147,11 +140,8 @@ def test_stage2_each_running_job_is_heartbeaten_at_its_own_instants() -> None:
 async def test_stage2_async_a_job_claimed_at_its_run_time_is_heartbeaten() -> None:
     gate = AsyncGate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
+    _, queue, pool = new_async_pool(gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY)
     job_id = queue.enqueue("due later", run_at_ns=START + 1_000)
-    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(
-        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
-    )
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
         await settle()
@@ -182,10 +172,7 @@ async def test_stage2_async_a_job_claimed_at_its_run_time_is_heartbeaten() -> No
 def test_stage2_after_a_clock_jump_the_next_heartbeat_counts_from_the_last() -> None:
     gate = Gate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
-    )
+    _, _, pool = new_pool(gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY)
     others = set(threading.enumerate())
     story = Story(f"lease {LEASE}, heartbeat_every_ns={EVERY}, claimed at 0:", clock.now_ns, START)
     with running(pool):
@@ -206,10 +193,7 @@ def test_stage2_after_a_clock_jump_the_next_heartbeat_counts_from_the_last() -> 
 async def test_stage2_async_after_a_clock_jump_the_next_heartbeat_counts_from_the_last() -> None:
     gate = AsyncGate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(
-        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
-    )
+    _, _, pool = new_async_pool(gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY)
     story = Story(f"async, lease {LEASE}, heartbeat_every_ns={EVERY}:", clock.now_ns, START)
     async with anyio.create_task_group() as tg:
         tg.start_soon(pool.run)
@@ -238,9 +222,8 @@ def test_stage2_a_job_run_twice_by_one_pool_keeps_both_runs_apart() -> None:
     stalls = Stalls()
     first, second = stalls.hold("job", 1), stalls.hold("job", 2)
     clock = WatchedClock(START)
-    _, queue = pool_queue(max_attempts=2, clock=clock)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, stalls.handler, workers=2, clock=clock, heartbeat_every_ns=EVERY
+    _, queue, pool = new_pool(
+        stalls.handler, workers=2, max_attempts=2, clock=clock, heartbeat_every_ns=EVERY
     )
     others = set(threading.enumerate())
     story = Story(f"2 workers, lease {LEASE}, heartbeat_every_ns={EVERY}:", clock.now_ns, START)
@@ -301,10 +284,7 @@ GRACE = 2_500  # two and a half leases: only heartbeats keep the running job's l
 def test_stage2_heartbeats_go_on_through_the_grace_period() -> None:
     gate = Gate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
-    )
+    _, queue, pool = new_pool(gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY)
     others = set(threading.enumerate())
     with running(pool):
         job_id = pool.submit("long")
@@ -342,10 +322,7 @@ def test_stage2_heartbeats_go_on_through_the_grace_period() -> None:
 async def test_stage2_async_heartbeats_go_on_through_the_grace_period() -> None:
     gate = AsyncGate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(
-        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY
-    )
+    _, queue, pool = new_async_pool(gate.handler, workers=1, clock=clock, heartbeat_every_ns=EVERY)
     async with running_async(pool, grace_ns=None), anyio.create_task_group() as tg:
         job_id = pool.submit("long")
         await settle()
@@ -428,10 +405,7 @@ def test_stage2_a_job_claimed_when_it_falls_due_is_heartbeaten() -> None:
     does, whoever heartbeats learns of the job only if the claim says so."""
     gate = Gate()
     clock = SelfWakingClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, gate.handler, workers=1, clock=clock, heartbeat_every_ns=300
-    )
+    _, _, pool = new_pool(gate.handler, workers=1, clock=clock, heartbeat_every_ns=300)
     others = set(threading.enumerate())
     with running(pool):
         pool.submit("later", run_at_ns=START + 1_000)

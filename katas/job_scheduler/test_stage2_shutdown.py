@@ -31,7 +31,6 @@ from katas._harness import marks
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.resting import WatchedClock
 from katas._harness.story import Story, check
-from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
 from katas._harness.waiting import eventually
 from katas.job_scheduler._testing.clocks import WAKE_ORDERS, OrderedClock
@@ -42,13 +41,12 @@ from katas.job_scheduler._testing.pools import (
     fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
     new_async_pool,
     new_pool,
-    pool_queue,
     running,
     running_async,
     stat,
 )
 from katas.job_scheduler._testing.queues import LEASE, START
-from katas.job_scheduler.api import JobQueue, JobState, Lease, PoolStatistics, WorkerPool
+from katas.job_scheduler.api import JobQueue, JobState, Lease, PoolStatistics
 
 pytestmark = [pytest.mark.stage(2)]
 
@@ -66,8 +64,7 @@ def test_stage2_every_submit_wakes_an_idle_worker_whoever_waits_longest() -> Non
     must take the job."""
     stalls = Stalls()
     clock = OrderedClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(queue, stalls.handler, workers=2, clock=clock)
+    _, _, pool = new_pool(stalls.handler, workers=2, clock=clock)
     others = set(threading.enumerate())
     story = Story("2 workers, every job held by the test until it ends the round:", clock.now_ns)
     with running(pool):
@@ -126,10 +123,7 @@ async def test_stage2_async_a_handler_done_before_its_timeout_is_acked_at_once()
 def test_stage2_a_worker_waiting_for_a_free_slot_counts_as_idle() -> None:
     gate = Gate()
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, gate.handler, workers=3, max_in_flight=1, clock=clock
-    )
+    _, _, pool = new_pool(gate.handler, workers=3, clock=clock, max_in_flight=1)
     others = set(threading.enumerate())
     with running(pool):
         clock.settle(others, gate.busy)
@@ -211,10 +205,7 @@ def test_stage2_a_job_whose_lease_is_stale_at_shutdown_is_lost_not_released(how:
     stalls = Stalls()
     held = stalls.hold("job")
     clock = WatchedClock(START)
-    _, queue = pool_queue(clock=clock)
-    pool: WorkerPool = stage(2).ThreadWorkerPool(
-        queue, stalls.handler, workers=1, clock=clock, heartbeat_every_ns=300
-    )
+    _, queue, pool = new_pool(stalls.handler, workers=1, clock=clock, heartbeat_every_ns=300)
     others = set(threading.enumerate())
     with running(pool):
         job_id = pool.submit("job")

@@ -60,19 +60,32 @@ def fail_fast_on_pool_stubs() -> None:
 
 
 def new_pool(
-    handler: Handler, *, workers: int, max_attempts: int = 1, **kw: Any
+    handler: Handler,
+    *,
+    workers: int,
+    max_attempts: int = 1,
+    clock: ManualClock | None = None,
+    lease_ns: int = LEASE,
+    **kw: Any,
 ) -> tuple[ManualClock, JobQueue, WorkerPool]:
-    """A thread pool of ``workers`` around a fresh :func:`pool_queue`, on its clock."""
-    clock, queue = pool_queue(max_attempts)
+    """A thread pool of ``workers`` around a fresh :func:`pool_queue` (its arguments as
+    there), on the queue's clock; ``kw`` go to the pool."""
+    clock, queue = pool_queue(max_attempts, clock, lease_ns)
     pool: WorkerPool = stage(2).ThreadWorkerPool(queue, handler, workers=workers, clock=clock, **kw)
     return clock, queue, pool
 
 
 def new_async_pool(
-    handler: AsyncHandler, *, workers: int, max_attempts: int = 1, **kw: Any
+    handler: AsyncHandler,
+    *,
+    workers: int,
+    max_attempts: int = 1,
+    clock: ManualClock | None = None,
+    lease_ns: int = LEASE,
+    **kw: Any,
 ) -> tuple[ManualClock, JobQueue, AsyncWorkerPool]:
-    """An async pool of ``workers`` around a fresh :func:`pool_queue`, on its clock."""
-    clock, queue = pool_queue(max_attempts)
+    """An async pool, as :func:`new_pool` makes a thread pool."""
+    clock, queue = pool_queue(max_attempts, clock, lease_ns)
     pool: AsyncWorkerPool = stage(2).AsyncWorkerPool(
         queue, handler, workers=workers, clock=clock, **kw
     )
