@@ -438,10 +438,11 @@ def test_a_local_cluster_moves_a_slot_step_by_step_and_fails_without_a_master() 
 @needs_server
 @pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
 def test_clusters_built_ahead_are_fresh_and_a_partial_one_stays_partial_after_a_revive() -> None:
-    """Each cluster taken has the next built behind it (a new master waits two seconds to
-    turn ok): the next is a cluster of its own, empty, ok; ``full_coverage=False`` is
-    set on a cluster taken ready-made, and kept by a master that is started again."""
-    from katas._harness.redis_cluster import LocalCluster
+    """From the second cluster a run takes on, more are built behind it (a new master
+    waits two seconds to turn ok): each is a cluster of its own, empty, ok;
+    ``full_coverage=False`` is set on a cluster taken ready-made, and kept by a master
+    that is started again; the session's end closes the spares nobody took."""
+    from katas._harness.redis_cluster import _READY, LocalCluster, close_spares
 
     with LocalCluster(command=SERVER_CMD) as first:
         first.client().set("k", 1)
@@ -459,6 +460,16 @@ def test_clusters_built_ahead_are_fresh_and_a_partial_one_stays_partial_after_a_
             == alive._admin().config_get("cluster-require-full-coverage")
             == {"cluster-require-full-coverage": "no"}
         )
+    with LocalCluster(command=SERVER_CMD, full_coverage=False) as third:  # built ahead
+        assert third.state() == "ok"
+        assert {
+            n._admin().config_get("cluster-require-full-coverage")["cluster-require-full-coverage"]
+            for n in third.nodes
+        } == {"no"}
+    spares = [node for cluster in _READY._ahead.values() for f in cluster for node in f.result()]
+    assert spares, "no cluster was built ahead of a third"
+    close_spares()
+    assert all(node._proc is None for node in spares), "a spare outlived close_spares()"
 
 
 @pytest.mark.parametrize(

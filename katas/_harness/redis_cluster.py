@@ -30,6 +30,7 @@ all of them, the client's view of the cluster remapped to the proxies).
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
 import shutil
 import subprocess
@@ -406,12 +407,13 @@ class _Ready:
 
     A new master turns ``ok`` no sooner than two seconds after it started (Redis's
     ``CLUSTER_WRITABLE_DELAY``: a rebooted master gives the cluster time to reconfigure
-    it), which made every test with a cluster of its own wait two seconds. So each
-    cluster taken has another started behind it: as many clusters wait ready as were
-    taken so far, up to :data:`AHEAD`. A run that needs one cluster builds one spare; one
-    that needs a dozen finds most of them ready. The builders are daemon threads that
-    live as long as the process (a node dies with the thread that started it), and an
-    exit waits for none of them: the spares die with the process.
+    it), which made every test with a cluster of its own wait two seconds. So from the
+    second cluster a run takes on, more are started behind it: as many wait ready as
+    were taken before, up to :data:`AHEAD`. A run that needs one cluster builds no spare;
+    one that needs a dozen finds most of them ready. The builders are daemon threads that
+    live as long as the process (a node dies with the thread that started it).
+    :func:`close_spares` ends the spares nobody took when the session ends (a run forked
+    from the warm process ends with ``os._exit``: no atexit handler would).
     """
 
     AHEAD = 3
@@ -429,7 +431,7 @@ class _Ready:
             ahead = self._ahead.setdefault(key, [])
             self._taken[key] = taken = self._taken.get(key, 0) + 1
             ready = ahead.pop(0) if ahead else None
-            while len(ahead) < min(taken, self.AHEAD):
+            while len(ahead) < min(taken - 1, self.AHEAD):
                 future: Future[list[ProcessNode]] = Future()
                 self._jobs.put((key, future))
                 ahead.append(future)
@@ -437,6 +439,20 @@ class _Ready:
                     self._builders += 1
                     threading.Thread(target=self._build, name="cluster", daemon=True).start()
         return _build(*key) if ready is None else ready.result()
+
+    def close(self) -> None:
+        """Close every spare: those still being built are waited for (their build is
+        bounded by the nodes' start and state deadlines, about two seconds as a rule)."""
+        with self._lock:
+            spares = [future for ahead in self._ahead.values() for future in ahead]
+            self._ahead.clear()
+            self._taken.clear()
+        for future in spares:
+            if future.cancel():
+                continue
+            with contextlib.suppress(BaseException):  # a failed build left no node
+                for node in future.result():
+                    node.close()
 
     def _build(self) -> None:
         while True:
@@ -449,6 +465,11 @@ class _Ready:
 
 
 _READY = _Ready()
+
+
+def close_spares() -> None:
+    """End the clusters built ahead that no test took (the session is over)."""
+    _READY.close()
 
 
 def _wait_state(nodes: list[ProcessNode], state: str) -> None:
@@ -500,5 +521,6 @@ __all__ = [
     "ClusterNode",
     "ClusterProxy",
     "LocalCluster",
+    "close_spares",
     "shared_cluster",
 ]

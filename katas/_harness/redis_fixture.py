@@ -8,6 +8,7 @@ catalogue sweep starts hundreds.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "redis_faults: restarts, stops or flushes a Redis server (private servers only)"
     )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The clusters built ahead of tests that never came end with the session (only a run
+    that built a cluster has imported the module)."""
+    cluster = sys.modules.get("katas._harness.redis_cluster")
+    if cluster is not None:
+        cluster.close_spares()
 
 
 @pytest.fixture
