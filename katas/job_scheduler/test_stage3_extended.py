@@ -574,14 +574,16 @@ def test_stage3_delayed_jobs_noticed_late_keep_the_order_of_their_due_times(
 ) -> None:
     redis_env.freeze_time()
     queue = new_queue(redis_env)
-    later = queue.enqueue("due in 30 ms", delay_ns=30 * MS)
+    # On a real server the clock runs between the two calls: the gap between the due
+    # times (230 ms) keeps the second job due first on a busy machine too.
+    later = queue.enqueue("due in 250 ms", delay_ns=250 * MS)
     sooner = queue.enqueue("due in 20 ms", delay_ns=20 * MS)
-    redis_env.pass_time(60 * MS)  # both due, and no call has noticed either yet
+    redis_env.pass_time(300 * MS)  # both due, and no call has noticed either yet
     got = [claim(queue).job_id, claim(queue).job_id]
     assert got == [sooner, later], (
         "two jobs of one priority, both due by the time a call notices them: the one due "
         f"earlier comes first, whenever the queue noticed it (and only then enqueue order): "
-        f"expected {[sooner, later]} (due at +20 ms, +30 ms), got {got}"
+        f"expected {[sooner, later]} (due at +20 ms, +250 ms), got {got}"
     )
 
 
