@@ -437,7 +437,7 @@ class _Ready:
                 ahead.append(future)
                 if self._builders < self.AHEAD:
                     self._builders += 1
-                    threading.Thread(target=self._build, name="cluster", daemon=True).start()
+                    threading.Thread(target=self._builder, name="cluster", daemon=True).start()
         return _build(*key) if ready is None else ready.result()
 
     def close(self) -> None:
@@ -454,7 +454,8 @@ class _Ready:
                 for node in future.result():
                     node.close()
 
-    def _build(self) -> None:
+    def _builder(self) -> None:
+        """A builder thread: builds the clusters asked for, one at a time, for ever."""
         while True:
             key, future = self._jobs.get()
             if future.set_running_or_notify_cancel():
