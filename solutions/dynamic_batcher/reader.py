@@ -92,7 +92,9 @@ class _Loop(NamedTuple):
 
 
 def _park_asyncio(reader: ReaderEnd) -> asyncio.Future[None]:
-    reader._parked = parked = asyncio.get_running_loop().create_future()
+    # asyncio.Future() finds the running loop in C: loop.create_future() is Python.
+    parked: asyncio.Future[None] = asyncio.Future()
+    reader._parked = parked
     return parked
 
 

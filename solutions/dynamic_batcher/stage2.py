@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import chain
 from types import TracebackType
 from typing import Literal, TypeVar
 
@@ -56,7 +57,9 @@ class _Stream(ReaderEnd):
     def __init__(self, engine: AsyncEngine, rid: str, arrival_ns: int) -> None:
         self._engine = engine
         self._rid = rid
-        self._pending: list[int] = []  # produced, not yet taken
+        # Produced, not yet taken: one tuple per step, handed over as it is to a reader
+        # that keeps up (one step's tokens a read), joined for one that fell behind.
+        self._pending: list[tuple[int, ...]] = []
         self._since_ns = 0  # when the oldest pending token was produced
         self._reason: FinishReason | None = None  # the request finished, and why
         self._error: ReaderStalled | None = None
@@ -72,31 +75,35 @@ class _Stream(ReaderEnd):
         return self._rid
 
     def _take(self) -> Delivery | None:
+        if self._pending:  # first: the case of every read of a reader that keeps up
+            steps, self._pending = self._pending, []
+            tokens = steps[0] if len(steps) == 1 else tuple(chain.from_iterable(steps))
+            self._engine._unread.pop(self._rid, None)
+            self._over = self._reason is not None
+            return Delivery(tokens, self._reason)
         if self._over:
             raise StopAsyncIteration
         if self._error is not None:
             self._over = True
             raise self._error
-        if not self._pending and self._reason is None:
+        if self._reason is None:
             return None  # the read parks (ReaderEnd)
-        delivery = Delivery(tuple(self._pending), self._reason)
-        self._pending.clear()
-        self._engine._taken(self)
-        self._over = self._reason is not None
-        return delivery
+        self._over = True
+        return Delivery((), self._reason)
 
     # -- the engine's side -------------------------------------------------------------
     def _push(self, tokens: tuple[int, ...], at_ns: int) -> bool:
-        """Buffer ``tokens``; True if the buffer was empty (the stall clock starts)."""
+        """Buffer ``tokens``; True if the buffer was empty: the stall clock starts, and a
+        read may be parked (with tokens buffered, none is)."""
         started = not self._pending
-        if started:
-            self._since_ns = at_ns
-        self._pending.extend(tokens)
-        if self.first_ns is None:
-            self.first_ns = at_ns
+        self._pending.append(tokens)
         self.last_ns = at_ns
         self.produced += len(tokens)
-        self._wake()
+        if started:
+            self._since_ns = at_ns
+            if self.first_ns is None:
+                self.first_ns = at_ns
+            self._wake()
         return started
 
     def _end(self, reason: FinishReason) -> None:
@@ -267,13 +274,14 @@ class AsyncEngine:
     def _deliver(self, out: StepOutput, now: int) -> None:
         self._steps += 1
         self._last_end = now
+        streams, unread = self._streams, self._unread
         for rid, tokens in out.tokens.items():
-            self._tokens += len(tokens)
-            stream = self._streams.get(rid)
+            stream = streams.get(rid)
             if stream is not None and stream._push(tokens, now):  # None: its reader left
-                self._unread[rid] = stream
+                unread[rid] = stream
+        self._tokens += sum(map(len, out.tokens.values()))
         for rid, reason in out.finished.items():
-            stream = self._streams.get(rid)
+            stream = streams.get(rid)
             if stream is not None:
                 stream._end(reason)
                 self._finished(stream, now)
@@ -292,9 +300,6 @@ class AsyncEngine:
             self._finished(stream, now)
 
     # -- the streams' side ---------------------------------------------------------------
-    def _taken(self, stream: _Stream) -> None:
-        self._unread.pop(stream.rid, None)
-
     def _left(self, stream: _Stream) -> None:
         if self._streams.get(stream.rid) is stream:
             self._batcher.abort(stream.rid)  # frees its blocks now
