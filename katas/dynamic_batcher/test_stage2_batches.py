@@ -35,6 +35,7 @@ from katas.dynamic_batcher._testing.batches import (
     Caller,
     Model,
     answer,
+    expect_capped_and_in_order,
     expect_nothing_sent,
     expect_results,
     expect_sent,
@@ -769,23 +770,6 @@ async def test_stage2_batches_leaving_the_block_sends_what_is_queued_and_waits(h
                 f"it {late[0].outcome() if late else 'never ran'}"
             )
             assert stats(b) == BatchStatistics(0, 0, 2, (3, 2)), f"closed: {stats(b)}"
-
-
-def expect_capped_and_in_order(
-    model: Model, callers: list[Caller], order: list[str], size: int, why: str
-) -> None:
-    """Every accepted item sent once, oldest first (``order``: as submit() was called),
-    in batches of at most ``size``; each of their callers got its own result."""
-    accepted = [c for c in callers if not isinstance(c.error, EngineClosed)]
-    items = [i for i in order if i in {c.item for c in accepted}]
-    # Batches sent at one instant run concurrently: fn may see them in either order.
-    batches = sorted(model.batches, key=lambda batch: order.index(batch[0]))
-    sent = [item for batch in batches for item in batch]
-    assert all(len(batch) <= size for batch in model.batches) and sent == items, (
-        f"{why}: every batch holds at most max_batch_size={size} items, the oldest first; "
-        f"expected the items {items} in batches of at most {size}, got {model.describe()}"
-    )
-    expect_results(accepted, why)
 
 
 @extended

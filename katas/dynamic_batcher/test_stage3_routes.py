@@ -21,9 +21,15 @@ from hypothesis import settings
 
 from katas._harness.marks import core, extended, rule
 from katas._harness.profiles import examples
-from katas._harness.story import check
 from katas._harness.under_test import stage
-from katas.dynamic_batcher._testing.routes import BLOCK, RoutesMachine, keys, replica_set
+from katas.dynamic_batcher._testing.routes import (
+    BLOCK,
+    RoutesMachine,
+    expect_matched,
+    expect_route,
+    keys,
+    replica_set,
+)
 from katas.dynamic_batcher.api import Route, RoutingPolicy
 
 pytestmark = [pytest.mark.stage(3)]
@@ -56,16 +62,6 @@ def back_after(p: tuple[int, ...], away: Literal["drained", "down"]) -> RoutingP
         rs.mark_down("a")
         rs.mark_up("a")
     return rs
-
-
-def expect_matched(got: int, want: int, situation: str) -> None:
-    """How many leading blocks of a prompt a replica's history matches."""
-    __tracebackhide__ = True
-    check(got == want, f"{situation}\n  expected matched_blocks {want}\n  got              {got}")
-
-
-def expect_route(got: Route | None, want: Route | None, situation: str) -> None:
-    assert got == want, f"{situation}\n  expected pick() = {want}\n  got               {got}"
 
 
 @core

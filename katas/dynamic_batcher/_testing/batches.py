@@ -21,7 +21,7 @@ from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
 from katas._runtime.clock import NS_PER_MS, ManualClock
 from katas._runtime.todo import Todo
-from katas.dynamic_batcher.api import BatchStatistics, RequestBatcher
+from katas.dynamic_batcher.api import BatchStatistics, EngineClosed, RequestBatcher
 
 #: The max_queue_delay_ns of most tests: 100 ms.
 DELAY = 100 * NS_PER_MS
@@ -211,6 +211,23 @@ def expect_nothing_sent(model: Model, batcher: ItemBatcher, why: str) -> None:
     assert not model.batches and stats(batcher).dispatched == 0, (
         f"{why}: no batch may be sent yet; {model.describe()}, statistics() {stats(batcher)}"
     )
+
+
+def expect_capped_and_in_order(
+    model: Model, callers: list[Caller], order: list[str], size: int, why: str
+) -> None:
+    """Every accepted item sent once, oldest first (``order``: as submit() was called),
+    in batches of at most ``size``; each of their callers got its own result."""
+    accepted = [c for c in callers if not isinstance(c.error, EngineClosed)]
+    items = [i for i in order if i in {c.item for c in accepted}]
+    # Batches sent at one instant run concurrently: fn may see them in either order.
+    batches = sorted(model.batches, key=lambda batch: order.index(batch[0]))
+    sent = [item for batch in batches for item in batch]
+    assert all(len(batch) <= size for batch in model.batches) and sent == items, (
+        f"{why}: every batch holds at most max_batch_size={size} items, the oldest first; "
+        f"expected the items {items} in batches of at most {size}, got {model.describe()}"
+    )
+    expect_results(accepted, why)
 
 
 async def expect_sent(model: Model, batches: list[list[Any]], at: int, why: str) -> None:

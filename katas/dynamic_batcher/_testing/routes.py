@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import hypothesis.stateful as stateful
 from hypothesis import strategies as st
 
+from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas.dynamic_batcher.api import Route, RoutingPolicy, block_hash
 
@@ -38,6 +39,17 @@ def shared(
     ``tail`` tokens of its own (``rid`` makes them distinct)."""
     head = tuple((prefix * 97 + i * 13) % 1000 for i in range(blocks * block_size))
     return head + tuple((rid * 31 + prefix * 7 + i * 11 + 500) % 1000 for i in range(tail))
+
+
+def expect_matched(got: int, want: int, situation: str) -> None:
+    """How many leading blocks of a prompt a replica's history matches."""
+    __tracebackhide__ = True
+    check(got == want, f"{situation}\n  expected matched_blocks {want}\n  got              {got}")
+
+
+def expect_route(got: Route | None, want: Route | None, situation: str) -> None:
+    __tracebackhide__ = True
+    check(got == want, f"{situation}\n  expected pick() = {want}\n  got               {got}")
 
 
 @dataclass
