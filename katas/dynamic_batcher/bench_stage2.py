@@ -23,15 +23,17 @@
 Measured here (the reference as ``--impl``; 2 shared cores): batches 5.1-8.8x on asyncio
 and trio, by machine (a round of 64 requests in ~8 ms batched, ~68 ms one by one; the
 batcher's own work is ~9 µs a request). The engine: 0.64-0.66x the bare loop, short of
-the spec's 0.7x, and the async floor itself only 0.71-0.75x: every client takes each
+the spec's 0.7x, and the async floor itself only 0.70-0.75x: every client takes each
 token as it comes, so every token costs a future, a wake-up through asyncio's loop and
-a resumed ``async for`` (~2.5 µs beside the bare loop's ~6.8 µs a token; anyio's
-spawning of the 1 000 clients is ~0.3 µs of it), and the engine runs at ~0.93x its
-floor. Earlier references measured 0.60-0.64x (a frozen ``Delivery``; each step's
-tokens copied into a list and out again), 0.56-0.59x (each read through a coroutine of
-its own, asking sniffio for its loop) and 0.42-0.50x (a read parked on an
+a resumed ``async for`` (~2.7 µs beside the bare loop's ~6.8 µs a token; anyio's
+spawning of the 1 000 clients is ~0.3 µs of it), and the engine runs at 0.88-0.94x its
+floor. Earlier references measured 0.63-0.64x (each step's tokens copied into a list
+and out again), 0.60-0.61x (a frozen ``Delivery`` too), 0.56-0.59x (each read through a
+coroutine of its own, asking sniffio for its loop) and 0.42-0.50x (a read parked on an
 ``anyio.Event``): reader.py says why none of these is done now. Neither inlining the
-stream's calls into the loop nor uvloop (0.61x) gained anything measurable. A reader
+stream's calls into the loop, nor uvloop (0.61x), nor a read that returns the future
+itself with the delivery as its result (no coroutine per read; 0.63-0.67x) gained
+anything beyond the noise. A reader
 that falls behind takes many tokens per wake-up (the merged delivery), which is where a
 real server recovers it.
 
@@ -161,7 +163,7 @@ def async_floor(stage1: ModuleType, requests: list[Request], tokens: dict[str, i
     from an iterator that parks on one bare future per read and gets the step's tokens
     as the future's result, and a loop that only steps and wakes. No ``Delivery``, no
     merging, no stall clock, no statistics, no cleanup of a reader that leaves: none of
-    what the engine must do, so no engine can be faster."""
+    what the engine must do. A bound to read the engine's ratio against, not a design."""
     import asyncio
 
     got = [0]
