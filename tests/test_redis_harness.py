@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 
+from katas._harness import redis as redis_harness
 from katas._harness.faultproxy import RespCommandParser
 from katas._harness.redis import FROZEN_START_NS, ProcessNode, RedisEnv
 from katas._runtime.clients import check_client, unavailable
@@ -215,6 +216,65 @@ def test_private_server_process_is_killed_at_teardown() -> None:
             return
         time.sleep(0.01)
     pytest.fail(f"redis-server {pid} still runs after the env closed")
+
+
+def _ports_taken_first(monkeypatch: pytest.MonkeyPatch, taken: list[int]) -> list[list[int]]:
+    """Make the harness's next port draw hand out ``taken`` (ports already in use), as a
+    draw does when another process binds a port between its probe and our server's bind;
+    every later draw is a real one. Returns the draws made."""
+    real = redis_harness._free_ports
+    draws: list[list[int]] = []
+
+    def draw(n: int) -> list[int]:
+        ports = real(n) if draws else [*taken[:n], *real(n)[len(taken[:n]) :]]
+        draws.append(ports)
+        return ports
+
+    monkeypatch.setattr(redis_harness, "_free_ports", draw)
+    return draws
+
+
+@needs_server
+def test_a_port_another_server_took_is_never_mistaken_for_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another process's server answers PING on the port drawn for ours: that is not ours
+    starting. Ours cannot bind the port, so the harness draws another."""
+    first = ProcessNode(SERVER_CMD)
+    try:
+        first.client().set("whose", b"first")
+        draws = _ports_taken_first(monkeypatch, [first.port])
+        second = ProcessNode(SERVER_CMD)
+        try:
+            assert len(draws) == 2, f"the taken port must cost a second draw: {draws}"
+            assert second.port != first.port and second.pid != first.pid
+            assert second.client().get("whose") is None, "the second node is the first one"
+        finally:
+            second.close()
+    finally:
+        first.close()
+
+
+@needs_server
+def test_a_cluster_node_whose_bus_port_is_taken_draws_both_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cluster node's bus port is drawn with its port, and drawn again with it when the
+    server cannot start: a bus port another server holds must not fail every attempt."""
+    other = ProcessNode(SERVER_CMD)
+    try:
+        (free,) = redis_harness._free_ports(1)
+        draws = _ports_taken_first(monkeypatch, [free, other.port])
+        node = ProcessNode([*SERVER_CMD, "--cluster-enabled", "yes"], cluster_bus=True)
+        try:
+            assert len(draws) == 2, f"the taken bus port must cost a second draw: {draws}"
+            assert node.client().cluster("MYID"), "a cluster node"
+            bus = node.client().config_get("cluster-port")["cluster-port"]
+            assert bus == str(draws[1][1]) != str(other.port), f"bus {bus}, draws {draws}"
+        finally:
+            node.close()
+    finally:
+        other.close()
 
 
 @needs_server

@@ -40,6 +40,7 @@ no automatic retries, so a fault shows up as one exception, not as hidden waitin
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import shlex
 import shutil
@@ -361,10 +362,13 @@ class FakeNode(RedisNode):
         self._stop_tcp()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free now (all bound at once, then released)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
 
 
 #: Private servers still running: killed at interpreter exit if a teardown never ran.
@@ -383,7 +387,9 @@ class ProcessNode(RedisNode):
     kind: Mode = "server"
     can_fault = True
 
-    def __init__(self, command: list[str]) -> None:
+    def __init__(self, command: list[str], *, cluster_bus: bool = False) -> None:
+        """``cluster_bus``: a cluster node, whose bus port is chosen free as its port is
+        (the default, the port + 10 000, may be taken or not exist)."""
         super().__init__()
         self._command = command
         self._dir = Path(tempfile.mkdtemp(prefix="kata-redis-"))
@@ -391,7 +397,11 @@ class ProcessNode(RedisNode):
         self.port = 0
         self._admin_client: redis.Redis | None = None
         for _attempt in range(3):  # a free port can be taken between probe and bind
-            self.port = _free_port()
+            if cluster_bus:
+                self.port, bus = _free_ports(2)
+                self._command = [*command, "--cluster-port", str(bus)]
+            else:
+                (self.port,) = _free_ports(1)
             if self._spawn(raise_on_exit=False):
                 break
         else:
@@ -429,7 +439,17 @@ class ProcessNode(RedisNode):
                     return False
                 try:
                     if probe.ping():
-                        return True
+                        if self._is_ours(probe):
+                            return True
+                        # Another process's server took the port between probe and bind:
+                        # ours cannot bind it, and must not pass for the one answering.
+                        self._kill()
+                        if raise_on_exit:
+                            raise RuntimeError(
+                                f"port {self.port} is now another redis-server's: cannot start "
+                                "this one again on it"
+                            )
+                        return False
                 except redis.ConnectionError:
                     time.sleep(0.005)
         finally:
@@ -439,6 +459,12 @@ class ProcessNode(RedisNode):
             f"redis-server on port {self.port} did not answer PING within "
             f"{START_DEADLINE_S:.0f} s: see {self._dir / 'redis.log'}"
         )
+
+    def _is_ours(self, probe: redis.Redis) -> bool:
+        """Whether the server answering on our port is the one we started: it runs in our
+        own temporary folder."""
+        folder = probe.config_get("dir").get("dir")
+        return folder is not None and os.path.realpath(folder) == os.path.realpath(self._dir)
 
     def _kill(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

@@ -50,7 +50,6 @@ from katas._harness.redis import (
     ProcessNode,
     SharedNode,
     _async_kwargs,
-    _free_port,
     _glob_escape,
     client_kwargs,
 )
@@ -371,15 +370,9 @@ def _build(masters: int, command: tuple[str, ...]) -> list[ProcessNode]:
         raise ClusterError("redis-cli is not installed: it creates the cluster")
     nodes: list[ProcessNode] = []
     try:
+        cluster = ["--cluster-enabled", "yes", "--cluster-node-timeout", str(NODE_TIMEOUT_MS)]
         for _ in range(masters):
-            # a bus port of its own: the default, the port + 10 000, may not exist
-            bus = str(_free_port())
-            cluster = [
-                "--cluster-enabled", "yes",
-                "--cluster-port", bus,
-                "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
-            ]  # fmt: skip
-            nodes.append(ProcessNode([*command, *cluster]))
+            nodes.append(ProcessNode([*command, *cluster], cluster_bus=True))
         addresses = [f"127.0.0.1:{node.port}" for node in nodes]
         created = subprocess.run(
             [cli, "--cluster", "create", *addresses, "--cluster-yes"],
