@@ -32,10 +32,14 @@ from katas._registry import reach
 from katas._registry.catalog import Catalog
 from katas._registry.impl import REPO_ROOT
 from katas._registry.suites import SuiteRun, run_suite, suite_files
+from katas._registry.warm import WarmStart
 
 SUITES = stage_suites()
 #: A test here waits for a whole suite run that shares the machine with others.
 WAIT_S = 1200
+#: Every run forked from one process that has imported pytest, hypothesis, anyio, trio
+#: and the Redis clients already (tests/test_catalogue.py's, for the same reason).
+_WARM = WarmStart()
 
 
 def _modes(kata: str, stage: int) -> list[str]:
@@ -69,14 +73,14 @@ def _reference(kata: str, stage: int, mode: str, base: Mapping[str, str]) -> Sui
     """The stage's suite on the reference, in ``mode``, from the environment ``base``."""
     if mode == "real-redis":  # a real server, or an external one: not the cluster
         env = {k: v for k, v in base.items() if k != "KATA_REDIS_CLUSTER"}
-        return run_suite(suite_files(kata, stage), impl="solutions", env=env)
+        return run_suite(suite_files(kata, stage), impl="solutions", env=env, warm=_WARM)
     if mode == "cluster":  # every test on the shared cluster, faults on private servers
         env = {**embedded_env(base), "KATA_REDIS_CLUSTER": base["KATA_REDIS_CLUSTER"]}
-        return run_suite(suite_files(kata, stage), impl="solutions", env=env)
+        return run_suite(suite_files(kata, stage), impl="solutions", env=env, warm=_WARM)
     with tempfile.TemporaryDirectory(prefix="kata-reached-") as tmp:
         names = Path(tmp) / "reached"
         env = {**embedded_env(base), reach.ENV_REACHED: str(names)}
-        run = run_suite(suite_files(kata, stage), impl="solutions", env=env)
+        run = run_suite(suite_files(kata, stage), impl="solutions", env=env, warm=_WARM)
         _REACHED[kata, stage] = set(names.read_text().split()) if names.exists() else set()
     return run
 
@@ -84,7 +88,9 @@ def _reference(kata: str, stage: int, mode: str, base: Mapping[str, str]) -> Sui
 def _stubs(kata: str, stage: int, base: Mapping[str, str]) -> SuiteRun:
     with tempfile.TemporaryDirectory(prefix="kata-stubs-") as tmp:
         stubs = committed_stubs(Path(tmp) / "stubs")
-        return run_suite(suite_files(kata, stage), impl=str(stubs), env=embedded_env(base))
+        return run_suite(
+            suite_files(kata, stage), impl=str(stubs), env=embedded_env(base), warm=_WARM
+        )
 
 
 #: Whole stage suites, the longest runs of the session: started first.
@@ -112,6 +118,7 @@ def runs(request: pytest.FixtureRequest) -> Iterator[Pool[SuiteRun]]:
     pool = module_pool(request, start_runs)
     yield pool
     pool.shutdown()
+    _WARM.close()
 
 
 @pytest.mark.timeout(WAIT_S)
