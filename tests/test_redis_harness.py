@@ -532,6 +532,25 @@ def test_clusters_built_ahead_are_fresh_and_a_partial_one_stays_partial_after_a_
     assert all(node._proc is None for node in spares), "a spare outlived close_spares()"
 
 
+@needs_server
+@pytest.mark.skipif(shutil.which("redis-cli") is None, reason="redis-cli is not installed")
+def test_the_sessions_end_closes_the_shared_cluster_and_its_folders() -> None:
+    """The session's shared cluster ends with the session (``pytest_unconfigure``), not at
+    interpreter exit: a run forked from the warm process ends with ``os._exit``, and its
+    nodes, killed with it, left their folders behind."""
+    from katas._harness import redis_cluster
+
+    shared = redis_cluster.shared_cluster(SERVER_CMD)
+    nodes = list(shared.nodes)
+    folders = [node._dir for node in nodes]
+    assert nodes and all(folder.exists() for folder in folders)
+    redis_cluster.close_session()
+    assert all(node._proc is None for node in nodes), "a shared node outlived the session"
+    assert not [f for f in folders if f.exists()], "the shared cluster's folders are left"
+    assert redis_cluster.shared_cluster(SERVER_CMD) is not shared, "a closed cluster reused"
+    redis_cluster.close_session()
+
+
 @pytest.mark.parametrize(
     "error",
     [

@@ -466,6 +466,18 @@ def close_spares() -> None:
     _READY.close()
 
 
+def close_session() -> None:
+    """End what the session started and no test ends: the spares no test took and the
+    shared cluster. A run forked from the warm process ends with ``os._exit``, so no
+    atexit handler does it there (and the nodes, killed with their parent, would leave
+    their folders behind)."""
+    global _SHARED
+    close_spares()
+    if _SHARED is not None:
+        _SHARED.close()
+        _SHARED = None
+
+
 def _wait_state(nodes: list[ProcessNode], state: str) -> None:
     """Wait (real time) until every live node of ``nodes`` reports ``state``."""
     deadline = time.monotonic() + STATE_DEADLINE_S
@@ -494,7 +506,8 @@ _SHARED: LocalCluster | None = None
 
 
 def shared_cluster(command: list[str]) -> LocalCluster:
-    """The session's cluster, started on first use and stopped at interpreter exit."""
+    """The session's cluster, started on first use and stopped when the session ends
+    (:func:`close_session`) or, outside pytest, at interpreter exit."""
     global _SHARED
     if _SHARED is None or not _SHARED.nodes:
         _SHARED = LocalCluster(command=command)
@@ -515,6 +528,7 @@ __all__ = [
     "ClusterNode",
     "ClusterProxy",
     "LocalCluster",
+    "close_session",
     "close_spares",
     "shared_cluster",
 ]

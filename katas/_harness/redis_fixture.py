@@ -38,11 +38,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """The clusters built ahead of tests that never came end with the session (only a run
-    that built a cluster has imported the module)."""
+    """The shared cluster and the clusters built ahead of tests that never came end with
+    the session (only a run that built a cluster has imported the module)."""
     cluster = sys.modules.get("katas._harness.redis_cluster")
     if cluster is not None:
-        cluster.close_spares()
+        cluster.close_session()
 
 
 @pytest.fixture
