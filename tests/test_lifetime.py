@@ -61,11 +61,14 @@ def _alive(processes: dict[int, str]) -> list[int]:
     return sorted(p for p, started in processes.items() if table.get(p, (0, ""))[1] == started)
 
 
-def _end_and_check(argv: list[str], at_least: int, sig: signal.Signals) -> None:
+def _end_and_check(argv: list[str], at_least: int, sig: signal.Signals, tmp: Path) -> None:
+    """Start ``argv``, wait for ``at_least`` processes below it, end it with ``sig``, and
+    check that none of them outlives it. What the ended run could not clean up (its
+    temporary folders) is left in ``tmp``, not in the machine's temporary folder."""
     run = subprocess.Popen(
         argv,
         cwd=REPO_ROOT,
-        env={**embedded_env(), "KATA_TEST_TIMEOUT": "120"},
+        env={**embedded_env(), "KATA_TEST_TIMEOUT": "120", "TMPDIR": str(tmp)},
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -102,14 +105,14 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
-def test_ending_pytest_ends_every_process_it_started(sig: signal.Signals) -> None:
+def test_ending_pytest_ends_every_process_it_started(sig: signal.Signals, tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     argv += ["tests/test_suites.py", "-k", SUITE_CHECK]
     # the suite run's pytest, then the replicas below it
-    _end_and_check(argv, at_least=4, sig=sig)
+    _end_and_check(argv, at_least=4, sig=sig, tmp=tmp_path)
 
 
-def test_ending_kata_test_ends_the_suite_run_and_its_children() -> None:
+def test_ending_kata_test_ends_the_suite_run_and_its_children(tmp_path: Path) -> None:
     argv = [*kata_command(), "test", "streaming_parser", "3", "--impl=solutions"]
     # the suite run's pytest, then the replicas below it
-    _end_and_check(argv, at_least=4, sig=signal.SIGTERM)
+    _end_and_check(argv, at_least=4, sig=signal.SIGTERM, tmp=tmp_path)
