@@ -141,7 +141,7 @@ class RedisJobQueue:
         self._seed = b"%d" % rng.randrange(1, 2**31 - 1) if jitters else b"1"
         self._client = client
         # Every key of the queue, declared by every script; {name} puts them in one slot.
-        # Encoded once, as the settings are: 13 keys encoded per call cost 4-10% of a
+        # Encoded once, as the settings are: 13 keys encoded per call cost 4-12% of a
         # claim + ack cycle on a real server.
         self._keys = [f"{key_prefix}{{{name}}}:{key}".encode() for key in lua.KEYS]
         self._scripts = {k: client.register_script(src) for k, src in lua.SCRIPTS.items()}
