@@ -44,6 +44,7 @@ benchmarks never fail CI.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
 import time
@@ -164,8 +165,6 @@ def async_floor(stage1: ModuleType, requests: list[Request], tokens: dict[str, i
     as the future's result, and a loop that only steps and wakes. No ``Delivery``, no
     merging, no stall clock, no statistics, no cleanup of a reader that leaves: none of
     what the engine must do. A bound to read the engine's ratio against, not a design."""
-    import asyncio
-
     got = [0]
     parked: dict[str, asyncio.Future[tuple[int, ...]]] = {}
     finished: set[str] = set()
