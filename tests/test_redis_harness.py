@@ -278,6 +278,22 @@ def test_a_cluster_node_whose_bus_port_is_taken_draws_both_again(
 
 
 @needs_server
+def test_a_node_that_cannot_start_says_why_and_leaves_no_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A server that exits at start (here: an option it does not know) fails the node with
+    what its log said; nothing will close that node, so its folder is gone already."""
+    monkeypatch.setattr(redis_harness.tempfile, "tempdir", str(tmp_path))
+    with pytest.raises(RuntimeError) as failed:
+        ProcessNode([*SERVER_CMD, "--no-such-option", "1"])
+    message = str(failed.value)
+    assert "could not start" in message and "no-such-option" in message.split("\n", 1)[1], (
+        f"the error must quote the server's log: {message!r}"
+    )
+    assert list(tmp_path.iterdir()) == [], "the node's folder must not outlive it"
+
+
+@needs_server
 def test_paused_server_times_out_then_resumes(server_env: RedisEnv) -> None:
     node = server_env.server()
     assert isinstance(node, ProcessNode)

@@ -396,17 +396,37 @@ class ProcessNode(RedisNode):
         self._proc: subprocess.Popen[bytes] | None = None
         self.port = 0
         self._admin_client: redis.Redis | None = None
-        for _attempt in range(3):  # a free port can be taken between probe and bind
-            if cluster_bus:
-                self.port, bus = _free_ports(2)
-                self._command = [*command, "--cluster-port", str(bus)]
+        try:
+            for _attempt in range(3):  # a free port can be taken between probe and bind
+                if cluster_bus:
+                    self.port, bus = _free_ports(2)
+                    self._command = [*command, "--cluster-port", str(bus)]
+                else:
+                    (self.port,) = _free_ports(1)
+                if self._spawn(raise_on_exit=False):
+                    break
             else:
-                (self.port,) = _free_ports(1)
-            if self._spawn(raise_on_exit=False):
-                break
-        else:
-            raise RuntimeError(f"could not start {command!r}: see {self._dir / 'redis.log'}")
+                raise RuntimeError(f"could not start {command!r} in three attempts")
+        except BaseException as error:
+            # Nothing will close a node that never started: its folder goes now, and
+            # what its log said goes into the error instead of a path to a deleted file.
+            self._kill()
+            log = self._log_tail()
+            shutil.rmtree(self._dir, ignore_errors=True)
+            if not isinstance(error, RuntimeError):
+                raise
+            said = str(error).replace(f": see {self._dir / 'redis.log'}", "")
+            raise RuntimeError(f"{said}; its log ended with:\n{log}" if log else said) from None
         _LIVE.add(self)
+
+    def _log_tail(self, lines: int = 5) -> str:
+        """The last lines the server logged, and wrote to stderr before its log opened
+        (a bad option); "" if none."""
+        said = []
+        for name in ("redis.log", "stderr.log"):
+            with contextlib.suppress(OSError):
+                said += (self._dir / name).read_text(errors="replace").splitlines()[-lines:]
+        return "\n".join(said)
 
     def _spawn(self, *, raise_on_exit: bool = True) -> bool:
         argv = [
@@ -419,13 +439,14 @@ class ProcessNode(RedisNode):
             "--dir", str(self._dir),
             "--logfile", str(self._dir / "redis.log"),
         ]  # fmt: skip
-        self._proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            **dies_with_parent(),
-        )
+        with open(self._dir / "stderr.log", "ab") as stderr:  # errors before the log opens
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                **dies_with_parent(),
+            )
         deadline = time.monotonic() + START_DEADLINE_S
         probe = redis.Redis(host="127.0.0.1", port=self.port, **client_kwargs(socket_timeout=1.0))
         try:
