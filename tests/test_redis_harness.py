@@ -13,6 +13,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -283,7 +284,7 @@ def test_a_node_that_cannot_start_says_why_and_leaves_no_folder(
 ) -> None:
     """A server that exits at start (here: an option it does not know) fails the node with
     what its log said; nothing will close that node, so its folder is gone already."""
-    monkeypatch.setattr(redis_harness.tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with pytest.raises(RuntimeError) as failed:
         ProcessNode([*SERVER_CMD, "--no-such-option", "1"])
     message = str(failed.value)
