@@ -232,8 +232,9 @@ async def test_stage3_a_replica_that_refuses_is_skipped_not_failed() -> None:
         "a refused: the request goes to the next replica, b, as its second attempt (id "
         f"'r#1'); b saw {fleet['b'].seen}"
     )
-    assert stats.down == () and stats.failovers == 0, (
-        f"a 429 is not a failure: nothing is down and nothing failed over; got {stats}"
+    assert stats.down == () and stats.failovers == 0 and stats.refused == 0, (
+        "a 429 is not a failure: nothing is down and nothing failed over; nor is it a "
+        f"refusal of the router's (`refused` counts its own Overloaded); got {stats}"
     )
 
 
@@ -1111,6 +1112,9 @@ async def test_stage3_closing_the_router_ends_every_stream() -> None:
         with pytest.raises(RuntimeError):
             router.generate(request("early", 2, 2))
         async with serving(router), anyio.create_task_group() as tg:
+            with pytest.raises(RuntimeError):
+                async with router:
+                    pass  # a second entry, while the router is open
             readers = fleet.start(router, [request("r", 4, 100)], tg)
             await fleet.time.advance_to(T0 + 3 * STEP_NS)
             await router.aclose()
@@ -1121,6 +1125,24 @@ async def test_stage3_closing_the_router_ends_every_stream() -> None:
             with pytest.raises(ReplicaError):
                 router.generate(request("late", 2, 2))
             assert fleet["a"].closed == 1, "its attempt's connection is closed"
+        with pytest.raises(RuntimeError):
+            async with router:
+                pass  # entering it again once it is closed: entered twice all the same
+
+
+@extended
+@rule("router-drain")
+@anyio_test
+async def test_stage3_draining_or_restoring_an_unknown_replica_is_a_value_error() -> None:
+    fleet = Fleet(names=("a", "b"))
+    async with fleet.routing([request("r", 4, 30)]) as clients:
+        router = clients.router
+        with pytest.raises(ValueError, match="nowhere"):
+            await router.drain("nowhere")
+        with pytest.raises(ValueError, match="nowhere"):
+            router.restore("nowhere")
+        assert router.statistics().draining == (), "a refused drain drains nothing"
+        await clients.finish()
 
 
 # -- statistics and bad input ------------------------------------------------------------------
@@ -1153,6 +1175,22 @@ async def test_stage3_statistics_count_what_was_routed_failed_over_and_refused()
     assert stats == want, (
         "r1 to a (least loaded), r2 to a by affinity, r2 failed over to b, one request "
         f"refused.\n  expected {want}\n  got      {stats}"
+    )
+
+
+@extended
+@rule("router-statistics")
+@anyio_test
+async def test_stage3_a_failure_no_replica_could_take_still_counts_as_a_failover() -> None:
+    fleet = Fleet(names=("a",))
+    fleet["a"].die_after("r", 2)
+    readers, stats = await fleet.serve([request("r", 4, 10)])
+    assert isinstance(readers["r"].error, ReplicaError), (
+        f"a, the only replica, died under r: no replica to go on; r ended {readers['r'].ended}"
+    )
+    assert stats.failovers == 1, (
+        "r's replica failed under the cap with budget left: that is a failover, even though "
+        f"no replica could take it; expected failovers=1, got {stats}"
     )
 
 

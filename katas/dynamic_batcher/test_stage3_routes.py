@@ -118,6 +118,40 @@ def test_stage3_routes_loads_add_up_and_release_removes_what_is_left() -> None:
     )
 
 
+@extended
+@rule("route-load")
+def test_stage3_routes_a_refused_assign_charges_and_remembers_nothing() -> None:
+    """Assigning a ``rid`` already assigned is a ``ValueError``, to a replica that does not
+    exist a ``KeyError``: either way nothing is charged, no prefix is remembered, and the
+    ``rid`` stays where it was (or unassigned). Every call naming an unknown replica is a
+    ``KeyError``."""
+    rs = replica_set()
+    p, q = prompt_of(3 * BLOCK), prompt_of(2 * BLOCK, seed=5)
+    rs.assign("a", "r1", p, 5)
+    with pytest.raises(ValueError, match="r1"):
+        rs.assign("b", "r1", q, 7)
+    with pytest.raises(KeyError):
+        rs.assign("nowhere", "r2", q, 7)
+    got = (rs.loads(), rs.replica_of("r1"), rs.replica_of("r2"), rs.matched_blocks("b", q))
+    want = ({"a": len(p) + 5, "b": 0, "c": 0}, "a", None, 0)
+    assert got == want, (
+        f"r1 ({len(p)} + 5 tokens) on a; then assign('b', 'r1', …) (already assigned) and "
+        "assign('nowhere', 'r2', …) were refused, so they charged nothing and b remembers "
+        "no block: expected (loads, replica_of r1, replica_of r2, b's matched blocks) = "
+        f"{want}\n  got {got}"
+    )
+    rs.assign("b", "r2", q, 7)  # r2 was never assigned: it may be now
+    rs.release("r1")
+    assert rs.loads() == {"a": 0, "b": len(q) + 7, "c": 0}, (
+        f"r1 released, r2 on b: expected a 0 and b {len(q) + 7}, got {rs.loads()}"
+    )
+    for call in ("mark_down", "mark_up", "drain", "restore", "load", "is_up", "is_draining"):
+        with pytest.raises(KeyError):
+            getattr(rs, call)("nowhere")
+    with pytest.raises(KeyError):
+        rs.matched_blocks("nowhere", p)
+
+
 @core
 @rule("route-available")
 def test_stage3_routes_pick_only_replicas_up_and_not_draining_and_not_excluded() -> None:

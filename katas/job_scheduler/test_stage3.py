@@ -189,6 +189,25 @@ def test_stage3_job_is_not_claimed_before_its_run_at(redis_env: RedisEnv) -> Non
     )
 
 
+@marks.rule("redis-next-due")
+@core
+def test_stage3_next_due_is_the_earliest_lease_expiry_when_nothing_else_is_due(
+    redis_env: RedisEnv,
+) -> None:
+    """Every job leased, one scheduled later than the leases run out: the next thing due
+    is a lease's expiry (it may bring a job back), not the scheduled job."""
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, lease_ns=100 * MS)
+    queue.enqueue("leased")
+    lease = claim(queue)
+    expect(queue.next_due_ns(), lease.expires_at_ns, "next_due_ns() with one job, leased")
+    queue.enqueue("later", delay_ns=10**12)
+    expect(
+        queue.next_due_ns(), lease.expires_at_ns,
+        "next_due_ns() with the lease expiring before the scheduled job's run time",
+    )  # fmt: skip
+
+
 @marks.rule("redis-attempts", "redis-stale")
 @core
 @pytest.mark.realtime
@@ -265,6 +284,11 @@ def test_stage3_effect_store_commits_once_per_job_and_refuses_stale_leases(
     with pytest.raises(StaleLease):
         store.commit(first, "charged again")
         raise AssertionError("the expired lease's commit was accepted")
+    waiting = queue.get(job_id).state
+    assert store.effects() == {job_id: "charged"}, (
+        f"{job_id} is {waiting.name}, waiting for its retry after w1 died between commit and "
+        f"ack: the queue still holds it, so effects() holds its effect; got {store.effects()}"
+    )
     rerun = claim(queue, "w2")
     assert store.commit(rerun, "charged") is False, (
         "the re-run after a crash between effect and ack must find the effect "
@@ -376,11 +400,19 @@ def test_stage3_run_at_is_rounded_up_to_a_whole_microsecond(redis_env: RedisEnv)
         f"run_at_ns = server now + 1 ns must be rounded UP to the next whole µs "
         f"({now + 1000}), never down to now (the job would run 1 ns early); got {job.run_at_ns}"
     )
+    delayed = queue.enqueue("in 1 ns", delay_ns=1)
+    enqueued = stamp(queue, "enqueue").server_now_ns
+    assert queue.get(delayed).run_at_ns == enqueued + 1000, (
+        f"delay_ns=1, enqueued at the server's {enqueued}: due at {enqueued} + 1 ns, rounded "
+        f"UP to {enqueued + 1000}, never down to now; got {queue.get(delayed).run_at_ns}"
+    )
     if not redis_env.time_is_controlled:  # a real server's clock has moved on meanwhile
         return
     assert queue.claim("w") is None, "a job due 1 ns from now was claimed now"
     redis_env.pass_time(1000)
-    assert claim(queue).job_id == job_id, "at its rounded run time the job is READY"
+    assert [claim(queue).job_id, claim(queue).job_id] == [job_id, delayed], (
+        "at their rounded run time both jobs are READY, in enqueue order"
+    )
 
 
 @marks.rule("op-counter")

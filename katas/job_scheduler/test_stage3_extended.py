@@ -328,6 +328,7 @@ def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     dead = [job.id for job in queue.dead_letters()]
     assert dead == [b, a], f"dead letters in the order they died: {[b, a]}, got {dead}"
     assert queue.redrive(a) is True and queue.redrive(a) is False
+    expect(queue.statistics().dead, 1, "statistics().dead once a, redriven, is READY again")
     again = claim(queue)
     assert (again.job_id, again.attempt, again.token) == (a, 1, 2), (
         f"redrive zeroes the attempts but never the token: expected attempt 1, token 2; got {again}"
@@ -336,6 +337,33 @@ def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
         queue.ack(la)
         raise AssertionError("a lease from before the death passed the fence")
     assert [job.id for job in queue.dead_letters()] == [b]
+
+
+@rule("redis-extended")
+@extended
+def test_stage3_redrive_of_a_job_that_is_not_dead_returns_false_and_changes_nothing(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env)
+    done, cancelled = queue.enqueue("done"), queue.enqueue("cancelled")
+    queue.ack(claim(queue), "ok")
+    queue.cancel(cancelled)
+    leased, ready = queue.enqueue("leased"), queue.enqueue("ready")
+    claim(queue)
+    scheduled = queue.enqueue("scheduled", delay_ns=10**12)
+    jobs = {"SUCCEEDED": done, "CANCELLED": cancelled, "LEASED": leased, "READY": ready,
+            "SCHEDULED": scheduled}  # fmt: skip
+    before = {state: queue.get(job_id) for state, job_id in jobs.items()}
+    stats = queue.statistics()
+    for state, job_id in jobs.items():
+        assert queue.redrive(job_id) is False, f"redrive of a {state} job must return False"
+    after = {state: queue.get(job_id) for state, job_id in jobs.items()}
+    changed = {s: (before[s], after[s]) for s in jobs if before[s] != after[s]}
+    assert not changed and queue.statistics() == stats, (
+        f"redrive of a job that is not DEAD changes nothing; changed: {changed}, "
+        f"statistics before {stats}, after {queue.statistics()}"
+    )
 
 
 def _server_ns(redis_env: RedisEnv) -> int:
@@ -407,6 +435,69 @@ def test_stage3_a_job_that_dies_again_after_a_redrive_is_listed_at_its_latest_de
     assert dead == [b, a], (
         f"a dies, b dies, a is redriven and dies again: dead_letters() lists the DEAD jobs "
         f"in the order they died, a at its latest death: expected {[b, a]}, got {dead}"
+    )
+
+
+def _retry_delays(
+    redis_env: RedisEnv, policy: RetryPolicy, jobs: int, failures: int
+) -> list[tuple[str, int]]:
+    """``(job id, delay)`` of every retry, in the order they were drawn: ``jobs`` jobs,
+    each nacked ``failures`` times as soon as it is claimed (seeded ``rng``)."""
+    queue = new_queue(
+        redis_env, retry=policy, max_attempts=failures + 1, rng=random.Random(3),
+    )  # fmt: skip
+    for n in range(jobs):
+        queue.enqueue(n)
+    out: list[tuple[str, int]] = []
+    while len(out) < jobs * failures:
+        lease = queue.claim("w")
+        if lease is None:  # the retries are not due yet
+            redis_env.pass_time(policy.cap_ns)
+            continue
+        queue.nack(lease, "503")
+        failed_at = stamp(queue, "nack").server_now_ns
+        out.append((lease.job_id, queue.get(lease.job_id).run_at_ns - failed_at))
+    return out
+
+
+@rule("redis-backoff", "redis-jitter")
+@extended
+@pytest.mark.realtime
+def test_stage3_full_jitter_can_wait_the_whole_delay(redis_env: RedisEnv) -> None:
+    """Full jitter draws from [0, d], both ends included: with d = 1 µs, a retry waits 0
+    or 1 µs, and 24 of them wait both."""
+    redis_env.freeze_time()
+    waits = {d for _, d in _retry_delays(redis_env, RetryPolicy(1000, 1000, "full"), 24, 1)}
+    assert waits == {0, 1000}, (
+        "full jitter with base_ns = cap_ns = 1 µs draws each delay from [0, 1 µs], both "
+        f"ends included: 24 retries must wait both 0 and 1000 ns; they waited {sorted(waits)}"
+    )
+
+
+@rule("redis-backoff", "redis-jitter")
+@extended
+@pytest.mark.realtime
+def test_stage3_decorrelated_jitter_draws_from_the_delay_as_applied(redis_env: RedisEnv) -> None:
+    """Decorrelated jitter's ``prev`` is the previous delay as it was applied, after the
+    cap. So a retry after a capped one is drawn from [base, 3·cap]: with base 10 µs and
+    cap 100 µs, 9 in 29 of them fall below the cap. A ``prev`` kept before the cap (up to
+    3× the cap, and growing) puts nearly every later retry on the cap. Seeded, 16 jobs ×
+    32 retries: the share below the cap is about 0.31 (at least 0.21 in 4 000 seeded
+    runs of a model of the rule, at most 0.17 for the raw ``prev``)."""
+    redis_env.freeze_time()
+    base, cap = 10_000, 100_000
+    last: dict[str, int] = {}
+    after_cap = below = 0
+    for job_id, delay in _retry_delays(redis_env, RetryPolicy(base, cap, "decorrelated"), 16, 32):
+        if last.get(job_id) == cap:
+            after_cap += 1
+            below += delay < cap
+        last[job_id] = delay
+    assert after_cap and below / after_cap >= 0.19, (
+        f"decorrelated jitter, base {base} ns, cap {cap} ns: of the {after_cap} retries drawn "
+        f"right after a capped one, {below} waited less than the cap (expected about 31%: "
+        "each is drawn from [base, 3·cap], prev being the capped delay as applied; about 6% "
+        "means prev kept the draw before the cap)"
     )
 
 
@@ -503,7 +594,12 @@ def test_stage3_an_idempotency_key_is_forgotten_at_its_ttl_exactly(redis_env: Re
     redis_env.pass_time(ttl - 1000)
     again = queue.enqueue("req (retry)", idempotency_key="req-42")
     assert again == first, f"1 µs before the key's TTL runs out it returns {first!r}: {again!r}"
+    expect(queue.statistics().idempotency_keys, 1, "idempotency_keys 1 µs before the TTL")
     redis_env.pass_time(1000)
+    expect(
+        queue.statistics().idempotency_keys, 0,
+        "idempotency_keys at the first enqueue + dedup_ttl_ns exactly (the record is gone)",
+    )  # fmt: skip
     fresh = queue.enqueue("req (new)", idempotency_key="req-42")
     assert fresh != first, (
         f"at the first enqueue + dedup_ttl_ns exactly the key is forgotten and the next "
@@ -780,6 +876,66 @@ def test_stage3_a_queue_that_never_idles_holds_its_retention_not_its_history(
         "TTL alone never runs out on a queue that keeps busy: a finished job's fields and "
         "index entries go one by one when its retention ends",
     )
+
+
+@rule("ttl-retention")
+@extended
+def test_stage3_a_retention_that_ends_between_two_ms_is_held_to_its_last_us(
+    redis_env: RedisEnv,
+) -> None:
+    """Redis expires keys at whole ms; retention and idempotency TTLs end at whole µs. A
+    key's TTL rounded down to a ms would forget what it holds up to 999 µs early."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("a real server's clock cannot be stopped a µs before the retention ends")
+    redis_env.freeze_time()
+    retention = 1_500_000  # 1.5 ms
+    queue = new_queue(redis_env, retention_ns=retention, dedup_ttl_ns=retention)
+    redis_env.pass_time(-_server_ns(redis_env) % MS)  # now a whole ms: the ends fall on half ms
+    job_id = queue.enqueue("done", idempotency_key="k")
+    queue.ack(claim(queue))
+    redis_env.pass_time(retention - 1000)
+    expect(queue.get(job_id).state, SUCCEEDED, "1 µs before its retention ends, the job")
+    again = queue.enqueue("again", idempotency_key="k")
+    expect(again, job_id, "1 µs before the key's dedup TTL ends, an enqueue with it returns")
+    redis_env.pass_time(1000)
+    with pytest.raises(JobNotFound):
+        queue.get(job_id)
+        raise AssertionError(f"{job_id} outlived its retention of 1.5 ms")
+
+
+@rule("ttl-retention", "redis-settle-first")
+@extended
+def test_stage3_a_death_settled_late_never_shortens_the_retention_of_a_later_finish(
+    redis_env: RedisEnv,
+) -> None:
+    """1 005 leases expire at one instant (max_attempts=1: each job dies at its expiry),
+    more than one call may settle; a job acked 1 ms later, by a call that settles only
+    part of them, is held for its whole retention — the deaths settled after it must not
+    shorten what holds it to their own finishing time + retention."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("a real server's clock runs while 1 005 leases are made: they expire apart")
+    redis_env.freeze_time()
+    retention, lease_ns = 100 * MS, 10 * MS
+    queue = new_queue(redis_env, retention_ns=retention, lease_ns=lease_ns, max_attempts=1)
+    for i in range(1005):
+        queue.enqueue(i)
+        claim(queue)  # its worker crashes: the job dies when the lease expires
+    redis_env.pass_time(lease_ns // 2)
+    kept = queue.enqueue("kept")
+    kept_lease = claim(queue)
+    redis_env.pass_time(lease_ns // 2 + MS)  # 1 ms past the 1 005 expiries
+    queue.ack(kept_lease)
+    expect(len(queue.dead_letters()), 1005, "dead letters once every expiry is settled")
+    redis_env.pass_time(retention - MS // 2)  # the deaths' retention is over, kept's is not
+    try:
+        state: object = queue.get(kept).state
+    except JobNotFound:
+        state = None
+    expect(
+        state, SUCCEEDED,
+        f"{kept}, acked 1 ms after 1 005 jobs died at their lease expiry, 0.5 ms before its "
+        f"retention of {retention} ns ends (None: it is gone)",
+    )  # fmt: skip
 
 
 @rule("ttl-retention", "redis-extended")

@@ -188,6 +188,9 @@ def bad_calls() -> list[Any]:
         ("lease_ns zero", ctor(lease_ns=0), "lease_ns"),
         ("max_attempts zero", ctor(max_attempts=0), "max_attempts"),
         ("backoff not whole µs", ctor(retry=RetryPolicy(1_500, 3_000, "none")), "base_ns"),
+        ("backoff cap not whole µs", ctor(retry=RetryPolicy(1_000, 3_500, "none")), "cap_ns"),
+        ("retention not whole µs", ctor(retention_ns=1_500), "retention_ns"),
+        ("dedup-ttl-not-whole-us", ctor(dedup_ttl_ns=1_500), "dedup_ttl_ns"),
         ("negative retention", ctor(retention_ns=-1000), "retention_ns"),
         ("negative dedup TTL", ctor(dedup_ttl_ns=-1000), "dedup_ttl_ns"),
         # Beyond what a Lua double holds exactly once added to the server's time (2^52 µs):
@@ -210,7 +213,13 @@ def bad_calls() -> list[Any]:
             lambda env, q, le: q.enqueue(1, run_at_ns=10**15, delay_ns=MS),
             "delay_ns",
         ),
+        (
+            "run-at-0-and-delay",
+            lambda env, q, le: q.enqueue(1, run_at_ns=0, delay_ns=MS),
+            "delay_ns",
+        ),
         ("negative run_at", lambda env, q, le: q.enqueue(1, run_at_ns=-5), "run_at_ns"),
+        ("run_at False", lambda env, q, le: q.enqueue(1, run_at_ns=False), "run_at_ns"),
         ("float priority", lambda env, q, le: q.enqueue(1, priority=1.5), "priority"),
         ("empty key", lambda env, q, le: q.enqueue(1, idempotency_key=""), "idempotency_key"),
         ("empty worker id", lambda env, q, le: q.claim(""), "worker_id"),
