@@ -334,17 +334,31 @@ def test_stage2_each_call_hands_on_the_removals_it_caused_before_it_returns(call
 @rule("write-beats-load")
 @pytest.mark.parametrize("write", ["put", "delete", "clear"])
 def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> None:
-    cache, loader = concurrent(), Loader(lambda n: "loaded (stale)")
+    cache, loader = concurrent(), Loader(lambda n: ["loaded (stale)"])
     leader = spawn(lambda: cache.get_or_load("k", loader), "leader")
     loading(cache, loader)
+    waiter = spawn(lambda: cache.get_or_load("k", loader), "waiter")
+    eventually(lambda: loads(cache).waiters == 1, "a second miss of 'k' joins its flight")
     write_meanwhile(cache, write)
     loader.release.set()
-    assert leader.outcome("the leader returns") == "loaded (stale)"
+    loaded, joined = leader.outcome("the leader returns"), waiter.outcome("the waiter returns")
+    assert loaded == ["loaded (stale)"] and joined is loaded, (
+        f"a {write} while the key's load was in flight: the loaded value still goes to "
+        f"every caller of the flight, the very same object; the leader got {loaded!r}, "
+        f"the waiter {joined!r}"
+    )
     expected = "written meanwhile" if write == "put" else None
     assert cache.get("k") == expected, (
         f"a {write} while the key's load was in flight is newer than the load: "
         f"the loaded value goes to its callers but must not be cached over the {write}; "
         f"the cache holds {cache.get('k')!r}"
+    )
+    cache.delete("k")
+    again = cache.get_or_load("k", lambda: "loaded again")
+    assert again == "loaded again" and loads(cache).in_flight == 0, (
+        f"after that load finished (its value not cached) and 'k' was deleted, the next "
+        f"miss loads again: a finished flight is unregistered, written over or not; got "
+        f"{again!r}, {loads(cache)}"
     )
 
 
@@ -625,6 +639,44 @@ def test_stage2_a_call_hands_on_its_own_removals_even_if_another_comes_in_betwee
 
 
 @core
+@rule("linearizable")
+@pytest.mark.parametrize("other", ["delete", "put"])
+def test_stage2_a_delete_answers_for_what_it_did_whatever_runs_in_its_gaps(other: str) -> None:
+    """``delete('k')`` stops right after each lock it releases, and another thread's
+    ``delete('k')`` (or ``put('k')`` into the empty cache) runs then. Its answer must match
+    its effect: True only if it removed the key, False only if it left the cache as it
+    found it — two deletes of one key never both remove it."""
+    cache = concurrent()
+    if other == "delete":
+        cache.put("k", "v")
+    racer: list[Thread] = []
+
+    def woken() -> bool:  # asked by the paused delete, after each lock it releases
+        if not racer:
+            call = (lambda: cache.delete("k")) if other == "delete" else lambda: cache.put("k", 2)
+            racer.append(spawn(call, f"{other} in the gap"))
+        return not racer[0].is_alive()
+
+    def first_delete() -> bool:
+        pause_after_unlocks(type(cache).__module__, woken, lambda: False, deadline_s=2.0)
+        return cache.delete("k")
+
+    removed = spawn(first_delete, "delete").outcome("delete('k') returns")
+    theirs = racer[0].outcome(f"the {other} in the gap") if racer else None
+    held = "k" in cache
+    where = "held" if held else "gone"
+    if other == "delete":
+        ok = [removed, theirs].count(True) == 1 and not held
+        story = "'k' held, two deletes of it: exactly one removed it and returns True"
+        got = f"{removed} and {theirs}, 'k' {where}"
+    else:
+        ok = removed != held  # True: it removed the put's value; False: the value is there
+        story = "an empty cache; delete('k'), and put('k') in its gap: True if it removed it"
+        got = f"delete returned {removed}, and 'k' is {where} afterwards"
+    check(ok, f"{story} (an answer matches its effect: linearizable per key); got {got}")
+
+
+@core
 @rule("one-lock")
 def test_stage2_every_call_on_the_inner_cache_waits_for_the_lock() -> None:
     """Park one thread inside the inner cache's put (holding the lock), then try every
@@ -805,8 +857,15 @@ def test_stage2_an_iterator_holds_no_lock_between_its_items() -> None:
 
 @core
 @rule("not-a-cache")
-def test_stage2_a_cache_like_object_without_the_stage1_seams_is_refused() -> None:
-    class LooksLikeACache:  # get/put/delete/statistics, but no on_evict, weigh, max_weight
+@pytest.mark.parametrize(
+    "missing",
+    [("on_evict", "weigh", "max_weight"), ("on_evict",), ("weigh",), ("max_weight",)],
+    ids=["no-seam", "no-on_evict", "no-weigh", "no-max_weight"],
+)
+def test_stage2_a_cache_like_object_without_the_stage1_seams_is_refused(
+    missing: tuple[str, ...],
+) -> None:
+    class LooksLikeACache:  # get/put/delete/statistics, and the seams not missing
         def get(self, key: object, default: object = None) -> object:
             return default
 
@@ -818,6 +877,10 @@ def test_stage2_a_cache_like_object_without_the_stage1_seams_is_refused() -> Non
         def statistics(self) -> object:
             return None
 
+    seams = {"on_evict": None, "weigh": None, "max_weight": None}
+    for seam in seams.keys() - set(missing):
+        setattr(LooksLikeACache, seam, seams[seam])
+    what = f"an object with the Cache methods but no {' or '.join(missing)}"
     for name in ("ConcurrentCache", "AsyncCache"):
         try:
             getattr(stage(2), name)(LooksLikeACache())
@@ -825,11 +888,10 @@ def test_stage2_a_cache_like_object_without_the_stage1_seams_is_refused() -> Non
             continue
         except Exception as error:  # an AttributeError deep in the constructor, say
             raise AssertionError(
-                f"{name}(an object with get, put, delete and statistics but none of the "
-                f"stage-1 seams on_evict, weigh, max_weight) raised {type(error).__name__}: "
-                f"{error}; it is not a stage-1 cache: TypeError"
+                f"{name}({what}) raised {type(error).__name__}: {error}; it is not a "
+                "stage-1 cache: TypeError"
             ) from None
-        raise AssertionError(f"{name} accepted an object that is not a stage-1 cache")
+        raise AssertionError(f"{name} accepted {what}: it is not a stage-1 cache")
 
 
 # --------------------------------------------------------------------------- async
