@@ -54,6 +54,7 @@ import time
 import types
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -796,6 +797,24 @@ class RedisEnv:
             k.decode() if isinstance(k, bytes) else str(k)
             for k in admin.scan_iter(match=pattern, count=1000)
         )
+
+    def contents(self, prefix: str | None = None, node: RedisNode | None = None) -> dict[str, Any]:
+        """Every key under ``prefix`` (default :attr:`prefix`) on ``node`` and what it
+        holds, by type (to prove that a call changed nothing; TTLs are left out)."""
+        admin = self.admin(node)
+        read: dict[str, Callable[[str], Any]] = {
+            "string": admin.get,
+            "hash": admin.hgetall,
+            "set": lambda k: sorted(admin.smembers(k)),
+            "zset": lambda k: admin.zrange(k, 0, -1, withscores=True),
+            "list": lambda k: admin.lrange(k, 0, -1),
+        }
+        out: dict[str, Any] = {}
+        for key in self.keys(prefix, node):
+            kind = admin.type(key)
+            kind = kind.decode() if isinstance(kind, bytes) else str(kind)
+            out[key] = (kind, read[kind](key) if kind in read else None)
+        return out
 
     def admin(self, node: RedisNode | None = None) -> redis.Redis:
         """The administration client of ``node`` (default :meth:`server`; one, kept open):

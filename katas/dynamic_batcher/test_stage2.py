@@ -326,6 +326,24 @@ async def test_stage2_leaving_the_streams_async_with_block_aborts_it() -> None:
         assert rig.batcher.free_blocks() == rig.num_blocks
 
 
+@extended
+@rule("reader-leaves")
+async def test_stage2_a_read_after_leaving_stops_even_with_tokens_untaken() -> None:
+    rig = Rig()
+    async with rig.engine:
+        stream = rig.engine.generate(request("a", 3, 9))
+        await rig.time.advance_to(T0 + 2 * STEP_NS + STEP_NS // 2)  # 2 tokens untaken
+        await stream.aclose()
+        try:
+            got: object = await stream.__anext__()
+        except StopAsyncIteration:
+            got = "StopAsyncIteration"
+    assert got == "StopAsyncIteration", (
+        "two tokens were delivered and never taken when the reader closed its stream: "
+        f"nothing of it is delivered afterwards, a read stops the iteration; got {got}"
+    )
+
+
 @core
 @rule("reader-leaves", "engine-statistics")
 async def test_stage2_a_reader_that_leaves_gets_nothing_of_the_step_in_flight() -> None:
@@ -681,6 +699,12 @@ async def test_stage2_a_deadline_ends_the_stream_with_reason_deadline(
         f"deadline +{deadline - T0}: the first step at or past it finishes the request; "
         f"expected {list(want)} then reason 'deadline', got {show(reader.taken)}"
     )
+    ends = T0 + (tokens + 1) * STEP_NS  # the step that starts at or past the deadline ends
+    assert reader.taken[-1][0] == ends, (
+        f"deadline +{deadline - T0}: the step starting at +{ends - STEP_NS - T0} finishes the "
+        f"request, and the stream's last delivery comes at that step's end, +{ends - T0}; "
+        f"got {show(reader.taken)}"
+    )
 
 
 # -- drain and close --------------------------------------------------------------------
@@ -724,6 +748,7 @@ async def test_stage2_aclose_aborts_everything_and_each_stream_ends_with_abort()
     rig = Rig()
     a = request("a", 3, 9)
     want = rig.expected([a])["a"]
+    body_ran_on = False
     async with rig.engine:
         stream = rig.engine.generate(a)
         await rig.time.advance_to(T0 + 2_500)
@@ -738,6 +763,9 @@ async def test_stage2_aclose_aborts_everything_and_each_stream_ends_with_abort()
         with pytest.raises(EngineClosed):
             rig.engine.generate(request("b"))
         await rig.engine.aclose()  # twice is fine
+        await rig.time.settle()
+        body_ran_on = True  # aclose() stops the engine's loop, not the caller's block
+    assert body_ran_on, "the code after aclose() in `async with engine` must run"
     assert rig.clock.next_deadline_ns() is None, "leaving the block, no task of the engine is left"
 
 

@@ -650,6 +650,27 @@ def distinct_prompt_runs(draw: st.DrawFn) -> tuple[dict[str, Any], list[tuple[in
 
 
 @extended
+@rule("prefix-hit", "prefix-stage1")
+def test_stage2_prefix_a_waiting_request_that_does_not_fit_holds_back_those_behind_it() -> None:
+    """4 blocks of 4. r0 runs and takes its third block at step 2; r1, whose first chunk
+    needs 3 blocks, waits at the head of the queue with one block free. r2 behind it would
+    fit that block — but admissions end at the first request that does not fit, as in
+    stage 1: nobody overtakes."""
+    t = run_of(prefix_model(4, 4), max_num_seqs=4, max_num_batched_tokens=16)
+    t.submit(Request("r0", toks(1, 8), 4))
+    t.step()  # r0's prompt, 2 blocks
+    t.submit(Request("r1", toks(100, 12), 4), Request("r2", toks(200, 2), 2))
+    t.step()  # r0 decodes into a third block: 1 free, r1 needs 3
+    check(
+        (t.b.running(), t.b.waiting()) == (["r0"], ["r1", "r2"]),
+        "prefix-hit: after step 2, r0 runs (3 of 4 blocks) and r1 (3 blocks to start) "
+        "waits at the head: admissions end there, so r2 waits too, though it would fit the "
+        f"free block. Expected running ['r0'], waiting ['r1', 'r2']; got running "
+        f"{t.b.running()}, waiting {t.b.waiting()}\n{t.rows()}",
+    )
+
+
+@extended
 @rule("prefix-stage1")
 @given(case=distinct_prompt_runs())
 @settings(max_examples=examples(at_ci=60))

@@ -58,7 +58,6 @@ from katas.job_scheduler._testing.redis_queues import (
     effect_store,
     fail_fast_on_redis_stubs,  # noqa: F401 (autouse)
     heavy,
-    key_contents,
     new_queue,
     stamp,
     text,
@@ -503,14 +502,14 @@ def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
     queue = new_queue(redis_env)
     queue.enqueue({"n": 1})
     lease = claim(queue)
-    before = key_contents(redis_env)
+    before = redis_env.contents()
     with pytest.raises((TypeError, ValueError)) as raised:
         call(redis_env, queue, lease)
         raise AssertionError(f"bad {parameter} was accepted")
     assert parameter in str(raised.value), (
         f"the error for a bad {parameter} must name it; got {raised.value!r}"
     )
-    after = key_contents(redis_env)
+    after = redis_env.contents()
     assert after == before, (
         f"a call refused for its {parameter} must write nothing to Redis (validate "
         f"before the script runs); keys changed: "

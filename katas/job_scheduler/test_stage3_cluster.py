@@ -47,7 +47,6 @@ from katas.job_scheduler._testing.redis_queues import (
     claim,
     effect_store,
     fail_fast_on_redis_stubs,  # noqa: F401 (autouse)
-    key_contents,
     new_queue,
 )
 from katas.job_scheduler._testing.replay import Replay, model_for
@@ -90,13 +89,13 @@ def test_stage3_every_key_a_call_writes_is_declared_to_its_script(redis_env: Red
     leases: dict[str, Lease] = {}
 
     def call(what: str, act: Callable[[], Any]) -> Any:
-        before = key_contents(redis_env)
+        before = redis_env.contents()
         sent.clear()
         try:
             got: Any = act()
         except (StaleLease, JobNotFound) as e:
             got = type(e).__name__
-        after = key_contents(redis_env)
+        after = redis_env.contents()
         changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
         keys, scripts = declared(sent)
         steps.append(f"  {what} -> {got}")

@@ -283,6 +283,46 @@ def test_stage3_refund_for_a_window_that_has_rolled_is_dropped(
         f"the current window holds 1 unit, so a refund gives back at most that one "
         f"(the previous window's units left with it): 3 of 3 available, not more; got {after}"
     )
+    assert node.try_acquire("bob", 3).allowed
+    redis_env.pass_time(after.reset_after_ns)  # into the next window, with no call since
+    node.refund("bob", 1)  # the first call of bob's new window: a refund for the old one
+    fresh = node.peek("bob", 3)
+    assert fresh.allowed and fresh.remaining == 0, (
+        "bob took 3 of 3, then a new window began, and the first call in it was refund('bob', "
+        "1) for the old window's request: the new window holds nothing, so nothing is given "
+        f"back and nothing carried over — peek('bob', 3) must fit with 0 left; got {fresh}"
+    )
+
+
+@pytest.mark.rule("redis-peek")
+@core
+@pytest.mark.realtime
+def test_stage3_peek_and_an_impossible_cost_write_nothing_with_units_to_tidy(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """A unit has left the window but is still stored (the key lives on for a later one):
+    peek and a cost above the limit still write nothing — a peek that tidied it away would
+    lose it for good, though a server clock stepping back brings it into the window again."""
+    redis_env.freeze_time()
+    window_ms = 200
+    for algorithm in ALGORITHMS:
+        prefix = redis_env.fresh_prefix()
+        node = make_limiter(
+            stage_module, redis_env.client(), algorithm, 3, window_ms * 1000, key_prefix=prefix
+        )
+        assert node.try_acquire("alice").allowed
+        redis_env.pass_time(window_ms * 9 // 10 * NS_PER_MS)
+        assert node.try_acquire("alice").allowed  # keeps the keys alive a window more
+        redis_env.pass_time(window_ms * 6 // 10 * NS_PER_MS)  # the first unit has left
+        before = redis_env.contents(prefix)
+        calls = [node.peek("alice"), node.peek("alice", 3), node.try_acquire("alice", 4)]
+        after = redis_env.contents(prefix)
+        assert after == before, (
+            f"{algorithm}: one unit left the window {window_ms * 5 // 10} ms ago, one is "
+            f"inside it; peek('alice'), peek('alice', 3) and try_acquire('alice', 4) (a cost "
+            f"above the limit of 3) must write nothing.\n  before {before}\n  after  {after}"
+            f"\n  ({calls})"
+        )
 
 
 @pytest.mark.rule("hash-tag")

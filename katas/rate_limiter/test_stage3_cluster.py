@@ -459,6 +459,50 @@ def test_stage3_a_failed_cluster_sends_every_call_to_the_failure_mode(
     )
 
 
+@rule("busy-unavailable", "failure-modes", "fallback-counted", "refund-outage")
+@extended
+def test_stage3_a_limiter_whose_cluster_becomes_unreachable_never_raises(
+    stage_module: ModuleType, redis_cluster: LocalCluster
+) -> None:
+    """Every node unreachable: the first call fails with a ConnectionError and asks for a
+    topology refresh; the next runs it, reaches no node, and fails with
+    RedisClusterUnreachableError — not a RedisError, an unavailability all the same. A
+    refund meets it as a decision does: the failure mode's, counted, never raised."""
+    node, clock = ClusterNode(redis_cluster), ManualClock()
+    proxy = node.proxy()
+    limiter = make_limiter(
+        stage_module,
+        node.proxied_client(proxy, socket_timeout=2, topology_refresh_min_interval=0),
+        "token_bucket", LIMIT, WINDOW_US, key_prefix="rl-unreachable-sync:",
+        failure_mode="closed", probe_interval_ns=0, clock=clock,  # every call tries Redis
+    )  # fmt: skip
+    assert limiter.try_acquire("alice").allowed, "the cluster is up"
+    proxy.outage()
+    calls: list[tuple[str, Callable[[], object]]] = [
+        ("try_acquire", lambda: limiter.try_acquire("alice")),
+        ("refund", lambda: limiter.refund("alice", 1)),
+        ("peek", lambda: limiter.peek("alice")),
+        ("reset", lambda: limiter.reset("alice")),
+    ]
+    for name, make in calls:
+        try:
+            make()
+        except Exception as error:  # the test reports what escaped
+            raise AssertionError(
+                f"every node of the cluster unreachable: {name}('alice') raised "
+                f"{type(error).__name__}: {error}. An unreachable cluster is an "
+                "unavailability (api.unavailable says so): the failure mode's, counted, "
+                "never raised"
+            ) from error
+    expect(
+        limiter.statistics(),
+        RedisLimiterStats(1, 3, 4),
+        "the cluster up for one decision, then unreachable: try_acquire, refund, peek and "
+        "reset each tried Redis (4 Redis errors); all but reset fell back (3)",
+    )
+    proxy.heal()
+
+
 @rule("busy-unavailable", "failure-modes", "fallback-counted", "async-redis")
 @extended
 def test_stage3_an_async_limiter_whose_cluster_is_unreachable_from_the_start_falls_back(

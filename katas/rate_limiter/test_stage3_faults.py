@@ -35,10 +35,11 @@ from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.story import Story, check, expect
 from katas.rate_limiter._testing.nodes import (
     ALGORITHMS,
-    Blocking,
+    FaultTolerant,
     async_behind_a_proxy,
     async_behind_a_proxy_blocking,
     behind_a_proxy,
+    flavour_behind_a_proxy,
     make_limiter,
 )
 from katas.rate_limiter.api import (
@@ -51,8 +52,6 @@ from katas.rate_limiter.api import (
 )
 
 pytestmark = [pytest.mark.stage(3)]
-
-FaultTolerant = RedisLimiter | Blocking  # a sync limiter, or an async one called to its end
 
 
 @rule("busy-unavailable", "redis-reset", "fallback-counted", "cluster-down")
@@ -203,13 +202,43 @@ def test_stage3_outage_honours_failure_mode_and_recovers(
     assert limiter.statistics().redis_decisions == 2, limiter.statistics()
 
 
-@rule("failure-modes", "fallback-counted", "redis-peek")
+@rule("failure-modes", "fallback-counted", "redis-peek", "async-redis")
 @core
+@pytest.mark.parametrize("flavour", ["sync", "async"])
 @pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_a_peek_during_an_outage_changes_nothing_and_is_counted(
-    stage_module: ModuleType, redis_env: RedisEnv, mode: str
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str, flavour: str
 ) -> None:
-    proxy, _, limiter = behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
+    with flavour_behind_a_proxy(stage_module, redis_env, flavour, mode) as (proxy, _, limiter):
+        check_a_peek_during_an_outage_changes_nothing(proxy, limiter, mode)
+
+
+@rule("failure-modes", "async-redis")
+@extended
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_stage3_fail_open_admits_with_the_limit_minus_the_cost(
+    stage_module: ModuleType, redis_env: RedisEnv, flavour: str
+) -> None:
+    with flavour_behind_a_proxy(stage_module, redis_env, flavour, "open") as (proxy, _, limiter):
+        proxy.outage()
+        got = [
+            (d.allowed, d.remaining, d.reset_after_ns)
+            for cost in (1, 3, 4)
+            for d in (limiter.try_acquire("carol", cost), limiter.peek("carol", cost))
+        ]
+    want = [(True, 4 - cost, 0) for cost in (1, 3, 4) for _ in range(2)]
+    expect(
+        got, want,
+        "failure_mode='open', limit 4, Redis down: try_acquire and peek of cost 1, 3 and 4 "
+        "each admit with remaining = limit - cost and reset_after_ns 0 ((allowed, remaining, "
+        "reset_after_ns) of each)",
+    )  # fmt: skip
+
+
+def check_a_peek_during_an_outage_changes_nothing(
+    proxy: FaultProxy, limiter: FaultTolerant, mode: str
+) -> None:
+    __tracebackhide__ = True
     assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
     proxy.outage()
     peeks = [limiter.peek("bob").allowed for _ in range(3)]
@@ -479,40 +508,42 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
 
 @core
 @rule("script-error-raised")
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_a_script_error_is_raised_not_sent_to_the_failure_mode(
-    stage_module: ModuleType, redis_env: RedisEnv
+    stage_module: ModuleType, redis_env: RedisEnv, mode: str, flavour: str
 ) -> None:
     admin = redis_env.client()
-    for mode in ("open", "closed", "local"):
-        prefix = redis_env.fresh_prefix()
-        limiter = make_limiter(
-            stage_module,
-            redis_env.client(),
-            "token_bucket",
-            4,
-            60_000_000,
-            key_prefix=prefix,
-            failure_mode=mode,
-        )
+    with flavour_behind_a_proxy(stage_module, redis_env, flavour, mode) as (_, _, limiter):
         assert limiter.try_acquire("alice").allowed
-        for name in redis_env.keys(prefix):  # a key of the wrong type: every script fails
+        for name in redis_env.keys(redis_env.prefix):  # the wrong type: every script fails
             admin.delete(name)
             admin.rpush(name, "not a limiter's state")
-        with pytest.raises(redis.ResponseError):
-            limiter.try_acquire("alice")
-        with pytest.raises(redis.ResponseError):
-            limiter.peek("alice")
-        with pytest.raises(redis.ResponseError):
-            limiter.refund("alice", 1)
+        calls: list[tuple[str, Callable[[], object]]] = [
+            ("try_acquire", lambda: limiter.try_acquire("alice")),
+            ("peek", lambda: limiter.peek("alice")),
+            ("refund", lambda: limiter.refund("alice", 1)),
+        ]
+        for name, make in calls:
+            try:
+                got = f"returned {make()!r}"
+            except redis.ResponseError:
+                continue
+            except Exception as error:
+                got = f"raised {type(error).__name__}: {error}"
+            raise AssertionError(
+                f"{flavour}, failure_mode={mode!r}: alice's key holds a list, so every script "
+                f"fails with WRONGTYPE; {name} must raise that redis.ResponseError, it {got}"
+            )
         stats = limiter.statistics()
         assert (stats.fallback_decisions, stats.redis_errors) == (0, 0), (
-            f"failure_mode={mode!r}: a script error (here WRONGTYPE) is a bug, not "
+            f"{flavour}, failure_mode={mode!r}: a script error (here WRONGTYPE) is a bug, not "
             f"an outage: it is raised, and neither a fallback nor a Redis error; {stats}"
         )
         d = limiter.try_acquire("bob")
         assert isinstance(d, StampedDecision), (
-            f"failure_mode={mode!r}: after a script error Redis is not skipped: the "
-            f"next decision is Redis's, got {d}"
+            f"{flavour}, failure_mode={mode!r}: after a script error Redis is not skipped: "
+            f"the next decision is Redis's, got {d}"
         )
 
 

@@ -169,6 +169,7 @@ async def test_stage2_random_chunkings_and_interleavings_deliver_every_stream_in
     "trouble",
     [
         pytest.param("raises", marks=[core, rule("isolation")]),
+        pytest.param("raises-anything", marks=[extended, rule("isolation")]),
         pytest.param("parse-error", marks=[core, rule("isolation")]),
         pytest.param("cancel", marks=[core, rule("isolation", "cancel-one")]),
         pytest.param("timeout", marks=[extended, rule("isolation", "idle-timeout")]),
@@ -179,7 +180,9 @@ async def test_stage2_one_streams_trouble_ends_that_stream_only(trouble: str) ->
     idle = IDLE if trouble == "timeout" else None
     names = ("healthy-1", "troubled", "healthy-2")
     sources = {name: ChannelSource(name) for name in names}
-    boom = ConnectionResetError("upstream reset")
+    boom: Exception = ConnectionResetError("upstream reset")
+    if trouble == "raises-anything":  # not an I/O error: a source's bug is its own too
+        boom = LookupError("no such shard in the upstream's routing table")
     with (
         bounded(f"three streams, one of which {trouble}, read to their end"),
         nothing_escapes(f"after one stream's {trouble}"),
@@ -201,7 +204,7 @@ async def test_stage2_one_streams_trouble_ends_that_stream_only(trouble: str) ->
                 "each of the three consumers to get its first event and wait for the next",
             )
             troubled = sources["troubled"]
-            if trouble == "raises":
+            if trouble.startswith("raises"):
                 troubled.fail(boom)
             elif trouble == "parse-error":
                 troubled.push(b"data: troubled 1\n\n" + TOO_LONG)
@@ -245,7 +248,7 @@ async def test_stage2_one_streams_trouble_ends_that_stream_only(trouble: str) ->
         f"  got      {got.events}",
     )
     out = got.outcome
-    if trouble == "raises":
+    if trouble.startswith("raises"):
         ok, want_end = out is boom, f"the source's own exception {boom!r}"
     elif trouble == "parse-error":
         ok, want_end = isinstance(out, ParseError), "ParseError (a line over max_line_bytes=64)"
@@ -311,6 +314,37 @@ async def test_stage2_events_before_the_trouble_wait_for_a_consumer_that_reads_l
 
 
 # --- backpressure -------------------------------------------------------------------------
+
+
+@extended
+@rule("backpressure")
+async def test_stage2_each_streams_parser_has_the_muxs_own_limits() -> None:
+    """``max_line_bytes`` bounds a line and ``max_event_bytes`` an event, for every
+    stream, as in stage 1: with lines of at most 64 bytes and events of at most 4 096, an
+    event of four 34-byte data values (139 bytes of data) passes, a 100-byte line does not."""
+    value = "y" * 34
+    source = ListSource([f"data: {value}\n".encode() * 4 + b"\n", TOO_LONG], name="limits")
+    async with new_mux(max_line_bytes=SMALL_LINES, max_event_bytes=4096) as mux:
+        stream = mux.open("limits", source)
+        try:
+            first: object = await take(stream, "the four-line event")
+        except ParseError as error:
+            first = error
+        want = E(data="\n".join([value] * 4))
+        check(
+            first == want,
+            f"max_line_bytes={SMALL_LINES}, max_event_bytes=4096: an event of four lines of "
+            f"40 bytes is within both limits\n  expected {want}\n  got      {first!r}",
+        )
+        try:
+            second: object = await take(stream, "the 100-byte line")
+        except ParseError as error:
+            second = error
+        check(
+            isinstance(second, ParseError),
+            f"a data line of 100 bytes is over max_line_bytes={SMALL_LINES}: ParseError; got "
+            f"{second!r}",
+        )
 
 
 @core
@@ -742,6 +776,11 @@ async def test_stage2_leaving_the_block_cancels_every_stream_and_waits_for_it(ho
                 except Exception as exc:
                     if not contains(exc, Boom) or contains(exc, Todo):
                         raise
+                    check(
+                        type(exc) is Boom,
+                        "shutdown: the block's own exception comes out of __aexit__ as it was "
+                        f"raised, Boom('the handler failed'), never wrapped; got {exc!r}",
+                    )
                     propagated = True
                 check(propagated, "the block's exception (Boom) must propagate")
             else:
@@ -981,10 +1020,12 @@ async def test_stage2_bad_arguments_name_the_parameter() -> None:
         ("max_buffered", 2.0, TypeError),
         ("max_buffered", "2", TypeError),
         ("max_buffered", None, TypeError),
+        ("max_buffered", True, TypeError),  # a bool is no int here
         ("idle_timeout_ns", 0, ValueError),
         ("idle_timeout_ns", -NS_PER_S, ValueError),
         ("idle_timeout_ns", 1.5, TypeError),
         ("idle_timeout_ns", "30", TypeError),
+        ("idle_timeout_ns", True, TypeError),
     ]
     for name, value, kind in bad:
         with pytest.raises(kind) as caught:
@@ -1023,6 +1064,15 @@ async def test_stage2_bad_arguments_name_the_parameter() -> None:
         ok = ChannelSource("fine")
         mux.open("fine", ok)
         ok.end()
+        again = ChannelSource("sync-0, good this time")
+        try:
+            mux.open("sync-0", again)
+        except ValueError as error:
+            raise AssertionError(
+                f"open('sync-0', a list) was refused with a TypeError, so it never took the "
+                f"name: open('sync-0', an async iterator) must work now; it raised {error!r}"
+            ) from None
+        again.end()
 
 
 @extended

@@ -16,7 +16,7 @@ import redis
 from hypothesis import HealthCheck, settings
 
 from katas._harness.profiles import heavy_examples
-from katas._harness.redis import RedisEnv, RedisNode
+from katas._harness.redis import RedisEnv
 from katas._harness.under_test import stage
 from katas.job_scheduler.api import EffectStore, Lease, OpStamp, RetryPolicy, SharedJobQueue
 
@@ -90,23 +90,6 @@ def finish(queue: SharedJobQueue, lease: Lease, turn: int) -> None:
         queue.nack(lease, "x")
     else:
         queue.cancel(lease.job_id)
-
-
-def key_contents(env: RedisEnv, node: RedisNode | None = None) -> dict[str, Any]:
-    """Every key under the test's prefix and what it holds (to prove nothing changed)."""
-    admin = env.admin(node)
-    out: dict[str, Any] = {}
-    for key in env.keys(node=node):
-        kind = text(admin.type(key))
-        read: dict[str, Callable[[str], Any]] = {
-            "string": lambda k: admin.get(k),
-            "hash": lambda k: admin.hgetall(k),
-            "set": lambda k: sorted(admin.smembers(k)),
-            "zset": lambda k: admin.zrange(k, 0, -1, withscores=True),
-            "list": lambda k: admin.lrange(k, 0, -1),
-        }
-        out[key] = (kind, read[kind](key) if kind in read else None)
-    return out
 
 
 def key_sizes(env: RedisEnv, prefix: str | None = None) -> dict[str, int]:

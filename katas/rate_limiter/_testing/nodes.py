@@ -286,6 +286,9 @@ class Blocking:
         return self._limiter.statistics()
 
 
+FaultTolerant = RedisLimiter | Blocking  # a sync limiter, or an async one called to its end
+
+
 @contextmanager
 def async_behind_a_proxy_blocking(
     stage: ModuleType, env: RedisEnv, failure_mode: str
@@ -301,6 +304,19 @@ def async_behind_a_proxy_blocking(
             loop.run_until_complete(client.aclose())
     finally:
         loop.close()
+
+
+@contextmanager
+def flavour_behind_a_proxy(
+    stage: ModuleType, env: RedisEnv, flavour: str, failure_mode: str
+) -> Iterator[tuple[FaultProxy, ManualClock, FaultTolerant]]:
+    """:func:`behind_a_proxy` (``flavour="sync"``, ``expected_nodes=2``) or
+    :func:`async_behind_a_proxy_blocking` (``"async"``): one check for both limiters."""
+    if flavour == "sync":
+        yield behind_a_proxy(stage, env, failure_mode, expected_nodes=2)
+    else:
+        with async_behind_a_proxy_blocking(stage, env, failure_mode) as made:
+            yield made
 
 
 # --- operations, streams of them, and their replay ---------------------------------------
