@@ -46,7 +46,7 @@ from katas._harness.interleave import pause_after_unlocks
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.profiles import heavy_examples
 from katas._harness.resting import WatchedClock, rest_on, wait_at
-from katas._harness.story import check
+from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import settle
 from katas._harness.waiting import (
@@ -94,7 +94,9 @@ pytestmark = [pytest.mark.stage(2)]
 @core
 def test_stage2_pool_runs_every_job_and_acks_its_result() -> None:
     _clock, queue, pool = new_pool(lambda lease, payload: payload * 2, workers=3)
+    expect(pool.statistics().workers, 3, "statistics().workers of a pool of 3 not started")
     with running(pool):
+        expect(pool.statistics().workers, 3, "statistics().workers of a pool of 3 running")
         ids = [pool.submit(i) for i in range(10)]
         eventually(lambda: pool.statistics().succeeded == 10, "10 jobs succeeded")
         pool.shutdown(0)
@@ -112,16 +114,20 @@ def test_stage2_pool_runs_every_job_and_acks_its_result() -> None:
 @core
 def test_stage2_handler_exception_nacks_the_job_with_the_error() -> None:
     def handler(lease: Lease, payload: Any) -> None:
-        raise ValueError(f"boom {payload}")
+        raise ValueError(f"boom {payload}") if payload else RuntimeError()
 
     _clock, queue, pool = new_pool(handler, workers=2, max_attempts=2)
     with running(pool):
-        job_id = pool.submit(7)
+        job_id, silent = pool.submit(7), pool.submit(0)
         eventually(  # an ack instead is off course at once: judge it then
-            lambda: pool.statistics().failed == 2 or pool.statistics().succeeded > 0,
-            "both attempts nacked",
+            lambda: pool.statistics().failed == 4 or pool.statistics().succeeded > 0,
+            "both attempts of both jobs nacked",
         )
         pool.shutdown(0)
+    assert queue.get(silent).last_error == "RuntimeError: ", (
+        f"RuntimeError() has an empty message: '<ExceptionType>: <message>' is "
+        f"'RuntimeError: '; last_error is {queue.get(silent).last_error!r}"
+    )
     job = queue.get(job_id)
     assert job.state is JobState.DEAD and job.attempts == 2, (
         f"a handler raising on every attempt (max_attempts 2) left the job "
@@ -493,15 +499,17 @@ async def test_stage2_async_a_parameter_that_is_not_an_int_is_a_type_error(
     assert not pool.statistics().stopping, f"shutdown({value!r}) refused must stop nothing"
 
 
-THIRD = LONG_LEASE // 3
+#: A lease a third of which is whole, and one a third of which is not (lease_ns // 3).
+LEASES = [pytest.param(LONG_LEASE, id="thirds"), pytest.param(LONG_LEASE + 1, id="no-thirds")]
 
 
 @marks.rule("heartbeat-default", "heartbeats")
 @core
-def test_stage2_default_heartbeat_is_every_third_of_the_lease() -> None:
+@pytest.mark.parametrize("lease", LEASES)
+def test_stage2_default_heartbeat_is_every_third_of_the_lease(lease: int) -> None:
     gate = Gate()
     clock = WatchedClock(START)
-    _, queue, pool = new_pool(gate.handler, workers=1, clock=clock, lease_ns=LONG_LEASE)
+    _, queue, pool = new_pool(gate.handler, workers=1, clock=clock, lease_ns=lease)
     others = set(threading.enumerate())
     with running(pool):
         job_id = pool.submit("long")
@@ -511,6 +519,7 @@ def test_stage2_default_heartbeat_is_every_third_of_the_lease() -> None:
             lambda: queue.get(job_id).lease_expires_at_ns,
             clock,
             lambda: clock.settle(others, gate.busy),
+            lease=lease,
         )
         gate.event.set()
         eventually(lambda: pool.statistics().succeeded == 1, "the job acked")
@@ -934,6 +943,22 @@ def test_stage2_async_bad_arguments_name_the_parameter(kwargs: dict[str, Any], p
         stage(2).AsyncWorkerPool(queue, idle_handler, **kwargs)
 
 
+@marks.rule("no-busy-waiting", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_shutdown_with_a_huge_grace_and_nothing_running_returns() -> None:
+    _, _, pool = new_async_pool(idle_handler, workers=1)
+    async with running_async(pool, grace_ns=None):
+        try:
+            with anyio.fail_after(DEADLINE_S):
+                await pool.shutdown(2**200)
+        except ValueError as error:
+            raise AssertionError(
+                f"shutdown(grace_ns=2**200) with nothing running returns at once; it raised "
+                f"{error!r} (a grace is any int >= 0)"
+            ) from None
+
+
 @marks.rule("pool-bad-input")
 @extended
 @anyio_test
@@ -947,16 +972,18 @@ async def test_stage2_async_negative_grace_is_rejected() -> None:
 @marks.rule("heartbeat-default", "async-pool")
 @extended
 @anyio_test
-async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> None:
+@pytest.mark.parametrize("lease", LEASES)
+async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease(lease: int) -> None:
     gate = AsyncGate()
     clock = WatchedClock(START)
-    _, queue, pool = new_async_pool(gate.handler, workers=1, clock=clock, lease_ns=LONG_LEASE)
+    third = lease // 3
+    _, queue, pool = new_async_pool(gate.handler, workers=1, clock=clock, lease_ns=lease)
     async with running_async(pool):
         job_id = pool.submit("long")
         await eventually_async(lambda: pool.statistics().in_flight == 1, "the job in flight")
         beats: list[int] = []
         for beat in (1, 2):  # beats_at_a_third, with the event loop settling in between
-            due = START + beat * THIRD
+            due = START + beat * third
             for at, want in ((due - 1, beat - 1), (due, beat)):
                 clock.set(at)
                 await settle()
@@ -965,14 +992,14 @@ async def test_stage2_async_default_heartbeat_is_every_third_of_the_lease() -> N
                     beats[-1] == want,
                     f"async pool, {beats[-1]} heartbeat(s) by {at - START} ns "
                     f"after the claim, expected {want}: with heartbeat_every_ns=None the "
-                    f"interval is a third of the lease ({LONG_LEASE} // 3 = {THIRD} ns), "
+                    f"interval is a third of the lease ({lease} // 3 = {third} ns), "
                     f"so heartbeat {beat} comes at {due - START} ns exactly",
                 )
             expires = queue.get(job_id).lease_expires_at_ns
             check(
-                expires == due + LONG_LEASE,
+                expires == due + lease,
                 f"async heartbeat {beat} must extend the lease to "
-                f"{due + LONG_LEASE - START}; it expires at {rel(expires)}",
+                f"{due + lease - START}; it expires at {rel(expires)}",
             )
         gate.event.set()
         await eventually_async(lambda: pool.statistics().succeeded == 1, "the job acked")

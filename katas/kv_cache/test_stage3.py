@@ -80,7 +80,7 @@ from katas.kv_cache._testing.shards import (
     sharded,
     stored,
 )
-from katas.kv_cache._testing.wire import HoldBefore, ttl_ms
+from katas.kv_cache._testing.wire import HoldBefore, Sent, ttl_ms
 from katas.kv_cache.api import NS_PER_MS, NS_PER_S, ManualClock, NoReplicaAvailable
 
 pytestmark = [pytest.mark.stage(3)]
@@ -135,6 +135,12 @@ def test_stage3_ring_rejects_bad_input() -> None:
     assert not moved, f"a refused add must leave no virtual node behind: {moved[:5]} moved"
     with pytest.raises(TypeError, match="nodes"):
         ring("abc")  # type: ignore[arg-type]  # three nodes 'a', 'b', 'c'? A mistake: refuse
+    empty = ring([])
+    with pytest.raises(TypeError, match="key"):
+        empty.nodes_for(1, 1)  # type: ignore[arg-type]  # an empty ring checks its input too
+    for n in (0, -2):
+        with pytest.raises(ValueError, match="n"):
+            empty.nodes_for("k", n)
 
 
 @core
@@ -499,6 +505,7 @@ def test_stage3_cache_rejects_bad_arguments(redis_env: RedisEnv) -> None:
         ("ttl_ns=0", lambda: cls(clients, ttl_ns=0)),
         ("ttl_ns=-1", lambda: cls(clients, ttl_ns=-1)),
         ("ttl_ns=10^25 (past 2^52 ms)", lambda: cls(clients, ttl_ns=10**25)),
+        ("ttl_ns=2^52 ms + 1 ns", lambda: cls(clients, ttl_ns=2**52 * NS_PER_MS + 1)),
         ("vnodes=0", lambda: cls(clients, vnodes=0)),
         ("vnodes=65537", lambda: cls(clients, vnodes=2**16 + 1)),
         ("probe_interval_ns=-1", lambda: cls(clients, probe_interval_ns=-1)),
@@ -673,6 +680,44 @@ def test_stage3_old_copies_are_reclaimed_on_a_node_full_of_other_keys(
         f"{epoch}, {len(stale)} old copies ({[k.removeprefix(prefix) for k in stale[:4]]}), "
         f"{kept} others — a SCAN page that matches nothing is not the end of the walk, "
         f"only the cursor's return to 0 is",
+    )
+
+
+@core
+@rule("reclaim-old-epochs")
+@pytest.mark.redis_faults
+def test_stage3_a_call_sweeps_one_page_never_the_whole_node(redis_env: RedisEnv) -> None:
+    """n0 holds 400 keys that are not the cache's and its copies under epoch 0; it is
+    found busy, then back under epoch 1. Each of the next calls on n0 sweeps one page —
+    one SCAN — so that no call pays for walking the whole node."""
+    servers = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    proxy = redis_env.proxy(servers["n0"])
+    clients = {name: node.client() for name, node in servers.items()}
+    clients["n0"] = servers["n0"].proxied_client(proxy)
+    clock, base = ManualClock(), redis_env.fresh_prefix()
+    cache = sharded(
+        clients, key_prefix=f"{base}z:", replicas=2, probe_interval_ns=NS_PER_S, clock=clock
+    )
+    keys = [f"doc:{i}" for i in range(60)]
+    on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
+    for key in keys:
+        cache.put(key, "v")
+    servers["n0"].client().mset({f"{base}a:{i:04}": "other" for i in range(400)})
+    proxy.busy()
+    cache.get(on_n0[0])  # n0 answers BUSY: down
+    proxy.heal()
+    clock.advance(NS_PER_S)
+    sent = Sent(clients["n0"])
+    scans: list[int] = []
+    for key in on_n0[:6]:  # the first probes n0 back under epoch 1; the next ones sweep
+        start = len(sent.commands)
+        cache.get(key)
+        scans.append(sum(c[0].upper() == "SCAN" for c in sent.commands[start:]))
+    check(
+        max(scans) <= 1 and sum(scans) >= 1,
+        f"n0 back under epoch 1, its old copies among 400 other keys: each call on it sweeps "
+        f"a bounded batch, one SCAN page (and an UNLINK); SCANs sent by each of 6 gets on n0 "
+        f"keys: {scans}",
     )
 
 

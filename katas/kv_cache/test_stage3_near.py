@@ -164,8 +164,33 @@ def test_stage3_near_rejects_bad_arguments(fleet: NearFleet) -> None:
         near_cache(fleet.writer, used)
     with pytest.raises(ValueError, match="reconnect_ns"):
         near_cache(fleet.writer, lru(10), reconnect_ns=-1)
+    try:
+        fleet.adopt(near_cache(fleet.writer, lru(10), reconnect_ns=0))
+    except ValueError as error:
+        raise AssertionError(
+            f"reconnect_ns=0 (resubscribe at once) is not negative: accepted; got {error!r}"
+        ) from None
     with pytest.raises(ValueError, match="channel"):
         sharded(clients, replicas=2, channel="")
+
+
+@extended
+@rule("near-bad-input")
+def test_stage3_near_starts_once_and_close_joins_its_listeners(fleet: NearFleet) -> None:
+    before = set(threading.enumerate())
+    near, _ = fleet.near()
+    listeners = set(threading.enumerate()) - before
+    check(bool(listeners), "a started near cache runs one listener thread per node")
+    with pytest.raises(RuntimeError):
+        near.start()
+        raise AssertionError("start() of a started near cache must raise RuntimeError")
+    check(
+        set(threading.enumerate()) - before == listeners,
+        "a refused second start() starts no second listener",
+    )
+    near.close()
+    alive = [t.name for t in listeners if t.is_alive()]
+    check(not alive, f"close() stops the listeners and joins each: still running {alive}")
 
 
 @extended
@@ -290,21 +315,23 @@ def test_stage3_near_a_writer_forgets_its_entry_after_the_remote_write(
 
 @extended
 @rule("near-other-writes", "near-listener")
-def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet) -> None:
+@pytest.mark.parametrize("k", ["k", "café ☕"], ids=["ascii", "non-ascii"])
+def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet, k: str) -> None:
     near, _ = fleet.near()
-    fleet.writer.put("k", "v1")
-    assert near.get("k") == "v1" and near.get("k") == "v1"
-    fleet.put_heard(near, "k", "v2", since=near_stats(near).invalidations)
-    got = near.get("k")
+    fleet.writer.put(k, "v1")
+    assert near.get(k) == "v1" and near.get(k) == "v1"
+    fleet.put_heard(near, k, "v2", since=near_stats(near).invalidations)
+    got = near.get(k)
     assert got == "v2", (
-        "near cache: 'v1' was cached; another client put 'v2' and its invalidations "
-        f"were applied, so get('k') must be 'v2'; got {got!r}"
+        f"near cache: 'v1' was cached; another client put 'v2' and its invalidations "
+        f"were applied, so get({k!r}) must be 'v2'; got {got!r} (the message is the key "
+        "as the caller named it)"
     )
-    assert near.get("k") == "v2"
-    fleet.writer.delete("k")
+    assert near.get(k) == "v2"
+    fleet.writer.delete(k)
     eventually(
-        lambda: near.get("k", MISS) is MISS,
-        "another client's delete('k') to reach this near cache by an invalidation message "
+        lambda: near.get(k, MISS) is MISS,
+        f"another client's delete({k!r}) to reach this near cache by an invalidation message "
         "(it held 'v2')",
     )
 

@@ -906,19 +906,24 @@ async def test_stage3_aclose_during_a_backoff_ends_at_once(replicas: ReplicaSet)
 
 @extended
 @rule("aclose")
+@pytest.mark.parametrize("how", ["normally", "by-cancellation"])
 @processes
-async def test_stage3_leaving_the_block_closes_the_response(replicas: ReplicaSet) -> None:
+async def test_stage3_leaving_the_block_closes_the_response(replicas: ReplicaSet, how: str) -> None:
     inside_second = ENDS[0] + 3
     replicas.reset(BLOCKS, [f"hold:{inside_second}"])
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
-        with bounded("leaving the source's block"):
+        with bounded("leaving the source's block"), anyio.CancelScope() as scope:
             async with new_source(client, replicas.urls) as source:
                 first = await source.__anext__()
                 await eventually_async(lambda: replicas.held() == ["a"], "replica a to hold")
+                if how == "by-cancellation":  # the task in the block is cancelled mid-read
+                    scope.cancel()
+                    await source.__anext__()
         assert first == events_of(BLOCKS)[0]
         await eventually_async(
             lambda: bool(replicas.processes["a"].lines(f"closed {replicas.generation} ")),
-            "aclose: the replica to see its connection closed when the block was left",
+            f"aclose: the replica to see its connection closed when the block was left {how} "
+            "(closing the response is shielded from the cancellation that left it)",
         )
 
 
@@ -972,6 +977,7 @@ async def test_stage3_after_aclose_every_anext_ends_and_nothing_is_requested(
         ("idle_timeout_s", 0, None),
         ("idle_timeout_s", -1.0, None),
         ("idle_timeout_s", "1", None),
+        ("idle_timeout_s", True, None),  # a bool is no number of seconds
     ],
 )
 @processes
@@ -1007,3 +1013,25 @@ async def test_stage3_nothing_is_requested_before_the_first_anext(replicas: Repl
             f"{(source.last_event_id, source.retry_ms)}",
         )
         await source.aclose()
+        for seconds in (2, 0.25, None):  # seconds > 0, an int or a float, or None
+            try:
+                other = new_source(client, replicas.urls, idle_timeout_s=seconds)
+            except (TypeError, ValueError) as error:
+                raise AssertionError(
+                    f"idle_timeout_s={seconds!r} is a valid timeout (None, or seconds > 0), "
+                    f"refused with {error!r}"
+                ) from None
+            await other.aclose()
+        try:
+            entered = new_source(client, tuple(replicas.urls))
+        except (TypeError, ValueError) as error:
+            raise AssertionError(
+                f"urls as a tuple is a sequence of non-empty strings, refused with {error!r}"
+            ) from None
+        async with entered:
+            await settle()
+            check(
+                replicas.requests() == [],
+                "entering the source's `async with` must not connect either: nothing is "
+                f"requested before the first __anext__; requested {replicas.requests()}",
+            )
