@@ -968,6 +968,23 @@ def check_refund_tops_up(stage_module: ModuleType, algo: Algo) -> None:
 
 
 @core
+@rule("refund-newest")
+def test_stage1_sliding_log_refund_takes_back_the_newest_units(stage_module: ModuleType) -> None:
+    clock = ManualClock(START_NS)
+    log: SweepableLimiter = stage_module.SlidingLog(limit=3, window_ns=10 * S_, clock=clock)
+    expect(log.try_acquire("alice").allowed, True, "t=0: 1 of 3")
+    clock.advance(4 * S_)
+    expect(log.try_acquire("alice", 2).allowed, True, "t=4 s: 3 of 3")
+    log.refund("alice", 2)  # the request that cost 2 used nothing
+    expect(
+        log.peek("alice", 3),
+        D(False, 3, 2, 6 * S_, 6 * S_),
+        "t=4 s: refund('alice', 2) takes back the newest units, the 2 of t=4 s, as if that "
+        "request had cost nothing: the unit of t=0 is left, so 3 fit once it leaves, in 6 s",
+    )
+
+
+@core
 @rule("refund-newest", "refund-capped")
 def test_stage1_sliding_log_refund_after_units_left_the_window(stage_module: ModuleType) -> None:
     clock = ManualClock(START_NS)
