@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -280,7 +281,7 @@ def test_a_cluster_node_whose_bus_port_is_taken_draws_both_again(
 
 @needs_server
 def test_a_node_that_cannot_start_says_why_and_leaves_no_folder(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """A server that exits at start (here: an option it does not know) fails the node with
     what its log said; nothing will close that node, so its folder is gone already."""

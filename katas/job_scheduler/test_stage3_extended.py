@@ -90,6 +90,44 @@ def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
     )
 
 
+def retry_delays(
+    redis_env: RedisEnv,
+    policy: RetryPolicy,
+    jobs: int,
+    failures: int,
+    *,
+    seed: int = 3,
+    noisy: bool = False,
+) -> list[tuple[str, int, int]]:
+    """``(job id, attempt, delay)`` of every retry, in the order they were drawn: ``jobs``
+    jobs on a fresh queue (``rng`` seeded ``seed``), each nacked at its first ``failures``
+    attempts and acked at the next; ``noisy``: a read, the statistics, next_due_ns and a
+    refused (stale) nack before each failure."""
+    queue = new_queue(
+        redis_env, prefix=redis_env.fresh_prefix(), retry=policy, max_attempts=failures + 1,
+        rng=random.Random(seed),
+    )  # fmt: skip
+    for n in range(jobs):
+        queue.enqueue(n)
+    out: list[tuple[str, int, int]] = []
+    while len(out) < jobs * failures:
+        lease = queue.claim("w")
+        if lease is None:  # the retries are not due yet
+            redis_env.pass_time(policy.cap_ns)
+            continue
+        if lease.attempt > failures:  # measured enough (another job is behind)
+            queue.ack(lease)
+            continue
+        if noisy:
+            queue.get(lease.job_id), queue.statistics(), queue.next_due_ns()
+            with pytest.raises(StaleLease):
+                queue.nack(replace(lease, token=lease.token + 1), "stale")
+        queue.nack(lease, "503")
+        failed_at = stamp(queue, "nack").server_now_ns
+        out.append((lease.job_id, lease.attempt, queue.get(lease.job_id).run_at_ns - failed_at))
+    return out
+
+
 @rule("redis-jitter")
 @extended
 @pytest.mark.realtime
@@ -104,32 +142,8 @@ def test_stage3_backoff_follows_the_formula_for_each_jitter_mode(
     policy = RetryPolicy(base, cap, jitter)  # type: ignore[arg-type]
 
     def delays(seed: int, noisy: bool = False) -> list[tuple[str, int, int]]:
-        """(job id, attempt, delay) of 12 jobs failing twice each, in the order they failed;
-        ``noisy``: with reads and refused calls between the failures."""
-        queue = new_queue(
-            redis_env, prefix=redis_env.fresh_prefix(), retry=policy, max_attempts=3,
-            rng=random.Random(seed),
-        )  # fmt: skip
-        for n in range(12):
-            queue.enqueue(n)
-        out: list[tuple[str, int, int]] = []
-        while len(out) < 24:
-            lease = queue.claim("w")
-            if lease is None:  # the retries are not due yet
-                redis_env.pass_time(cap)
-                continue
-            if lease.attempt > 2:  # measured twice already (real time runs on)
-                queue.ack(lease)
-                continue
-            if noisy:
-                queue.get(lease.job_id), queue.statistics(), queue.next_due_ns()
-                with pytest.raises(StaleLease):
-                    queue.nack(replace(lease, token=lease.token + 1), "stale")
-            queue.nack(lease, "503")
-            failed_at = stamp(queue, "nack").server_now_ns
-            delay = queue.get(lease.job_id).run_at_ns - failed_at
-            out.append((lease.job_id, lease.attempt, delay))
-        return out
+        """12 jobs failing twice each; ``noisy``: reads and refused calls in between."""
+        return retry_delays(redis_env, policy, 12, 2, seed=seed, noisy=noisy)
 
     seen = delays(seed=7)
     prev: dict[str, int] = {}
@@ -438,28 +452,6 @@ def test_stage3_a_job_that_dies_again_after_a_redrive_is_listed_at_its_latest_de
     )
 
 
-def _retry_delays(
-    redis_env: RedisEnv, policy: RetryPolicy, jobs: int, failures: int
-) -> list[tuple[str, int]]:
-    """``(job id, delay)`` of every retry, in the order they were drawn: ``jobs`` jobs,
-    each nacked ``failures`` times as soon as it is claimed (seeded ``rng``)."""
-    queue = new_queue(
-        redis_env, retry=policy, max_attempts=failures + 1, rng=random.Random(3),
-    )  # fmt: skip
-    for n in range(jobs):
-        queue.enqueue(n)
-    out: list[tuple[str, int]] = []
-    while len(out) < jobs * failures:
-        lease = queue.claim("w")
-        if lease is None:  # the retries are not due yet
-            redis_env.pass_time(policy.cap_ns)
-            continue
-        queue.nack(lease, "503")
-        failed_at = stamp(queue, "nack").server_now_ns
-        out.append((lease.job_id, queue.get(lease.job_id).run_at_ns - failed_at))
-    return out
-
-
 @rule("redis-backoff", "redis-jitter")
 @extended
 @pytest.mark.realtime
@@ -467,7 +459,7 @@ def test_stage3_full_jitter_can_wait_the_whole_delay(redis_env: RedisEnv) -> Non
     """Full jitter draws from [0, d], both ends included: with d = 1 µs, a retry waits 0
     or 1 µs, and 24 of them wait both."""
     redis_env.freeze_time()
-    waits = {d for _, d in _retry_delays(redis_env, RetryPolicy(1000, 1000, "full"), 24, 1)}
+    waits = {d for _, _, d in retry_delays(redis_env, RetryPolicy(1000, 1000, "full"), 24, 1)}
     assert waits == {0, 1000}, (
         "full jitter with base_ns = cap_ns = 1 µs draws each delay from [0, 1 µs], both "
         f"ends included: 24 retries must wait both 0 and 1000 ns; they waited {sorted(waits)}"
@@ -488,7 +480,8 @@ def test_stage3_decorrelated_jitter_draws_from_the_delay_as_applied(redis_env: R
     base, cap = 10_000, 100_000
     last: dict[str, int] = {}
     after_cap = below = 0
-    for job_id, delay in _retry_delays(redis_env, RetryPolicy(base, cap, "decorrelated"), 16, 32):
+    policy = RetryPolicy(base, cap, "decorrelated")
+    for job_id, _, delay in retry_delays(redis_env, policy, 16, 32):
         if last.get(job_id) == cap:
             after_cap += 1
             below += delay < cap
