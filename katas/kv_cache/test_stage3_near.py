@@ -318,7 +318,7 @@ def test_stage3_near_a_writer_forgets_its_entry_after_the_remote_write(
 @pytest.mark.parametrize("k", ["k", "café ☕"], ids=["ascii", "non-ascii"])
 def test_stage3_near_another_clients_write_arrives_by_message(fleet: NearFleet, k: str) -> None:
     near, _ = fleet.near()
-    fleet.writer.put(k, "v1")
+    fleet.put_heard(near, k, "v1", since=0)  # no late message of it can count for 'v2'
     assert near.get(k) == "v1" and near.get(k) == "v1"
     fleet.put_heard(near, k, "v2", since=near_stats(near).invalidations)
     got = near.get(k)
@@ -359,13 +359,14 @@ def test_stage3_near_an_invalidation_that_overtakes_the_reply_wins(fleet: NearFl
 def test_stage3_near_a_writer_never_caches_the_value_it_wrote(fleet: NearFleet) -> None:
     near, taps = fleet.near(taps=("EVALSHA", "EVAL"))
     near.put("k", "v0")  # loads the scripts
+    v0_messages = fleet.copies("k", "v0")  # counted, not awaited: they may still be in flight
     last = fleet.writer.replicas_for("k")[-1]
-    before = near_stats(near).invalidations
     taps[last].arm()
     writer = spawn(lambda: near.put("k", "v1"), "writer")
     assert taps[last].reached.wait(DEADLINE_S), "near cache: put runs a script per replica"
-    # 'v1' is on every replica, the last reply on the wire: another client overwrites it.
-    fleet.put_heard(near, "k", "v2", since=before, also=fleet.copies("k", "v1"))
+    # 'v1' is on every replica, the last reply on the wire: another client overwrites it,
+    # and every message so far (of 'v0', 'v1' and 'v2') is applied before the put returns.
+    fleet.put_heard(near, "k", "v2", since=0, also=v0_messages + fleet.copies("k", "v1"))
     taps[last].release.set()
     writer.outcome("the held put must finish")
     got = near.get("k")
