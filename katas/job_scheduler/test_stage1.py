@@ -201,6 +201,24 @@ def test_stage1_nack_retries_after_exponential_backoff() -> None:
         clock.advance(1)
 
 
+@rule("backoff-formula")
+@core
+def test_stage1_backoff_doubles_until_the_cap_however_many_attempts() -> None:
+    base, cap, failures = 1, 2**50, 54  # the cap is reached at attempt 51
+    clock, queue = new_queue(base=base, cap=cap, max_attempts=failures + 1)
+    job_id = queue.enqueue("flaky")
+    for n in range(1, failures + 1):
+        queue.nack(claim(queue, "w"), "boom")
+        delay = queue.get(job_id).run_at_ns - clock.now_ns()
+        want = delay_none(n, base, cap)
+        assert delay == want, (
+            f"backoff base_ns=1, cap_ns=2**50; claim and nack, {n} times: after attempt {n} "
+            f"the job waits min(cap_ns, base_ns·2^(n-1)) = 2**{want.bit_length() - 1}; got "
+            f"{delay} — the doubling goes on until the cap, however many attempts it takes"
+        )
+        clock.advance(delay)
+
+
 @rule("lease-live", "failed-attempt", "claim-counts")
 @core
 def test_stage1_expired_lease_costs_an_attempt_and_is_retried() -> None:

@@ -280,10 +280,11 @@ def test_stage1_ttl_survives_a_clock_stepping_back() -> None:
 
 
 _BAD: list[tuple[str, Callable[[], object], type[Exception], str]] = [
-    ("maxsize zero", lambda: make("LRUCache", 0), ValueError, "maxsize"),
-    ("maxsize float", lambda: make("LRUCache", 1.5), TypeError, "maxsize"),  # type: ignore[call-overload]
-    ("ttl zero", lambda: make("TTLCache", 2, ttl_ns=0), ValueError, "ttl_ns"),
-    ("ttl negative", lambda: make("TTLCache", 2, ttl_ns=-1), ValueError, "ttl_ns"),
+    ("maxsize-zero", lambda: make("LRUCache", 0), ValueError, "maxsize"),
+    ("maxsize-float", lambda: make("LRUCache", 1.5), TypeError, "maxsize"),  # type: ignore[call-overload]
+    ("ttl-zero", lambda: make("TTLCache", 2, ttl_ns=0), ValueError, "ttl_ns"),
+    ("ttl-negative", lambda: make("TTLCache", 2, ttl_ns=-1), ValueError, "ttl_ns"),
+    ("ttl-float", lambda: make("TTLCache", 2, ttl_ns=1.5), TypeError, "ttl_ns"),
 ]
 
 
@@ -901,14 +902,23 @@ def test_stage1_the_weight_properties_are_the_ones_given(kind: str) -> None:
 @rule("put-weight")
 @pytest.mark.parametrize("kind", ALL_KINDS)
 def test_stage1_without_max_weight_a_weight_is_ignored(kind: str) -> None:
-    cache = make(kind, 2)
-    cache.put("a", 1, weight=7)
-    cache.put("b", 2, weight=7)
-    stats = cache.statistics()
-    check(
-        (stats.size, stats.weight) == (2, 2) and list(cache) == ["a", "b"],
-        f"without max_weight every entry weighs 1 (weight= is ignored): {stats}",
-    )
+    # Ignored, not validated: weights that would be refused with a max_weight too.
+    weights: tuple[Any, ...] = (7, -1, 1.5, 10**9)
+    for weight in weights:
+        cache = make(kind, 2)
+        steps = f"{kind}(2): put('a', 1, weight={weight!r}), put('b', 2, weight={weight!r})"
+        try:
+            cache.put("a", 1, weight=weight)
+            cache.put("b", 2, weight=weight)
+        except ValueError as e:
+            raise AssertionError(
+                f"{steps} raised {e!r}: without max_weight, weight= is ignored, not validated"
+            ) from e
+        stats = cache.statistics()
+        check(
+            (stats.size, stats.weight) == (2, 2) and list(cache) == ["a", "b"],
+            f"{steps}; without max_weight every entry weighs 1 (weight= is ignored): {stats}",
+        )
 
 
 @core

@@ -23,6 +23,8 @@ oracle, bodies and splits) and :mod:`~katas.streaming_parser._testing.recorded`.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -118,6 +120,9 @@ def test_stage1_only_the_first_bom_is_stripped() -> None:
     # A BOM after the start is data.
     expect_events([b"data: a\n\n" + sse.BOM + b"data: b\n\n"], [E(data="a")], "a BOM mid-stream")
     expect_events([b"data: " + sse.BOM + b"x\n\n"], [E(data="\ufeffx")], "a BOM inside a value")
+    # However the stream is split: a later chunk that begins with one keeps it.
+    for chunks in sse.every_split(b"data: a" + sse.BOM + b"b\n\n" + sse.BOM + b"data: c\n\n"):
+        expect_events(chunks, [E(data="a\ufeffb")], "a BOM that begins a later chunk")
 
 
 # --- lines ----------------------------------------------------------------------------------
@@ -380,6 +385,22 @@ def test_stage1_any_split_gives_the_events_of_the_whole_body(data: st.DataObject
 
 
 @core
+@rule("close", "retry", "id")
+@pytest.mark.parametrize("line", [b"retry: 500", b"id: 7", b"data: x"], ids=["retry", "id", "data"])
+def test_stage1_close_never_ends_the_pending_line(line: bytes) -> None:
+    p = new_parser()
+    p.feed(b"retry: 50\nid: 3\n\n" + line)
+    expect(p.close(), [], f"close() after {line!r} with no line end")
+    expect(
+        (p.last_event_id, p.retry_ms, p.feed(b"\n\n")),
+        ("3", 50, []),
+        f"close: the stream ended inside the line {line!r}, so that line never arrived: "
+        "(last_event_id, retry_ms) stay as they were, and the next stream starts with "
+        "nothing pending; (last_event_id, retry_ms, the events of a blank line next)",
+    )
+
+
+@core
 @rule("close")
 def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() -> None:
     p = new_parser()
@@ -592,6 +613,16 @@ def test_stage1_close_starts_the_next_stream_within_fresh_limits() -> None:
             f"line (max_line_bytes=16) was refused: {exc}"
         )
     expect(got, [E(data="12345678")], "after close(), a new line within max_line_bytes=16")
+    p.close()
+    with pytest.raises(ParseError) as refused:
+        p.feed(b"data: a\n\ndata: 123456789012\n")
+        raise AssertionError("limits: an 18-byte line, max_line_bytes=16, was accepted")
+    check(
+        refused.value.offset == 25,
+        "limits: after close(), offsets count from the new stream's first byte: its "
+        "line 'data: 123456789012' starts at 9, so its 17th byte is at offset 25; got "
+        f"{refused.value.offset} ({refused.value})",
+    )
 
 
 @extended
@@ -940,6 +971,11 @@ MALFORMED = [
     pytest.param('{"choices": {}}', id="choices-not-a-list"),
     pytest.param('{"choices": [{"delta": {"content": "x"}}]}', id="no-index"),
     pytest.param('{"choices": [{"index": "0", "delta": {}}]}', id="index-not-int"),
+    pytest.param('{"choices": [{"index": true, "delta": {}}]}', id="index-bool"),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": false}]}}]}',
+        id="tool-call-index-bool",
+    ),
     pytest.param('{"choices": [{"index": 0, "delta": {"content": 5}}]}', id="content-not-str"),
     pytest.param(
         '{"choices": [{"index": 0, "delta": {"content": "ok"}}, {"index": 1, "delta": 3}]}',
@@ -980,6 +1016,23 @@ def test_stage1_a_malformed_chunk_is_refused_naming_it_and_changes_nothing(data:
 
 
 @extended
+@rule("chat-errors")
+@pytest.mark.parametrize("data", MALFORMED[2:])
+def test_stage1_a_malformed_first_chunk_leaves_the_result_as_it_was(data: str) -> None:
+    # The same shapes, as the stream's first chunk, with an id and a model of their own.
+    body = {"id": "chatcmpl-9", "model": "m-9"} | json.loads(data)
+    assembler = new_assembler()
+    with pytest.raises(ParseError):
+        assembler.add(E(data=json.dumps(body)))
+    expect(
+        assembler.result(),
+        new_assembler().result(),
+        f"chat-errors: the first chunk, {json.dumps(body)}, is refused; the result must be "
+        "a fresh assembler's (its id and model too: nothing of a refused chunk is kept)",
+    )
+
+
+@extended
 @rule("chat-errors", "finish")
 def test_stage1_an_assembler_error_names_the_event_by_its_place_among_all_events() -> None:
     # n counts every event given to add(), from 1: ignored, refused and folded ones alike.
@@ -1014,6 +1067,12 @@ def test_stage1_an_assembler_error_names_the_event_by_its_place_among_all_events
 def test_stage1_an_error_event_raises_and_other_types_are_ignored() -> None:
     assembler = new_assembler()
     assembler.add(E(event="ping", data="{}"))
+    assembler.add(E(event="ping", data="[DONE]"))  # not a chunk: not the end either
+    check(
+        not assembler.result().done,
+        "chat-errors: an event of type 'ping' is ignored, even one whose data is [DONE]: "
+        "result().done must stay False",
+    )
     assembler.add(chunk(delta(0, content="x")))
     with pytest.raises(ParseError, match="overloaded"):
         assembler.add(E(event="error", data='{"error": "overloaded"}'))

@@ -18,12 +18,19 @@ def consistency_problems(kind: str, weighted: bool) -> list[str]:
     clock = ManualClock(START)
     problems: list[str] = []
     where = f"{kind}{' by weight' if weighted else ''}"
+    writing: list[str] = []  # the key of the put under way, if one is
 
     def on_evict(key: Any, value: Any, cause: RemovalCause) -> None:
         held = list(cache)  # pure observations only
         inside = key in cache
         if cause is REPLACED and not inside:
             problems.append(f"{cause.name} of {key!r}: the new value is not in place")
+        # An update makes its key the most recently used: in place means there too.
+        if cause is REPLACED and kind != "LFUCache" and held[-1:] != [key]:
+            problems.append(f"{cause.name} of {key!r}: it is not the most recent yet {held}")
+        if writing and writing[0] not in held:
+            problems.append(f"{cause.name} of {key!r}: the key written, {writing[0]!r}, "
+                            "is not in the cache yet")  # fmt: skip
         if cause is not REPLACED and (inside or key in held):
             problems.append(f"{cause.name} of {key!r}: it is still in the cache")
         if len(held) > cache.maxsize:
@@ -37,19 +44,27 @@ def consistency_problems(kind: str, weighted: bool) -> list[str]:
         kw |= {"max_weight": 6, "weigh": len}
     cache: EvictingCache = make(kind, 3, clock, **kw)
 
+    def put(key: str, value: str) -> None:
+        writing.append(key)
+        try:
+            cache.put(key, value)
+        finally:
+            writing.clear()
+
     def put_each(keys: str) -> None:
         for k in keys:
-            cache.put(k, "x")
+            put(k, "x")
 
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("put a, b, c", lambda: put_each("abc")),
-        ("put d (evicts)", lambda: cache.put("d", "x")),
-        ("put d again (replaces)", lambda: cache.put("d", "y")),
-        # By weight, a heavier value needs room: b is evicted after d's REPLACED is
+        ("put d (evicts)", lambda: put("d", "x")),
+        ("put d again (replaces)", lambda: put("d", "y")),
+        ("put b again (replaces the least recent)", lambda: put("b", "y")),
+        # By weight, a heavier value needs room: c is evicted after d's REPLACED is
         # collected, and both are reported once the cache is back within max_weight.
-        ("put d heavier (replaces, and evicts by weight)", lambda: cache.put("d", "yyyyy")),
+        ("put d heavier (replaces, and evicts by weight)", lambda: put("d", "yyyyy")),
         ("delete c", lambda: cache.delete("c")),
-        ("put e (a heavy one)", lambda: cache.put("e", "eeee" if weighted else "e")),
+        ("put e (a heavy one)", lambda: put("e", "eeee" if weighted else "e")),
         ("clear", lambda: cache.clear()),
     ]
     if kind == "TTLCache":

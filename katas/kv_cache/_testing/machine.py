@@ -25,6 +25,13 @@ from katas.kv_cache.api import CacheStats, EvictingCache, ManualClock
 #: What every step checks.
 RULE = "the cache does exactly what the model of stage 1's rules does"
 KEYS = st.sampled_from(["a", "b", "c", "d", "e", "f"])
+#: Values, None among them: a stored None is a value like any other (§falsy-hits).
+VALUES = st.integers(0, 20) | st.none()
+
+
+def weight_of(value: int | None) -> int:
+    """What the weighted machines' ``weigh`` says a value weighs."""
+    return 1 if value is None else value % 7
 
 
 class CacheMachine(RuleBasedStateMachine):
@@ -43,7 +50,7 @@ class CacheMachine(RuleBasedStateMachine):
     def build(self, maxsize: int, max_weight: int) -> None:
         kw: dict[str, Any] = {"on_evict": self.log}
         if self.weighted:
-            kw |= {"max_weight": max_weight, "weigh": lambda v: v % 7}
+            kw |= {"max_weight": max_weight, "weigh": weight_of}
         self.cache: EvictingCache = make(self.kind, maxsize, self.clock, **kw)
         ttl = TTL if self.kind == "TTLCache" else None
         self.model = Model(self.kind, maxsize, max_weight if self.weighted else None, ttl)
@@ -53,7 +60,7 @@ class CacheMachine(RuleBasedStateMachine):
         """The failure's text: the rule, the steps so far, then ``what`` came instead."""
         return self.story.tell(RULE, what)
 
-    def heard(self, expected: list[Heard]) -> None:
+    def heard(self, expected: list[Heard], *, in_any_order: bool = False) -> None:
         calls = self.log.take()
         now = self.clock.now_ns()
         for key, value, cause in calls:
@@ -69,15 +76,17 @@ class CacheMachine(RuleBasedStateMachine):
                 self.model.dead.pop(key, None)
                 self.model.expirations += 1
         others = [c for c in calls if c[2] is not EXPIRED]
+        if in_any_order:
+            others, expected = sorted(others, key=repr), sorted(expected, key=repr)
         check(
             others == expected,
             self.fail(f"on_evict calls: expected {expected} (and any EXPIRED), got {calls}"),
         )
 
-    @rule(key=KEYS, value=st.integers(0, 20))
-    def put(self, key: str, value: int) -> None:
+    @rule(key=KEYS, value=VALUES)
+    def put(self, key: str, value: int | None) -> None:
         self.story.add(f"put({key!r}, {value})")
-        weight = value % 7
+        weight = weight_of(value)
         if self.weighted and weight > self.model.max_weight:  # type: ignore[operator]
             why = f"it weighs {weight} > max_weight={self.model.max_weight}"
             try:
@@ -127,6 +136,15 @@ class CacheMachine(RuleBasedStateMachine):
         check(got is expected, self.fail(f"delete({key!r}): expected {expected}, got {got}"))
         self.heard([(key, value, EXPLICIT)] if expected else [])
 
+    # Only on a full cache, so that most runs still fill it up and evict.
+    @precondition(lambda self: len(self.model.entries) >= self.model.maxsize)
+    @rule()
+    def clear(self) -> None:
+        self.story.add("clear()")
+        expected = self.model.clear(self.clock.now_ns())
+        self.call("clear()", self.cache.clear)
+        self.heard(expected, in_any_order=True)
+
     @precondition(lambda self: self.kind == "TTLCache")
     @rule(ns=st.sampled_from([1, 250, 499, 500, 999, 1_000]))
     def advance(self, ns: int) -> None:
@@ -166,7 +184,7 @@ def machine(kind: str, weighted: bool) -> type[RuleBasedStateMachine]:
                 {"kind": kind, "weighted": weighted})  # fmt: skip
 
 
-def _put(key: str, value: int) -> Step:
+def _put(key: str, value: int | None) -> Step:
     return ("put", {"key": key, "value": value})
 
 
@@ -203,6 +221,31 @@ WALKS: dict[str, Walk] = {
         _put("b", 9),
         _OBSERVE,
         _put("d", 4),
+        _OBSERVE,
+    ],
+    # A stored None is a value: read (a hit), replaced (REPLACED) and deleted (True,
+    # EXPLICIT) like any other.
+    "none": [
+        _BUILD,
+        _put("a", None),
+        _key("get", "a"),
+        _put("a", 5),
+        _put("b", None),
+        _key("delete", "b"),
+        _OBSERVE,
+    ],
+    # A clear leaves nothing behind, its weight included: refilled, the cache evicts as
+    # a fresh one would.
+    "cleared": [
+        _BUILD,
+        _put("a", 1),
+        _put("b", 6),
+        _put("c", 5),
+        ("clear", {}),
+        _OBSERVE,
+        _put("d", 6),
+        _put("e", 6),
+        _put("f", 1),
         _OBSERVE,
     ],
     # What a delete took leaves no trace in the order: the next evictions go as in a

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from katas.kv_cache._testing.caches import EVICTED, REPLACED, Heard
+from katas.kv_cache._testing.caches import EVICTED, EXPLICIT, REPLACED, Heard
 
 
 @dataclass
@@ -102,6 +102,13 @@ class Model:
             return False
         self.entries.remove(e)
         return True
+
+    def clear(self, now: int) -> list[Heard]:
+        """Every live entry leaves, EXPLICIT (the expired ones were gone before)."""
+        self.settle(now)
+        gone = [(e.key, e.value, EXPLICIT) for e in self.entries]
+        self.entries.clear()
+        return gone
 
     def order(self) -> list[Any]:
         if self.kind == "LFUCache":
