@@ -1,12 +1,14 @@
 """Telling a failure: the one vocabulary every suite uses.
 
 A failing kata test says which rule broke, the steps that led there and what was
-expected against what came. Three helpers say it, and nothing here names a kata:
+expected against what came. Four helpers say it, and nothing here names a kata:
 
 - :func:`expect` compares a value with the one the rule asks for and, for records
   (dataclasses, named tuples), names the fields that differ;
 - :func:`check` fails with a message a test wrote itself, alone (an ``assert`` would add
   pytest's rendering of the same comparison);
+- :func:`not_refused` wraps a call the rule says must go through: a refusal (an exception)
+  fails the test by assertion, as a wrong answer would, never as an error;
 - :class:`Story` keeps the operations a test ran, stamped with the time on its clock,
   and tells them, the last ones if there are many, under the rule that broke.
 
@@ -16,8 +18,9 @@ test's line and the message, once.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 #: How many of a story's last steps a failure shows.
 SHOWN_STEPS = 40
@@ -58,6 +61,18 @@ def check(ok: object, message: str) -> None:
         raise AssertionError(message)
 
 
+@contextlib.contextmanager
+def not_refused(what: str, *refusals: type[Exception]) -> Iterator[None]:
+    """The block must not raise ``refusals`` (default: any exception): one that does
+    fails with ``what`` (the call, and why it must go through), then what it raised."""
+    __tracebackhide__ = True
+    caught = refusals or (Exception,)
+    try:
+        yield
+    except caught as error:
+        raise AssertionError(f"{what}; it raised {type(error).__name__}: {error}") from None
+
+
 class Story:
     """The steps a test has taken, each stamped ``t=`` with its clock's time since
     ``origin_ns``, to tell under the rule that broke: ``Story(title, clock.now_ns)``."""
@@ -90,4 +105,4 @@ class Story:
             raise AssertionError(self.tell(invariant, differences(want, got)))
 
 
-__all__ = ["SHOWN_STEPS", "Story", "check", "differences", "expect"]
+__all__ = ["SHOWN_STEPS", "Story", "check", "differences", "expect", "not_refused"]

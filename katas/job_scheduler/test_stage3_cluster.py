@@ -32,7 +32,7 @@ from redis.crc import key_slot
 from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv
 from katas._harness.redis_cluster import LocalCluster
-from katas._harness.story import check, expect
+from katas._harness.story import check, expect, not_refused
 from katas._harness.under_test import stage
 from katas._harness.waiting import eventually, spawn
 from katas.job_scheduler._testing.cluster import (
@@ -164,15 +164,14 @@ def test_stage3_a_cluster_client_is_accepted_and_a_retrying_one_refused(
 
     queues: dict[str, SharedJobQueue] = {}
     for name in ("emails", "thumbnails"):
-        try:
+        with not_refused(
+            "a RedisCluster (with a socket timeout and no retries) is accepted wherever a "
+            "redis.Redis is, by RedisJobQueue too",
+            TypeError,
+        ):
             queues[name] = cluster_queue(
                 redis_cluster, "q1:", name=name, lease_ns=CLUSTER_LEASE, retry=NO_RETRY_DELAY
             )
-        except TypeError as error:
-            raise AssertionError(
-                "a RedisCluster (with a socket timeout and no retries) is accepted wherever a "
-                f"redis.Redis is; RedisJobQueue refused it: {error}"
-            ) from None
     for name, queue in queues.items():
         job_id = queue.enqueue({"queue": name})
         lease = claim(queue, "w1")

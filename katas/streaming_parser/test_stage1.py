@@ -30,7 +30,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from katas._harness.marks import core, extended, rule
-from katas._harness.story import check, expect
+from katas._harness.story import check, expect, not_refused
 from katas._harness.under_test import stage
 from katas.streaming_parser._testing import recorded, sse
 from katas.streaming_parser._testing.chat import assemble, call, chunk, delta, new_assembler
@@ -92,10 +92,10 @@ def test_stage1_invalid_utf8_in_any_field_becomes_replacement_characters() -> No
     want = [E(event="<\ufffd>", data="<\ufffd>", id="<\ufffd>")]
     for chunks in ([body], [body[i : i + 1] for i in range(len(body))]):
         p = new_parser()
-        try:
+        with not_refused(
+            f"utf8: feeding {chunks!r}: invalid bytes become U+FFFD", UnicodeDecodeError
+        ):
             got = [e for batch in sse.feed_all(p, chunks) for e in batch]
-        except UnicodeDecodeError as exc:
-            pytest.fail(f"utf8: feeding {chunks!r} raised {exc!r}: invalid bytes become U+FFFD")
         expect(
             (got, p.last_event_id, p.retry_ms),
             (want, "<\ufffd>", None),
@@ -595,23 +595,21 @@ def test_stage1_close_starts_the_next_stream_within_fresh_limits() -> None:
     p = new_parser(max_line_bytes=16, max_event_bytes=10)
     p.feed(b"data: 12345678\n")  # 9 of the event's 10 bytes; the event never completes
     p.close()
-    try:
+    with not_refused(
+        "limits: close() discarded the event of 9 bytes; the next stream's event of 3 bytes "
+        "(max_event_bytes=10) is within the limit",
+        ParseError,
+    ):
         got = p.feed(b"data: 12\n\n")
-    except ParseError as exc:
-        pytest.fail(
-            "limits: close() discarded the event of 9 bytes; the next stream's event of 3 "
-            f"bytes (max_event_bytes=10) was refused: {exc}"
-        )
     expect(got, [E(data="12")], "after close(), a new event within max_event_bytes=10")
     p.feed(b"data: 1234567")  # a 13-byte line pending, never ended
     p.close()
-    try:
+    with not_refused(
+        "limits: close() discarded the pending 13-byte line; the next stream's 14-byte line "
+        "(max_line_bytes=16) is within the limit",
+        ParseError,
+    ):
         got = p.feed(b"data: 12345678\n\n")
-    except ParseError as exc:
-        pytest.fail(
-            "limits: close() discarded the pending 13-byte line; the next stream's 14-byte "
-            f"line (max_line_bytes=16) was refused: {exc}"
-        )
     expect(got, [E(data="12345678")], "after close(), a new line within max_line_bytes=16")
     p.close()
     with pytest.raises(ParseError) as refused:
@@ -668,10 +666,8 @@ def test_stage1_the_event_limit_counts_each_event_on_its_own() -> None:
     # past it.
     p = new_parser(max_event_bytes=16)
     for i in range(100):
-        try:
+        with not_refused(f"event {i + 1} of 16 bytes is within max_event_bytes=16", ParseError):
             got = p.feed(b"data: 0123456789abcde\n\n")
-        except ParseError as exc:
-            pytest.fail(f"event {i + 1} of 16 bytes, within max_event_bytes=16, refused: {exc}")
         expect(
             got,
             [E(data="0123456789abcde")],
@@ -751,13 +747,12 @@ def test_stage1_feed_takes_any_bytes_like_chunk() -> None:
     p = new_parser()
     got: list[ServerSentEvent] = []
     for n, piece in enumerate(chunks):
-        try:
+        with not_refused(
+            f"bad-arguments: feed({piece!r}): feed takes any bytes-like chunk (bytes, "
+            f"bytearray, memoryview); chunk {n} of {chunks!r}",
+            TypeError,
+        ):
             got += p.feed(piece)  # type: ignore[arg-type]  # bytes-like, not bytes
-        except TypeError as exc:
-            pytest.fail(
-                f"bad-arguments: feed({piece!r}) raised {exc!r}: feed takes any bytes-like "
-                f"chunk (bytes, bytearray, memoryview); chunk {n} of {chunks!r}"
-            )
     expect(
         got,
         [E(data="a"), E(data="b€")],

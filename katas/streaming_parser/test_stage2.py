@@ -28,7 +28,7 @@ import pytest
 from hypothesis import given
 
 from katas._harness.marks import core, extended, rule
-from katas._harness.story import check
+from katas._harness.story import check, not_refused
 from katas._harness.under_test import stage
 from katas._harness.waiting import bounded
 from katas._runtime.clock import NS_PER_S, ManualClock
@@ -1065,13 +1065,12 @@ async def test_stage2_bad_arguments_name_the_parameter() -> None:
         mux.open("fine", ok)
         ok.end()
         again = ChannelSource("sync-0, good this time")
-        try:
+        with not_refused(
+            "open('sync-0', a list) was refused with a TypeError, so it never took the name: "
+            "open('sync-0', an async iterator) must work now",
+            ValueError,
+        ):
             mux.open("sync-0", again)
-        except ValueError as error:
-            raise AssertionError(
-                f"open('sync-0', a list) was refused with a TypeError, so it never took the "
-                f"name: open('sync-0', an async iterator) must work now; it raised {error!r}"
-            ) from None
         again.end()
 
 
@@ -1113,15 +1112,13 @@ async def test_stage2_a_name_is_free_again_once_its_stream_has_ended(ending: str
                 first_source.release_close()
             await until(first_source.closed_once, f"the first stream ended by {ending}")
             await settle()
-            try:
+            with not_refused(
+                f"stage2-bad-arguments: the stream 'req-1' has ended ({ending}; its source "
+                f"closed, {first.buffered} event(s) not taken yet): the name is no longer "
+                f"open, and open('req-1', ...) must take it again",
+                ValueError,
+            ):
                 second = mux.open("req-1", second_source)
-            except ValueError as exc:
-                raise AssertionError(
-                    f"stage2-bad-arguments: the stream 'req-1' has ended ({ending}; its "
-                    f"source closed, {first.buffered} event(s) not taken yet): the name is "
-                    f"no longer open, and open('req-1', ...) must take it again; it raised "
-                    f"{exc!r}"
-                ) from None
             got = await drain(second, "the new stream under the old name")
     check(
         got == ([E(data="c")], END),
