@@ -144,7 +144,13 @@ async def test_stage2_an_idle_engine_waits_without_stepping() -> None:
             "an idle engine waits for a request, not for the clock (a polling loop?)"
         )
         stream = rig.engine.generate(request("a", 2, 2))
-        await rig.time.advance(2 * STEP_NS)
+        await rig.time.advance(STEP_NS // 2)
+        in_flight = rig.engine.statistics().steps
+        assert in_flight == 0, (
+            f"engine-statistics: steps counts the steps completed; half-way through the "
+            f"first one it is 0, got {in_flight}"
+        )
+        await rig.time.advance(2 * STEP_NS - STEP_NS // 2)
         assert rig.engine.statistics().steps == 2, "a request wakes the idle engine at once"
         await stream.aclose()
 
@@ -887,12 +893,20 @@ async def test_stage2_a_request_whose_reader_left_has_latencies_of_its_own() -> 
 # -- bad input --------------------------------------------------------------------------
 
 
+class _ReadOnlyClock:
+    """A clock that tells the time and cannot wait: not a waiting clock."""
+
+    def now_ns(self) -> int:
+        return T0
+
+
 @extended
 @rule("stage2-bad-input")
 @pytest.mark.parametrize(
     "field, value",
     [("max_waiting", 0), ("max_waiting", -1), ("max_waiting", "8"), ("max_stall_ns", 0),
-     ("max_stall_ns", 1.5), ("max_waiting", True), ("step_time_ns", None), ("clock", None)],
+     ("max_stall_ns", 1.5), ("max_waiting", True), ("step_time_ns", None), ("clock", None),
+     pytest.param("clock", _ReadOnlyClock(), id="clock-that-cannot-wait")],
 )  # fmt: skip
 async def test_stage2_the_engine_refuses_nonsense_naming_the_parameter(
     field: str, value: object
@@ -910,17 +924,22 @@ async def test_stage2_the_engine_refuses_nonsense_naming_the_parameter(
 @extended
 @rule("stage2-bad-input")
 @pytest.mark.parametrize("bad", [0, -5, True, 2.0])
-async def test_stage2_a_step_time_that_is_not_a_positive_int_is_an_error(bad: object) -> None:
-    rig = Rig(step_time_ns=lambda out: cast(int, bad))  # a wrong cost model
+@pytest.mark.parametrize("at", ["first", "third"])  # a wrong cost model, from the start or later
+async def test_stage2_a_step_time_that_is_not_a_positive_int_is_an_error(
+    bad: object, at: str
+) -> None:
+    costs = iter([STEP_NS, STEP_NS] if at == "third" else [])
+    rig = Rig(step_time_ns=lambda out: next(costs, cast(int, bad)))
     with pytest.raises(BaseException) as raised:
         async with rig.engine:
-            rig.engine.generate(request("a"))
-            await rig.time.advance(STEP_NS)
+            rig.engine.generate(request("a", 2, 8))
+            await rig.time.advance(3 * STEP_NS)
     leaves = [raised.value]
     while isinstance(leaves[-1], BaseExceptionGroup):
         leaves.append(leaves[-1].exceptions[0])
     assert isinstance(leaves[-1], ValueError) and "step_time_ns" in str(leaves[-1]), (
-        f"a step time of {bad!r} is a ValueError naming step_time_ns, got {leaves[-1]!r}"
+        f"a step time of {bad!r} (on the {at} step) is a ValueError naming step_time_ns, "
+        f"got {leaves[-1]!r}"
     )
 
 

@@ -222,6 +222,12 @@ def test_stage3_expired_lease_costs_an_attempt_and_fences_the_zombie(
     expect(queue.is_current(zombie), False, "is_current of a lease at its expires_at_ns")
     second = claim(queue, "w2")
     expect(queue.is_current(second), True, "is_current of the job's new lease")
+    expect(
+        queue.is_current(zombie),
+        False,
+        "is_current of w1's expired lease once w2 holds the job (LEASED again, but with "
+        "token 2: a lease is live only with the job's current token)",
+    )
     assert (second.job_id, second.token, second.attempt) == (job_id, 2, 2), (
         f"after w1's lease expired, the job must come back with token 2 and "
         f"attempt 2 (the crash cost an attempt); got {second}"
@@ -279,6 +285,10 @@ def test_stage3_effect_store_commits_once_per_job_and_refuses_stale_leases(
     job_id = queue.enqueue("charge $5")
     first = claim(queue, "w1")
     assert store.commit(first, "charged") is True, "the first commit must commit"
+    assert store.effects() == {job_id: "charged"}, (
+        f"{job_id} is LEASED, its effect committed and not yet acked: the queue holds it, so "
+        f"effects() holds its effect; got {store.effects()}"
+    )
     redis_env.pass_time(100 * MS)  # w1 dies between effect and ack: its lease expires
     with pytest.raises(StaleLease):
         store.commit(first, "charged again")

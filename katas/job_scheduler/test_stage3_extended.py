@@ -77,6 +77,12 @@ def test_stage3_heartbeat_extends_a_live_lease_and_never_revives_an_expired_one(
     assert beat.expires_at_ns == stamp(queue, "heartbeat").server_now_ns + 100 * MS, (
         f"a heartbeat extends the lease to the server's now + lease_ns; got {beat}"
     )
+    expect(
+        queue.get(job_id).lease_expires_at_ns,
+        beat.expires_at_ns,
+        "get() after a heartbeat: the snapshot's lease_expires_at_ns is the live lease's, "
+        "the one the heartbeat returned",
+    )
     redis_env.pass_time(60 * MS)  # past the first expiry, within the extended one
     assert queue.get(job_id).state is LEASED, "the heartbeaten lease expired early"
     redis_env.pass_time(100 * MS)
@@ -330,6 +336,7 @@ def test_stage3_cancel_stales_the_lease_and_the_job_stays_cancelled(
 
 @rule("redis-extended")
 @extended
+@pytest.mark.realtime
 def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     redis_env: RedisEnv,
 ) -> None:
@@ -341,8 +348,17 @@ def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
     queue.nack(la, "a failed")
     dead = [job.id for job in queue.dead_letters()]
     assert dead == [b, a], f"dead letters in the order they died: {[b, a]}, got {dead}"
-    assert queue.redrive(a) is True and queue.redrive(a) is False
+    redis_env.pass_time(50 * MS)  # a died 50 ms ago: it comes back now, not at its old time
+    assert queue.redrive(a) is True
+    redriven_at = stamp(queue, "redrive").server_now_ns
+    assert queue.redrive(a) is False
     expect(queue.statistics().dead, 1, "statistics().dead once a, redriven, is READY again")
+    job = queue.get(a)
+    expect(
+        (job.state, job.run_at_ns),
+        (READY, redriven_at),
+        "redrive puts a DEAD job back to READY now, 50 ms after its death: (state, run_at_ns)",
+    )
     again = claim(queue)
     assert (again.job_id, again.attempt, again.token) == (a, 1, 2), (
         f"redrive zeroes the attempts but never the token: expected attempt 1, token 2; got {again}"
@@ -573,6 +589,24 @@ def test_stage3_idempotency_key_dedups_within_its_ttl_from_the_first_enqueue(
         "be created (a duplicate must not refresh the TTL)"
     )
     assert queue.statistics().pending == 2
+
+
+@rule("redis-dedup-ttl")
+@extended
+@pytest.mark.realtime
+def test_stage3_a_delayed_jobs_key_dedups_from_its_enqueue_not_its_run_time(
+    redis_env: RedisEnv,
+) -> None:
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, dedup_ttl_ns=200 * MS)
+    first = queue.enqueue("report", idempotency_key="nightly", delay_ns=500 * MS)
+    redis_env.pass_time(210 * MS)  # 210 ms after the enqueue, 290 ms before the job is due
+    fresh = queue.enqueue("report (again)", idempotency_key="nightly")
+    assert fresh != first, (
+        "enqueue('report', key 'nightly', delay_ns=500 ms) with dedup_ttl_ns=200 ms; 210 ms "
+        f"later the same key: the TTL counts from the first enqueue, not from when the job "
+        f"is due, so a new job must be created; got the first one, {first!r}"
+    )
 
 
 @rule("redis-dedup-ttl")

@@ -1133,17 +1133,20 @@ def test_stage3_a_ttl_is_whole_milliseconds_rounded_up(redis_env: RedisEnv) -> N
         )
 
 
-#: ttl_ns -> the whole ms, rounded up, that every replica's SET carries.
+#: ttl_ns -> the whole ms, rounded up, that every replica's SET carries; the last is the
+#: longest TTL there is (2^52 ms).
 _PX = {1: 1, NS_PER_MS: 1, NS_PER_MS + 1: 2, 5 * NS_PER_S: 5_000, 5 * NS_PER_S + 1: 5_001}
+_PX[2**52 * NS_PER_MS] = 2**52
 
 
 @core
-@rule("ttl-replicas")
+@rule("ttl-replicas", "cache-bad-input")
 @pytest.mark.parametrize("ttl_ns", list(_PX))
 def test_stage3_the_ttl_sent_is_exactly_the_whole_ms_rounded_up(
     redis_env: RedisEnv, ttl_ns: int
 ) -> None:
-    cache, _, _, sent = recorded_cache(redis_env, ttl_ns=ttl_ns)
+    with not_refused(f"ShardedCache(ttl_ns={ttl_ns}): any ttl_ns up to 2^52 ms is accepted"):
+        cache, _, _, sent = recorded_cache(redis_env, ttl_ns=ttl_ns)
     cache.put("session", "s1")
     for name in cache.replicas_for("session"):
         commands = sent[name].naming("session")

@@ -371,6 +371,16 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
             stage_module.RedisRateLimiter(client, **{**good, name: bad})
     with pytest.raises(TypeError, match="limit"):
         stage_module.RedisRateLimiter(client, **{**good, "limit": True})
+    leases: dict[str, object] = {"max_in_flight": 2, "lease_ns": NS_PER_S}
+    for name, bad in [
+        ("max_in_flight", 0),
+        ("lease_ns", 0),
+        ("lease_ns", 1_500_500),  # 1 500.5 µs: Redis TIME counts whole µs
+        ("key_prefix", ""),
+    ]:
+        with pytest.raises(ValueError, match=name):
+            stage_module.RedisConcurrencyLimiter(client, **{**leases, name: bad})
+            raise AssertionError(f"RedisConcurrencyLimiter({name}={bad!r}) was accepted")
     # Lua's doubles: limit × window in µs must stay below 2^51 — at 2^51 it is refused.
     with pytest.raises(ValueError):
         stage_module.RedisRateLimiter(client, **{**good, "limit": 2**31, "window_ns": 2**20 * 1000})

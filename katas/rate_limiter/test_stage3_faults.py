@@ -30,9 +30,12 @@ import pytest
 import redis
 
 from katas._harness.faultproxy import UNAVAILABLE_REPLIES, FaultProxy
+from katas._harness.interleave import Gate
 from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.story import Story, check, expect
+from katas._harness.under_test import stage
+from katas._harness.waiting import spawn
 from katas.rate_limiter._testing.nodes import (
     ALGORITHMS,
     FaultTolerant,
@@ -503,6 +506,72 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
     stats = limiter.statistics()
     assert (stats.redis_decisions, stats.fallback_decisions, stats.redis_errors) == (2, 5, 2), (
         f"2 Redis decisions, 5 fallbacks, 2 Redis errors (two failed tries): {stats}"
+    )
+
+
+@extended
+@rule("failure-modes", "nodes-as-one")
+@pytest.mark.parametrize("second", ["try_acquire", "peek", "refund"])
+def test_stage3_threads_falling_back_locally_take_turns_in_the_local_limiter(
+    stage_module: ModuleType, redis_env: RedisEnv, monkeypatch: pytest.MonkeyPatch, second: str
+) -> None:
+    # The local limiter is stage 1's TokenBucket, which is not thread-safe: one thread is
+    # held inside it, and another thread's call must wait until it is out.
+    bucket = stage(1).TokenBucket
+    gate, inside, changed = Gate("inside the local limiter", limit=1), [0, 0], threading.Condition()
+
+    def held(name: str) -> Callable[..., object]:
+        original = getattr(bucket, name)
+
+        def call(self: object, *args: object) -> object:
+            with changed:
+                inside[0] += 1
+                inside[1] = max(inside[1], inside[0])
+                changed.notify_all()
+            try:
+                gate.pass_through()
+                return original(self, *args)
+            finally:
+                with changed:
+                    inside[0] -= 1
+
+        return call
+
+    proxy, _, limiter = behind_a_proxy(stage_module, redis_env, "local", expected_nodes=2)
+    proxy.outage()
+    limiter.try_acquire("alice")  # Redis fails: from now on the local limiter decides
+    for name in ("try_acquire", "peek", "refund"):
+        monkeypatch.setattr(bucket, name, held(name))
+    first = spawn(lambda: limiter.try_acquire("alice"), "first")
+    gate.wait_arrived()
+    other = spawn(lambda: getattr(limiter, second)("alice", 1), "second")
+    with changed:
+        changed.wait_for(lambda: inside[1] > 1, 0.2)
+    gate.open()
+    first.outcome("try_acquire, once let out of the local limiter")
+    other.outcome(f"{second}, once the first call is out of the local limiter")
+    check(
+        inside[1] == 1,
+        f"failure_mode='local', Redis down: one thread is inside the local (stage-1) limiter "
+        f"in try_acquire('alice'), and another calls {second}('alice', 1). The stage-1 "
+        f"limiter is not thread-safe, so calls into it take turns (under the limiter's lock): "
+        f"expected at most 1 thread inside it at once; got {inside[1]}",
+    )
+
+
+@core
+@rule("failure-modes", "probe-interval")
+def test_stage3_a_closed_denial_says_retry_in_at_least_1_ns(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    proxy, _, limiter = behind_a_proxy(stage_module, redis_env, "closed", probe_interval_ns=0)
+    proxy.outage()
+    d = limiter.try_acquire("alice")
+    check(
+        (d.allowed, d.retry_after_ns) == (False, 1),
+        "failure_mode='closed', probe_interval_ns=0, Redis down: try_acquire('alice') is "
+        "denied, and its retry_after_ns is the time until Redis is next tried, at least 1 "
+        f"ns (0 would read as 'go ahead'): expected a denial with retry_after_ns=1; got {d}",
     )
 
 

@@ -219,10 +219,11 @@ def behind_a_proxy(
     limit: int = 4,
     window_us: int = 60_000_000,
     expected_nodes: int = 1,
+    probe_interval_ns: int = NS_PER_S,
 ) -> tuple[FaultProxy, ManualClock, RedisLimiter]:
     """A limiter (by default a token bucket of 4 a minute) whose client reaches Redis
     through a fault proxy, on a clock the test sets; after a failure it probes Redis again
-    every second."""
+    every second (by default)."""
     proxy = env.proxy()
     clock = ManualClock()
     limiter = make_limiter(
@@ -233,7 +234,7 @@ def behind_a_proxy(
         window_us,
         key_prefix=env.prefix,
         failure_mode=failure_mode,
-        probe_interval_ns=NS_PER_S,
+        probe_interval_ns=probe_interval_ns,
         clock=clock,
         expected_nodes=expected_nodes,
     )
