@@ -40,6 +40,13 @@ class WatchedClock(ManualClock):
             with self._watch:
                 self._asleep.pop(me, None)
 
+    def deadlines(self) -> dict[str, int | None]:
+        """The deadline each thread asleep here waits for (None: no deadline), by name."""
+        with self._watch:
+            asleep = dict(self._asleep)
+        names = {t.ident: t.name for t in threading.enumerate()}
+        return {names.get(ident, str(ident)): deadline for ident, (deadline, _) in asleep.items()}
+
     def asleep(self, thread: threading.Thread) -> bool:
         """``thread`` sleeps on this clock, until a deadline after now or none."""
         with self._watch:

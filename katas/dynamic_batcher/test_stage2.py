@@ -37,6 +37,7 @@ from katas.dynamic_batcher._testing.engine import (
     STEP_NS,
     T0,
     Reader,
+    ReadOnlyClock,
     Rig,
     expect_ending,
     fixed_step,
@@ -893,20 +894,13 @@ async def test_stage2_a_request_whose_reader_left_has_latencies_of_its_own() -> 
 # -- bad input --------------------------------------------------------------------------
 
 
-class _ReadOnlyClock:
-    """A clock that tells the time and cannot wait: not a waiting clock."""
-
-    def now_ns(self) -> int:
-        return T0
-
-
 @extended
 @rule("stage2-bad-input")
 @pytest.mark.parametrize(
     "field, value",
     [("max_waiting", 0), ("max_waiting", -1), ("max_waiting", "8"), ("max_stall_ns", 0),
      ("max_stall_ns", 1.5), ("max_waiting", True), ("step_time_ns", None), ("clock", None),
-     pytest.param("clock", _ReadOnlyClock(), id="clock-that-cannot-wait")],
+     pytest.param("clock", ReadOnlyClock(), id="clock-that-cannot-wait")],
 )  # fmt: skip
 async def test_stage2_the_engine_refuses_nonsense_naming_the_parameter(
     field: str, value: object

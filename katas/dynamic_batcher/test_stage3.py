@@ -11,15 +11,15 @@ stream broken after n tokens, a replica stopped (SIGSTOP) between two tokens and
 resumed after the router gave up on it. Every client's stream is compared with what its
 request generates alone: nothing lost, nothing twice.
 
-The stage's other suites: ``test_stage3_routes.py`` (``ReplicaSet``, the routing policy
-without I/O) and ``test_stage3_fleet.py`` (properties drawn by hypothesis over whole
-fleets, and real replica processes killed and stopped with real signals).
+The stage's other suites: ``test_stage3_silence.py`` (silence, probes and the epoch),
+``test_stage3_routes.py`` (``ReplicaSet``, the routing policy without I/O) and
+``test_stage3_fleet.py`` (properties drawn by hypothesis over whole fleets, and real
+replica processes killed and stopped with real signals).
 
 Map: relaying (relay) · admission (router-admission) · replicas that refuse
-(replica-429) · failover (failover, failover-cap) · silence and probes (router-stall,
-probe) · the epoch (epoch) · clients that leave (client-leaves) · draining
-(router-drain) · closing (router-close) · statistics (router-statistics) · bad input
-(router-bad-input).
+(replica-429) · failover (failover, failover-cap) · clients that leave (client-leaves) ·
+draining (router-drain) · closing (router-close) · statistics (router-statistics) · bad
+input (router-bad-input).
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ import anyio.abc
 import pytest
 
 from katas._harness.marks import anyio_test, core, extended, rule
-from katas._harness.story import expect
-from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, expect_ending, request
+from katas.dynamic_batcher._testing.engine import (
+    STEP_NS,
+    T0,
+    Reader,
+    ReadOnlyClock,
+    expect_ending,
+    request,
+)
 from katas.dynamic_batcher._testing.fleet import (
-    PROBE_TIMEOUT,
     STALL,
     WITHIN,
     Fleet,
@@ -216,6 +221,45 @@ async def test_stage3_admission_checks_the_id_the_weight_the_load_then_the_repli
 
 
 # -- replicas that refuse -----------------------------------------------------------------------
+
+
+@extended
+@rule("replica-429", "failover-cap")
+@anyio_test
+async def test_stage3_a_replica_429_costs_no_failover() -> None:
+    fleet = Fleet(names=("a", "b"))
+    r = request("r", 4, 8)
+    want = fleet.expected([r])
+    fleet["a"].refuse(1, 5_000)  # r's first attempt goes to b instead
+    fleet["b"].break_stream("r", after=2)  # ... whose answer breaks: r's one failover
+    readers, stats = await fleet.serve([r], max_failovers=1)
+    expect_whole(
+        readers,
+        want,
+        "max_failovers=1: a answered r with a 429, so r went to b (a 429 costs no "
+        "failover); b's answer broke after 2 tokens: r's first failover, back to a",
+    )
+    assert stats.failovers == 1, f"one failover (b's broken answer), not the 429: {stats}"
+
+
+@extended
+@rule("failover")
+@anyio_test
+async def test_stage3_a_stream_that_ends_without_a_finish_reason_fails_over_at_once() -> None:
+    fleet = Fleet(names=("a", "b"))
+    r = request("r", 6, 12)
+    want = fleet.expected([r])
+    fleet["a"].end_quietly("r", after=3)  # a closes r's stream cleanly, unfinished
+    async with fleet.routing([r]) as clients:
+        await fleet.time.advance_to(T0 + 8 * STEP_NS)
+        on_b = [x.rid.partition("#")[0] for x in fleet["b"].seen]
+        await clients.finish()
+    assert on_b == ["r"], (
+        "a's stream of r ended after 3 tokens with no finish reason: that is a failure "
+        f"like a broken one, so r fails over to b at that instant — not after the "
+        f"{STALL // STEP_NS}-step silence timeout. By +{8 * STEP_NS} ns b had seen {on_b}"
+    )
+    expect_whole(clients.readers, want, "a ended r's stream quietly after 3 tokens")
 
 
 @extended
@@ -543,415 +587,6 @@ async def test_stage3_a_request_fails_over_at_most_max_failovers_times() -> None
         )
 
 
-# -- silence, probes and the epoch ---------------------------------------------------------
-
-
-@extended
-@rule("router-stall")
-@anyio_test
-async def test_stage3_a_silent_replica_is_presumed_dead_at_the_stall_timeout() -> None:
-    fleet = Fleet()
-    r, other = request("r", 6, 12), request("other", 3, 80)
-    want = fleet.expected([r, other])
-    async with fleet.routing([r, other], stall_timeout_ns=STALL) as clients:
-        await fleet.time.advance_to(T0 + 4 * STEP_NS)  # the 4th token arrives
-        assert clients.router.replicas.replica_of("other") == "b"
-        fleet["a"].stop()
-        last = T0 + 4 * STEP_NS
-        await fleet.time.advance_to(last + STALL - 1)
-        assert fleet["c"].seen == [], (
-            f"a's last event was at +{4 * STEP_NS} ns; at {STALL - 1} ns of silence "
-            f"(stall_timeout_ns={STALL}) it is not yet presumed dead"
-        )
-        await fleet.time.advance_to(last + STALL)
-        assert [x.rid for x in fleet["c"].seen] == ["r#1"], (
-            f"at exactly {STALL} ns of silence a is presumed dead and r fails over to c "
-            "(b carries 'other')"
-        )
-        assert clients.router.statistics().down == ("a",)
-        assert clients.router.replicas.replica_of("other") == "b", (
-            "only the silent replica's requests move: 'other' streams on from b"
-        )
-        await clients.finish()
-    expect_whole(clients.readers, want, "a stopped after 4 tokens, while b streamed on")
-
-
-@extended
-@rule("router-stall")
-@anyio_test
-async def test_stage3_silence_is_counted_from_the_attempts_start() -> None:
-    fleet = Fleet()
-    r = request("r", 6, 5)
-    want = fleet.expected([r])
-    fleet["a"].stop()
-    async with fleet.routing([r], stall_timeout_ns=STALL) as clients:
-        await fleet.time.advance_to(T0 + STALL - 1)
-        assert fleet["b"].seen == [], "no failover before the timeout"
-        await fleet.time.advance_to(T0 + STALL)
-        assert [x.rid for x in fleet["b"].seen] == ["r#1"], (
-            "a stopped before its first token: silence counts from the attempt's start, "
-            f"so r fails over at +{STALL} ns"
-        )
-        await clients.finish()
-    expect_whole(clients.readers, want, "a was stopped from the start")
-
-
-@extended
-@rule("router-stall")
-@anyio_test
-async def test_stage3_a_replica_that_keeps_streaming_is_never_presumed_dead() -> None:
-    fleet = Fleet()
-    r = request("long", 4, 200)  # 200 steps, far longer than the stall timeout
-    want = fleet.expected([r])
-    readers, stats = await fleet.serve([r], stall_timeout_ns=STALL)
-    expect_whole(readers, want, "one long healthy stream")
-    assert stats.failovers == 0 and stats.down == (), (
-        f"silence is measured from the last event, not the start: got {stats}"
-    )
-
-
-@extended
-@rule("router-stall")
-@anyio_test
-async def test_stage3_a_request_waiting_in_a_busy_replicas_queue_is_not_silence() -> None:
-    fleet = Fleet(names=("a",), replica={"max_num_seqs": 1})
-    reqs = [request("first", 3, 4 * STALL // STEP_NS), request("queued", 3, 5)]
-    want = fleet.expected(reqs)
-    readers, stats = await fleet.serve(reqs, stall_timeout_ns=STALL)
-    expect_whole(
-        readers,
-        want,
-        f"'queued' waits {4 * STALL} ns behind 'first' on a replica that runs one sequence "
-        f"at a time (stall_timeout_ns={STALL}): silence is the replica's, and a streams "
-        "'first' all along",
-    )
-    assert stats.down == () and stats.failovers == 0, f"nothing was silent: got {stats}"
-
-
-@extended
-@rule("router-stall")
-@anyio_test
-async def test_stage3_a_new_request_on_a_silent_replica_does_not_restart_its_silence() -> None:
-    fleet = Fleet(names=("a", "b"))
-    r1, r2 = request("r1", 4, 20), request("r2", 5, 20)
-    want = fleet.expected([r1, r2])
-    async with fleet.routing(stall_timeout_ns=STALL) as clients:
-        clients.router.replicas.drain("b")
-        clients.start([r1])
-        await fleet.time.advance_to(T0 + STEP_NS)  # r1's first token: a's last event
-        fleet["a"].stop()
-        await fleet.time.advance_to(T0 + STEP_NS + STALL // 2)
-        clients.start([r2])  # to a, silent for STALL / 2 already
-        clients.router.replicas.restore("b")
-        await fleet.time.advance_to(T0 + STEP_NS + STALL - 1)
-        assert fleet["b"].seen == [], "a's silence has not reached the timeout yet"
-        await fleet.time.advance_to(T0 + STEP_NS + STALL)
-        moved = sorted(x.rid for x in fleet["b"].seen)
-        assert moved == ["r1#1", "r2#1"], (
-            f"a was last heard at +{STEP_NS} ns; r2 started there at "
-            f"+{STEP_NS + STALL // 2} ns, which is not a sign of life: at "
-            f"+{STEP_NS + STALL} ns a is presumed dead and both fail over. b saw {moved}"
-        )
-        await clients.finish()
-    expect_whole(clients.readers, want, "a stopped after r1's first token; r2 sent to it later")
-
-
-@extended
-@rule("epoch")
-@anyio_test
-async def test_stage3_a_stopped_replica_that_comes_back_injects_nothing() -> None:
-    fleet = Fleet()
-    r = request("r", 6, 12)
-    want = fleet.expected([r])
-    async with fleet.routing([r], stall_timeout_ns=STALL) as clients:
-        await fleet.time.advance_to(T0 + 3 * STEP_NS)
-        fleet["a"].stop()
-        await fleet.time.advance_to(T0 + 3 * STEP_NS + STALL)
-        assert fleet["a"].closed == 1, (
-            "r failed over at the stall timeout: its attempt on a is superseded, and its "
-            f"connection is closed at once; a's connections closed: {fleet['a'].closed}"
-        )
-        fleet["a"].resume()  # SIGCONT: a wakes up with r's tokens in its buffers
-        await clients.finish()
-    expect_whole(
-        clients.readers, want, "a stopped after 3 tokens, failed over, then resumed (SIGCONT)"
-    )
-
-
-@extended
-@rule("epoch")
-@anyio_test
-async def test_stage3_an_event_read_just_before_a_failover_is_dropped() -> None:
-    fleet = Fleet()
-    reqs = [request("r1", 4, 12), request("r2", 5, 12)]
-    want = fleet.expected(reqs)
-    async with fleet.routing() as clients:
-        for name in ("b", "c"):
-            clients.router.replicas.drain(name)
-        clients.start(reqs)  # both on a
-        for name in ("b", "c"):
-            clients.router.replicas.restore(name)
-        # Both answers break at their 3rd token, which a's step hands to both pumps at
-        # once: whichever runs first fails a over, and the other is already holding its
-        # 3rd token — an event of an attempt that has just lost its request.
-        fleet["a"].break_stream("r1", after=3)
-        fleet["a"].break_stream("r2", after=3)
-        await clients.finish()
-    expect_whole(
-        clients.readers, want, "r1 and r2 on a, both answers broken at the 3rd token, in one step"
-    )
-
-
-@extended
-@rule("epoch")
-@anyio_test
-async def test_stage3_a_zombie_resumed_at_the_failover_instant_injects_nothing() -> None:
-    fleet = Fleet()
-    r = request("r", 6, 12)
-    want = fleet.expected([r])
-    async with fleet.routing([r], stall_timeout_ns=STALL) as clients:
-        await fleet.time.advance_to(T0 + 2 * STEP_NS)
-        fleet["a"].stop()
-        await fleet.time.advance_to(T0 + 2 * STEP_NS + STALL - 1)
-        fleet["a"].resume()
-        fleet["a"].stop()  # a's next event is ready, held at the instant of the timeout
-        await fleet.time.advance_to(T0 + 2 * STEP_NS + STALL)
-        fleet["a"].resume()
-        await clients.finish()
-    expect_whole(clients.readers, want, "a's late event released at the instant r failed over")
-
-
-@extended
-@rule("probe")
-@anyio_test
-async def test_stage3_a_probe_waits_at_most_the_probe_timeout() -> None:
-    fleet = Fleet()
-    async with fleet.routing(probe_timeout_ns=PROBE_TIMEOUT) as clients:
-        fleet["b"].stop()
-        done = anyio.Event()
-
-        async def probe() -> None:
-            await clients.router.check_health()
-            done.set()
-
-        clients.tasks.start_soon(probe)
-        await fleet.time.advance_to(T0 + PROBE_TIMEOUT - 1)
-        assert not done.is_set() and clients.router.statistics().down == (), (
-            f"b does not answer its probe: before probe_timeout_ns={PROBE_TIMEOUT} it is "
-            f"not yet down; got down={clients.router.statistics().down}"
-        )
-        await fleet.time.advance_to(T0 + PROBE_TIMEOUT)
-        assert done.is_set(), "check_health() returns once every probe answered or timed out"
-        assert clients.router.statistics().down == ("b",), (
-            "b did not answer within the probe timeout: down; got "
-            f"{clients.router.statistics().down}"
-        )
-        fleet["b"].resume()
-        await clients.router.check_health()
-        assert clients.router.statistics().down == (), "b answers again: it is up again"
-
-
-@extended
-@rule("probe")
-@anyio_test
-async def test_stage3_probes_run_at_once_and_any_exception_is_a_failed_probe() -> None:
-    fleet = Fleet(names=("a", "b", "c"))
-    async with fleet.routing(probe_timeout_ns=PROBE_TIMEOUT) as clients:
-        fleet["a"].stop()
-        fleet["b"].stop()
-        fleet["c"].probe_error = OSError("connection reset by peer")
-        done: list[int] = []
-
-        async def probe() -> None:
-            await clients.router.check_health()
-            done.append(fleet.now)
-
-        clients.tasks.start_soon(probe)
-        await fleet.time.run_until(lambda: bool(done), within_ns=WITHIN, what="the round")
-        assert done == [T0 + PROBE_TIMEOUT], (
-            "a and b do not answer: the replicas are probed at once, so the round ends "
-            f"when both probes time out together, at +{PROBE_TIMEOUT} ns; it ended at "
-            f"{[t - T0 for t in done]}"
-        )
-        assert clients.router.statistics().down == ("a", "b", "c"), (
-            "c's probe raised OSError: any exception is a failed probe, and c is down "
-            f"(a and b did not answer); got down={clients.router.statistics().down}"
-        )
-        fleet["a"].resume()
-        fleet["b"].resume()
-
-
-@extended
-@rule("probe")
-@anyio_test
-async def test_stage3_the_next_probe_round_is_an_interval_after_the_last_one_ends() -> None:
-    fleet = Fleet(names=("a", "b"))
-    interval = 1_000 * STEP_NS
-    async with fleet.routing(probe_interval_ns=interval, probe_timeout_ns=PROBE_TIMEOUT):
-        fleet["b"].stop()  # every round lasts the probe timeout
-        await fleet.time.run_until(
-            lambda: len(fleet["a"].probes) >= 3, within_ns=WITHIN, what="three rounds"
-        )
-        fleet["b"].resume()
-    rounds = [t - T0 for t in fleet["a"].probes[:3]]
-    want = [interval, 2 * interval + PROBE_TIMEOUT, 3 * interval + 2 * PROBE_TIMEOUT]
-    assert rounds == want, (
-        f"probe_interval_ns={interval}, and each round lasts probe_timeout_ns="
-        f"{PROBE_TIMEOUT} (b never answers): rounds start {interval} ns after the router "
-        f"starts, then {interval} ns after each round ends. Expected {want}, got {rounds}"
-    )
-
-
-@extended
-@rule("probe")
-@anyio_test
-async def test_stage3_a_failed_probe_fails_over_the_replicas_requests_at_once() -> None:
-    fleet = Fleet()
-    r = request("r", 6, 12)
-    want = fleet.expected([r])
-    async with fleet.routing(
-        [r], stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT
-    ) as clients:
-        await fleet.time.advance_to(T0 + 3 * STEP_NS)
-        fleet["a"].stop()
-        clients.tasks.start_soon(clients.router.check_health)
-        await fleet.time.advance_to(T0 + 3 * STEP_NS + PROBE_TIMEOUT)
-        assert [x.rid for x in fleet["b"].seen] == ["r#1"], (
-            "a failed its probe: its request fails over at that instant, long before the "
-            "stall timeout"
-        )
-        await clients.finish()
-    expect_whole(clients.readers, want, "a stopped, found down by a probe")
-
-
-@extended
-@rule("probe", "failover")
-@anyio_test
-async def test_stage3_probe_verdicts_apply_once_the_whole_round_is_over() -> None:
-    fleet = Fleet(names=("a", "b", "c"))
-    r = request("r", 6, 40)  # still streaming when the round ends
-    want = fleet.expected([r])
-    async with fleet.routing(
-        [r], stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT
-    ) as clients:
-        start = T0 + 3 * STEP_NS
-        await fleet.time.advance_to(start)
-        fleet["a"].probe_error = OSError("connection reset by peer")  # fails at once
-        fleet["b"].stop()  # its probe times out at the round's end
-        clients.tasks.start_soon(clients.router.check_health)
-        await fleet.time.advance_to(start + PROBE_TIMEOUT - 1)
-        story = (
-            "r streams from a; a probe round starts: a's probe fails at once, b's "
-            f"never answers (probe_timeout_ns={PROBE_TIMEOUT})"
-        )
-        expect(
-            (
-                clients.router.statistics().down,
-                [(name, x.rid) for name in "abc" for x in fleet[name].seen],
-            ),
-            ((), [("a", "r")]),
-            f"{story}. 1 ns before the round ends: (down, attempts seen by the replicas) — "
-            "no verdict applies until every probe answered or timed out, so r is still a's",
-        )
-        await fleet.time.advance_to(start + PROBE_TIMEOUT)
-        expect(
-            (clients.router.statistics().down, [x.rid for x in fleet["c"].seen]),
-            (("a", "b"), ["r#1"]),
-            f"{story}. When the round ends: a and b are down at once, and r fails over "
-            "once, to c — never to b, whose probe was still out",
-        )
-        fleet["a"].probe_error = None
-        fleet["b"].resume()
-        await clients.finish()
-    expect_whole(clients.readers, want, "a failed its probe, b's timed out, in one round")
-
-
-@extended
-@rule("probe", "router-drain")
-@anyio_test
-async def test_stage3_a_draining_replica_is_probed_too_and_found_down() -> None:
-    fleet = Fleet(names=("a", "b"))
-    r = request("r", 6, 12)
-    want = fleet.expected([r])
-    async with fleet.routing(
-        [r], stall_timeout_ns=WITHIN, probe_timeout_ns=PROBE_TIMEOUT
-    ) as clients:  # r on a
-        drained: list[int] = []
-
-        async def drain() -> None:
-            await clients.router.drain("a")
-            drained.append(fleet.now)
-
-        clients.tasks.start_soon(drain)
-        await fleet.time.advance_to(T0 + 3 * STEP_NS)
-        fleet["a"].stop()  # a stops answering: streams and probes alike
-        clients.tasks.start_soon(clients.router.check_health)
-        await fleet.time.advance_to(T0 + 3 * STEP_NS + PROBE_TIMEOUT)
-        probed = {name: len(fleet[name].probes) for name in ("a", "b")}
-        assert probed == {"a": 1, "b": 1}, (
-            f"probe: every replica is probed, a draining one too: probes received {probed}"
-        )
-        stats = clients.router.statistics()
-        assert stats.down == ("a",) and [x.rid for x in fleet["b"].seen] == ["r#1"], (
-            "probe: a is draining with r in flight, and stopped: its probe goes unanswered "
-            f"for probe_timeout_ns={PROBE_TIMEOUT}, so a is down and r fails over to b at "
-            f"that instant; got down={stats.down}, b saw {[x.rid for x in fleet['b'].seen]}"
-        )
-        await fleet.time.settle()
-        assert drained == [T0 + 3 * STEP_NS + PROBE_TIMEOUT], (
-            f"router-drain: r left a at the failover, so drain('a') returns then; returned "
-            f"at {[t - T0 for t in drained]}"
-        )
-        fleet["a"].resume()
-        await clients.finish()
-    expect_whole(clients.readers, want, "a stopped while draining, found down by a probe")
-
-
-@extended
-@rule("probe")
-@anyio_test
-async def test_stage3_the_router_probes_on_its_own_and_brings_a_restarted_replica_back() -> None:
-    fleet = Fleet()
-    interval = 1_000 * STEP_NS
-    async with fleet.routing(probe_interval_ns=interval, probe_timeout_ns=PROBE_TIMEOUT) as clients:
-        fleet["c"].kill()
-        await fleet.time.run_until(
-            lambda: clients.router.statistics().down == ("c",),
-            within_ns=2 * interval + PROBE_TIMEOUT,
-            what="the router's own probe to find c dead",
-        )
-        fleet["c"].restart()
-        await fleet.time.run_until(
-            lambda: clients.router.statistics().down == (),
-            within_ns=2 * interval + PROBE_TIMEOUT,
-            what="the router's own probe to find c back after its restart",
-        )
-
-
-@extended
-@rule("probe", "route-history")
-@anyio_test
-async def test_stage3_a_replica_back_from_the_dead_is_not_routed_for_its_old_cache() -> None:
-    fleet = Fleet(names=("a", "b"))
-    prompt = shared(1, 4, 2, 0)
-    first, again = Request("r1", prompt, 2), Request("r2", (*prompt[:-1], 5), 2)
-    async with fleet.routing(affinity_threshold=0.5) as clients:
-        await fleet.consume(clients.router.generate(first))
-        assert fleet["a"].seen and fleet["a"].seen[0].rid == "r1"
-        fleet["a"].restart()
-        clients.router.replicas.mark_down("a")
-        await clients.router.check_health()
-        assert clients.router.statistics().down == ()
-        stream = clients.router.generate(again)
-        why = clients.router.statistics().by_affinity
-        await fleet.consume(stream)
-    assert why == 0, (
-        "a restarted (its cache is empty) and was marked down, then up: the router forgot "
-        "what it had sent there, so r2 is routed by load, not by affinity; by_affinity = "
-        f"{why}"
-    )
-
-
 # -- clients that leave ------------------------------------------------------------------------
 
 
@@ -1222,13 +857,22 @@ async def test_stage3_a_failure_no_replica_could_take_still_counts_as_a_failover
         ("balance_rel", 0.9),
         ("affinity_threshold", 2),
         ("clock", object()),
+        pytest.param("clock", ReadOnlyClock(), id="clock-that-cannot-wait"),
     ],
 )
 def test_stage3_the_router_refuses_a_nonsense_configuration(param: str, value: Any) -> None:
     fleet = Fleet()
     wrong = (TypeError, ValueError) if value is True else ValueError  # not an int: either
     with pytest.raises(wrong, match=param):
-        fleet.router(**{param: value})
+        try:
+            fleet.router(**{param: value})
+        except wrong:
+            raise
+        except Exception as error:  # it got past the check, and broke further on
+            raise AssertionError(
+                f"router-bad-input: Router({param}={value!r}) must be refused by the "
+                f"constructor's checks ({wrong}) naming {param}; it raised {error!r}"
+            ) from None
 
 
 @extended

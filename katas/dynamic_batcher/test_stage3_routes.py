@@ -410,6 +410,8 @@ def test_stage3_routes_a_replica_marked_down_forgets_its_history() -> None:
         ("names", ["a", ""]),
         ("block_size", 0),
         ("balance_abs_tokens", -1),
+        ("balance_abs_tokens", True),  # a bool is no number of tokens
+        ("history_blocks", True),
         ("balance_rel", 0.5),
         ("affinity_threshold", 0.0),
         ("affinity_threshold", 1.5),
@@ -429,7 +431,8 @@ def test_stage3_routes_refuse_a_nonsense_configuration(param: str, value: Any) -
         names = value
     else:
         options[param] = value
-    with pytest.raises(ValueError, match=param):
+    wrong = (TypeError, ValueError) if value is True else ValueError  # not a number: either
+    with pytest.raises(wrong, match=param):
         stage().ReplicaSet(names, **options)
 
 

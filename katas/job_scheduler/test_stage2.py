@@ -286,6 +286,13 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due(arrival: str) -
     with running(pool):
         if arrival == "submitted":
             clock.settle(others, set())  # the queue is empty: every worker waits, no deadline
+            waits = clock.deadlines()
+            check(
+                all(deadline is None for deadline in waits.values()),
+                "no-busy-waiting: with the queue empty there is nothing to wait for but a "
+                "submit, so every thread sleeps with no deadline (a timer of its own is "
+                f"polling); the deadlines they sleep until: {waits}",
+            )
             pool.submit("later", run_at_ns=START + 1_000)
         clock.advance(999)
         clock.settle(others, set())
@@ -299,6 +306,37 @@ def test_stage2_idle_workers_wake_when_a_scheduled_job_falls_due(arrival: str) -
             f"(through the clock), and submit wakes them whenever it enqueues, so that they "
             f"wait again until the new one; {pool.statistics()}",
         )
+
+
+@marks.rule("shutdown-grace", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_shutdown_returns_when_the_last_handler_finishes() -> None:
+    gate = AsyncGate()
+    clock, _, pool = new_async_pool(gate.handler, workers=1)
+    t0, stopped = clock.now_ns(), []
+
+    async def stop() -> None:
+        await pool.shutdown(1_000)
+        stopped.append(clock.now_ns() - t0)
+
+    async with running_async(pool, grace_ns=None), anyio.create_task_group() as tg:
+        pool.submit("job")
+        await eventually_async(lambda: pool.statistics().in_flight == 1, "the job running")
+        tg.start_soon(stop)
+        await eventually_async(lambda: pool.statistics().stopping, "shutdown begun")
+        clock.advance(10)
+        gate.event.set()  # the only handler returns at +10, well within the grace
+        await settle()
+        done_at = list(stopped)
+        clock.advance(990)  # whatever happens, the grace ends
+    check(
+        done_at == [10],
+        "shutdown-grace: shutdown(grace_ns=1000) with one job running; its handler returns "
+        "at +10. Shutdown waits until the running handlers have finished or the grace "
+        f"deadline has come, whichever first: expected it to return at +10; it had "
+        f"returned at {done_at or 'no time yet (still waiting)'}",
+    )
 
 
 @marks.rule("no-busy-waiting", "shutdown-grace")

@@ -147,7 +147,7 @@ def test_stage2_a_worker_waiting_for_a_free_slot_counts_as_idle() -> None:
     )
 
 
-@marks.rule("pool-statistics", "async-pool")
+@marks.rule("pool-statistics", "async-pool", "bounded-in-flight")
 @extended
 @anyio_test
 async def test_stage2_async_a_worker_waiting_for_a_free_slot_counts_as_idle() -> None:
@@ -164,12 +164,19 @@ async def test_stage2_async_a_worker_waiting_for_a_free_slot_counts_as_idle() ->
         gate.event.set()
         await settle()
         idle.append(pool.statistics().idle)
+        succeeded = pool.statistics().succeeded
     check(
         idle == [3, 2, 3] and stats.in_flight == 1,
         "async pool: idle counts the workers waiting — for a due job, or for a free "
         "max_in_flight slot: 3 workers, max_in_flight=1; expected idle 3, then 2 while one "
         f"job runs and another waits for the slot, then 3; got {idle} (in_flight "
         f"{stats.in_flight})",
+    )
+    check(
+        succeeded == 2,
+        "bounded-in-flight: 3 workers, max_in_flight=1, 2 jobs; once the first handler "
+        "returns, its slot is free and the worker waiting for it runs the second job at "
+        f"once: expected 2 succeeded; got {succeeded}",
     )
 
 

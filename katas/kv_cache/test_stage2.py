@@ -49,7 +49,7 @@ from katas.kv_cache._testing.caches import (
     lru,
     wrap,
 )
-from katas.kv_cache._testing.loaders import AsyncFlight, Loader, racing_tasks
+from katas.kv_cache._testing.loaders import AsyncFlight, AsyncLoader, Loader, racing_tasks
 from katas.kv_cache._testing.locks import (
     GRACE_S,
     PROMPTLY_S,
@@ -169,6 +169,41 @@ def test_stage2_every_waiter_gets_the_value_of_a_load_landing_as_it_wakes() -> N
 
 
 @core
+@rule("load-error")
+def test_stage2_every_waiter_gets_the_error_of_a_load_failing_as_it_wakes() -> None:
+    """The leader stops right after each lock it releases once its loader has raised,
+    until its waiters are done: a waiter that is woken before the error is handed to the
+    flight returns instead of raising, on every run."""
+    cache = concurrent()
+    boom = RuntimeError("model server 503")
+    waiters: list[Thread] = []
+
+    def load() -> object:
+        woken = lambda: all(not t.is_alive() for t in waiters)  # noqa: E731
+        pause_after_unlocks(type(cache).__module__, woken, woken)
+        raise boom
+
+    def call() -> object:
+        try:
+            return cache.get_or_load("k", loader)
+        except RuntimeError as e:
+            return e
+
+    loader = Loader(lambda n: load())
+    leader = spawn(call, "leader")
+    loading(cache, loader)
+    waiters += [spawn(call, f"waiter-{i}") for i in range(3)]
+    eventually(lambda: loads(cache).waiters == 3, "3 callers waiting for the load")
+    loader.release.set()
+    got = [t.outcome("a caller of a failing load must return") for t in [leader, *waiters]]
+    assert all(r is boom for r in got), (
+        f"load-error: the loader raised {boom!r}; the leader and its 3 waiters must each "
+        f"raise that very exception — hand the error to the flight before waking its "
+        f"waiters; they got {got}"
+    )
+
+
+@core
 @rule("load-reentrant", "load-error")
 def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
     cache = concurrent()
@@ -277,6 +312,36 @@ def test_stage2_on_evict_and_weigh_run_outside_the_lock() -> None:
     assert not blocked, (
         f"{blocked} ran while the cache's lock was held: another thread's get "
         "blocked. Call weigh before taking the lock, and run on_evict after releasing it"
+    )
+
+
+@core
+@rule("no-user-code-under-lock")
+def test_stage2_on_evict_may_wait_for_another_threads_eviction() -> None:
+    """on_evict waits for another thread whose put evicts too, and so calls on_evict
+    itself: neither call may wait for the other."""
+    heard: list[object] = []
+    blocked: list[str] = []
+
+    def on_evict(key: object, value: object, cause: RemovalCause) -> None:
+        heard.append(key)
+        if key == "a":  # the first eviction waits for another thread's
+            other = threading.Thread(target=lambda: cache.put("c", 3), daemon=True)
+            other.start()
+            other.join(1.0)
+            if other.is_alive():
+                blocked.append("put('c', 3)")
+
+    cache = concurrent(1, on_evict=on_evict)
+    cache.put("a", 1)
+    cache.put("b", 2)  # evicts a
+    check(
+        not blocked and heard == ["a", "b"],
+        "no-user-code-under-lock: a cache of 1; put a, then b (evicts a); on_evict('a') "
+        "waits for another thread's put('c', 3), which evicts b and calls on_evict('b'). "
+        "A callback that uses the cache from another thread must not block: expected on_evict "
+        f"for a, then b, and no wait; got on_evict for {heard}"
+        + (f", and {blocked[0]} still blocked after 1 s" if blocked else ""),
     )
 
 
@@ -1073,6 +1138,45 @@ async def test_stage2_async_get_or_load_hits_a_cached_falsy_value() -> None:
             f"cached {value!r} is a hit — expected {[value] * 4} with 1 loader call and 3 "
             f"hits; got {got} with {len(calls)} loader calls, {stats}",
         )
+
+
+@extended
+@rule("no-user-code-under-lock", "async-cancelled-waiter")
+@anyio_test
+async def test_stage2_async_a_waiter_hands_on_what_its_read_removed() -> None:
+    """The second miss of a key being loaded finds the key's entry (written during the
+    load) expired, joins the flight, and is cancelled while it waits: the EXPIRED its read
+    caused is handed on by that call, before it ends."""
+    clock, log = ManualClock(START), Log()
+    cache = stage(2).AsyncCache(stage(1).TTLCache(3, TTL, clock=clock, on_evict=log))
+    loader = AsyncLoader()
+    scopes: list[anyio.CancelScope] = []
+
+    async def waiter() -> None:
+        with anyio.CancelScope() as scope:
+            scopes.append(scope)
+            await cache.get_or_load("k", loader)
+
+    async with racing_tasks() as tg:
+        tg.start_soon(cache.get_or_load, "k", loader)  # the leader: 'k' is missing
+        await eventually_async(lambda: loads(cache).in_flight == 1, "the load in flight")
+        cache.put("k", "written meanwhile")
+        clock.advance(TTL)  # that entry's deadline
+        log.take()
+        tg.start_soon(waiter)
+        await eventually_async(lambda: loads(cache).waiters == 1, "the second miss waiting")
+        scopes[0].cancel()
+        await eventually_async(lambda: loads(cache).waiters == 0, "the waiter gone")
+        heard = log.take()
+        loader.release.set()
+    check(
+        heard == [("k", "written meanwhile", EXPIRED)],
+        "no-user-code-under-lock: AsyncCache over a TTLCache; get_or_load('k') loading; "
+        "put('k', 'written meanwhile'); at its deadline a second get_or_load('k') finds it "
+        "expired, joins the flight, and is cancelled. The removal its read caused is handed "
+        "to on_evict by that call, before it ends: expected on_evict('k', 'written "
+        f"meanwhile', EXPIRED) by then; heard {heard}",
+    )
 
 
 @extended

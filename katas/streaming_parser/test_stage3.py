@@ -394,7 +394,7 @@ async def test_stage3_204_ends_the_stream_and_nothing_more_is_requested(
 
 @core
 @rule("fatal")
-@pytest.mark.parametrize("status", [301, 400, 401, 404, 428, 430, 499])
+@pytest.mark.parametrize("status", [301, 307, 400, 401, 404, 428, 430, 499])
 @processes
 async def test_stage3_a_status_no_retry_changes_is_fatal(replicas: ReplicaSet, status: int) -> None:
     result = await run(replicas, BLOCKS, [f"status:{status}"])
@@ -426,6 +426,7 @@ async def test_stage3_a_5xx_or_429_is_retried(replicas: ReplicaSet, status: int)
         pytest.param("text/plain", True, id="text-plain"),
         pytest.param("application/json", True, id="json"),
         pytest.param("text/event-streams", True, id="event-streams"),
+        pytest.param("none", True, id="no-content-type"),
         pytest.param("Text/Event-Stream; charset=utf-8", False, id="event-stream-with-charset"),
     ],
 )
@@ -440,7 +441,8 @@ async def test_stage3_only_a_200_event_stream_is_read(
     err = result.outcome
     check(
         isinstance(err, EventSourceError) and err.status == 200 and not result.events,
-        f"fatal: a 200 with Content-Type {content_type!r} is not an event stream: "
+        f"fatal: a 200 with Content-Type {content_type!r} (none: no such header) is not an "
+        f"event stream: "
         f"EventSourceError(status=200) and no event, got {err!r}\n{result.summary()}",
     )
     check(len(result.requests) == 1, f"fatal: it is not retried\n{result.summary()}")
@@ -663,13 +665,14 @@ async def test_stage3_retry_after_on_another_status_is_ignored(replicas: Replica
 
 @extended
 @rule("backoff")
+@pytest.mark.parametrize("retry", [250, 0])  # 0: reconnect at once, a value like any other
 @processes
 async def test_stage3_a_retry_in_an_event_cut_by_a_drop_sets_the_next_wait(
-    replicas: ReplicaSet,
+    replicas: ReplicaSet, retry: int
 ) -> None:
     blocks = [
         Block(b"id: 1\ndata: a\n\n", "1"),
-        Block(b"id: 2\nretry: 250\ndata: b\n\n", "2"),
+        Block(b"id: 2\nretry: %d\ndata: b\n\n" % retry, "2"),
         Block(b"id: 3\ndata: c\n\n", "3"),
     ]
     cut = len(blocks[0].raw) + blocks[1].raw.index(b"data")
@@ -677,10 +680,10 @@ async def test_stage3_a_retry_in_an_event_cut_by_a_drop_sets_the_next_wait(
     expect_exactly_once(result, blocks, "a reset after event 2's retry: line, before its data")
     expect_waits(
         result,
-        [250, 250],
-        "the connection was reset after event 2's `retry: 250` line but before its blank "
-        "line: retry is in force from its line on (stage 1's retry_ms), so the reconnection "
-        "waits d = 250, not retry_ms=1000 — and again after the stream",
+        [retry, retry],
+        f"the connection was reset after event 2's `retry: {retry}` line but before its "
+        f"blank line: retry is in force from its line on (stage 1's retry_ms), so the "
+        f"reconnection waits d = {retry}, not retry_ms=1000 — and again after the stream",
     )
 
 
@@ -929,26 +932,34 @@ async def test_stage3_leaving_the_block_closes_the_response(replicas: ReplicaSet
 
 @extended
 @rule("aclose")
-@pytest.mark.parametrize("when", ["before-any-anext", "after-an-event"])
+@pytest.mark.parametrize(
+    "when", ["before-any-anext", "after-an-event", "with-an-event-queued", "by-leaving-the-block"]
+)
 @processes
 async def test_stage3_after_aclose_every_anext_ends_and_nothing_is_requested(
     replicas: ReplicaSet, when: str
 ) -> None:
-    replicas.reset(BLOCKS)
+    # with-an-event-queued: events 1 and 2 come in one send, then the replica holds; the
+    # first __anext__ returns event 1, and event 2 waits in the source.
+    replicas.reset(BLOCKS, [f"hold:{ENDS[1]}"] if when == "with-an-event-queued" else [])
     got = []
     async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
         source = new_source(client, replicas.urls)
         with bounded(f"aclose() {when}, then three __anext__ calls"):
-            if when == "after-an-event":
-                got.append(await source.__anext__())
-            await source.aclose()
+            if when == "by-leaving-the-block":
+                async with source:
+                    got.append(await source.__anext__())
+            else:
+                if when != "before-any-anext":
+                    got.append(await source.__anext__())
+                await source.aclose()
             after = [await next_outcome(source) for _ in range(3)]
         await settle()
     requests = replicas.requests()
     check(
         got == events_of(BLOCKS)[: len(got)] and after == [END] * 3,
         f"aclose: after aclose() ({when}), every __anext__ raises StopAsyncIteration at "
-        f"once; got {after}",
+        f"once (what was buffered is dropped); got {after}",
     )
     check(
         len(requests) == len(got),
@@ -969,6 +980,7 @@ async def test_stage3_after_aclose_every_anext_ends_and_nothing_is_requested(
         ("urls", None, "http://127.0.0.1:1/stream"),
         ("urls", None, [""]),
         ("urls", None, [1]),
+        ("urls", None, {"http://127.0.0.1:1/stream"}),  # a set: no order to fail over in
         ("retry_ms", 0, None),
         ("retry_ms", 1.5, None),
         ("max_backoff_ms", 0, None),

@@ -43,6 +43,13 @@ def fixed_step(ns: int = STEP_NS) -> Callable[[StepOutput], int]:
     return lambda out: ns
 
 
+class ReadOnlyClock:
+    """A clock that tells the time and cannot wait: not a waiting clock (bad input)."""
+
+    def now_ns(self) -> int:
+        return T0
+
+
 @dataclass
 class Rig:
     """An engine over the learner's stage-1 batcher, in virtual time."""

@@ -104,6 +104,7 @@ class SimReplica:
         self._running.set()
         self._fault: tuple[str, int] | None = None  # die after this token of this request
         self._breaks: dict[str, int] = {}
+        self._quiet_ends: dict[str, int] = {}
         self._refusals: list[int] = []  # retry hints of the next connections refused
         self._babbles: set[str] = set()
         self.probes: list[int] = []  # the instant of every health probe it received
@@ -179,6 +180,11 @@ class SimReplica:
     def break_stream(self, rid: str, *, after: int) -> None:
         self._breaks[rid] = after
 
+    def end_quietly(self, rid: str, *, after: int) -> None:
+        """End ``rid``'s stream cleanly after ``after`` tokens, with no finish reason (a
+        replica that closed the response early, or sent ``[DONE]`` too soon)."""
+        self._quiet_ends[rid] = after
+
     def babble(self, rid: str) -> None:
         """Send one token more than ``rid``'s budget, with its last event."""
         self._babbles.add(rid)
@@ -226,6 +232,9 @@ class SimReplica:
         broken = self._breaks.get(rid)
         if broken is not None and had + len(tokens) >= broken:
             return broken - had, "break"
+        quiet = self._quiet_ends.get(rid)
+        if quiet is not None and had + len(tokens) >= quiet:
+            return quiet - had, "end"
         return None
 
 
@@ -285,6 +294,13 @@ class SimCompletion:
             if kind == "die":
                 r._fault = None
                 r.kill()
+            elif kind == "end":  # these tokens, then the stream just stops
+                del r._quiet_ends[client_rid]
+                self._over = True
+                if not tokens:
+                    raise StopAsyncIteration
+                self._had += len(tokens)
+                return tokens, None
             else:
                 del r._breaks[client_rid]
                 self._broken = f"replica {r.name!r}: a truncated event"

@@ -17,7 +17,8 @@ test reads the same two files in ``DIR``:
 - ``schedule.json``, what the next requests get, in the order they reach *any*
   replica (a counter under a file lock), for the test whose generation the request's
   path ends with (``/stream/<generation>``; a request of an earlier test gets 410):
-  ``serve``, ``status:<code>[:<retry-after>]``, ``type:<content type>``, ``cut:<n>``
+  ``serve``, ``status:<code>[:<retry-after>]`` (a 3xx redirects to the same path),
+  ``type:<content type>`` (``type:none``: no Content-Type at all), ``cut:<n>``
   (the first n bytes of the body, then a reset),
   ``end:<n>`` (n bytes, then a clean end of the response), ``hold:<n>`` (n bytes, then
   wait for ``go`` on stdin — or for the test's SIGKILL or SIGSTOP), ``silent`` (the
@@ -226,6 +227,8 @@ class Replica:
         if kind == "status":
             code, _, retry_after = arg.partition(":")
             extra = [("Retry-After", retry_after)] if retry_after else []
+            if code.startswith("3"):  # a client that follows it asks again
+                extra.append(("Location", path))
             await send(head(int(code), [("Content-Type", "text/plain"), *extra]))
             if code not in ("204", "304"):  # answers that have no body
                 await send(h11.Data(data=f"replica {self.name}: {code}\n".encode()))
@@ -241,7 +244,10 @@ class Replica:
             await send(head(204, []))
             await send(h11.EndOfMessage())
             return
-        await send(stream_head(arg if kind == "type" else "text/event-stream"))
+        if action == "type:none":
+            await send(head(200, [("Cache-Control", "no-cache")]))
+        else:
+            await send(stream_head(arg if kind == "type" else "text/event-stream"))
         if kind == "silent":
             await self._released(stream, f"{generation} {seq}")
             return
