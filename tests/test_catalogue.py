@@ -6,8 +6,8 @@ crash) — or, for a bug in a rule nearly every workload reaches (no backoff at 
 least half of them with every other failure an assertion too: a crash fails nearly
 everything, and by error. Both are judged on a seeded sample of the others
 (:mod:`_sampled`), which tells a crash from a bug as well as all of them would, in a
-fraction of the time: a small sample first, and a larger one only for an entry the small
-one calls a crash. Runs use the ``mutant`` hypothesis profile: derandomized, no
+fraction of the time: a small sample first, and a larger one only for an entry that
+fails one of the small sample's tests. Runs use the ``mutant`` hypothesis profile: derandomized, no
 shrinking. All entries start at once on a pool as wide as the machine; each test waits
 for its own.
 The sweep runs with ``pytest --catalogue`` (CI always adds it).

@@ -49,7 +49,13 @@ from katas.kv_cache._testing.caches import (
     lru,
     wrap,
 )
-from katas.kv_cache._testing.loaders import AsyncFlight, AsyncLoader, Loader, racing_tasks
+from katas.kv_cache._testing.loaders import (
+    AsyncFlight,
+    AsyncLoader,
+    Loader,
+    load_outcome,
+    racing_tasks,
+)
 from katas.kv_cache._testing.locks import (
     GRACE_S,
     PROMPTLY_S,
@@ -183,13 +189,8 @@ def test_stage2_every_waiter_gets_the_error_of_a_load_failing_as_it_wakes() -> N
         pause_after_unlocks(type(cache).__module__, woken, woken)
         raise boom
 
-    def call() -> object:
-        try:
-            return cache.get_or_load("k", loader)
-        except RuntimeError as e:
-            return e
-
     loader = Loader(lambda n: load())
+    call = partial(load_outcome, cache, "k", loader)
     leader = spawn(call, "leader")
     loading(cache, loader)
     waiters += [spawn(call, f"waiter-{i}") for i in range(3)]
@@ -241,14 +242,7 @@ def test_stage2_a_loader_exception_reaches_every_waiter_and_is_not_cached() -> N
         release.wait(DEADLINE_S)
         raise boom
 
-    def call() -> BaseException | None:
-        try:
-            cache.get_or_load("k", failing)
-        except RuntimeError as e:
-            return e
-        return None
-
-    threads = [spawn(call, f"t{i}") for i in range(5)]
+    threads = [spawn(partial(load_outcome, cache, "k", failing), f"t{i}") for i in range(5)]
     eventually(lambda: len(calls) >= 1, "a miss to call the loader")
     free_while_loading(cache, release.set)
     eventually(lambda: loads(cache).waiters == 4 or len(calls) > 1, "4 callers waiting")

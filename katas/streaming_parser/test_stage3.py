@@ -442,8 +442,8 @@ async def test_stage3_only_a_200_event_stream_is_read(
     check(
         isinstance(err, EventSourceError) and err.status == 200 and not result.events,
         f"fatal: a 200 with Content-Type {content_type!r} (none: no such header) is not an "
-        f"event stream: "
-        f"EventSourceError(status=200) and no event, got {err!r}\n{result.summary()}",
+        f"event stream: EventSourceError(status=200) and no event, got {err!r}\n"
+        f"{result.summary()}",
     )
     check(len(result.requests) == 1, f"fatal: it is not retried\n{result.summary()}")
 

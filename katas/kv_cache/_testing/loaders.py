@@ -13,7 +13,16 @@ import anyio.abc
 
 from katas._harness.waiting import DEADLINE_S
 from katas.kv_cache._testing.caches import async_cache
-from katas.kv_cache.api import AsyncLoadingCache
+from katas.kv_cache.api import AsyncLoadingCache, LoadingCache
+
+
+def load_outcome(cache: LoadingCache, key: str, loader: Callable[[], object]) -> object:
+    """``cache.get_or_load(key, loader)``'s value, or the ``RuntimeError`` it raised (a
+    failed load reaches every caller of its flight): what a caller's thread got."""
+    try:
+        return cache.get_or_load(key, loader)
+    except RuntimeError as error:
+        return error
 
 
 class Loader:

@@ -244,7 +244,7 @@ class Replica:
             await send(head(204, []))
             await send(h11.EndOfMessage())
             return
-        if action == "type:none":
+        if kind == "type" and arg == "none":
             await send(head(200, [("Cache-Control", "no-cache")]))
         else:
             await send(stream_head(arg if kind == "type" else "text/event-stream"))
