@@ -17,16 +17,22 @@ thread holds whatever lock it took around the call. :func:`pause_after_wakes` st
 thread right after each wake-up it sends (``Event.set``, ``Condition.notify``), so its
 waiters run before its next line: "wake, then write" is caught on every run;
 :func:`pause_after_unlocks` stops it right after each lock section it leaves, so the
-others run in the gap: "check, unlock, act" is caught too. Every wait has a hard deadline.
+others run in the gap: "check, unlock, act" is caught too; :func:`pause_in_updates`
+stops it between reading a field and writing it back (``self.waiting -= 1``), so an
+unlocked counter loses another thread's update on every run, and
+:func:`announce_waits` tells when a thread has gone to sleep in threading's waits.
+Every wait has a hard deadline.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
 import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator
+from types import FrameType
 from typing import Any, TypeVar
 
 from katas._harness.waiting import DEADLINE_S, eventually
@@ -235,4 +241,101 @@ def pause_after_unlocks(
     sys.setprofile(stop_after_an_unlock)
 
 
-__all__ = ["Gate", "Parked", "pause_after_unlocks", "pause_after_wakes"]
+#: The reads and writes of a field :func:`_updates` pairs: an attribute's (by name), a
+#: subscript's (any: ``d[k] += 1`` reads and writes whatever ``d[k]`` is).
+_READS, _WRITES = (
+    frozenset({"LOAD_ATTR", "BINARY_SUBSCR"}),
+    frozenset({"STORE_ATTR", "STORE_SUBSCR"}),
+)
+
+
+def _field(ins: dis.Instruction) -> object:
+    return ins.argval if ins.opname.endswith("_ATTR") else "[]"
+
+
+def _updates(code: Any) -> frozenset[int]:
+    """Where ``code`` writes back a field it read on the same line: the offsets of each
+    ``STORE_ATTR`` of an attribute loaded on its line (``self.n -= 1``, ``self.n = self.n
+    + 1``) and each ``STORE_SUBSCR`` after a subscript read on its line (``d[k] += 1``)."""
+    found: set[int] = set()
+    read_on: dict[int | None, set[object]] = {}
+    for ins in dis.get_instructions(code):
+        line = ins.positions.lineno if ins.positions else None
+        if ins.opname in _READS:
+            read_on.setdefault(line, set()).add(_field(ins))
+        elif ins.opname in _WRITES and _field(ins) in read_on.get(line, ()):
+            found.add(ins.offset)
+    return frozenset(found)
+
+
+def pause_in_updates(
+    module: str, woken: Callable[[], bool], done: Callable[[], bool], deadline_s: float = 0.05
+) -> None:
+    """From now on, the calling thread stops right before each write of a field it read
+    on the same line (``self.waiting -= 1``, ``counts[key] += 1``) in the code of
+    ``module``, until ``woken()`` holds or ``deadline_s`` has passed; once ``done()``
+    holds it stops no more.
+
+    An update made outside the lock that guards the field loses the updates other
+    threads make while it stands between its read and its write — on every run, where a
+    switch interval would cut it there once in a million. Inside the lock the others
+    wait, and the stop ends at its deadline. Call it from the thread under test.
+    """
+    offsets: dict[Any, frozenset[int]] = {}
+
+    def stop_before_a_write(frame: Any, event: str, arg: Any) -> Any:
+        if event != "opcode":
+            return stop_before_a_write
+        code = frame.f_code
+        where = offsets.get(code)
+        if where is None:
+            where = offsets[code] = _updates(code)
+        if frame.f_lasti in where:
+            if done():
+                sys.settrace(None)
+                frame.f_trace = None
+                return None
+            deadline = time.monotonic() + deadline_s
+            while not woken() and time.monotonic() < deadline:
+                time.sleep(0.0005)
+        return stop_before_a_write
+
+    def in_module(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_globals.get("__name__") != module:
+            return None
+        frame.f_trace_opcodes = True
+        return stop_before_a_write
+
+    sys.settrace(in_module)
+    # The module's frames already running stop too: a handler or a loader calls this,
+    # and the code that called it does its updates once it returns.
+    caller: FrameType | None = sys._getframe(1)
+    while caller is not None:
+        if caller.f_globals.get("__name__") == module:
+            caller.f_trace_opcodes = True
+            caller.f_trace = stop_before_a_write
+        caller = caller.f_back
+
+
+def announce_waits(asleep: threading.Event) -> None:
+    """From now on, the calling thread sets ``asleep`` whenever it starts waiting in
+    threading's ``wait`` (an ``Event``'s, a ``Condition``'s): the moment another thread
+    may act on the state it left behind. Call it from that thread."""
+
+    def on_wait(frame: Any, event: str, arg: object) -> None:
+        if event != "call" or frame.f_code.co_name != "wait":
+            return
+        if frame.f_globals.get("__name__") == "threading":
+            asleep.set()
+
+    sys.setprofile(on_wait)
+
+
+__all__ = [
+    "Gate",
+    "Parked",
+    "announce_waits",
+    "pause_after_unlocks",
+    "pause_after_wakes",
+    "pause_in_updates",
+]

@@ -42,7 +42,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from katas._harness import marks
 from katas._harness.interleave import Gate as InterleaveGate
-from katas._harness.interleave import pause_after_unlocks
+from katas._harness.interleave import announce_waits, pause_after_unlocks, pause_in_updates
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.profiles import heavy_examples
 from katas._harness.resting import WatchedClock, rest_on, wait_at
@@ -268,6 +268,45 @@ def test_stage2_a_claimed_job_takes_its_slot_in_the_claims_own_lock_section() ->
         )
         gate.event.set()
         eventually(lambda: pool.statistics().succeeded == 2, "both jobs succeeded")
+
+
+@marks.rule("pool-statistics", "handler-acked", "handler-error-nacked")
+@core
+@pytest.mark.parametrize("outcome", ["succeeded", "failed"])
+def test_stage2_two_workers_finishing_at_once_are_both_counted(outcome: str) -> None:
+    """Two workers, two jobs, both handlers return (or raise) together. Once its handler
+    is done, the first worker stops between reading any count and writing it back,
+    while the second finishes and goes back to sleep: both are counted (a count updated
+    outside the lock would write the second's over with the first's)."""
+    paused, asleep = threading.Event(), threading.Event()
+    module = stage(2).ThreadWorkerPool.__module__
+
+    def woken() -> bool:  # asked by the first worker before each write-back
+        paused.set()
+        return asleep.is_set()
+
+    def handler(lease: Lease, payload: object) -> object:
+        if payload == "first":
+            pause_in_updates(module, woken, asleep.is_set, 0.2)
+        else:
+            paused.wait(DEADLINE_S)  # the first worker stands in its first write-back
+            announce_waits(asleep)  # from here: this worker's next sleep is its idle wait
+        if outcome == "failed":
+            raise RuntimeError(f"{payload} failed")
+        return payload
+
+    _, queue, pool = new_pool(handler, workers=2)
+    queue.enqueue("first")
+    queue.enqueue("second")
+    with running(pool):
+        eventually(lambda: pool.statistics().idle == 2, "both workers idle again")
+        stats = pool.statistics()
+    check(
+        (stats.claimed, getattr(stats, outcome)) == (2, 2),
+        f"two workers finish their jobs at once, the first stopped between reading each "
+        f"count and writing it back while the second finishes: pool-statistics counts "
+        f"exactly, 2 claimed and 2 {outcome}; got {stats}",
+    )
 
 
 @marks.rule("no-busy-waiting")

@@ -25,7 +25,14 @@ import anyio
 import pytest
 
 from katas._harness.history import Call, check_per_key
-from katas._harness.interleave import Gate, Parked, pause_after_unlocks, pause_after_wakes
+from katas._harness.interleave import (
+    Gate,
+    Parked,
+    announce_waits,
+    pause_after_unlocks,
+    pause_after_wakes,
+    pause_in_updates,
+)
 from katas._harness.marks import anyio_test, core, extended, rule
 from katas._harness.story import check
 from katas._harness.under_test import stage
@@ -891,6 +898,53 @@ def test_stage2_a_refused_reentrant_call_leaves_no_waiter_behind() -> None:
         (stats.in_flight, stats.waiters) == (0, 0),
         f"get_or_load('k') from inside k's own loader is refused (RuntimeError) and fails "
         f"that load: nobody waits, nothing is in flight; got {stats}",
+    )
+
+
+@core
+@rule("statistics", "exact-under-threads")
+def test_stage2_a_waiter_leaving_never_loses_another_callers_join() -> None:
+    """A waiter of 'a' is woken; it stops between reading any count and writing it back,
+    and meanwhile another caller joins the load of 'b'. The waiters count is exact: the
+    joiner is still counted once both are done (an unlocked ``-=`` would write over it)."""
+    cache, load_a, load_b = concurrent(), Loader(), Loader()
+    spawn(lambda: cache.get_or_load("a", load_a), "leader of 'a'")
+    loading(cache, load_a)
+    spawn(lambda: cache.get_or_load("b", load_b), "leader of 'b'")
+    loading(cache, load_b)
+    joiner_asleep = threading.Event()
+    joiners: list[Thread] = []
+
+    def join_b() -> object:
+        announce_waits(joiner_asleep)
+        return cache.get_or_load("b", load_b)
+
+    def woken() -> bool:  # asked by the paused waiter before each write-back
+        if not load_a.release.is_set():
+            return True  # still joining: no stop
+        if not joiners:
+            joiners.append(spawn(join_b, "joiner of 'b'"))
+        return joiner_asleep.is_set()
+
+    def wait_for_a() -> object:
+        pause_in_updates(type(cache).__module__, woken, lambda: False, deadline_s=0.2)
+        return cache.get_or_load("a", load_a)
+
+    waiter = spawn(wait_for_a, "waiter of 'a'")
+    eventually(lambda: loads(cache).waiters == 1, "a second miss of 'a' joins its flight")
+    load_a.release.set()
+    waiter.outcome("the waiter of 'a' returns once its load lands")
+    if not joiners:
+        joiners.append(spawn(join_b, "joiner of 'b'"))
+    eventually(lambda: loads(cache).waiters >= 1 or joiner_asleep.is_set(), "the joiner waits")
+    stats = loads(cache)
+    load_b.release.set()
+    joiners[0].outcome("the joiner of 'b' returns")
+    check(
+        stats.waiters == 1,
+        "loads of 'a' and 'b' in flight, a waiter on 'a'; 'a' lands, and while its waiter "
+        "leaves (stopped between reading a count and writing it back) a caller joins 'b'. "
+        f"Every count is exact under racing threads: 1 waiter (on 'b'), got {stats}",
     )
 
 
