@@ -393,12 +393,30 @@ def test_stage1_a_bad_weight_raises_and_changes_nothing(kind: str, weight: Any) 
     assert len(cache) == 0 and cache.statistics().weight == 0 and log.calls == []
 
 
+_BAD_WEIGHTS: list[tuple[str, dict[str, Any], type[Exception]]] = [
+    ("weigh-without-max_weight", {"weigh": len}, ValueError),
+    ("max_weight-zero", {"max_weight": 0}, ValueError),
+    ("max_weight-negative", {"max_weight": -1}, ValueError),
+    ("max_weight-float", {"max_weight": 1.5}, TypeError),
+]
+
+
 @extended
-@rule("weigh-needs-max-weight")
-def test_stage1_weigh_without_max_weight_is_refused() -> None:
-    with pytest.raises(ValueError) as raised:
-        make("LRUCache", 4, weigh=len)
-    assert "max_weight" in str(raised.value)
+@rule("weigh-needs-max-weight", "weight-capacity", "bad-parameters")
+@pytest.mark.parametrize("kind", ALL_KINDS)
+@pytest.mark.parametrize(("given", "error"), [pytest.param(*b[1:], id=b[0]) for b in _BAD_WEIGHTS])
+def test_stage1_bad_weight_parameters_raise_naming_max_weight(
+    kind: str, given: dict[str, Any], error: type[Exception]
+) -> None:
+    """On every cache: ``weigh`` without ``max_weight``, or a ``max_weight`` that is not an
+    int >= 1, is refused at construction with an error naming ``max_weight``."""
+    with pytest.raises(error) as raised:
+        make(kind, 4, **given)
+        raise AssertionError(f"{kind}(4, {given}) was accepted")
+    check(
+        "max_weight" in str(raised.value),
+        f"{kind}(4, {given}): the {error.__name__} must name max_weight: {raised.value!r}",
+    )
 
 
 @extended
@@ -915,6 +933,30 @@ def test_stage1_without_max_weight_a_weight_is_ignored(kind: str) -> None:
             (stats.size, stats.weight) == (2, 2) and list(cache) == ["a", "b"],
             f"{steps}; without max_weight every entry weighs 1 (weight= is ignored): {stats}",
         )
+
+
+@extended
+@rule("put-weight", "weight-capacity", "stats")
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_stage1_with_max_weight_and_no_weigh_a_weight_given_counts(kind: str) -> None:
+    """``weigh`` defaults to 1 per entry, yet a weight given to ``put`` is the weight
+    computed beforehand: it bounds the cache and is what ``statistics()`` sums."""
+    cache = make(kind, 10, max_weight=10)
+    cache.put("a", "x", weight=6)
+    cache.put("b", "y", weight=3)
+    steps = f"{kind}(10, max_weight=10) without weigh: put('a', weight=6), put('b', weight=3)"
+    stats = cache.statistics()
+    check(
+        (stats.size, stats.weight) == (2, 9),
+        f"{steps}: the weights given are the entries' weights, size 2 and weight 9; got {stats}",
+    )
+    cache.put("c", "z", weight=4)
+    stats = cache.statistics()
+    check(
+        sorted(cache) == ["b", "c"] and stats.weight == 7,
+        f"{steps}, put('c', weight=4): 13 > max_weight 10, so 'a' (least recently used, "
+        f"weight 6) is evicted and 7 remain; got keys {sorted(cache)}, {stats}",
+    )
 
 
 @core

@@ -351,6 +351,13 @@ def test_stage1_a_retry_that_is_not_ascii_digits_is_ignored(value: bytes) -> Non
         ([E(data="a")], 100),
         f"retry: {value!r} must be ignored: a with retry None, and retry_ms stays 100",
     )
+    got = p.feed(b"retry: 200\nretry: " + value + b"\ndata: b\n\n")
+    expect(
+        (got, p.retry_ms),
+        ([E(data="b", retry=200)], 200),
+        f"retry: 200, then retry: {value!r} in the same event: the second line is ignored, "
+        "so b keeps retry 200 (and retry_ms is 200)",
+    )
 
 
 # --- chunking and the end of a stream ----------------------------------------------------
@@ -426,6 +433,15 @@ def test_stage1_close_discards_the_unterminated_event_and_starts_a_new_stream() 
         p.feed(b"\ndata: d\n\n"),
         [E(data="d", id="3")],
         "a new stream's first LF is a blank line, not the old CR's LF",
+    )
+    p.feed(b"event: cut\nretry: 70\nid: 9\ndata: e")  # every field of an event, cut off
+    p.close()
+    expect(
+        p.feed(b"data: f\n\n"),
+        [E(data="f", id="3")],
+        "event: cut, retry: 70, id: 9 and data: e belonged to an event close() discarded: "
+        "the next stream's first event has the type message, no retry of its own and the "
+        "last event id (retry_ms did move to 70 at its line)",
     )
 
 
@@ -526,10 +542,11 @@ def test_stage1_a_refused_parser_refuses_every_call_close_included(
             out = refused_call()
         except ParseError as again:
             expect(
-                again.offset,
-                exc.offset,
+                (again.offset, again.events),
+                (exc.offset, ()),
                 f"limits: after {chunks!r} was refused ({limits}), {what} raises that same "
-                "error (ParseError.offset)",
+                "error (ParseError.offset); its events are the ones this call completed, "
+                "none (the first error handed on the events before it)",
             )
             continue
         pytest.fail(
@@ -561,6 +578,10 @@ def test_stage1_an_event_at_the_limit_passes_and_one_byte_more_is_refused() -> N
     exc, _ = refusal([b"data: a\n\ndata: 12345678\ndata: 9\n\n"], max_event_bytes=10)
     expect(exc.offset, 24, "the data line that breaks the limit starts at offset 24")
     expect(exc.events, (E(data="a"),), "the event before it is kept (ParseError.events)")
+    # Bytes, not characters: "é" is 2 bytes, so "ééé" + LF is 7 bytes (4 characters).
+    expect(accepted(["data: ééé\n\n".encode()], max_event_bytes=7), [E(data="ééé")], "7 bytes")
+    exc, _ = refusal(["data: ééé\n\n".encode()], max_event_bytes=6)
+    expect(exc.offset, 0, "'ééé' + LF is 7 bytes (4 characters): past max_event_bytes=6")
 
 
 @extended
@@ -854,6 +875,26 @@ def test_stage1_tool_call_fragments_join_their_own_call() -> None:
 
 
 @extended
+@rule("tool-calls", "choices")
+def test_stage1_each_choice_has_tool_calls_of_its_own() -> None:
+    """Two choices each call a tool at index 0, their fragments interleaved: a tool
+    call's index counts inside its choice, so each choice lists its own call."""
+    result = assemble(
+        [
+            chunk(delta(0, tool_calls=[call(0, '{"a"', "call_a", "f")])),
+            chunk(delta(1, tool_calls=[call(0, '{"b"', "call_b", "g")])),
+            chunk(delta(1, tool_calls=[call(0, ": 2}")]), delta(0, tool_calls=[call(0, ": 1}")])),
+        ]
+    )
+    expect(
+        [[(t.index, t.id, t.name, t.arguments) for t in c.tool_calls] for c in result.choices],
+        [[(0, "call_a", "f", '{"a": 1}')], [(0, "call_b", "g", '{"b": 2}')]],
+        "choices 0 and 1 each call a tool at index 0, interleaved: each choice's tool "
+        "calls are its own (keyed by the index inside the choice)",
+    )
+
+
+@extended
 @rule("tool-calls")
 def test_stage1_a_tool_calls_id_and_name_come_from_the_first_fragment_that_has_them() -> None:
     result = assemble(
@@ -994,6 +1035,33 @@ MALFORMED = [
     pytest.param(
         '{"choices": [{"index": 0, "delta": {"content": "x"}, "finish_reason": 1}]}',
         id="valid-delta-bad-finish-reason",
+    ),
+    # Every string field of a delta, a tool call and the chunk, and every nested shape.
+    pytest.param('{"choices": [{"index": 0, "delta": {"role": 1}}]}', id="role-not-str"),
+    pytest.param('{"choices": [{"index": 0, "delta": {"refusal": 7}}]}', id="refusal-not-str"),
+    pytest.param('{"model": 3, "choices": []}', id="model-not-str"),
+    pytest.param('{"choices": [{"index": -1, "delta": {}}]}', id="index-negative"),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"tool_calls": {"index": 0}}}]}',
+        id="tool-calls-not-a-list",
+    ),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": 9}]}}]}',
+        id="tool-call-id-not-str",
+    ),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"tool_calls": '
+        '[{"index": 0, "function": {"name": ["f"]}}]}}]}',
+        id="tool-call-name-not-str",
+    ),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"tool_calls": '
+        '[{"index": 0, "function": {"arguments": {"a": 1}}}]}}]}',
+        id="tool-call-arguments-not-str",
+    ),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": "f"}]}}]}',
+        id="tool-call-function-not-an-object",
     ),
 ]
 
