@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from katas._harness.marks import core, extended, rule
-from katas._harness.story import check, expect
+from katas._harness.story import check, expect, not_refused
 from katas.rate_limiter._testing.limiters import (
     DECISION_RULES,
     S_,
@@ -527,6 +527,55 @@ def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> Non
         stage_module.MultiLimiter({})
 
 
+@rule("multi-costs", "multi-refund", "bad-cost")
+@extended
+def test_stage1_multi_limiter_refund_and_sweep_act_on_every_limit(stage_module: ModuleType) -> None:
+    """Two limits. A refund is validated whole before any limit gets units back (a bad
+    entry after a good one changes nothing), may name a limit with 0 or name none (a
+    completion that used all it reserved), and sweep() adds up what every limit forgot."""
+    clock = ManualClock(START_NS)
+    limits = {
+        name: stage_module.TokenBucket(capacity=10, refill_per_s=1, clock=clock, auto_sweep=False)
+        for name in ("requests", "tokens")
+    }
+    multi: MultiRateLimiter = stage_module.MultiLimiter(limits)
+    multi.try_acquire("alice", {"requests": 4, "tokens": 4})
+    before = {name: state_of(limit, "alice", 10) for name, limit in limits.items()}
+    story = "requests and tokens, 10 each; try_acquire('alice', 4 of each)"
+    bad: list[object] = [
+        {"requests": 1, "tokens": -1},
+        {"requests": 1, "nope": 1},
+        {"requests": 1, "tokens": 1.0},
+        {"requests": 1, "tokens": True},
+        [("requests", 1)],
+    ]
+    for costs in bad:
+        for name in ("try_acquire", "peek", "refund"):
+            with pytest.raises((ValueError, TypeError), match="costs"):
+                getattr(multi, name)("alice", costs)
+                check(False, f"{story}; {name}('alice', {costs!r}) was accepted")
+    after = {name: state_of(limit, "alice", 10) for name, limit in limits.items()}
+    expect(after, before, f"{story}; calls with bad costs (each refused) change no limit")
+    for costs in ({"requests": 0}, {}, {"requests": 0, "tokens": 0}):
+        with not_refused(f"{story}; refund('alice', {costs!r}): nothing to give back"):
+            multi.refund("alice", costs)
+    expect({n: state_of(limit, "alice", 10) for n, limit in limits.items()}, before, "no change")
+    multi.refund("alice", {"tokens": 3})
+    expect(
+        (
+            state_of(limits["requests"], "alice", 10).remaining,
+            state_of(limits["tokens"], "alice", 10).remaining,
+        ),
+        (6, 9),
+        f"{story}; refund('alice', {{'tokens': 3}}): only tokens gets its units back",
+    )
+    multi.try_acquire("bob", {"requests": 1})
+    multi.try_acquire("carol", {"tokens": 1})
+    clock.advance(100 * S_)  # everyone is fresh again
+    expect(multi.sweep(), 4, "sweep() is the total over all limits: alice in both, bob, carol")
+    expect(multi.sweep(), 0, "and a second sweep at the same instant forgets nothing")
+
+
 # --------------------------------------------------------------------------------------
 # The Retry-After header
 # --------------------------------------------------------------------------------------
@@ -544,6 +593,9 @@ def test_stage1_retry_after_header_rounds_up_to_whole_seconds(stage_module: Modu
         (D(False, 1, 0, None, 0), None),
         (D(True, 1, 0, 0, S_), None),
         (MultiDecision(False, 2_500_000_000, {}), "3"),
+        # Exact for any int: a float division loses the last nanoseconds past 2**53 ns.
+        (D(False, 1, 0, 10**18 + 1, 10**18 + 1), "1000000001"),
+        (D(False, 1, 0, 10**18, 10**18), "1000000000"),
     ]
     for decision, want in cases:
         expect(
@@ -602,6 +654,9 @@ BAD_CONFIG: list[tuple[str, str, object]] = [
     ("FixedWindow", "limit", 0),
     ("FixedWindow", "window_ns", 0),
     ("FixedWindow", "align", "sliding"),
+    ("FixedWindow", "align", "EPOCH"),
+    ("FixedWindow", "align", "First_Hit"),
+    ("FixedWindow", "align", None),
     ("SlidingWindowCounter", "limit", -1),
     ("SlidingWindowCounter", "window_ns", 0),
 ]

@@ -922,6 +922,83 @@ def test_stage1_a_refund_is_a_write_a_clock_step_back_pauses_at(
         )
 
 
+@rule("clock-step-back", "refund-capped", "reset-after", "refund-newest")
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_a_refund_while_the_clock_is_behind_neither_mints_nor_burns(
+    stage_module: ModuleType, algo: Algo
+) -> None:
+    # Refunds made while the clock stands behind the key's last write (the key is
+    # paused), down to an empty key, and what the key answers meanwhile: its reset and
+    # retry still count the catch-up time, even once it holds nothing.
+    setup = Setup(algo, limit=3, rate=Fraction(1, 10), window_ns=10 * S_)
+    clock = ManualClock(START_NS)
+    scale = setup.scale_ns
+    ops = [
+        Op("acquire", n=2),
+        Op("advance", n=scale // 2),
+        Op("acquire", n=1),
+        Op("back", n=scale // 4),
+        Op("refund", n=1),
+        Op("peek", n=1),
+        Op("peek", n=4),
+        Op("refund", n=3),
+        Op("peek", n=4),
+        Op("peek", n=3),
+        Op("acquire", n=3),
+        Op("advance", n=scale),
+        Op("peek", n=1),
+    ]
+    run_against_model(
+        setup.build(stage_module, clock), setup.model(), clock, ops, f"{setup}, one key:"
+    )
+
+
+@rule("peek-changes-nothing", "denial-consumes-nothing", "bad-cost", "refund-empty-key", "sweep")
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_reads_denials_and_refused_calls_store_no_key(
+    stage_module: ModuleType, algo: Algo
+) -> None:
+    """A peek, a denial, a refund or reset of a key that holds nothing, and a call refused
+    for its cost change nothing — memory included: a limiter that stored a key for each
+    would grow with every key an attacker merely asks about. sweep() finds none to forget."""
+    setup = Setup(algo, limit=3, rate=Fraction(1), window_ns=S_)
+    limiter = setup.build(stage_module, ManualClock(START_NS), auto_sweep=False)
+    limiter.peek("peeked", 1)
+    limiter.try_acquire("too-big", 4)
+    limiter.refund("refunded", 1)
+    limiter.reset("reset")
+    for name in ("try_acquire", "peek", "refund"):
+        with pytest.raises((TypeError, ValueError)):
+            getattr(limiter, name)(f"bad-{name}", 0)
+    expect(
+        limiter.sweep(),
+        0,
+        f"{setup} (auto_sweep=False): peek, a denied cost 4, a refund and a reset of keys "
+        "never admitted, and calls with cost 0 (refused): none of them stores a key, so "
+        "sweep() has nothing to forget",
+    )
+
+
+@rule("auto-sweep")
+@pytest.mark.parametrize("algo", by_algo())
+def test_stage1_auto_sweep_keeps_every_key_when_none_is_fresh(
+    stage_module: ModuleType, algo: Algo
+) -> None:
+    setup = Setup(algo, limit=3, rate=Fraction(1), window_ns=S_)
+    limiter = setup.build(stage_module, ManualClock(START_NS))
+    n = 1_000  # the stored keys double several times: each time an auto-sweep may run
+    for i in range(n):
+        limiter.try_acquire(f"user-{i}", 2)
+    first = state_of(limiter, "user-0", 3)
+    expect(
+        (limiter.tracked_keys(), first.remaining),
+        (n, 1),
+        f"{setup} with auto_sweep=True: {n} users each took 2 units at the same instant, so "
+        "no key is fresh and an auto-sweep may forget none of them (not even the oldest, "
+        "to bound memory): (tracked keys, user-0's remaining)",
+    )
+
+
 @core
 @rule("refund-capped")
 def test_stage1_token_bucket_refund_tops_up_a_partly_refilled_bucket(
