@@ -26,6 +26,7 @@ is-current, effect-fenced, retention).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +34,7 @@ from typing import Any
 import pytest
 
 from katas._harness.marks import core, extended, rule
-from katas._harness.story import Story, check, differences
+from katas._harness.story import Story, check, differences, not_refused
 from katas._harness.under_test import stage
 from katas.job_scheduler._testing.queues import (
     BASE,
@@ -509,6 +510,60 @@ def test_stage1_next_due_ns_tells_when_to_claim_next() -> None:
     assert queue.next_due_ns() == lease.expires_at_ns, (
         "with only leases out, next_due_ns is the earliest lease expiry (the job may "
         f"come back then): expected {lease.expires_at_ns - START}, got {rel(queue.next_due_ns())}"
+    )
+
+
+@rule("never-early", "claim-order")
+@core
+def test_stage1_a_run_at_in_the_past_is_that_time_even_zero() -> None:
+    """``run_at_ns`` is an absolute clock time and None means now: 0 (or any past time)
+    is a due time in the past, READY at once and ahead of a job due now."""
+    _, queue = new_queue()
+    now_job = queue.enqueue("due now")
+    zero = queue.enqueue("due at 0", run_at_ns=0)
+    earlier = queue.enqueue("due 5 ns ago", run_at_ns=START - 5)
+    got = [queue.get(j).run_at_ns for j in (now_job, zero, earlier)]
+    assert got == [START, 0, START - 5], (
+        f"enqueue at {START}: run_at_ns None, 0 and {START - 5} are due at {START}, 0 and "
+        f"{START - 5} (0 is a time, not 'unset'); the snapshots say {got}"
+    )
+    order = [claim(queue, "w").job_id for _ in range(3)]
+    assert order == [zero, earlier, now_job], (
+        f"equal priorities come out by due time: 0, then {START - 5}, then now; got "
+        f"{[queue.get(j).payload for j in order]}"
+    )
+
+
+@rule("stale-changes-nothing", "lease-live")
+@core
+def test_stage1_a_lease_with_a_token_never_issued_is_stale() -> None:
+    """Only the job's latest token is live: a token above it (a forged lease, one from
+    another queue whose job ids collide) is refused like an older one."""
+    _, queue = new_queue()
+    job_id = queue.enqueue("a")
+    lease = claim(queue, "w")
+    forged = dataclasses.replace(lease, token=lease.token + 1)
+    before = queue.get(job_id)
+    for name, call in {
+        "ack": lambda: queue.ack(forged, "forged"),
+        "nack": lambda: queue.nack(forged, "forged"),
+    }.items():
+        rejects(StaleLease, call, f"{name} with token {forged.token} (issued: {lease.token})")
+    assert queue.get(job_id) == before, "a refused lease changes nothing"
+    queue.ack(lease, "done")  # the real lease is still live
+
+
+@rule("bad-input", "failed-attempt")
+@core
+def test_stage1_an_empty_error_is_a_valid_error() -> None:
+    _, queue = new_queue()
+    job_id = queue.enqueue("a")
+    with not_refused("nack(lease, ''): error is a str, and an empty one is a str"):
+        queue.nack(claim(queue, "w"), "")
+    job = queue.get(job_id)
+    assert (job.state, job.last_error) == (SCHEDULED, ""), (
+        f"nack(lease, '') fails the attempt like any error: SCHEDULED for its retry, "
+        f"with the error '' recorded; got {job}"
     )
 
 

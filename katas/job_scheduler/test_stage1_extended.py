@@ -153,6 +153,10 @@ def test_stage1_release_refunds_the_attempt_and_keeps_the_place_in_line() -> Non
         f"release makes the job READY at its old due time with the attempt refunded "
         f"(the token stays issued), got {job}"
     )
+    assert (job.lease_expires_at_ns, job.worker_id) == (None, None), (
+        f"a snapshot shows lease_expires_at_ns and worker_id only while LEASED: the "
+        f"released job is READY, got {job}"
+    )
     rejects(StaleLease, lambda: queue.ack(lease), "ack of a released lease was accepted")
     again = queue.claim("w")
     assert again is not None and (again.job_id, again.attempt, again.token) == (first, 1, 2), (
@@ -225,6 +229,30 @@ def test_stage1_cancel_makes_the_lease_stale_and_the_job_final() -> None:
     queue.ack(claim(queue, "w"))
     assert queue.cancel(done) is False and queue.get(done).state is SUCCEEDED
     rejects(JobNotFound, lambda: queue.cancel("no-such-job"), "cancel of an unknown id")
+
+
+@rule("cancel", "next-due", "never-early")
+@extended
+def test_stage1_many_cancelled_scheduled_jobs_leave_the_others_on_time() -> None:
+    """Two hundred SCHEDULED jobs, most cancelled: next_due_ns skips the cancelled ones,
+    and every job kept becomes READY at its run_at_ns, however many cancels came first."""
+    clock, queue = new_queue()
+    jobs = [queue.enqueue(f"job-{i}", run_at_ns=START + 100 + i) for i in range(200)]
+    kept = jobs[150:]
+    for job_id in jobs[:150]:
+        queue.cancel(job_id)
+    check(
+        queue.next_due_ns() == START + 250,
+        f"200 jobs due at 100, 101, … 299, the first 150 cancelled: next_due_ns is the "
+        f"earliest run time of a job still SCHEDULED, 250; got {rel(queue.next_due_ns())}",
+    )
+    clock.advance(299)
+    got = [lease.job_id for lease in iter(lambda: queue.claim("w"), None)]
+    check(
+        got == kept,
+        f"at 299 every kept job is due: all 50 come out, by due time; got {len(got)} "
+        f"of them ({[queue.get(j).payload for j in got[:3]]}…)",
+    )
 
 
 @rule("cancel", "cancel-finished")
@@ -465,6 +493,35 @@ def test_stage1_idempotency_key_returns_the_first_job_within_its_ttl() -> None:
         "at first enqueue + dedup_ttl_ns the key is forgotten: a new job"
     )
     assert queue.enqueue("other", idempotency_key="order-8") not in (first, fresh)
+
+
+@rule("idempotency", "dedup-ttl-from-first", "bad-input")
+@extended
+def test_stage1_a_key_counts_from_its_first_enqueue_and_never_skips_validation() -> None:
+    """The TTL runs from the first enqueue, whenever its job is due; a retried enqueue is
+    still validated whole: a bad priority or run_at_ns raises even for a known key."""
+    clock, queue = new_queue(dedup_ttl_ns=500)
+    first = queue.enqueue("later", run_at_ns=START + 2_000, idempotency_key="k")
+    past = queue.enqueue("past", run_at_ns=START - 1_000, idempotency_key="p")
+    for bad in ({"priority": "high"}, {"priority": True}, {"run_at_ns": 1.5}):
+        word = next(iter(bad))
+        with pytest.raises(TypeError, match=word):
+            queue.enqueue("again", idempotency_key="k", **bad)
+            raise AssertionError(f"enqueue(idempotency_key='k', {bad}) was accepted")
+    clock.advance(499)
+    check(
+        queue.enqueue("again", idempotency_key="p") == past,
+        "a key whose job was due 1 000 ns before it was enqueued still dedups 499 ns "
+        "after its first enqueue: the TTL counts from the enqueue, not from the due time",
+    )
+    clock.advance(1)
+    fresh = queue.enqueue("again", idempotency_key="k")
+    check(
+        fresh != first,
+        "enqueued at 0 with run_at_ns 2 000 and dedup_ttl_ns 500: at 500 the key is "
+        "forgotten (the TTL counts from the first enqueue, not from when the job is due), "
+        f"so a new job is created; got the first id {first!r}",
+    )
 
 
 @rule("idempotency", "dedup-ttl-from-first")
