@@ -970,6 +970,91 @@ def test_stage1_bad_configurations_are_refused_by_name(name: str, options: dict[
     expect_refused_by_name(batcher, config, name, options, "stage1-bad-input")
 
 
+@extended
+@rule("stage1-bad-input", "static")
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        pytest.param("num_blocks", {"num_blocks": "64"}, id="blocks-a-str"),
+        pytest.param("num_blocks", {"num_blocks": True}, id="blocks-a-bool"),
+        pytest.param("block_size", {"block_size": 4.0}, id="block-size-a-float"),
+        pytest.param(
+            "max_num_batched_tokens", {"max_num_batched_tokens": True}, id="budget-a-bool"
+        ),
+        pytest.param(
+            "max_num_batched_tokens", {"max_num_batched_tokens": 8.0}, id="budget-a-float"
+        ),
+        pytest.param("batch_size", {"batch_size": True}, id="static-batch-a-bool"),
+        pytest.param("batch_size", {"batch_size": 2.0}, id="static-batch-a-float"),
+    ],
+)
+def test_stage1_a_setting_that_is_not_an_int_is_a_type_error_naming_it(
+    name: str, options: dict[str, Any]
+) -> None:
+    """A non-int setting is a ``TypeError`` naming it — checked before it is compared
+    with anything (the model's pool, the other settings), which would refuse it for the
+    wrong reason, or take ``True`` for 1."""
+    if name == "batch_size":
+        build: Any = partial(stage().StaticBatcher, model())
+        config: dict[str, Any] = {}
+    else:
+        build = partial(stage().ContinuousBatcher, model())
+        config = {"max_num_seqs": 4, "max_num_batched_tokens": 8, "num_blocks": 64, "block_size": 4}
+    with pytest.raises(TypeError) as caught:
+        build(**{**config, **options})
+        raise AssertionError(f"{options} was accepted")
+    check(name in str(caught.value), f"{options}: the TypeError must name {name}: {caught.value!r}")
+
+
+@extended
+@rule("stage1-bad-input")
+def test_stage1_a_pool_of_no_blocks_is_refused_naming_num_blocks() -> None:
+    with pytest.raises(ValueError) as caught:
+        stage().ContinuousBatcher(
+            model(), max_num_seqs=4, max_num_batched_tokens=8, num_blocks=0, block_size=4
+        )
+    check(
+        "num_blocks" in str(caught.value),
+        f"num_blocks=0 must be refused naming num_blocks: {caught.value!r}",
+    )
+
+
+@core
+@rule("finish", "metrics")
+def test_stage1_a_deadline_of_0_is_a_deadline() -> None:
+    b = batcher(model())
+    b.submit(req("A", 3, 4, deadline_ns=0))
+    out = b.step(0)
+    got = {m.rid: (m.finish_ns, m.finish_reason) for m in b.metrics()}
+    check(
+        dict(out.finished) == {"A": "deadline"} and got == {"A": (0, "deadline")},
+        "finish: a request with deadline_ns=0 (a time, not 'none') finishes at the first "
+        f"step at or past it, step(0), reason deadline; got {dict(out.finished)}, {got}",
+    )
+
+
+@core
+@rule("abort", "metrics")
+def test_stage1_an_abort_after_a_step_that_ran_nothing_finishes_at_that_step() -> None:
+    """Two requests run at step 1; both reach their deadline at step 5, which schedules
+    nothing (the model does not run). A request submitted and aborted after it finishes
+    at step 5's ``now_ns``: the step of the abort is the latest step, whatever it ran."""
+    b = batcher(model())
+    for rid in ("A", "B"):
+        b.submit(req(rid, 3, 9, deadline_ns=5 * STEP_NS))
+    b.step(STEP_NS)
+    out = b.step(5 * STEP_NS)
+    b.submit(req("C", 3, 4))
+    b.abort("C")
+    got = {m.rid: (m.finish_ns, m.finish_reason) for m in b.metrics()}.get("C")
+    check(
+        dict(out.scheduled) == {} and got == (5 * STEP_NS, "abort"),
+        f"A and B run at step 1 ({STEP_NS} ns) and reach their deadline at step 5 "
+        f"({5 * STEP_NS} ns), which runs nothing; C, submitted and aborted after it, "
+        f"finishes at step 5, reason abort; step 5 scheduled {dict(out.scheduled)}, C: {got}",
+    )
+
+
 # --- the C twin -------------------------------------------------------------------------------
 
 
