@@ -148,11 +148,11 @@ class Pool(Generic[T]):
     Every pool of the session shares one executor, two runs a core, because a run waits
     about as much as it computes (a cluster starting, a red test's deadline running
     out): the catalogue sweep took 435 s instead of about 600 s with one a core, with
-    the same verdicts. ``KATA_POOL_WIDTH`` sets another width (CI's ``--catalogue`` pass
-    runs three a core: 549 s instead of 631 s, the same verdicts). A module that defines
-    ``start_runs(items)`` and ``POOL_ORDER`` has its pool started as soon as the session
-    is collected (:func:`start_pools`), lowest order first, so its runs overlap the
-    checks that come before it.
+    the same verdicts. ``KATA_POOL_WIDTH`` sets another width: three a core took CI's
+    ``--catalogue`` pass from 631 s to 549 s, but a CPU-time ratio test failed once under
+    that load. A module that defines ``start_runs(items)`` and ``POOL_ORDER`` has its pool
+    started as soon as the session is collected (:func:`start_pools`), lowest order
+    first, so its runs overlap the checks that come before it.
     """
 
     def __init__(self, jobs: Mapping[Hashable, Callable[[], T]]) -> None:

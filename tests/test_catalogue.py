@@ -93,7 +93,7 @@ def _run(mutant: mutants.Mutant, base: Mapping[str, str], sampled: int) -> Runs:
             **embedded_env(base),
             **({ENV_SERVER: server} if server else {}),
             "KATA_PROFILE": "mutant",
-            # The sweep's load is its own pool, two or three runs a core, under which its tests'
+            # The sweep's load is its own pool, two runs a core, under which its tests'
             # deadlines were sized: stretching them would only slow the red runs.
             ENV_PATIENCE: "1",
             "PYTHONPATH": str(Path(__file__).parent),  # where -p _sampled is found
