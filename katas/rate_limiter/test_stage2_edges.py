@@ -1,0 +1,206 @@
+"""Stage 2, the edges of its rules (see katas/rate_limiter/README.md, "Stage 2"): a head
+waiter with a timeout still wakes when its units are due, a task whose units come exactly
+at its deadline is admitted, an async key with no waiters left is gone from the
+statistics, ``reset`` and ``tracked_keys`` do only what they say under the stripe, and a
+bad argument of the right type is a ``ValueError``, of the wrong type a ``TypeError``.
+
+Deterministic as ``test_stage2.py`` is (its docstring): a ``ManualClock``, waiters
+sequenced through ``statistics()``, hard deadlines, a thread parked inside the inner
+limiter.
+
+Map: head wake-ups (acquire-blocks, async-fifo) · the async queue's end (async-cancel,
+statistics) · ``reset`` under its stripe (striped-locks) · ``tracked_keys`` changes nothing
+(tracked-keys-inner, sweeping) · the kind of a bad argument (bad-arguments,
+async-bad-arguments).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import anyio
+import pytest
+
+from katas._harness.interleave import Gate
+from katas._harness.marks import anyio_test, core, extended
+from katas._harness.story import check, expect
+from katas._harness.under_test import stage
+from katas._harness.waiting import eventually_async, stays
+from katas.rate_limiter._testing.threads import (
+    bucket_limiter,
+    emptied_async_limiter,
+    enqueue,
+    enqueue_async,
+    spied_limiter,
+    start,
+)
+from katas.rate_limiter.api import NS_PER_S, ManualClock
+
+pytestmark = [pytest.mark.stage(2)]
+
+
+@pytest.mark.rule("acquire-blocks", "wait-through-clock")
+@core
+def test_stage2_a_head_with_a_long_timeout_is_admitted_when_its_units_are_due() -> None:
+    clock, limiter = bucket_limiter(1, refill_per_s=1)
+    assert limiter.try_acquire("k").allowed
+    head = enqueue(
+        limiter, "k", lambda: limiter.acquire("k", timeout_ns=10 * NS_PER_S), "timeout 10 s"
+    )
+    clock.advance(NS_PER_S)
+    check(
+        head.outcome("a head waiter whose unit is back after 1 s, its deadline at 10 s") is True,
+        "acquire-blocks: the head sleeps until its units are due or its deadline, whichever "
+        "comes first; its unit is back at 1 s, so it is admitted then",
+    )
+
+
+@pytest.mark.rule("async-fifo", "async-exact")
+@extended
+@anyio_test
+async def test_stage2_async_a_head_is_admitted_when_its_units_are_due_or_at_its_deadline() -> None:
+    clock, limiter = emptied_async_limiter()
+    results: dict[str, bool] = {}
+
+    async def wait(name: str, timeout_ns: int) -> None:
+        results[name] = await limiter.acquire("k", 1, timeout_ns=timeout_ns)
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", partial(wait, "timeout 10 s", 10 * NS_PER_S))
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: "timeout 10 s" in results, "the head admitted at 1 s")
+        await enqueue_async(tg, limiter, "k", partial(wait, "timeout 1 s", NS_PER_S))
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: len(results) == 2, "the second admitted at its deadline")
+    expect(
+        results,
+        {"timeout 10 s": True, "timeout 1 s": True},
+        "async-fifo: a task whose unit is due at 1 s with a 10 s timeout is admitted at 1 s "
+        "(its units are due before its deadline); a task whose unit is due exactly at its "
+        "deadline is admitted (it fits at now + timeout_ns)",
+    )
+
+
+@pytest.mark.rule("async-cancel", "statistics")
+@extended
+@anyio_test
+async def test_stage2_async_a_key_whose_last_waiter_left_has_no_queue() -> None:
+    clock, limiter = emptied_async_limiter()
+    results: list[bool] = []
+
+    async def impatient() -> None:
+        results.append(await limiter.acquire("k", 2, timeout_ns=NS_PER_S))
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", impatient)
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: results == [False], "the only waiter times out")
+    stats = limiter.statistics()
+    check(
+        (stats.waiters, stats.waiters_by_key) == (0, {}),
+        f"async-cancel: the only waiter on 'k' timed out: no task waits, so 'k' is absent "
+        f"from statistics (keys with none absent); got {stats}",
+    )
+    with anyio.fail_after(5):
+        admitted = await limiter.acquire("k", 1, timeout_ns=0)
+    check(
+        admitted,
+        "async-cancel: with its waiter gone and 1 unit back on hand, acquire('k', 1, "
+        "timeout_ns=0) is admitted: no queue is left for it to wait behind",
+    )
+
+
+@pytest.mark.rule("striped-locks", "refund-reset-wake")
+@core
+def test_stage2_reset_holds_its_stripe_around_the_inner_limiter() -> None:
+    gate = Gate("inside the inner limiter's reset()", limit=1)
+    _, spy, limiter = spied_limiter(gate, ("reset",))
+    a = start(partial(limiter.reset, "k"), "A: reset('k')")
+    gate.wait_arrived(1)
+    b = start(partial(limiter.try_acquire, "k"), "B: try_acquire('k')")
+    try:
+        stays(
+            lambda: not spy.overlaps,
+            "thread B's try_acquire('k') outside the inner limiter while thread A's reset('k') "
+            "is inside the inner reset (a stripe's lock guards the inner state of its keys: a "
+            "reset outside it lands in the middle of another thread's check and update)",
+        )
+    finally:
+        gate.open()
+    a.outcome("A: reset('k'), once released")
+    b.outcome("B, once the reset let go of the stripe")
+
+
+@pytest.mark.rule("tracked-keys-inner", "sweeping")
+@core
+def test_stage2_tracked_keys_counts_and_forgets_nothing() -> None:
+    clock, limiter = bucket_limiter(1, refill_per_s=1)
+    for key in ("a", "b", "c"):
+        assert limiter.try_acquire(key).allowed
+    clock.advance(NS_PER_S)  # all three are fresh again
+    counted = limiter.tracked_keys()
+    swept = limiter.sweep()
+    check(
+        (counted, swept) == (0, 3),
+        "tracked-keys-inner: three keys idle again; tracked_keys() counts them (0: none is "
+        "in use) and forgets nothing, so the sweep after it forgets all three; got "
+        f"tracked_keys() {counted}, then sweep() {swept}",
+    )
+
+
+def _stripes(stripes: Any) -> Callable[[], object]:
+    clock = ManualClock()
+    inner = stage(1).TokenBucket(capacity=2, refill_per_s=1, clock=clock, auto_sweep=False)
+    return lambda: stage(2).ThreadSafeLimiter(inner, clock=clock, stripes=stripes)
+
+
+def _timeout(timeout_ns: Any) -> Callable[[], object]:
+    _, limiter = bucket_limiter(2, refill_per_s=1)
+    return lambda: limiter.acquire("k", 1, timeout_ns=timeout_ns)
+
+
+#: A bad argument: its call, the error it must raise (a wrong value: ValueError, a wrong
+#: type: TypeError) and the parameter the message names.
+BAD: dict[str, tuple[Callable[[], Callable[[], object]], type[Exception], str]] = {
+    "stripes=0": (partial(_stripes, 0), ValueError, "stripes"),
+    "stripes=65537": (partial(_stripes, 65537), ValueError, "stripes"),
+    "stripes=1.5": (partial(_stripes, 1.5), TypeError, "stripes"),
+    "timeout_ns=-1": (partial(_timeout, -1), ValueError, "timeout_ns"),
+    "timeout_ns=1.5": (partial(_timeout, 1.5), TypeError, "timeout_ns"),
+    "timeout_ns=True": (partial(_timeout, True), TypeError, "timeout_ns"),
+}
+
+
+@pytest.mark.rule("bad-arguments")
+@core
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_stage2_a_bad_argument_is_a_value_error_or_a_type_error_by_what_is_wrong(case: str) -> None:
+    build, error, param = BAD[case]
+    call = build()
+    with pytest.raises((ValueError, TypeError)) as caught:
+        call()
+        raise AssertionError(f"{case} was accepted")
+    check(
+        type(caught.value) is error and param in str(caught.value),
+        f"bad-arguments: {case} is a wrong {'value' if error is ValueError else 'type'}, so a "
+        f"{error.__name__} naming {param}; got {caught.value!r}",
+    )
+
+
+@pytest.mark.rule("async-bad-arguments")
+@extended
+@anyio_test
+async def test_stage2_async_a_timeout_that_is_not_an_int_is_a_type_error() -> None:
+    _, limiter = emptied_async_limiter()
+    for timeout in (1.5, True):
+        with pytest.raises((ValueError, TypeError)) as caught:
+            with anyio.fail_after(5):
+                await limiter.acquire("k", 1, timeout_ns=timeout)  # type: ignore[arg-type]
+            raise AssertionError(f"acquire('k', 1, timeout_ns={timeout!r}) was accepted")
+        check(
+            type(caught.value) is TypeError and "timeout_ns" in str(caught.value),
+            f"async-bad-arguments: timeout_ns={timeout!r} is not an int: a TypeError naming "
+            f"timeout_ns; got {caught.value!r}",
+        )
