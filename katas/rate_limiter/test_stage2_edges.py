@@ -29,6 +29,7 @@ from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas._harness.waiting import eventually_async, stays
 from katas.rate_limiter._testing.threads import (
+    async_limiter,
     bucket_limiter,
     emptied_async_limiter,
     enqueue,
@@ -193,7 +194,7 @@ def test_stage2_a_bad_argument_is_a_value_error_or_a_type_error_by_what_is_wrong
 @extended
 @anyio_test
 async def test_stage2_async_a_timeout_that_is_not_an_int_is_a_type_error() -> None:
-    _, limiter = emptied_async_limiter()
+    _, limiter = async_limiter(2)  # units on hand: a timeout taken as valid admits at once
     for timeout in (1.5, True):
         with pytest.raises((ValueError, TypeError)) as caught:
             with anyio.fail_after(5):

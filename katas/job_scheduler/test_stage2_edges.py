@@ -1,0 +1,210 @@
+"""Stage 2 suite, the edges of its rules (see katas/job_scheduler/README.md, "Stage 2"): a
+job lost while its async handler runs, a handler's own exception types, the default
+heartbeat interval's rounding, a submit of a job due sooner than the async workers'
+next deadline, and ``in_flight`` once an async shutdown has released its jobs.
+
+Deterministic as the stage's other files are: a ``WatchedClock`` moved by the test, the
+harness's ``settle()`` for the async pool, handlers that wait for the test.
+
+Map: a job lost mid-run, async (heartbeat-lost, pool-statistics, async-pool) · any
+exception a handler raises (handler-error-nacked) · the default interval
+(heartbeat-default) · a sooner job submitted (no-busy-waiting, async-pool) · in flight
+after shutdown (pool-statistics, async-shutdown-cancels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from katas._harness import marks
+from katas._harness.marks import anyio_test, core, extended
+from katas._harness.resting import WatchedClock
+from katas._harness.story import check
+from katas._harness.virtual_time import settle
+from katas._harness.waiting import eventually
+from katas._runtime.todo import Todo
+from katas.job_scheduler._testing.pools import (
+    AsyncGate,
+    Gate,
+    fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
+    new_async_pool,
+    new_pool,
+    running,
+    running_async,
+)
+from katas.job_scheduler._testing.queues import START
+from katas.job_scheduler.api import JobQueue, Lease
+
+pytestmark = [pytest.mark.stage(2)]
+
+EVERY = 300
+
+
+class _CountedBeats:
+    """Counts the heartbeat calls ``queue`` receives (refused ones too)."""
+
+    def __init__(self, queue: JobQueue) -> None:
+        self._heartbeat: Callable[..., Any] = queue.heartbeat
+        self.calls = 0
+        queue.heartbeat = self._call  # type: ignore[method-assign]
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self._heartbeat(*args, **kwargs)
+
+
+@marks.rule("heartbeat-lost", "pool-statistics", "async-pool")
+@extended
+@anyio_test
+@pytest.mark.parametrize("ending", ["returns", "raises"])
+async def test_stage2_async_a_job_lost_while_it_runs_is_given_up_and_counted_lost(
+    ending: str,
+) -> None:
+    """The job is cancelled while its async handler runs. Its next heartbeat is refused:
+    not counted, and the last one tried. The handler runs on (a refused heartbeat is not
+    a timeout); when it returns or raises, the ack or nack is refused, so the job is
+    lost — neither succeeded nor failed — and run() goes on."""
+    release = anyio.Event()
+
+    async def handler(lease: Lease, payload: Any) -> Any:
+        await release.wait()
+        if ending == "raises":
+            raise ValueError("too late")
+        return "too late"
+
+    clock = WatchedClock(START)
+    _, queue, pool = new_async_pool(handler, workers=1, clock=clock, heartbeat_every_ns=EVERY)
+    beats = _CountedBeats(queue)
+    try:
+        async with running_async(pool):
+            job_id = pool.submit("cancelled while it runs")
+            await settle()
+            clock.advance(EVERY)
+            await settle()
+            check(pool.statistics().heartbeats == 1, "async pool: a heartbeat at 300 ns")
+            assert queue.cancel(job_id) is True
+            for _ in range(4):
+                clock.advance(EVERY)
+                await settle()
+            stats = pool.statistics()
+            check(
+                (beats.calls, stats.heartbeats, stats.timed_out, stats.in_flight) == (2, 1, 0, 1),
+                "async pool, heartbeat_every_ns=300: a heartbeat at 300 ns; the job cancelled; "
+                "the one at 600 ns refused (StaleLease), so not counted and the last tried, and "
+                "the handler still running (a refused heartbeat is no timeout): expected 2 "
+                f"heartbeat calls, 1 counted, 0 timed out, 1 in flight; got {beats.calls} "
+                f"calls, {stats}",
+            )
+            release.set()
+            await settle()
+    except Todo:
+        raise
+    except Exception as exc:
+        raise AssertionError(
+            f"async pool: a job lost while its handler ran; the handler {ending}, and its "
+            f"{'ack' if ending == 'returns' else 'nack'} is refused (StaleLease): the pool "
+            f"counts it lost and runs on, yet leaving it raised {exc!r}"
+        ) from exc
+    stats = pool.statistics()
+    check(
+        (stats.lost, stats.succeeded, stats.failed, stats.in_flight) == (1, 0, 0, 0),
+        f"async pool: the lost job's handler {ending}: lost 1, neither succeeded nor failed, "
+        f"nothing in flight; got {stats}",
+    )
+
+
+class _NotABuiltin(Exception):
+    """An application's own error type."""
+
+
+@marks.rule("handler-error-nacked")
+@core
+@pytest.mark.parametrize("error", [_NotABuiltin, KeyError, OSError, ArithmeticError])
+def test_stage2_any_exception_a_handler_raises_is_its_jobs_failure(error: type[Exception]) -> None:
+    def handler(lease: Lease, payload: Any) -> Any:
+        if payload == "fails":
+            raise error("no")
+        return payload
+
+    _, queue, pool = new_pool(handler, workers=1)
+    with running(pool):
+        failing = pool.submit("fails")
+        pool.submit("after it")
+        eventually(
+            lambda: pool.statistics().failed + pool.statistics().succeeded == 2,
+            f"the job whose handler raises {error.__name__}, then the next one",
+        )
+    check(
+        (pool.statistics().failed, queue.get(failing).last_error is not None) == (1, True),
+        f"handler-error-nacked: a handler raising {error.__name__} (any Exception) fails its "
+        f"job — nacked, the error recorded — and the worker goes on to the next; got "
+        f"{pool.statistics()}, the job: {queue.get(failing)}",
+    )
+
+
+@marks.rule("heartbeat-default")
+@core
+def test_stage2_the_default_interval_is_a_third_of_the_lease_rounded_down() -> None:
+    """``lease_ns`` 1 001: the default interval is 1 001 // 3 = 333 ns, the first beat at
+    333 ns after the claim — not 334 (a third of the lease rounded up)."""
+    gate = Gate()
+    clock = WatchedClock(START)
+    _, _, pool = new_pool(gate.handler, workers=1, clock=clock, lease_ns=1_001)
+    with running(pool):
+        pool.submit("job")
+        eventually(lambda: len(gate.entered) == 1, "the job's handler running")
+        clock.advance(333)
+        eventually(
+            lambda: pool.statistics().heartbeats == 1,
+            "lease_ns=1001, no heartbeat_every_ns: a heartbeat 333 ns (1001 // 3) after the claim",
+        )
+        gate.event.set()
+
+
+@marks.rule("no-busy-waiting", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_a_job_submitted_due_sooner_wakes_the_idle_workers() -> None:
+    """The async workers sleep until a job due at 1 000 ns; a job submitted due at 500 ns
+    must be claimed at 500 ns, not when the sleepers' old deadline comes."""
+    gate = AsyncGate()
+    clock = WatchedClock(START)
+    _, queue, pool = new_async_pool(gate.handler, workers=2, clock=clock)
+    queue.enqueue("later", run_at_ns=START + 1_000)
+    async with running_async(pool):
+        await settle()
+        sooner = pool.submit("sooner", run_at_ns=START + 500)
+        await settle()
+        clock.set(START + 500)
+        await settle()
+        check(
+            pool.statistics().claimed == 1 and queue.get(sooner).worker_id is not None,
+            "async pool: workers asleep until 1000 ns; a job submitted due at 500 ns is "
+            f"claimed at 500 ns (submit wakes them to wait for it); got {pool.statistics()}",
+        )
+        gate.event.set()
+        clock.set(START + 1_000)
+        await settle()
+
+
+@marks.rule("pool-statistics", "async-shutdown-cancels")
+@extended
+@anyio_test
+async def test_stage2_async_nothing_is_in_flight_once_shutdown_released_its_jobs() -> None:
+    gate = AsyncGate()
+    _, _, pool = new_async_pool(gate.handler, workers=2)
+    async with running_async(pool, grace_ns=None):
+        pool.submit("a")
+        pool.submit("b")
+        await settle()
+        await pool.shutdown(0)
+    stats = pool.statistics()
+    check(
+        (stats.in_flight, stats.released) == (0, 2),
+        "async pool: two handlers running at shutdown(0) are cancelled and their jobs "
+        f"released: nothing is in flight after it; got {stats}",
+    )
