@@ -14,7 +14,6 @@ after shutdown (pool-statistics, async-shutdown-cancels).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -29,6 +28,7 @@ from katas._harness.waiting import eventually
 from katas._runtime.todo import Todo
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
+    CountedBeats,
     Gate,
     fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
     new_async_pool,
@@ -37,24 +37,11 @@ from katas.job_scheduler._testing.pools import (
     running_async,
 )
 from katas.job_scheduler._testing.queues import START
-from katas.job_scheduler.api import JobQueue, Lease
+from katas.job_scheduler.api import Lease
 
 pytestmark = [pytest.mark.stage(2)]
 
 EVERY = 300
-
-
-class _CountedBeats:
-    """Counts the heartbeat calls ``queue`` receives (refused ones too)."""
-
-    def __init__(self, queue: JobQueue) -> None:
-        self._heartbeat: Callable[..., Any] = queue.heartbeat
-        self.calls = 0
-        queue.heartbeat = self._call  # type: ignore[method-assign]
-
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        return self._heartbeat(*args, **kwargs)
 
 
 @marks.rule("heartbeat-lost", "pool-statistics", "async-pool")
@@ -78,7 +65,7 @@ async def test_stage2_async_a_job_lost_while_it_runs_is_given_up_and_counted_los
 
     clock = WatchedClock(START)
     _, queue, pool = new_async_pool(handler, workers=1, clock=clock, heartbeat_every_ns=EVERY)
-    beats = _CountedBeats(queue)
+    beats = CountedBeats(queue)
     try:
         async with running_async(pool):
             job_id = pool.submit("cancelled while it runs")

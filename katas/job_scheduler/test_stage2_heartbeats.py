@@ -22,7 +22,6 @@ the grace period (heartbeats, shutdown-grace, async-pool).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -38,6 +37,7 @@ from katas._harness.waiting import DEADLINE_S, eventually, spawn
 from katas.job_scheduler._testing.clocks import AFTER_A_JUMP, JUMP_EVERY, judge_beats_after_a_jump
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
+    CountedBeats,
     Gate,
     Stalls,
     fail_fast_on_pool_stubs,  # noqa: F401 (autouse)
@@ -350,19 +350,6 @@ async def test_stage2_async_heartbeats_go_on_through_the_grace_period() -> None:
     )
 
 
-class _CountedBeats:
-    """Counts the heartbeat calls ``queue`` receives (refused ones too)."""
-
-    def __init__(self, queue: JobQueue) -> None:
-        self._heartbeat: Callable[..., Any] = queue.heartbeat
-        self.calls = 0
-        queue.heartbeat = self._call  # type: ignore[method-assign]
-
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        return self._heartbeat(*args, **kwargs)
-
-
 @marks.rule("heartbeat-lost")
 @core
 def test_stage2_a_refused_heartbeat_is_the_last_one_tried() -> None:
@@ -370,7 +357,7 @@ def test_stage2_a_refused_heartbeat_is_the_last_one_tried() -> None:
     try again at the next interval, as if the refusal were a blip."""
     gate = Gate()
     clock, queue, pool = new_pool(gate.handler, workers=1, heartbeat_every_ns=300)
-    counted = _CountedBeats(queue)
+    counted = CountedBeats(queue)
     assert isinstance(clock, WatchedClock)
     others = set(threading.enumerate())
     with running(pool):

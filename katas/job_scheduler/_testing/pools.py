@@ -269,3 +269,16 @@ def lock_watched_queue(parked: InterleaveGate, at: str) -> tuple[ManualClock, Jo
         clock=clock, lease_ns=LEASE, retry=RetryPolicy(0, 0, "none"), max_attempts=1
     )
     return clock, queue, calls
+
+
+class CountedBeats:
+    """Counts the heartbeat calls ``queue`` receives (refused ones too)."""
+
+    def __init__(self, queue: JobQueue) -> None:
+        self._heartbeat: Callable[..., Any] = queue.heartbeat
+        self.calls = 0
+        queue.heartbeat = self._call  # type: ignore[method-assign]
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self._heartbeat(*args, **kwargs)
