@@ -953,6 +953,10 @@ def test_stage1_configurations_at_the_boundary_are_accepted_and_serve(
     assert_transparent(t)
 
 
+#: A valid configuration over :func:`model`'s pool, which the bad-input tests spoil.
+VALID = {"max_num_seqs": 4, "max_num_batched_tokens": 8, "num_blocks": 64, "block_size": 4}
+
+
 @extended
 @rule("stage1-bad-input")
 @pytest.mark.parametrize(
@@ -965,7 +969,7 @@ def test_stage1_configurations_at_the_boundary_are_accepted_and_serve(
     ],
 )
 def test_stage1_bad_configurations_are_refused_by_name(name: str, options: dict[str, Any]) -> None:
-    config = {"max_num_seqs": 4, "max_num_batched_tokens": 8, "num_blocks": 64, "block_size": 4}
+    config = VALID
     batcher = partial(stage().ContinuousBatcher, model())
     expect_refused_by_name(batcher, config, name, options, "stage1-bad-input")
 
@@ -999,7 +1003,7 @@ def test_stage1_a_setting_that_is_not_an_int_is_a_type_error_naming_it(
         config: dict[str, Any] = {}
     else:
         build = partial(stage().ContinuousBatcher, model())
-        config = {"max_num_seqs": 4, "max_num_batched_tokens": 8, "num_blocks": 64, "block_size": 4}
+        config = VALID
     with pytest.raises((TypeError, ValueError)) as caught:
         build(**{**config, **options})
         raise AssertionError(f"{options} was accepted")
@@ -1013,9 +1017,7 @@ def test_stage1_a_setting_that_is_not_an_int_is_a_type_error_naming_it(
 @rule("stage1-bad-input")
 def test_stage1_a_pool_of_no_blocks_is_refused_naming_num_blocks() -> None:
     with pytest.raises(ValueError) as caught:
-        stage().ContinuousBatcher(
-            model(), max_num_seqs=4, max_num_batched_tokens=8, num_blocks=0, block_size=4
-        )
+        stage().ContinuousBatcher(model(), **{**VALID, "num_blocks": 0})
     check(
         "num_blocks" in str(caught.value),
         f"num_blocks=0 must be refused naming num_blocks: {caught.value!r}",
