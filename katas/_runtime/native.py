@@ -7,7 +7,9 @@ the module (``katas.<kata>``, ``solutions.<kata>``, or an ``--impl`` directory's
 finder builds *that implementation alone* — its own CMake tree under ``build/native/``,
 only the module's target — and loads the result. So an edited C file never runs stale,
 and a compile error in the learner's C is the error of importing the learner's module
-only: the reference still builds and imports.
+only: the reference still builds and imports. A temporary copy whose C is the reference's
+or the stub's, to the byte (a catalogue entry that changes only Python), loads the module
+built in that tree instead of building its own.
 
 Outside a checkout (an installed wheel, no ``CMakeLists.txt``) the finder steps aside and
 the prebuilt module in the package is imported as usual.
@@ -24,6 +26,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -37,6 +40,10 @@ SOURCE_ROOT = CONTRACTS.parent
 BUILD_ROOT = SOURCE_ROOT / "build" / "native"
 #: In each tree: the implementation it builds (trees of vanished ones are pruned).
 SOURCE_NOTE = "implementation.txt"
+#: In each tree, per module: the digest of the sources its last good build was made from.
+DIGEST_SUFFIX = "sources.sha256"
+#: The trees of temporary copies of an implementation.
+_COPY_PREFIX = "impl-"
 #: How many lines of compiler output an ImportError quotes.
 QUOTED_LINES = 25
 
@@ -90,6 +97,8 @@ def build(kata: str, module: str, implementation: Path) -> Path:
     key = (tree, kata, module, max((p.stat().st_mtime_ns for p in sources.iterdir()), default=0))
     if key in _FAILED:
         raise _FAILED[key]
+    if tree.name.startswith(_COPY_PREFIX) and (same := _built_alike(kata, module, sources)):
+        return same
     try:
         return _build(tree, kata, module, implementation)
     except BuildError as exc:
@@ -103,6 +112,8 @@ def _build(tree: Path, kata: str, module: str, implementation: Path) -> Path:
     # One build at a time per tree: parallel test processes import the same module.
     with open(tree.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        digest = tree / f"{kata}.{module}.{DIGEST_SUFFIX}"
+        digest.unlink(missing_ok=True)  # a reader must not pair it with a half-built file
         if not (tree / "CMakeCache.txt").is_file():
             _prune()
             (tree / SOURCE_NOTE).write_text(str(implementation))
@@ -113,7 +124,40 @@ def _build(tree: Path, kata: str, module: str, implementation: Path) -> Path:
             implementation,
             tree,
         )
-    return Path((tree / "impl" / kata / f"{module}.path").read_text().strip())
+        built = Path((tree / "impl" / kata / f"{module}.path").read_text().strip())
+        digest.write_text(_digest(kata, implementation / kata / "csrc"))
+    return built
+
+
+def _digest(kata: str, sources: Path) -> str:
+    """What a build of ``kata``'s C from ``sources`` depends on: the top-level CMake file,
+    the kata's contract (header, binding), the implementation's C, the Python it is for."""
+    h = hashlib.sha256(sysconfig.get_config_var("EXT_SUFFIX").encode())
+    for folder in (SOURCE_ROOT / "CMakeLists.txt", CONTRACTS / kata / "csrc", sources):
+        for path in sorted(folder.iterdir()) if folder.is_dir() else [folder]:
+            if path.is_file():
+                h.update(f"\0{path.name}\0".encode() + path.read_bytes())
+    return h.hexdigest()
+
+
+def _built_alike(kata: str, module: str, sources: Path) -> Path | None:
+    """The module built in the reference's or the stub's tree from the same C as
+    ``sources``, if there is one. A temporary copy of an implementation (each catalogue
+    entry's, each test's) whose C is unchanged then costs no configure and no compile.
+    Only those two trees are reused: they are never pruned while a copy loads from them."""
+    digest = _digest(kata, sources)
+    for name in ("solutions", "katas"):
+        tree = BUILD_ROOT / name
+        if not (tree / f"{kata}.{module}.{DIGEST_SUFFIX}").is_file():
+            continue
+        with open(tree.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_SH)  # not while that tree is being built
+            recorded = tree / f"{kata}.{module}.{DIGEST_SUFFIX}"
+            if recorded.is_file() and recorded.read_text() == digest:
+                built = Path((tree / "impl" / kata / f"{module}.path").read_text().strip())
+                if built.is_file():
+                    return built
+    return None
 
 
 def _prune() -> None:
@@ -135,7 +179,7 @@ def _tree_name(implementation: Path) -> str:
         return "katas"
     if implementation == SOURCE_ROOT / "solutions":
         return "solutions"
-    return "impl-" + hashlib.sha1(str(implementation).encode()).hexdigest()[:12]
+    return _COPY_PREFIX + hashlib.sha1(str(implementation).encode()).hexdigest()[:12]
 
 
 def tool(name: str) -> str | None:
