@@ -67,6 +67,7 @@ from katas.kv_cache._testing.locks import (
     GRACE_S,
     PROMPTLY_S,
     another_thread_blocks_on,
+    flight_joined,
     free_while,
     free_while_loading,
     loading,
@@ -170,7 +171,7 @@ def test_stage2_every_waiter_gets_the_value_of_a_load_landing_as_it_wakes() -> N
     threads.append(spawn(get, "leader"))
     loading(cache, loader)
     threads += [spawn(get, f"waiter-{i}") for i in range(3)]
-    eventually(lambda: loads(cache).waiters == 3, "3 callers waiting for the load")
+    flight_joined(cache, loader, 3, "3 callers waiting for the load")
     loader.release.set()
     got = [t.outcome("a caller of a landing load must return") for t in threads]
     assert all(r is value for r in got) and cache.get("k") is value, (
@@ -201,7 +202,7 @@ def test_stage2_every_waiter_gets_the_error_of_a_load_failing_as_it_wakes() -> N
     leader = spawn(call, "leader")
     loading(cache, loader)
     waiters += [spawn(call, f"waiter-{i}") for i in range(3)]
-    eventually(lambda: loads(cache).waiters == 3, "3 callers waiting for the load")
+    flight_joined(cache, loader, 3, "3 callers waiting for the load")
     loader.release.set()
     got = [t.outcome("a caller of a failing load must return") for t in [leader, *waiters]]
     assert all(r is boom for r in got), (
@@ -404,7 +405,7 @@ def test_stage2_a_write_during_a_load_wins_over_the_loaded_value(write: str) -> 
     leader = spawn(lambda: cache.get_or_load("k", loader), "leader")
     loading(cache, loader)
     waiter = spawn(lambda: cache.get_or_load("k", loader), "waiter")
-    eventually(lambda: loads(cache).waiters == 1, "a second miss of 'k' joins its flight")
+    flight_joined(cache, loader, 1, "a second miss of 'k' joins its flight")
     write_meanwhile(cache, write)
     loader.release.set()
     loaded, joined = leader.outcome("the leader returns"), waiter.outcome("the waiter returns")
@@ -931,7 +932,7 @@ def test_stage2_a_waiter_leaving_never_loses_another_callers_join() -> None:
         return cache.get_or_load("a", load_a)
 
     waiter = spawn(wait_for_a, "waiter of 'a'")
-    eventually(lambda: loads(cache).waiters == 1, "a second miss of 'a' joins its flight")
+    flight_joined(cache, load_a, 1, "a second miss of 'a' joins its flight")
     load_a.release.set()
     waiter.outcome("the waiter of 'a' returns once its load lands")
     if not joiners:

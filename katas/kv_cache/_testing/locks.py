@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 
 from katas._harness.story import check
-from katas._harness.waiting import DEADLINE_S, spawn
+from katas._harness.waiting import DEADLINE_S, eventually, spawn
 from katas.kv_cache._testing.loaders import Loader
 from katas.kv_cache.api import AsyncLoadingCache, LoadingCache, LoadStatistics
 
@@ -82,3 +82,14 @@ def loading(cache: LoadingCache, loader: Loader) -> None:
     """Wait (hard deadline) until ``loader`` runs for a miss, and check the lock is free."""
     assert loader.entered.wait(DEADLINE_S), "a miss in get_or_load must call the loader"
     free_while_loading(cache, loader.release.set)
+
+
+def flight_joined(cache: LoadingCache, loader: Loader, waiters: int, what: str) -> None:
+    """Wait (hard deadline) until ``waiters`` callers wait for the load ``loader`` runs;
+    judge at once if one of them called the loader instead of joining the flight."""
+    eventually(lambda: loads(cache).waiters == waiters or loader.calls > 1, what)
+    check(
+        loader.calls == 1,
+        f"{what}: a miss of a key whose load is running must join that flight, but the "
+        f"loader was called {loader.calls} times for one key (single flight: once)",
+    )
