@@ -19,8 +19,10 @@ waiters run before its next line: "wake, then write" is caught on every run;
 :func:`pause_after_unlocks` stops it right after each lock section it leaves, so the
 others run in the gap: "check, unlock, act" is caught too; :func:`pause_in_updates`
 stops it between reading a field and writing it back (``self.waiting -= 1``), so an
-unlocked counter loses another thread's update on every run, and
-:func:`announce_waits` tells when a thread has gone to sleep in threading's waits.
+unlocked counter loses another thread's update on every run; :func:`pause_in_loops`
+stops it before each step of a loop, so an unlocked walk over a shared dict meets another
+thread's change; and :func:`announce_waits` tells when a thread has gone to sleep in
+threading's waits.
 Every wait has a hard deadline.
 """
 
@@ -281,15 +283,42 @@ def pause_in_updates(
     switch interval would cut it there once in a million. Inside the lock the others
     wait, and the stop ends at its deadline. Call it from the thread under test.
     """
+    _pause_at(_updates, module, woken, done, deadline_s)
+
+
+def pause_in_loops(
+    module: str, woken: Callable[[], bool], done: Callable[[], bool], deadline_s: float = 0.05
+) -> None:
+    """From now on, the calling thread stops before each step of every loop (each
+    ``for``, each comprehension's) in the code of ``module``, until ``woken()`` holds or
+    ``deadline_s`` has passed; once ``done()`` holds it stops no more.
+
+    A walk over a shared collection made outside the lock that guards it meets the
+    changes other threads make between two of its steps: a dict that changed size during
+    iteration, a count read half before and half after. Inside the lock the others wait,
+    and each stop ends at its deadline. Call it from the thread under test.
+    """
+    _pause_at(_loop_steps, module, woken, done, deadline_s)
+
+
+def _pause_at(
+    spots: Callable[[Any], frozenset[int]],
+    module: str,
+    woken: Callable[[], bool],
+    done: Callable[[], bool],
+    deadline_s: float,
+) -> None:
+    """Trace the calling thread's frames of ``module`` by opcode, stopping at the
+    offsets ``spots(code)`` finds (see :func:`pause_in_updates`)."""
     offsets: dict[Any, frozenset[int]] = {}
 
-    def stop_before_a_write(frame: Any, event: str, arg: Any) -> Any:
+    def stop_at_a_spot(frame: Any, event: str, arg: Any) -> Any:
         if event != "opcode":
-            return stop_before_a_write
+            return stop_at_a_spot
         code = frame.f_code
         where = offsets.get(code)
         if where is None:
-            where = offsets[code] = _updates(code)
+            where = offsets[code] = spots(code)
         if frame.f_lasti in where:
             if done():
                 sys.settrace(None)
@@ -298,23 +327,28 @@ def pause_in_updates(
             deadline = time.monotonic() + deadline_s
             while not woken() and time.monotonic() < deadline:
                 time.sleep(0.0005)
-        return stop_before_a_write
+        return stop_at_a_spot
 
     def in_module(frame: Any, event: str, arg: Any) -> Any:
         if frame.f_globals.get("__name__") != module:
             return None
         frame.f_trace_opcodes = True
-        return stop_before_a_write
+        return stop_at_a_spot
 
     sys.settrace(in_module)
     # The module's frames already running stop too: a handler or a loader calls this,
     # and the code that called it does its updates once it returns.
-    caller: FrameType | None = sys._getframe(1)
+    caller: FrameType | None = sys._getframe(2)
     while caller is not None:
         if caller.f_globals.get("__name__") == module:
             caller.f_trace_opcodes = True
-            caller.f_trace = stop_before_a_write
+            caller.f_trace = stop_at_a_spot
         caller = caller.f_back
+
+
+def _loop_steps(code: Any) -> frozenset[int]:
+    """The offsets of ``code``'s ``FOR_ITER``: each step of a loop or comprehension."""
+    return frozenset(ins.offset for ins in dis.get_instructions(code) if ins.opname == "FOR_ITER")
 
 
 def announce_waits(asleep: threading.Event) -> None:
@@ -337,5 +371,6 @@ __all__ = [
     "announce_waits",
     "pause_after_unlocks",
     "pause_after_wakes",
+    "pause_in_loops",
     "pause_in_updates",
 ]

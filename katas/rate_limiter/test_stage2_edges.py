@@ -16,6 +16,7 @@ async-bad-arguments).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -23,12 +24,13 @@ from typing import Any
 import anyio
 import pytest
 
-from katas._harness.interleave import Gate
+from katas._harness.interleave import Gate, announce_waits, pause_in_loops
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas._harness.waiting import eventually_async, stays
 from katas.rate_limiter._testing.threads import (
+    Worker,
     async_limiter,
     bucket_limiter,
     emptied_async_limiter,
@@ -37,9 +39,60 @@ from katas.rate_limiter._testing.threads import (
     spied_limiter,
     start,
 )
-from katas.rate_limiter.api import NS_PER_S, ManualClock
+from katas.rate_limiter.api import NS_PER_S, LimiterStatistics, ManualClock
 
 pytestmark = [pytest.mark.stage(2)]
+
+
+@pytest.mark.rule("statistics", "striped-locks")
+@core
+def test_stage2_statistics_reads_each_waiter_queue_under_its_stripe() -> None:
+    """``statistics()`` walks the waiter queues: a caller joining a queue in the middle
+    of that walk must wait for the stripe's lock, as every change to a queue does. The
+    reader stops at each step of every loop of the code under test; at each stop one
+    more caller tries to queue on a key of the same (only) stripe."""
+    clock, limiter = bucket_limiter(1, refill_per_s=1, stripes=1)
+    keys = ["a", "b", "c", "d"]
+    assert all(limiter.try_acquire(key).allowed for key in keys)
+    enqueue(limiter, "a", lambda: limiter.acquire("a"), "the waiter on 'a'")
+    joiners: list[tuple[Worker, threading.Event]] = []
+
+    def join(key: str, queued: threading.Event) -> bool:
+        announce_waits(queued)
+        return limiter.acquire(key)
+
+    stop = {"new": True}  # the next call of woken() is the first of a stop
+
+    def woken() -> bool:
+        """At each stop one more caller tries to queue; the stop ends once it has (it
+        sleeps on the clock), or at its deadline while it waits for the stripe."""
+        if stop["new"] and len(joiners) < len(keys) - 1:
+            queued = threading.Event()
+            key = keys[len(joiners) + 1]
+            joiner = start(partial(join, key, queued), f"a caller joining {key!r}")
+            joiners.append((joiner, queued))
+        stop["new"] = not joiners or joiners[-1][1].is_set()
+        return stop["new"]
+
+    def read() -> object:
+        pause_in_loops(type(limiter).__module__, woken, lambda: False, deadline_s=0.1)
+        try:
+            return limiter.statistics()
+        except RuntimeError as exc:  # "dictionary changed size during iteration"
+            return exc
+
+    got = start(read, "statistics").outcome("statistics() returns")
+    check(
+        not isinstance(got, Exception),
+        f"striped-locks: a caller joined a waiter queue while statistics() was walking "
+        f"the queues, and the walk raised {got!r}: read each stripe's queues under its "
+        f"lock (joining a queue takes it)",
+    )
+    assert isinstance(got, LimiterStatistics)
+    expect(got.waiters, sum(got.waiters_by_key.values()), "statistics().waiters, the sum")
+    clock.advance(NS_PER_S)  # a unit for each key: every caller is admitted
+    for worker, _ in joiners:
+        check(worker.outcome("a caller queued on its key") is True, "a queued caller is admitted")
 
 
 @pytest.mark.rule("acquire-blocks", "wait-through-clock")
