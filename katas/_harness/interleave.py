@@ -21,8 +21,9 @@ others run in the gap: "check, unlock, act" is caught too; :func:`pause_in_updat
 stops it between reading a field and writing it back (``self.waiting -= 1``), so an
 unlocked counter loses another thread's update on every run; :func:`pause_in_loops`
 stops it before each step of a loop, so an unlocked walk over a shared dict meets another
-thread's change; and :func:`announce_waits` tells when a thread has gone to sleep in
-threading's waits.
+thread's change; :func:`pause_before_locks` stops it before each ``with`` block, so what
+it read before taking the lock is stale; and :func:`announce_waits` tells when a thread
+has gone to sleep in threading's waits.
 Every wait has a hard deadline.
 """
 
@@ -301,6 +302,20 @@ def pause_in_loops(
     _pause_at(_loop_steps, module, woken, done, deadline_s)
 
 
+def pause_before_locks(
+    module: str, woken: Callable[[], bool], done: Callable[[], bool], deadline_s: float = 0.05
+) -> None:
+    """From now on, the calling thread stops right before each ``with`` block it enters
+    in the code of ``module`` (taking a lock, most often), until ``woken()`` holds or
+    ``deadline_s`` has passed; once ``done()`` holds it stops no more.
+
+    What the thread read before the block is stale by the time it is inside: another
+    thread changed it in the gap. A read made under the lock sees the change. Call it
+    from the thread under test.
+    """
+    _pause_at(_with_blocks, module, woken, done, deadline_s)
+
+
 def _pause_at(
     spots: Callable[[Any], frozenset[int]],
     module: str,
@@ -346,6 +361,13 @@ def _pause_at(
         caller = caller.f_back
 
 
+def _with_blocks(code: Any) -> frozenset[int]:
+    """The offsets of ``code``'s ``BEFORE_WITH``: each ``with`` block it enters."""
+    return frozenset(
+        ins.offset for ins in dis.get_instructions(code) if ins.opname == "BEFORE_WITH"
+    )
+
+
 def _loop_steps(code: Any) -> frozenset[int]:
     """The offsets of ``code``'s ``FOR_ITER``: each step of a loop or comprehension."""
     return frozenset(ins.offset for ins in dis.get_instructions(code) if ins.opname == "FOR_ITER")
@@ -371,6 +393,7 @@ __all__ = [
     "announce_waits",
     "pause_after_unlocks",
     "pause_after_wakes",
+    "pause_before_locks",
     "pause_in_loops",
     "pause_in_updates",
 ]

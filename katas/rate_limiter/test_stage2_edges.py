@@ -24,7 +24,7 @@ from typing import Any
 import anyio
 import pytest
 
-from katas._harness.interleave import Gate, announce_waits, pause_in_loops
+from katas._harness.interleave import Gate, announce_waits, pause_before_locks, pause_in_loops
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.story import check, expect
 from katas._harness.under_test import stage
@@ -39,9 +39,48 @@ from katas.rate_limiter._testing.threads import (
     spied_limiter,
     start,
 )
-from katas.rate_limiter.api import NS_PER_S, LimiterStatistics, ManualClock
+from katas.rate_limiter.api import NS_PER_S, Decision, LimiterStatistics, ManualClock
 
 pytestmark = [pytest.mark.stage(2)]
+
+
+@pytest.mark.rule("no-overtaking", "striped-locks")
+@core
+@pytest.mark.parametrize("call", ["try_acquire", "peek"])
+def test_stage2_a_newcomer_sees_a_waiter_that_queued_before_it_took_the_stripe(
+    call: str,
+) -> None:
+    """The newcomer stops right before it takes the stripe's lock; meanwhile a caller
+    queues on the key for more than is on hand and goes to sleep. Once inside, the
+    newcomer must see that waiter: the unit on hand is the queue's."""
+    clock, limiter = bucket_limiter(3, refill_per_s=1)
+    assert limiter.try_acquire("k", 2).allowed  # 1 unit left: a cost of 3 must wait
+    waiters: list[Worker] = []
+    asleep = threading.Event()
+
+    def wait_for_three() -> bool:
+        announce_waits(asleep)
+        return limiter.acquire("k", 3)
+
+    def woken() -> bool:
+        if not waiters:
+            waiters.append(start(wait_for_three, "a waiter for 3 units of 'k'"))
+        return asleep.is_set()
+
+    def newcomer() -> Decision:
+        pause_before_locks(type(limiter).__module__, woken, lambda: asleep.is_set())
+        decision: Decision = getattr(limiter, call)("k")
+        return decision
+
+    got = start(newcomer, f"a newcomer's {call}").outcome(f"{call}('k') returns")
+    check(
+        asleep.is_set() and not got.allowed,
+        f"no-overtaking: a caller queued on 'k' for 3 units while {call}('k') was on its way "
+        f"to the stripe's lock; the queue's state must be read under that lock, so {call} "
+        f"is denied (the unit on hand belongs to the queue) — got {got}",
+    )
+    clock.advance(2 * NS_PER_S)  # 3 units on hand: the waiter is admitted
+    check(waiters[0].outcome("the waiter for 3 units") is True, "the waiter is admitted")
 
 
 @pytest.mark.rule("statistics", "striped-locks")
