@@ -5,6 +5,8 @@
   cache with it; ``callbacks``: what ``on_evict`` sees of the cache; ``expiry``: TTL
   caches at the edges of expiry's bookkeeping;
 - ``loaders`` and ``locks``: stage 2's controlled loaders and its probes of a lock;
+  ``flights``: whole flights (a leader and its waiters) and a wrapper side by side with
+  the bare stage-1 cache;
 - ``rings``: measuring a hash ring; ``shards``: a sharded cache over three Redis nodes
   and its state machine; ``wire``: replies held on the wire, commands recorded or held
   before they are sent; ``near``: near caches, their fleet and their state machine

@@ -1,0 +1,474 @@
+"""Stage 2 suite, the edges: what the wrappers must keep of the cache they wrap, and the
+corners of a flight (see katas/kv_cache/README.md).
+
+- The wrapper is transparent: side by side with the bare stage-1 cache (``Mirror``,
+  ``_testing/flights.py``), a bad key, a value too heavy and a bad weight raise as the
+  stage-1 cache raises them and change nothing; weights — none given, or zero — come out
+  as the stage-1 cache counts them, and ``weigh`` stays outside the lock whatever it
+  returns (exact-under-threads, no-user-code-under-lock).
+- A flight's corners, threads and tasks alike: a falsy loaded value reaches every waiter
+  (single-flight); a write makes only its own key's load stale (write-beats-load); a
+  loader may load other keys, never its own at any depth (load-reentrant).
+- Async: waiters of a load that is not cached (too heavy, or written over) still get its
+  value; a ``weigh`` that raises fails the flight for every caller and frees the key; a
+  refused reentrant call leaves no waiter; every call hands on the removals it caused,
+  the landing of a load included.
+
+Time and faults: loaders block on events the test releases once ``load_statistics()``
+shows every caller waiting; a caller that can no longer be woken (its flight still
+registered once its leader is done) is given up at once; every wait has a hard deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import anyio
+import pytest
+
+from katas._harness.marks import anyio_test, core, extended, rule
+from katas._harness.story import check
+from katas._harness.under_test import stage
+from katas._harness.waiting import DEADLINE_S, eventually_async, spawn
+from katas.kv_cache._testing.caches import (
+    START,
+    TTL,
+    Log,
+    async_cache,
+    concurrent,
+    fail_fast_on_stage2_stubs,  # noqa: F401 (autouse)
+    lru,
+)
+from katas.kv_cache._testing.flights import (
+    STRANDED,
+    UNHASHABLE,
+    WRAPPERS,
+    Mirror,
+    Wrapped,
+    async_flight,
+    bare_load,
+    load,
+    promptly,
+    thread_flight,
+    weigh_refusing_bad,
+)
+from katas.kv_cache._testing.loaders import AsyncLoader, Loader, racing_tasks
+from katas.kv_cache._testing.locks import loading, loads, stats_now, write_meanwhile
+from katas.kv_cache.api import (
+    AsyncLoadingCache,
+    EvictingCache,
+    LoadStatistics,
+    ManualClock,
+)
+
+pytestmark = [pytest.mark.stage(2)]
+
+
+#: What the bare stage-1 cache refuses — a key it cannot hold, on every entry point, a
+#: value too heavy, a bad weight — and the parameter its error names: the wrapper's call
+#: (a miss of get_or_load being the bare cache's get) must refuse it alike.
+_REFUSED: dict[str, tuple[Callable[[Wrapped], object], Callable[[EvictingCache], object], str]] = {
+    "get": (lambda c: c.get(UNHASHABLE), lambda b: b.get(UNHASHABLE), "key"),
+    "put": (lambda c: c.put(UNHASHABLE, "v"), lambda b: b.put(UNHASHABLE, "v"), "key"),
+    "delete": (lambda c: c.delete(UNHASHABLE), lambda b: b.delete(UNHASHABLE), "key"),
+    "in": (lambda c: UNHASHABLE in c, lambda b: UNHASHABLE in b, "key"),
+    "get_or_load": (
+        lambda c: load(c, UNHASHABLE, "v"),
+        lambda b: bare_load(b, UNHASHABLE, "v"),
+        "key",
+    ),
+    "too-heavy": (lambda c: c.put("k", "x" * 6), lambda b: b.put("k", "x" * 6), "max_weight"),
+    "bad-weight": (lambda c: c.put("k", "bad"), lambda b: b.put("k", "bad"), "weigh"),
+}
+
+
+@core
+@rule("exact-under-threads")
+@pytest.mark.parametrize("case", list(_REFUSED))
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_stage2_the_wrapper_refuses_what_the_stage1_cache_refuses(wrapper: str, case: str) -> None:
+    """Every stage-1 rule holds through the wrapper, its refusals too: an unhashable key
+    on every entry point, a value heavier than max_weight, a bad weight — each raises what
+    the bare cache raises, naming the same parameter, and changes nothing."""
+    wrapped, bare, names = _REFUSED[case]
+    mirror = Mirror(wrapper, 4, max_weight=5, weigh=weigh_refusing_bad)
+    mirror.put("k", "old")
+    mirror.put("a", "xy")
+    got, want = mirror.both(case, wrapped, bare)
+    check(
+        isinstance(want, Exception) and type(got) is type(want) and names in str(got),
+        f"{wrapper} over LRUCache(4, max_weight=5, weigh=len, 'bad' weighing -1): {case} "
+        f"must raise as the stage-1 cache does — {type(want).__name__} naming {names!r} "
+        f"({want}); got {got!r}",
+    )
+    differs = mirror.differs()
+    check(not differs, f"{wrapper}: a refused {case} changes nothing — {differs}")
+
+
+#: The weights a wrapper may be given: none at all, a capacity without a weigher (every
+#: entry weighs 1), a weigher (some values weigh 0).
+_WEIGHTS: dict[str, dict[str, object]] = {
+    "counted": {},
+    "max_weight-only": {"max_weight": 3},
+    "weighed": {"max_weight": 6, "weigh": len},
+}
+
+
+@core
+@rule("exact-under-threads")
+@pytest.mark.parametrize("weights", list(_WEIGHTS))
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_stage2_the_wrapper_weighs_as_the_stage1_cache_does(wrapper: str, weights: str) -> None:
+    """Puts and loads through the wrapper and the same calls on the bare cache: keys,
+    statistics (weight included) and removals stay the same after every call."""
+    mirror = Mirror(wrapper, 10, **_WEIGHTS[weights])
+    steps: list[tuple[str, str, str]] = [
+        ("put", "a", "x"),
+        ("put", "b", ""),
+        ("load", "c", "xyz"),
+        ("put", "d", "xy"),
+        ("load", "e", ""),
+        ("load", "b", "not loaded"),
+        ("put", "c", "x"),
+        ("load", "f", "xyzw"),
+        ("put", "g", "x"),
+    ]
+    for what, key, value in steps:
+        got = mirror.put(key, value) if what == "put" else mirror.load(key, value)
+        differs = mirror.differs() or ("" if got[0] == got[1] else f"returned {got}")
+        check(
+            not differs,
+            f"{wrapper} over LRUCache(10, {weights}): the wrapper weighs each value as the "
+            f"stage-1 cache does (each entry weighs 1 without weigh) — {differs}",
+        )
+
+
+@core
+@rule("no-user-code-under-lock")
+def test_stage2_weigh_runs_outside_the_lock_whatever_weight_it_gives() -> None:
+    """A value may weigh 0: that is a weight like any other, passed on, never weighed
+    again by the inner cache under the lock — on put and on get_or_load alike."""
+    blocked: list[str] = []
+
+    def weigh(value: str) -> int:
+        if stats_now(cache) is None:  # load_statistics() from another thread: the lock
+            blocked.append(f"weigh({value!r})")
+        return len(value)
+
+    cache = concurrent(4, max_weight=10, weigh=weigh)
+    cache.put("empty", "")
+    cache.put("full", "abc")
+    cache.get_or_load("loaded empty", lambda: "")
+    cache.get_or_load("loaded full", lambda: "xyz")
+    check(
+        not blocked and len(cache) == 4,
+        f"weigh (len) ran while the cache's lock was held: {blocked} — weigh each value "
+        f"before taking the lock and hand its weight to the inner put, a weight of 0 "
+        f"too; {len(cache)} of 4 keys held",
+    )
+
+
+@core
+@rule("single-flight", "load-hit")
+@pytest.mark.parametrize("value", [None, 0, "", False, []], ids=repr)
+def test_stage2_every_caller_of_a_flight_gets_a_falsy_loaded_value(value: object) -> None:
+    cache = concurrent()
+    loader = Loader(lambda n: value)
+    got = thread_flight(cache, loader, 2)
+    check(
+        all(g is value for g in got) and cache.get("k", "MISS") is value,
+        f"a leader and 2 waiters of one load that returns {value!r}: each receives that very "
+        f"object (a falsy value is a value, not a missing one), and it is cached; they got "
+        f"{got}, the cache holds {cache.get('k', 'MISS')!r}",
+    )
+
+
+@core
+@rule("write-beats-load", "single-flight")
+@pytest.mark.parametrize("write", ["put", "delete"])
+def test_stage2_a_write_makes_only_its_own_keys_load_stale(write: str) -> None:
+    """Loads of 'k' and 'j' in flight; 'j' and an unrelated key are written meanwhile:
+    'j''s load is stale, 'k''s is cached all the same."""
+    cache = concurrent()
+    load_k, load_j = Loader(lambda n: ["k loaded"]), Loader(lambda n: ["j loaded"])
+    leaders = [spawn(lambda: cache.get_or_load("k", load_k), "leader of k")]
+    loading(cache, load_k)
+    leaders.append(spawn(lambda: cache.get_or_load("j", load_j), "leader of j"))
+    loading(cache, load_j)
+    for key in ("j", "other"):
+        cache.put(key, "written meanwhile") if write == "put" else cache.delete(key)
+    load_k.release.set()
+    load_j.release.set()
+    got_k, got_j = (t.outcome("a leader returns") for t in leaders)
+    held = cache.get("k"), cache.get("j")
+    want_j = "written meanwhile" if write == "put" else None
+    check(
+        held[0] is got_k and held[1] == want_j and got_j == ["j loaded"],
+        f"loads of 'k' and 'j' in flight, a {write} of 'j' and of 'other' meanwhile: only "
+        f"'j''s load is stale — 'k' caches {got_k!r}, 'j' keeps the {write} ({want_j!r}); "
+        f"the cache holds k={held[0]!r}, j={held[1]!r}",
+    )
+
+
+@core
+@rule("load-reentrant", "load-error")
+def test_stage2_a_loader_may_load_other_keys_but_never_its_own() -> None:
+    cache = concurrent()
+    cache.put("cached", "hit")
+
+    def load_doc() -> object:  # a document loads its chunk, and reads a cached key
+        if stats_now(cache) is None:  # under the lock: a call on the cache never returns
+            return "a loader that ran under the cache's lock"
+        return ("doc", cache.get_or_load("chunk", lambda: "chunk"),
+                cache.get_or_load("cached", lambda: "not a hit"))  # fmt: skip
+
+    def load_a() -> object:  # a's loader loads b, whose loader asks for a
+        return cache.get_or_load("b", lambda: cache.get_or_load("a", lambda: "inner a"))
+
+    doc = promptly(cache, "doc", load_doc)
+    check(
+        doc == ("doc", "chunk", "hit") and cache.get("chunk") == "chunk",
+        "the loader of 'doc' calls get_or_load('chunk') and get_or_load('cached'): only a "
+        "loader asking for its own key is refused, another key loads (or hits) as from "
+        f"anywhere; got {doc!r}, chunk cached: {cache.get('chunk')!r}",
+    )
+    cycle = promptly(cache, "a", load_a)
+    check(
+        isinstance(cycle, RuntimeError)
+        and (loads(cache).in_flight, loads(cache).waiters) == (0, 0),
+        "the loader of 'a' loads 'b', whose loader asks for 'a' in the same thread: it would "
+        f"wait for itself — RuntimeError, and both loads fail; got {cycle!r}, {loads(cache)}",
+    )
+    again = cache.get_or_load("a", lambda: "a"), cache.get_or_load("b", lambda: "b")
+    check(again == ("a", "b"), f"after the refusal both keys load again; got {again}")
+
+
+# --------------------------------------------------------------------------- async
+
+
+@extended
+@rule("async-single-flight", "load-hit")
+@anyio_test
+async def test_stage2_async_every_caller_of_a_flight_gets_a_falsy_loaded_value() -> None:
+    falsy: list[object] = [None, 0, "", False, []]
+    for value in falsy:
+        cache, release = async_cache(), anyio.Event()
+
+        async def loader(value: object = value, release: anyio.Event = release) -> object:
+            await release.wait()
+            return value
+
+        got = await async_flight(cache, loader, release, 2)
+        check(
+            all(g is value for g in got) and cache.get("k", "MISS") is value,
+            f"AsyncCache: a leader and 2 waiters of one load that returns {value!r}: each "
+            f"receives that very object, and it is cached; they got {got}",
+        )
+
+
+@extended
+@rule("async-single-flight", "load-too-heavy", "write-beats-load")
+@pytest.mark.parametrize("meanwhile", ["too-heavy", "put", "delete", "clear"])
+@anyio_test
+async def test_stage2_async_every_caller_gets_a_loaded_value_that_is_not_cached(
+    meanwhile: str,
+) -> None:
+    """The loaded value is not cached — too heavy, or the key written while it loaded —
+    yet it is the answer for every caller of its flight, waiters included."""
+    cache = stage(2).AsyncCache(lru(4, max_weight=20, weigh=len))
+    release, calls = anyio.Event(), list[int]()
+
+    async def loader() -> object:
+        calls.append(1)
+        await release.wait()
+        return ["x"] * (30 if meanwhile == "too-heavy" else 1)
+
+    write = list if meanwhile == "too-heavy" else lambda: write_meanwhile(cache, meanwhile)
+    got = await async_flight(cache, loader, release, 2, write)
+    check(
+        len(calls) == 1 and isinstance(got[0], list) and all(g is got[0] for g in got),
+        f"AsyncCache: a leader and 2 waiters of one load, {meanwhile} meanwhile — the value is "
+        f"not cached, yet every caller of the flight receives that very object, and the "
+        f"loader runs once; got {got}, {len(calls)} loader calls",
+    )
+
+
+@extended
+@rule("load-error", "flight-unregistered", "async-single-flight")
+@anyio_test
+async def test_stage2_async_a_weigh_that_raises_fails_the_load_for_every_caller() -> None:
+    def weigh(value: object) -> int:
+        if value == "unweighable":
+            raise ValueError("cannot weigh this")
+        return 1
+
+    cache = stage(2).AsyncCache(lru(4, max_weight=5, weigh=weigh))
+    release = anyio.Event()
+
+    async def loader() -> object:
+        await release.wait()
+        return "unweighable"
+
+    got = await async_flight(cache, loader, release, 2)
+    stats = loads(cache)
+    check(
+        isinstance(got[0], ValueError) and all(g is got[0] for g in got),
+        f"AsyncCache: weigh raised for the loaded value, which fails that load like a loader "
+        f"exception: the leader and its 2 waiters each raise that very ValueError; got {got}, "
+        f"{stats}" + (" — the flight was never finished" if STRANDED in got else ""),
+    )
+
+    async def later() -> str:
+        return "later"
+
+    with anyio.fail_after(DEADLINE_S):
+        again = await cache.get_or_load("k", later)
+    check(
+        (stats.in_flight, again, "k" in cache) == (0, "later", True),
+        f"after the failed load nothing is in flight and the next miss loads again; "
+        f"got {stats}, then {again!r}",
+    )
+
+
+@extended
+@rule("load-reentrant", "statistics")
+@anyio_test
+async def test_stage2_async_a_refused_reentrant_call_leaves_no_waiter_behind() -> None:
+    cache = async_cache()
+
+    async def inner() -> str:
+        return "inner"
+
+    async def loader() -> object:
+        return await cache.get_or_load("k", inner)
+
+    with anyio.fail_after(DEADLINE_S):
+        try:
+            got: object = await cache.get_or_load("k", loader)
+        except RuntimeError as error:
+            got = error
+    check(
+        isinstance(got, RuntimeError) and loads(cache) == LoadStatistics(1, 1, 0, 0),
+        f"AsyncCache: get_or_load('k') from inside k's own loader is refused (RuntimeError) "
+        f"and fails that load: 1 load, 1 failure, nothing in flight, nobody waiting; got "
+        f"{got!r}, {loads(cache)}",
+    )
+
+
+@extended
+@rule("async-single-flight", "load-reentrant")
+@anyio_test
+async def test_stage2_async_a_loader_may_load_other_keys_but_never_its_own() -> None:
+    cache = async_cache()
+
+    def returning(value: object) -> Callable[[], Awaitable[object]]:
+        async def loader() -> object:
+            return value
+
+        return loader
+
+    async def load_doc() -> object:
+        return "doc", await cache.get_or_load("chunk", returning("chunk"))
+
+    async def load_b() -> object:
+        return await cache.get_or_load("a", returning("inner a"))
+
+    async def load_a() -> object:
+        return await cache.get_or_load("b", load_b)
+
+    with anyio.fail_after(DEADLINE_S):
+        doc = await cache.get_or_load("doc", load_doc)
+        try:
+            cycle: object = await cache.get_or_load("a", load_a)
+        except RuntimeError as error:
+            cycle = error
+    check(
+        doc == ("doc", "chunk") and isinstance(cycle, RuntimeError),
+        f"AsyncCache: the loader of 'doc' loads 'chunk' (another key: allowed), the loader of "
+        f"'a' loads 'b', whose loader asks for 'a' in the same task (refused: RuntimeError); "
+        f"got {doc!r} and {cycle!r}",
+    )
+
+
+@extended
+@rule("write-beats-load", "async-single-flight")
+@pytest.mark.parametrize("write", ["put", "delete"])
+@anyio_test
+async def test_stage2_async_a_write_makes_only_its_own_keys_load_stale(write: str) -> None:
+    cache = async_cache()
+    loaders = {"k": AsyncLoader(), "j": AsyncLoader()}
+    got: dict[str, object] = {}
+
+    async def call(key: str) -> None:
+        got[key] = await cache.get_or_load(key, loaders[key])
+
+    async with racing_tasks() as tg:
+        for key in loaders:
+            tg.start_soon(call, key)
+        await eventually_async(lambda: loads(cache).in_flight == 2, "both loads in flight")
+        for key in ("j", "other"):
+            cache.put(key, "written meanwhile") if write == "put" else cache.delete(key)
+        for loader in loaders.values():
+            loader.release.set()
+    want_j = "written meanwhile" if write == "put" else None
+    held = cache.get("k"), cache.get("j")
+    check(
+        held[0] is got["k"] and held[1] == want_j,
+        f"AsyncCache: loads of 'k' and 'j' in flight, a {write} of 'j' and of 'other' "
+        f"meanwhile: only 'j''s load is stale — 'k' caches what it loaded; the cache holds "
+        f"k={held[0]!r} (loaded {got['k']!r}), j={held[1]!r}",
+    )
+
+
+_PLAIN: dict[str, Callable[[AsyncLoadingCache | EvictingCache], object]] = {
+    "get": lambda c: c.get("a"),
+    "put": lambda c: c.put("d", 4),
+    "delete": lambda c: c.delete("a"),
+    "clear": lambda c: c.clear(),
+    "len": len,
+    "in": lambda c: "a" in c,
+    "iteration": list,
+    "statistics": lambda c: c.statistics(),
+}
+
+
+@extended
+@rule("no-user-code-under-lock")
+@pytest.mark.parametrize("call", [*_PLAIN, "get_or_load"])
+@anyio_test
+async def test_stage2_async_each_call_hands_on_the_removals_it_caused_before_it_returns(
+    call: str,
+) -> None:
+    """An AsyncCache over a TTL cache whose entries have all expired, side by side with
+    the bare cache: after the call, on_evict has heard what the bare cache reports for it
+    — a miss of get_or_load being its get and the put of what was loaded."""
+    log, bare_log = Log(), Log()
+    clock, bare_clock = ManualClock(START), ManualClock(START)
+    cache: AsyncLoadingCache = stage(2).AsyncCache(
+        stage(1).TTLCache(3, TTL, clock=clock, on_evict=log)
+    )
+    alone: EvictingCache = stage(1).TTLCache(3, TTL, clock=bare_clock, on_evict=bare_log)
+    for key, value in [("a", 1), ("b", 2), ("c", 3)]:
+        cache.put(key, value)
+        alone.put(key, value)
+    for c in (clock, bare_clock):
+        c.advance(TTL + 1)  # every entry has expired; none was reclaimed yet
+    log.take()
+    bare_log.take()
+    if call == "get_or_load":
+
+        async def loader() -> str:
+            return "loaded"
+
+        with anyio.fail_after(DEADLINE_S):
+            await cache.get_or_load("a", loader)
+        bare_load(alone, "a", "loaded")
+    else:
+        _PLAIN[call](cache)
+        _PLAIN[call](alone)
+    check(
+        log.calls == bare_log.calls,
+        f"AsyncCache: {call} on a cache whose 3 entries expired — on_evict must hear, by the "
+        f"time the call returns, what that call removed, as the stage-1 cache alone reports "
+        f"it (not some later call): expected {bare_log.calls}, got {log.calls}",
+    )
