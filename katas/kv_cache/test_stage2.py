@@ -36,6 +36,7 @@ from katas._harness.interleave import (
 from katas._harness.marks import anyio_test, core, extended, rule
 from katas._harness.story import check
 from katas._harness.under_test import stage
+from katas._harness.virtual_time import settle
 from katas._harness.waiting import (
     DEADLINE_S,
     Thread,
@@ -1089,19 +1090,30 @@ async def test_stage2_async_a_cancelled_waiter_does_not_cancel_the_load() -> Non
 async def test_stage2_async_a_cancelled_leader_does_not_strand_its_waiters() -> None:
     flight = AsyncFlight()
     cache, loader, results = flight.cache, flight.loader, flight.results
+    leader = anyio.CancelScope()
+
+    async def lead() -> None:
+        with leader:
+            await flight.call()
+
     async with racing_tasks() as tg:
-        async with anyio.create_task_group() as leader:
-            leader.start_soon(flight.call)
-            await eventually_async(lambda: loads(cache).in_flight == 1, "the leader loading")
-            for _ in range(3):
-                tg.start_soon(flight.call)
-            await eventually_async(lambda: loads(cache).waiters == 3, "3 waiters")
-            leader.cancel_scope.cancel()  # the leader's caller went away
-        await eventually_async(
-            lambda: loader.calls == 2 and loads(cache).waiters == 2,
-            "one waiter leading a new load, two waiting for it",
-        )
-        loader.release.set()
+        tg.start_soon(lead)
+        await eventually_async(lambda: loads(cache).in_flight == 1, "the leader loading")
+        for _ in range(3):
+            tg.start_soon(flight.call)
+        await eventually_async(lambda: loads(cache).waiters == 3, "3 waiters")
+        leader.cancel()  # the leader's caller went away
+        try:
+            await settle()  # every task waits again: the cancellation has been handled
+            stats = loads(cache)
+            check(
+                loader.calls == 2 and stats.waiters == 2,
+                f"the leader's caller was cancelled while 3 waiters waited for its load: "
+                f"the leader leaves at once, one waiter leads a new load and two wait for "
+                f"it — got {loader.calls} loader calls, {stats}",
+            )
+        finally:
+            loader.release.set()  # whatever happened, every load ends
     assert len(results) == 3 and all(r is results[0] for r in results), (
         f"after the leader was cancelled, one waiter must load again and all three "
         f"waiters get that value; got {len(results)} results, loader calls {loader.calls}"

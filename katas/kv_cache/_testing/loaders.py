@@ -45,8 +45,10 @@ class Loader:
 
 
 class AsyncLoader:
-    """An async loader that waits until the test releases it; counts calls. Each load
-    returns a fresh object, so callers sharing one flight share one object."""
+    """An async loader that waits until the test releases it (hard deadline); counts
+    calls. Each load returns a fresh object, so callers sharing one flight share one
+    object. The deadline is its own: a load the code under test shields from
+    cancellation still ends, and the test fails instead of hanging."""
 
     def __init__(self) -> None:
         self.release = anyio.Event()
@@ -54,7 +56,8 @@ class AsyncLoader:
 
     async def __call__(self) -> object:
         self.calls += 1
-        await self.release.wait()
+        with anyio.move_on_after(DEADLINE_S):
+            await self.release.wait()
         return object()
 
 
