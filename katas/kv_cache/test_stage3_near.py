@@ -50,6 +50,7 @@ from katas.kv_cache._testing.near import (
     HeldWrite,
     NearCacheMachine,
     NearFleet,
+    Subscribers,
     cut,
     heal,
     held_read,
@@ -127,6 +128,37 @@ def test_stage3_near_a_write_is_one_script_per_replica_that_sets_and_publishes(
         assert message is not None and message["data"] in (key, key.encode()), message
     for pubsub in listeners.values():
         pubsub.close()
+
+
+@extended
+@rule("near-one-script", "near-other-writes")
+@pytest.mark.parametrize(
+    "held", [(0, 1), (0,), (1,), ()], ids=lambda h: "held-by-" + ("".join(map(str, h)) or "none")
+)
+def test_stage3_near_a_delete_publishes_on_every_replica_whether_or_not_it_held_the_key(
+    fleet: NearFleet, held: tuple[int, ...]
+) -> None:
+    key = "prompt:43"
+    replicas = fleet.writer.replicas_for(key)
+    with Subscribers(fleet) as subscribers:
+        fleet.writer.put(key, "v")
+        for i, name in enumerate(replicas):
+            if i not in held:  # gone from this replica already (expired, evicted, restarted)
+                fleet.nodes[name].client().delete(fleet.writer.key_name(name, key))
+        for name in NODES:
+            subscribers.heard(name)  # the put's messages: not what this test is about
+        found = fleet.writer.delete(key)
+        heard = {name: subscribers.heard(name) for name in NODES}
+    want = {name: [key] if name in replicas else [] for name in NODES}
+    holding = [replicas[i] for i in held]
+    check(
+        found is bool(held) and heard == want,
+        f"near cache: {key!r} lives on {replicas}, and only {holding or 'none'} still hold it "
+        f"when another client deletes it: each replica's script does DEL and PUBLISH, whatever "
+        f"DEL found — a near cache may hold a value Redis no longer has, and only the message "
+        f"removes it. Expected delete -> {bool(held)} and the key published on each replica "
+        f"{want}; got delete -> {found!r}, published {heard}",
+    )
 
 
 @extended
@@ -238,6 +270,28 @@ def test_stage3_near_a_weighted_local_cache_weighs_values_only(fleet: NearFleet)
     s = near_stats(near)
     assert (s.hits, s.misses) == (1, 3), (
         f"near cache: 'short' is cached (1 miss, 1 hit), 'long' is not (2 misses): {s}"
+    )
+
+
+@extended
+@rule("near-weighted", "near-placeholder")
+def test_stage3_near_placeholders_take_no_room_from_the_values(fleet: NearFleet) -> None:
+    local = lru(2, max_weight=4, weigh=len)  # room for two entries, of weight 4 in all
+    near = unstarted(fleet, set(NODES), local)
+    fleet.writer.put("full", "abcd")  # weighs max_weight exactly
+    fleet.writer.put("long", "abcdefgh")  # too heavy to keep near
+    got = [near.get("full"), near.get("long"), near.get("absent", MISS)]
+    kept = list(local)
+    again = near.get("full")
+    s = near_stats(near)
+    check(
+        got == ["abcd", "abcdefgh", MISS] and kept == ["full"] and again == "abcd" and s.hits == 1,
+        f"near cache: a local LRUCache(2, max_weight=4, weigh=len); get 'full' ('abcd', weight "
+        f"4: kept), 'long' ('abcdefgh': returned, too heavy to keep) and 'absent' (a miss), "
+        f"then 'full' again. Each read's placeholder weighs 0 and goes once the read is over, "
+        f"whatever its reply: the local cache keeps only 'full', and the last get is a hit. "
+        f"Got {[g if g is not MISS else 'MISS' for g in got]}, local holding {kept}, then "
+        f"{again!r}; {s}",
     )
 
 
@@ -623,6 +677,68 @@ def test_stage3_near_each_read_stores_only_over_its_own_placeholder(fleet: NearF
         f"placeholder, so 'v1' is discarded and 'v2' kept; get('k') must be 'v2', got {got!r}",
     )
     check(near_stats(near).discarded == 1, f"near cache: one discarded: {near_stats(near)}")
+
+
+@extended
+@rule("near-own-placeholder", "near-placeholder")
+@pytest.mark.parametrize("lands_first", ["early-lands-first", "late-lands-first"])
+@pytest.mark.parametrize("early_reads", ["a-value", "a-miss"])
+def test_stage3_near_a_reply_that_finds_another_reads_placeholder_leaves_it_alone(
+    fleet: NearFleet, early_reads: str, lands_first: str
+) -> None:
+    key = "prompt:8"
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    first, second = fleet.writer.replicas_for(key)
+    holds = {name: Holds(clients[name], "GET") for name in (first, second)}
+    near = unstarted(fleet, set(NODES), clients=clients)  # the test delivers the one message
+    if early_reads == "a-value":
+        fleet.writer.put(key, "v1")
+    for h in holds.values():
+        h.armed = True
+    try:
+        early = spawn(lambda: near.get(key, MISS), "early reader")
+        holds[first].wait(1)
+        if early_reads == "a-miss":  # a miss on the first replica goes on to the second
+            holds[first].held[0].set()
+            holds[second].wait(1)
+        early_reply = holds[second if early_reads == "a-miss" else first].held[0]
+        fleet.writer.put(key, "v2")
+        near.invalidate(key)  # the message of 'v2' removes the early read's placeholder
+        late = spawn(lambda: near.get(key, MISS), "late reader")
+        holds[first].wait(2)  # its reply 'v2' is on the wire, its placeholder in the cache
+        late_reply = holds[first].held[1]
+        want_early = "v1" if early_reads == "a-value" else MISS
+        landings = [(early_reply, early, want_early), (late_reply, late, "v2")]
+        if lands_first == "late-lands-first":
+            landings.reverse()
+        for reply, reader, want in landings:
+            reply.set()
+            answer = reader.outcome("a held read returns")
+            check(
+                answer is want or answer == want,
+                f"near cache: a held read returns what Redis answered it, "
+                f"{'MISS' if want is MISS else repr(want)}; got "
+                f"{'MISS' if answer is MISS else repr(answer)}",
+            )
+    finally:
+        for h in holds.values():
+            h.release_all()
+    before = near_stats(near)
+    got = near.get(key, MISS)
+    after = near_stats(near)
+    shown = "'v1'" if early_reads == "a-value" else "a miss"
+    check(
+        got == "v2" and after.hits == before.hits + 1 and before.discarded == 1,
+        f"near cache: steps: a get of {key!r} reads {shown}, its reply held on the wire; "
+        f"another client puts 'v2' and its message removes that read's placeholder; a second "
+        f"get puts its own placeholder and reads 'v2'; the replies land, "
+        f"{'the early one first' if lands_first == 'early-lands-first' else 'the late one first'}"
+        f". Each read stores (or, for a miss, removes) only its own placeholder: the early "
+        f"reply is discarded and leaves the late read's slot alone, and 'v2' is kept — the next "
+        f"get is a hit. Expected 'v2', a hit and 1 discarded; got "
+        f"{'MISS' if got is MISS else repr(got)}, {after.hits - before.hits} hit, "
+        f"{before.discarded} discarded",
+    )
 
 
 @extended

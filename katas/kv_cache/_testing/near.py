@@ -9,6 +9,8 @@ Reads are held on the wire with :mod:`katas.kv_cache._testing.wire`'s ``Tap``.
 from __future__ import annotations
 
 import json
+import time
+from types import TracebackType
 from typing import Any
 
 import redis
@@ -117,6 +119,59 @@ class NearFleet:
     def close(self) -> None:
         for near in self._near:
             near.close()
+
+
+class Subscribers:
+    """A plain subscriber to the fleet's channel on each node: what each node publishes.
+    :meth:`heard` tells a message from silence at once: it publishes a marker on that
+    node and returns what arrived before it (one server's messages arrive in order)."""
+
+    MARKER = "--end of what was published--"
+
+    def __init__(self, fleet: NearFleet) -> None:
+        self._fleet = fleet
+        self._pubsubs: dict[str, Any] = {}
+        for name, node in fleet.nodes.items():
+            # redis-py types pubsub() from 8.2 on; before, the call is untyped
+            pubsub = node.client().pubsub()  # type: ignore[no-untyped-call, unused-ignore]
+            self._pubsubs[name] = pubsub
+            pubsub.subscribe(fleet.channel)
+            self._next(name, f"the confirmation of a SUBSCRIBE on {name}")
+
+    def _next(self, name: str, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            message = self._pubsubs[name].get_message(timeout=DEADLINE_S)
+            if message is not None:
+                return dict(message)
+        check(False, f"within {DEADLINE_S:.0f} s, expected {what}")
+        raise AssertionError(what)  # check raised already
+
+    def heard(self, name: str) -> list[str]:
+        """The messages ``name`` published on the channel since the last look."""
+        self._fleet.nodes[name].client().publish(self._fleet.channel, self.MARKER)
+        got: list[str] = []
+        while True:
+            message = self._next(name, f"the marker published on {name} to arrive")
+            if message["type"] != "message":
+                continue
+            data = message["data"]
+            text = data.decode() if isinstance(data, bytes) else str(data)
+            if text == self.MARKER:
+                return got
+            got.append(text)
+
+    def __enter__(self) -> Subscribers:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for pubsub in self._pubsubs.values():
+            pubsub.close()
 
 
 def held_read(

@@ -9,6 +9,7 @@ with ``KATA_REDIS_SERVER=redis-server`` (``redis_env``, from the harness).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv, RedisNode
 from katas._harness.story import check
 from katas._harness.under_test import stage
+from katas.kv_cache._testing.rings import KEYS
 from katas.kv_cache._testing.wire import Sent
 from katas.kv_cache.api import (
     NS_PER_S,
@@ -61,6 +63,20 @@ def stored(
     for key in keys:
         cache.put(key, value(key))
     return keys
+
+
+def unencodable() -> dict[str, object]:
+    """Values JSON would change or cannot encode, by what they are: a put refuses each
+    with a ``TypeError`` naming ``value``."""
+    deep: Any = "leaf"
+    for _ in range(5000):
+        deep = [deep]
+    return {
+        "int and str keys": {1: "a", "1": "b"},  # JSON would keep one of the two
+        "a set": {1, 2},
+        "NaN": float("nan"),
+        "5 000 levels deep": deep,  # json would raise RecursionError
+    }
 
 
 def read_despite_faults(cache: RemoteCache, key: str, rule: str) -> Any:
@@ -119,14 +135,29 @@ def node_stats(cache: RemoteCache, name: str) -> NodeStatistics:
     return s
 
 
+#: One call a test makes on a key: ``(cache, key)``.
+Call = Callable[[RemoteCache, str], object]
+#: The calls every rule of a node's life holds for, by name.
+CALLS: dict[str, Call] = {
+    "get": lambda cache, key: cache.get(key),
+    "put": lambda cache, key: cache.put(key, "v"),
+    "delete": lambda cache, key: cache.delete(key),
+}
+
+
 def after_100_calls(
-    redis_env: RedisEnv, cache: RemoteCache, node: RedisNode, prefix: str, calls_on: list[str]
+    redis_env: RedisEnv,
+    cache: RemoteCache,
+    node: RedisNode,
+    prefix: str,
+    calls_on: list[str],
+    call: Call = CALLS["get"],
 ) -> tuple[int, list[str]]:
-    """100 more gets, cycling through ``calls_on`` (keys whose first replica is ``node``,
-    named ``n0``); then its epoch and the keys under ``prefix`` left on it under an older
-    one: copies of an epoch it abandoned."""
+    """100 more calls (gets unless ``call`` says), cycling through ``calls_on`` (keys
+    whose first replica is ``node``, named ``n0``); then its epoch and the keys under
+    ``prefix`` left on it under an older one: copies of an epoch it abandoned."""
     for i in range(100):
-        cache.get(calls_on[i % len(calls_on)])
+        call(cache, calls_on[i % len(calls_on)])
     epoch = node_stats(cache, "n0").epoch
     current = f"{prefix}{epoch}:"
     return epoch, [k for k in redis_env.keys(prefix, node=node) if not k.startswith(current)]
@@ -150,6 +181,41 @@ def behind_a_proxy(
         clock=clock,
     )
     return cache, proxy, clock
+
+
+@dataclass
+class ProxiedN0:
+    """A cache over three nodes whose ``n0`` is reached through a fault proxy (outages
+    that keep n0's data, on fakeredis and on a real server alike), probing every 1 s on
+    a ManualClock: see :func:`n0_behind_a_proxy`."""
+
+    cache: RemoteCache
+    servers: dict[str, RedisNode]
+    proxy: FaultProxy
+    #: n0's client, through the proxy: wrap it to record or hold what it sends.
+    client: redis.Redis
+    clock: ManualClock
+    prefix: str
+
+    def keys_at(self, position: int, count: int = 1) -> list[str]:
+        """``count`` keys (of ``user:0`` …) whose ``position``-th replica is ``n0``."""
+        found = [k for k in KEYS[:2_000] if self.cache.replicas_for(k)[position] == "n0"]
+        return found[:count]
+
+
+def n0_behind_a_proxy(redis_env: RedisEnv, *, prefix: str | None = None, **kw: Any) -> ProxiedN0:
+    """A ShardedCache over three nodes, ``n0`` behind a fault proxy; ``kw``: its options
+    (2 replicas, a 1 s probe interval on a ManualClock unless given)."""
+    servers = dict(zip(NODES, redis_env.servers(len(NODES)), strict=True))
+    proxy = redis_env.proxy(servers["n0"])
+    clients = {name: node.client() for name, node in servers.items()}
+    clients["n0"] = servers["n0"].proxied_client(proxy)
+    clock = kw.setdefault("clock", ManualClock())
+    prefix = prefix if prefix is not None else redis_env.fresh_prefix()
+    kw.setdefault("replicas", 2)
+    kw.setdefault("probe_interval_ns", NS_PER_S)
+    cache = sharded(clients, key_prefix=prefix, **kw)
+    return ProxiedN0(cache, servers, proxy, clients["n0"], clock, prefix)
 
 
 class ShardedCacheMachine(RuleBasedStateMachine):

@@ -124,6 +124,10 @@ def ttl_ms(command: tuple[str, ...]) -> int | None:
     return None
 
 
+#: Whatever a cache's call sends first (a ``HoldBefore`` of these holds it, whichever it is).
+EVERY_COMMAND = ("GET", "SET", "DEL", "UNLINK", "EVAL", "EVALSHA", "MGET", "PSETEX", "EXISTS")
+
+
 class HoldBefore:
     """Holds the next command of ``commands`` sent on ``client`` once armed, *before* it is
     sent: the server has not seen it yet (a :class:`Tap` holds a reply, after)."""
