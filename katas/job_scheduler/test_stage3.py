@@ -20,12 +20,14 @@ letters, idempotency keys, retention by TTL, the reaper, outages) and
 SIGKILL, SIGSTOP and SIGTERM).
 
 Map: a job's life (redis-attempts, server-time, redis-stale) · order (redis-order) ·
-never early (redis-never-early, redis-next-due, run-at-server) · backoff
-(redis-backoff) · effects (redis-fenced, redis-effect-by-job, restart-fence) · the client
-(client-contract) · unknown ids (redis-unknown-id) · the op counter (op-counter) · JSON
-and key prefix (json, key-prefix) · bad input (redis-bad-input, whole-us, lua-bounds) ·
-one script (one-script) · the model replayed: state machines and racing clients
-(op-order, redis-settle-first, redis-extended, redis-idempotency, redis-dedup-ttl, reap).
+never early (redis-never-early, redis-next-due, run-at-server) · backoff, the tokens run
+ahead of the attempts by a release or a redrive too (redis-backoff) · effects
+(redis-fenced, redis-effect-by-job, restart-fence) · the client (client-contract) ·
+unknown ids (redis-unknown-id) · the op counter (op-counter) · JSON and key prefix
+(json, key-prefix) · bad input, one past each bound, and every bound itself accepted and
+exact (redis-bad-input, whole-us, lua-bounds) · one script (one-script) · the model
+replayed: state machines and racing clients (op-order, redis-settle-first,
+redis-extended, redis-idempotency, redis-dedup-ttl, reap).
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from katas._harness import marks
 from katas._harness.marks import core, extended
 from katas._harness.redis import RedisEnv
-from katas._harness.story import expect
+from katas._harness.story import expect, not_refused
 from katas._harness.waiting import spawn
 from katas.job_scheduler._testing.clients import WORKERS
 from katas.job_scheduler._testing.queues import rejects
 from katas.job_scheduler._testing.redis_queues import (
     LEASE,
+    LUA_BOUND,
     MS,
     BadCall,
     bad_calls,
@@ -271,6 +274,58 @@ def test_stage3_nack_retries_after_backoff_then_dies_after_max_attempts(
     assert (job.state, job.attempts) == (DEAD, 3), (
         f"after max_attempts=3 failed attempts the job is DEAD; got {job}"
     )
+
+
+@marks.rule("redis-backoff", "redis-extended")
+@extended
+@pytest.mark.realtime
+@pytest.mark.parametrize("failure", ["nack", "expiry"])
+@pytest.mark.parametrize("ahead", ["released", "redriven"])
+def test_stage3_backoff_counts_the_failed_attempt_not_the_tokens_issued(
+    redis_env: RedisEnv, ahead: str, failure: str
+) -> None:
+    """A job's tokens run ahead of its attempts — a release refunds the attempt and keeps
+    the token, a redrive zeroes the attempts and never the tokens. Each retry after that
+    waits min(cap, base·2^(n-1)) for n the attempt that failed (by ``nack``, or by its
+    lease's ``expiry``, counted from the expiry), whatever token its lease carried."""
+    redis_env.freeze_time()
+    base, cap, lease_ns = 10 * MS, 1000 * MS, 100 * MS
+    queue = new_queue(
+        redis_env, lease_ns=lease_ns, retry=RetryPolicy(base, cap, "none"), max_attempts=3
+    )
+    job_id = queue.enqueue("flaky")
+    history: list[str] = []
+
+    def due(run_at_ns: int) -> None:  # server time passes up to the retry's run time
+        redis_env.pass_time(max(0, run_at_ns - stamp(queue, "get").server_now_ns))
+
+    if ahead == "released":
+        queue.release(claim(queue))
+        history.append("claimed (token 1) and released: the attempt refunded")
+    else:
+        for _ in range(3):
+            queue.nack(claim(queue), "503")
+            due(queue.get(job_id).run_at_ns)
+        assert queue.redrive(job_id) is True, f"the job is DEAD: {queue.get(job_id)}"
+        history.append("failed 3 times (tokens 1 to 3), DEAD, redriven: attempts zeroed")
+    for attempt in (1, 2):
+        lease = claim(queue)
+        if failure == "nack":
+            queue.nack(lease, "503")
+            failed_at = stamp(queue, "nack").server_now_ns
+        else:
+            redis_env.pass_time(lease_ns)
+            failed_at = lease.expires_at_ns
+        job = queue.get(job_id)
+        history.append(f"attempt {lease.attempt} (token {lease.token}) failed by {failure}")
+        expect(
+            (lease.attempt, job.run_at_ns - failed_at),
+            (attempt, min(cap, base * 2 ** (attempt - 1))),
+            f"base {base}, cap {cap}: " + "; ".join(history) + " — (the attempt that failed, "
+            "its retry's run_at_ns less the failure's server time): the exponent is the "
+            "attempt's, never the token's",
+        )
+        due(job.run_at_ns)
 
 
 @marks.rule("redis-fenced", "redis-effect-by-job")
@@ -525,6 +580,58 @@ def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
         f"before the script runs); keys changed: "
         f"{sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))}"
     )
+
+
+@marks.rule("lua-bounds", "server-time", "redis-backoff")
+@extended
+def test_stage3_every_bound_of_exactly_2_to_the_52_is_accepted_and_held_exactly(
+    redis_env: RedisEnv,
+) -> None:
+    """Durations and times at most 2^52 µs, counts at most 2^52: the bound itself is
+    accepted — by the constructor and by enqueue — and every sum a script makes with it
+    on the server's time (a due time, an expiry, a backoff, a TTL) is exact to the µs."""
+    redis_env.freeze_time()
+    most = LUA_BOUND * 1000  # 2^52 µs, in ns
+    what = (
+        "lease_ns, retry.base_ns, retry.cap_ns, dedup_ttl_ns and retention_ns of 2^52 µs, "
+        "max_attempts and max_pending of 2^52"
+    )
+    with not_refused(f"RedisJobQueue with {what}: each is at most its bound", ValueError):
+        queue = new_queue(
+            redis_env, lease_ns=most, retry=RetryPolicy(most, most, "none"),
+            max_attempts=LUA_BOUND, max_pending=LUA_BOUND, dedup_ttl_ns=most, retention_ns=most,
+        )  # fmt: skip
+    with not_refused("enqueue(delay_ns=2^52 µs): at most the bound", ValueError):
+        later = queue.enqueue("in 2^52 µs", delay_ns=most)
+    enqueued = stamp(queue, "enqueue").server_now_ns
+    with not_refused("enqueue(run_at_ns=2^52 µs): at most the bound", ValueError):
+        latest = queue.enqueue("at 2^52 µs", run_at_ns=most)
+    now = queue.enqueue("now", idempotency_key="k")
+    expect(
+        (queue.get(later).run_at_ns, queue.get(latest).run_at_ns),
+        (enqueued + most, most),
+        f"a queue with {what}; run_at_ns of the job enqueued at {enqueued} with delay_ns=2^52 "
+        "µs, and of the one with run_at_ns=2^52 µs (exact, to the µs)",
+    )
+    lease = claim(queue)
+    expect(
+        (lease.job_id, lease.expires_at_ns - stamp(queue, "claim").server_now_ns),
+        (now, most),
+        "the due job's claim, and its lease's expiry less the claim's server time (lease_ns)",
+    )
+    queue.nack(lease, "503")
+    failed_at = stamp(queue, "nack").server_now_ns
+    job = queue.get(now)
+    expect(
+        (job.state, job.max_attempts, job.run_at_ns - failed_at),
+        (SCHEDULED, LUA_BOUND, most),
+        "after its first failure, with max_attempts=2^52 and a backoff of base = cap = 2^52 "
+        "µs: (state, max_attempts, its retry's run_at_ns less the nack's server time)",
+    )
+    expect(
+        queue.enqueue("now again", idempotency_key="k"), now,
+        "an enqueue with the same idempotency key, its record kept 2^52 µs",
+    )  # fmt: skip
 
 
 @marks.rule("one-script")

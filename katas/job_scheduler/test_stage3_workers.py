@@ -13,16 +13,18 @@ named point when told, and the test strikes there; the workers' transcripts come
 every failure (:mod:`katas.job_scheduler._testing.fleets`). Every effect must land
 exactly once, whatever was killed when.
 
-Map: in process (worker-heartbeat-default, worker-heartbeats; the first heartbeat however
-late the heartbeat thread wakes: worker-heartbeat-default; a clock an hour off the
-server's either way: worker-clock, fault-skew; worker-nack, worker-events, worker-run,
-worker-poll, worker-loop; held at an exact point of its loop: worker-stale-drops,
-worker-outage, worker-stop; the heartbeat thread through every refusal and a lost job:
-worker-heartbeats, busy-unavailable) · SIGKILL mid-job (fault-sigkill) · SIGSTOP past the
-lease (fault-sigstop, worker-stale-drops) · a poison job (fault-poison) · a job three
-leases long (fault-long-job) · SIGTERM during a burst (fault-sigterm, worker-stop) · an
-outage and a restart (fault-outage, worker-outage, fault-restart, scripts-reload) · random
-crashes (fault-random-crashes) · skewed clocks (fault-skew, worker-clock).
+Map: in process (worker-heartbeat-default on leases whose third is whole or not,
+worker-heartbeats; the first heartbeat however late the heartbeat thread wakes:
+worker-heartbeat-default; a clock an hour off the server's either way: worker-clock,
+fault-skew; worker-nack, worker-events, worker-run, worker-poll, worker-loop; held at an
+exact point of its loop: worker-stale-drops, worker-outage, worker-stop; a release at
+the grace deadline meeting a stale lease: worker-stale-drops; the heartbeat thread
+through every refusal and a lost job: worker-heartbeats, busy-unavailable) · SIGKILL
+mid-job (fault-sigkill) · SIGSTOP past the lease (fault-sigstop, worker-stale-drops) · a
+poison job (fault-poison) · a job three leases long (fault-long-job) · SIGTERM during a
+burst (fault-sigterm, worker-stop) · an outage and a restart (fault-outage,
+worker-outage, fault-restart, scripts-reload) · random crashes (fault-random-crashes) ·
+skewed clocks (fault-skew, worker-clock).
 """
 
 from __future__ import annotations
@@ -94,12 +96,24 @@ def workers(redis_env: RedisEnv, impl_selection: impl.Selection) -> Iterator[Wor
 # --- in process, on a test clock ------------------------------------------------------
 
 
+#: Leases (whole µs) a third of which is whole, or leaves 1 ns or 2 ns over: the default
+#: interval is lease_ns // 3 exactly — never rounded to the nearest ns, nor up.
+DEFAULT_BEAT_LEASES = [
+    pytest.param(WORKER_LEASE, id="thirds"),
+    pytest.param(WORKER_LEASE + 1_000, id="one-over"),
+    pytest.param(WORKER_LEASE + 2_000, id="two-over"),
+]
+
+
 @rule("worker-heartbeat-default", "worker-heartbeats")
 @extended
-def test_stage3_worker_default_heartbeat_is_every_third_of_the_lease(redis_env: RedisEnv) -> None:
+@pytest.mark.parametrize("lease_ns", DEFAULT_BEAT_LEASES)
+def test_stage3_worker_default_heartbeat_is_every_third_of_the_lease(
+    redis_env: RedisEnv, lease_ns: int
+) -> None:
     gate = Gate()
     clock = WatchedClock(10**12)
-    queue, worker, _, _ = in_process_worker(redis_env, gate.handler, clock=clock)
+    queue, worker, _, _ = in_process_worker(redis_env, gate.handler, clock=clock, lease_ns=lease_ns)
     queue.enqueue("long")
     others = set(threading.enumerate())
     thread = run_in_thread(worker, 1)
@@ -110,7 +124,7 @@ def test_stage3_worker_default_heartbeat_is_every_third_of_the_lease(redis_env: 
         clock,
         lambda: clock.settle(others | {thread}, gate.busy),
         who="RedisWorker",
-        lease=WORKER_LEASE,
+        lease=lease_ns,
     )
     gate.event.set()
     thread.outcome("the worker to finish its one job")
@@ -664,6 +678,53 @@ def test_stage3_a_job_released_at_the_grace_deadline_drops_its_handlers_result(
         "a stale lease and report the job lost), the attempt refunded. (events, state, "
         f"attempts, last_error, effects, (released, lost, failed, succeeded)):\n"
         f"  expected {want}\n  got      {got}"
+    )
+
+
+#: How the running job's lease went stale before stop's grace ran out: it expired (no
+#: heartbeat came), the job was cancelled, or the store was lost (a master back empty).
+STALE_BY = ["expired", "cancelled", "store_lost"]
+
+
+@rule("worker-stop", "worker-stale-drops", "worker-events")
+@extended
+@pytest.mark.realtime
+@pytest.mark.parametrize("stale", STALE_BY)
+def test_stage3_a_release_at_the_grace_deadline_that_meets_a_stale_lease_reports_it_lost(
+    redis_env: RedisEnv, stale: str
+) -> None:
+    """The grace runs out with the handler still running, but the job's lease went stale
+    meanwhile: the release is refused (StaleLease or JobNotFound), nothing is handed back
+    and no attempt refunded — the job is someone else's. It is "lost", never "released"."""
+    redis_env.freeze_time()
+    lease_ns = 200 * MS if stale == "expired" else WORKER_LEASE
+    gate = Gate()
+    clock = WatchedClock(10**12)  # frozen: no heartbeat is due while the test acts
+    queue, worker, _, events = in_process_worker(
+        redis_env, gate.handler, clock=clock, lease_ns=lease_ns
+    )
+    job_id = queue.enqueue("long")
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+    if stale == "expired":
+        redis_env.pass_time(lease_ns)
+    elif stale == "cancelled":
+        assert queue.cancel(job_id) is True, f"the running job was cancelled: {queue.get(job_id)}"
+    else:
+        redis_env.lose_keys()
+    worker.stop(1_000)
+    clock.set(clock.now_ns() + 1_000)
+    clock.settle(others | {thread}, gate.busy)
+    gate.event.set()  # the handler comes back after the refused release
+    thread.outcome("the worker to return once its grace ran out")
+    stats = worker.statistics()
+    got = ([e for e, j in events if j == job_id], (stats.released, stats.lost))
+    assert got == (["claimed", "lost"], (0, 1)), (
+        f"the running job's lease went stale ({stale.replace('_', ' ')}), then stop's grace "
+        "ran out: the release is refused and the job dropped — reported 'lost', never "
+        "'released' (nothing was handed back, no attempt refunded). (its events, "
+        f"(released, lost)): expected {(['claimed', 'lost'], (0, 1))}, got {got}"
     )
 
 

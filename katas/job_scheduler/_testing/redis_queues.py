@@ -18,13 +18,26 @@ from hypothesis import HealthCheck, settings
 from katas._harness.profiles import heavy_examples
 from katas._harness.redis import RedisEnv
 from katas._harness.under_test import stage
-from katas.job_scheduler.api import EffectStore, Lease, OpStamp, RetryPolicy, SharedJobQueue
+from katas.job_scheduler.api import (
+    EffectStore,
+    JobNotFound,
+    JobState,
+    Lease,
+    OpStamp,
+    RetryPolicy,
+    SharedJobQueue,
+)
 
 MS = 1_000_000  # ns
 #: A lease long enough never to expire by accident on a loaded machine, yet short
 #: enough to wait out for real (≤ 500 ms) on a real server.
 LEASE = 300 * MS
 NO_RETRY_DELAY = RetryPolicy(0, 0, "none")
+#: The most a script may be given (lua-bounds): durations and times up to this many µs,
+#: counts up to this number — the bound included. One µs (or one more) past it is refused.
+LUA_BOUND = 2**52
+#: One µs past the bound, in ns: a whole number of µs, so only the bound refuses it.
+PAST_THE_BOUND_NS = (LUA_BOUND + 1) * 1000
 
 #: Tests that start servers or processes run few examples; they take function fixtures.
 heavy = settings(
@@ -80,6 +93,14 @@ def claim(queue: SharedJobQueue, worker: str = "w") -> Lease:
     lease = queue.claim(worker)
     assert isinstance(lease, Lease), f"claim() returned {lease!r}, but a job was due"
     return lease
+
+
+def state_or_none(queue: SharedJobQueue, job_id: str) -> JobState | None:
+    """The state ``queue.get(job_id)`` shows, or None if it raises JobNotFound."""
+    try:
+        return queue.get(job_id).state
+    except JobNotFound:
+        return None
 
 
 def finish(queue: SharedJobQueue, lease: Lease, turn: int) -> None:
@@ -184,6 +205,32 @@ def bad_calls() -> list[Any]:
         ("dedup_ttl_ns 10^22", ctor(dedup_ttl_ns=10**22), "dedup_ttl_ns"),
         ("backoff cap 10^22", ctor(retry=RetryPolicy(1000, 10**22, "none")), "cap_ns"),
         ("delay_ns 10^22", lambda env, q, le: q.enqueue(1, delay_ns=10**22), "delay_ns"),
+        # One past the bound (2^52 µs, 2^52), which itself is accepted: the edge exactly.
+        ("lease_ns 2^52 us + 1 us", ctor(lease_ns=PAST_THE_BOUND_NS), "lease_ns"),
+        ("retention_ns 2^52 us + 1 us", ctor(retention_ns=PAST_THE_BOUND_NS), "retention_ns"),
+        ("dedup_ttl_ns 2^52 us + 1 us", ctor(dedup_ttl_ns=PAST_THE_BOUND_NS), "dedup_ttl_ns"),
+        (
+            "backoff base 2^52 us + 1 us",
+            ctor(retry=RetryPolicy(PAST_THE_BOUND_NS, PAST_THE_BOUND_NS, "none")),
+            "base_ns",
+        ),
+        (
+            "backoff cap 2^52 us + 1 us",
+            ctor(retry=RetryPolicy(1000, PAST_THE_BOUND_NS, "none")),
+            "cap_ns",
+        ),
+        ("max_attempts 2^52 + 1", ctor(max_attempts=LUA_BOUND + 1), "max_attempts"),
+        ("max_pending 2^52 + 1", ctor(max_pending=LUA_BOUND + 1), "max_pending"),
+        (
+            "delay_ns 2^52 us + 1 ns",
+            lambda env, q, le: q.enqueue(1, delay_ns=LUA_BOUND * 1000 + 1),
+            "delay_ns",
+        ),
+        (
+            "run_at_ns 2^52 us + 1 ns",
+            lambda env, q, le: q.enqueue(1, run_at_ns=LUA_BOUND * 1000 + 1),
+            "run_at_ns",
+        ),
         ("run_at_ns 10^22", lambda env, q, le: q.enqueue(1, run_at_ns=10**22), "run_at_ns"),
         ("a set as payload", lambda env, q, le: q.enqueue({1, 2}), "payload"),
         ("NaN as payload", lambda env, q, le: q.enqueue(float("nan")), "payload"),
@@ -199,6 +246,17 @@ def bad_calls() -> list[Any]:
         (
             "run-at-0-and-delay",
             lambda env, q, le: q.enqueue(1, run_at_ns=0, delay_ns=MS),
+            "delay_ns",
+        ),
+        # Both given is refused whatever the values: a delay of 0 is given too.
+        (
+            "run-at-and-delay-0",
+            lambda env, q, le: q.enqueue(1, run_at_ns=10**15, delay_ns=0),
+            "delay_ns",
+        ),
+        (
+            "run-at-0-and-delay-0",
+            lambda env, q, le: q.enqueue(1, run_at_ns=0, delay_ns=0),
             "delay_ns",
         ),
         ("negative run_at", lambda env, q, le: q.enqueue(1, run_at_ns=-5), "run_at_ns"),

@@ -1,0 +1,197 @@
+"""Stage 3 suite, the queue on Redis, at the edges of its rules: a lease on a job the
+queue does not hold, an effect held however its job comes back, and a death the settle
+notices only once its retention is over (see katas/job_scheduler/README.md, "Stage 3").
+
+Runs on fakeredis by default, like the rest of the stage (``test_stage3.py`` tells how
+time is placed): the server clock is frozen and moved by the test; tests marked
+``realtime`` wait for server time on a real server, and those that need the clock
+stopped at an exact µs skip there.
+
+Map: a lease on a job never enqueued, forgotten after its retention, or of a store lost
+since — ``is_current`` False, every other lease call refused (redis-unknown-id,
+redis-extended) · an effect committed by an attempt that never acked, held through the
+job's retry after an expiry or a nack, its release, and its redrive after a death
+(redis-fenced, redis-effect-by-job, redis-extended) · a death by expiry first noticed at
+its retention's end, or 1 µs before, by each kind of read (redis-settle-first,
+ttl-retention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from katas._harness.marks import extended, rule
+from katas._harness.redis import RedisEnv
+from katas._harness.story import Story, expect, not_refused
+from katas.job_scheduler._testing.queues import refusal
+from katas.job_scheduler._testing.redis_queues import (
+    MS,
+    claim,
+    effect_store,
+    fail_fast_on_redis_stubs,  # noqa: F401 (autouse)
+    new_queue,
+    state_or_none,
+)
+from katas.job_scheduler._testing.states import DEAD
+from katas.job_scheduler.api import JobNotFound, Lease, QueueStatistics, StaleLease
+
+pytestmark = [pytest.mark.stage(3)]
+
+
+@rule("redis-unknown-id", "redis-extended")
+@extended
+@pytest.mark.realtime
+@pytest.mark.parametrize("gone", ["never_enqueued", "forgotten", "store_lost"])
+def test_stage3_a_lease_on_a_job_the_queue_does_not_hold_is_not_current(
+    redis_env: RedisEnv, gone: str
+) -> None:
+    """``is_current`` answers False for a lease that is not live — one whose job the queue
+    does not hold included (stage 1: False for a forgotten job) — where ``ack``, ``nack``,
+    ``heartbeat`` and ``release`` raise JobNotFound and the effect store's ``commit``
+    StaleLease. A lost store may answer the lease calls either way (restart-fence)."""
+    redis_env.freeze_time()
+    retention = 100 * MS
+    queue = new_queue(redis_env, retention_ns=retention)
+    held = queue.enqueue("held")
+    if gone == "never_enqueued":
+        lease, story = Lease("job-404", 1, 1, 0, "w"), "a lease on job-404, never enqueued"
+    elif gone == "forgotten":
+        lease = claim(queue)
+        queue.ack(lease)
+        redis_env.pass_time(retention)
+        story = f"a lease on {held}, acked, then forgotten {retention} ns later (its retention)"
+    else:
+        lease = claim(queue)
+        redis_env.pass_time(MS)  # the store lived a while: a new one is a new generation
+        redis_env.lose_keys()
+        queue.enqueue("after the loss")
+        story = f"a lease on {held}; then the store was lost, and a job enqueued in a new one"
+    with not_refused(f"{story}: is_current answers, never raises", JobNotFound, StaleLease):
+        current = queue.is_current(lease)
+    expect(current, False, f"{story}: is_current(lease)")
+    lost = (JobNotFound, StaleLease) if gone == "store_lost" else (JobNotFound,)
+    calls: list[tuple[str, tuple[type[Exception], ...], Callable[[], object]]] = [
+        ("ack", lost, lambda: queue.ack(lease)),
+        ("nack", lost, lambda: queue.nack(lease, "late")),
+        ("heartbeat", lost, lambda: queue.heartbeat(lease)),
+        ("release", lost, lambda: queue.release(lease)),
+        ("commit", (StaleLease,), lambda: effect_store(queue).commit(lease, "late")),
+    ]
+    for name, refusals, call in calls:
+        got = refusal(refusals[0], call)
+        if isinstance(got, refusals):
+            got = True
+        expect(
+            got, True,
+            f"{story}: {name}(lease) must raise {' or '.join(r.__name__ for r in refusals)} "
+            "(True: it did; False: it was accepted)",
+        )  # fmt: skip
+
+
+#: How the attempt that committed the job's effect ends without an ack, and how the job
+#: comes back for another attempt.
+COME_BACK = ["expired", "nacked", "released", "died_and_redriven"]
+
+
+@rule("redis-fenced", "redis-effect-by-job", "redis-extended")
+@extended
+@pytest.mark.realtime
+@pytest.mark.parametrize("how", COME_BACK)
+def test_stage3_an_effect_committed_is_held_however_its_job_comes_back(
+    redis_env: RedisEnv, how: str
+) -> None:
+    """An attempt commits the job's effect and never acks: its lease expires, it nacks, it
+    is released — or, at its last attempt, its lease expires and the job, DEAD, is
+    redriven. The job is the same job: ``effects()`` holds the first effect all along, and
+    the next attempt's ``commit`` finds it committed (False), so the effect lands once."""
+    redis_env.freeze_time()
+    lease_ns = 100 * MS
+    queue = new_queue(
+        redis_env, lease_ns=lease_ns, max_attempts=1 if how == "died_and_redriven" else 2
+    )
+    store = effect_store(queue)
+    job_id = queue.enqueue("charge $5")
+    story = Story(
+        f"{job_id} enqueued (max_attempts {queue.get(job_id).max_attempts}):",
+        lambda: redis_env.server().time_us() * 1000, redis_env.server().time_us() * 1000,
+    )  # fmt: skip
+    invariant = (
+        "an effect is committed once per job, keyed by the job: it is held while the queue "
+        "holds the job, and every later attempt's commit returns False"
+    )
+
+    def holds(when: str) -> None:
+        story.add(when)
+        story.expect(store.effects(), {job_id: "charged"}, f"{invariant}; effects()")
+
+    first = claim(queue, "w1")
+    fresh = store.commit(first, "charged")
+    story.check(fresh is True, invariant, f"the first commit returned {fresh!r}, not True")
+    holds("w1 claimed it and committed 'charged'")
+    if how == "nacked":
+        queue.nack(first, "503")
+    elif how == "released":
+        queue.release(first)
+    else:
+        redis_env.pass_time(lease_ns)
+        queue.reap()
+    holds(f"w1's attempt ended: {how.replace('_', ' ')}")
+    if how == "died_and_redriven":
+        story.expect(queue.get(job_id).state, DEAD, f"{invariant}; at its last attempt: state")
+        story.check(queue.redrive(job_id) is True, invariant, "redrive() returned False")
+        holds("the DEAD job redriven")
+    again = claim(queue, "w2")
+    committed = store.commit(again, "charged again")
+    story.add(f"w2 claimed it (token {again.token}) and committed: {committed}")
+    story.expect(committed, False, f"{invariant}; w2's commit")
+    queue.ack(again, "done")
+    holds("w2 acked")
+
+
+#: When the first call after a crashed job's death comes: at the end of that death's
+#: retention exactly, or 1 µs before it.
+NOTICED = {"at_the_end": 0, "1_us_before": 1000}
+
+
+@rule("redis-settle-first", "ttl-retention")
+@extended
+@pytest.mark.parametrize("first", ["statistics", "dead_letters", "get", "effects"])
+@pytest.mark.parametrize("noticed", list(NOTICED))
+def test_stage3_a_death_noticed_only_at_its_retention_end_is_never_shown(
+    redis_env: RedisEnv, noticed: str, first: str
+) -> None:
+    """max_attempts=1: the worker commits its effect and crashes; nobody calls until the
+    death's retention is over (its lease's expiry + retention_ns), or 1 µs short of it.
+    That first call's settle applies the expiry — the job dies at the expiry instant — and
+    only then forgets what is past its retention, the job it just killed included: at the
+    end, no call shows the job, the first one neither; 1 µs before, every one does."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("a real server's clock cannot be stopped at the retention's very µs")
+    redis_env.freeze_time()
+    lease_ns, retention = 100 * MS, 200 * MS
+    queue = new_queue(redis_env, lease_ns=lease_ns, retention_ns=retention, max_attempts=1)
+    store = effect_store(queue)
+    job_id = queue.enqueue("crashes")
+    lease = claim(queue)
+    store.commit(lease, "charged")
+    now = redis_env.server().time_us() * 1000
+    redis_env.pass_time(lease.expires_at_ns + retention - NOTICED[noticed] - now)
+    gone = noticed == "at_the_end"
+    reads: dict[str, tuple[Callable[[], object], object, object]] = {
+        "statistics": (queue.statistics, QueueStatistics(0, 0, 0, 0, 0, 0, 0),
+                       QueueStatistics(0, 0, 0, 0, 1, 0, 0)),
+        "dead_letters": (lambda: [j.id for j in queue.dead_letters()], [], [job_id]),
+        "get": (lambda: state_or_none(queue, job_id), None, DEAD),
+        "effects": (store.effects, {}, {job_id: "charged"}),
+    }  # fmt: skip
+    for name in [first, *(n for n in reads if n != first)]:
+        read, forgotten, shown = reads[name]
+        expect(
+            read(), forgotten if gone else shown,
+            f"max_attempts=1, retention_ns={retention}: {job_id} committed its effect and its "
+            f"lease expired, nothing called since; {NOTICED[noticed]} ns before the expiry + "
+            f"retention_ns, {name}() — the {'first' if name == first else 'next'} call, its "
+            "settle applying the expiry, then the retention (get: the state, None if gone)",
+        )  # fmt: skip
