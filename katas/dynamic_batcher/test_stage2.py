@@ -156,6 +156,34 @@ async def test_stage2_an_idle_engine_waits_without_stepping() -> None:
         await stream.aclose()
 
 
+@extended
+@rule("engine-loop", "engine-deadline")
+async def test_stage2_a_loop_that_wakes_late_steps_at_the_clocks_now() -> None:
+    """The clock passes the end of step 1 (+1000) before the loop wakes, to +1300, as a
+    real clock overshoots a sleep: the next step is step(now) at +1300, not at +1000 —
+    so a deadline of +1200 has passed when it starts."""
+    steps = Steps()
+    rig = Rig(step_time_ns=steps)
+    a, b = request("a", 3, 4), request("b", 3, 9, deadline_ns=T0 + 1_200)
+    async with rig.engine:
+        streams = [rig.engine.generate(r) for r in (a, b)]
+        await rig.time.settle()  # step 1 runs until +1000
+        rig.clock.set(T0 + STEP_NS + 300)
+        got = [await rig.consume(stream, f"{stream.rid}'s stream to end") for stream in streams]
+    starts = sorted(steps.scheduled)
+    check(
+        starts == [0, 1_300, 2_300, 3_300],
+        "engine-loop: step 1 ran from +0 to +1000; the loop woke at +1300 (the clock had "
+        "moved on): each step is step(now) with the clock's now, then lasts 1000 ns — "
+        f"expected steps starting at +0, +1300, +2300, +3300; got {starts}",
+    )
+    check(
+        (len(got[1].tokens), got[1].reason) == (1, "deadline"),
+        "engine-deadline: b's deadline is +1200; the step after step 1 starts at +1300, past "
+        f"it: b ends there with its one token and reason 'deadline'; got {show(got[1].taken)}",
+    )
+
+
 @core
 @rule("engine-arrival")
 async def test_stage2_generate_stamps_the_arrival_with_the_clocks_time() -> None:
@@ -351,6 +379,41 @@ async def test_stage2_a_read_after_leaving_stops_even_with_tokens_untaken() -> N
     )
 
 
+@extended
+@rule("reader-leaves")
+@pytest.mark.parametrize("how", ["aclose", "async with"])
+@pytest.mark.parametrize("untaken", ["tokens", "nothing"])
+async def test_stage2_a_read_after_leaving_a_finished_stream_stops(how: str, untaken: str) -> None:
+    """The request finished before its reader left: nothing to abort, but the reader has
+    left all the same, and its reads stop the iteration — whether its last delivery held
+    tokens (length) or none (deadline)."""
+    rig = Rig()
+    deadline = T0 + 2_500 if untaken == "nothing" else None
+    async with rig.engine:
+        stream = rig.engine.generate(request("a", 3, 3 if untaken == "tokens" else 9,
+                                             deadline_ns=deadline))  # fmt: skip
+        if untaken == "nothing":
+            await rig.time.advance_to(T0 + 3_500)  # tokens at +1000 … +3000, all taken
+            await take(stream, "the read at +3500")
+        await rig.time.advance_to(T0 + 6 * STEP_NS)  # finished: its last delivery waits
+        assert rig.engine.statistics().streams == 0, "setup: the request has finished"
+        if how == "aclose":
+            await stream.aclose()
+        else:
+            async with stream:
+                pass
+        try:
+            got: object = await stream.__anext__()
+        except StopAsyncIteration:
+            got = "StopAsyncIteration"
+    check(
+        got == "StopAsyncIteration",
+        f"reader-leaves: the request had finished ({'length' if deadline is None else 'deadline'}"
+        f", its last delivery untaken, with {untaken}) when its reader left by {how}: reads "
+        f"after leaving stop the iteration; got {got}",
+    )
+
+
 @core
 @rule("reader-leaves", "engine-statistics")
 async def test_stage2_a_reader_that_leaves_gets_nothing_of_the_step_in_flight() -> None:
@@ -476,6 +539,30 @@ async def test_stage2_generate_refuses_at_max_waiting_with_the_time_left_in_the_
         await rig.time.advance_to(T0 + 10 * STEP_NS)
         rig.engine.generate(request("d", 2, 9))  # the same id, later: not a duplicate
         await rig.engine.aclose()
+
+
+@extended
+@rule("overload")
+@pytest.mark.parametrize("late", [-1, 0, 1, 250])
+async def test_stage2_a_refusal_as_the_step_in_flight_ends_hints_at_least_1ns(late: int) -> None:
+    """The clock reaches (or passes) the end of the step in flight before the loop has
+    run: the queue is still full, and the time left is 1, 0 or less — the hint is 1 ns."""
+    rig = Rig(max_num_seqs=1, max_waiting=1)
+    async with rig.engine:
+        rig.engine.generate(request("a", 2, 9))
+        await rig.time.settle()  # step 1 (a admitted) runs until +1000
+        rig.engine.generate(request("b", 2, 9))  # waits behind a
+        rig.clock.set(T0 + STEP_NS + late)  # the loop has not run yet
+        with pytest.raises(Overloaded) as refused:
+            rig.engine.generate(request("c", 2, 9))
+        got = refused.value.retry_after_ns
+        await rig.engine.aclose()
+    check(
+        got == max(1, -late),
+        f"overload: a refusal at +{STEP_NS + late}, the step in flight ending at +{STEP_NS} "
+        f"(the loop not yet run): retry_after_ns is the time left, never less than 1 ns: "
+        f"expected {max(1, -late)}, got {got}",
+    )
 
 
 @extended
@@ -891,6 +978,95 @@ async def test_stage2_a_request_whose_reader_left_has_latencies_of_its_own() -> 
     )
 
 
+@extended
+@rule("engine-statistics", "stall", "aclose", "engine-deadline")
+@pytest.mark.parametrize("ending", ["stalled", "engine closed", "deadline", "reader left"])
+async def test_stage2_a_request_that_ended_early_has_latencies_of_its_own(ending: str) -> None:
+    """The only request gets tokens at +1000, +2000, … and ends early, each way a request
+    can: it counts in TTFT and TPOT like one that ran to its end."""
+    rig = Rig(max_stall_ns=4 * STEP_NS)
+    deadline = T0 + 3_500 if ending == "deadline" else None
+    async with rig.engine:
+        stream = rig.engine.generate(request("a", 3, 20, deadline_ns=deadline))
+        if ending == "stalled":  # never read: aborted at +5000, after 5 tokens
+            await rig.time.advance_to(T0 + 10 * STEP_NS)
+        else:
+            await rig.time.advance_to(T0 + 3_500)
+            await take(stream, "the read at +3500")  # no stall: tokens at +1000 … +4000
+            await rig.time.advance_to(T0 + 4_500)
+            if ending == "engine closed":
+                await rig.engine.aclose()
+            elif ending == "reader left":
+                await stream.aclose()
+            await rig.time.advance_to(T0 + 10 * STEP_NS)
+        stats = rig.engine.statistics()
+    latency = (stats.ttft_p50_ns, stats.ttft_p99_ns, stats.tpot_p50_ns, stats.tpot_p99_ns)
+    check(
+        stats.streams == 0 and latency == (STEP_NS, STEP_NS, STEP_NS, STEP_NS),
+        f"engine-statistics: the only request ({ending}) had its deliveries at +1000, "
+        "+2000, … one a step: it finished (any reason counts), so TTFT = 1000 and TPOT = "
+        "1000; expected streams 0 and (ttft p50, p99, tpot p50, p99) = (1000, 1000, 1000, "
+        f"1000), got streams {stats.streams} and {latency}",
+    )
+
+
+@extended
+@rule("engine-statistics")
+@pytest.mark.parametrize("n", [4, 53])
+async def test_stage2_percentiles_are_nearest_ranks(n: int) -> None:
+    """n requests one after another (max_num_seqs=1), two tokens each; every step a cost
+    of its own, so every TTFT and every TPOT differs. p50 and p99 are the
+    ceil(p·n/100)-th smallest: with 53 values the 27th and the 53rd, not the 26th and
+    the 52nd; with 4 the 2nd and the 4th."""
+    costs = iter(random.Random(n).sample(range(STEP_NS, 100 * STEP_NS), 2 * n))
+    rig = Rig(max_num_seqs=1, step_time_ns=lambda out: next(costs))
+    requests = [request(f"r{i}", 3, 2) for i in range(n)]
+    async with rig.engine, anyio.create_task_group() as tg:
+        readers = {r.rid: Reader(rig.engine.generate(r), rig.clock) for r in requests}
+        for reader in readers.values():
+            tg.start_soon(reader.run)
+        await rig.time.run_until(
+            lambda: _ended(readers), within_ns=10**9, what="every stream to end"
+        )
+        stats = rig.engine.statistics()
+    assert all(len(rd.tokens) == 2 for rd in readers.values()), "setup: two tokens each"
+    ttft = [rd.taken[0][0] - T0 for rd in readers.values()]
+    tpot = [float(rd.taken[-1][0] - rd.taken[0][0]) for rd in readers.values()]
+    want = (nearest_rank(ttft, 50), nearest_rank(ttft, 99),
+            nearest_rank(tpot, 50), nearest_rank(tpot, 99))  # fmt: skip
+    got = (stats.ttft_p50_ns, stats.ttft_p99_ns, stats.tpot_p50_ns, stats.tpot_p99_ns)
+    check(
+        got == want,
+        f"engine-statistics: {n} distinct TTFTs and TPOTs; p50 and p99 by nearest rank, the "
+        f"ceil(p*{n}/100)-th smallest (ranks {math.ceil(50 * n / 100)} and "
+        f"{math.ceil(99 * n / 100)}): expected (ttft p50, p99, tpot p50, p99) = {want}, "
+        f"got {got}",
+    )
+
+
+@extended
+@rule("engine-statistics")
+async def test_stage2_tokens_per_s_spans_the_idle_time_between_steps() -> None:
+    """Idle until +5000; a runs 3 steps (+5000 to +8000); idle again; b runs 2 steps
+    (+20000 to +22000). 5 tokens over the span from the first step's start to the last
+    step's end: 17 µs, idle time included."""
+    rig = Rig()
+    async with rig.engine:
+        await rig.time.advance(5 * STEP_NS)
+        await rig.consume(rig.engine.generate(request("a", 3, 3)), "a's stream to end")
+        await rig.time.advance_to(T0 + 20 * STEP_NS)
+        await rig.consume(rig.engine.generate(request("b", 3, 2)), "b's stream to end")
+        stats = rig.engine.statistics()
+    want = 5 * 1e9 / (17 * STEP_NS)
+    check(
+        (stats.steps, stats.output_tokens) == (5, 5) and stats.tokens_per_s == pytest.approx(want),
+        "engine-statistics: 5 steps, 5 tokens, the first step starting at +5000 and the "
+        "last ending at +22000, idle from +8000 to +20000: tokens_per_s = 5 tokens over "
+        f"17000 ns = {want}; got steps {stats.steps}, output_tokens {stats.output_tokens}, "
+        f"tokens_per_s {stats.tokens_per_s}",
+    )
+
+
 # -- bad input --------------------------------------------------------------------------
 
 
@@ -900,6 +1076,8 @@ async def test_stage2_a_request_whose_reader_left_has_latencies_of_its_own() -> 
     "field, value",
     [("max_waiting", 0), ("max_waiting", -1), ("max_waiting", "8"), ("max_stall_ns", 0),
      ("max_stall_ns", 1.5), ("max_waiting", True), ("step_time_ns", None), ("clock", None),
+     ("max_stall_ns", True), ("max_stall_ns", False), ("max_stall_ns", "8"),
+     ("max_stall_ns", -1), ("max_waiting", 1.5), ("max_waiting", False),
      pytest.param("clock", ReadOnlyClock(), id="clock-that-cannot-wait")],
 )  # fmt: skip
 async def test_stage2_the_engine_refuses_nonsense_naming_the_parameter(
@@ -913,6 +1091,36 @@ async def test_stage2_the_engine_refuses_nonsense_naming_the_parameter(
     wrong_type = not isinstance(value, int) or isinstance(value, bool)  # TypeError will do
     with pytest.raises((TypeError, ValueError) if wrong_type else ValueError, match=field):
         stage().AsyncEngine(rig.batcher, **kwargs)
+
+
+@extended
+@rule("stage2-bad-input")
+@pytest.mark.parametrize(
+    "field, value",
+    [("step_time_ns", None), ("step_time_ns", STEP_NS), ("step_time_ns", "1us"),
+     ("clock", None), ("clock", 5), pytest.param("clock", ReadOnlyClock(), id="read-only")],
+)  # fmt: skip
+async def test_stage2_a_step_time_or_clock_the_engine_cannot_use_is_a_value_error(
+    field: str, value: object
+) -> None:
+    rig = Rig()
+    kwargs: dict[str, Any] = {
+        "clock": rig.clock, "step_time_ns": fixed_step(), "max_waiting": 4, "max_stall_ns": 10,
+    }  # fmt: skip
+    kwargs[field] = value
+    try:
+        stage().AsyncEngine(rig.batcher, **kwargs)
+    except ValueError as e:
+        raised: BaseException | None = e
+    except TypeError as e:
+        raised = e
+    else:
+        raised = None
+    check(
+        isinstance(raised, ValueError) and field in str(raised),
+        f"stage2-bad-input: {field}={value!r} (not a callable step time, or not a waiting "
+        f"clock) is a ValueError naming {field}; got {raised!r}",
+    )
 
 
 @extended

@@ -46,6 +46,7 @@ from katas.dynamic_batcher._testing.batches import (
     stats,
     submit,
 )
+from katas.dynamic_batcher._testing.engine import ReadOnlyClock
 from katas.dynamic_batcher.api import (
     BatchStatistics,
     EngineClosed,
@@ -267,6 +268,34 @@ async def test_stage2_batches_a_zero_delay_sends_each_item_without_waiting() -> 
             expect_results(callers, "batch-delay")
 
 
+@extended
+@rule("batch-delay", "batch-order", "batch-statistics")
+@pytest.mark.parametrize("size", [8, 2])
+async def test_stage2_batches_a_zero_delay_sends_whatever_is_queued_together(size: int) -> None:
+    """Five callers submit at one instant, before the batcher's task runs: with
+    max_queue_delay_ns=0 they are sent together when it runs (capped at max_batch_size),
+    not one batch per submit()."""
+    clock = ManualClock()
+    model = Model(clock)
+    b = new_batcher(model, max_batch_size=size, delay=0)
+    order: list[str] = []
+    callers = [Caller(b, item, order) for item in ("a", "b", "c", "d", "e")]
+    with bounded("five items queued at one instant, no delay"):
+        async with anyio.create_task_group() as tg, serving(b, model):
+            await settle()  # the batcher's task waits for an item
+            for caller in callers:  # all queued before the batcher's task runs again
+                tg.start_soon(caller.run)
+            await outcomes(callers, "five items, no delay")
+            want = (size,) * (5 // size) + ((5 % size,) if 5 % size else ())
+            assert stats(b).sizes == want, (
+                f"batch-delay: max_queue_delay_ns=0 and max_batch_size={size}; five callers "
+                "queued their items at one instant, before the batcher ran: whatever is "
+                f"queued is sent as soon as it runs, so batches of sizes {want}; got "
+                f"statistics() {stats(b)}, {model.describe()}"
+            )
+    expect_capped_and_in_order(model, callers, order, size, "batch-delay: no delay")
+
+
 # -- order, and each caller its own result ---------------------------------------------
 
 
@@ -461,6 +490,38 @@ async def test_stage2_batches_a_wrong_number_of_results_fails_every_caller_of_th
             after = [await submit(tg, b, item) for item in ("d", "e", "f")]
             await outcomes(after, "the next batch")
             expect_results(after, "batch-routing: the batcher keeps serving after a bad batch")
+
+
+@extended
+@rule("batch-routing")
+async def test_stage2_batches_a_result_of_none_or_zero_is_the_callers_own() -> None:
+    """fn may answer None, 0, "" or False for an item: each is that item's result, handed
+    to its caller like any other, in a full batch and in a batch sent by its delay."""
+    clock = ManualClock()
+    model = Model(clock)
+    model.answers = {"none": None, "zero": 0, "empty": "", "false": False, "late": None}
+    with bounded("falsy results"):
+        async with (
+            anyio.create_task_group() as tg,
+            serving(new_batcher(model, max_batch_size=5), model) as b,
+        ):
+            callers = [await submit(tg, b, item) for item in ("none", "zero", "empty", "false")]
+            callers.append(await submit(tg, b, "x"))  # the batch is full
+            await outcomes(callers, "a full batch of falsy results")
+            callers.append(await submit(tg, b, "late"))
+            clock.advance(DELAY)
+            await outcomes(callers, "a lone item answered None")
+    want = {**{c.item: answer(c.item) for c in callers}, **model.answers}
+    wrong = [
+        c for c in callers
+        if c.error is not None or type(c.result) is not type(want[c.item])
+        or c.result != want[c.item]
+    ]  # fmt: skip
+    assert not wrong, (
+        "batch-routing: each caller's submit returns fn's result at its item's index, "
+        "whatever the value (None, 0, '' and False are results too):\n"
+        + "\n".join(f"  submit({c.item!r}) {c.outcome()}; expected {want[c.item]!r}" for c in wrong)
+    )
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -896,6 +957,7 @@ async def _fn(items: Sequence[Any]) -> list[Any]:
         ("fn", "embed", ValueError),
         ("clock", None, ValueError),
         ("clock", "monotonic", ValueError),
+        pytest.param("clock", ReadOnlyClock(), ValueError, id="clock-that-cannot-wait"),
     ],
 )
 async def test_stage2_batches_bad_input_names_the_parameter(

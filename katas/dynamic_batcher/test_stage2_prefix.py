@@ -538,6 +538,35 @@ def test_stage2_prefix_victims_give_way_until_the_chunk_has_its_blocks() -> None
     t.assert_transparent()
 
 
+@extended
+@rule("prefix-preemption", "prefix-stage1")
+def test_stage2_prefix_a_victim_scheduled_earlier_gives_its_tokens_back() -> None:
+    """Under priority, with nothing shared: at step 4 H's decode needs a block and none is
+    free. V (the least important) was scheduled first in that step: it gives way, and its
+    1 token goes back to the budget, so X's prompt, scheduled after H, gets 7 - 1 = 6
+    tokens, as in stage 1 — not 5."""
+    t = run_of(
+        prefix_model(num_blocks=5), max_num_seqs=4, max_num_batched_tokens=7, policy="priority"
+    )
+    t.run(
+        {
+            1: [Request("V", toks(10, 4), 10, priority=9)],
+            2: [Request("H", toks(20, 3), 10, priority=0)],
+            3: [Request("X", toks(40, 16), 2, priority=0)],
+        }
+    )
+    step4 = t.outputs[3]
+    check(
+        (dict(step4.scheduled), step4.preempted) == ({"H": 1, "X": 6}, ("V",)),
+        "prefix-stage1: at step 4 H (priority 0) needs a block and none is free; V "
+        "(priority 9), scheduled first in the step, gives way and its chunk leaves the step, "
+        "its token back to the budget of those scheduled after: expected scheduled "
+        f"{{'H': 1, 'X': 6}}, preempted ('V',); got {dict(step4.scheduled)}, "
+        f"{step4.preempted}\n{t.rows()}",
+    )
+    t.assert_transparent()
+
+
 # -- prefix caching: any workload ------------------------------------------------------
 
 Case = tuple[dict[str, Any], dict[int, list[Request]], dict[int, str]]

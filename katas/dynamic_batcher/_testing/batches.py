@@ -50,7 +50,8 @@ class Model:
     ``held``: each call waits until the test releases it (``release(n)``,
     ``release_all()``). ``failures[n]``: call n raises that exception; a batch holding an
     item of ``poison`` raises a fresh :class:`Poisoned` (kept in ``raised[n]``);
-    ``counts[n]``: call n returns that many results instead of one per item.
+    ``counts[n]``: call n returns that many results instead of one per item;
+    ``answers[item]``: the result for that item instead of :func:`answer`'s (None, 0, …).
     """
 
     def __init__(self, clock: ManualClock, *, held: bool = False) -> None:
@@ -63,10 +64,11 @@ class Model:
         self.raised: dict[int, BaseException] = {}
         self.counts: dict[int, int] = {}
         self.poison: frozenset[Any] = frozenset()
+        self.answers: dict[Any, Any] = {}
         self._gates: list[anyio.Event] = []
         self._all_released = False
 
-    async def __call__(self, items: Sequence[Any]) -> list[str]:
+    async def __call__(self, items: Sequence[Any]) -> list[Any]:
         n = len(self.batches)
         self.batches.append(list(items))
         self.times.append(self.clock.now_ns())
@@ -90,7 +92,7 @@ class Model:
             self.raised[n] = error
             self.ended[n] = "raised"
             raise error
-        results = [answer(item) for item in items]
+        results = [self.answers.get(item, answer(item)) for item in items]
         if n in self.counts:
             results = (results + [answer("an extra item")] * self.counts[n])[: self.counts[n]]
         self.ended[n] = "returned"

@@ -214,6 +214,14 @@ PREFIX_WALKS: dict[str, Walk] = {
         _submit(0, 12, 0, 6, priority=1, deadline=4), _STEP, _STEP, ("abort", {"index": 1}),
         _STEP, _RUN_OUT,
     ],
+    # Under priority, the least important request is scheduled first in the step that
+    # preempts it: its chunk leaves the step and its token goes back to the budget, so the
+    # prompt chunk scheduled after it gets one token more.
+    "victim-scheduled-first": [
+        _build(4, 3, 4, "priority", 0), _submit(1, 1, 3, 6, priority=2), _STEP,
+        _submit(0, 0, 3, 6, priority=0), _STEP, _submit(0, 12, 3, 2, priority=0), _STEP,
+        _STEP, _RUN_OUT,
+    ],
     # A prompt of 2 beside a longer request on a pool of 5: it is preempted with two full
     # blocks that its own output filled, and its recompute shares them (the lookup covers
     # the generated tokens, not the prompt alone).
