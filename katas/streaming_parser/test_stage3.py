@@ -428,6 +428,10 @@ async def test_stage3_a_5xx_or_429_is_retried(replicas: ReplicaSet, status: int)
         pytest.param("text/event-streams", True, id="event-streams"),
         pytest.param("none", True, id="no-content-type"),
         pytest.param("Text/Event-Stream; charset=utf-8", False, id="event-stream-with-charset"),
+        # whitespace may stand before the ';' of the parameters (OWS), a space or a tab
+        pytest.param("text/event-stream ; charset=utf-8", False, id="space-before-parameters"),
+        pytest.param("text/event-stream\t;charset=utf-8", False, id="tab-before-parameters"),
+        pytest.param("TEXT/EVENT-STREAM", False, id="upper-case"),
     ],
 )
 @processes

@@ -17,7 +17,9 @@ test reads the same two files in ``DIR``:
 - ``schedule.json``, what the next requests get, in the order they reach *any*
   replica (a counter under a file lock), for the test whose generation the request's
   path ends with (``/stream/<generation>``; a request of an earlier test gets 410):
-  ``serve``, ``status:<code>[:<retry-after>]`` (a 3xx redirects to the same path),
+  ``serve``, ``status:<code>[:<retry-after>]`` (a 3xx redirects to the same path; the
+  retry-after is sent as its UTF-8 bytes, so a test can send one that is not ASCII),
+  ``stream:<code>`` (the event stream, ``text/event-stream``, under another status),
   ``type:<content type>`` (``type:none``: no Content-Type at all), ``cut:<n>``
   (the first n bytes of the body, then a reset),
   ``end:<n>`` (n bytes, then a clean end of the response), ``hold:<n>`` (n bytes, then
@@ -226,10 +228,12 @@ class Replica:
             return
         if kind == "status":
             code, _, retry_after = arg.partition(":")
-            extra = [("Retry-After", retry_after)] if retry_after else []
-            if code.startswith("3"):  # a client that follows it asks again
-                extra.append(("Location", path))
-            await send(head(int(code), [("Content-Type", "text/plain"), *extra]))
+            extra = [("Location", path)] if code.startswith("3") else []  # asked again
+            answer = head(int(code), [("Content-Type", "text/plain"), *extra])
+            if retry_after:  # as bytes: h11 would refuse a str that is not ASCII
+                fields = [*answer.headers, (b"Retry-After", retry_after.encode("utf-8"))]
+                answer = h11.Response(status_code=int(code), headers=fields)
+            await send(answer)
             if code not in ("204", "304"):  # answers that have no body
                 await send(h11.Data(data=f"replica {self.name}: {code}\n".encode()))
             await send(h11.EndOfMessage())
@@ -246,6 +250,9 @@ class Replica:
             return
         if kind == "type" and arg == "none":
             await send(head(200, [("Cache-Control", "no-cache")]))
+        elif kind == "stream":  # the event stream under another status
+            fields = [("Content-Type", "text/event-stream"), ("Cache-Control", "no-cache")]
+            await send(head(int(arg), fields))
         else:
             await send(stream_head(arg if kind == "type" else "text/event-stream"))
         if kind == "silent":

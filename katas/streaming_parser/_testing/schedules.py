@@ -47,6 +47,31 @@ def awkward(blocks: Sequence[Block]) -> list[int]:
     return [o for o in out if o > 0]
 
 
+def at_and_over_a_limit(blocks: Sequence[Block], limit: str, value: int) -> list[Block]:
+    """``blocks`` (IDs 1, 2, …) with event 3 exactly at ``limit`` (``max_line_bytes`` or
+    ``max_event_bytes``) = ``value`` and event 4 one byte over it, each far within the
+    other limit: a data line of ``value`` bytes, then a comment line of ``value`` + 1; or
+    an event whose data (its values, one LF each) is ``value`` bytes in short lines, then
+    one of ``value`` + 1."""
+    if limit == "max_line_bytes":
+        line = b"data: " + b"x" * (value - len(b"data: "))
+        comment = b":" + b"y" * value  # it adds nothing to an event
+        raws = [b"id: 3\n" + line + b"\n\n", b"id: 4\n" + comment + b"\ndata: d\n\n"]
+    else:
+        short = max(1, min(15, value // 4))
+        values = [b"a" * short] * (value // (short + 1))
+        rest = value - len(values) * (short + 1)  # the last line's value and its LF
+        if rest:
+            values.append(b"a" * (rest - 1))
+        one_more = [*values[:-1], values[-1] + b"b"]
+
+        def event(n: int, lines: list[bytes]) -> bytes:
+            return b"id: %d\n" % n + b"".join(b"data: " + v + b"\n" for v in lines) + b"\n"
+
+        raws = [event(3, values), event(4, one_more)]
+    return [*blocks[:2], Block(raws[0], "3"), Block(raws[1], "4"), *blocks[4:]]
+
+
 #: A stream of token events and the faults its connections get.
 Schedule = tuple[list[Block], list[str]]
 
@@ -66,4 +91,4 @@ def schedules(draw: st.DrawFn) -> Schedule:
     return blocks, draw(st.lists(fault, max_size=8), label="faults")
 
 
-__all__ = ["Schedule", "awkward", "cuts_at", "schedules"]
+__all__ = ["Schedule", "at_and_over_a_limit", "awkward", "cuts_at", "schedules"]
