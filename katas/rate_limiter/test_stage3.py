@@ -22,7 +22,8 @@ busy-unavailable, socket-timeout, script-error-raised, noscript-reload, redis-re
 redis-lease-expiry).
 
 Map of this file: examples — nodes sharing one bucket and one log (nodes-as-one,
-unique-members), denials and impossible costs (redis-denial, redis-peek), the op
+unique-members), every unit of every request counted, requests of thousands of units
+(unique-members, redis-algorithms), denials and impossible costs (redis-denial, redis-peek), the op
 counter (stamped), refunds (redis-refund, refund-no-state), resets (redis-reset), the
 Cluster hash tag (hash-tag), bad parameters (redis-bad-input, whole-us, lua-exact), a
 key that holds its usage until the microsecond it is fresh (ttl-bound), server time
@@ -162,6 +163,64 @@ def test_stage3_same_instant_requests_all_count_in_the_sliding_log(
             f"nodes; got {allowed}. Are log members unique per request (not the timestamp)?"
         )
     replay(records, "sliding_log", 3, 10_000_000)
+
+
+@pytest.mark.rule("unique-members", "nodes-as-one")
+@core
+def test_stage3_every_unit_of_every_request_counts_in_the_sliding_log(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """A member per admitted unit, unique whatever the request's number and the unit's:
+    request 1's 11th unit and request 11's 1st are two units (so are 1's 12th and 11's
+    2nd). Fourteen requests, 38 units in one instant, then requests at the limit of 40."""
+    redis_env.freeze_time()
+    limit, window_us = 40, 60_000_000
+    nodes = make_nodes(
+        stage_module, redis_env, "sliding_log", limit, window_us, prefix=redis_env.fresh_prefix()
+    )
+    ops = [Op(0, "alice", 12), *(Op(i % NODES, "alice", 2) for i in range(1, 14))]
+    ops += [Op(1, "alice", 3), Op(2, "alice", 2), Op(0, "alice", 1)]
+    records = run_stream(redis_env, nodes, ops)
+    if redis_env.time_is_controlled:
+        expect(
+            [r.decision is not None and r.decision.allowed for r in records[-3:]],
+            [False, True, False],
+            f"a sliding log of {limit}: one request of 12 units, then 13 of 2, all in one "
+            "instant (38 units), then requests of 3, 2 and 1 — every unit of every request "
+            "counts, so only the 2 fit. Is each log member unique per request and unit?",
+        )
+    replay(records, "sliding_log", limit, window_us)
+
+
+@pytest.mark.rule("redis-algorithms", "redis-refund")
+@core
+def test_stage3_a_request_of_thousands_of_units_is_decided_like_any_other(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """A tokens-per-minute limit charges thousands of units in one request. On a real
+    Redis one Lua call can take only so many arguments: a sliding log that adds every
+    unit in one command fails there."""
+    redis_env.freeze_time()
+    limit, window_us = 12_000, 60_000_000
+    for algorithm in ALGORITHMS:
+        node = fresh_node(stage_module, redis_env, algorithm, limit, window_us)
+        try:
+            got = [node.try_acquire("alice", 5_000), node.try_acquire("alice", 5_000)]
+            node.refund("alice", 4_000)
+            got += [node.try_acquire("alice", 6_001), node.try_acquire("alice", 6_000)]
+        except redis.ResponseError as error:
+            check(
+                False,
+                f"{algorithm}, limit {limit} a minute: try_acquire('alice', 5000) twice, "
+                f"refund('alice', 4000), try_acquire of 6001 then 6000 — each fits the limit, "
+                f"and must be decided, not raise: {error!r}",
+            )
+        expect(
+            [(d.allowed, d.remaining) for d in got],
+            [(True, 7_000), (True, 2_000), (False, 6_000), (True, 0)],
+            f"{algorithm}, limit {limit} a minute, one instant: take 5000 twice, refund 4000, "
+            "then 6001 (denied) and 6000 (fits): (allowed, remaining) of each decision",
+        )
 
 
 @pytest.mark.rule("redis-denial")
@@ -366,9 +425,12 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
         ("failure_mode", "maybe"),
         ("expected_nodes", 0),
         ("key_prefix", ""),
+        ("probe_interval_ns", -1),
     ]:
         with pytest.raises(ValueError, match=name):
             stage_module.RedisRateLimiter(client, **{**good, name: bad})
+            raise AssertionError(f"RedisRateLimiter({name}={bad!r}) was accepted")
+    stage_module.RedisRateLimiter(client, **{**good, "probe_interval_ns": 0})  # Redis every call
     with pytest.raises(TypeError, match="limit"):
         stage_module.RedisRateLimiter(client, **{**good, "limit": True})
     leases: dict[str, object] = {"max_in_flight": 2, "lease_ns": NS_PER_S}
@@ -386,14 +448,16 @@ def test_stage3_rejects_bad_parameters(stage_module: ModuleType, redis_env: Redi
         stage_module.RedisRateLimiter(client, **{**good, "limit": 2**31, "window_ns": 2**20 * 1000})
     stage_module.RedisRateLimiter(client, **{**good, "limit": 1, "window_ns": (2**51 - 1) * 1000})
     limiter: RedisLimiter = stage_module.RedisRateLimiter(client, **good)
-    with pytest.raises(ValueError, match="cost"):
-        limiter.try_acquire("alice", 0)
-    with pytest.raises(TypeError, match="cost"):
-        limiter.try_acquire("alice", True)
-    with pytest.raises(ValueError, match="cost"):
-        limiter.refund("alice", 0)
-    with pytest.raises(TypeError, match="cost"):
-        limiter.refund("alice", True)
+    calls: dict[str, Callable[[int], object]] = {
+        "try_acquire": lambda cost: limiter.try_acquire("alice", cost),
+        "peek": lambda cost: limiter.peek("alice", cost),
+        "refund": lambda cost: limiter.refund("alice", cost),
+    }
+    for call_name, make in calls.items():
+        for cost, error in ((0, ValueError), (-3, ValueError), (True, TypeError)):
+            with pytest.raises(error, match="cost"):
+                make(cost)
+                raise AssertionError(f"{call_name}('alice', {cost!r}) was answered")
 
 
 #: (call, key, cost, the key's op after it): a cost above the limit (2) and a peek count
@@ -412,6 +476,15 @@ OP_STEPS: list[tuple[Call, str, int, int | None]] = [
     ("try_acquire", "alice", 1, 5),
 ]
 
+#: Then, the server clock frozen: a refund of all 'alice' holds (her state stays until its
+#: TTL runs out, 1 ms on), and one that finds her state with nothing left to give back —
+#: it finds the state, so it bumps op all the same.
+OP_STEPS_EMPTIED: list[tuple[Call, str, int, int | None]] = [
+    ("refund", "alice", 2, None),
+    ("refund", "alice", 1, None),
+    ("try_acquire", "alice", 1, 8),
+]
+
 
 @pytest.mark.rule("stamped", "redis-peek", "redis-denial")
 @core
@@ -425,7 +498,8 @@ def test_stage3_op_counts_each_try_acquire_that_can_fit_and_nothing_else(
             stage_module, redis_env.client(), algorithm, 2, 10_000_000, key_prefix=prefix
         )
         done: list[str] = []
-        for what, key, cost, op in OP_STEPS:
+        frozen = redis_env.time_is_controlled  # a real server's 1 ms TTL may run out
+        for what, key, cost, op in [*OP_STEPS, *(OP_STEPS_EMPTIED if frozen else [])]:
             d = call(node, Op(0, key, cost, what))
             done.append(f"{what}({key!r}, {cost})" + ("" if d is None else f" -> op {op}"))
             if d is None:
@@ -539,6 +613,22 @@ STEPS_BACK: list[tuple[str, int, Call, int]] = [
     ("on 4 s", 4_000_000, "try_acquire", 2),
 ]
 
+#: Then, from 0.15 s into a window, two more steps back, each followed by several calls at
+#: the earlier instant, then time moving on less than it stepped back: every write (a
+#: refund's too) must keep the key's later time, or the next call is evaluated in the
+#: past — an earlier window, units that have left the log, a refill for time not seen.
+STEPS_BACK_AFTER_WRITES: list[tuple[str, int, Call, int]] = [
+    ("", 0, "try_acquire", 1),
+    ("on 0.9 s", 900_000, "try_acquire", 1),
+    ("on 0.3 s", 300_000, "refund", 1),  # the log keeps a unit that has left the window
+    ("back 1 s", -1_000_000, "refund", 1),
+    ("", 0, "peek", 2),
+    ("on 1 s", 1_000_000, "try_acquire", 1),
+    ("back 1 s", -1_000_000, "try_acquire", 1),
+    ("", 0, "try_acquire", 1),
+    ("on 0.5 s", 500_000, "peek", 2),
+]
+
 
 @pytest.mark.rule("server-time", "redis-algorithms")
 @core
@@ -553,24 +643,33 @@ def test_stage3_server_time_stepping_back_neither_mints_nor_burns(
         node = fresh_node(stage_module, redis_env, algorithm, 2, 1_000_000)
         model = ServerModel(algorithm, 2, 1_000_000)
         done: list[str] = []
-        for moved, by_us, what, cost in STEPS_BACK:
-            if by_us > 0:
-                redis_env.pass_time(by_us * 1000)
-            elif by_us < 0:
-                redis_env.step_time_back(-by_us * 1000)
-            d = call(node, Op(0, "alice", cost, what))
-            assert isinstance(d, StampedDecision), d
-            want = model.decide("alice", cost, server.time_us(), commit=what == "try_acquire")
-            stepped = f"[server time {moved}] " if moved else ""
-            done.append(f"{stepped}{what}('alice', {cost}) -> {d}")
-            expect(
-                plain(d),
-                want,
-                f"{algorithm}, limit 2 per 1 s, server TIME stepping back: each key is "
-                "evaluated at the later of TIME and its stored time, as in stage 1 — a step "
-                "back neither mints nor burns quota, and waits include the catch-up:\n  "
-                + "\n  ".join(done),
-            )
+        for steps in (STEPS_BACK, STEPS_BACK_AFTER_WRITES):
+            if steps is STEPS_BACK_AFTER_WRITES:  # over 2 s on, to 0.15 s into a window
+                redis_env.pass_time((3_150_000 - server.time_us() % 1_000_000) * 1000)
+                done.append("[server time on to 0.15 s into a window, over 2 s later]")
+            for moved, by_us, what, cost in steps:
+                if by_us > 0:
+                    redis_env.pass_time(by_us * 1000)
+                elif by_us < 0:
+                    redis_env.step_time_back(-by_us * 1000)
+                d = call(node, Op(0, "alice", cost, what))
+                stepped = f"[server time {moved}] " if moved else ""
+                if d is None:  # a refund
+                    model.refund("alice", cost, server.time_us())
+                    done.append(f"{stepped}{what}('alice', {cost})")
+                    continue
+                assert isinstance(d, StampedDecision), d
+                want = model.decide("alice", cost, server.time_us(), commit=what == "try_acquire")
+                done.append(f"{stepped}{what}('alice', {cost}) -> {d}")
+                expect(
+                    plain(d),
+                    want,
+                    f"{algorithm}, limit 2 per 1 s, server TIME stepping back: each key is "
+                    "evaluated at the later of TIME and its stored time, as in stage 1 — a "
+                    "step back neither mints nor burns quota, and waits include the catch-up "
+                    "(every write, a refund's too, keeps the later time):\n  "
+                    + "\n  ".join(done[-12:]),
+                )
 
 
 # --------------------------------------------------------------------------- properties

@@ -7,8 +7,9 @@ client is accepted, a retrying one refused (cluster-client) · a key's slot move
 by step, between its decisions, and a refund that empties the sliding log while its
 slot moves (cluster-reshard) · one master killed: only its keys go to the failure mode,
 and each master's own probe interval behind a proxy of its own, sync and async
-(node-outage) · the cluster in ``fail`` state: every call goes to the failure mode,
-none raises (cluster-down).
+(node-outage) · a master answering BUSY: the interval of the master a key is sent to, and a
+reset that meets it (node-outage, redis-reset) · the cluster in ``fail`` state: every
+call goes to the failure mode, none raises (cluster-down).
 
 The whole stage-3 suite runs on a shared cluster with ``KATA_REDIS_CLUSTER=redis-server``.
 """
@@ -32,6 +33,8 @@ from katas._harness.redis_fixture import cluster_command
 from katas._harness.story import check, expect
 from katas.rate_limiter._testing.nodes import (
     ALGORITHMS,
+    Blocking,
+    FaultTolerant,
     Op,
     Record,
     call,
@@ -659,3 +662,90 @@ def _owner_of(
     limiter.try_acquire(user_key)
     names = sorted(set(cluster.keys(prefix)) - before)
     return cluster.owner_of(names[0]) if names else None
+
+
+@rule("node-outage", "redis-reset", "busy-unavailable", "probe-interval", "async-redis")
+@core
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_stage3_a_busy_master_skips_only_the_master_its_keys_are_sent_to(
+    stage_module: ModuleType, redis_cluster: LocalCluster, flavour: str
+) -> None:
+    """Master A answers BUSY. The user key chosen for A is one whose bare name hashes to
+    another master, X: the probe interval belongs to the master the key's Redis keys are
+    sent to (A), never to the one its name alone would hash to. A reset on A meets the
+    BUSY too: best effort — counted, never raised, and it starts A's interval."""
+    if flavour == "async" and not hasattr(stage_module, "AsyncRedisRateLimiter"):
+        pytest.skip("the async limiter is the extended part")
+    node = ClusterNode(redis_cluster)
+    proxy = node.proxy()
+    prefix, clock = "rl-busy:", ManualClock()
+    a_master = redis_cluster.nodes[0]
+    finder = make_limiter(stage_module, redis_cluster.client(), "token_bucket", 9, WINDOW_US,
+                          key_prefix=prefix)  # fmt: skip
+    a = next(
+        k
+        for k in (f"user{i}" for i in range(500))
+        if redis_cluster.owner_of(k) is not a_master
+        and _owner_of(redis_cluster, finder, prefix, k) is a_master
+    )
+    x_master = redis_cluster.owner_of(a)  # where the bare name 'a' would hash
+    x = _user_key_on(redis_cluster, finder, prefix, on=True, master=x_master)
+    kwargs = dict(
+        algorithm="token_bucket", limit=9, window_ns=WINDOW_US * 1000, clock=clock,
+        key_prefix=prefix, failure_mode="closed", probe_interval_ns=NS_PER_S,
+    )  # fmt: skip
+    loop = asyncio.new_event_loop()
+    closing: list[Callable[[], object]] = [loop.close]
+    limiter: FaultTolerant
+    if flavour == "sync":
+        limiter = stage_module.RedisRateLimiter(
+            node.proxied_client(proxy, socket_timeout=2), **kwargs
+        )
+    else:
+        client = node.proxied_async_client(proxy, socket_timeout=2)
+        closing.insert(0, lambda: loop.run_until_complete(client.aclose()))
+        limiter = Blocking(stage_module.AsyncRedisRateLimiter(client, **kwargs), loop)
+    story = [f"  {a!r}: Redis keys on master A, bare name on X; {x!r}: Redis keys on X"]
+    try:
+        limiter.try_acquire(x)  # connects to both masters
+        limiter.try_acquire(a)
+        base = limiter.statistics()
+        story.append("  -- master A answers BUSY to every command")
+        proxy.by_address[("127.0.0.1", a_master.port)].busy()
+
+        def step(name: str, key: str, redis_decides: bool | None, errors: int) -> None:
+            d: Decision | None = None
+            try:
+                if name == "reset":
+                    limiter.reset(key)
+                else:
+                    d = limiter.try_acquire(key)
+            except redis.RedisError as error:
+                raise AssertionError(
+                    f"{name}({key!r}) on a master answering BUSY raised "
+                    f"{type(error).__name__}: {error}. BUSY is an unavailability "
+                    "(api.unavailable says so): counted, never raised. The calls:\n"
+                    + "\n".join(story)
+                ) from error
+            story.append(f"  t={clock.now_ns() / NS_PER_S:.0f} s {name}({key!r}) -> {d}")
+            got = limiter.statistics().redis_errors - base.redis_errors
+            check(
+                (redis_decides is None or isinstance(d, StampedDecision) == redis_decides)
+                and got == errors,
+                {None: "", True: "Redis decides", False: "the failure mode decides"}[redis_decides]
+                + f", {errors} Redis error(s) so far; got {got}. The probe interval is kept "
+                "per master a key is sent to; a reset's failure starts it too. The calls:\n"
+                + "\n".join(story),
+            )
+
+        step("reset", a, None, 1)  # tried: BUSY, counted, not raised
+        step("try_acquire", a, False, 1)  # A skipped: the reset's failure started its interval
+        step("try_acquire", x, True, 1)  # X answers
+        clock.advance(NS_PER_S)
+        step("try_acquire", a, False, 2)  # A's probe is due: tried, BUSY again
+        proxy.by_address[("127.0.0.1", a_master.port)].heal()
+        clock.advance(NS_PER_S)
+        step("try_acquire", a, True, 2)
+    finally:
+        for close in closing:
+            close()

@@ -10,10 +10,11 @@ is exact to the nanosecond.
 Map: refunds during an outage or a BUSY server (refund-outage, fallback-counted,
 busy-unavailable) · failure modes and recovery (failure-modes, fallback-counted,
 probe-interval, busy-unavailable) · peeks and impossible costs in every failure mode
-(redis-peek, fallback-counted) · the local share and its refill (failure-modes) · resets
-Redis cannot take (redis-reset, probe-interval) · what statistics() counts
-(fallback-counted) · a blackholed Redis (socket-timeout) · probes that fail
-(probe-interval) · script errors (script-error-raised) · SCRIPT FLUSH and restarts
+(redis-peek, fallback-counted) · a closed denial's fields (failure-modes) · every call
+skipping Redis until the probe a failure set is due (probe-interval) · the local share
+and its refill (failure-modes) · resets Redis cannot take (redis-reset, probe-interval)
+· what statistics() counts (fallback-counted) · a blackholed Redis (socket-timeout) ·
+probes that fail (probe-interval) · script errors (script-error-raised) · SCRIPT FLUSH and restarts
 (noscript-reload) · extended: the async limiter's unavailable replies, local resets,
 and refunds and resets during an outage (async-redis, busy-unavailable, refund-outage,
 redis-reset).
@@ -166,6 +167,18 @@ def test_stage3_refund_during_an_outage_is_counted_and_dropped_or_local(
         f"the refund made while Redis was down was dropped, not replayed: Redis "
         f"still holds 1 of 4, so peek(1) leaves 0; got {back}"
     )
+    proxy.reset_counts()
+    limiter.refund("alice", 1)  # Redis takes this refund, and nothing else
+    trips = proxy.counts().round_trips
+    later = limiter.peek("alice", 2)
+    check(
+        (trips, isinstance(later, StampedDecision), later.allowed, later.remaining)
+        == (1, True, True, 0),
+        f"failure_mode={mode!r}: 'alice' took 3 of 4; Redis down, refund('alice', 3) "
+        "(dropped); Redis back, refund('alice', 1) — one round trip, and only that refund "
+        "reaches Redis (the dropped one is never replayed later): 2 of 4 free, so "
+        f"peek('alice', 2) fits with 0 left; got {trips} round trip(s) and {later}",
+    )
 
 
 @rule("failure-modes", "fallback-counted", "probe-interval", "busy-unavailable")
@@ -238,6 +251,43 @@ def test_stage3_fail_open_admits_with_the_limit_minus_the_cost(
     )  # fmt: skip
 
 
+@rule("failure-modes", "probe-interval", "redis-peek", "async-redis")
+@core
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_stage3_fail_closed_denies_with_nothing_remaining_and_no_reset(
+    stage_module: ModuleType, redis_env: RedisEnv, flavour: str
+) -> None:
+    """A closed denial says only when to come back: the time to the next probe. It tells
+    of no quota (remaining 0) and of no state to wait out (reset_after_ns 0)."""
+    with flavour_behind_a_proxy(stage_module, redis_env, flavour, "closed") as made:
+        proxy, clock, limiter = made
+        proxy.outage()
+        story = Story(
+            "failure_mode='closed', limit 4, probe_interval_ns 1 s, Redis down from t=+0:",
+            clock.now_ns,
+            clock.now_ns(),
+        )
+        rule_text = (
+            "a 'closed' denial has remaining 0, retry_after_ns the time until Redis is next "
+            "tried, reset_after_ns 0 — for try_acquire and peek, whatever the cost (a cost "
+            "above the limit: retry_after_ns None)"
+        )
+        for at in (0, NS_PER_S // 4, NS_PER_S - 1):
+            clock.set(story.origin_ns + at)
+            for name in ("try_acquire", "peek"):
+                for cost in (1, 3, 4, 5):
+                    d: Decision = getattr(limiter, name)("carol", cost)
+                    story.add(f"{name}('carol', {cost}) -> {d}")
+                    retry = None if cost > 4 else NS_PER_S - at
+                    story.check(
+                        (d.allowed, d.limit, d.remaining, d.retry_after_ns, d.reset_after_ns)
+                        == (False, 4, 0, retry, 0),
+                        rule_text,
+                        f"expected Decision(allowed=False, limit=4, remaining=0, "
+                        f"retry_after_ns={retry}, reset_after_ns=0)",
+                    )
+
+
 def check_a_peek_during_an_outage_changes_nothing(
     proxy: FaultProxy, limiter: FaultTolerant, mode: str
 ) -> None:
@@ -267,22 +317,32 @@ def check_a_peek_during_an_outage_changes_nothing(
     )
 
 
-@rule("redis-peek", "failure-modes")
+@rule("redis-peek", "failure-modes", "fallback-counted")
 @core
 @pytest.mark.parametrize("mode", ["open", "closed", "local"])
 def test_stage3_a_cost_above_the_limit_never_fits_in_any_failure_mode(
     stage_module: ModuleType, redis_env: RedisEnv, mode: str
 ) -> None:
-    proxy, _, limiter = behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
+    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, mode, expected_nodes=2)
     proxy.outage()
-    # The first call tries Redis and fails; the next ones are made while Redis is skipped.
-    for name in ("try_acquire", "peek", "try_acquire"):
+    # The first call tries Redis and fails; the next ones are made while Redis is skipped,
+    # the last once the probe is due again (tried, and fails).
+    for later_ns, name in ((0, "try_acquire"), (0, "peek"), (0, "try_acquire"), (NS_PER_S, "peek")):
+        clock.advance(later_ns)
         d: Decision = getattr(limiter, name)("alice", 5)
         check(
             not d.allowed and d.retry_after_ns is None,
             f"failure_mode={mode!r}, Redis down: {name}('alice', 5) on a limit of 4 can never "
             f"fit, whatever decides it — denied with retry_after_ns None; got {d}",
         )
+    expect(
+        limiter.statistics(),
+        RedisLimiterStats(0, 4, 2),
+        f"failure_mode={mode!r}, Redis down: try_acquire('alice', 5) (Redis tried, fails), "
+        "peek and try_acquire (Redis skipped), 1 s later peek (tried again, fails) — each on "
+        "a limit of 4. The failure mode decided all four, impossible costs included: every "
+        "fallback decision is counted",
+    )
 
 
 @rule("failure-modes")
@@ -376,8 +436,8 @@ def test_stage3_a_reset_redis_cannot_take_is_counted_and_starts_the_probe_interv
 def test_stage3_reset_in_local_mode_resets_the_local_limiter_too(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
-    proxy, _, limiter = behind_a_proxy(stage_module, redis_env, "local", expected_nodes=2)
-    check_a_reset_in_local_mode_resets_the_local_limiter(proxy, limiter)
+    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, "local", expected_nodes=2)
+    check_a_reset_in_local_mode_resets_the_local_limiter(proxy, clock, limiter)
 
 
 @rule("async-redis", "redis-reset", "failure-modes")
@@ -385,12 +445,12 @@ def test_stage3_reset_in_local_mode_resets_the_local_limiter_too(
 def test_stage3_async_reset_in_local_mode_resets_the_local_limiter_too(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
-    with async_behind_a_proxy_blocking(stage_module, redis_env, "local") as (proxy, _, limiter):
-        check_a_reset_in_local_mode_resets_the_local_limiter(proxy, limiter)
+    with async_behind_a_proxy_blocking(stage_module, redis_env, "local") as made:
+        check_a_reset_in_local_mode_resets_the_local_limiter(*made)
 
 
 def check_a_reset_in_local_mode_resets_the_local_limiter(
-    proxy: FaultProxy, limiter: FaultTolerant
+    proxy: FaultProxy, clock: ManualClock, limiter: FaultTolerant
 ) -> None:
     __tracebackhide__ = True
     proxy.outage()
@@ -403,6 +463,23 @@ def check_a_reset_in_local_mode_resets_the_local_limiter(
         "Redis down, failure_mode='local' (share 4 // 2 = 2): a burst of 3 on 'bob', "
         "reset('bob'), another burst of 3 — the reset makes 'bob' fresh in the local "
         "limiter too, so the second burst admits the share again",
+    )
+    # Redis back: a reset it carries out resets the local limiter as well, so the local
+    # usage left from this outage does not deny 'bob' in the next one.
+    proxy.heal()
+    clock.advance(NS_PER_S)  # the probe is due (the local share refills 1/30 unit meanwhile)
+    errors = limiter.statistics().redis_errors
+    limiter.reset("bob")
+    expect(limiter.statistics().redis_errors, errors, "Redis is back: it takes reset('bob')")
+    proxy.outage()
+    again = [limiter.try_acquire("bob").allowed for _ in range(3)]
+    expect(
+        again,
+        [True, True, False],
+        "failure_mode='local' (share 4 // 2 = 2): Redis down, a burst of 3 on 'bob' left the "
+        "local limiter denying it; Redis back, reset('bob') (Redis took it); Redis down again, "
+        "a burst of 3 on 'bob' — a reset resets the key in the local limiter whether Redis "
+        "takes it or not, so this burst admits the share again",
     )
 
 
@@ -420,12 +497,14 @@ def test_stage3_statistics_count_every_decision_and_refund_redis_takes(
     limiter.try_acquire("alice", 3)  # can never fit
     limiter.refund("alice", 1)
     limiter.refund("bob", 1)  # nothing to give back, but Redis took the call
+    limiter.reset("alice")  # neither a decision nor a refund
     expect(
         limiter.statistics(),
         RedisLimiterStats(6, 0, 0),
         "Redis up: try_acquire (admitted), try_acquire (denied), peek, try_acquire (cost "
-        "above the limit), refund, refund (a key with no state): Redis took all 6 — a "
-        "decision or a refund Redis takes counts as a Redis decision",
+        "above the limit), refund, refund (a key with no state), reset: Redis took all 7 — "
+        "a decision or a refund Redis takes counts as a Redis decision (6); a reset is "
+        "neither, and counts nothing when Redis takes it",
     )
 
 
@@ -507,6 +586,67 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
     assert (stats.redis_decisions, stats.fallback_decisions, stats.redis_errors) == (2, 5, 2), (
         f"2 Redis decisions, 5 fallbacks, 2 Redis errors (two failed tries): {stats}"
     )
+
+
+@core
+@rule("probe-interval", "refund-outage", "redis-reset", "failure-modes", "async-redis")
+@pytest.mark.parametrize("failing", ["try_acquire", "peek", "refund", "reset"])
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_stage3_any_failed_call_skips_redis_for_every_call_until_the_probe_is_due(
+    stage_module: ModuleType, redis_env: RedisEnv, flavour: str, failing: str
+) -> None:
+    """Whichever call meets the failure — a decision, a peek, a refund or a reset — it
+    starts the probe interval, and until the probe is due no call of any kind, on any
+    key, tries Redis: a refund is skipped (and dropped) as a decision is."""
+    with flavour_behind_a_proxy(stage_module, redis_env, flavour, "closed") as made:
+        proxy, clock, limiter = made
+        assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
+        proxy.outage()
+        story = Story(
+            f"{flavour}, failure_mode='closed', probe_interval_ns 1 s, Redis down from t=+0:",
+            clock.now_ns,
+            clock.now_ns(),
+        )
+        probing = (
+            "any call that meets a failure (try_acquire, peek, refund, reset) starts the probe "
+            "interval; within it Redis is tried by no call, refunds included, on any key; at "
+            "failure + probe_interval_ns it is tried again, and a probe that fails starts "
+            "another full interval"
+        )
+        calls: dict[str, Callable[[str], object]] = {
+            "try_acquire": lambda key: limiter.try_acquire(key),
+            "peek": lambda key: limiter.peek(key),
+            "refund": lambda key: limiter.refund(key, 1),
+            "reset": lambda key: limiter.reset(key),
+        }
+
+        def step(at: int, name: str, key: str, *, tried: bool) -> None:
+            clock.set(story.origin_ns + at)
+            errors = limiter.statistics().redis_errors
+            got = calls[name](key)
+            story.add(f"{name}({key!r}) -> {got}, {limiter.statistics()}")
+            did_try = limiter.statistics().redis_errors > errors
+            story.check(
+                did_try == tried,
+                probing,
+                f"at the last step Redis must{'' if tried else ' not'} be tried",
+            )
+            if isinstance(got, Decision):
+                due = NS_PER_S - at % NS_PER_S
+                story.check(
+                    got.retry_after_ns == due,
+                    probing,
+                    f"a 'closed' denial's retry_after_ns is the time to the next probe, {due}",
+                )
+
+        step(0, failing, "alice", tried=True)  # the failure: Redis skipped until +1 s
+        for at, key in ((NS_PER_S // 2, "bob"), (NS_PER_S - 1, "alice")):
+            for name in ("refund", "try_acquire", "peek", "refund"):
+                step(at, name, key, tried=False)
+        step(NS_PER_S, "refund", "bob", tried=True)  # the probe is due: tried, fails
+        step(NS_PER_S + 1, "refund", "alice", tried=False)
+        step(2 * NS_PER_S - 1, "try_acquire", "alice", tried=False)
+        step(2 * NS_PER_S, "peek", "bob", tried=True)
 
 
 @extended
@@ -659,7 +799,7 @@ def test_stage3_async_refund_redis_cannot_take_is_counted_and_dropped_or_local(
 ) -> None:
     proxy, clock = redis_env.proxy(), ManualClock()
 
-    async def main() -> tuple[list[Decision], RedisLimiterStats, Decision]:
+    async def main() -> tuple[list[Decision], RedisLimiterStats, Decision, Decision]:
         client, limiter = async_behind_a_proxy(stage_module, redis_env, proxy, clock, mode)
         try:
             assert (await limiter.try_acquire("alice", 3)).allowed, "Redis is up: 3 of 4"
@@ -679,11 +819,13 @@ def test_stage3_async_refund_redis_cannot_take_is_counted_and_dropped_or_local(
                 # one more probe interval, before that node answers again
                 await limiter.peek("alice")
                 clock.advance(NS_PER_S)
-            return bob, stats, await limiter.peek("alice")
+            alice = await limiter.peek("alice")
+            await limiter.refund("alice", 1)  # Redis takes this one, and nothing else
+            return bob, stats, alice, await limiter.peek("alice", 3)
         finally:
             await client.aclose()
 
-    bob, stats, alice = asyncio.run(asyncio.wait_for(main(), 30))
+    bob, stats, alice, later = asyncio.run(asyncio.wait_for(main(), 30))
     expect(
         stats,
         RedisLimiterStats(2, 4, 2),
@@ -703,6 +845,12 @@ def test_stage3_async_refund_redis_cannot_take_is_counted_and_dropped_or_local(
         isinstance(alice, StampedDecision) and alice.remaining == 1,
         "the refund('alice', 2) made while Redis was down was dropped, not replayed: Redis "
         f"still holds 2 of 4, so peek('alice') leaves 1; got {alice}",
+    )
+    check(
+        isinstance(later, StampedDecision) and (later.allowed, later.remaining) == (True, 0),
+        "then refund('alice', 1), which Redis takes: only that refund reaches Redis (those "
+        "it missed are never replayed later), so 3 of 4 are free and peek('alice', 3) fits "
+        f"with 0 left; got {later}",
     )
 
 
