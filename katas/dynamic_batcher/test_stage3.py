@@ -12,9 +12,10 @@ resumed after the router gave up on it. Every client's stream is compared with w
 request generates alone: nothing lost, nothing twice.
 
 The stage's other suites: ``test_stage3_silence.py`` (silence, probes and the epoch),
-``test_stage3_routes.py`` (``ReplicaSet``, the routing policy without I/O) and
-``test_stage3_fleet.py`` (properties drawn by hypothesis over whole fleets, and real
-replica processes killed and stopped with real signals).
+``test_stage3_routes.py`` (``ReplicaSet``, the routing policy without I/O),
+``test_stage3_edges.py`` (ids in flight, and streams after their end or their client's
+``aclose()``) and ``test_stage3_fleet.py`` (properties drawn by hypothesis over whole
+fleets, and real replica processes killed and stopped with real signals).
 
 Map: relaying (relay) · admission (router-admission) · replicas that refuse
 (replica-429) · failover (failover, failover-cap) · clients that leave (client-leaves) ·
@@ -24,6 +25,7 @@ input (router-bad-input).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import anyio
@@ -31,6 +33,7 @@ import anyio.abc
 import pytest
 
 from katas._harness.marks import anyio_test, core, extended, rule
+from katas._harness.story import check, expect
 from katas.dynamic_batcher._testing.engine import (
     STEP_NS,
     T0,
@@ -46,7 +49,7 @@ from katas.dynamic_batcher._testing.fleet import (
     expect_whole,
     serving,
 )
-from katas.dynamic_batcher._testing.routes import shared
+from katas.dynamic_batcher._testing.routes import not_a_number_of_its_kind, shared
 from katas.dynamic_batcher.api import Overloaded, ReplicaError, Request, RouterStatistics
 
 pytestmark = [pytest.mark.stage(3)]
@@ -283,7 +286,7 @@ async def test_stage3_a_replica_that_refuses_is_skipped_not_failed() -> None:
 
 
 @extended
-@rule("replica-429")
+@rule("replica-429", "router-statistics")
 @anyio_test
 async def test_stage3_when_every_replica_refuses_the_read_raises_the_smallest_retry_hint() -> None:
     fleet = Fleet()
@@ -297,14 +300,22 @@ async def test_stage3_when_every_replica_refuses_the_read_raises_the_smallest_re
             "a, b and c answered 429 with hints 9000, 4000 and 6000 ns: the client may "
             f"retry at the first of them, 4000; got {refused.value.retry_after_ns}"
         )
-        assert clients.router.statistics().down == ()
+        stats = clients.router.statistics()
+        expect(
+            (stats.down, stats.refused, stats.failovers),
+            ((), 0, 0),
+            "replica-429, router-statistics: every replica refused r, so its read raised "
+            "Overloaded; yet the replicas' 429s are no failure (nothing down, no failover) "
+            "and not the router's own Overloaded (refused counts generate()'s alone): "
+            "(down, refused, failovers)",
+        )
 
 
 # -- failover ----------------------------------------------------------------------------------
 
 
 @core
-@rule("failover")
+@rule("failover", "route-load", "route-history")
 @anyio_test
 async def test_stage3_a_replica_dying_mid_stream_is_continued_elsewhere_exactly_once() -> None:
     fleet = Fleet()
@@ -335,8 +346,102 @@ async def test_stage3_a_replica_dying_mid_stream_is_continued_elsewhere_exactly_
             f"its 14-token prompt and 7 tokens of budget. Expected {{'a': 0, 'b': 21, "
             f"'c': 0}}, got {loads}"
         )
+        await fleet.time.advance_to(T0 + 6 * STEP_NS)  # the first token of r#1, from b
+        expect(
+            (
+                clients.router.statistics().outstanding["b"],
+                clients.router.replicas.matched_blocks("b", resubmitted[1]),
+            ),
+            (7 - 1, len(resubmitted[1]) // fleet.block_size),
+            "route-load, route-history: b runs the resubmission, so that is what it is "
+            "charged with and what it remembers. One step after the failover b streamed its "
+            "first token of r#1: r weighs the budget left, 12 - 5 - 1 = 6 tokens, and b's "
+            "history holds every full block of the 14-token prompt it was sent, r's "
+            "prompt and the 5 tokens a streamed. (b's load, b's matched blocks of that "
+            "prompt)",
+        )
         await clients.finish()
     expect_whole(clients.readers, want, "a died after streaming 5 of 12 tokens")
+
+
+@extended
+@rule("failover")
+@anyio_test
+async def test_stage3_no_attempt_carries_the_clients_arrival_or_deadline() -> None:
+    """The router forwards a request's prompt, budget, stop tokens and priority, not its
+    ``arrival_ns`` or ``deadline_ns``: each replica stamps its own arrival, and an instant
+    of the client's means nothing on a replica's clock. The first attempt as much as the
+    attempts after a failover."""
+    fleet = Fleet()
+    plain = request("r", 6, 12, priority=2)
+    r = Request("r", plain.prompt, 12, priority=2, arrival_ns=T0 - 7, deadline_ns=T0 + 3 * STEP_NS)
+    want = fleet.expected([plain])
+    fleet["a"].die_after("r", 5)
+    async with fleet.routing([r]) as clients:
+        await fleet.time.advance_to(T0 + 5 * STEP_NS)
+        sent = [
+            (name, x.rid, x.priority, x.arrival_ns == r.arrival_ns, x.deadline_ns)
+            for name in fleet.names
+            for x in fleet[name].seen
+        ]
+        expect(
+            sent,
+            [("a", "r", 2, False, None), ("b", "r#1", 2, False, None)],
+            f"r arrived with arrival_ns={r.arrival_ns} and deadline_ns={r.deadline_ns} (3 "
+            "steps after T0) and priority 2; a died at r's 5th token. Each attempt carries "
+            "the priority but neither the client's arrival nor its deadline: (replica, id, "
+            "priority, arrival_ns is the client's, deadline_ns) of every attempt",
+        )
+        await clients.finish()
+    expect_whole(clients.readers, want, "r's deadline was the client's: no replica ends r by it")
+
+
+@extended
+@rule("failover", "route-affinity")
+@anyio_test
+@pytest.mark.parametrize("case", ["threshold", "longer-match"])
+async def test_stage3_a_failover_is_routed_for_the_prompt_it_resubmits(case: str) -> None:
+    """The failover is picked as usual for what the next replica will prefill — the
+    prompt and every token accepted — not for the client's prompt: its full blocks set
+    the affinity threshold, and their keys are what a replica's history may match."""
+    names = ("a", "b", "c") if case == "threshold" else ("a", "c", "b")
+    fleet = Fleet(names=names)
+    p = shared(1, 2, 0, 0)  # 8 tokens: two full blocks
+    r = Request("r", p, 12)
+    tokens = fleet.expected([r])["r"]
+    resubmitted = p + tokens[:8]  # four full blocks, p's two first
+    threshold = 0.75 if case == "threshold" else 0.5
+    fleet["a"].die_after("r", 8)
+    async with fleet.routing(affinity_threshold=threshold) as clients:
+        with clients.only("c"):
+            await fleet.consume(clients.router.generate(Request("seed-c", p, 2)))
+        if case == "longer-match":
+            with clients.only("b"):
+                await fleet.consume(clients.router.generate(Request("seed-b", resubmitted, 2)))
+        with clients.only("a"):
+            clients.start([r])
+        await clients.finish()
+        stats = clients.router.statistics()
+    went = [(name, x.rid) for name in names for x in fleet[name].seen if x.rid[0] == "r"]
+    if case == "threshold":
+        story = (
+            "c was sent r's 8-token prompt before (2 full blocks); r ran on a, which died at "
+            "its 8th token. The resubmission, prompt + 8 tokens, has 4 full blocks, of which "
+            "c remembers 2: below affinity_threshold=0.75 x 4, so r#1 goes to the least "
+            "loaded, b (b and c idle, b first)"
+        )
+    else:
+        story = (
+            "replicas a, c, b; c was sent r's prompt (2 blocks), b the prompt + the 8 tokens "
+            "r goes on to generate (4 blocks); r ran on a, which died at its 8th token. The "
+            "resubmission's 4 full blocks match 4 on b and 2 on c: r#1 goes to b by affinity"
+        )
+    expect(
+        (went, stats.by_affinity),
+        ([("a", "r"), ("b", "r#1")], 0 if case == "threshold" else 1),
+        f"{story}. (attempts of r as (replica, id), by_affinity)",
+    )
+    expect_whole(clients.readers, {"r": tokens}, story)
 
 
 @extended
@@ -738,6 +843,51 @@ async def test_stage3_draining_a_replica_with_nothing_in_flight_returns_at_once(
 
 
 @extended
+@rule("router-drain", "probe")
+@anyio_test
+async def test_stage3_restoring_a_replica_that_went_down_while_draining_leaves_it_down() -> None:
+    """Draining and health are two states: ``restore`` ends a drain and nothing more. A
+    replica found down while it drained stays down after ``restore``, routed nothing,
+    until a probe finds it up."""
+    fleet = Fleet(names=("a", "b"))
+    r = request("r", 4, 12)
+    want = fleet.expected([r])
+    fleet["a"].break_stream("r", after=3)  # a's answer breaks; the process lives on
+    async with fleet.routing([r]) as clients:  # r on a
+        router = clients.router
+        drained = anyio.Event()
+
+        async def drain() -> None:
+            await router.drain("a")
+            drained.set()
+
+        clients.tasks.start_soon(drain)
+        await fleet.time.advance_to(T0 + 3 * STEP_NS)
+        check(
+            drained.is_set() and router.statistics().down == ("a",),
+            "setup: a, draining, broke r's answer at its 3rd token: a is down, r moved to b, "
+            f"and drain('a') returned; got down={router.statistics().down}, drain returned: "
+            f"{drained.is_set()}",
+        )
+        router.restore("a")
+        later = router.generate(request("later", 4, 2))
+        stats = router.statistics()
+        expect(
+            (stats.down, stats.draining, router.replicas.available(), stats.routed),
+            (("a",), (), ["b"], {"a": 1, "b": 2}),
+            "router-drain: restore('a') ends a's drain, and that alone: a went down while it "
+            "drained, and only a probe that finds it up brings it back; so it stays down and "
+            "'later', sent after restore('a'), goes to b. (down, draining, available(), "
+            "routed: r on a, then r#1 and 'later' on b)",
+        )
+        await router.check_health()
+        expect(router.statistics().down, (), "probe: a answers its probe, so it is up again")
+        await fleet.consume(later)
+        await clients.finish()
+    expect_whole(clients.readers, want, "a broke r's answer at its 3rd token while draining")
+
+
+@extended
 @rule("router-close")
 @anyio_test
 async def test_stage3_closing_the_router_ends_every_stream() -> None:
@@ -858,11 +1008,18 @@ async def test_stage3_a_failure_no_replica_could_take_still_counts_as_a_failover
         ("affinity_threshold", 2),
         ("clock", object()),
         pytest.param("clock", ReadOnlyClock(), id="clock-that-cannot-wait"),
+        # Not a number of the right kind (the ReplicaSet's settings included).
+        ("max_outstanding_tokens", 1_000.5),
+        ("balance_abs_tokens", 2.5),
+        ("history_blocks", 8.5),
+        ("balance_rel", True),
+        ("affinity_threshold", True),
+        ("affinity_threshold", math.nan),
     ],
 )
 def test_stage3_the_router_refuses_a_nonsense_configuration(param: str, value: Any) -> None:
     fleet = Fleet()
-    wrong = (TypeError, ValueError) if value is True else ValueError  # not an int: either
+    wrong = (TypeError, ValueError) if not_a_number_of_its_kind(param, value) else ValueError
     with pytest.raises(wrong, match=param):
         try:
             fleet.router(**{param: value})

@@ -14,6 +14,7 @@ Map: route-load · route-available · route-balance · route-affinity · route-l
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import pytest
@@ -21,6 +22,7 @@ from hypothesis import settings
 
 from katas._harness.marks import core, extended, rule
 from katas._harness.profiles import examples
+from katas._harness.story import expect
 from katas._harness.under_test import stage
 from katas.dynamic_batcher._testing.routes import (
     BLOCK,
@@ -28,6 +30,7 @@ from katas.dynamic_batcher._testing.routes import (
     expect_matched,
     expect_route,
     keys,
+    not_a_number_of_its_kind,
     replica_set,
 )
 from katas.dynamic_batcher.api import Route, RoutingPolicy
@@ -115,6 +118,40 @@ def test_stage3_routes_loads_add_up_and_release_removes_what_is_left() -> None:
     rs.progress("nobody", 3)
     assert rs.loads() == {"a": 0, "b": 4, "c": 0}, (
         f"release and progress of an unknown id change nothing: got {rs.loads()}"
+    )
+
+
+@core
+@rule("route-load")
+def test_stage3_routes_a_replica_down_or_draining_still_counts_in_every_load() -> None:
+    """A replica's health says where new work goes, not what is owed: the requests still
+    assigned to a replica marked down or draining weigh in ``load``, ``loads`` and
+    ``total_load`` alike until they are released."""
+    rs = replica_set()
+    rs.assign("a", "r1", prompt_of(10), 5)  # 15
+    rs.assign("b", "r2", prompt_of(3), 7)  # 10
+    rs.assign("c", "r3", prompt_of(2), 2)  # 4
+    rs.progress("r2", 3)  # 4 left
+    steps = ["assign a r1 (10 + 5)", "assign b r2 (3 + 7)", "assign c r3 (2 + 2)", "progress r2 3"]
+    for call, name in (("mark_down", "a"), ("drain", "b"), ("mark_down", "c"), ("drain", "c")):
+        getattr(rs, call)(name)
+        steps.append(f"{call} {name}")
+        got = ([rs.load(n) for n in "abc"], rs.loads(), rs.total_load())
+        want = ([15, 4, 4], {"a": 15, "b": 4, "c": 4}, 23)
+        expect(
+            got,
+            want,
+            "route-load: a replica's loads count every request assigned to it, up, down or "
+            "draining, and total_load() is their sum; after "
+            f"{', '.join(steps)}: ([load(a), load(b), load(c)], loads(), total_load())",
+        )
+    rs.release("r1")
+    rs.release("r3")
+    expect(
+        (rs.loads(), rs.total_load()),
+        ({"a": 0, "b": 4, "c": 0}, 4),
+        "route-load: releasing the requests of the replicas down removes their tokens, and "
+        "only then: (loads(), total_load())",
     )
 
 
@@ -416,6 +453,16 @@ def test_stage3_routes_a_replica_marked_down_forgets_its_history() -> None:
         ("affinity_threshold", 0.0),
         ("affinity_threshold", 1.5),
         ("history_blocks", 0),
+        # Not a number of the right kind: a count of tokens or blocks is an int, a bool
+        # is no number, and NaN is no number at all (nor inside any interval).
+        ("balance_abs_tokens", 32.5),
+        ("block_size", 4.5),
+        ("history_blocks", 10.5),
+        ("balance_rel", True),
+        ("balance_rel", "2"),
+        ("balance_rel", math.nan),
+        ("affinity_threshold", True),
+        ("affinity_threshold", math.nan),
     ],
 )
 def test_stage3_routes_refuse_a_nonsense_configuration(param: str, value: Any) -> None:
@@ -431,7 +478,7 @@ def test_stage3_routes_refuse_a_nonsense_configuration(param: str, value: Any) -
         names = value
     else:
         options[param] = value
-    wrong = (TypeError, ValueError) if value is True else ValueError  # not a number: either
+    wrong = (TypeError, ValueError) if not_a_number_of_its_kind(param, value) else ValueError
     with pytest.raises(wrong, match=param):
         stage().ReplicaSet(names, **options)
 

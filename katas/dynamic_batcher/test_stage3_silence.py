@@ -212,6 +212,48 @@ async def test_stage3_a_zombie_resumed_at_the_failover_instant_injects_nothing()
 
 
 @extended
+@rule("epoch", "client-leaves")
+@anyio_test
+@pytest.mark.parametrize("fault", ["broken", "ended unfinished"])
+async def test_stage3_a_failure_read_by_a_superseded_attempt_fails_nothing(fault: str) -> None:
+    """The epoch fences an attempt's failures as it fences its tokens. rA's client leaves
+    at the very instant rA's read on a wakes with a failure (a's answer to rA breaks, or
+    ends with no finish reason): that read belongs to an attempt that has just lost its
+    request, and says nothing of a, which goes on streaming rB."""
+    fleet = Fleet(names=("a", "b"))
+    ra, rb = request("rA", 4, 20), request("rB", 5, 20)
+    want = fleet.expected([rb])
+    async with fleet.routing() as clients:
+        with clients.only("a"):
+            stream = clients.router.generate(ra)
+            clients.start([rb])
+        await fleet.time.advance_to(T0 + 2 * STEP_NS)
+        had = len((await stream.__anext__()).tokens)  # rA's tokens so far: 1 or 2
+        fleet["a"].stop()  # a's next events wait in a
+        if fault == "broken":
+            fleet["a"].break_stream("rA", after=had)  # rA's next read raises ReplicaError
+        else:
+            fleet["a"].end_quietly("rA", after=had)  # rA's stream ends, unfinished
+        await fleet.time.advance_to(T0 + 3 * STEP_NS)  # a's next step is done, held
+        fleet["a"].resume()  # both reads wake: rA's with its failure
+        await stream.aclose()  # ... and before it runs, rA's client leaves
+        await fleet.time.settle()
+        stats = clients.router.statistics()
+        expect(
+            (stats.down, stats.failovers, [x.rid for x in fleet["b"].seen]),
+            ((), 0, []),
+            f"rA and rB stream from a; a is held after its next step, in which rA's "
+            f"answer {fault} (after the {had} tokens it had). a resumes, and rA's client "
+            "closes its stream before rA's read runs: the read's failure belongs to a "
+            "superseded attempt (its epoch is not rA's any more), so a is not marked down "
+            "and rB does not move. (down, failovers, "
+            "attempts b saw)",
+        )
+        await clients.finish()
+    expect_whole(clients.readers, want, f"rA's superseded attempt on a {fault}")
+
+
+@extended
 @rule("probe", "failover")
 @anyio_test
 async def test_stage3_a_probe_round_applies_its_verdicts_before_its_failovers() -> None:

@@ -153,6 +153,18 @@ class Reader:
             self.error = e
 
 
+async def outcome_of_a_read(stream: TokenStream) -> str:
+    """What one read of ``stream`` does, told: a delivery (its tokens and finish reason),
+    the end of the iteration, or the type of the exception it raised."""
+    try:
+        delivery = await stream.__anext__()
+    except StopAsyncIteration:
+        return "StopAsyncIteration"
+    except Exception as error:
+        return f"raised {type(error).__name__}"
+    return f"a delivery {list(delivery.tokens)} {delivery.finish_reason}"
+
+
 def show(deliveries: list[tuple[int, Delivery]]) -> str:
     """Deliveries as ``+ns: tokens reason`` (times from T0)."""
     return "; ".join(
@@ -189,6 +201,7 @@ __all__ = [
     "Rig",
     "expect_ending",
     "fixed_step",
+    "outcome_of_a_read",
     "request",
     "show",
 ]

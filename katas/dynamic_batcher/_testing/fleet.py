@@ -30,7 +30,7 @@ started), and ``Fleet.serve`` runs the clients to their ends besides.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
@@ -480,6 +480,19 @@ class Clients:
     def start(self, requests: Sequence[Request]) -> None:
         """More clients, started now, one for each of ``requests``."""
         self.readers |= self.fleet.start(self.router, requests, self.tasks)
+
+    @contextlib.contextmanager
+    def only(self, name: str) -> Iterator[None]:
+        """Inside the block the router may route to ``name`` alone: every other replica
+        available is drained, and restored when the block ends."""
+        others = [n for n in self.router.replicas.available() if n != name]
+        for other in others:
+            self.router.replicas.drain(other)
+        try:
+            yield
+        finally:
+            for other in others:
+                self.router.replicas.restore(other)
 
     async def finish(self) -> RouterStatistics:
         """Move virtual time until every client's stream has ended; the router's

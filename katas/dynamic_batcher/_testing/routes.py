@@ -9,6 +9,7 @@ imbalance guard, then affinity, then the least loaded.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -166,6 +167,39 @@ def replica_set(
     return rs
 
 
+#: The settings of ``ReplicaSet`` and ``Router`` that count something (tokens, blocks, ns,
+#: failovers): ints, and a bool is none.
+COUNTS = frozenset(
+    {
+        "block_size",
+        "history_blocks",
+        "balance_abs_tokens",
+        "max_outstanding_tokens",
+        "retry_after_ns",
+        "stall_timeout_ns",
+        "probe_interval_ns",
+        "probe_timeout_ns",
+        "max_failovers",
+    }
+)
+#: The settings that are fractions or factors: an int or a float, never a bool.
+FACTORS = frozenset({"balance_rel", "affinity_threshold"})
+
+
+def not_a_number_of_its_kind(param: str, value: object) -> bool:
+    """Whether ``value`` is no number of the kind the setting ``param`` takes — a bool, a
+    str, NaN, or a float where an int counts something — which the rules let a
+    constructor refuse with ``TypeError`` or ``ValueError``; a number of the right kind
+    out of range, or a bad value of any other setting, is a ``ValueError``."""
+    if param not in COUNTS | FACTORS:
+        return False
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return True
+    if isinstance(value, float) and math.isnan(value):
+        return True
+    return param in COUNTS and not isinstance(value, int)
+
+
 class RoutesMachine(stateful.RuleBasedStateMachine):
     """The learner's ReplicaSet against the rules written plainly (routes.RoutesModel)."""
 
@@ -274,4 +308,14 @@ class RoutesMachine(stateful.RuleBasedStateMachine):
         return "after\n    " + "\n    ".join(self.steps[-12:]) + "\n  " + what
 
 
-__all__ = ["BLOCK", "RoutesMachine", "RoutesModel", "keys", "replica_set", "shared"]
+__all__ = [
+    "BLOCK",
+    "COUNTS",
+    "FACTORS",
+    "RoutesMachine",
+    "RoutesModel",
+    "keys",
+    "not_a_number_of_its_kind",
+    "replica_set",
+    "shared",
+]
