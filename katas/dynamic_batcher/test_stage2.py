@@ -24,14 +24,13 @@ import math
 import random
 import sys
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import anyio
 import pytest
 
 from katas._harness.marks import core, extended, rule
 from katas._harness.story import check
-from katas._harness.under_test import stage
 from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher._testing.engine import (
     STEP_NS,
@@ -40,7 +39,6 @@ from katas.dynamic_batcher._testing.engine import (
     ReadOnlyClock,
     Rig,
     expect_ending,
-    fixed_step,
     request,
     show,
 )
@@ -1084,13 +1082,9 @@ async def test_stage2_the_engine_refuses_nonsense_naming_the_parameter(
     field: str, value: object
 ) -> None:
     rig = Rig()
-    kwargs: dict[str, Any] = {
-        "clock": rig.clock, "step_time_ns": fixed_step(), "max_waiting": 4, "max_stall_ns": 10,
-    }  # fmt: skip
-    kwargs[field] = value
     wrong_type = not isinstance(value, int) or isinstance(value, bool)  # TypeError will do
     with pytest.raises((TypeError, ValueError) if wrong_type else ValueError, match=field):
-        stage().AsyncEngine(rig.batcher, **kwargs)
+        rig.engine_with(**{field: value})
 
 
 @extended
@@ -1104,12 +1098,8 @@ async def test_stage2_a_step_time_or_clock_the_engine_cannot_use_is_a_value_erro
     field: str, value: object
 ) -> None:
     rig = Rig()
-    kwargs: dict[str, Any] = {
-        "clock": rig.clock, "step_time_ns": fixed_step(), "max_waiting": 4, "max_stall_ns": 10,
-    }  # fmt: skip
-    kwargs[field] = value
     try:
-        stage().AsyncEngine(rig.batcher, **kwargs)
+        rig.engine_with(**{field: value})
     except ValueError as e:
         raised: BaseException | None = e
     except TypeError as e:

@@ -45,6 +45,9 @@ from katas._runtime.clock import NS_PER_MS, NS_PER_S
 from katas.streaming_parser._testing.mux import END, settle
 from katas.streaming_parser._testing.replica import Block
 from katas.streaming_parser._testing.replicas import (
+    BLOCKS,
+    ENDS,
+    IDLE_S,
     JumpingClock,
     ReplicaSet,
     body_offsets,
@@ -70,12 +73,6 @@ from katas.streaming_parser._testing.schedules import Schedule, awkward, cuts_at
 from katas.streaming_parser.api import EventSourceError, ParseError
 
 pytestmark = [pytest.mark.stage(3), pytest.mark.anyio]
-
-#: The idle timeout of the tests that stall a replica (real seconds).
-IDLE_S = 0.3
-BLOCKS = token_blocks(8)
-#: The body offset just past each of BLOCKS.
-ENDS = body_offsets(BLOCKS)
 
 
 @pytest.fixture(scope="module")

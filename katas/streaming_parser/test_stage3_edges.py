@@ -34,10 +34,11 @@ from katas._harness.waiting import bounded, eventually_async
 from katas._registry import impl
 from katas.streaming_parser._testing.mux import END, settle
 from katas.streaming_parser._testing.replicas import (
+    BLOCKS,
+    ENDS,
+    IDLE_S,
     ReplicaSet,
-    body_offsets,
     events_of,
-    token_blocks,
 )
 from katas.streaming_parser._testing.resumable import (
     CLIENT_TIMEOUT,
@@ -59,11 +60,6 @@ from katas.streaming_parser.api import (
 
 pytestmark = [pytest.mark.stage(3), pytest.mark.anyio]
 
-#: The idle timeout of the tests that stall a replica (real seconds).
-IDLE_S = 0.3
-BLOCKS = token_blocks(8)
-#: The body offset just past each of BLOCKS.
-ENDS = body_offsets(BLOCKS)
 #: The limit the limit tests set (the other one stays at its default, far above).
 LIMIT = 64
 

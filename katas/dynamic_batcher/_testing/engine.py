@@ -74,13 +74,20 @@ class Rig:
             num_blocks=self.num_blocks,
             block_size=self.block_size,
         )
-        self.engine: Engine = stage().AsyncEngine(
-            self.batcher,
-            clock=self.clock,
-            step_time_ns=self.step_time_ns,
-            max_waiting=self.max_waiting,
-            max_stall_ns=self.max_stall_ns,
-        )
+        self.engine = self.engine_with()
+
+    def engine_with(self, **changed: object) -> Engine:
+        """An engine over this rig's batcher, with the rig's settings but ``changed`` (a
+        bad-input test spoils one of them)."""
+        settings: dict[str, Any] = {
+            "clock": self.clock,
+            "step_time_ns": self.step_time_ns,
+            "max_waiting": self.max_waiting,
+            "max_stall_ns": self.max_stall_ns,
+            **changed,
+        }
+        engine: Engine = stage().AsyncEngine(self.batcher, **settings)
+        return engine
 
     @property
     def now(self) -> int:

@@ -71,6 +71,13 @@ def body_offsets(blocks: Sequence[Block]) -> list[int]:
     return ends
 
 
+#: The idle timeout of the stage-3 tests that stall a replica (real seconds).
+IDLE_S = 0.3
+#: The log most stage-3 tests serve, and the body offset just past each of its blocks.
+BLOCKS = token_blocks(8)
+ENDS = body_offsets(BLOCKS)
+
+
 def stream_wire(blocks: Sequence[Block]) -> tuple[bytes, list[int]]:
     """The bytes a replica writes when it serves ``blocks`` from the start, and the wire
     offset just past each block's bytes."""
