@@ -52,6 +52,7 @@ from katas.streaming_parser._testing.replicas import (
     ReplicaSet,
     body_offsets,
     events_of,
+    module_replicas,
     show_requests,
     stream_wire,
     token_blocks,
@@ -80,11 +81,7 @@ def replicas(
     impl_selection: impl.Selection, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ReplicaSet]:
     """Three replicas, a, b and c, for every test of the module (each test resets them)."""
-    started = ReplicaSet(impl_selection, tmp_path_factory.mktemp("replicas"), ["a", "b", "c"])
-    try:
-        yield started
-    finally:
-        started.close()
+    yield from module_replicas(impl_selection, tmp_path_factory)
 
 
 # --- exactly once, in order ----------------------------------------------------------------

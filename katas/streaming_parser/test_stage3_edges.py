@@ -39,6 +39,7 @@ from katas.streaming_parser._testing.replicas import (
     IDLE_S,
     ReplicaSet,
     events_of,
+    module_replicas,
 )
 from katas.streaming_parser._testing.resumable import (
     CLIENT_TIMEOUT,
@@ -69,11 +70,7 @@ def replicas(
     impl_selection: impl.Selection, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ReplicaSet]:
     """Three replicas, a, b and c, for every test of the module (each test resets them)."""
-    started = ReplicaSet(impl_selection, tmp_path_factory.mktemp("replicas"), ["a", "b", "c"])
-    try:
-        yield started
-    finally:
-        started.close()
+    yield from module_replicas(impl_selection, tmp_path_factory)
 
 
 class LeftTheBlock(Exception):

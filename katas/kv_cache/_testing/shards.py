@@ -135,6 +135,31 @@ def node_stats(cache: RemoteCache, name: str) -> NodeStatistics:
     return s
 
 
+def next_probe_of_n0_in(
+    cache: RemoteCache,
+    clock: ManualClock,
+    call: Callable[[], object],
+    interval_ns: int,
+    errors: int,
+    story: str,
+) -> None:
+    """n0 is down, still failing, with ``errors`` errors so far: ``call`` must not try it
+    before ``interval_ns`` from now (1 ns before, it is skipped), and must probe it at
+    that very instant (one more error, and n0 still down). ``story`` says how n0 got
+    there and names the instant."""
+    clock.advance(interval_ns - 1)
+    call()
+    s = node_stats(cache, "n0")
+    check(s.errors == errors, f"{story}. 1 ns before that instant, the call must not try n0: {s}")
+    clock.advance(1)
+    call()
+    s = node_stats(cache, "n0")
+    check(
+        s.errors == errors + 1 and s.down,
+        f"{story}. At that instant the call probes n0 again, and fails: {s}",
+    )
+
+
 #: One call a test makes on a key: ``(cache, key)``.
 Call = Callable[[RemoteCache, str], object]
 #: The calls every rule of a node's life holds for, by name.

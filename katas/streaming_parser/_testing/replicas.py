@@ -18,12 +18,13 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 import anyio.lowlevel
+import pytest
 
 from katas._harness.child import ChildProcess
 from katas._harness.http_replica import stream_head
@@ -294,6 +295,18 @@ class ReplicaSet:
             process.close()
 
 
+def module_replicas(
+    selection: impl.Selection, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ReplicaSet]:
+    """Three replicas, a, b and c, for every test of a module (each test resets them),
+    closed after the last: what each stage-3 suite file's ``replicas`` fixture yields."""
+    started = ReplicaSet(selection, tmp_path_factory.mktemp("replicas"), ["a", "b", "c"])
+    try:
+        yield started
+    finally:
+        started.close()
+
+
 __all__ = [
     "Block",
     "JumpingClock",
@@ -301,6 +314,7 @@ __all__ = [
     "Request",
     "body_offsets",
     "events_of",
+    "module_replicas",
     "resumes",
     "show_requests",
     "stream_wire",
