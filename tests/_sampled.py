@@ -10,7 +10,8 @@ Tests marked ``processes`` (they start OS processes: seconds each) are never dra
 ``KATA_SAMPLE_KEEP``: the names to keep (test functions or stateful classes, or one
 parametrization as ``test_x[id]``; space separated); ``KATA_SAMPLE_OTHERS``: how many
 others; ``KATA_SAMPLE_SEED``: the seed (the entry's name, so one entry always meets the
-same sample).
+same sample); ``KATA_SAMPLE_OTHERS_ONLY``: set (to anything), the named tests are left out
+too, for a second look at the others alone.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import random
 import pytest
 
 KEEP, OTHERS, SEED = "KATA_SAMPLE_KEEP", "KATA_SAMPLE_OTHERS", "KATA_SAMPLE_SEED"
+OTHERS_ONLY = "KATA_SAMPLE_OTHERS_ONLY"
 
 
 def _names(item: pytest.Item) -> set[str]:
@@ -42,7 +44,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         sampled, min(len(sampled), int(os.environ[OTHERS]))
     )
     chosen = {id(item) for item in sample}
-    dropped = [item for item in others if id(item) not in chosen]
+    if OTHERS_ONLY not in os.environ:
+        chosen |= {id(item) for item in items if _names(item) & keep}
+    dropped = [item for item in items if id(item) not in chosen]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = [item for item in items if id(item) not in {id(d) for d in dropped}]
+        items[:] = [item for item in items if id(item) in chosen]

@@ -65,8 +65,8 @@ def _judged(mutant: mutants.Mutant, base: Mapping[str, str]) -> Runs:
     """The named tests of a run of the suite on the mutant, and the others of that run, or
     of a second one with a larger sample where any of the first's failed."""
     named, others = _run(mutant, base, OTHERS_SAMPLED)
-    if others.failures():
-        _, others = _run(mutant, base, OTHERS_SECOND_LOOK)
+    if others.failures():  # the named tests' verdict stands: the second look runs only others
+        _, others = _run(mutant, base, OTHERS_SECOND_LOOK, others_only=True)
     return named, others
 
 
@@ -83,9 +83,12 @@ def _not_realistic(others: SuiteRun) -> str:
     )
 
 
-def _run(mutant: mutants.Mutant, base: Mapping[str, str], sampled: int) -> Runs:
-    """One run of the whole suite on the mutant with ``sampled`` of its other tests, split
-    into the named tests and the rest, from the environment ``base``."""
+def _run(
+    mutant: mutants.Mutant, base: Mapping[str, str], sampled: int, *, others_only: bool = False
+) -> Runs:
+    """One run of the whole suite on the mutant with ``sampled`` of its other tests (and
+    its named tests, unless ``others_only``), split into the named tests and the rest,
+    from the environment ``base``."""
     with tempfile.TemporaryDirectory(prefix="kata-mutant-") as tmp:
         impl = str(mutants.materialise(mutant, Path(tmp) / "impl"))
         server = _cluster_server(base) if "cluster" in mutant.needs else None
@@ -100,6 +103,7 @@ def _run(mutant: mutants.Mutant, base: Mapping[str, str], sampled: int) -> Runs:
             _sampled.KEEP: " ".join(mutant.catches),
             _sampled.OTHERS: str(sampled),
             _sampled.SEED: mutant.name,
+            **({_sampled.OTHERS_ONLY: "1"} if others_only else {}),
         }
         suite = suite_files(mutant.kata, mutant.stage)
         run = run_suite(suite, impl=impl, env=env, pytest_args=["-p", "_sampled"], warm=_WARM)
