@@ -1013,17 +1013,6 @@ def test_stage1_a_setting_that_is_not_an_int_is_a_type_error_naming_it(
     )
 
 
-@extended
-@rule("stage1-bad-input")
-def test_stage1_a_pool_of_no_blocks_is_refused_naming_num_blocks() -> None:
-    with pytest.raises(ValueError) as caught:
-        stage().ContinuousBatcher(model(), **{**VALID, "num_blocks": 0})
-    check(
-        "num_blocks" in str(caught.value),
-        f"num_blocks=0 must be refused naming num_blocks: {caught.value!r}",
-    )
-
-
 @core
 @rule("finish", "metrics")
 def test_stage1_a_deadline_of_0_is_a_deadline() -> None:

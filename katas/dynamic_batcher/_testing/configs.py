@@ -25,6 +25,7 @@ def bad_configurations(num_blocks: int) -> list[ParameterSet]:
             {"max_num_seqs": 8, "max_num_batched_tokens": 7},
             id="budget-under-the-seqs",
         ),
+        pytest.param("num_blocks", {"num_blocks": 0}, id="no-blocks"),
         pytest.param("num_blocks", {"num_blocks": num_blocks - 1}, id="not-the-models-pool"),
         pytest.param("block_size", {"block_size": 8}, id="not-the-models-blocks"),
         pytest.param("policy", {"policy": "lifo"}, id="unknown-policy"),
@@ -48,14 +49,17 @@ def expect_refused_by_name(
     options: dict[str, Any],
     rule: str,
 ) -> None:
-    """``build(**config)`` with ``options`` over it raises ``ValueError`` or ``TypeError``,
-    and its message names the setting ``name``."""
+    """``build(**config)`` with ``options`` over it raises an error whose message names the
+    setting ``name``: ``ValueError`` for an int or a str out of bounds, ``TypeError`` for
+    a value of another type (a float, a bool)."""
     __tracebackhide__ = True
+    wanted = ValueError if all(type(v) in (int, str) for v in options.values()) else TypeError
     with pytest.raises((ValueError, TypeError)) as caught:
         build(**{**config, **options})
     check(
-        name in str(caught.value),
-        f"{rule}: {options} must be refused naming {name!r}, got {caught.value!r}",
+        isinstance(caught.value, wanted) and name in str(caught.value),
+        f"{rule}: {options} must be refused with a {wanted.__name__} naming {name!r}, "
+        f"got {caught.value!r}",
     )
 
 
