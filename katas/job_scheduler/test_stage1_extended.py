@@ -8,7 +8,8 @@ The core examples are in ``test_stage1.py``; the exact model and its state machi
 the client of :mod:`katas.job_scheduler._testing.clients`, which knows from its own calls
 what the queue must do.
 
-Map: heartbeats (heartbeat, heartbeat-never-revives) · release (release) · cancel
+Map: heartbeats (heartbeat, heartbeat-never-revives) · release (release; the backoff
+counts attempts, not the claims a release or a redrive left behind: backoff-formula) · cancel
 (cancel, cancel-finished) · dead letters and redrive (dead-letters, redrive,
 redrive-keeps-token, decorrelated, unfinished-kept) · idempotency keys (idempotency,
 dedup-ttl-from-first) · retention (retention, unfinished-kept; a death noticed by the
@@ -62,6 +63,7 @@ from katas.job_scheduler._testing.states import (
 )
 from katas.job_scheduler.api import (
     LEASE_EXPIRED,
+    Jitter,
     JobNotFound,
     JobQueue,
     Lease,
@@ -198,6 +200,69 @@ def test_stage1_release_never_costs_an_attempt(pattern: list[str]) -> None:
         "a job dies after max_attempts failures; releases do not count",
         f"{failures} failures, state {state}",
     )
+
+
+#: Claims between two failures: ``release`` hands a claim back, ``fail`` fails it (the
+#: attempt counted), ``redrive`` brings the DEAD job back. Tokens run ahead of attempts.
+_CLAIMS_AHEAD = ["release", "fail", "release", "release", "fail", "fail", "redrive"]
+_CLAIMS_AHEAD += ["release", "fail", "release", "fail"]
+
+
+@rule("backoff-formula", "release", "redrive")
+@extended
+@pytest.mark.parametrize("fails_by", ["nack", "expiry"])
+@pytest.mark.parametrize("jitter", ["none", "full", "equal"])
+def test_stage1_backoff_counts_the_failed_attempt_not_the_claims(
+    jitter: Jitter, fails_by: str
+) -> None:
+    """``n`` in the backoff is the attempt that failed: a release refunds its attempt and
+    a redrive zeroes them, while the fencing token counts every claim. Each failure (a
+    nack, or an expiry noticed at its instant) is due at its time + the delay drawn for
+    its attempt, never for its token."""
+    policy = RetryPolicy(BASE, CAP, jitter)
+    clock, queue = new_queue(jitter=jitter, max_attempts=3)
+    job_id, twin = queue.enqueue("x"), random.Random(SEED)
+    story = Story(f"{policy}, max_attempts=3, rng=Random({SEED}):", clock.now_ns, START)
+    attempt = claims = 0
+    for step in _CLAIMS_AHEAD:
+        if step == "redrive":
+            story.check(queue.redrive(job_id) is True, "a DEAD job can be redriven", "")
+            story.add("redrive")
+            attempt = 0
+            continue
+        clock.set(max(clock.now_ns(), queue.next_due_ns() or clock.now_ns()))
+        lease, claims, attempt = claim(queue), claims + 1, attempt + 1
+        story.check(
+            (lease.attempt, lease.token) == (attempt, claims),
+            "a claim counts an attempt (refunded by a release, zeroed by a redrive) and "
+            "issues the next token",
+            f"expected attempt {attempt}, token {claims}; got {lease}",
+        )
+        if step == "release":
+            queue.release(lease)
+            story.add(f"claim -> attempt {attempt}, token {claims}; release")
+            attempt -= 1
+            continue
+        if fails_by == "nack":
+            clock.advance(7)
+            queue.nack(lease, "boom")
+        else:
+            clock.set(lease.expires_at_ns)
+        failed_at = clock.now_ns()
+        job = queue.get(job_id)
+        story.add(f"claim -> attempt {attempt}, token {claims}; {fails_by}")
+        if attempt == 3:
+            story.check(job.state is DEAD, "the last attempt's failure is DEAD", f"{job}")
+            continue
+        delay = drawn_delays(policy, twin, [attempt])[0]
+        want = (SCHEDULED if delay else READY, failed_at + delay)
+        story.check(
+            (job.state, job.run_at_ns) == want,
+            f"the backoff after failed attempt n is drawn from min(cap, base·2^(n-1)), n = "
+            f"{attempt} here (the token, {claims}, counts claims, not attempts)",
+            f"expected due at failure + {delay}, got {job.state} due at failure + "
+            f"{job.run_at_ns - failed_at}",
+        )
 
 
 @rule("cancel", "cancel-finished")
@@ -503,7 +568,8 @@ def test_stage1_a_key_counts_from_its_first_enqueue_and_never_skips_validation()
     clock, queue = new_queue(dedup_ttl_ns=500)
     first = queue.enqueue("later", run_at_ns=START + 2_000, idempotency_key="k")
     past = queue.enqueue("past", run_at_ns=START - 1_000, idempotency_key="p")
-    for bad in ({"priority": "high"}, {"priority": True}, {"run_at_ns": 1.5}):
+    bad_values = ({"priority": "high"}, {"priority": True}, {"run_at_ns": 1.5})
+    for bad in (*bad_values, {"run_at_ns": True}, {"run_at_ns": False}):
         word = next(iter(bad))
         with pytest.raises(TypeError, match=word):
             queue.enqueue("again", idempotency_key="k", **bad)
