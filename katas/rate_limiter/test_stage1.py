@@ -12,6 +12,7 @@ Decisions step by step — that catches over-denial too, which an envelope canno
 
 from __future__ import annotations
 
+import itertools
 from fractions import Fraction
 from types import ModuleType
 from typing import Any
@@ -39,6 +40,7 @@ from katas.rate_limiter.api import (
     ManualClock,
     MultiDecision,
     MultiRateLimiter,
+    RateLimiter,
     SweepableLimiter,
 )
 
@@ -334,6 +336,42 @@ def test_stage1_fixed_window_refund_after_the_window_rolled_is_dropped(
     expect(window.try_acquire("alice", 5), D(True, 5, 0, 0, 10 * S_), "the new window: 5")
 
 
+@rule("fixed-refund-rolled", "refund-capped", "fixed-epoch", "fixed-first-hit")
+@extended
+@pytest.mark.parametrize("align", ["epoch", "first_hit"])
+def test_stage1_fixed_window_refund_at_the_windows_end_carries_no_old_count(
+    stage_module: ModuleType, align: str
+) -> None:
+    """A refund smaller than what the rolled window counted: 1 ns before the window ends
+    it gives back; at the very instant it ends, the new window holds nothing to give back,
+    and must not inherit what is left of the old count either."""
+    clock = ManualClock(START_NS + 3 * S_)  # epoch: in [0, 10 s); first_hit: opens [3 s, 13 s)
+    window: SweepableLimiter = stage_module.FixedWindow(
+        limit=5, window_ns=10 * S_, clock=clock, align=align
+    )
+    ends = START_NS + (10 if align == "epoch" else 13) * S_
+    story = f"FixedWindow(limit=5, window_ns=10 s, align={align!r}); try_acquire('alice', 4) at 3 s"
+    expect(window.try_acquire("alice", 4), D(True, 5, 1, 0, ends - clock.now_ns()), story)
+    clock.set(ends - 1)
+    window.refund("alice", 1)
+    story += f"; refund('alice', 1) 1 ns before the window ends at {(ends - START_NS) // S_} s"
+    expect(state_of(window, "alice", 5), D(False, 5, 2, None, 1), f"{story}: 1 unit came back")
+    clock.set(ends)
+    window.refund("alice", 1)
+    story += "; refund('alice', 1) at the instant it ends"
+    expect(
+        (state_of(window, "alice", 5), window.tracked_keys()),
+        (D(False, 5, 5, None, 0), 0),
+        f"{story}: the window that counted 3 has rolled, so the refund is dropped and the "
+        "key is fresh — the new window counts nothing, not the old window's 3 less 1",
+    )
+    expect(
+        window.try_acquire("alice", 5),
+        D(True, 5, 0, 0, 10 * S_),
+        f"{story}: the new window admits its whole limit",
+    )
+
+
 @rule("fixed-first-hit", "refund-capped", "fresh-again")
 @extended
 def test_stage1_fixed_window_first_hit_window_a_refund_empties_is_closed(
@@ -503,6 +541,59 @@ def test_stage1_multi_limiter_charge_denied_after_its_peek_gives_back_what_it_to
         expect(state_of(tokens, "alice", 10), D(False, 10, 5, None, 5 * S_), "tokens: untouched")
 
 
+@rule("multi-decision", "multi-all-or-nothing", "clock-step-back")
+@extended
+def test_stage1_multi_limiter_rollback_gives_each_limit_back_exactly_its_own_charge(
+    stage_module: ModuleType,
+) -> None:
+    """Three limits, each charged a different cost; the tokens limit's clock steps back
+    5 s right after the MultiLimiter's peek at it, so its charge is denied after the
+    limits named before it were charged. Each of those gets back exactly what it was
+    charged: requests had 5 units in use before (too much back would show), images
+    takes more than tokens asked (too little back would show). In every order."""
+    denial = D(False, 10, 5, S_, 5 * S_)  # 5 of the 6 tokens there, the 6th 1 s away
+    costs_of = {"requests": 1, "images": 8, "tokens": 6}
+    for order in itertools.permutations(costs_of):
+        clock = ManualClock(START_NS)
+        requests: SweepableLimiter = stage_module.TokenBucket(
+            capacity=10, refill_per_s=1, clock=clock
+        )
+        images: SweepableLimiter = stage_module.SlidingLog(limit=10, window_ns=60 * S_, clock=clock)
+        tokens_clock = ManualClock(START_NS - 10 * S_)
+        tokens: SweepableLimiter = stage_module.TokenBucket(
+            capacity=10, refill_per_s=1, clock=tokens_clock
+        )
+        expect(requests.try_acquire("alice", 5).allowed, True, "5 requests in use before")
+        expect(tokens.try_acquire("alice", 10).allowed, True, "10 tokens taken at -10 s")
+        tokens_clock.set(START_NS)  # refilled to 10 by now
+        limits: dict[str, RateLimiter] = {
+            "requests": requests,
+            "images": images,
+            "tokens": StepsBackAfterPeek(tokens, tokens_clock, 5 * S_),
+        }
+        multi: MultiRateLimiter = stage_module.MultiLimiter(limits)
+        costs = {name: costs_of[name] for name in order}
+        charged = order[: order.index("tokens")]
+        before = {name: state_of(limits[name], "alice", 10) for name in charged}
+        reached = {name: limits[name].peek("alice", costs_of[name]) for name in charged}
+        story = (
+            f"requests (a bucket of 10, 5 in use), images (a log of 10, empty) and tokens; "
+            f"try_acquire('alice', {costs}): tokens' clock steps back 5 s after its peek"
+        )
+        expect(
+            multi.try_acquire("alice", costs),
+            MultiDecision(False, S_, {**reached, "tokens": denial}),
+            f"{story}: denied, decisions hold the limits it reached, in the order of costs",
+        )
+        expect(
+            {name: state_of(limits[name], "alice", 10) for name in charged},
+            before,
+            f"{story}: each limit charged before the denial ({', '.join(charged) or 'none'}) "
+            "gets back exactly its own charge — not the cost the denying limit was asked",
+        )
+        expect(state_of(tokens, "alice", 10), D(False, 10, 5, None, 5 * S_), "tokens: untouched")
+
+
 @rule("multi-costs", "multi-empty")
 @extended
 def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> None:
@@ -516,6 +607,8 @@ def test_stage1_multi_limiter_rejects_bad_costs(stage_module: ModuleType) -> Non
         {"requests": 1.0},
         {},
         {"requests": 0},
+        {"requests": 1, "tokens": 0},  # an unknown name is refused whatever its cost
+        {"tokens": 0, "requests": 1},
     ]
     for costs in bad:
         with pytest.raises((ValueError, TypeError), match="costs"):
@@ -547,6 +640,10 @@ def test_stage1_multi_limiter_refund_and_sweep_act_on_every_limit(stage_module: 
         {"requests": 1, "nope": 1},
         {"requests": 1, "tokens": 1.0},
         {"requests": 1, "tokens": True},
+        {"requests": 1, "nope": 0},  # unknown, though it would charge nothing
+        {"nope": 0, "requests": 1},
+        {"requests": 1, "tokens": False},  # falsy, but not an int 0
+        {"requests": 1, "tokens": 0.0},
         [("requests", 1)],
     ]
     for costs in bad:

@@ -1079,3 +1079,45 @@ def test_stage1_sliding_log_refund_after_units_left_the_window(stage_module: Mod
     )
     expect(log.try_acquire("alice", 2), D(True, 2, 0, 0, 10 * S_), "t=12 s: 2 fit, no more")
     expect(log.try_acquire("alice").allowed, False, "t=12 s: and a third does not")
+
+
+@core
+@rule("refund-newest", "half-open-window", "exact-retry", "reset-after", "tracked-keys")
+def test_stage1_sliding_log_refund_keeps_the_admission_time_of_what_it_leaves(
+    stage_module: ModuleType,
+) -> None:
+    """2 units taken at 0 and 3 at 4 s, then at 6 s a refund of 1 to 4 units: a part of
+    the newest request, all of it, or all of it and a part of the one before. The units
+    left count from their admission, exactly as if the requests had cost less: a twin
+    charged the reduced costs decides alike, for every cost, at the refund's instant and
+    1 ns before and at each instant a request's units leave the window."""
+    setup = Setup("sliding_log", limit=5, window_ns=10 * S_)
+    charges = [(0, 2), (4, 3)]  # (seconds, cost), oldest first
+    for back in range(1, 5):
+        a, ca, b, cb = twins(stage_module, setup)
+        kept: list[tuple[int, int]] = []
+        left = back
+        for at_s, cost in reversed(charges):  # newest units first
+            taken = min(left, cost)
+            kept.insert(0, (at_s, cost - taken))
+            left -= taken
+        for limiter, clock, costs in ((a, ca, charges), (b, cb, kept)):
+            for at_s, cost in costs:
+                clock.set(START_NS + at_s * S_)
+                if cost:
+                    limiter.try_acquire("alice", cost)
+        ca.set(START_NS + 6 * S_)
+        a.refund("alice", back)
+        story = (
+            f"{setup}: try_acquire('alice', 2) at 0, try_acquire('alice', 3) at 4 s, "
+            f"refund('alice', {back}) at 6 s; its twin was charged {kept} (s, cost) instead"
+        )
+        for at_ns in (6 * S_, 10 * S_ - 1, 10 * S_, 14 * S_ - 1, 14 * S_, 16 * S_):
+            for clock in (ca, cb):
+                clock.set(START_NS + at_ns)
+            expect(
+                [a.peek("alice", cost) for cost in range(1, setup.limit + 2)] + [a.tracked_keys()],
+                [b.peek("alice", cost) for cost in range(1, setup.limit + 2)] + [b.tracked_keys()],
+                f"{story}. At {at_ns / S_:g} s, peek('alice', 1..6) and tracked_keys() must "
+                "be the twin's: the units the refund left keep their admission time",
+            )
