@@ -21,6 +21,7 @@ Time is a ``ManualClock``; caches are built by ``_testing/caches.py``'s ``make``
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import pytest
@@ -49,6 +50,8 @@ from katas.kv_cache._testing.expiry import (
     behind_stale_deadlines,
     heavy_put_needing_every_expired_slot,
 )
+from katas.kv_cache._testing.flights import caught
+from katas.kv_cache._testing.keys import KEYED_CALLS, UNHASHABLE_KEYS, full_cache, observe
 from katas.kv_cache._testing.machine import model_test
 from katas.kv_cache.api import CacheStats, ExpiringCache, ManualClock
 
@@ -328,6 +331,42 @@ def test_stage1_an_unhashable_key_raises_and_changes_nothing(kind: str) -> None:
     assert cache.statistics() == before, (
         f"a refused call counts nothing: {before} -> {cache.statistics()}"
     )
+
+
+_CONFIGS = [
+    pytest.param(kind, weighted, marks=core if kind != "LFUCache" and not weighted else extended,
+                 id=f"{kind}{'-weighted' if weighted else ''}")
+    for weighted in (False, True) for kind in ALL_KINDS
+]  # fmt: skip
+
+
+@rule("unhashable")
+@pytest.mark.parametrize(("kind", "weighted"), _CONFIGS)
+def test_stage1_an_unhashable_key_is_refused_first_on_every_entry_point(
+    kind: str, weighted: bool
+) -> None:
+    """Every call taking a key, on a fresh full cache each time: a TypeError naming key
+    comes before any other refusal of the call (a value too heavy, a bad weight), and
+    the cache is left exactly as its twin that never saw the call."""
+    for call, run in KEYED_CALLS.items():
+        for shape, key in UNHASHABLE_KEYS.items():
+            cache, log, steps = full_cache(kind, weighted)
+            twin, twin_log, _ = full_cache(kind, weighted)
+            what = f"{steps}; then {call} with the unhashable key {key!r} ({shape})"
+            got = caught(partial(run, cache, key))
+            check(
+                isinstance(got, TypeError) and "key" in str(got),
+                f"{what} must raise a TypeError naming the parameter key, before any other "
+                f"check; got {type(got).__name__}: {got}"
+                if isinstance(got, Exception)
+                else f"{what} must raise a TypeError naming key; it returned {got!r}",
+            )
+            expect(log.take(), [], f"{what}: a refused call reports nothing to on_evict")
+            expect(
+                observe(kind, cache, log),
+                observe(kind, twin, twin_log),
+                f"{what} must change nothing (compared with a twin cache that never saw it)",
+            )
 
 
 # --------------------------------------------------------------------------- extended

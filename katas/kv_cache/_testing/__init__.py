@@ -3,7 +3,8 @@
 - ``caches``: building the caches under test (stages 1 and 2) and hearing ``on_evict``;
 - ``model`` and ``machine``: stage 1's exact model and the state machine comparing a
   cache with it; ``callbacks``: what ``on_evict`` sees of the cache; ``expiry``: TTL
-  caches at the edges of expiry's bookkeeping;
+  caches at the edges of expiry's bookkeeping; ``keys``: unhashable keys, and every call
+  that takes a key;
 - ``loaders`` and ``locks``: stage 2's controlled loaders and its probes of a lock;
   ``flights``: whole flights (a leader and its waiters) and a wrapper side by side with
   the bare stage-1 cache;
