@@ -977,13 +977,14 @@ def test_stage1_usage_and_done_end_the_stream() -> None:
 
 
 @extended
-@rule("finish")
+@rule("finish", "chat-errors")
 @pytest.mark.parametrize(
     "late",
     [
         pytest.param(chunk(delta(0, content="late")), id="chunk"),
         pytest.param(E(event="ping", data="{}"), id="ping"),
         pytest.param(E(event="error", data='{"error": "late"}'), id="error"),
+        pytest.param(E(event="error", data='{"error": "late"}', id="9"), id="error-with-id"),
         pytest.param(E(data="[DONE]"), id="done-again"),
         pytest.param(E(data="not json"), id="not-json"),
     ],
@@ -995,12 +996,22 @@ def test_stage1_an_event_of_any_type_after_done_is_refused(late: ServerSentEvent
     before = assembler.result()
     try:
         assembler.add(late)
-    except ParseError:
-        expect(assembler.result(), before, "finish: the refused event changes nothing")
-        return
-    pytest.fail(
-        f"finish: after data: [DONE], every event raises ParseError — one of another type "
-        f"too; {late} was accepted"
+    except ParseError as refused:
+        message = str(refused)
+    else:
+        pytest.fail(
+            f"finish: after data: [DONE], every event raises ParseError — one of another type "
+            f"too; {late} was accepted"
+        )
+    expect(assembler.result(), before, "finish: the refused event changes nothing")
+    # Being after [DONE] is what is wrong with it, whatever else is (an error event, data
+    # that is not JSON): its message says so.
+    prefix = "event 3" + (f" (id {late.id!r})" if late.id else "") + ": "
+    check(
+        message.startswith(prefix) and "[DONE]" in message,
+        f"chat-errors, finish: {late}, the third event, came after data: [DONE]; its "
+        f"ParseError begins {prefix!r} and holds '[DONE]', whatever its type; the message "
+        f"was {message!r}",
     )
 
 
@@ -1025,6 +1036,28 @@ MALFORMED = [
         id="tool-call-no-index",
     ),
     pytest.param('{"choices": [], "usage": {"total_tokens": "4"}}', id="usage-not-counts"),
+    # Usage is three int counts: one missing, null or not an int is not a count of 0.
+    pytest.param('{"choices": [], "usage": {}}', id="usage-empty"),
+    pytest.param(
+        '{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}}',
+        id="usage-count-missing",
+    ),
+    pytest.param(
+        '{"choices": [], "usage": {"prompt_tokens": null, "completion_tokens": 1, '
+        '"total_tokens": 4}}',
+        id="usage-count-null",
+    ),
+    pytest.param(
+        '{"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1.0, '
+        '"total_tokens": 4}}',
+        id="usage-count-float",
+    ),
+    pytest.param('{"choices": [], "usage": [3, 1, 4]}', id="usage-not-an-object"),
+    pytest.param(
+        '{"choices": [{"index": 0, "delta": {"content": "x"}}], '
+        '"usage": {"completion_tokens": 1, "total_tokens": 4}}',
+        id="valid-delta-usage-count-missing",
+    ),
     # A valid delta, and something wrong elsewhere in the same chunk: nothing is applied.
     pytest.param(
         '{"choices": [{"index": 0, "delta": {"content": "x", "role": "tool"}}], '

@@ -14,11 +14,26 @@ from katas._harness.under_test import stage
 from katas.streaming_parser.api import ChatAssembler, ChatCompletion, ServerSentEvent
 
 
-def chunk(*choices: dict[str, object], usage: dict[str, int] | None = None) -> ServerSentEvent:
-    """One ``chat.completion.chunk`` event (id ``c1``, model ``m``) of these choices."""
+class Null:
+    """JSON ``null`` for a field :func:`chunk` would otherwise leave out."""
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+#: ``chunk(..., usage=NULL)``: ``"usage": null``, as a server streaming with
+#: ``include_usage`` sends it on every chunk but the usage-only one.
+NULL = Null()
+
+
+def chunk(
+    *choices: dict[str, object], usage: dict[str, int] | Null | None = None
+) -> ServerSentEvent:
+    """One ``chat.completion.chunk`` event (id ``c1``, model ``m``) of these choices; its
+    ``usage`` left out when None, sent as ``null`` when :data:`NULL`."""
     body: dict[str, object] = {"id": "c1", "model": "m", "choices": list(choices)}
     if usage is not None:
-        body["usage"] = usage
+        body["usage"] = None if isinstance(usage, Null) else usage
     return ServerSentEvent(data=json.dumps(body))
 
 
@@ -55,4 +70,4 @@ def assemble(events: Sequence[ServerSentEvent]) -> ChatCompletion:
     return assembler.result()
 
 
-__all__ = ["assemble", "call", "chunk", "delta", "new_assembler"]
+__all__ = ["NULL", "Null", "assemble", "call", "chunk", "delta", "new_assembler"]
