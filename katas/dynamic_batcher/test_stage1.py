@@ -12,7 +12,8 @@ the tokens it was scheduled, not from the batcher's own state);
 :class:`~katas.dynamic_batcher._testing.rules.BatchingRules`, the rules written plainly,
 says what every step must be. Time is the ``now_ns`` each step is given; nothing sleeps.
 
-The stage's other suite: ``test_stage1_hotpath.py`` (the C hot path, ``-k hotpath``).
+The stage's other suites: ``test_stage1_hotpath.py`` (the C hot path, ``-k hotpath``)
+and ``test_stage1_edges.py`` (the static baseline's deadlines, aborts and metrics).
 
 Map: the worked example (running-first, chunked-prefill) · running first, the caps,
 chunked prefill (running-first, caps, chunked-prefill) · the budget rule in Python,

@@ -1,4 +1,5 @@
-"""The stage-1 rules as a model: what each step of a continuous batcher must schedule,
+"""The stage-1 rules as models: what each step of a continuous batcher
+(:class:`BatchingRules`) or of the static baseline (:class:`StaticRules`) must schedule,
 preempt, emit and finish — written as plainly as the prompt reads, with no concern for
 speed, so that a test can compare a batcher with it step by step.
 
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from katas.dynamic_batcher.api import FinishReason, Policy, Request, StepOutput
+from katas.dynamic_batcher.api import FinishReason, Policy, Request, RequestMetrics, StepOutput
 
 
 class Step(NamedTuple):
@@ -176,4 +177,92 @@ class BatchingRules:
             self.waiting.insert(0, rid)
 
 
-__all__ = ["BatchingRules", "Step", "step_of"]
+class StaticRules:
+    """The static baseline's required behaviour, one step at a time, and the metrics it
+    must report. A step first finishes every request whose deadline its ``now_ns`` has
+    reached, running or waiting (finish); then, only if the batch is empty, takes waiting
+    requests in submission order, up to ``batch_size``, while each one's longest KV
+    (prompt + ``max_new_tokens`` - 1 tokens) fits the blocks left (static); then every
+    request of the batch computes what it has not (its prompt, then one token) and emits
+    its next token. An abort finishes its request at the latest step's ``now_ns``."""
+
+    def __init__(
+        self,
+        outputs: Mapping[str, tuple[int, ...]],
+        *,
+        batch_size: int,
+        num_blocks: int,
+        block_size: int,
+    ) -> None:
+        self.outputs = outputs
+        self.batch_size = batch_size
+        self.free = num_blocks
+        self.block_size = block_size
+        self.states: dict[str, _State] = {}
+        self.waiting: list[str] = []
+        self.running: list[str] = []  # the batch, in admission order
+        self.first_token_ns: dict[str, int] = {}
+        self.metrics: list[RequestMetrics] = []  # in the order they finished
+        self.now_ns: int | None = None  # the latest step's
+
+    def submit(self, request: Request) -> None:
+        rid = request.rid
+        self.states[rid] = _State(request, self.outputs[rid], len(self.states))
+        self.waiting.append(rid)
+
+    def abort(self, rid: str) -> None:
+        """Finish ``rid`` at the latest step (the model claims nothing before the first)."""
+        if self.now_ns is None:
+            raise ValueError("the static model has no step to finish an abort at yet")
+        if rid in self.running or rid in self.waiting:
+            self._finish(rid, self.now_ns, "abort")
+
+    def _finish(self, rid: str, now_ns: int, reason: FinishReason) -> None:
+        state = self.states[rid]
+        self.free += state.blocks
+        state.blocks = 0
+        if rid in self.running:
+            self.running.remove(rid)
+        else:
+            self.waiting.remove(rid)
+        r = state.request
+        self.metrics.append(
+            RequestMetrics(rid, r.arrival_ns, self.first_token_ns.get(rid), now_ns,
+                           state.emitted, reason, 0)
+        )  # fmt: skip
+
+    def step(self, now_ns: int) -> Step:
+        self.now_ns = now_ns
+        finished: dict[str, FinishReason] = {}
+        for rid in [*self.running, *self.waiting]:
+            deadline = self.states[rid].request.deadline_ns
+            if deadline is not None and now_ns >= deadline:
+                self._finish(rid, now_ns, "deadline")
+                finished[rid] = "deadline"
+        if not self.running:  # a new batch, only once the last one is gone
+            while self.waiting and len(self.running) < self.batch_size:
+                s = self.states[self.waiting[0]]
+                longest = -(-(len(s.request.prompt) + s.request.max_new_tokens - 1)
+                            // self.block_size)  # fmt: skip
+                if longest > self.free:
+                    break
+                self.free -= longest
+                s.blocks = longest
+                self.running.append(self.waiting.pop(0))
+        plan = [(rid, self.states[rid].known - self.states[rid].computed) for rid in self.running]
+        tokens: dict[str, tuple[int, ...]] = {}
+        for rid, n in plan:
+            s = self.states[rid]
+            s.computed += n
+            token = s.output[s.emitted]
+            s.emitted += 1
+            tokens[rid] = (token,)
+            self.first_token_ns.setdefault(rid, now_ns)
+            if s.emitted == len(s.output):
+                reason: FinishReason = "stop" if token in s.request.stop_tokens else "length"
+                self._finish(rid, now_ns, reason)
+                finished[rid] = reason
+        return Step(plan, (), tokens, finished)
+
+
+__all__ = ["BatchingRules", "StaticRules", "Step", "step_of"]
