@@ -302,12 +302,13 @@ async def test_stage3_when_every_replica_refuses_the_read_raises_the_smallest_re
         )
         stats = clients.router.statistics()
         expect(
-            (stats.down, stats.refused, stats.failovers),
-            ((), 0, 0),
+            (stats.down, stats.refused, stats.failovers, stats.routed),
+            ((), 0, 0, {"a": 1, "b": 1, "c": 1}),
             "replica-429, router-statistics: every replica refused r, so its read raised "
             "Overloaded; yet the replicas' 429s are no failure (nothing down, no failover) "
-            "and not the router's own Overloaded (refused counts generate()'s alone): "
-            "(down, refused, failovers)",
+            "and not the router's own Overloaded (refused counts generate()'s alone), and "
+            "each of r's three attempts was started, one on each replica, refused or not: "
+            "(down, refused, failovers, routed)",
         )
 
 
@@ -971,6 +972,43 @@ async def test_stage3_statistics_count_what_was_routed_failed_over_and_refused()
     assert stats == want, (
         "r1 to a (least loaded), r2 to a by affinity, r2 failed over to b, one request "
         f"refused.\n  expected {want}\n  got      {stats}"
+    )
+
+
+@extended
+@rule("router-statistics", "replica-429")
+@anyio_test
+async def test_stage3_statistics_count_every_attempt_started_refused_ones_too() -> None:
+    fleet = Fleet()
+    system = shared(1, 2, 0, 0)  # two full blocks
+    async with fleet.routing(balance_abs_tokens=32, balance_rel=1.5) as clients:
+        router = clients.router
+        await fleet.consume(router.generate(Request("r1", (*system, 7), 3)))  # a, by load
+        fleet["a"].refuse(1, 5_000)
+        await fleet.consume(router.generate(Request("r2", (*system, 8), 3)))  # a (affinity), b
+        big = router.generate(request("big", 40, 40))  # a, by load: 80 tokens there
+        fleet["b"].refuse(1, 5_000)
+        await fleet.consume(router.generate(request("r3", 4, 3)))  # b (balance), c (balance)
+        await fleet.consume(big)
+        stats = router.statistics()
+    want = RouterStatistics(
+        routed={"a": 3, "b": 2, "c": 1},
+        by_affinity=1,
+        by_balance=2,
+        failovers=0,
+        refused=0,
+        outstanding={"a": 0, "b": 0, "c": 0},
+        down=(),
+        draining=(),
+    )
+    expect(
+        stats,
+        want,
+        "router-statistics: routed, by_affinity and by_balance count the attempts started, "
+        "a replica's 429 or not. r1 went to a by load; r2 to a by affinity, which answered "
+        "429, then to b by load; 'big' (80 tokens) to a by load; r3 to b by the imbalance "
+        "guard, which answered 429, then to c by the guard. A 429 is no failover and not "
+        "the router's own refusal",
     )
 
 

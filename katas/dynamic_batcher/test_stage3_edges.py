@@ -7,9 +7,10 @@ one ``ManualClock`` moved by virtual time, every step one ``STEP_NS``. Each test
 its request's end — finished, ended in error, refused by ``generate()`` — on an instant,
 leaves the end unread, and then uses the id again, closes the old stream, or reads it.
 
-Map: an id in flight (router-admission) · a refused ``generate()`` admits nothing
-(router-admission) · reads after ``aclose()`` (client-leaves) · an old stream closed
-after its id was reused (client-leaves).
+Map: an id in flight (router-admission) · an id in flight is refused as such, before the
+weight, the load and the replicas are looked at (router-admission) · a refused
+``generate()`` admits nothing (router-admission) · reads after ``aclose()``
+(client-leaves) · an old stream closed after its id was reused (client-leaves).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 from katas._harness.marks import anyio_test, extended, rule
 from katas._harness.story import expect, not_refused
 from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, outcome_of_a_read, request
-from katas.dynamic_batcher._testing.fleet import Fleet, expect_whole
+from katas.dynamic_batcher._testing.fleet import Fleet, expect_whole, outcome_of_generate
 from katas.dynamic_batcher.api import Overloaded, ReplicaError
 
 pytestmark = [pytest.mark.stage(3)]
@@ -71,6 +72,49 @@ async def test_stage3_an_id_is_free_once_its_stream_ended_read_or_not() -> None:
         )
         readers = {rid: await fleet.consume(stream) for rid, stream in new.items()}
     expect_whole(readers, want, f"{story}; then both were sent again, under the same ids")
+
+
+@extended
+@rule("router-admission", "router-statistics")
+@anyio_test
+async def test_stage3_an_id_in_flight_is_a_value_error_whatever_else_would_refuse_it() -> None:
+    fleet = Fleet(names=("a",))
+    async with fleet.routing(max_outstanding_tokens=20) as clients:
+        router = clients.router
+        first = router.generate(request("r1", 6, 7))  # 13 tokens on a
+        before = router.statistics()
+        again = {  # r1 again, under the same id, weighing
+            "7 tokens (13 + 7 = 20, it fits)": request("r1", 3, 4),
+            "8 tokens (13 + 8 = 21, one over the budget)": request("r1", 4, 4),
+            "21 tokens (more than the budget alone)": request("r1", 10, 11),
+        }
+        got = {}
+        for replicas in ("a up", "a draining"):
+            if replicas == "a draining":
+                router.replicas.drain("a")  # no replica is up and not draining
+            for weighs, r in again.items():
+                got[f"{replicas}, r1 weighing {weighs}"] = outcome_of_generate(router, r)
+        router.replicas.restore("a")
+        story = (
+            "one replica, a, max_outstanding_tokens=20, r1 (13 tokens) in flight on it; "
+            "generate(r1) again, with a up, then with a draining"
+        )
+        expect(
+            got,
+            dict.fromkeys(got, "raised ValueError"),
+            f"router-admission: {story}. The checks go in that order: an id in flight, too "
+            "heavy, overloaded, no replica — so r1, in flight, is a ValueError whatever it "
+            "weighs and wherever it could go. What each generate() raised",
+        )
+        expect(
+            router.statistics(),
+            before,
+            f"router-admission, router-statistics: {story}; each raised ValueError: nothing "
+            "was started, and none is a refusal of the router's own (refused counts its "
+            "Overloaded). statistics() against what it was before",
+        )
+        reader = await fleet.consume(first)
+    expect((reader.error, len(reader.tokens)), (None, 7), "r1, the one admitted, runs to its end")
 
 
 @extended

@@ -8,7 +8,8 @@ over at that instant; health probes find a replica down or up again, each within
 replica that comes back (SIGCONT) cannot inject a token into a request that moved on:
 each attempt's epoch fences it. Built as ``test_stage3.py`` builds its fleets.
 
-Map: silence (router-stall) · probes (probe) · the epoch (epoch).
+Map: silence (router-stall) · probes (probe), and their end at ``aclose()``
+(router-close) · the epoch (epoch).
 """
 
 from __future__ import annotations
@@ -357,6 +358,28 @@ async def test_stage3_the_next_probe_round_is_an_interval_after_the_last_one_end
         f"probe_interval_ns={interval}, and each round lasts probe_timeout_ns="
         f"{PROBE_TIMEOUT} (b never answers): rounds start {interval} ns after the router "
         f"starts, then {interval} ns after each round ends. Expected {want}, got {rounds}"
+    )
+
+
+@extended
+@rule("router-close", "probe")
+@anyio_test
+async def test_stage3_aclose_stops_probing_at_once_not_when_the_block_is_left() -> None:
+    fleet = Fleet(names=("a", "b"))
+    interval = 1_000 * STEP_NS
+    async with fleet.routing(probe_interval_ns=interval) as clients:
+        await fleet.time.advance_to(T0 + 2 * interval - STEP_NS)  # one round, at +interval
+        await clients.router.aclose()  # a step before the second round is due
+        await fleet.time.advance_to(T0 + 6 * interval)  # still inside the router's block
+        probed = {name: [t - T0 for t in r.probes] for name, r in fleet.replicas.items()}
+    expect(
+        probed,
+        {"a": [interval], "b": [interval]},
+        f"router-close, probe: probe_interval_ns={interval}, so the first round probed a "
+        f"and b at +{interval} ns; aclose() at +{2 * interval - STEP_NS} ns, one step before "
+        "the second round, stops probing then, not when the router's `async with` is left "
+        f"(here at +{6 * interval} ns): no probe after it. The instants (ns from the start) "
+        "of every probe each replica received",
     )
 
 
