@@ -30,7 +30,7 @@ import anyio
 import pytest
 
 from katas._harness.marks import core, extended, rule
-from katas._harness.story import check
+from katas._harness.story import Story, check
 from katas._runtime.clock import NS_PER_S
 from katas.dynamic_batcher._testing.engine import (
     STEP_NS,
@@ -38,6 +38,7 @@ from katas.dynamic_batcher._testing.engine import (
     Reader,
     ReadOnlyClock,
     Rig,
+    admission,
     expect_ending,
     request,
     show,
@@ -832,6 +833,51 @@ async def test_stage2_drain_refuses_new_requests_and_returns_when_all_have_finis
             assert tokens_of([(0, d) for d in got]) == want[rid], (
                 f"after drain(), {rid!r}'s reader still takes everything"
             )
+
+
+@extended
+@rule("drain")
+@pytest.mark.parametrize("busy", ["idle", "finished", "running"])
+async def test_stage2_drain_refuses_new_requests_from_the_call_on_busy_or_idle(busy: str) -> None:
+    """Whatever the engine holds when ``drain()`` is called — nothing ever, requests that
+    have all finished, or one still running — ``generate()`` raises ``EngineClosed`` from
+    the call on: while ``drain()`` waits, and after it has returned. An idle engine has
+    nothing to finish: its ``drain()`` returns without the clock moving."""
+    rig = Rig()
+    story = Story(f"drain() on an engine that is {busy}", rig.clock.now_ns, T0)
+    drained_at: list[int] = []
+    async with rig.engine, anyio.create_task_group() as tg:
+        if busy != "idle":
+            stream = rig.engine.generate(request("a", 3, 3))
+            story.add("generate(a): 3 tokens to make")
+            if busy == "finished":
+                await rig.consume(stream, "a's stream to end")
+                story.add("a's stream read to its end")
+
+        async def drain() -> None:
+            await rig.engine.drain()
+            drained_at.append(rig.now)
+
+        called = rig.now
+        tg.start_soon(drain)
+        await rig.time.settle()
+        story.add(f"drain() called; it {'returned' if drained_at else 'waits'}")
+        if busy != "running":
+            story.expect(drained_at, [called], "drain: nothing unfinished: drain() returns at once")
+        late = admission(rig.engine, request("late"))
+        story.add(f"generate(late) {late}")
+        story.expect(late, "raised EngineClosed", "drain: from the call on, generate() refuses")
+        await rig.time.run_until(
+            lambda: bool(drained_at), within_ns=WITHIN, what="drain() to return"
+        )
+        story.add("drain() returned")
+        later = admission(rig.engine, request("later"))
+        story.add(f"generate(later) {later}")
+        story.expect(
+            later, "raised EngineClosed", "drain: after drain() returned, generate() refuses"
+        )
+        held = [rid for rid in ("late", "later") if rig.holds(rid)]
+        story.expect(held, [], "drain: a refused request is never submitted to the batcher")
 
 
 @extended

@@ -25,6 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from katas._harness.marks import core, extended, rule
+from katas._harness.story import Story
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import SETTLE_S, settle
 from katas._harness.waiting import bounded
@@ -687,6 +688,63 @@ async def test_stage2_batches_a_caller_cancelled_after_its_batch_was_sent_blocks
             assert stats(b) == BatchStatistics(0, 0, 2, (3, 3)), (
                 f"batch-statistics: two batches of 3 sent and done, got {stats(b)}"
             )
+
+
+@extended
+@rule("batch-cancel", "batch-routing", "batch-errors")
+@pytest.mark.parametrize("ends", ["returns", "raises", "miscounts"])
+@pytest.mark.parametrize("gone", [0, 2])
+async def test_stage2_batches_a_caller_cancelled_as_its_batch_ends_gets_no_outcome(
+    ends: str, gone: int
+) -> None:
+    """The cancellation and the batch's outcome meet: ``fn`` cancels one caller and, with
+    no await in between, returns (or raises, or miscounts), so the batch's outcome is
+    handed out before the cancelled caller runs again. Its cancellation came first: its
+    ``submit`` ends with it, neither the result nor the batch's error."""
+    clock = ManualClock()
+    model = Model(clock, held=True)
+    if ends == "raises":
+        model.failures[0] = RuntimeError("the model failed on this batch")
+    elif ends == "miscounts":
+        model.counts[0] = 2
+    with bounded("a batch whose caller is cancelled as it ends"):
+        async with (
+            anyio.create_task_group() as tg,
+            serving(new_batcher(model, max_batch_size=3), model) as b,
+        ):
+            story = Story(f"max_batch_size=3, fn {ends}", clock.now_ns)
+            callers = [await submit(tg, b, item) for item in ("a", "b", "c")]
+            await settled(lambda: len(model.batches) == 1, "the full batch sent")
+            story.add("submit(a), submit(b), submit(c): the batch is sent, fn holds it")
+            model.at_end[0] = callers[gone].cancel
+            model.release(0)
+            story.add(f"fn cancels the caller of {callers[gone].item!r}, then at once {ends}")
+            await outcomes(callers, "a batch whose caller was cancelled as it ended")
+            for c in callers:
+                story.add(f"submit({c.item!r}) {c.outcome()}")
+            story.expect(
+                callers[gone].outcome(),
+                "was cancelled",
+                "batch-cancel: a caller cancelled after its batch was sent, before the "
+                "batch's outcome reached it: its own submit ends with its cancellation, "
+                "neither a result nor the batch's error",
+            )
+            others = [c for n, c in enumerate(callers) if n != gone]
+            if ends == "returns":
+                expect_results(others, "batch-cancel: the other callers get their results")
+            else:
+                want = model.raised.get(0)
+                errors = [c.error for c in others]
+                story.check(
+                    all(isinstance(e, RuntimeError) for e in errors)
+                    and (want is None or all(e is want for e in errors)),
+                    "batch-errors: the other callers of the batch get its error",
+                    f"expected {want or 'a RuntimeError naming 2 and 3'}, got {errors}",
+                )
+            more = [await submit(tg, b, item) for item in ("d", "e", "f")]
+            model.release(1)
+            await outcomes(more, "the next batch")
+            expect_results(more, "batch-cancel: the batcher keeps serving")
 
 
 # -- batches overlap -------------------------------------------------------------------

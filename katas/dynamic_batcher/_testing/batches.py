@@ -51,7 +51,9 @@ class Model:
     ``release_all()``). ``failures[n]``: call n raises that exception; a batch holding an
     item of ``poison`` raises a fresh :class:`Poisoned` (kept in ``raised[n]``);
     ``counts[n]``: call n returns that many results instead of one per item;
-    ``answers[item]``: the result for that item instead of :func:`answer`'s (None, 0, …).
+    ``answers[item]``: the result for that item instead of :func:`answer`'s (None, 0, …);
+    ``at_end[n]``: called in call n once it is released, just before it returns or raises,
+    with no await after it (a caller it cancels has its outcome before it runs again).
     """
 
     def __init__(self, clock: ManualClock, *, held: bool = False) -> None:
@@ -65,6 +67,7 @@ class Model:
         self.counts: dict[int, int] = {}
         self.poison: frozenset[Any] = frozenset()
         self.answers: dict[Any, Any] = {}
+        self.at_end: dict[int, Callable[[], None]] = {}
         self._gates: list[anyio.Event] = []
         self._all_released = False
 
@@ -85,6 +88,8 @@ class Model:
         except anyio.get_cancelled_exc_class():
             self.ended[n] = "cancelled"
             raise
+        if n in self.at_end:
+            self.at_end[n]()
         error = self.failures.get(n)
         if error is None and self.poison.intersection(self.batches[n]):
             error = Poisoned(f"batch {n} holds a poison item")

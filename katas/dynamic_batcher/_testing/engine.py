@@ -20,6 +20,7 @@ from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.virtual_time import VirtualTime
 from katas._runtime.clock import NS_PER_S, ManualClock, WaitingClock
+from katas._runtime.todo import Todo
 from katas.dynamic_batcher.api import (
     Delivery,
     Engine,
@@ -172,6 +173,18 @@ async def outcome_of_a_read(stream: TokenStream) -> str:
     return f"a delivery {list(delivery.tokens)} {delivery.finish_reason}"
 
 
+def admission(engine: Engine, request: Request) -> str:
+    """What ``generate(request)`` does, told: "admitted", or the type of what it raised
+    (a stub's ``Todo`` propagates)."""
+    try:
+        engine.generate(request)
+    except Todo:
+        raise
+    except Exception as error:
+        return f"raised {type(error).__name__}"
+    return "admitted"
+
+
 def show(deliveries: list[tuple[int, Delivery]]) -> str:
     """Deliveries as ``+ns: tokens reason`` (times from T0)."""
     return "; ".join(
@@ -206,6 +219,7 @@ __all__ = [
     "VOCAB",
     "Reader",
     "Rig",
+    "admission",
     "expect_ending",
     "fixed_step",
     "outcome_of_a_read",
