@@ -981,8 +981,13 @@ async def test_stage3_after_aclose_every_anext_ends_and_nothing_is_requested(
         ("urls", None, {"http://127.0.0.1:1/stream"}),  # a set: no order to fail over in
         ("retry_ms", 0, None),
         ("retry_ms", 1.5, None),
+        ("retry_ms", True, None),  # a bool is no int of milliseconds
+        ("retry_ms", "1000", None),
         ("max_backoff_ms", 0, None),
+        ("max_backoff_ms", 1.5, None),
+        ("max_backoff_ms", True, None),
         ("max_attempts", 0, None),
+        ("max_attempts", 2.0, None),
         ("max_attempts", True, None),
         ("idle_timeout_s", 0, None),
         ("idle_timeout_s", -1.0, None),

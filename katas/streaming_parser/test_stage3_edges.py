@@ -1,7 +1,8 @@
 """Stage 3, the edges of its rules (see katas/streaming_parser/README.md, "Stage 3"): which
 answer is the stream (a 200, and not another status carrying an event stream), which
 limit bounds what, what counts as an attempt that delivered nothing however a response
-ends, the backoff at its smallest and ``Retry-After`` values that are no seconds, and
+ends, the backoff at its smallest and at its cap, the ``retry_ms`` in force at each
+wait, ``Retry-After`` values that are no seconds, and
 ``aclose()`` over transports that close late or do not wake a waiting read.
 
 Deterministic as ``test_stage3.py`` is, on the same replicas (real HTTP/1.1 servers on
@@ -14,7 +15,8 @@ test runs on asyncio and trio.
 Map (rules in brackets): another status carrying an event stream [fatal, reconnect] ·
 each limit at its exact value, extended [fatal] · a response that delivered is no failed
 attempt, however it ends, extended [give-up, backoff] · waits of a few milliseconds,
-``Retry-After`` that is not delay-seconds, extended [backoff] · ``aclose()``: the
+a wait at the cap drawn as one whose d is the cap, ``retry_ms`` the one in force at each
+wait, ``Retry-After`` that is not delay-seconds, extended [backoff] · ``aclose()``: the
 response closed however the block is left, a waiting read ended that closing would not
 end, extended [aclose].
 """
@@ -22,6 +24,7 @@ end, extended [aclose].
 from __future__ import annotations
 
 import contextlib
+import random
 from collections.abc import Iterator
 
 import anyio
@@ -32,14 +35,18 @@ from katas._harness.marks import core, extended, processes, rule
 from katas._harness.story import check
 from katas._harness.waiting import bounded, eventually_async
 from katas._registry import impl
+from katas._runtime.clock import NS_PER_MS
 from katas.streaming_parser._testing.mux import END, settle
+from katas.streaming_parser._testing.replica import Block
 from katas.streaming_parser._testing.replicas import (
     BLOCKS,
     ENDS,
     IDLE_S,
     ReplicaSet,
+    body_offsets,
     events_of,
     module_replicas,
+    token_blocks,
 )
 from katas.streaming_parser._testing.resumable import (
     CLIENT_TIMEOUT,
@@ -50,7 +57,7 @@ from katas.streaming_parser._testing.resumable import (
     new_source,
     run,
 )
-from katas.streaming_parser._testing.schedules import at_and_over_a_limit
+from katas.streaming_parser._testing.schedules import at_and_over_a_limit, cuts_at
 from katas.streaming_parser._testing.transports import ClosingLate, Holding
 from katas.streaming_parser.api import (
     DEFAULT_MAX_EVENT_BYTES,
@@ -193,6 +200,93 @@ async def test_stage3_a_wait_of_a_few_milliseconds_is_drawn_to_the_nanosecond(
         "retry_ms=1, max_backoff_ms=5: d = 1, 2, 4, then the cap 5, and 1 after the stream; "
         "each wait is drawn from [d/2, d] in nanoseconds — a draw rounded to whole "
         "milliseconds falls below d/2 (0 ms for d = 1)",
+    )
+
+
+@extended
+@rule("backoff")
+@processes
+async def test_stage3_a_wait_at_the_cap_is_drawn_as_one_whose_d_is_the_cap(
+    replicas: ReplicaSet,
+) -> None:
+    blocks, told = token_blocks(5), token_blocks(5, retry_ms=5000)
+
+    def one_by_one(served: list[Block]) -> list[str]:  # each response ends after an event
+        return cuts_at(served, body_offsets(served)[:-1], kind="end")
+
+    # Every wait of every run has d = 1000 ms: by the retry itself, or by the cap.
+    ways = {
+        "retry_ms=1000, max_backoff_ms=30000, a response an event": (
+            blocks,
+            one_by_one(blocks),
+            1000,
+            30_000,
+        ),
+        "retry_ms=1001, one over max_backoff_ms=1000, a response an event": (
+            blocks,
+            one_by_one(blocks),
+            1001,
+            1000,
+        ),
+        "the server's `retry: 5000`, over max_backoff_ms=1000, a response an event": (
+            told,
+            one_by_one(told),
+            1000,
+            1000,
+        ),
+        "retry_ms=1000 doubled past max_backoff_ms=1000 by four 503s, then the stream": (
+            blocks,
+            ["status:503"] * 4,
+            1000,
+            1000,
+        ),
+    }
+    results = {}
+    for way, (served, actions, retry, cap) in ways.items():
+        result = await run(
+            replicas, served, actions, random=random.Random(7), retry_ms=retry, max_backoff_ms=cap
+        )
+        expect_exactly_once(result, served, way)
+        expect_waits(result, [1000] * 5, f"{way}: d = min(max_backoff_ms, retry × 2^(k−1)) = 1000")
+        results[way] = result.sleeps_ns
+    first, *others = ways
+    for way in others:
+        check(
+            results[way] == results[first],
+            "backoff: d = min(max_backoff_ms, retry × 2^(k−1)) is 1000 ms at each of five waits "
+            "of both runs, and the wait is drawn from [d/2, d] for that d with the injected "
+            "random (seed 7 in both): a d the cap brought down to 1000 is drawn as one that "
+            "is 1000 by itself, never from the range of the d before the cap and then cut "
+            "to the cap.\n"
+            f"  {first}: {[ns / NS_PER_MS for ns in results[first]]} ms\n"
+            f"  {way}: {[ns / NS_PER_MS for ns in results[way]]} ms",
+        )
+
+
+@extended
+@rule("backoff")
+@processes
+async def test_stage3_retry_ms_is_the_one_in_force_at_each_wait(replicas: ReplicaSet) -> None:
+    blocks = [
+        Block(b"id: 1\ndata: a\n\n", "1"),
+        Block(b"id: 2\nretry: 250\ndata: b\n\n", "2"),
+        Block(b"id: 3\nretry: 1.5\ndata: c\n\n", "3"),  # not a valid retry: ignored
+        Block(b"id: 4\nretry: 40\ndata: d\n\n", "4"),
+    ]
+    ends = body_offsets(blocks)
+    # 1st response: event 1, then a clean end. 2nd: reset after event 2's retry: line,
+    # before its data. 3rd: events 2 and 3, then a clean end. 4th: event 4 and the end.
+    actions = [f"end:{ends[0]}", f"cut:{blocks[1].raw.index(b'data')}", f"end:{ends[2] - ends[0]}"]
+    result = await run(replicas, blocks, actions, watch_retry=True)
+    expect_exactly_once(result, blocks, f"the connections got {actions}")
+    expect_waits(result, [1000, 250, 250, 40], "retry 1000 (retry_ms), then 250, 250, then 40")
+    check(
+        result.retries_ms == [1000, 250, 250, 40, 40],
+        "backoff: the source's retry_ms is the one in force — the server's last valid "
+        "retry:, the constructor's 1000 until one arrives, from its line on. At the four "
+        "waits and after the end it must read 1000 (no retry: yet), 250 (event 2's line, "
+        "its event cut), 250 (`retry: 1.5` is not valid), 40 (event 4's), 40; got "
+        f"{result.retries_ms}\n{result.summary()}",
     )
 
 

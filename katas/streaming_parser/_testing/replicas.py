@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -134,15 +134,20 @@ def show_requests(requests: Sequence[Request]) -> str:
 class JumpingClock(ManualClock):
     """Sleeps take no real time: a sleep moves the clock to its deadline. ``sleeps_ns``
     records each one's length (0 for a deadline already due). With ``jumping`` False
-    it is a :class:`ManualClock` that records: a sleep waits for the test to advance."""
+    it is a :class:`ManualClock` that records: a sleep waits for the test to advance.
+    ``on_sleep``, if set, is called as each sleep begins: what the source says while it
+    backs off."""
 
     def __init__(self, *, jumping: bool = True) -> None:
         super().__init__()
         self.jumping = jumping
         self.sleeps_ns: list[int] = []
+        self.on_sleep: Callable[[], object] | None = None
 
     async def sleep_until_ns_async(self, deadline_ns: int) -> None:
         self.sleeps_ns.append(max(0, deadline_ns - self.now_ns()))
+        if self.on_sleep is not None:
+            self.on_sleep()
         if not self.jumping:
             await super().sleep_until_ns_async(deadline_ns)
             return

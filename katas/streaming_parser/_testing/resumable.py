@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import httpx
@@ -48,6 +48,9 @@ class Run:
     requests: list[Request]
     sleeps_ns: list[int]
     again: str = END  # what one more __anext__ after the end did
+    #: With ``run(..., watch_retry=True)``: the source's ``retry_ms`` as each wait began,
+    #: then once more after the iteration ended.
+    retries_ms: list[int] = field(default_factory=list)
 
     def summary(self) -> str:
         """The requests, as the replicas saw them, and what the caller got: the end of
@@ -158,11 +161,13 @@ async def run(
     what: str = "the source to deliver the stream and end",
     clock: JumpingClock | None = None,
     client_timeout: httpx.Timeout = CLIENT_TIMEOUT,
+    watch_retry: bool = False,
     **options: object,
 ) -> Run:
     """Reset the replicas to serve ``blocks`` with ``actions`` (unless the test did, with
     ``reset=False``), read the whole stream with a new source over a client with
-    ``client_timeout``, and return what happened."""
+    ``client_timeout``, and return what happened (with ``watch_retry``, the source's
+    ``retry_ms`` as each wait began and at the end: :attr:`Run.retries_ms`)."""
     __tracebackhide__ = True
     if reset:
         replicas.reset(blocks, actions)
@@ -170,14 +175,19 @@ async def run(
     events: list[ServerSentEvent] = []
     outcome: str | BaseException = "no end within 10 real seconds"
     again = END
+    retries: list[int] = []
     async with httpx.AsyncClient(timeout=client_timeout) as client:
         source = new_source(client, urls or replicas.urls, clock=clock, **options)
+        if watch_retry:
+            clock.on_sleep = lambda: retries.append(source.retry_ms)
         with anyio.move_on_after(10.0) as scope:
             async with source:
                 events, outcome = await consume(source, 3 * len(blocks) + 10, events)
                 await settle()
+                if watch_retry:
+                    retries.append(source.retry_ms)
                 again = await next_outcome(source)
-    result = Run(events, outcome, replicas.requests(), clock.sleeps_ns, again)
+    result = Run(events, outcome, replicas.requests(), clock.sleeps_ns, again, retries)
     check(
         not scope.cancelled_caught,
         f"within 10 real seconds, expected {what}.\n  the requests, as the replicas "
