@@ -1,13 +1,15 @@
 """Stage 2 suite, the edges of its rules (see katas/job_scheduler/README.md, "Stage 2"): a
-job lost while its async handler runs, a handler's own exception types, the default
-heartbeat interval's rounding, a submit of a job due sooner than the async workers'
-next deadline, and ``in_flight`` once an async shutdown has released its jobs.
+job lost while its async handler runs, a handler's own exception types and the text each
+pool nacks them with, the default heartbeat interval's rounding, a submit of a job due
+sooner than the async workers' next deadline, and ``in_flight`` once an async shutdown has
+released its jobs.
 
 Deterministic as the stage's other files are: a ``WatchedClock`` moved by the test, the
 harness's ``settle()`` for the async pool, handlers that wait for the test.
 
 Map: a job lost mid-run, async (heartbeat-lost, pool-statistics, async-pool) · any
-exception a handler raises (handler-error-nacked) · the default interval
+exception a handler raises (handler-error-nacked) · the nack's text in the async pool, an
+empty message included (handler-error-nacked, async-pool) · the default interval
 (heartbeat-default) · a sooner job submitted (no-busy-waiting, async-pool) · in flight
 after shutdown (pool-statistics, async-shutdown-cancels).
 """
@@ -17,12 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from katas._harness import marks
 from katas._harness.marks import anyio_test, core, extended
 from katas._harness.resting import WatchedClock
-from katas._harness.story import check
+from katas._harness.story import check, expect
 from katas._harness.virtual_time import settle
 from katas._harness.waiting import eventually
 from katas._runtime.todo import Todo
@@ -37,7 +40,7 @@ from katas.job_scheduler._testing.pools import (
     running_async,
 )
 from katas.job_scheduler._testing.queues import START
-from katas.job_scheduler.api import Lease
+from katas.job_scheduler.api import JobState, Lease
 
 pytestmark = [pytest.mark.stage(2)]
 
@@ -130,6 +133,61 @@ def test_stage2_any_exception_a_handler_raises_is_its_jobs_failure(error: type[E
         f"handler-error-nacked: a handler raising {error.__name__} (any Exception) fails its "
         f"job — nacked, the error recorded — and the worker goes on to the next; got "
         f"{pool.statistics()}, the job: {queue.get(failing)}",
+    )
+    expect(
+        queue.get(failing).last_error,
+        f"{error.__name__}: {error('no')}",
+        f"handler-error-nacked: the nack of a handler raising {error.__name__}('no') is "
+        "'<ExceptionType>: <message>' (the type's own name, the exception's str)",
+    )
+
+
+#: What a handler raises, and the error its job is nacked with: "<ExceptionType>: <message>",
+#: the message being the exception's str — empty too, the ": " kept.
+NACKED = [
+    pytest.param(RuntimeError, (), "RuntimeError: ", id="no-message"),
+    pytest.param(ValueError, ("",), "ValueError: ", id="empty-message"),
+    pytest.param(ValueError, ("boom",), "ValueError: boom", id="message"),
+    pytest.param(_NotABuiltin, ("no",), "_NotABuiltin: no", id="own-type"),
+    pytest.param(KeyError, ("no",), "KeyError: 'no'", id="key-error"),
+    pytest.param(ValueError, ("a", 1), "ValueError: ('a', 1)", id="two-args"),
+]
+
+
+@marks.rule("handler-error-nacked", "async-pool")
+@extended
+@anyio_test
+@pytest.mark.parametrize(("error", "args", "want"), NACKED)
+async def test_stage2_async_a_handlers_exception_is_nacked_as_its_type_and_message(
+    error: type[Exception], args: tuple[Any, ...], want: str
+) -> None:
+    """The async pool nacks as the thread pool does: ``f"{type}: {message}"`` whatever the
+    message — none, empty, the repr-like str of a KeyError, several arguments."""
+
+    async def handler(lease: Lease, payload: Any) -> Any:
+        await anyio.lowlevel.checkpoint()
+        if payload == "fails":
+            raise error(*args)
+        return payload
+
+    _, queue, pool = new_async_pool(handler, workers=1)
+    async with running_async(pool):
+        failing = pool.submit("fails")
+        pool.submit("after it")
+        await settle()  # both jobs handled: nothing more happens until the test acts
+    shown = ", ".join(map(repr, args))
+    job, stats = queue.get(failing), pool.statistics()
+    check(
+        (job.state, stats.failed, stats.succeeded) == (JobState.DEAD, 1, 1),
+        f"async pool, max_attempts 1: a handler raising {error.__name__}({shown}) fails its "
+        f"job (nacked: DEAD) and the worker goes on to the next; got {job.state}, {stats}",
+    )
+    expect(
+        job.last_error,
+        want,
+        f"handler-error-nacked, async pool: a handler raising {error.__name__}({shown}) "
+        "nacks its job with '<ExceptionType>: <message>' — the ': ' kept when the "
+        "message is empty",
     )
 
 
