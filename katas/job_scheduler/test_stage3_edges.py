@@ -1,6 +1,7 @@
 """Stage 3 suite, the queue on Redis, at the edges of its rules: a lease on a job the
-queue does not hold, an effect held however its job comes back, and a death the settle
-notices only once its retention is over (see katas/job_scheduler/README.md, "Stage 3").
+queue does not hold, an effect held however its job comes back, a death the settle
+notices only once its retention is over, a cancel meeting a finished job, and idempotency
+records of different ages (see katas/job_scheduler/README.md, "Stage 3").
 
 Runs on fakeredis by default, like the rest of the stage (``test_stage3.py`` tells how
 time is placed): the server clock is frozen and moved by the test; tests marked
@@ -13,7 +14,10 @@ redis-extended) · an effect committed by an attempt that never acked, held thro
 job's retry after an expiry or a nack, its release, and its redrive after a death
 (redis-fenced, redis-effect-by-job, redis-extended) · a death by expiry first noticed at
 its retention's end, or 1 µs before, by each kind of read (redis-settle-first,
-ttl-retention).
+ttl-retention) · cancel of a job SUCCEEDED, CANCELLED, DEAD by a nack, or DEAD by the
+expiry its own settle applies: False, and the job left as it was (redis-extended,
+redis-settle-first) · a key enqueued after another outliving the other's TTL, held to its
+own last µs (redis-idempotency, redis-dedup-ttl, ttl-retention).
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from katas.job_scheduler._testing.redis_queues import (
     new_queue,
     state_or_none,
 )
-from katas.job_scheduler._testing.states import DEAD
+from katas.job_scheduler._testing.states import CANCELLED, DEAD, SUCCEEDED
 from katas.job_scheduler.api import JobNotFound, Lease, QueueStatistics, StaleLease
 
 pytestmark = [pytest.mark.stage(3)]
@@ -195,3 +199,111 @@ def test_stage3_a_death_noticed_only_at_its_retention_end_is_never_shown(
             f"retention_ns, {name}() — the {'first' if name == first else 'next'} call, its "
             "settle applying the expiry, then the retention (get: the state, None if gone)",
         )  # fmt: skip
+
+
+def _server_now(redis_env: RedisEnv) -> Callable[[], int]:
+    """The server's clock, in ns, as a story's clock."""
+    return lambda: redis_env.server().time_us() * 1000
+
+
+#: How a job finished before ``cancel`` meets it: acked, cancelled, dead after a nack, or
+#: dead by its last lease's expiry — applied by the cancel's own settle, at that instant.
+FINISHED = ["succeeded", "cancelled", "dead_by_nack", "dead_by_expiry"]
+
+
+@rule("redis-extended", "redis-settle-first")
+@extended
+@pytest.mark.realtime
+@pytest.mark.parametrize("how", FINISHED)
+def test_stage3_cancel_of_a_finished_job_returns_false_and_changes_nothing(
+    redis_env: RedisEnv, how: str
+) -> None:
+    """Every finished job — SUCCEEDED, CANCELLED or DEAD — is left alone by ``cancel``:
+    False, the job as it was, a DEAD one still among the dead letters and still redriven
+    by ``redrive``. A job whose last lease expires at the cancel's very instant is DEAD
+    before the cancel looks at it: its script settles first."""
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, lease_ns=100 * MS, max_attempts=1)
+    job_id = queue.enqueue(how)
+    lease = claim(queue)
+    now = _server_now(redis_env)
+    story = Story(f"max_attempts=1: {job_id} enqueued and claimed", now, now())
+    state = SUCCEEDED if how == "succeeded" else CANCELLED if how == "cancelled" else DEAD
+    if how == "succeeded":
+        queue.ack(lease, "ok")
+    elif how == "cancelled":
+        story.check(queue.cancel(job_id) is True, "cancel of a LEASED job", "returned False")
+    elif how == "dead_by_nack":
+        queue.nack(lease, "boom")
+    else:
+        redis_env.pass_time(max(0, lease.expires_at_ns - now()))
+    story.add("its lease expires now" if how == "dead_by_expiry" else how.replace("_", " "))
+    before = None if how == "dead_by_expiry" else queue.get(job_id)
+    invariant = "cancel leaves a finished job (SUCCEEDED, DEAD, CANCELLED) alone: False"
+    with not_refused(story.tell(invariant, f"cancel({job_id!r})"), JobNotFound, StaleLease):
+        got = queue.cancel(job_id)
+    story.add(f"cancel({job_id!r}) -> {got!r}")
+    story.expect(got, False, f"{invariant}; cancel() of the {state.name} job")
+    job = queue.get(job_id)
+    if before is not None:
+        story.expect(job, before, f"{invariant}, changing nothing; get() after the cancel")
+    else:
+        story.expect(
+            (job.state, job.finished_at_ns), (DEAD, lease.expires_at_ns),
+            f"{invariant}; the settle first: (state, finished_at_ns) after the cancel",
+        )  # fmt: skip
+    dead = [job_id] if state is DEAD else []
+    story.expect([j.id for j in queue.dead_letters()], dead, f"{invariant}; dead_letters()")
+    counts = {s: int(s is state) for s in (SUCCEEDED, DEAD, CANCELLED)}
+    want = QueueStatistics(0, 0, 0, counts[SUCCEEDED], counts[DEAD], counts[CANCELLED], 0)
+    story.expect(queue.statistics(), want, f"{invariant}; statistics()")
+    if state is DEAD:
+        story.expect(queue.redrive(job_id), True, f"{invariant}; still DEAD: redrive()")
+
+
+@rule("redis-idempotency", "redis-dedup-ttl", "ttl-retention")
+@extended
+@pytest.mark.realtime
+def test_stage3_a_later_idempotency_key_outlives_an_earlier_ones_ttl(redis_env: RedisEnv) -> None:
+    """Each idempotency record lives ``dedup_ttl_ns`` from its own first enqueue, however
+    many records share what holds them: key a at 0, key b 200 ms later, TTL 300 ms. At
+    350 ms a is forgotten and b still dedups (``statistics()`` counts b alone); on a frozen
+    clock b holds to its last µs, 500 ms − 1 µs, and is forgotten at 500 ms exactly."""
+    redis_env.freeze_time()
+    ttl = 300 * MS
+    queue = new_queue(redis_env, dedup_ttl_ns=ttl)
+    now = _server_now(redis_env)
+    story = Story(f"dedup_ttl_ns={ttl}:", now, now())
+    invariant = (
+        "an idempotency record dedups until its own first enqueue + dedup_ttl_ns, and is "
+        "counted by statistics() until then"
+    )
+
+    def dedups(key: str, first: str, live: int) -> None:
+        story.expect(queue.statistics().idempotency_keys, live, f"{invariant}; idempotency_keys")
+        again = queue.enqueue(f"{key} again", idempotency_key=key)
+        story.add(f"enqueue(key {key!r}) -> {again}")
+        story.expect(again, first, f"{invariant}; key {key!r} is live: the first job's id")
+
+    a = queue.enqueue("a", idempotency_key="a")
+    story.add(f"enqueue(key 'a') -> {a}")
+    redis_env.pass_time(200 * MS)
+    b = queue.enqueue("b", idempotency_key="b")
+    b_ends = now() + ttl
+    story.add(f"enqueue(key 'b') -> {b}")
+    redis_env.pass_time(150 * MS)
+    story.add("a's record is past its TTL; b's has 150 ms left")
+    dedups("b", b, 1)
+    fresh = queue.enqueue("a again", idempotency_key="a")
+    story.add(f"enqueue(key 'a') -> {fresh}")
+    story.check(fresh != a, invariant, f"key 'a' past its TTL returned its old job {a}")
+    if not redis_env.time_is_controlled:
+        return  # a real server's clock cannot be stopped at b's very last µs
+    redis_env.pass_time(b_ends - 1000 - now())
+    story.add("1 µs before b's record ends")
+    dedups("b", b, 2)
+    redis_env.pass_time(1000)
+    story.add("b's record ends: its first enqueue + dedup_ttl_ns")
+    story.expect(queue.statistics().idempotency_keys, 1, f"{invariant}; idempotency_keys")
+    late = queue.enqueue("b late", idempotency_key="b")
+    story.check(late != b, invariant, f"key 'b' at its TTL's end returned its old job {b}")

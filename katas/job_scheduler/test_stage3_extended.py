@@ -8,8 +8,8 @@ state machines replay these calls too through the exact model); tests marked
 server time to pass on a real server.
 
 Map: heartbeats (redis-extended, redis-settle-first) · jitter (redis-jitter) · release
-(its old due time and place in line), cancel, dead letters and redrive (redis-extended,
-redis-order, redis-jitter, ttl-retention) ·
+(its old due time and place in line), cancel, dead letters and redrive — of a job not
+DEAD on a full queue too (redis-extended, redis-order, redis-jitter, ttl-retention) ·
 idempotency keys (redis-dedup-ttl, redis-idempotency) · racing workers (one-script,
 redis-attempts) · max_pending, jobs noticed late, a death by expiry (redis-extended,
 redis-order, redis-backoff, redis-settle-first) · retention by TTL and bounded memory
@@ -31,11 +31,12 @@ import redis
 
 from katas._harness.marks import core, extended, rule
 from katas._harness.redis import RedisEnv
-from katas._harness.story import check, expect
+from katas._harness.story import check, expect, not_refused
 from katas._harness.waiting import eventually
 from katas.job_scheduler._testing.bounds import max_pending_walk
 from katas.job_scheduler._testing.cluster import SCRIPT_COMMANDS, every_call
 from katas.job_scheduler._testing.fleets import in_process_worker, run_in_thread
+from katas.job_scheduler._testing.queues import rejects
 from katas.job_scheduler._testing.redis_queues import (
     MS,
     claim,
@@ -52,6 +53,7 @@ from katas.job_scheduler.api import (
     JobNotFound,
     JobState,
     Lease,
+    QueueFull,
     QueueStatistics,
     RetryPolicy,
     SharedJobQueue,
@@ -371,11 +373,15 @@ def test_stage3_dead_letters_in_order_of_death_and_redrive_keeps_tokens_growing(
 
 @rule("redis-extended")
 @extended
+@pytest.mark.parametrize("room", ["room", "full"])
 def test_stage3_redrive_of_a_job_that_is_not_dead_returns_false_and_changes_nothing(
-    redis_env: RedisEnv,
+    redis_env: RedisEnv, room: str
 ) -> None:
+    """``full``: max_pending=3, and the three unfinished jobs fill it. A redrive of a job
+    that is not DEAD would add no unfinished job, so it is not past the bound: False, as
+    on a queue with room, never QueueFull (nor for an unknown id: JobNotFound)."""
     redis_env.freeze_time()
-    queue = new_queue(redis_env)
+    queue = new_queue(redis_env, max_pending=3 if room == "full" else None)
     done, cancelled = queue.enqueue("done"), queue.enqueue("cancelled")
     queue.ack(claim(queue), "ok")
     queue.cancel(cancelled)
@@ -384,10 +390,16 @@ def test_stage3_redrive_of_a_job_that_is_not_dead_returns_false_and_changes_noth
     scheduled = queue.enqueue("scheduled", delay_ns=10**12)
     jobs = {"SUCCEEDED": done, "CANCELLED": cancelled, "LEASED": leased, "READY": ready,
             "SCHEDULED": scheduled}  # fmt: skip
+    story = "a queue with room" if room == "room" else "max_pending=3, 3 jobs unfinished"
+    if room == "full":
+        rejects(QueueFull, lambda: queue.enqueue("one too many"), f"{story}: an enqueue")
+        rejects(JobNotFound, lambda: queue.redrive("job-404"), f"{story}: redrive('job-404')")
     before = {state: queue.get(job_id) for state, job_id in jobs.items()}
     stats = queue.statistics()
     for state, job_id in jobs.items():
-        assert queue.redrive(job_id) is False, f"redrive of a {state} job must return False"
+        with not_refused(f"{story}: redrive of a {state} job returns False", QueueFull):
+            got = queue.redrive(job_id)
+        expect(got, False, f"{story}: redrive of a {state} job (it is not DEAD)")
     after = {state: queue.get(job_id) for state, job_id in jobs.items()}
     changed = {s: (before[s], after[s]) for s in jobs if before[s] != after[s]}
     assert not changed and queue.statistics() == stats, (
