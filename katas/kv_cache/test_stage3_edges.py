@@ -17,7 +17,10 @@ The map of this file:
   write script twice (a refused connection, a BUSY reply);
 - delete's answer with a replica unreachable: False when no reachable replica held it;
 - a value JSON refuses is refused even when every replica is down;
-- reclaiming old epochs on every kind of call: puts and deletes too, not only gets.
+- reclaiming old epochs on every kind of call: puts and deletes too, not only gets;
+  under a key prefix holding the characters SCAN's MATCH reads as a pattern, without
+  touching a neighbour's keys; and copies written under an epoch while an older
+  one's walk goes on, that epoch retired before the walk ends (each walked whole).
 """
 
 from __future__ import annotations
@@ -254,4 +257,97 @@ def test_stage3_writes_reclaim_old_copies_too(redis_env: RedisEnv, op: str) -> N
         f"key of an older epoch and the 1 000 others untouched; got epoch {epoch}, "
         f"{len(stale)} old copies ({[k.removeprefix(n0.prefix) for k in stale[:4]]}), "
         f"{kept} others",
+    )
+
+
+#: Key prefixes holding what SCAN's MATCH reads as a pattern, each with the prefix of a
+#: neighbour on the same node whose keys that prefix, read as a pattern, would match.
+GLOB_PREFIXES = {
+    "star": ("c*", "cc"),
+    "question-mark": ("c?", "cc"),
+    "brackets": ("c[c]", "cc"),
+    "backslash": ("c\\", "c"),
+}
+
+
+@core
+@rule("reclaim-old-epochs")
+@pytest.mark.parametrize("prefix", list(GLOB_PREFIXES.values()), ids=list(GLOB_PREFIXES))
+def test_stage3_old_copies_are_reclaimed_whatever_the_key_prefix_holds(
+    redis_env: RedisEnv, prefix: tuple[str, str]
+) -> None:
+    """A key prefix may hold any character, those a MATCH pattern reads as a glob too:
+    the sweep reclaims the copies under that very prefix — all of them, and nothing of
+    a neighbour whose keys the prefix, read as a pattern, would match."""
+    base = redis_env.fresh_prefix()
+    glob, neighbour = prefix
+    n0 = n0_behind_a_proxy(redis_env, prefix=f"{base}{glob}:")
+    cache, server = n0.cache, n0.servers["n0"]
+    keys = [f"doc:{i}" for i in range(60)]
+    on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
+    for key in keys:
+        cache.put(key, "v0")  # copies on n0 under epoch 0
+    # Another cache's copies under epoch 0, on the same node.
+    server.client().mset({f"{base}{neighbour}:0:doc:{i}": "theirs" for i in range(100)})
+    n0.proxy.outage()
+    cache.get(on_n0[0])  # n0 is marked down
+    n0.proxy.heal()
+    n0.clock.advance(NS_PER_S)
+    epoch, stale = after_100_calls(redis_env, cache, server, n0.prefix, on_n0)
+    kept = len(redis_env.keys(f"{base}{neighbour}:", node=server))
+    check(
+        epoch == 1 and not stale and kept == 100,
+        f"key_prefix={glob + ':'!r} (its copies named like {cache.key_name('n0', 'doc:0')!r}); "
+        f"n0 holds them under epoch 0 beside 100 keys of a neighbour under "
+        f"{neighbour + ':0:'!r}. n0 was marked down and came back under epoch 1, then 100 "
+        f"more calls reached it: the copies of epoch 0 under that very prefix are reclaimed "
+        f"(a MATCH pattern takes the prefix literally, its *, ?, [ and \\ escaped), the "
+        f"neighbour's keys left alone. Expected epoch 1, no old copy and 100 keys of the "
+        f"neighbour; got epoch {epoch}, {len(stale)} old copies "
+        f"({[k.removeprefix(n0.prefix) for k in stale[:4]]}), {kept} of the neighbour's",
+    )
+
+
+@core
+@rule("reclaim-old-epochs", "rejoin-new-epoch")
+def test_stage3_copies_written_while_an_older_epoch_is_walked_are_reclaimed(
+    redis_env: RedisEnv,
+) -> None:
+    """n0 comes back under epoch 1, and writes reach it under that epoch while the walk
+    of epoch 0's copies goes on, a page per call; before that walk ends n0 comes back
+    again, under epoch 2. Each abandoned epoch is walked whole, from its own start: a
+    walk of epoch 1 taken up where epoch 0's left off never meets the copies written
+    behind that cursor, nor — a SCAN returns what was there when its walk began — those
+    written after it began."""
+    base = redis_env.fresh_prefix()
+    # The cache's keys sort after 1 000 that are not its own: its walks take several pages.
+    n0 = n0_behind_a_proxy(redis_env, prefix=f"{base}z:", probe_interval_ns=0)
+    cache, server = n0.cache, n0.servers["n0"]
+    server.client().mset({f"{base}a:{i:04}": "other" for i in range(1000)})
+    keys = [f"doc:{i}" for i in range(60)]
+    on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
+    for key in keys:
+        cache.put(key, "v0")  # copies on n0 under epoch 0
+
+    def rejoin(probe: str) -> None:
+        n0.proxy.outage()
+        cache.get(on_n0[0])  # n0 is marked down
+        n0.proxy.heal()
+        CALLS[probe](cache, on_n0[0])  # ... and back, under the next epoch
+
+    rejoin("put")  # epoch 1, the probe writing under it; a first page of epoch 0's walk
+    for key in on_n0[1:4]:
+        cache.put(key, "v1")  # copies under epoch 1, each put a page more of that walk
+    rejoin("get")  # epoch 2, before epoch 0's walk could end
+    epoch, stale = after_100_calls(redis_env, cache, server, n0.prefix, on_n0)
+    kept = len(redis_env.keys(f"{base}a:", node=server))
+    check(
+        epoch == 2 and not stale and kept == 1000,
+        f"n0 (1 000 keys that are not the cache's, scanned first) held copies under epoch 0; "
+        f"it came back under epoch 1 (the probe a put), and 3 more puts wrote copies under "
+        f"epoch 1 while the walk of epoch 0 went on, a page per call; then it came back "
+        f"under epoch 2 before that walk ended. After 100 more calls on n0 expected epoch 2, "
+        f"no copy of epoch 0 or 1 (each walked whole, from its own start) and the 1 000 "
+        f"others untouched; got epoch {epoch}, {len(stale)} old copies "
+        f"({[k.removeprefix(n0.prefix) for k in stale[:4]]}), {kept} others",
     )

@@ -4,12 +4,14 @@ LRU in front of a ``ShardedCache(channel=)``, kept coherent by invalidations.
 The map of this file:
 
 - writes publish: one script per replica that sets (or deletes) and publishes the key;
-- bad arguments; a local hit touches no Redis; a weighted local cache weighs values only;
+- bad arguments; a local hit touches no Redis (a stored None or falsy value is a value,
+  kept near too); a weighted local cache weighs values only;
 - read-your-writes without waiting for a message; another client's write arrives by
   message;
 - placeholders: an invalidation that overtakes a reply wins, a writer never caches what
   it wrote, each read stores only over its own placeholder, a get that finds another
-  read's placeholder misses, a miss is not cached;
+  read's placeholder misses, a miss is not cached, a get that raised leaves no
+  placeholder behind;
 - a writer forgets its local entry after its remote write, found or not;
 - a listener calls channel_ready only once the server confirmed the subscription;
 - dropped channels: a flush, nothing cached while down, a read in flight across a drop,
@@ -35,6 +37,7 @@ from collections.abc import Iterator, Sized
 from typing import Any
 
 import pytest
+import redis
 from hypothesis import settings
 
 from katas._harness.interleave import pause_after_unlocks
@@ -240,6 +243,49 @@ def test_stage3_near_a_hit_touches_no_redis(fleet: NearFleet) -> None:
     )
     s = near_stats(near)
     assert (s.hits, s.misses) == (5, 1), f"near cache: 1 miss then 5 hits: {s}"
+
+
+#: Values a near cache must tell from a miss, by what they are: JSON null and the falsy.
+NOTHING_LIKE_A_MISS: dict[str, object] = {
+    "None": None,
+    "0": 0,
+    "empty str": "",
+    "False": False,
+    "[]": [],
+    "{}": {},
+}
+
+
+@extended
+@rule("near-local-hit", "round-trip")
+@pytest.mark.parametrize("value", list(NOTHING_LIKE_A_MISS.values()), ids=list(NOTHING_LIKE_A_MISS))
+def test_stage3_near_a_stored_none_or_falsy_value_is_a_value(
+    fleet: NearFleet, value: object
+) -> None:
+    """A stored None, 0 or "" is a value: the near cache returns it (not the caller's
+    default), and keeps it near like any other — the next gets are hits."""
+    proxies = fleet.proxies()
+    clients = {n: fleet.nodes[n].proxied_client(p) for n, p in proxies.items()}
+    near = unstarted(fleet, set(NODES), clients=clients)
+    fleet.writer.put("k", value)
+    first = near.get("k", MISS)
+    for p in proxies.values():
+        p.reset_counts()
+    again = [near.get("k", MISS) for _ in range(5)]
+    sent = {name: p.counts().commands for name, p in proxies.items() if p.counts().commands}
+    s = near_stats(near)
+    got = [first, *again]
+    check(
+        all(g is not MISS and type(g) is type(value) and g == value for g in got)
+        and not sent
+        and (s.hits, s.misses) == (5, 1),
+        f"near cache: another client put('k', {value!r}); six gets of 'k' with a default. A "
+        f"stored {value!r} is a value, not a miss: each get returns it, never the default, "
+        f"and the first one keeps it near, so the next five are hits that send Redis "
+        f"nothing. Expected {[value] * 6}, 1 miss and 5 hits; got "
+        f"{['MISS' if g is MISS else g for g in got]}, {s}, commands sent by the last five "
+        f"gets: {sent or 'none'}",
+    )
 
 
 @extended
@@ -642,6 +688,46 @@ def test_stage3_near_a_miss_is_not_cached(fleet: NearFleet) -> None:
         got_after == "v",
         f"near cache: another client puts 'nokey' (no message delivered): a miss was never "
         f"cached, so this get must find 'v'; got {'MISS' if got_after is MISS else got_after!r}",
+    )
+
+
+@extended
+@rule("near-placeholder", "only-outages-fail-over")
+@pytest.mark.parametrize("position", [0, 1], ids=["first-replica", "second-replica"])
+def test_stage3_near_a_get_that_raised_leaves_no_placeholder(
+    fleet: NearFleet, position: int
+) -> None:
+    """A read that ends by an error (a WRONGTYPE reply: not an outage, so it propagates)
+    is over too: its placeholder goes, as after a value or a miss. Left behind, it would
+    hold a slot of the local cache that no read will ever land on, pushing out values."""
+    local = lru(2)
+    near = unstarted(fleet, set(NODES), local)  # nobody delivers messages
+    fleet.writer.put("hot", "h")
+    fleet.writer.put("warm", "w")
+    key = "wrong-type"
+    replicas = fleet.writer.replicas_for(key)
+    holder = replicas[position]  # before it, the key's replicas miss: the read goes on
+    fleet.nodes[holder].client().rpush(fleet.writer.key_name(holder, key), "not a string")
+    assert near.get("hot") == "h"  # kept near
+    with pytest.raises(redis.ResponseError):
+        near.get(key)
+        raise AssertionError(
+            f"near cache: get({key!r}) with a list under its key name on {holder} must raise "
+            f"the WRONGTYPE reply (an error that is not an outage propagates)"
+        )
+    kept = list(local)
+    assert near.get("warm") == "w"
+    before = near_stats(near)
+    got = near.get("hot")
+    after = near_stats(near)
+    check(
+        kept == ["hot"] and got == "h" and after.hits == before.hits + 1,
+        f"near cache: a local LRUCache(2); get('hot') keeps 'h' near; get({key!r}) raises, "
+        f"{holder} (replica {position + 1} of {replicas}) answering WRONGTYPE; get('warm') "
+        f"reads 'w'. A read that raised is over: its placeholder goes, so the local cache "
+        f"holds 'hot' alone, then 'hot' and 'warm', and 'hot' is still a hit. Local cache "
+        f"after the error: {kept} (expected ['hot']); get('hot') -> {got!r}, "
+        f"{'a hit' if after.hits == before.hits + 1 else 'a miss: pushed out'}",
     )
 
 
