@@ -69,11 +69,13 @@ from katas.kv_cache._testing.locks import (
     GRACE_S,
     PROMPTLY_S,
     another_thread_blocks_on,
+    check_not_held,
     flight_joined,
     free_while,
     free_while_loading,
     loading,
     loads,
+    reentering,
     waiting_now,
     write_meanwhile,
 )
@@ -218,12 +220,11 @@ def test_stage2_every_waiter_gets_the_error_of_a_load_failing_as_it_wakes() -> N
 @rule("load-reentrant", "load-error")
 def test_stage2_a_loader_asking_for_its_own_key_fails_instead_of_deadlocking() -> None:
     cache = concurrent()
-
-    def loader() -> object:
-        return cache.get_or_load("k", lambda: "inner")  # waits for itself, if allowed
+    loader, held = reentering(cache, "k")  # get_or_load('k') inside: waits for itself?
 
     caller = spawn(lambda: cache.get_or_load("k", loader), "caller")
     caller.join(PROMPTLY_S)  # the refusal takes microseconds; a deadlock never ends
+    check_not_held(held)
     check(
         not caller.is_alive(),
         f"get_or_load('k') from inside the loader of 'k' had not returned after {PROMPTLY_S} s: "
@@ -278,6 +279,7 @@ def test_stage2_misses_of_different_keys_load_in_parallel() -> None:
     cache, loader = concurrent(), Loader(lambda n: n)
     threads = [spawn(partial(cache.get_or_load, k, loader), f"t{k}") for k in range(4)]
     try:
+        loading(cache, loader)  # a lock held across the first load: told in GRACE_S
         deadline = time.monotonic() + 1.0  # four threads start in microseconds, not seconds
         while loader.calls < 4 and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -890,11 +892,9 @@ def test_stage2_a_weigh_that_raises_fails_the_load_and_frees_the_key() -> None:
 @rule("load-reentrant", "statistics")
 def test_stage2_a_refused_reentrant_call_leaves_no_waiter_behind() -> None:
     cache = concurrent()
-
-    def loader() -> object:
-        return cache.get_or_load("k", lambda: "inner")
-
+    loader, held = reentering(cache, "k")
     got = promptly(cache, "k", loader)  # a hang fails within a second, not at the timeout
+    check_not_held(held)
     stats = loads(cache)
     check(
         isinstance(got, RuntimeError) and (stats.in_flight, stats.waiters) == (0, 0),

@@ -8,7 +8,14 @@ corners of a flight (see katas/kv_cache/README.md).
   returns (exact-under-threads, no-user-code-under-lock).
 - A flight's corners, threads and tasks alike: a falsy loaded value reaches every waiter
   (single-flight); a write makes only its own key's load stale (write-beats-load); a
-  loader may load other keys, never its own at any depth (load-reentrant).
+  loader may load other keys, never its own at any depth (load-reentrant); however a load
+  ends — cached, too heavy, written over, failed — the next miss loads again
+  (flight-unregistered).
+- Races forced in a call's gaps (``_testing/races.py``): a lazily iterated stage-1 cache
+  changed between two items (one-lock); a leader stopped after each lock section it
+  leaves, where the counts are read, and before each count it writes back, where another
+  key's load runs through (statistics); a write stopped after its lock section, where
+  the load it beats lands (write-beats-load).
 - Async: waiters of a load that is not cached (too heavy, or written over) still get its
   value; a ``weigh`` that raises fails the flight for every caller and frees the key; a
   refused reentrant call leaves no waiter; every call hands on the removals it caused,
@@ -22,6 +29,7 @@ registered once its leader is done) is given up at once; every wait has a hard d
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import cast
 
 import anyio
 import pytest
@@ -38,6 +46,7 @@ from katas.kv_cache._testing.caches import (
     concurrent,
     fail_fast_on_stage2_stubs,  # noqa: F401 (autouse)
     lru,
+    wrap,
 )
 from katas.kv_cache._testing.flights import (
     STRANDED,
@@ -47,16 +56,30 @@ from katas.kv_cache._testing.flights import (
     Wrapped,
     async_flight,
     bare_load,
+    caught,
     load,
+    load_by,
     promptly,
     thread_flight,
     weigh_refusing_bad,
 )
 from katas.kv_cache._testing.loaders import AsyncLoader, Loader, racing_tasks
-from katas.kv_cache._testing.locks import loading, loads, stats_now, write_meanwhile
+from katas.kv_cache._testing.locks import (
+    GRACE_S,
+    loading,
+    loads,
+    stats_now,
+    write_meanwhile,
+)
+from katas.kv_cache._testing.races import (
+    LazilyIterated,
+    landing_in_the_gaps_of,
+    leader_raced_in_its_gaps,
+)
 from katas.kv_cache.api import (
     AsyncLoadingCache,
     EvictingCache,
+    LoadingCache,
     LoadStatistics,
     ManualClock,
 )
@@ -241,6 +264,167 @@ def test_stage2_a_loader_may_load_other_keys_but_never_its_own() -> None:
     )
     again = cache.get_or_load("a", lambda: "a"), cache.get_or_load("b", lambda: "b")
     check(again == ("a", "b"), f"after the refusal both keys load again; got {again}")
+
+
+#: Another thread's call between two items of an iteration, each one changing the LRU
+#: cache that holds a, b and c.
+_MID_ITERATION: dict[str, Callable[[LoadingCache], object]] = {
+    "get": lambda c: c.get("a"),
+    "put": lambda c: c.put("d", "d"),
+    "delete": lambda c: c.delete("b"),
+    "clear": lambda c: c.clear(),
+}
+
+
+@core
+@rule("one-lock")
+@pytest.mark.parametrize("call", list(_MID_ITERATION))
+def test_stage2_iteration_walks_the_inner_cache_under_the_lock_even_a_lazy_one(
+    call: str,
+) -> None:
+    """A stage-1 cache may iterate lazily (a generator over its dict): the wrapper walks
+    it whole under the lock, and hands out what it read, so another thread's call between
+    two items changes nothing of what the iteration yields."""
+    inner = LazilyIterated(lru(16))
+    cache = wrap(inner)
+    for key in "abc":
+        cache.put(key, key)
+    keys = iter(cache)
+    first = caught(lambda: next(keys))
+    other = spawn(lambda: _MID_ITERATION[call](cache), f"{call} from another thread")
+    # Done in microseconds; one that waits for a lock held between items is judged by
+    # test_stage2_an_iterator_holds_no_lock_between_its_items: the rest frees it here.
+    other.join(GRACE_S)
+    rest = caught(lambda: list(keys))
+    other.outcome(f"the {call} from another thread")
+    check(
+        (first, rest) == ("a", ["b", "c"]),
+        f"over a stage-1 LRUCache holding a, b, c whose iteration is lazy: iter(cache), one "
+        f"item, then another thread's {call}, then the rest. Every walk of the inner cache "
+        f"holds the lock, none while another thread's call is in progress: the iteration "
+        f"yields a, b, c, all read at once under the lock; got {first!r}, then {rest!r}",
+    )
+
+
+@core
+@rule("statistics", "exact-under-threads")
+def test_stage2_load_statistics_count_every_load_whatever_runs_in_a_leaders_gaps() -> None:
+    """A leader whose load fails stops right after each lock section it leaves, where
+    load_statistics() is read; once its flight is registered, it also stops before
+    writing back any count it read, while another key's failing load runs through. Every
+    load started is counted from the step that registers it, and no count is lost."""
+    cache = concurrent()
+    boom = RuntimeError("model server 503")
+
+    def failing() -> object:
+        raise boom
+
+    def racer(n: int) -> object:
+        return caught(lambda: cache.get_or_load(f"racer {n}", failing))
+
+    got, seen, racers = leader_raced_in_its_gaps(cache, "k", failing, racer)
+    torn = [s for s in seen if s.loads != s.in_flight + s.failures]
+    check(
+        got is boom and not torn,
+        "a load of 'k' that fails, other keys' failing loads racing it: whenever the leader "
+        "leaves a lock section, every load started is either in flight or failed (none "
+        "lands), so loads = in_flight + failures — a load is counted in the step that "
+        f"registers its flight; got {got!r}, and in its gaps {torn}",
+    )
+    want = LoadStatistics(1 + len(racers), 1 + len(racers), 0, 0)
+    check(
+        loads(cache) == want,
+        f"a failing load of 'k', and {len(racers)} failing loads of other keys run while "
+        f"its leader stood between reading a count and writing it back: every count is "
+        f"exact under racing threads — expected {want}, got {loads(cache)}",
+    )
+
+
+@core
+@rule("write-beats-load")
+@pytest.mark.parametrize("write", ["put", "delete", "clear"])
+def test_stage2_a_write_beats_a_load_that_lands_right_after_it(write: str) -> None:
+    """A load of 'k' is in flight; a write of 'k' stops right after each lock section it
+    leaves, and the load lands then, whole. The write was made while the load ran: it
+    wins, whichever of its steps the landing followed."""
+    cache, loader = concurrent(), Loader(lambda n: ["loaded (stale)"])
+    leader = spawn(lambda: cache.get_or_load("k", loader), "leader")
+    loading(cache, loader)
+    landing_in_the_gaps_of(cache, loader, leader, lambda: write_meanwhile(cache, write), write)
+    loaded = leader.outcome("the leader returns")
+    want = "written meanwhile" if write == "put" else None
+    held = cache.get("k")
+    check(
+        loaded == ["loaded (stale)"] and held == want,
+        f"a load of 'k' in flight; {write} of 'k', and the load landing right after the "
+        f"{write}'s lock section: the {write} is newer than the load, so the loaded value "
+        f"goes to its caller but is not cached over it — marking the load stale is part of "
+        f"the write's one step; the leader got {loaded!r}, the cache holds {held!r} "
+        f"(expected {want!r})",
+    )
+
+
+def _weigh_refusing_unweighable(value: str) -> int:
+    if value == "unweighable":
+        raise ValueError("cannot weigh this")
+    return len(value)
+
+
+def _failing_load(cache: Wrapped) -> object:
+    raise RuntimeError("model server 503")
+
+
+def _deleting_its_key(cache: Wrapped) -> object:
+    """A loader that deletes 'k' while it loads it — unless it runs under the cache's
+    lock, where its delete would wait for ever."""
+    if stats_now(cast(LoadingCache, cache)) is None:
+        return "a loader that ran under the cache's lock"
+    cache.delete("k")
+    return "loaded"
+
+
+#: Every way a load of 'k' ends — its value cached, not cached (too heavy, or written
+#: over while it ran), or failed (the loader raised, or weigh did) — as the inner LRU
+#: cache's keywords and what the loader does, given the cache.
+_ENDINGS: dict[str, tuple[dict[str, object], Callable[[Wrapped], object]]] = {
+    "cached": ({}, lambda c: "loaded"),
+    "too-heavy": ({"max_weight": 5, "weigh": len}, lambda c: "x" * 10),
+    "written-over": ({}, _deleting_its_key),
+    "loader-raised": ({}, _failing_load),
+    "weigh-raised": (
+        {"max_weight": 20, "weigh": _weigh_refusing_unweighable},
+        lambda c: "unweighable",
+    ),
+}
+
+
+@core
+@rule("flight-unregistered", "load-too-heavy", "statistics")
+@pytest.mark.parametrize("ending", list(_ENDINGS))
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_stage2_however_a_load_ends_the_next_miss_loads_again(wrapper: str, ending: str) -> None:
+    """A load of 'k' ends — cached, not cached, or failed — and 'k' is missing again (a
+    cached value deleted): nothing is in flight any more, and the next miss of 'k' calls
+    its loader, on either wrapper."""
+    kw, loader = _ENDINGS[ending]
+    cache: Wrapped = getattr(stage(2), wrapper)(lru(4, **kw))
+    first = caught(lambda: load_by(cache, "k", lambda: loader(cache)))
+    if ending == "cached":
+        cache.delete("k")
+    stats = loads(cache)
+    check(
+        (stats.in_flight, stats.waiters, "k" in cache) == (0, 0, False),
+        f"{wrapper}: a load of 'k' ended ({ending}: got {first!r}) and 'k' is not cached: "
+        f"a finished flight is gone — nothing in flight, nobody waiting; got {stats}, "
+        f"'k' cached: {'k' in cache}",
+    )
+    again = caught(lambda: load_by(cache, "k", lambda: "loaded again"))
+    check(
+        again == "loaded again" and loads(cache).loads == 2,
+        f"{wrapper}: after a load of 'k' ended ({ending}), the next miss of 'k' loads "
+        f"again — it neither gets the old flight's outcome nor waits for it; got {again!r}, "
+        f"{loads(cache)}",
+    )
 
 
 # --------------------------------------------------------------------------- async

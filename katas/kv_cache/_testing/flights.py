@@ -115,11 +115,17 @@ async def async_flight(
 def load(cache: Wrapped, key: Hashable, value: object) -> object:
     """``get_or_load(key)`` of a loader that returns ``value``, on either wrapper (the
     async one on an event loop of its own)."""
+    return load_by(cache, key, lambda: value)
+
+
+def load_by(cache: Wrapped, key: Hashable, make: Callable[[], object]) -> object:
+    """``get_or_load(key)`` of a loader that returns what ``make()`` returns (or raises
+    what it raises), on either wrapper (the async one on an event loop of its own)."""
     if not isinstance(cache, stage(2).AsyncCache):
-        return cast(LoadingCache, cache).get_or_load(key, lambda: value)
+        return cast(LoadingCache, cache).get_or_load(key, make)
 
     async def loader() -> object:
-        return value
+        return make()
 
     async def main() -> object:
         return await cast(AsyncLoadingCache, cache).get_or_load(key, loader)
@@ -201,6 +207,7 @@ __all__ = [
     "bare_load",
     "caught",
     "load",
+    "load_by",
     "promptly",
     "thread_flight",
     "weigh_refusing_bad",

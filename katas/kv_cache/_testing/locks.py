@@ -78,6 +78,32 @@ def free_while_loading(cache: LoadingCache, release: Callable[[], None]) -> None
     free_while(cache, release, "the loader ran")
 
 
+def reentering(cache: LoadingCache, key: str) -> tuple[Callable[[], object], list[bool]]:
+    """A loader of ``key`` that calls ``get_or_load(key)`` from inside itself, and a list
+    that says whether it found the cache's lock held (it then returns at once instead: a
+    reentrant call under a held lock deadlocks, and a test would wait out its deadline
+    to tell, where the lock probe tells in :data:`GRACE_S`)."""
+    held: list[bool] = []
+
+    def loader() -> object:
+        held.append(stats_now(cache) is None)
+        if held[-1]:
+            return "not called: the lock is held"
+        return cache.get_or_load(key, lambda: "inner")
+
+    return loader, held
+
+
+def check_not_held(held: list[bool]) -> None:
+    """The loader of :func:`reentering` found the cache's lock free."""
+    check(
+        not any(held),
+        "the loader ran under the cache's lock (load_statistics() from another thread "
+        f"could not take it within {GRACE_S} s): every miss of any key, and every get and "
+        "put, queues behind a load, and a loader's own get_or_load deadlocks on it",
+    )
+
+
 def loading(cache: LoadingCache, loader: Loader) -> None:
     """Wait (hard deadline) until ``loader`` runs for a miss, and check the lock is free."""
     assert loader.entered.wait(DEADLINE_S), "a miss in get_or_load must call the loader"
