@@ -236,14 +236,9 @@ def test_stage3_writes_reclaim_old_copies_too(redis_env: RedisEnv, op: str) -> N
     # The cache's keys sort after 1 000 that are not its own: no single page reclaims all.
     n0 = n0_behind_a_proxy(redis_env, prefix=f"{base}z:")
     cache, server = n0.cache, n0.servers["n0"]
-    keys = [f"doc:{i}" for i in range(60)]
-    on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
-    for key in keys:
-        cache.put(key, "v0")  # copies on n0 under epoch 0
+    on_n0 = n0.store_docs()  # copies on n0 under epoch 0
     server.client().mset({f"{base}a:{i:04}": "other" for i in range(1000)})
-    n0.proxy.outage()
-    cache.get(on_n0[0])  # n0 is marked down
-    n0.proxy.heal()
+    n0.marked_down(on_n0[0])
     n0.clock.advance(NS_PER_S)
     # The first of these probes n0, which comes back under epoch 1; each later one sweeps.
     epoch, stale = after_100_calls(redis_env, cache, server, n0.prefix, on_n0, CALLS[op])
@@ -283,15 +278,10 @@ def test_stage3_old_copies_are_reclaimed_whatever_the_key_prefix_holds(
     glob, neighbour = prefix
     n0 = n0_behind_a_proxy(redis_env, prefix=f"{base}{glob}:")
     cache, server = n0.cache, n0.servers["n0"]
-    keys = [f"doc:{i}" for i in range(60)]
-    on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
-    for key in keys:
-        cache.put(key, "v0")  # copies on n0 under epoch 0
+    on_n0 = n0.store_docs()  # copies on n0 under epoch 0
     # Another cache's copies under epoch 0, on the same node.
     server.client().mset({f"{base}{neighbour}:0:doc:{i}": "theirs" for i in range(100)})
-    n0.proxy.outage()
-    cache.get(on_n0[0])  # n0 is marked down
-    n0.proxy.heal()
+    n0.marked_down(on_n0[0])
     n0.clock.advance(NS_PER_S)
     epoch, stale = after_100_calls(redis_env, cache, server, n0.prefix, on_n0)
     kept = len(redis_env.keys(f"{base}{neighbour}:", node=server))
@@ -324,15 +314,10 @@ def test_stage3_copies_written_while_an_older_epoch_is_walked_are_reclaimed(
     n0 = n0_behind_a_proxy(redis_env, prefix=f"{base}z:", probe_interval_ns=0)
     cache, server = n0.cache, n0.servers["n0"]
     server.client().mset({f"{base}a:{i:04}": "other" for i in range(1000)})
-    keys = [f"doc:{i}" for i in range(60)]
-    on_n0 = [k for k in keys if cache.replicas_for(k)[0] == "n0"]
-    for key in keys:
-        cache.put(key, "v0")  # copies on n0 under epoch 0
+    on_n0 = n0.store_docs()  # copies on n0 under epoch 0
 
     def rejoin(probe: str) -> None:
-        n0.proxy.outage()
-        cache.get(on_n0[0])  # n0 is marked down
-        n0.proxy.heal()
+        n0.marked_down(on_n0[0])
         CALLS[probe](cache, on_n0[0])  # ... and back, under the next epoch
 
     rejoin("put")  # epoch 1, the probe writing under it; a first page of epoch 0's walk

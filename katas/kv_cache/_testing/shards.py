@@ -227,6 +227,21 @@ class ProxiedN0:
         found = [k for k in KEYS[:2_000] if self.cache.replicas_for(k)[position] == "n0"]
         return found[:count]
 
+    def store_docs(self, value: str = "v0") -> list[str]:
+        """Put ``doc:0`` … ``doc:59`` (copies on n0 under its epoch now): those whose first
+        replica is n0, for the reclaim tests to reach n0 through."""
+        docs = [f"doc:{i}" for i in range(60)]
+        for key in docs:
+            self.cache.put(key, value)
+        return [k for k in docs if self.cache.replicas_for(k)[0] == "n0"]
+
+    def marked_down(self, key: str) -> None:
+        """An outage of n0 that a ``get(key)`` meets (n0 is marked down), then healed:
+        n0 comes back at the next call that probes it."""
+        self.proxy.outage()
+        self.cache.get(key)
+        self.proxy.heal()
+
 
 def n0_behind_a_proxy(redis_env: RedisEnv, *, prefix: str | None = None, **kw: Any) -> ProxiedN0:
     """A ShardedCache over three nodes, ``n0`` behind a fault proxy; ``kw``: its options
