@@ -864,14 +864,14 @@ async def test_stage2_drain_refuses_new_requests_from_the_call_on_busy_or_idle(b
         story.add(f"drain() called; it {'returned' if drained_at else 'waits'}")
         if busy != "running":
             story.expect(drained_at, [called], "drain: nothing unfinished: drain() returns at once")
-        late = admission(rig.engine, request("late"))
+        late = admission(rig.engine.generate, request("late"))
         story.add(f"generate(late) {late}")
         story.expect(late, "raised EngineClosed", "drain: from the call on, generate() refuses")
         await rig.time.run_until(
             lambda: bool(drained_at), within_ns=WITHIN, what="drain() to return"
         )
         story.add("drain() returned")
-        later = admission(rig.engine, request("later"))
+        later = admission(rig.engine.generate, request("later"))
         story.add(f"generate(later) {later}")
         story.expect(
             later, "raised EngineClosed", "drain: after drain() returned, generate() refuses"

@@ -19,8 +19,15 @@ import pytest
 
 from katas._harness.marks import anyio_test, extended, rule
 from katas._harness.story import expect, not_refused
-from katas.dynamic_batcher._testing.engine import STEP_NS, T0, Reader, outcome_of_a_read, request
-from katas.dynamic_batcher._testing.fleet import Fleet, expect_whole, outcome_of_generate
+from katas.dynamic_batcher._testing.engine import (
+    STEP_NS,
+    T0,
+    Reader,
+    admission,
+    outcome_of_a_read,
+    request,
+)
+from katas.dynamic_batcher._testing.fleet import Fleet, expect_whole
 from katas.dynamic_batcher.api import Overloaded, ReplicaError
 
 pytestmark = [pytest.mark.stage(3)]
@@ -93,7 +100,7 @@ async def test_stage3_an_id_in_flight_is_a_value_error_whatever_else_would_refus
             if replicas == "a draining":
                 router.replicas.drain("a")  # no replica is up and not draining
             for weighs, r in again.items():
-                got[f"{replicas}, r1 weighing {weighs}"] = outcome_of_generate(router, r)
+                got[f"{replicas}, r1 weighing {weighs}"] = admission(router.generate, r)
         router.replicas.restore("a")
         story = (
             "one replica, a, max_outstanding_tokens=20, r1 (13 tokens) in flight on it; "

@@ -173,11 +173,11 @@ async def outcome_of_a_read(stream: TokenStream) -> str:
     return f"a delivery {list(delivery.tokens)} {delivery.finish_reason}"
 
 
-def admission(engine: Engine, request: Request) -> str:
-    """What ``generate(request)`` does, told: "admitted", or the type of what it raised
-    (a stub's ``Todo`` propagates)."""
+def admission(generate: Callable[[Request], object], request: Request) -> str:
+    """What ``generate(request)`` (an engine's or a router's) does, told: "admitted", or
+    the type of what it raised (a stub's ``Todo`` propagates)."""
     try:
-        engine.generate(request)
+        generate(request)
     except Todo:
         raise
     except Exception as error:

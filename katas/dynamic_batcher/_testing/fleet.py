@@ -501,16 +501,6 @@ class Clients:
         return self.router.statistics()
 
 
-def outcome_of_generate(router: StreamRouter, request: Request) -> str:
-    """What ``router.generate(request)`` does, told: ``"a stream"`` when it admits the
-    request, else the type of the exception it raised."""
-    try:
-        router.generate(request)
-    except Exception as error:
-        return f"raised {type(error).__name__}"
-    return "a stream"
-
-
 def ended(readers: dict[str, Reader]) -> bool:
     return all(r.ended != "reading" for r in readers.values())
 
@@ -541,6 +531,5 @@ __all__ = [
     "SimReplica",
     "ended",
     "expect_whole",
-    "outcome_of_generate",
     "serving",
 ]
