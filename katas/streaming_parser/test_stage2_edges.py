@@ -1,8 +1,8 @@
 """Stage 2, the edges of its rules (see katas/streaming_parser/README.md, "Stage 2"): what a
 source may do at its edges (an empty chunk, an ``aclose()`` that raises, a stream ended
-before its reading began), where the idle timer starts and what restarts it, and the two
-fields a gateway reads while events wait for their consumer (``buffered``,
-``last_event_id``).
+before its reading began, a pull that never awaits), where the idle timer starts and what
+restarts it, and the two fields a gateway reads while events wait for their consumer
+(``buffered``, ``last_event_id``).
 
 Deterministic as ``test_stage2.py`` is: sources the test controls, a ``ManualClock`` that
 moves only when a test says so, waits for observable states under hard deadlines. Every
@@ -22,7 +22,7 @@ from katas._harness.marks import core, extended, rule
 from katas._harness.story import check
 from katas._harness.waiting import bounded
 from katas._runtime.clock import ManualClock
-from katas.streaming_parser._testing.mux import END, ChannelSource, Consumer, settle
+from katas.streaming_parser._testing.mux import END, ChannelSource, Consumer, settle, sse_events
 from katas.streaming_parser._testing.streams import (
     IDLE,
     SMALL_LINES,
@@ -34,6 +34,7 @@ from katas.streaming_parser._testing.streams import (
     nothing_escapes,
     outcome_of,
     quiet_stream_in_a_new_mux,
+    reads,
     still_open,
     take,
     timed_out,
@@ -120,6 +121,55 @@ async def test_stage2_a_stream_ended_before_its_reading_began_still_closes_its_s
         f"close-source: whatever ends a stream — here {how}, right after open(), before "
         f"anything was read — the mux calls its source's aclose() exactly once: "
         f"{source.describe()}",
+    )
+
+
+@core
+@rule("cancel-one")
+@pytest.mark.parametrize(
+    "when", ["before its task ran", "between two pulls", "during a pull", "as its pull wakes"]
+)
+async def test_stage2_nothing_reaches_the_consumer_after_cancel_even_from_a_pull_that_never_awaits(
+    when: str,
+) -> None:
+    """A pull that returns without awaiting (its chunks already there) passes no
+    checkpoint, so a cancellation cannot stop it: whenever ``cancel()`` comes — right
+    after ``open()``, while the mux's task is woken for its next pull, from inside a
+    pull, or as a waiting pull wakes with two chunks — no event read after it reaches the
+    consumer, whose next ``__anext__`` and every later one raise StopAsyncIteration."""
+    chunks = [sse_events(str(n)) for n in range(1, 9)]
+    source = ChannelSource("never awaits", [] if when == "as its pull wakes" else chunks)
+    with bounded(f"a stream cancelled {when}"):
+        async with new_mux(max_buffered=1) as mux, anyio.create_task_group() as tg:
+            stream = mux.open(source.name, source)
+            got: list[str] = []
+            if when == "before its task ran":
+                stream.cancel()
+            elif when == "between two pulls":
+                await settle()  # event 1 buffered: full, the mux waits for room
+                await take(stream, "event 1")  # room: the mux's task is woken...
+                stream.cancel()  # ...and cancelled before it ran
+            elif when == "during a pull":
+                source.on_pull = lambda _: stream.cancel()  # from inside the mux's first pull
+                await settle()
+            else:
+                consumer = Consumer(stream)
+                tg.start_soon(consumer.run)
+                await until(lambda: consumer.waiting and source.waiting, "both waiting")
+                await settle()
+                source.push(*chunks[:2])  # the waiting pull is woken...
+                stream.cancel()  # ...and cancelled before it ran
+                await until(lambda: consumer.done, "the consumer's iteration to end")
+                got = [f"event {e.data!r}" for e in consumer.events] + [outcome_of(consumer)]
+            got += await reads(stream, 4 - len(got), f"after cancel() {when}")
+    check(
+        got == [END] * 4,
+        f"cancel-one: cancel() {when} ends the consumer's iteration for good — its next "
+        "__anext__ and every later one raise StopAsyncIteration, and nothing read after "
+        "cancel() reaches it, even from a source whose pull returns without awaiting (a "
+        "cancellation only arrives at a checkpoint, and such a pull passes none); what the "
+        f"consumer got after cancel(), reading now and again once the loop settled: {got} "
+        f"({source.describe()})",
     )
 
 

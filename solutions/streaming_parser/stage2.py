@@ -132,7 +132,8 @@ class EventStream:
     async def _read(self, idle: int | None) -> None:
         clock = self._mux._clock
         try:
-            while True:
+            # Checked, not left to the cancel scope: a source that never awaits has no checkpoint.
+            while self._end is None:
                 if len(self._events) >= self._mux._max_buffered:
                     self._deadline = None  # waiting for the consumer is not idleness
                     await self._room.wait()
@@ -145,6 +146,8 @@ class EventStream:
                     chunk = await self._source.__anext__()
                 except StopAsyncIteration:
                     self._parser.close()  # an unterminated tail was never an event
+                    return
+                if self._end is not None:  # cancelled during the pull: its chunk is dropped
                     return
                 if idle is not None:
                     self._deadline = clock.now_ns() + idle

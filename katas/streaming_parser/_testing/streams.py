@@ -3,8 +3,9 @@ deadlines, and the probes of the idle-timeout tests.
 
 The sources the mux reads and the consumers that read its streams are in
 :mod:`.mux`; here is what a test does with them. :func:`take` and :func:`expect_end`
-read one step of a :class:`~katas.streaming_parser.api.MuxedStream`, :func:`drain` the
-rest, and fail, saying what was awaited, past a real-time deadline;
+read one step of a :class:`~katas.streaming_parser.api.MuxedStream`, :func:`reads` a few
+(the loop settled between them), :func:`drain` the rest, and fail, saying what was
+awaited, past a real-time deadline;
 :func:`nothing_escapes` turns a stream's error that leaked out of the mux's block into a
 failure that names the rule. The idle-timeout probes — :func:`quiet_stream`,
 :func:`next_pull`, :func:`still_open`, :func:`timed_out` — each wait for the loop to
@@ -85,6 +86,26 @@ async def drain(
             except Exception as exc:  # the stream's error: what the test checks
                 return events, exc
     return events, f"more than {most} events"
+
+
+async def reads(stream: MuxedStream, count: int, what: str) -> list[str]:
+    """What ``count`` reads of the stream give, as a message shows them (``event 'data'``,
+    :data:`END` or the exception): the first at once, each other once every task waits —
+    so whatever a task of the mux still does between two reads has been done."""
+    got: list[str] = []
+    for n in range(count):
+        if n:
+            await settle()
+        try:
+            with bounded(f"{what}: read {n + 1} of stream {stream.name!r}"):
+                got.append(f"event {(await stream.__anext__()).data!r}")
+        except StopAsyncIteration:
+            got.append(END)
+        except Todo:
+            raise
+        except Exception as exc:  # the stream's error: what the test checks
+            got.append(repr(exc))
+    return got
 
 
 async def until(pred: Callable[[], bool], what: str) -> None:
@@ -247,6 +268,7 @@ __all__ = [
     "outcome_of",
     "quiet_stream",
     "quiet_stream_in_a_new_mux",
+    "reads",
     "scenarios",
     "still_open",
     "streams_of_bodies",
