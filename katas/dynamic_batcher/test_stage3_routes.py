@@ -436,6 +436,34 @@ def test_stage3_routes_a_replica_marked_down_forgets_its_history() -> None:
     expect_route(rs.pick(p), Route("a", "least-loaded"), "nothing remembered, both idle")
 
 
+@core
+@rule("route-history")
+def test_stage3_routes_mark_up_of_a_replica_already_up_keeps_every_history() -> None:
+    p, q = prompt_of(16, seed=5), prompt_of(12, seed=8)
+    rs = replica_set(("a", "b", "c"))
+    rs.assign("a", "r1", p, 1)
+    rs.assign("b", "r2", q, 1)
+    rs.release("r1")
+    rs.release("r2")
+    rs.drain("b")
+    for name in ("a", "b", "c"):  # a probe round: every replica answered, so each is up
+        rs.mark_up(name)
+    steps = (
+        "assign('a', 'r1', p, 1), assign('b', 'r2', q, 1), both released; drain('b'); then "
+        "mark_up('a'), mark_up('b'), mark_up('c'), as a probe round that finds every "
+        "replica healthy does. None was down: only mark_down forgets a history, mark_up "
+        "only routes to the replica again"
+    )
+    expect(
+        {"a": rs.matched_blocks("a", p), "b": rs.matched_blocks("b", q)},
+        {"a": 4, "b": 3},
+        f"{steps}. matched_blocks of p on a and of q on b (p's 4 and q's 3 full blocks)",
+    )
+    rs.restore("b")
+    expect_route(rs.pick(p), Route("a", "affinity", 4), f"{steps}; restore('b'); pick(p)")
+    expect_route(rs.pick(q), Route("b", "affinity", 3), f"{steps}; restore('b'); pick(q)")
+
+
 @extended
 @rule("routes-bad-input")
 @pytest.mark.parametrize(

@@ -512,6 +512,38 @@ async def test_stage3_the_router_probes_on_its_own_and_brings_a_restarted_replic
 @extended
 @rule("probe", "route-history")
 @anyio_test
+async def test_stage3_a_probe_round_keeps_the_history_of_a_replica_that_stayed_up() -> None:
+    fleet = Fleet(names=("a", "b", "c"))
+    prompt = shared(2, 4, 2, 0)
+    first, again = Request("r1", prompt, 2), Request("r2", (*prompt[:-1], 5), 2)
+    async with fleet.routing(affinity_threshold=0.5, probe_timeout_ns=PROBE_TIMEOUT) as clients:
+        with clients.only("b"):
+            await fleet.consume(clients.router.generate(first))
+        assert [x.rid for x in fleet["b"].seen] == ["r1"], "setup: r1 served by b"
+        fleet["c"].kill()
+        await clients.router.check_health()  # a and b answer; c is down
+        fleet["c"].restart()
+        await clients.router.check_health()  # all three answer; c is up again
+        stats = clients.router.statistics()
+        assert stats.down == () and stats.by_affinity == 0, f"setup: got {stats}"
+        remembered = clients.router.replicas.matched_blocks("b", again.prompt)
+        stream = clients.router.generate(again)
+        by_affinity = clients.router.statistics().by_affinity
+        await fleet.consume(stream)
+    expect(
+        (remembered, by_affinity, [x.rid for x in fleet["b"].seen]),
+        (4, 1, ["r1", "r2"]),
+        "r1 (4 full blocks + 2 tokens) served by b; c killed, a probe round (c down); c "
+        "restarted, a probe round (c up again). b answered both rounds and never went "
+        "down, so it keeps its history (only a replica that was down comes back with an "
+        "empty one), and r2, r1's prompt but its last token, goes to b by affinity. "
+        "(b's matched_blocks for r2 after the rounds, by_affinity, the ids b saw)",
+    )
+
+
+@extended
+@rule("probe", "route-history")
+@anyio_test
 async def test_stage3_a_replica_back_from_the_dead_is_not_routed_for_its_old_cache() -> None:
     fleet = Fleet(names=("a", "b"))
     prompt = shared(1, 4, 2, 0)

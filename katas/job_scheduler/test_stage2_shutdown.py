@@ -4,8 +4,8 @@ boundaries (see katas/job_scheduler/README.md, "Stage 2").
 The stage's first file, ``test_stage2.py``, has the examples of every rule and
 ``test_stage2_heartbeats.py`` the heartbeats'; here: a submit that must wake an idle
 worker whichever thread waits longest, a handler that returns long before its timeout,
-who counts as idle, and a job whose lease is already stale when shutdown comes to
-release it.
+who counts as idle, a job whose lease is already stale when shutdown comes to release
+it, and a lost job whose handler ends while shutdown waits for it.
 
 How these tests stay deterministic: the clock is a ``WatchedClock`` (an ``OrderedClock``,
 where the order in which a condition's waiters wake matters), so a test waits until
@@ -16,7 +16,8 @@ row). Handlers block on events the test sets.
 Map: a submit wakes an idle worker (no-busy-waiting) · a handler done before its timeout
 (handler-acked, async-timeout) · idle workers (pool-statistics, bounded-in-flight,
 async-pool) · a lease already stale at shutdown (pool-statistics, shutdown-grace,
-heartbeat-lost, async-shutdown-cancels).
+heartbeat-lost, async-shutdown-cancels) · a lost job's handler ending during the grace
+period (shutdown-grace, heartbeat-lost, pool-statistics, async-pool).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
+import anyio
 import pytest
 
 from katas._harness import marks
@@ -32,7 +35,7 @@ from katas._harness.marks import anyio_test, core, extended
 from katas._harness.resting import WatchedClock
 from katas._harness.story import Story, check
 from katas._harness.virtual_time import settle
-from katas._harness.waiting import eventually
+from katas._harness.waiting import eventually, spawn
 from katas.job_scheduler._testing.clocks import WAKE_ORDERS, OrderedClock
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
@@ -271,3 +274,133 @@ def test_stage2_a_worker_waiting_for_a_scheduled_job_claims_nothing_after_shutdo
             f"READY and unleased; got {job.state}, claimed {pool.statistics().claimed}, "
             f"{queue.statistics().leased} lease(s)",
         )
+
+
+# --- a lost job's handler ends while shutdown waits ---------------------------------------
+
+#: How a lost job's handler ends: its ack, or its nack, is then refused (StaleLease).
+ENDINGS = ["returns", "raises"]
+GRACE = 1_000
+STALE_IDS = ["cancelled", "expired-in-a-stall"]
+
+
+def _judge_lost_during_grace(
+    pool: str,
+    how: str,
+    ending: str,
+    waiting: bool,
+    returned_at: int | None,
+    at: int,
+    stats: PoolStatistics,
+) -> None:
+    refused = "ack" if ending == "returns" else "nack"
+    when = "not at all" if returned_at is None else f"at {returned_at} ns"
+    steps = (
+        f"{pool}: one job running; its lease goes stale ({how}); at {at} ns "
+        f"shutdown(grace_ns={GRACE}) begins and waits for it; still at {at} ns its handler "
+        f"{ending}, its {refused} refused (StaleLease): the job is lost"
+    )
+    check(
+        waiting,
+        f"shutdown-grace: {steps} — but shutdown had not waited while the handler still ran "
+        f"(it waits until the running handlers have finished or the grace deadline); {stats}",
+    )
+    check(
+        returned_at == at,
+        f"shutdown-grace: {steps}. Shutdown waits until the running handlers have finished "
+        f"or now + grace_ns, whichever comes first: a lost job's handler has finished too. "
+        f"Expected shutdown to return at {at} ns, the clock unmoved; it returned {when} "
+        f"(the grace deadline is {at + GRACE} ns)",
+    )
+    check(
+        (stats.lost, stats.released, stats.succeeded, stats.failed, stats.in_flight)
+        == (1, 0, 0, 0, 0),
+        f"pool-statistics: {steps}; expected lost 1, nothing released, succeeded or failed, "
+        f"nothing in flight; got {stats}",
+    )
+
+
+@marks.rule("shutdown-grace", "heartbeat-lost", "pool-statistics")
+@core
+@pytest.mark.parametrize("ending", ENDINGS)
+@pytest.mark.parametrize("how", STALE, ids=STALE_IDS)
+def test_stage2_shutdown_returns_when_a_lost_jobs_handler_finishes(how: str, ending: str) -> None:
+    """A job's lease goes stale while its handler runs; shutdown(grace) begins. When the
+    handler returns or raises, its ack or nack is refused — and shutdown, waiting for the
+    running handlers, must return then, not at the grace deadline."""
+    stalls = Stalls()
+    held = stalls.hold("job")
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        stalls.handler(lease, payload)
+        if ending == "raises":
+            raise ValueError("too late")
+        return payload
+
+    clock = WatchedClock(START)
+    _, queue, pool = new_pool(handler, workers=1, clock=clock, heartbeat_every_ns=300)
+    others = set(threading.enumerate())
+    with running(pool):
+        job_id = pool.submit("job")
+        eventually(lambda: len(stalls.busy) == 1, "the job's handler running")
+        clock.settle(others, stalls.busy)
+        _make_stale(how, queue, job_id, clock.advance)
+        clock.settle(others, stalls.busy)
+        at = clock.now_ns()
+        stopper = spawn(lambda: pool.shutdown(GRACE), "shutdown")
+        eventually(lambda: pool.statistics().stopping, "shutdown begun")
+        clock.settle(others, stalls.busy)  # shutdown asleep on the clock, waiting
+        waiting = stopper.is_alive()
+        held.set()
+        eventually(lambda: not stalls.busy, "the handler to end")
+        clock.settle(others, set())  # every thread of the pool gone or asleep
+        returned_at = None if stopper.is_alive() else clock.now_ns()
+        if returned_at is None:
+            clock.advance(GRACE)  # whatever happens, the grace ends
+            stopper.outcome("shutdown at its grace deadline")
+            returned_at = clock.now_ns()
+        stats = pool.statistics()
+    _judge_lost_during_grace("thread pool", how, ending, waiting, returned_at, at, stats)
+
+
+@marks.rule("shutdown-grace", "heartbeat-lost", "pool-statistics", "async-pool")
+@extended
+@anyio_test
+@pytest.mark.parametrize("ending", ENDINGS)
+@pytest.mark.parametrize("how", STALE, ids=STALE_IDS)
+async def test_stage2_async_shutdown_returns_when_a_lost_jobs_handler_finishes(
+    how: str, ending: str
+) -> None:
+    release = anyio.Event()
+
+    async def handler(lease: Lease, payload: Any) -> Any:
+        await release.wait()
+        if ending == "raises":
+            raise ValueError("too late")
+        return payload
+
+    clock = WatchedClock(START)
+    _, queue, pool = new_async_pool(handler, workers=1, clock=clock, heartbeat_every_ns=300)
+    stopped: list[int] = []
+
+    async def stop() -> None:
+        await pool.shutdown(GRACE)
+        stopped.append(clock.now_ns())
+
+    async with running_async(pool, grace_ns=None), anyio.create_task_group() as tg:
+        job_id = pool.submit("job")
+        await settle()
+        _make_stale(how, queue, job_id, clock.advance)
+        await settle()
+        at = clock.now_ns()
+        tg.start_soon(stop)
+        await settle()
+        waiting = pool.statistics().stopping and not stopped
+        release.set()
+        await settle()
+        returned_at = stopped[0] if stopped else None
+        stats = pool.statistics()
+        clock.advance(GRACE)  # whatever happens, the grace ends
+    if returned_at is None and stopped:
+        returned_at = stopped[0]
+    _judge_lost_during_grace("async pool", how, ending, waiting, returned_at, at, stats)

@@ -24,10 +24,10 @@ never early (redis-never-early, redis-next-due, run-at-server) · backoff, the t
 ahead of the attempts by a release or a redrive too (redis-backoff) · effects
 (redis-fenced, redis-effect-by-job, restart-fence) · the client (client-contract) ·
 unknown ids (redis-unknown-id) · the op counter (op-counter) · JSON and key prefix
-(json, key-prefix) · bad input, one past each bound, and every bound itself accepted and
-exact (redis-bad-input, whole-us, lua-bounds) · one script (one-script) · the model
-replayed: state machines and racing clients (op-order, redis-settle-first,
-redis-extended, redis-idempotency, redis-dedup-ttl, reap).
+(json, key-prefix) · bad input (a bool for every int too), one past each bound, and
+every bound itself accepted and exact (redis-bad-input, whole-us, lua-bounds) · one
+script (one-script) · the model replayed: state machines and racing clients (op-order,
+redis-settle-first, redis-extended, redis-idempotency, redis-dedup-ttl, reap).
 """
 
 from __future__ import annotations
@@ -559,9 +559,9 @@ def test_stage3_queues_with_other_names_under_one_prefix_share_nothing(
 
 @marks.rule("redis-bad-input", "whole-us", "json", "lua-bounds")
 @core
-@pytest.mark.parametrize(("call", "parameter"), bad_calls())
+@pytest.mark.parametrize(("call", "parameter", "case"), bad_calls())
 def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
-    redis_env: RedisEnv, call: BadCall, parameter: str
+    redis_env: RedisEnv, call: BadCall, parameter: str, case: str
 ) -> None:
     redis_env.freeze_time()
     queue = new_queue(redis_env)
@@ -570,7 +570,11 @@ def test_stage3_bad_input_raises_naming_the_parameter_and_writes_nothing(
     before = redis_env.contents()
     with pytest.raises((TypeError, ValueError)) as raised:
         call(redis_env, queue, lease)
-        raise AssertionError(f"bad {parameter} was accepted")
+        raise AssertionError(
+            f"a queue with one job leased, then the call '{case}': accepted, but a bad "
+            f"{parameter} must raise TypeError or ValueError naming it (a bool is not an "
+            "int here, even where its value would be valid)"
+        )
     assert parameter in str(raised.value), (
         f"the error for a bad {parameter} must name it; got {raised.value!r}"
     )

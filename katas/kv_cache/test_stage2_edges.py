@@ -6,11 +6,12 @@ corners of a flight (see katas/kv_cache/README.md).
   stage-1 cache raises them and change nothing; weights — none given, or zero — come out
   as the stage-1 cache counts them, and ``weigh`` stays outside the lock whatever it
   returns (exact-under-threads, no-user-code-under-lock).
-- A flight's corners, threads and tasks alike: a falsy loaded value reaches every waiter
-  (single-flight); a write makes only its own key's load stale (write-beats-load); a
-  loader may load other keys, never its own at any depth (load-reentrant); however a load
-  ends — cached, too heavy, written over, failed — the next miss loads again
-  (flight-unregistered).
+- A flight's corners, threads and tasks alike: a falsy loaded value reaches every waiter,
+  and a waiter waits for a load that outlasts any timeout it could pick — its timed waits
+  end at once (``_testing/timeouts.py``), no real time passes (single-flight); a write
+  makes only its own key's load stale (write-beats-load); a loader may load other keys,
+  never its own at any depth (load-reentrant); however a load ends — cached, too heavy,
+  written over, failed — the next miss loads again (flight-unregistered).
 - Races forced in a call's gaps (``_testing/races.py``): a lazily iterated stage-1 cache
   changed between two items (one-lock); a leader stopped after each lock section it
   leaves, where the counts are read, and before each count it writes back, where another
@@ -37,7 +38,7 @@ import pytest
 from katas._harness.marks import anyio_test, core, extended, rule
 from katas._harness.story import check
 from katas._harness.under_test import stage
-from katas._harness.waiting import DEADLINE_S, eventually_async, spawn
+from katas._harness.waiting import DEADLINE_S, eventually, eventually_async, spawn
 from katas.kv_cache._testing.caches import (
     START,
     TTL,
@@ -76,6 +77,7 @@ from katas.kv_cache._testing.races import (
     landing_in_the_gaps_of,
     leader_raced_in_its_gaps,
 )
+from katas.kv_cache._testing.timeouts import TimeFlies
 from katas.kv_cache.api import (
     AsyncLoadingCache,
     EvictingCache,
@@ -203,6 +205,42 @@ def test_stage2_every_caller_of_a_flight_gets_a_falsy_loaded_value(value: object
         f"a leader and 2 waiters of one load that returns {value!r}: each receives that very "
         f"object (a falsy value is a value, not a missing one), and it is cached; they got "
         f"{got}, the cache holds {cache.get('k', 'MISS')!r}",
+    )
+
+
+@core
+@rule("single-flight")
+def test_stage2_a_waiter_waits_for_the_load_however_long_it_lasts() -> None:
+    """A load may last longer than any timeout a waiter could pick. The leader's load is
+    held open; its 3 waiters find every timed wait they make end at once, as if the load
+    had outlasted it (``TimeFlies``, ``_testing/timeouts.py``). Once each sleeps (or
+    has returned), the load lands: they all waited for it, and got its very object."""
+    cache, loader = concurrent(), Loader()
+    call = lambda: caught(lambda: cache.get_or_load("k", loader))  # noqa: E731
+    leader = spawn(call, "leader")
+    loading(cache, loader)
+    with TimeFlies() as flies:
+        for i in range(3):
+            flies.spawn(call, f"waiter-{i}")
+        eventually(  # (a waiter that returns while the load is held has not waited)
+            lambda: loads(cache).waiters == 3 or not all(t.is_alive() for t in flies.threads),
+            "3 callers waiting for the load",
+        )
+        flies.settle()
+        early = loader.calls
+        loader.release.set()
+        got = [t.outcome("a caller of the flight returns") for t in [leader, *flies.threads]]
+    check(
+        loader.calls == 1 and all(g is got[0] for g in got) and cache.get("k") is got[0],
+        "steps: a load of 'k' is held open; 3 more callers miss 'k' and join its flight; "
+        "for them, every timed wait ends at once (the load outlasts any timeout); then the "
+        "load lands. Single flight: a waiter waits for its flight however long the load "
+        "lasts — one that gives up and loads 'k' itself calls the backend again and returns "
+        "another object; one that gives up and raises fails a load that succeeded. "
+        f"Expected 1 loader call and one object for all 4 callers, cached; "
+        f"got {loader.calls} loader calls ({early} before the load landed), the leader and "
+        f"waiters got {got}, the cache holds {cache.get('k')!r}; timed waits cut short in "
+        f"{flies.cut_short or 'no waiter'}",
     )
 
 

@@ -993,6 +993,8 @@ async def test_stage3_after_aclose_every_anext_ends_and_nothing_is_requested(
         ("idle_timeout_s", -1.0, None),
         ("idle_timeout_s", "1", None),
         ("idle_timeout_s", True, None),  # a bool is no number of seconds
+        ("idle_timeout_s", float("nan"), None),  # NaN is not > 0, though not <= 0 either
+        ("idle_timeout_s", -0.0, None),
     ],
 )
 @processes
@@ -1001,15 +1003,24 @@ async def test_stage3_bad_arguments_are_refused_by_name(
 ) -> None:
     replicas.reset(BLOCKS)
     options = {} if name == "urls" else {name: value}
-    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
-        with pytest.raises((ValueError, TypeError)) as caught:
-            bad_urls = replicas.urls if urls is None else urls
-            new_source(client, bad_urls, **options)  # type: ignore[arg-type]  # on purpose
     shown = urls if name == "urls" else value
+    bad_urls = replicas.urls if urls is None else urls
+    async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT) as client:
+        try:
+            accepted = new_source(client, bad_urls, **options)  # type: ignore[arg-type]
+        except (ValueError, TypeError) as error:
+            refused: Exception = error
+        else:
+            await accepted.aclose()
+            raise AssertionError(
+                f"stage3-bad-arguments: ResumableEventSource(..., {name}={shown!r}) must "
+                f"raise ValueError or TypeError naming {name!r} in the constructor; it was "
+                "accepted"
+            )
     check(
-        name in str(caught.value),
+        name in str(refused),
         f"stage3-bad-arguments: {name}={shown!r} must be refused with a message naming "
-        f"{name!r}, got {caught.value!r}",
+        f"{name!r}, got {refused!r}",
     )
 
 

@@ -179,13 +179,16 @@ BadCall = Callable[[RedisEnv, Any, Lease], Any]
 
 def bad_calls() -> list[Any]:
     """The calls a queue must refuse, each with the parameter its error must name, as
-    ``pytest.param``s ``(call, name)``."""
+    ``pytest.param``s ``(call, name, case)``, ``case`` also their id."""
 
     def ctor(**kw: Any) -> BadCall:
         options = {"lease_ns": LEASE, "retry": NO_RETRY_DELAY, "max_attempts": 3, **kw}
         return lambda env, q, lease: stage().RedisJobQueue(
             env.client(), key_prefix=env.prefix, **options
         )
+
+    def enqueue_with(**kw: Any) -> BadCall:
+        return lambda env, q, lease: q.enqueue(1, **kw)
 
     cases: list[tuple[str, BadCall, str]] = [
         ("lease_ns not whole µs", ctor(lease_ns=1_500), "lease_ns"),
@@ -260,7 +263,17 @@ def bad_calls() -> list[Any]:
             "delay_ns",
         ),
         ("negative run_at", lambda env, q, le: q.enqueue(1, run_at_ns=-5), "run_at_ns"),
-        ("run_at False", lambda env, q, le: q.enqueue(1, run_at_ns=False), "run_at_ns"),
+        # A bool is not an int here (redis-bad-input: as stage 1's bad-input), not even
+        # where its value would be a valid one (max_pending=True is 1): every int parameter.
+        *[
+            (f"{name}={flag}", call_with(**{name: flag}), name)
+            for call_with, names in (
+                (ctor, ("lease_ns", "max_attempts", "max_pending", "retention_ns", "dedup_ttl_ns")),
+                (enqueue_with, ("priority", "run_at_ns", "delay_ns")),
+            )
+            for name in names
+            for flag in (True, False)
+        ],
         ("float priority", lambda env, q, le: q.enqueue(1, priority=1.5), "priority"),
         ("empty key", lambda env, q, le: q.enqueue(1, idempotency_key=""), "idempotency_key"),
         ("empty worker id", lambda env, q, le: q.claim(""), "worker_id"),
@@ -273,4 +286,4 @@ def bad_calls() -> list[Any]:
             "effect",
         ),
     ]
-    return [pytest.param(call, name, id=case) for case, call, name in cases]
+    return [pytest.param(call, name, case, id=case) for case, call, name in cases]

@@ -9,7 +9,7 @@
   ``flights``: whole flights (a leader and its waiters) and a wrapper side by side with
   the bare stage-1 cache; ``races``: stage 2's races forced in a call's gaps (a lazily
   iterated inner cache, a leader raced at each count it updates, a landing right after a
-  write);
+  write); ``timeouts``: waiters for whom time flies, so a load outlasts any timeout;
 - ``rings``: measuring a hash ring; ``shards``: a sharded cache over three Redis nodes
   and its state machine; ``wire``: replies held on the wire, commands recorded or held
   before they are sent; ``near``: near caches, their fleet and their state machine
