@@ -43,11 +43,13 @@ _WARM = WarmStart()
 
 
 def _modes(kata: str, stage: int) -> list[str]:
+    """Where the stage's reference runs: in memory, or on the embedded fakeredis — or, with
+    a real server configured, on that server instead (every plain ``pytest`` runs the
+    embedded default already; CI's run with servers spends its time on the real ones) —
+    and on a real Redis Cluster too where the prompt promises one."""
     if not uses_redis(kata, stage):
         return ["memory"]
-    modes = ["fakeredis"]
-    if real_redis_configured():
-        modes.append("real-redis")
+    modes = ["real-redis" if real_redis_configured() else "fakeredis"]
     if uses_cluster(kata, stage) and cluster_configured():
         modes.append("cluster")
     return modes
@@ -70,16 +72,18 @@ _REACHED: dict[tuple[str, int], set[str]] = {}
 
 
 def _reference(kata: str, stage: int, mode: str, base: Mapping[str, str]) -> SuiteRun:
-    """The stage's suite on the reference, in ``mode``, from the environment ``base``."""
-    if mode == "real-redis":  # a real server, or an external one: not the cluster
-        env = {k: v for k, v in base.items() if k != "KATA_REDIS_CLUSTER"}
-        return run_suite(suite_files(kata, stage), impl="solutions", env=env, warm=_WARM)
+    """The stage's suite on the reference, in ``mode``, from the environment ``base``; the
+    stage's first mode also records the public names its run called."""
     if mode == "cluster":  # every test on the shared cluster, faults on private servers
         env = {**embedded_env(base), "KATA_REDIS_CLUSTER": base["KATA_REDIS_CLUSTER"]}
         return run_suite(suite_files(kata, stage), impl="solutions", env=env, warm=_WARM)
+    if mode == "real-redis":  # a real server, or an external one: not the cluster
+        env = {k: v for k, v in base.items() if k != "KATA_REDIS_CLUSTER"}
+    else:
+        env = embedded_env(base)
     with tempfile.TemporaryDirectory(prefix="kata-reached-") as tmp:
         names = Path(tmp) / "reached"
-        env = {**embedded_env(base), reach.ENV_REACHED: str(names)}
+        env[reach.ENV_REACHED] = str(names)
         run = run_suite(suite_files(kata, stage), impl="solutions", env=env, warm=_WARM)
         _REACHED[kata, stage] = set(names.read_text().split()) if names.exists() else set()
     return run
