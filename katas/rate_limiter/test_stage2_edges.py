@@ -1,14 +1,20 @@
 """Stage 2, the edges of its rules (see katas/rate_limiter/README.md, "Stage 2"): a head
 waiter with a timeout still wakes when its units are due, a task whose units come exactly
-at its deadline is admitted, an async key with no waiters left is gone from the
-statistics, ``reset`` and ``tracked_keys`` do only what they say under the stripe, and a
-bad argument of the right type is a ``ValueError``, of the wrong type a ``TypeError``.
+at its deadline is admitted, a head woken past its deadline is admitted only if its units
+came by then, a waiter behind the head whose units come at its deadline is admitted, a
+cost that can never fit behind waiters is denied with nothing remaining, an async key
+with no waiters left is gone from the statistics, ``reset`` and ``tracked_keys`` do only
+what they say under the stripe, and a bad argument of the right type is a
+``ValueError``, of the wrong type a ``TypeError``.
 
 Deterministic as ``test_stage2.py`` is (its docstring): a ``ManualClock``, waiters
 sequenced through ``statistics()``, hard deadlines, a thread parked inside the inner
-limiter.
+limiter, a woken thread or task held back by the test clock so that another looks first
+(:mod:`katas.rate_limiter._testing.clocks`).
 
-Map: head wake-ups (acquire-blocks, async-fifo) · the async queue's end (async-cancel,
+Map: head wake-ups (acquire-blocks, async-fifo) · late wake-ups and a deadline behind the
+head (acquire-blocks, fifo, async-fifo, async-cancel) · a never-fitting cost behind
+waiters (no-overtaking) · the async queue's end (async-cancel,
 statistics) · ``reset`` under its stripe (striped-locks) · ``tracked_keys`` changes nothing
 (tracked-keys-inner, sweeping) · the kind of a bad argument (bad-arguments,
 async-bad-arguments).
@@ -22,6 +28,7 @@ from functools import partial
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from katas._harness.interleave import Gate, announce_waits, pause_before_locks, pause_in_loops
@@ -29,6 +36,7 @@ from katas._harness.marks import anyio_test, core, extended
 from katas._harness.story import check, expect
 from katas._harness.under_test import stage
 from katas._harness.waiting import eventually_async, stays
+from katas.rate_limiter._testing.clocks import HeldWakeClock
 from katas.rate_limiter._testing.threads import (
     Worker,
     async_limiter,
@@ -36,8 +44,10 @@ from katas.rate_limiter._testing.threads import (
     emptied_async_limiter,
     enqueue,
     enqueue_async,
+    eventually,
     spied_limiter,
     start,
+    units_left,
 )
 from katas.rate_limiter.api import NS_PER_S, Decision, LimiterStatistics, ManualClock
 
@@ -150,6 +160,98 @@ def test_stage2_a_head_with_a_long_timeout_is_admitted_when_its_units_are_due() 
     )
 
 
+@pytest.mark.rule("acquire-blocks", "timeout-consumes-nothing")
+@core
+def test_stage2_a_late_waking_head_gets_only_units_due_by_its_deadline() -> None:
+    """The clock jumps past the head's deadline in one step (a stalled process, a late
+    scheduler): what counts is when its units came, not when it woke."""
+    clock, limiter = bucket_limiter(1, refill_per_s=1)
+    assert limiter.try_acquire("k").allowed  # the unit is back in exactly 1 s
+    short = enqueue(
+        limiter, "k", lambda: limiter.acquire("k", timeout_ns=NS_PER_S - 1), "timeout 1 s - 1 ns"
+    )
+    clock.advance(NS_PER_S)
+    got = short.outcome("a head whose unit comes 1 ns after its deadline, woken at 1 s")
+    left = units_left(limiter, "k")
+    check(
+        (got, left) == (False, 1),
+        "acquire-blocks: bucket of 1, emptied, refilling 1 unit a second; acquire('k', "
+        "timeout_ns=1 s - 1 ns); the clock moves 1 s in one step. The unit fits only 1 ns "
+        "after the deadline: False, and the unit stays on hand (expected (False, 1 unit "
+        f"left)); got ({got}, {left} left)",
+    )
+    assert limiter.try_acquire("k").allowed  # emptied again: the unit is back in 1 s
+    exact = enqueue(limiter, "k", lambda: limiter.acquire("k", timeout_ns=NS_PER_S), "timeout 1 s")
+    clock.advance(5 * NS_PER_S)
+    got = exact.outcome("a head whose unit comes exactly at its deadline, woken 4 s later")
+    check(
+        got is True,
+        "acquire-blocks: emptied again; acquire('k', timeout_ns=1 s); the clock moves 5 s in "
+        "one step. The unit fitted exactly at the deadline (now + timeout_ns): admitted, "
+        f"however late the waiter woke; got {got}",
+    )
+
+
+@pytest.mark.rule("acquire-blocks", "fifo", "timeout-consumes-nothing")
+@core
+def test_stage2_a_waiter_behind_the_head_fitting_at_its_deadline_is_admitted() -> None:
+    """Capacity 3, emptied, 1 unit a second. A (cost 2, no timeout) is the head; B (cost 1,
+    timeout 3 s) waits behind it. At +3 s, in one step, 3 units are on hand: A takes 2
+    and 1 is left for B — exactly at B's deadline. The clock wakes both; A is held after
+    its wake-up, so B looks first, at its deadline, with A not yet served."""
+    clock = HeldWakeClock()
+    _, limiter = bucket_limiter(3, clock=clock)
+    assert limiter.try_acquire("k", 3).allowed
+    held = Gate("A woken, before it takes the stripe's lock again")
+    b_asleep = threading.Event()
+
+    def head() -> bool:
+        clock.hold_my_wakes(held)
+        return limiter.acquire("k", 2)
+
+    def behind() -> bool:
+        announce_waits(b_asleep)
+        return limiter.acquire("k", 1, timeout_ns=3 * NS_PER_S)
+
+    a = enqueue(limiter, "k", head, "A: acquire('k', 2)")
+    b = enqueue(limiter, "k", behind, "B: acquire('k', 1, timeout_ns=3 s)")
+    b_asleep.clear()  # queued means asleep: from now on, set when B waits again
+    clock.advance(3 * NS_PER_S)
+    held.wait_arrived()
+    eventually(lambda: b_asleep.is_set() or not b.is_alive(), "B to look at the queue", (b,))
+    held.open()
+    got = (a.outcome("A, once let go"), b.outcome("B"), units_left(limiter, "k"))
+    check(
+        got == (True, True, 0),
+        "acquire-blocks: capacity 3 emptied; A acquire('k', 2) at the head, B acquire('k', 1, "
+        "timeout_ns=3 s) behind it; the clock moves 3 s in one step and B looks before A "
+        "does. A's 2 and B's 1 both fit at B's deadline (now + timeout_ns): B must wait for "
+        "A to take its share, then take its own, not give up. Expected (A True, B True, 0 "
+        f"units left); got (A {got[0]}, B {got[1]}, {got[2]} left)",
+    )
+
+
+@pytest.mark.rule("no-overtaking")
+@core
+@pytest.mark.parametrize("call", ["try_acquire", "peek"])
+def test_stage2_a_cost_that_can_never_fit_behind_waiters_sees_nothing_remaining(
+    call: str,
+) -> None:
+    clock, limiter = bucket_limiter(3, refill_per_s=1)
+    assert limiter.try_acquire("k", 1).allowed  # 2 units on hand
+    waiter = enqueue(limiter, "k", lambda: limiter.acquire("k", 3), "a waiter for 3 units")
+    got: Decision = getattr(limiter, call)("k", 4)
+    check(
+        (got.allowed, got.remaining, got.retry_after_ns) == (False, 0, None),
+        f"no-overtaking: bucket of 3 with 2 units on hand and a waiter queued for 3; "
+        f"{call}('k', 4) can never fit: denied, retry_after_ns None, and remaining 0 — the "
+        f"units on hand are the queue's. Expected allowed False, remaining 0, retry_after_ns "
+        f"None; got {got}",
+    )
+    clock.advance(NS_PER_S)
+    check(waiter.outcome("the waiter for 3 units") is True, "the waiter is admitted at 1 s")
+
+
 @pytest.mark.rule("async-fifo", "async-exact")
 @extended
 @anyio_test
@@ -173,6 +275,74 @@ async def test_stage2_async_a_head_is_admitted_when_its_units_are_due_or_at_its_
         "async-fifo: a task whose unit is due at 1 s with a 10 s timeout is admitted at 1 s "
         "(its units are due before its deadline); a task whose unit is due exactly at its "
         "deadline is admitted (it fits at now + timeout_ns)",
+    )
+
+
+@pytest.mark.rule("async-cancel", "async-fifo")
+@extended
+@anyio_test
+async def test_stage2_async_a_late_waking_head_gets_only_units_due_by_its_deadline() -> None:
+    clock, limiter = emptied_async_limiter()  # 1 unit back in exactly 1 s
+    results: list[bool] = []
+
+    async def wait(timeout_ns: int) -> None:
+        results.append(await limiter.acquire("k", 1, timeout_ns=timeout_ns))
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", partial(wait, NS_PER_S - 1))
+        clock.advance(NS_PER_S)
+        await eventually_async(lambda: len(results) == 1, "the first task to return")
+    expect(
+        results,
+        [False],
+        "async-cancel: a task's unit comes back 1 ns after its deadline (timeout 1 s - 1 ns) "
+        "and the clock jumps 1 s in one step: False, however late it woke",
+    )
+    check(limiter.try_acquire("k").allowed, "the unit the timed-out task left is on hand")
+    async with anyio.create_task_group() as tg:  # emptied again: 1 unit in exactly 1 s
+        await enqueue_async(tg, limiter, "k", partial(wait, NS_PER_S))
+        clock.advance(5 * NS_PER_S)
+        await eventually_async(lambda: len(results) == 2, "the second task to return")
+    expect(
+        results,
+        [False, True],
+        "async-cancel: the next task's unit comes back exactly at its deadline (timeout 1 s) "
+        "and the clock jumps 5 s in one step: admitted, however late it woke",
+    )
+
+
+@pytest.mark.rule("async-fifo", "async-cancel")
+@extended
+@anyio_test
+async def test_stage2_async_a_waiter_behind_the_head_fitting_at_its_deadline_is_admitted() -> None:
+    """Capacity 3, emptied. A (cost 2, no timeout) is the head, its units due at +2 s;
+    B (cost 1, timeout 3 s) waits behind it. The clock jumps 3 s: A's 2 and B's 1 fit
+    at B's deadline. A's alarm is held, so B looks first, with A not yet served."""
+    clock = HeldWakeClock()
+    _, limiter = async_limiter(3, clock=clock)
+    assert limiter.try_acquire("k", 3).allowed
+    let_go = anyio.Event()
+    clock.hold_sleeps_until(clock.now_ns() + 2 * NS_PER_S, let_go)  # A's alarm
+    results: dict[str, bool] = {}
+
+    async def wait(name: str, cost: int, timeout_ns: int | None) -> None:
+        results[name] = await limiter.acquire("k", cost, timeout_ns=timeout_ns)
+
+    async with anyio.create_task_group() as tg:
+        await enqueue_async(tg, limiter, "k", partial(wait, "A", 2, None))
+        await enqueue_async(tg, limiter, "k", partial(wait, "B", 1, 3 * NS_PER_S))
+        clock.advance(3 * NS_PER_S)
+        for _ in range(50):  # scheduler passes: B's alarm fires and B looks at the queue
+            await anyio.lowlevel.checkpoint()
+        let_go.set()
+        await eventually_async(lambda: len(results) == 2, "A and B to return")
+    expect(
+        results,
+        {"A": True, "B": True},
+        "async-fifo: capacity 3 emptied; A acquire('k', 2) at the head, B acquire('k', 1, "
+        "timeout_ns=3 s) behind it; the clock jumps 3 s and B looks before A does. Both fit "
+        "at B's deadline (now + timeout_ns): B waits for A to take its share, then takes "
+        "its own",
     )
 
 

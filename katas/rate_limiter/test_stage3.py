@@ -27,7 +27,8 @@ unique-members), every unit of every request counted, requests of thousands of u
 counter (stamped), refunds (redis-refund, refund-no-state), resets (redis-reset), the
 Cluster hash tag (hash-tag), bad parameters (redis-bad-input, whole-us, lua-exact), a
 key that holds its usage until the microsecond it is fresh (ttl-bound), server time
-stepping back (server-time) · properties — nodes decide as one (nodes-as-one,
+stepping back, after a denial too, and a key emptied while time is behind it (server-time,
+redis-denial, ttl-bound) · properties — nodes decide as one (nodes-as-one,
 stamped), node clocks skewed (server-time), TTLs (ttl-bound), one round trip a decision
 (one-script-call) · the model test (namespaced) · extended — async nodes (async-redis),
 clients refused without a socket timeout or with retries (socket-timeout,
@@ -82,6 +83,7 @@ from katas.rate_limiter._testing.nodes import (
     run_stream,
     scenarios,
 )
+from katas.rate_limiter._testing.server_steps import Step, walk_server_steps
 from katas.rate_limiter.api import (
     NS_PER_S,
     AsyncRedisLimiter,
@@ -197,11 +199,13 @@ def test_stage3_every_unit_of_every_request_counts_in_the_sliding_log(
 def test_stage3_a_request_of_thousands_of_units_is_decided_like_any_other(
     stage_module: ModuleType, redis_env: RedisEnv
 ) -> None:
-    """A tokens-per-minute limit charges thousands of units in one request. On a real
+    """A tokens-per-hour limit charges thousands of units in one request. On a real
     Redis one Lua call can take only so many arguments: a sliding log that adds every
-    unit in one command fails there."""
+    unit in one command fails there. (On a real server the calls are not one instant: at
+    12 000 an hour a token bucket refills a unit every 300 ms, more than a slow machine
+    spends between them.)"""
     redis_env.freeze_time()
-    limit, window_us = 12_000, 60_000_000
+    limit, window_us = 12_000, 3_600_000_000
     for algorithm in ALGORITHMS:
         node = fresh_node(stage_module, redis_env, algorithm, limit, window_us)
         try:
@@ -211,14 +215,14 @@ def test_stage3_a_request_of_thousands_of_units_is_decided_like_any_other(
         except redis.ResponseError as error:
             check(
                 False,
-                f"{algorithm}, limit {limit} a minute: try_acquire('alice', 5000) twice, "
+                f"{algorithm}, limit {limit} an hour: try_acquire('alice', 5000) twice, "
                 f"refund('alice', 4000), try_acquire of 6001 then 6000 — each fits the limit, "
                 f"and must be decided, not raise: {error!r}",
             )
         expect(
             [(d.allowed, d.remaining) for d in got],
             [(True, 7_000), (True, 2_000), (False, 6_000), (True, 0)],
-            f"{algorithm}, limit {limit} a minute, one instant: take 5000 twice, refund 4000, "
+            f"{algorithm}, limit {limit} an hour, one instant: take 5000 twice, refund 4000, "
             "then 6001 (denied) and 6000 (fits): (allowed, remaining) of each decision",
         )
 
@@ -363,24 +367,28 @@ def test_stage3_peek_and_an_impossible_cost_write_nothing_with_units_to_tidy(
     peek and a cost above the limit still write nothing — a peek that tidied it away would
     lose it for good, though a server clock stepping back brings it into the window again."""
     redis_env.freeze_time()
-    window_ms = 200
+    # On a real server the waits are slept: the second one is short, so a busy machine
+    # that oversleeps it still finds the second unit in the window and its keys alive
+    # (240 ms to spare), while oversleeping only takes the first unit further out.
+    window_ms = 300
+    first_wait_ms, second_wait_ms = window_ms * 9 // 10, window_ms * 2 // 10
     for algorithm in ALGORITHMS:
         prefix = redis_env.fresh_prefix()
         node = make_limiter(
             stage_module, redis_env.client(), algorithm, 3, window_ms * 1000, key_prefix=prefix
         )
         assert node.try_acquire("alice").allowed
-        redis_env.pass_time(window_ms * 9 // 10 * NS_PER_MS)
+        redis_env.pass_time(first_wait_ms * NS_PER_MS)
         assert node.try_acquire("alice").allowed  # keeps the keys alive a window more
-        redis_env.pass_time(window_ms * 6 // 10 * NS_PER_MS)  # the first unit has left
+        redis_env.pass_time(second_wait_ms * NS_PER_MS)  # the first unit has left
         before = redis_env.contents(prefix)
         calls = [node.peek("alice"), node.peek("alice", 3), node.try_acquire("alice", 4)]
         after = redis_env.contents(prefix)
         assert after == before, (
-            f"{algorithm}: one unit left the window {window_ms * 5 // 10} ms ago, one is "
-            f"inside it; peek('alice'), peek('alice', 3) and try_acquire('alice', 4) (a cost "
-            f"above the limit of 3) must write nothing.\n  before {before}\n  after  {after}"
-            f"\n  ({calls})"
+            f"{algorithm}: one unit left the window "
+            f"{first_wait_ms + second_wait_ms - window_ms} ms ago, one is inside it; "
+            f"peek('alice'), peek('alice', 3) and try_acquire('alice', 4) (a cost above the "
+            f"limit of 3) must write nothing.\n  before {before}\n  after  {after}\n  ({calls})"
         )
 
 
@@ -670,6 +678,81 @@ def test_stage3_server_time_stepping_back_neither_mints_nor_burns(
                     "(every write, a refund's too, keeps the later time):\n  "
                     + "\n  ".join(done[-12:]),
                 )
+
+
+#: Limit 3 per 1 s: a denial 0.5 s after the key was used, then TIME 0.4 s back.
+DENIAL_THEN_STEP_BACK: list[Step] = [
+    ("", 0, "try_acquire", 2),
+    ("on 0.5 s", 500_000, "try_acquire", 3),  # denied
+    ("back 0.4 s", -400_000, "try_acquire", 2),
+    ("", 0, "try_acquire", 1),
+    ("on 1 s", 1_000_000, "peek", 3),
+]
+
+
+@pytest.mark.rule("redis-denial", "server-time")
+@core
+def test_stage3_a_denial_leaves_the_key_time_where_it_was(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """A denied try_acquire changes nothing but the op counter: the server clock stepping
+    back afterwards finds the key as a peek would have left it."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("steps the server clock back: only fakeredis's clock can be moved")
+    redis_env.freeze_time()
+    for algorithm in ALGORITHMS:
+        node = fresh_node(stage_module, redis_env, algorithm, 3, 1_000_000)
+        model = ServerModel(algorithm, 3, 1_000_000)
+        walk = walk_server_steps(redis_env, node, model, DENIAL_THEN_STEP_BACK, "alice")
+        for got, want, done in walk:
+            expect(
+                got,
+                want,
+                f"{algorithm}, limit 3 per 1 s: a denial consumes nothing, as in stage 1, "
+                "where it changes nothing at all — not the key's stored time either. Evaluated "
+                "at the denial's instant after TIME steps back, the key would refill (or stamp "
+                "its next units) from a time it never reached:\n  " + "\n  ".join(done),
+            )
+
+
+#: Limit 2 per 1 s, from 0.1 s into a window: TIME 0.3 s back, the key emptied by a
+#: refund while the clock is behind it, then on less than the catch-up.
+EMPTIED_WHILE_BEHIND: list[Step] = [
+    ("", 0, "try_acquire", 1),
+    ("back 0.3 s", -300_000, "refund", 1),
+    ("", 0, "peek", 3),  # above the limit: the key as it stands
+    ("on 0.15 s", 150_000, "try_acquire", 2),
+    ("on 1 s", 1_000_000, "peek", 2),
+]
+
+
+@pytest.mark.rule("ttl-bound", "server-time")
+@core
+def test_stage3_a_key_emptied_while_time_is_behind_it_waits_for_the_catch_up(
+    stage_module: ModuleType, redis_env: RedisEnv
+) -> None:
+    """A key with no usage left is fresh only once TIME is back at its stored time: its
+    reset_after includes the catch-up, and its TTL (the time to fresh) outlasts it."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("steps the server clock back: only fakeredis's clock can be moved")
+    redis_env.freeze_time()
+    server = redis_env.server()
+    for algorithm in ALGORITHMS:
+        node = fresh_node(stage_module, redis_env, algorithm, 2, 1_000_000)
+        model = ServerModel(algorithm, 2, 1_000_000)
+        redis_env.pass_time((1_100_000 - server.time_us() % 1_000_000) * 1000)
+        for got, want, done in walk_server_steps(
+            redis_env, node, model, EMPTIED_WHILE_BEHIND, "alice"
+        ):
+            expect(
+                got,
+                want,
+                f"{algorithm}, limit 2 per 1 s, 0.1 s into a window: a key is evaluated at the "
+                "later of TIME and its stored time, so one left with no usage is not fresh "
+                "before TIME catches up: reset_after includes the catch-up, and the key must "
+                "not expire before then (TTL >= time to fresh) — expired, it is evaluated at "
+                "the earlier TIME:\n  " + "\n  ".join(done),
+            )
 
 
 # --------------------------------------------------------------------------- properties

@@ -14,7 +14,8 @@ probe-interval, busy-unavailable) · peeks and impossible costs in every failure
 skipping Redis until the probe a failure set is due (probe-interval) · the local share
 and its refill (failure-modes) · resets Redis cannot take (redis-reset, probe-interval)
 · what statistics() counts (fallback-counted) · a blackholed Redis (socket-timeout) ·
-probes that fail (probe-interval) · script errors (script-error-raised) · SCRIPT FLUSH and restarts
+probes that fail, and a reply in flight across another call's failure (probe-interval) ·
+script errors (script-error-raised) · SCRIPT FLUSH and restarts
 (noscript-reload) · extended: the async limiter's unavailable replies, local resets,
 and refunds and resets during an outage (async-redis, busy-unavailable, refund-outage,
 redis-reset).
@@ -46,6 +47,7 @@ from katas.rate_limiter._testing.nodes import (
     flavour_behind_a_proxy,
     make_limiter,
 )
+from katas.rate_limiter._testing.replies import hold_after_reply
 from katas.rate_limiter.api import (
     NS_PER_S,
     Decision,
@@ -586,6 +588,45 @@ def test_stage3_a_failed_probe_skips_redis_for_another_interval(
     assert (stats.redis_decisions, stats.fallback_decisions, stats.redis_errors) == (2, 5, 2), (
         f"2 Redis decisions, 5 fallbacks, 2 Redis errors (two failed tries): {stats}"
     )
+
+
+@core
+@rule("probe-interval", "failure-modes")
+def test_stage3_a_reply_in_flight_does_not_cut_short_a_later_failures_interval(
+    stage_module: ModuleType, redis_env: RedisEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis answers one call, and before that call has its reply another call fails: the
+    failure is the later news, so Redis is skipped for the full interval from it."""
+    proxy, clock, limiter = behind_a_proxy(stage_module, redis_env, "closed")
+    assert isinstance(limiter.try_acquire("alice"), StampedDecision), "Redis is up"
+    gate = Gate("Redis has answered, the reply not yet handed back", limit=1)
+    hold_after_reply(monkeypatch, gate, "in flight")
+    first = spawn(lambda: limiter.try_acquire("alice"), "in flight")
+    gate.wait_arrived()
+    story = Story("failure_mode='closed', probe_interval_ns 1 s:", clock.now_ns, clock.now_ns())
+    story.add("try_acquire('alice') in a thread: Redis has answered, the reply not yet returned")
+    proxy.outage()
+    failed = limiter.try_acquire("bob")
+    story.add(f"Redis goes down; try_acquire('bob') -> {failed}, {limiter.statistics()}")
+    gate.open()
+    story.add(f"the reply returns: try_acquire('alice') -> {first.outcome('the held reply')}")
+    probing = (
+        "Redis is not tried again before failure + probe_interval_ns, and is tried at that "
+        "instant: a reply to a call sent before the failure says nothing about Redis since"
+    )
+    for at in (0, NS_PER_S - 1, NS_PER_S):
+        clock.set(story.origin_ns + at)
+        before = limiter.statistics()
+        d = limiter.try_acquire("carol")
+        after = limiter.statistics()
+        story.add(f"try_acquire('carol') -> {d}, {after}")
+        tried = after.redis_errors > before.redis_errors or isinstance(d, StampedDecision)
+        story.check(
+            tried == (at == NS_PER_S),
+            probing,
+            f"at the last step Redis must{'' if at == NS_PER_S else ' not'} be tried "
+            "(the failure's interval ends at +1 s)",
+        )
 
 
 @core

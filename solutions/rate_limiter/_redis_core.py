@@ -146,7 +146,11 @@ class RedisCore:
     def _decided(self, reply: bytes | str, server: str) -> StampedDecision:
         allowed, remaining, retry_us, reset_us, op, now_us = map(int, reply.split())
         with self._lock:
-            self._retry_at_ns.pop(server, None)  # it answers: stop skipping it
+            # It answers: stop skipping it. An interval still running was started by a
+            # failure while this call was in flight (it was sent when none ran): it stands.
+            retry_at = self._retry_at_ns.get(server)
+            if retry_at is not None and retry_at <= self._clock.now_ns():
+                del self._retry_at_ns[server]
             self._counts[0] += 1
         retry_ns = None if retry_us < 0 else retry_us * 1000
         return StampedDecision(

@@ -7,7 +7,9 @@ TTL. Shared rules, as in stage 1:
 
 - ``eff = max(TIME, ts)``: stored time never decreases; waits add ``eff - TIME``.
 - A denial consumes nothing. It only bumps the key's operation counter ``n``, which
-  with the server time orders every decision on a key (the checker replays them).
+  with the server time orders every decision on a key (the checker replays them): it
+  writes back the state it read, time included, so a later step back of the server
+  clock finds the key as a peek would have left it.
 - State is a string ``"field field …"`` written with ``SET … PX``: value and TTL in
   one command, so no key can ever exist without its TTL.
 - ``peek`` (ARGV[4] = "p") and a cost above the limit write nothing.
@@ -52,9 +54,9 @@ end
 """
 
 # KEYS[1]: string "tokens ts n", tokens scaled by window: a token is `window` sub-units
-# and each µs refills `limit` of them — integers only. A denial rewrites the same
-# balance, brought forward to eff (refill is linear, and a denied bucket is never
-# capped), so it consumes nothing; SET … PX writes value and TTL in one command.
+# and each µs refills `limit` of them — integers only. A denial writes back the balance
+# and time it read (only n moves): brought forward to eff, a step back of TIME would
+# then refill from the denial's instant. SET … PX writes value and TTL in one command.
 TOKEN_BUCKET = (
     _PRELUDE
     + """
@@ -67,6 +69,7 @@ if st then
 end
 local eff = math.max(now, ts)
 local catch = eff - now
+local state = int(tokens) .. ' ' .. int(ts)  -- what a denial writes back
 tokens = math.min(cap, tokens + math.min(eff - ts, window) * limit)
 local need = cost * window
 local retry = 0
@@ -77,7 +80,8 @@ else tokens = tokens - need end
 local reset = catch + cdiv(cap - tokens, limit)
 if acquire or (refund and st) then
   n = n + 1
-  redis.call('SET', KEYS[1], int(tokens) .. ' ' .. int(eff) .. ' ' .. int(n), 'PX', px(reset))
+  if retry == 0 then state = int(tokens) .. ' ' .. int(eff) end
+  redis.call('SET', KEYS[1], state .. ' ' .. int(n), 'PX', px(reset))
 end
 return reply(retry, fdiv(tokens, window), reset, n)
 """
@@ -112,7 +116,7 @@ elseif used + cost > limit then
                        'LIMIT', used + cost - limit - 1, 1)
   retry = tonumber(e[2]) + window - now
 else used = used + cost end
-local reset = 0
+local reset = eff - now  -- the catch-up: fresh once TIME is back at eff
 if used > 0 then
   local newest = eff
   if retry ~= 0 or refund then
@@ -136,8 +140,8 @@ if acquire or (refund and st) then
       end
     end
   end
-  if retry == 0 then redis.call('PEXPIRE', KEYS[2], ttl) end  -- the log changed
-  redis.call('SET', KEYS[1], int(eff) .. ' ' .. int(n), 'PX', ttl)
+  if retry == 0 then ts = eff; redis.call('PEXPIRE', KEYS[2], ttl) end  -- the log changed
+  redis.call('SET', KEYS[1], int(ts) .. ' ' .. int(n), 'PX', ttl)  -- a denial keeps ts
 end
 return reply(retry, limit - used, reset, n)
 """
@@ -163,11 +167,12 @@ if refund then used = used - math.min(cost, used)
 elseif cost > limit then retry = -1
 elseif used + cost > limit then retry = left
 else used = used + cost end
-local reset = 0
+local reset = eff - now  -- the catch-up: fresh once TIME is back at eff
 if used > 0 then reset = left end
 if acquire or (refund and st) then
   n = n + 1
-  redis.call('SET', KEYS[1], int(start) .. ' ' .. int(used) .. ' ' .. int(eff) .. ' ' .. int(n),
+  if retry == 0 then ts = eff end  -- a denial writes back the time it read
+  redis.call('SET', KEYS[1], int(start) .. ' ' .. int(used) .. ' ' .. int(ts) .. ' ' .. int(n),
              'PX', px(reset))
 end
 return reply(retry, limit - used, reset, n)

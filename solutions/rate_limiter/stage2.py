@@ -55,11 +55,47 @@ def _check_timeout(timeout_ns: int | None) -> None:
 class _Waiter:
     """One caller queued on a key; compared by identity."""
 
-    __slots__ = ("cost", "wake")
+    __slots__ = ("cost", "due", "wake")
 
     def __init__(self, cost: int) -> None:
         self.cost = cost
+        # As the head: the earliest instant its cost may fit (its last denial, or a
+        # refund's instant). A head woken past its deadline is admitted only if that was
+        # no later than the deadline; None: not known, so not admitted then.
+        self.due: int | None = None
         self.wake: anyio.Event | None = None  # tasks only: set to make it look again
+
+
+def _late(me: _Waiter, now: int, deadline: int | None) -> bool:
+    """True if the head woke past its deadline and its cost fitted only after it."""
+    return deadline is not None and now > deadline and (me.due is None or me.due > deadline)
+
+
+def _fits_at_deadline(
+    inner: RateLimiter, key: str, queue: deque[_Waiter], me: _Waiter, deadline: int, now: int
+) -> bool:
+    """A waiter behind the head, awake at its deadline: do it and those ahead fit now?
+
+    If so it must not give up: it waits for them to take their share, then takes its own.
+    """
+    if now > deadline:
+        return False
+    demand = 0
+    for waiter in queue:
+        demand += waiter.cost
+        if waiter is me:
+            break
+    if not inner.peek(key, demand).allowed:
+        return False
+    me.due = now  # it fitted by its deadline, however late its turn comes
+    return True
+
+
+def _may_fit_now(queue: deque[_Waiter] | None, now: int) -> None:
+    """A refund or a reset at ``now``: the head's cost may fit from then on."""
+    if queue:
+        head = queue[0]
+        head.due = now if head.due is None else min(head.due, now)
 
 
 def _queued_denial(inner: RateLimiter, key: str, cost: int, queue: deque[_Waiter]) -> Decision:
@@ -70,8 +106,14 @@ def _queued_denial(inner: RateLimiter, key: str, cost: int, queue: deque[_Waiter
     hand — a lower bound, as refunds aside nothing arrives sooner.
     """
     alone = inner.peek(key, cost)
-    if alone.retry_after_ns is None:  # can never fit, queue or not
-        return alone
+    if alone.retry_after_ns is None:  # can never fit, queue or not; the units are the queue's
+        return Decision(
+            allowed=False,
+            limit=alone.limit,
+            remaining=0,
+            retry_after_ns=None,
+            reset_after_ns=alone.reset_after_ns,
+        )
     ahead = sum(w.cost for w in queue)
     together = inner.peek(key, min(ahead + cost, alone.limit)).retry_after_ns or 0
     return Decision(
@@ -205,13 +247,19 @@ class ThreadSafeLimiter:
             while True:
                 wake_at = deadline
                 if queue[0] is me:  # only the head may take units: FIFO
+                    if _late(me, self._clock.now_ns(), deadline):
+                        return False
                     decision = self._inner.try_acquire(key, cost)
                     if decision.allowed:
                         return True
-                    due = self._clock.now_ns() + (decision.retry_after_ns or 0)
+                    due = me.due = self._clock.now_ns() + (decision.retry_after_ns or 0)
                     wake_at = due if deadline is None else min(due, deadline)
-                if deadline is not None and self._clock.now_ns() >= deadline:
-                    return False
+                if deadline is not None and (now := self._clock.now_ns()) >= deadline:
+                    if queue[0] is me or not _fits_at_deadline(
+                        self._inner, key, queue, me, deadline, now
+                    ):
+                        return False
+                    wake_at = None  # until those ahead leave: it is then the head
                 self._clock.wait_until_ns(cond, wake_at)
         finally:
             queue.remove(me)
@@ -224,16 +272,18 @@ class ThreadSafeLimiter:
     def refund(self, key: str, cost: int) -> None:
         """Give back ``cost`` units (capped), and let waiters look at them."""
         _check_int("cost", cost, 1)
-        cond, _ = self._stripe(key)
+        cond, queues = self._stripe(key)
         with cond:
             self._inner.refund(key, cost)
+            _may_fit_now(queues.get(key), self._clock.now_ns())
             cond.notify_all()
 
     def reset(self, key: str) -> None:
         """Return ``key`` to fresh; its waiters look again."""
-        cond, _ = self._stripe(key)
+        cond, queues = self._stripe(key)
         with cond:
             self._inner.reset(key)
+            _may_fit_now(queues.get(key), self._clock.now_ns())
             cond.notify_all()
 
     def tracked_keys(self) -> int:
@@ -298,13 +348,19 @@ class AsyncLimiter:
             while True:
                 wake_at = deadline
                 if queue[0] is me:
+                    if _late(me, self._clock.now_ns(), deadline):
+                        return False
                     decision = self._inner.try_acquire(key, cost)
                     if decision.allowed:
                         return True  # no await after consuming: a cancel cannot undo it
-                    due = self._clock.now_ns() + (decision.retry_after_ns or 0)
+                    due = me.due = self._clock.now_ns() + (decision.retry_after_ns or 0)
                     wake_at = due if deadline is None else min(due, deadline)
-                if deadline is not None and self._clock.now_ns() >= deadline:
-                    return False
+                if deadline is not None and (now := self._clock.now_ns()) >= deadline:
+                    if queue[0] is me or not _fits_at_deadline(
+                        self._inner, key, queue, me, deadline, now
+                    ):
+                        return False
+                    wake_at = None  # until nudged as the head
                 await self._sleep(me, wake_at)
         finally:  # admitted, timed out or cancelled: leave, and wake the new head
             queue.remove(me)
@@ -351,6 +407,7 @@ class AsyncLimiter:
         _check_int("cost", cost, 1)
         self._inner.refund(key, cost)
         if queue := self._queues.get(key):
+            _may_fit_now(queue, self._clock.now_ns())
             self._nudge(queue[0])
 
     def statistics(self) -> LimiterStatistics:
