@@ -1,8 +1,8 @@
 """Stage 2 suite, the edges of its rules (see katas/job_scheduler/README.md, "Stage 2"): a
 job lost while its async handler runs, a handler's own exception types and the text each
 pool nacks them with, the default heartbeat interval's rounding, a submit of a job due
-sooner than the async workers' next deadline, and ``in_flight`` once an async shutdown has
-released its jobs.
+sooner than the async workers' next deadline, ``in_flight`` once an async shutdown has
+released its jobs, and a timeout that comes after the job was lost.
 
 Deterministic as the stage's other files are: a ``WatchedClock`` moved by the test, the
 harness's ``settle()`` for the async pool, handlers that wait for the test.
@@ -11,7 +11,8 @@ Map: a job lost mid-run, async (heartbeat-lost, pool-statistics, async-pool) · 
 exception a handler raises (handler-error-nacked) · the nack's text in the async pool, an
 empty message included (handler-error-nacked, async-pool) · the default interval
 (heartbeat-default) · a sooner job submitted (no-busy-waiting, async-pool) · in flight
-after shutdown (pool-statistics, async-shutdown-cancels).
+after shutdown (pool-statistics, async-shutdown-cancels) · a lost job's timeout
+(async-timeout, heartbeat-lost, pool-statistics).
 """
 
 from __future__ import annotations
@@ -252,4 +253,34 @@ async def test_stage2_async_nothing_is_in_flight_once_shutdown_released_its_jobs
         (stats.in_flight, stats.released) == (0, 2),
         "async pool: two handlers running at shutdown(0) are cancelled and their jobs "
         f"released: nothing is in flight after it; got {stats}",
+    )
+
+
+@marks.rule("async-timeout", "heartbeat-lost", "pool-statistics")
+@extended
+@anyio_test
+async def test_stage2_async_a_lost_job_that_times_out_counts_lost_not_timed_out() -> None:
+    """The job is cancelled while its async handler runs; then its timeout comes. The
+    handler is cancelled, but the nack with TIMED_OUT is refused: the job is lost, and a
+    refused nack counts neither in timed_out nor in failed."""
+
+    async def handler(lease: Lease, payload: Any) -> Any:
+        await anyio.sleep_forever()
+
+    timeout = EVERY  # sooner than the first default heartbeat (lease // 3)
+    clock = WatchedClock(START)
+    _, queue, pool = new_async_pool(handler, workers=1, clock=clock, timeout_ns=timeout)
+    async with running_async(pool):
+        job_id = pool.submit("cancelled, then timed out")
+        await settle()
+        assert queue.cancel(job_id) is True
+        clock.advance(timeout)
+        await settle()
+        stats = pool.statistics()
+    check(
+        (stats.timed_out, stats.failed, stats.lost, stats.in_flight) == (0, 0, 1, 0),
+        f"async pool, timeout_ns={timeout}: the job cancelled while its handler ran; at "
+        f"{timeout} ns the handler is cancelled and its nack with TIMED_OUT refused "
+        "(StaleLease): the job counts as lost only — timed_out, like failed, counts a "
+        f"nack made; expected timed_out 0, failed 0, lost 1, nothing in flight; got {stats}",
     )

@@ -16,7 +16,8 @@ Map: a job claimed at its run time is heartbeaten (heartbeats, async-pool) · tw
 whose beats alternate, each at its own instants (heartbeats) · the next
 heartbeat counts from the last one made (heartbeats, heartbeat-default, async-pool) ·
 one job, two runs (heartbeats, pool-statistics, bounded-in-flight) · heartbeats through
-the grace period (heartbeats, shutdown-grace, async-pool).
+the grace period (heartbeats, shutdown-grace, async-pool) · a job the queue forgot in a
+stall (heartbeat-lost, shutdown-grace, pool-statistics, async-pool).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from katas._harness.resting import SelfWakingClock, WatchedClock, wait_at
 from katas._harness.story import Story, check
 from katas._harness.virtual_time import settle
 from katas._harness.waiting import DEADLINE_S, eventually, spawn
+from katas._runtime.todo import Todo
 from katas.job_scheduler._testing.clocks import AFTER_A_JUMP, JUMP_EVERY, judge_beats_after_a_jump
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
@@ -48,7 +50,13 @@ from katas.job_scheduler._testing.pools import (
     stat,
 )
 from katas.job_scheduler._testing.queues import LEASE, START, rel
-from katas.job_scheduler.api import JobQueue, JobState, Lease
+from katas.job_scheduler.api import (
+    DEFAULT_RETENTION_NS,
+    JobQueue,
+    JobState,
+    Lease,
+    PoolStatistics,
+)
 
 pytestmark = [pytest.mark.stage(2)]
 
@@ -441,3 +449,149 @@ def test_stage2_a_handler_that_raises_after_its_job_was_lost_counts_lost_not_fai
             f"nack was refused (StaleLease): the job counts as lost, not failed too; got "
             f"failed {stats.failed}, lost {stats.lost}",
         )
+
+
+# --- a lost job the queue has forgotten --------------------------------------------------
+
+#: A stall that outlasts a running job's lease and then its retention: the job dies (one
+#: attempt) and the queue forgets it, so its lease is answered with JobNotFound.
+FORGOTTEN = LEASE + DEFAULT_RETENTION_NS
+
+FORGOTTEN_RULE = (
+    "a lease the queue no longer honours — StaleLease, or JobNotFound once its job was "
+    "forgotten after its retention — is a lost job: its heartbeats stop, its ack and its "
+    "release are refused, it counts as lost, and the pool runs on"
+)
+
+
+@marks.rule("heartbeat-lost", "shutdown-grace", "pool-statistics")
+@core
+def test_stage2_a_job_the_queue_forgot_in_a_stall_is_lost_and_the_pool_runs_on() -> None:
+    stalls = Stalls()
+    first, second = stalls.hold("a"), stalls.hold("b")
+    clock = WatchedClock(START)
+    _, queue, pool = new_pool(stalls.handler, workers=2, clock=clock, heartbeat_every_ns=EVERY)
+    others = set(threading.enumerate())
+    story = Story(
+        f"2 workers, lease {LEASE}, 1 attempt, heartbeat_every_ns={EVERY}:", clock.now_ns, START
+    )
+    seen: list[tuple[int, int | None, int]] = []  # (heartbeats, b's lease end, now)
+    refused: list[Exception] = []
+    # Judged once the pool is shut down: a check failing inside would leave a shutdown to
+    # the way out, and what it raised would hide the check's message.
+    with running(pool):
+        pool.submit("a")
+        eventually(lambda: stalls.entered == [("a", 1)], "a's handler running")
+        clock.settle(others, stalls.busy)
+        clock.advance(FORGOTTEN)
+        clock.settle(others, stalls.busy)
+        story.add(f"a claimed; a stall of lease + retention ({FORGOTTEN} ns): a is forgotten")
+        b = pool.submit("b")
+        eventually(lambda: ("b", 1) in stalls.entered, "b's handler running")
+        clock.settle(others, stalls.busy)
+        story.add("b submitted and claimed by the other worker")
+        for _ in range(3):
+            clock.advance(EVERY)
+            clock.settle(others, stalls.busy)
+            seen.append((pool.statistics().heartbeats, _lease_ends(queue, b), clock.now_ns()))
+            story.add(f"advance({EVERY}): {seen[-1][0]} heartbeat(s)")
+        first.set()
+        eventually(lambda: len(stalls.busy) == 1, "a's handler returning")
+        clock.settle(others, stalls.busy)
+        after_a = pool.statistics()
+        story.add(f"a's handler returns: {after_a}")
+        clock.advance(FORGOTTEN)
+        clock.settle(others, stalls.busy)
+        story.add(f"another stall of {FORGOTTEN} ns: b is forgotten too; shutdown(0)")
+        try:
+            pool.shutdown(0)
+        except Exception as exc:
+            refused.append(exc)
+        second.set()
+        eventually(lambda: not stalls.busy, "b's handler returning")
+    for beat, (beats, ends, now) in enumerate(seen, start=1):
+        story.check(
+            (beats, ends) == (beat, now + LEASE),
+            FORGOTTEN_RULE,
+            f"expected b heartbeaten {beat} time(s), its lease to {rel(now + LEASE)}; its "
+            f"lease ends {rel(ends)}",
+        )
+    story.check(
+        (after_a.lost, after_a.succeeded, after_a.in_flight) == (1, 0, 1),
+        FORGOTTEN_RULE,
+        "expected a lost (its ack refused), nothing succeeded, b still in flight",
+    )
+    stats = pool.statistics()
+    story.check(not refused, FORGOTTEN_RULE, f"shutdown(0) raised {refused[:1]!r}")
+    story.check(
+        (stats.lost, stats.released, stats.in_flight) == (2, 0, 0),
+        FORGOTTEN_RULE,
+        f"expected shutdown to count b lost (2 lost, none released, none in flight); {stats}",
+    )
+
+
+@marks.rule("heartbeat-lost", "async-shutdown-cancels", "pool-statistics", "async-pool")
+@extended
+@anyio_test
+async def test_stage2_async_a_job_the_queue_forgot_in_a_stall_is_lost_and_the_pool_runs_on() -> (
+    None
+):
+    events = {"a": anyio.Event(), "b": anyio.Event()}
+
+    async def handler(lease: Lease, payload: Any) -> Any:
+        await events[payload].wait()
+        return payload
+
+    clock = WatchedClock(START)
+    _, queue, pool = new_async_pool(handler, workers=2, clock=clock, heartbeat_every_ns=EVERY)
+    story = Story(
+        f"async, 2 workers, lease {LEASE}, 1 attempt, heartbeat_every_ns={EVERY}:",
+        clock.now_ns,
+        START,
+    )
+    seen: list[tuple[int, int | None, int]] = []  # (heartbeats, b's lease end, now)
+    after_a: list[PoolStatistics] = []
+    try:
+        async with running_async(pool):
+            pool.submit("a")
+            await settle()
+            clock.advance(FORGOTTEN)
+            story.add(f"a claimed; a stall of lease + retention ({FORGOTTEN} ns): a is forgotten")
+            await settle()
+            b = pool.submit("b")
+            await settle()
+            story.add("b submitted and claimed by the other worker")
+            for _ in range(3):
+                clock.advance(EVERY)
+                await settle()
+                seen.append((pool.statistics().heartbeats, _lease_ends(queue, b), clock.now_ns()))
+                story.add(f"advance({EVERY}): {seen[-1][0]} heartbeat(s)")
+            events["a"].set()
+            await settle()
+            after_a.append(pool.statistics())
+            story.add(f"a's handler returns: {after_a[0]}")
+            clock.advance(FORGOTTEN)
+            await settle()
+            story.add(f"another stall of {FORGOTTEN} ns: b is forgotten too; shutdown(0)")
+    except Todo:
+        raise
+    except Exception as exc:
+        story.check(False, FORGOTTEN_RULE, f"the pool raised {exc!r}")
+    for beat, (beats, ends, now) in enumerate(seen, start=1):
+        story.check(
+            (beats, ends) == (beat, now + LEASE),
+            FORGOTTEN_RULE,
+            f"expected b heartbeaten {beat} time(s), its lease to {rel(now + LEASE)}; its "
+            f"lease ends {rel(ends)}",
+        )
+    story.check(
+        (after_a[0].lost, after_a[0].succeeded, after_a[0].in_flight) == (1, 0, 1),
+        FORGOTTEN_RULE,
+        "expected a lost (its ack refused), nothing succeeded, b still in flight",
+    )
+    stats = pool.statistics()
+    story.check(
+        (stats.lost, stats.released, stats.in_flight) == (2, 0, 0),
+        FORGOTTEN_RULE,
+        f"expected shutdown to count b lost (2 lost, none released, none in flight); {stats}",
+    )

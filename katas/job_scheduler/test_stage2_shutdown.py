@@ -5,7 +5,8 @@ The stage's first file, ``test_stage2.py``, has the examples of every rule and
 ``test_stage2_heartbeats.py`` the heartbeats'; here: a submit that must wake an idle
 worker whichever thread waits longest, a handler that returns long before its timeout,
 who counts as idle, a job whose lease is already stale when shutdown comes to release
-it, and a lost job whose handler ends while shutdown waits for it.
+it, a lost job whose handler ends while shutdown waits for it, and a job released
+before its handler began.
 
 How these tests stay deterministic: the clock is a ``WatchedClock`` (an ``OrderedClock``,
 where the order in which a condition's waiters wake matters), so a test waits until
@@ -17,7 +18,8 @@ Map: a submit wakes an idle worker (no-busy-waiting) · a handler done before it
 (handler-acked, async-timeout) · idle workers (pool-statistics, bounded-in-flight,
 async-pool) · a lease already stale at shutdown (pool-statistics, shutdown-grace,
 heartbeat-lost, async-shutdown-cancels) · a lost job's handler ending during the grace
-period (shutdown-grace, heartbeat-lost, pool-statistics, async-pool).
+period (shutdown-grace, heartbeat-lost, pool-statistics, async-pool) · a job released
+between its claim and its handler (late-result-dropped, shutdown-grace, one-worker-per-job).
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ from katas._harness.marks import anyio_test, core, extended
 from katas._harness.resting import WatchedClock
 from katas._harness.story import Story, check
 from katas._harness.virtual_time import settle
-from katas._harness.waiting import eventually, spawn
+from katas._harness.waiting import DEADLINE_S, eventually, spawn
 from katas.job_scheduler._testing.clocks import WAKE_ORDERS, OrderedClock
+from katas.job_scheduler._testing.gaps import pool_paused_after_a_claim
 from katas.job_scheduler._testing.pools import (
     AsyncGate,
     Gate,
@@ -404,3 +407,42 @@ async def test_stage2_async_shutdown_returns_when_a_lost_jobs_handler_finishes(
     if returned_at is None and stopped:
         returned_at = stopped[0]
     _judge_lost_during_grace("async pool", how, ending, waiting, returned_at, at, stats)
+
+
+# --- a job released between its claim and its handler -------------------------------------
+
+
+@marks.rule("late-result-dropped", "shutdown-grace", "one-worker-per-job")
+@core
+def test_stage2_a_job_released_before_its_handler_began_is_never_handed_to_it() -> None:
+    """A worker has claimed a job and left the pool's lock, but not yet called its handler;
+    shutdown(0) comes in that gap and releases the job (READY again, for another worker
+    anywhere to claim). The worker must not start the handler then: once shutdown has
+    returned, no handler of the pool begins."""
+    began: list[Any] = []
+    resume = threading.Event()
+
+    def handler(lease: Lease, payload: Any) -> Any:
+        began.append(payload)
+        return payload
+
+    others = set(threading.enumerate())
+    _, queue, pool, claimed = pool_paused_after_a_claim(handler, resume)
+    pool.start()
+    try:
+        job_id = pool.submit("job")
+        check(claimed.wait(DEADLINE_S), "the worker must claim the submitted job")
+        pool.shutdown(0)  # the worker stands after its claim's lock section
+    finally:
+        resume.set()
+    threads = [t for t in threading.enumerate() if t not in others]
+    eventually(lambda: not any(t.is_alive() for t in threads), "the pool's threads to exit")
+    job, stats = queue.get(job_id), pool.statistics()
+    check(
+        not began and job.state is JobState.READY and stats.released == 1,
+        "late-result-dropped: a worker claimed the job and left the pool's lock; before it "
+        "called the handler, shutdown(0) released the job (READY again, attempt refunded) "
+        "and returned; the worker then went on: expected the handler never called, the job "
+        f"READY, 1 released; got the handler called with {began}, the job "
+        f"{job.state.value}, {stats}",
+    )

@@ -1,7 +1,8 @@
 """Stage 3 suite, the queue on Redis, at the edges of its rules: a lease on a job the
 queue does not hold, an effect held however its job comes back, a death the settle
 notices only once its retention is over, a cancel meeting a finished job, and idempotency
-records of different ages (see katas/job_scheduler/README.md, "Stage 3").
+records of different ages, and more leases or finished jobs passing their end at once than a
+script settles (see katas/job_scheduler/README.md, "Stage 3").
 
 Runs on fakeredis by default, like the rest of the stage (``test_stage3.py`` tells how
 time is placed): the server clock is frozen and moved by the test; tests marked
@@ -17,7 +18,11 @@ its retention's end, or 1 µs before, by each kind of read (redis-settle-first,
 ttl-retention) · cancel of a job SUCCEEDED, CANCELLED, DEAD by a nack, or DEAD by the
 expiry its own settle applies: False, and the job left as it was (redis-extended,
 redis-settle-first) · a key enqueued after another outliving the other's TTL, held to its
-own last µs (redis-idempotency, redis-dedup-ttl, ttl-retention).
+own last µs (redis-idempotency, redis-dedup-ttl, ttl-retention) · 1 001 leases ending at
+one µs, the last one's zombie calling first: stale at once (redis-attempts, redis-stale,
+redis-fenced) · 1 005 finished jobs passing their retention at one µs: statistics() counts
+none of them (ttl-retention) · a finished job's fields gone at its retention's end, on a
+busy queue or at the first call after a crash (bounded-memory).
 """
 
 from __future__ import annotations
@@ -35,11 +40,20 @@ from katas.job_scheduler._testing.redis_queues import (
     claim,
     effect_store,
     fail_fast_on_redis_stubs,  # noqa: F401 (autouse)
+    finish,
+    key_sizes,
     new_queue,
     state_or_none,
 )
 from katas.job_scheduler._testing.states import CANCELLED, DEAD, SUCCEEDED
-from katas.job_scheduler.api import JobNotFound, Lease, QueueStatistics, StaleLease
+from katas.job_scheduler.api import (
+    EffectStore,
+    JobNotFound,
+    Lease,
+    QueueStatistics,
+    SharedJobQueue,
+    StaleLease,
+)
 
 pytestmark = [pytest.mark.stage(3)]
 
@@ -307,3 +321,130 @@ def test_stage3_a_later_idempotency_key_outlives_an_earlier_ones_ttl(redis_env: 
     story.expect(queue.statistics().idempotency_keys, 1, f"{invariant}; idempotency_keys")
     late = queue.enqueue("b late", idempotency_key="b")
     story.check(late != b, invariant, f"key 'b' at its TTL's end returned its old job {b}")
+
+
+#: What a zombie sends first once its lease has expired with more than a script settles at
+#: once: each must find the lease stale and write nothing.
+ZOMBIE_CALLS: dict[str, Callable[[SharedJobQueue, EffectStore, Lease], object]] = {
+    "heartbeat": lambda queue, store, lease: queue.heartbeat(lease),
+    "ack": lambda queue, store, lease: queue.ack(lease, "the zombie's result"),
+    "commit": lambda queue, store, lease: store.commit(lease, "charged"),
+}
+
+
+@rule("redis-attempts", "redis-stale", "redis-fenced", "redis-extended")
+@extended
+@pytest.mark.parametrize("call", list(ZOMBIE_CALLS))
+def test_stage3_a_lease_expired_with_a_thousand_others_is_stale_at_once(
+    redis_env: RedisEnv, call: str
+) -> None:
+    """max_attempts=1: 1 001 jobs claimed at one instant, their workers gone; at the very
+    µs their leases end, the last one's zombie calls first. A lease is live only while
+    now < expires_at_ns, however many expire together and however few of them a script's
+    bounded settle reaches: the zombie's call is refused (StaleLease), and the job dies of
+    its expiry, with no effect and no result."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("a real server's clock runs while 1 001 leases are taken: they differ")
+    redis_env.freeze_time()
+    lease_ns, many = 100 * MS, 1001
+    queue = new_queue(redis_env, lease_ns=lease_ns, max_attempts=1)
+    store = effect_store(queue)
+    for i in range(many):
+        queue.enqueue(i)
+    leases = [claim(queue, f"w{i}") for i in range(many)]
+    zombie = leases[-1]
+    now = _server_now(redis_env)
+    story = Story(f"max_attempts=1, lease_ns={lease_ns}: {many} jobs claimed", now, now())
+    redis_env.pass_time(zombie.expires_at_ns - now())
+    story.add(f"every lease's expires_at_ns: {many} leases expire together")
+    invariant = (
+        "a lease is live only while now < expires_at_ns: an expired one is stale, "
+        "whatever is left to settle"
+    )
+    got = refusal(StaleLease, lambda: ZOMBIE_CALLS[call](queue, store, zombie))
+    story.add(f"{call}(lease of {zombie.job_id}, token {zombie.token}) -> {got!r}")
+    story.expect(got, True, f"{invariant}; the zombie's {call} (True: StaleLease)")
+    job = queue.get(zombie.job_id)
+    story.expect(
+        (job.state, job.finished_at_ns, job.result), (DEAD, zombie.expires_at_ns, None),
+        f"{invariant}; its expiry killed the job, the refused {call} wrote nothing: "
+        "(state, finished_at_ns, result)",
+    )  # fmt: skip
+    story.expect(store.effects().get(zombie.job_id), None, f"{invariant}; the job's effect")
+
+
+@rule("ttl-retention")
+@extended
+def test_stage3_statistics_counts_no_job_past_its_retention_however_many_pass_it(
+    redis_env: RedisEnv,
+) -> None:
+    """1 005 jobs finish at one instant — most cancelled, the last 15 in turn acked, dead
+    by a nack and cancelled — and one of each kind half a retention later. At the end of
+    the first ones' retention exactly, statistics() counts only the later three: however
+    many pass their retention at once, none is counted past it."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("a real server's clock runs while 1 005 jobs finish: they differ")
+    redis_env.freeze_time()
+    retention, many = 100 * MS, 1005
+    queue = new_queue(redis_env, retention_ns=retention, max_attempts=1)
+    for i in range(many - 15):
+        queue.cancel(queue.enqueue(i))
+    for i in range(many - 15, many):
+        queue.enqueue(i)
+        finish(queue, claim(queue), i % 3)  # ack, nack (dead: max_attempts=1), cancel
+    now = _server_now(redis_env)
+    story = Story(f"retention_ns={retention}: {many} jobs finished", now, now())
+    redis_env.pass_time(retention // 2)
+    for turn in range(3):
+        queue.enqueue(f"late {turn}")
+        finish(queue, claim(queue), turn)
+    story.add("one more acked, one dead by a nack, one cancelled")
+    redis_env.pass_time(retention // 2)
+    story.add(f"the first {many} jobs' retention ends")
+    story.expect(
+        queue.statistics(), QueueStatistics(0, 0, 0, 1, 1, 1, 0),
+        "a finished job is counted by statistics() until its retention ends, and not from "
+        "then on, however many pass it at once; statistics()",
+    )  # fmt: skip
+
+
+@rule("bounded-memory", "ttl-retention")
+@extended
+@pytest.mark.parametrize("how", ["finished_one_after_another", "died_with_nobody_calling"])
+def test_stage3_a_finished_jobs_fields_go_when_its_retention_ends(
+    redis_env: RedisEnv, how: str
+) -> None:
+    """retention_ns=100 ms, leases 50 ms. Jobs cancelled at 0, 60 and 120 ms (the newest
+    keeps every TTL of the history alive): the call at 160 ms must let the one cancelled
+    at 60 ms go. Or a job claimed at 0 whose worker crashed, nobody calling until 150 ms:
+    that call's settle kills it at 50 ms and lets it go at once. Either way the queue
+    holds less after that call than before it: a finished job's fields and index members
+    go when its own retention ends, not when some TTL or a later call reaches them."""
+    if not redis_env.time_is_controlled:
+        pytest.skip("a real server's clock cannot be stopped at the retention's very µs")
+    redis_env.freeze_time()
+    queue = new_queue(redis_env, retention_ns=100 * MS, lease_ns=50 * MS, max_attempts=1)
+    now = _server_now(redis_env)
+    story = Story("retention_ns=100 ms, lease_ns=50 ms, max_attempts=1:", now, now())
+    if how == "died_with_nobody_calling":
+        queue.enqueue("crashes")
+        claim(queue)
+        story.add("a job claimed; its worker crashes, and nobody calls")
+        before = key_sizes(redis_env)
+        redis_env.pass_time(150 * MS)
+    else:
+        for at in (0, 60, 120):
+            redis_env.pass_time(at * MS - (now() - story.origin_ns))
+            queue.cancel(queue.enqueue("cancelled"))
+            story.add("a job enqueued and cancelled")
+        before = key_sizes(redis_env)  # the jobs cancelled at 60 and 120 ms
+        redis_env.pass_time(40 * MS)
+    queue.statistics()
+    story.add("statistics(): a job's retention ends now")
+    after = key_sizes(redis_env)
+    story.check(
+        sum(after.values()) < sum(before.values()),
+        "a finished job's fields and index members go when its own retention ends",
+        f"the queue held {sum(before.values())} members and fields before, "
+        f"{sum(after.values())} after: {after}",
+    )

@@ -18,8 +18,10 @@ worker-heartbeats; the first heartbeat however late the heartbeat thread wakes:
 worker-heartbeat-default; a clock an hour off the server's either way: worker-clock,
 fault-skew; worker-nack, worker-events, worker-run, worker-poll, worker-loop; held at an
 exact point of its loop: worker-stale-drops, worker-outage, worker-stop; a release at
-the grace deadline meeting a stale lease: worker-stale-drops; the heartbeat thread
-through every refusal and a lost job: worker-heartbeats, busy-unavailable) · SIGKILL
+the grace deadline meeting a stale lease: worker-stale-drops; or an outage, waited out:
+worker-outage, worker-stop; a release between commit and ack: worker-events; the
+heartbeat thread through every refusal and a lost job: worker-heartbeats,
+busy-unavailable) · SIGKILL
 mid-job (fault-sigkill) · SIGSTOP past the lease (fault-sigstop, worker-stale-drops) · a
 poison job (fault-poison) · a job three leases long (fault-long-job) · SIGTERM during a
 burst (fault-sigterm, worker-stop) · an outage and a restart (fault-outage,
@@ -634,6 +636,14 @@ def test_stage3_a_second_stop_never_extends_the_grace(
     )
 
 
+class _NotTheWorkers(set[threading.Thread]):
+    """Threads alive before the test, and those the proxy starts for each connection the
+    worker opens through it (a cluster client opens more): none is the worker's."""
+
+    def __contains__(self, thread: object) -> bool:
+        return super().__contains__(thread) or getattr(thread, "name", "").startswith("faultproxy")
+
+
 @rule("worker-stop")
 @extended
 @pytest.mark.parametrize("outcome", ["returns", "raises"])
@@ -652,18 +662,23 @@ def test_stage3_a_job_released_at_the_grace_deadline_drops_its_handlers_result(
         return {"charge": effect}
 
     clock = WatchedClock(10**12)
-    queue, worker, _, events = in_process_worker(redis_env, handler, clock=clock, max_attempts=3)
+    proxy = redis_env.proxy()  # counts what the worker sends
+    client = redis_env.server().proxied_client(proxy)
+    queue, worker, _, events = in_process_worker(redis_env, handler, clock, client, max_attempts=3)
     job_id = queue.enqueue(5)
+    client.ping()  # the proxy's threads for the worker's connection, started before others
     others = set(threading.enumerate())
     thread = run_in_thread(worker, 1)
     eventually(lambda: len(gate.busy) == 1, "the job's handler running")
     worker.stop(1_000)
     clock.set(clock.now_ns() + 1_000)
-    clock.settle(others | {thread}, gate.busy)
+    clock.settle(_NotTheWorkers(others | {thread}), gate.busy)
+    proxy.reset_counts()
     gate.event.set()  # the handler comes back after the release
     thread.outcome("the worker to return once its job was released")
     job, stats = queue.get(job_id), worker.statistics()
     got = (
+        proxy.counts().round_trips,
         [e for e, j in events if j == job_id],
         job.state,
         job.attempts,
@@ -671,12 +686,12 @@ def test_stage3_a_job_released_at_the_grace_deadline_drops_its_handlers_result(
         effect_store(queue).effects(),
         (stats.released, stats.lost, stats.failed, stats.succeeded),
     )
-    want: tuple[Any, ...] = (["claimed", "released"], READY, 0, None, {}, (1, 0, 0, 0))
+    want: tuple[Any, ...] = (0, ["claimed", "released"], READY, 0, None, {}, (1, 0, 0, 0))
     assert got == want, (
         f"stop(grace 1000 ns); the handler {outcome} after the job was released at the "
         "deadline: its result is dropped — no commit, nack or ack tried (each would meet "
-        "a stale lease and report the job lost), the attempt refunded. (events, state, "
-        f"attempts, last_error, effects, (released, lost, failed, succeeded)):\n"
+        "a stale lease), the attempt refunded. (round trips after the release, events, "
+        f"state, attempts, last_error, effects, (released, lost, failed, succeeded)):\n"
         f"  expected {want}\n  got      {got}"
     )
 
@@ -725,6 +740,88 @@ def test_stage3_a_release_at_the_grace_deadline_that_meets_a_stale_lease_reports
         "ran out: the release is refused and the job dropped — reported 'lost', never "
         "'released' (nothing was handed back, no attempt refunded). (its events, "
         f"(released, lost)): expected {(['claimed', 'lost'], (0, 1))}, got {got}"
+    )
+
+
+@rule("worker-outage", "worker-stop")
+@extended
+def test_stage3_a_release_at_the_grace_deadline_waits_out_an_outage(redis_env: RedisEnv) -> None:
+    """Redis is unreachable when stop's grace runs out: the release is a step like any
+    other — tried again poll_ns later, until Redis answers. Once it is back the job is
+    released (READY, attempt refunded), never left behind on its lease as "lost"."""
+    proxy = redis_env.proxy()
+    client = redis_env.server().proxied_client(proxy)
+    gate = Gate()
+    clock = WatchedClock(10**12)  # frozen: only the test moves the worker's time
+    queue, worker, _, events = in_process_worker(
+        redis_env, gate.handler, clock, client, poll_ns=1_000, max_attempts=3
+    )
+    job_id = queue.enqueue("long")
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    eventually(lambda: len(gate.busy) == 1, "the job's handler running")
+    story = Story(
+        f"max_attempts=3, poll_ns=1000: {job_id} claimed, its handler running",
+        clock.now_ns,
+        clock.now_ns(),
+    )
+    proxy.outage()
+    worker.stop(1_000)
+    clock.set(clock.now_ns() + 1_000)
+    clock.settle(others | {thread}, gate.busy)
+    story.add("Redis unreachable; stop(1000), and the grace ran out: the release met the outage")
+    mine = set(threading.enumerate()) - others - {thread}  # the worker's own, asleep
+    proxy.heal()
+    clock.advance(1_000)
+    # the proxy starts threads of its own as the worker reconnects: judge the worker's
+    eventually(
+        lambda: clock.parked(set(threading.enumerate()) - mine, gate.busy),
+        "the worker's threads asleep on the clock again, poll_ns after the outage",
+    )
+    story.add("Redis back; poll_ns later")
+    gate.event.set()  # the handler comes back after the release
+    thread.outcome("the worker to return once its job was released")
+    story.add("the handler returned; the worker exited")
+    job, stats = queue.get(job_id), worker.statistics()
+    got = ([e for e, j in events if j == job_id], job.state, job.attempts, stats.released,
+           stats.lost)  # fmt: skip
+    story.expect(
+        got, (["claimed", "released"], READY, 0, 1, 0),
+        "an outage is waited out, step by step, and the job released at stop's deadline "
+        "(attempt refunded), never dropped; (events, state, attempts, released, lost)",
+    )  # fmt: skip
+
+
+@rule("worker-stop", "worker-events")
+@extended
+def test_stage3_a_job_released_between_its_commit_and_ack_is_never_also_lost(
+    redis_env: RedisEnv,
+) -> None:
+    """stop(0) lands after the effect's commit, before the ack (a SIGTERM there): the
+    heartbeat thread releases the job at once, and the ack that follows is refused. The
+    job was handed back, not lost: it is counted "released" once, never "lost" too."""
+    held = InterleaveGate("the worker after its commit", limit=1)
+    clock = WatchedClock(10**12)
+    queue, worker, _, events = in_process_worker(
+        redis_env, lambda lease, payload: payload, clock, max_attempts=3,
+        hold=("after_effect", held),
+    )  # fmt: skip
+    job_id = queue.enqueue("charge")
+    others = set(threading.enumerate())
+    thread = run_in_thread(worker, 1)
+    held.wait_arrived()
+    worker.stop(0)
+    clock.settle(others | {thread}, set())
+    held.open()
+    thread.outcome("the worker to return once its job was released")
+    stats = worker.statistics()
+    got = ([e for e, j in events if j == job_id], queue.get(job_id).state,
+           (stats.succeeded, stats.released, stats.lost))  # fmt: skip
+    want = (["claimed", "committed", "after_effect", "released"], READY, (0, 1, 0))
+    assert got == want, (
+        "stop(0) between the commit and the ack: the job is released, its ack refused — "
+        "reported once, 'released', never 'lost' as well. (events, state, (succeeded, "
+        f"released, lost)):\n  expected {want}\n  got      {got}"
     )
 
 

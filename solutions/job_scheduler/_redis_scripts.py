@@ -292,12 +292,16 @@ local function find(id)
   return nil
 end
 
--- The job a lease names, if that lease is live: its seq, or nil and an error reply.
+-- The job a lease names, if that lease is live: its seq, or nil and an error reply. A
+-- lease past its expiry that a bounded settle has not reached yet is not live either.
 local function live(id, token)
   local seq, st, h = find(id)
   if not seq then return nil, {op, now, 'notfound'} end
-  local tok = tonumber(redis.call('HGET', h, field(seq, 'tok')))
-  if st ~= 'leased' or tok ~= tonumber(token) then return nil, {op, now, 'stale', st, tok} end
+  local tok, exp = unpack(redis.call('HMGET', h, field(seq, 'tok'), field(seq, 'exp')))
+  tok = tonumber(tok)
+  if st ~= 'leased' or tok ~= tonumber(token) or tonumber(exp) <= now then
+    return nil, {op, now, 'stale', st, tok}
+  end
   return seq
 end
 """
@@ -457,9 +461,16 @@ return {op, now, 'ok', out}
 """
 
 STATISTICS = r"""
+local succeeded, dead = redis.call('SCARD', K_SUCCEEDED), redis.call('ZCARD', K_DEAD)
+local cancelled = redis.call('SCARD', K_CANCELLED)
+-- past their retention, and beyond what this call's bounded settle reached: gone
+for _, m in ipairs(redis.call('ZRANGEBYSCORE', K_FORGET, '-inf', now - RETENTION)) do
+  succeeded = succeeded - redis.call('SISMEMBER', K_SUCCEEDED, m)
+  cancelled = cancelled - redis.call('SISMEMBER', K_CANCELLED, m)
+  if redis.call('ZSCORE', K_DEAD, m) then dead = dead - 1 end
+end
 return {op, now, 'ok', redis.call('ZCARD', K_DELAYED), redis.call('ZCARD', K_READY),
-        redis.call('ZCARD', K_LEASES), redis.call('SCARD', K_SUCCEEDED),
-        redis.call('ZCARD', K_DEAD), redis.call('SCARD', K_CANCELLED),
+        redis.call('ZCARD', K_LEASES), succeeded, dead, cancelled,
         redis.call('ZCOUNT', K_IDEMX, '(' .. int(now), '+inf')}
 """
 

@@ -27,6 +27,7 @@ import anyio
 from katas._runtime.checks import positive_int
 from katas.job_scheduler.api import (
     TIMED_OUT,
+    JobNotFound,
     Lease,
     MonotonicClock,
     PoolStatistics,
@@ -39,14 +40,19 @@ from .stage1 import JobQueue
 Handler = Callable[[Lease, Any], Any]
 AsyncHandler = Callable[[Lease, Any], Awaitable[Any]]
 
+#: What the queue raises for a lease that is no longer live: StaleLease, or JobNotFound
+#: once the job has finished and been forgotten after its retention (a long stall).
+_LOST = (StaleLease, JobNotFound)
+
 
 class _Running:
     """A claimed job whose handler runs: its current lease and when to heartbeat next."""
 
-    __slots__ = ("every", "lease", "next_beat", "released", "scope")
+    __slots__ = ("every", "lease", "next_beat", "payload", "released", "scope")
 
-    def __init__(self, lease: Lease, now: int, every: int | None) -> None:
+    def __init__(self, lease: Lease, payload: Any, now: int, every: int | None) -> None:
         self.lease = lease
+        self.payload = payload
         # Default: three heartbeats per lease, so one late beat still keeps it.
         self.every = every if every is not None else max(1, (lease.expires_at_ns - now) // 3)
         self.next_beat = now + self.every
@@ -153,7 +159,7 @@ class ThreadWorkerPool(_PoolConfig):
                 try:
                     self._queue.release(run.lease)
                     self._counts["released"] += 1
-                except StaleLease:
+                except _LOST:
                     self._counts["lost"] += 1
             self._running.clear()
             self._stopped = True
@@ -186,7 +192,9 @@ class ThreadWorkerPool(_PoolConfig):
             if len(self._running) < self._max_in_flight:
                 lease = self._queue.claim(worker_id)
                 if lease is not None:
-                    run = _Running(lease, self._clock.now_ns(), self._every)
+                    # The payload is read in the claim's lock section: no release between.
+                    payload = self._queue.get(lease.job_id).payload
+                    run = _Running(lease, payload, self._clock.now_ns(), self._every)
                     self._running[lease.job_id, lease.token] = run
                     self._counts["claimed"] += 1
                     self._cond.notify_all()  # the heartbeat thread has a new deadline
@@ -205,12 +213,12 @@ class ThreadWorkerPool(_PoolConfig):
                 run = self._claim(worker_id)
             if run is None:
                 return
-            with self._cond:
-                payload = self._queue.get(run.lease.job_id).payload
+            if run.released:
+                continue  # shutdown handed the job back before its handler began
             error: str | None = None
             result: Any = None
             try:
-                result = self._handler(run.lease, payload)  # never under the lock
+                result = self._handler(run.lease, run.payload)  # never under the lock
             except Exception as e:  # a job's failure is data: nack it
                 error = f"{type(e).__name__}: {e}"
             with self._cond:
@@ -228,7 +236,7 @@ class ThreadWorkerPool(_PoolConfig):
             else:
                 self._queue.nack(run.lease, error)
                 self._counts["failed"] += 1
-        except StaleLease:
+        except _LOST:
             self._counts["lost"] += 1  # expired (or cancelled) while running
 
     def _beat(self) -> None:
@@ -242,7 +250,7 @@ class ThreadWorkerPool(_PoolConfig):
                         run.lease = self._queue.heartbeat(run.lease)
                         run.next_beat = now + run.every
                         self._counts["heartbeats"] += 1
-                    except StaleLease:
+                    except _LOST:
                         # Too late: the lease expired. Stop beating; the handler's
                         # ack will be refused and the job is retried elsewhere.
                         run.next_beat = 2**63
@@ -310,7 +318,7 @@ class AsyncWorkerPool(_PoolConfig):
             try:
                 self._queue.release(run.lease)
                 self._counts["released"] += 1
-            except StaleLease:
+            except _LOST:
                 self._counts["lost"] += 1
         self._running.clear()
         self._stopped = True
@@ -369,13 +377,14 @@ class AsyncWorkerPool(_PoolConfig):
                 finally:
                     self._idle -= 1
                 continue
-            run = _Running(lease, self._clock.now_ns(), self._every)
+            payload = self._queue.get(lease.job_id).payload
+            run = _Running(lease, payload, self._clock.now_ns(), self._every)
             self._running[lease.job_id, lease.token] = run
             self._counts["claimed"] += 1
             self._notify()  # the heartbeat task has a new deadline
-            await self._execute(run, self._queue.get(lease.job_id).payload)
+            await self._execute(run)
 
-    async def _execute(self, run: _Running, payload: Any) -> None:
+    async def _execute(self, run: _Running) -> None:
         result: Any = None
         error: str | None = TIMED_OUT  # unless the handler returns or raises
         run.scope = anyio.CancelScope()
@@ -384,15 +393,13 @@ class AsyncWorkerPool(_PoolConfig):
                 tg.start_soon(self._timer, run, self._clock.now_ns() + self._timeout)
             with run.scope:
                 try:
-                    result, error = await self._handler(run.lease, payload), None
+                    result, error = await self._handler(run.lease, run.payload), None
                 except Exception as e:  # a job's failure is data: nack it
                     error = f"{type(e).__name__}: {e}"
             tg.cancel_scope.cancel()  # the timer, if still waiting
         if run.released:
             return  # shutdown cancelled it and handed the job back
         del self._running[run.lease.job_id, run.lease.token]
-        if error == TIMED_OUT:
-            self._counts["timed_out"] += 1
         try:
             if error is None:
                 self._queue.ack(run.lease, result)
@@ -400,7 +407,9 @@ class AsyncWorkerPool(_PoolConfig):
             else:
                 self._queue.nack(run.lease, error)
                 self._counts["failed"] += 1
-        except StaleLease:
+                if error == TIMED_OUT:
+                    self._counts["timed_out"] += 1
+        except _LOST:
             self._counts["lost"] += 1
         self._notify()
 
@@ -419,7 +428,7 @@ class AsyncWorkerPool(_PoolConfig):
                     run.lease = self._queue.heartbeat(run.lease)
                     run.next_beat = now + run.every
                     self._counts["heartbeats"] += 1
-                except StaleLease:
+                except _LOST:
                     run.next_beat = 2**63  # expired already: the ack will be refused
             beats = [r.next_beat for r in self._running.values() if r.next_beat < 2**63]
             await self._wait(min(beats) if beats else None)

@@ -498,7 +498,8 @@ class RedisWorker:
             self._ack(lease, effect)
             self._event("acked", lease, "succeeded")
         except (StaleLease, JobNotFound):
-            self._event("lost", lease, "lost")  # expired or cancelled: someone else's now
+            if not self._released:  # else stop's release reported it, "released" or "lost"
+                self._event("lost", lease, "lost")  # expired or cancelled: someone else's now
         finally:
             with self._cond:
                 self._lease = None
@@ -518,34 +519,47 @@ class RedisWorker:
         with self._cond:
             beating: Lease | None = None
             next_beat = _NEVER
-            while not (self._stopping and self._lease is None):
+            releasing: Lease | None = None  # stop's release, tried until Redis answers it
+            retry_at = _NEVER
+            while not (self._stopping and self._lease is None and releasing is None):
                 lease, now = self._lease, self._clock.now_ns()
                 if lease is not beating:  # a new job: its first beat is one interval after
                     # its claim, however late this thread wakes to notice it
                     beating, next_beat = lease, self._claimed_at + self._every
-                if lease is not None and not self._released:
-                    if now >= self._deadline:
-                        self._released = True  # the handler's result will be dropped
-                        try:
-                            self._queue.release(lease)
-                            self._event("released", lease, "released")
-                        except (StaleLease, JobNotFound):
-                            self._event("lost", lease, "lost")
-                        except REDIS_FAILURES as error:
-                            if not unavailable(error):
-                                raise
-                            self._event("lost", lease, "lost")
-                    elif now >= next_beat:
-                        try:
-                            self._queue.heartbeat(lease)
-                            self._counts["heartbeats"] += 1
-                            next_beat = now + self._every
-                        except REDIS_FAILURES as error:
-                            if not unavailable(error):  # a bug (a script error) is raised
-                                raise
-                            next_beat = now + self._poll  # soon again: the lease runs out
-                        except (StaleLease, JobNotFound):
-                            next_beat = _NEVER  # too late; its commit will be refused
+                if lease is not None and not self._released and now >= self._deadline:
+                    self._released = True  # the handler's result will be dropped
+                    releasing, retry_at = lease, now
+                if releasing is not None and now >= retry_at:
+                    if self._release(releasing):
+                        releasing = None
+                    else:
+                        retry_at = now + self._poll
+                if lease is not None and not self._released and now >= next_beat:
+                    try:
+                        self._queue.heartbeat(lease)
+                        self._counts["heartbeats"] += 1
+                        next_beat = now + self._every
+                    except REDIS_FAILURES as error:
+                        if not unavailable(error):  # a bug (a script error) is raised
+                            raise
+                        next_beat = now + self._poll  # soon again: the lease runs out
+                    except (StaleLease, JobNotFound):
+                        next_beat = _NEVER  # too late; its commit will be refused
                 wake = min(next_beat, self._deadline)
-                idle = lease is None or self._released or wake >= _NEVER
-                self._clock.wait_until_ns(self._cond, None if idle else wake)
+                if lease is None or self._released:
+                    wake = retry_at if releasing is not None else _NEVER
+                self._clock.wait_until_ns(self._cond, None if wake >= _NEVER else wake)
+
+    def _release(self, lease: Lease) -> bool:
+        """Stop's release of the running job; False if Redis was unreachable."""
+        try:
+            self._queue.release(lease)
+            self._event("released", lease, "released")
+        except (StaleLease, JobNotFound):
+            self._event("lost", lease, "lost")
+        except REDIS_FAILURES as error:
+            if not unavailable(error):
+                raise
+            self._event("unavailable", None)
+            return False
+        return True
