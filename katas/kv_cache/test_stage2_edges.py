@@ -17,6 +17,11 @@ corners of a flight (see katas/kv_cache/README.md).
   leaves, where the counts are read, and before each count it writes back, where another
   key's load runs through (statistics); a write stopped after its lock section, where
   the load it beats lands (write-beats-load).
+- Who hands on a removal (``_testing/handing.py``): the call that caused it, whichever
+  it is — a miss that found its own key expired (its callback may ask for the key, or
+  fail, and the load is never left in flight), a call refused by raising, a look (``in``,
+  iteration) over a stage-1 TTL cache that reclaims while it looks
+  (no-user-code-under-lock).
 - Async: waiters of a load that is not cached (too heavy, or written over) still get its
   value; a ``weigh`` that raises fails the flight for every caller and frees the key; a
   refused reentrant call leaves no waiter; every call hands on the removals it caused,
@@ -40,6 +45,7 @@ from katas._harness.story import check
 from katas._harness.under_test import stage
 from katas._harness.waiting import DEADLINE_S, eventually, eventually_async, spawn
 from katas.kv_cache._testing.caches import (
+    EXPIRED,
     START,
     TTL,
     Log,
@@ -64,9 +70,11 @@ from katas.kv_cache._testing.flights import (
     thread_flight,
     weigh_refusing_bad,
 )
+from katas.kv_cache._testing.handing import ThreadLog, expired_ttl, reclaiming_ttl
 from katas.kv_cache._testing.loaders import AsyncLoader, Loader, racing_tasks
 from katas.kv_cache._testing.locks import (
     GRACE_S,
+    PROMPTLY_S,
     loading,
     loads,
     stats_now,
@@ -84,6 +92,7 @@ from katas.kv_cache.api import (
     LoadingCache,
     LoadStatistics,
     ManualClock,
+    RemovalCause,
 )
 
 pytestmark = [pytest.mark.stage(2)]
@@ -462,6 +471,133 @@ def test_stage2_however_a_load_ends_the_next_miss_loads_again(wrapper: str, endi
         f"{wrapper}: after a load of 'k' ended ({ending}), the next miss of 'k' loads "
         f"again — it neither gets the old flight's outcome nor waits for it; got {again!r}, "
         f"{loads(cache)}",
+    )
+
+
+#: What ``on_evict`` does on hearing that 'k', the key its own miss found expired, is
+#: gone: asks for 'k' from another thread, asks for it from its own thread, or fails.
+_ON_ITS_OWN_EXPIRY = {
+    "other-thread": "it asks for 'k' from another thread",
+    "same-thread": "it asks for 'k' from its own thread",
+    "raises": "it raises",
+}
+
+
+@core
+@rule("no-user-code-under-lock", "flight-unregistered")
+@pytest.mark.parametrize("callback", list(_ON_ITS_OWN_EXPIRY))
+def test_stage2_a_miss_hands_on_its_keys_expiry_without_holding_up_the_key(callback: str) -> None:
+    """get_or_load('k') finds 'k' expired: the EXPIRED its miss caused is handed on by
+    that call, outside the lock, and the callback may use the cache — ask for 'k' from
+    another thread (which must not block), from its own thread (it is inside no loader),
+    or raise. Whatever it does, the load of 'k' is never left in flight."""
+    asked: list[object] = []
+
+    def then(key: object, cause: RemovalCause) -> None:
+        if (key, cause) != ("k", EXPIRED):
+            return
+        if callback == "raises":
+            raise OSError("callback failed")
+
+        def ask() -> object:
+            return caught(lambda: cache.get_or_load("k", lambda: "callback's load"))
+
+        if callback == "same-thread":
+            asked.append(ask())
+            return
+        other = spawn(ask, "another thread")
+        other.join(PROMPTLY_S)  # a call that waits for no other thread returns at once
+        asked.append(STRANDED if other.is_alive() else other.result)
+
+    cache, _ = expired_ttl(ThreadLog(then))
+    outer = spawn(lambda: caught(lambda: cache.get_or_load("k", lambda: "loaded")), "outer")
+    got = outer.outcome("get_or_load('k') returns")
+    stats = loads(cache)
+    ok = got == "loaded" or (callback == "raises" and isinstance(got, OSError))
+    answered = callback == "raises" or (
+        len(asked) == 1 and asked[0] != STRANDED and not isinstance(asked[0], Exception)
+    )
+    check(
+        ok and answered and (stats.in_flight, stats.waiters) == (0, 0),
+        f"steps: 'k' put, then expired; get_or_load('k') misses it (the TTL cache reports "
+        f"it EXPIRED) and loads 'loaded'; on_evict for that EXPIRED: "
+        f"{_ON_ITS_OWN_EXPIRY[callback]}. The "
+        f"callback runs after the lock is released, by the call that caused it, and may use "
+        f"the cache — one that asks for 'k' from another thread must not block, one in its "
+        f"own thread is inside no loader — and however it ends, no load of 'k' is left in "
+        f"flight. Expected 'loaded' (or, the callback raising, its OSError), the callback's "
+        f"call answered, nothing in flight; got {got!r}, the callback's call got {asked}, "
+        f"{stats}",
+    )
+    again = promptly(cache, "k", lambda: "loaded again")
+    check(
+        again in ("loaded", "loaded again"),
+        f"after that, get_or_load('k') hits or loads again; got {again!r}",
+    )
+
+
+@core
+@rule("no-user-code-under-lock", "load-reentrant")
+def test_stage2_a_call_that_raises_still_hands_on_what_it_removed() -> None:
+    """The loader of 'k' writes 'k', lets it expire, then asks for 'k' itself: that call
+    looks 'k' up (a hit would be its answer), the TTL cache reports it EXPIRED, and the
+    call is refused (RuntimeError). It caused that removal: it hands it on before the
+    RuntimeError reaches the loader, in the loader's thread — not some later call."""
+    log = ThreadLog()
+    cache, clock = expired_ttl(log, keys="")
+
+    def loader() -> object:
+        cache.put("k", "written meanwhile")
+        clock.advance(TTL)  # at its deadline: expired
+        refused = caught(lambda: cache.get_or_load("k", lambda: "inner"))
+        return refused, list(log.calls)
+
+    got = promptly(cache, "k", loader)
+    refused, heard = got if isinstance(got, tuple) else (got, None)
+    want = [("k", EXPIRED, "get 'k'")]
+    check(
+        isinstance(refused, RuntimeError) and heard == want,
+        "steps: get_or_load('k') in thread \"get 'k'\"; its loader puts 'k', moves the clock "
+        "to k's deadline and calls get_or_load('k') (refused: RuntimeError). The removals a "
+        "call causes are handed on by that call before it returns, even by raising: "
+        f"expected RuntimeError, with on_evict having heard {want} (key, cause, thread) by "
+        f"then; got {refused!r}, heard {heard}",
+    )
+
+
+#: The looks a TTL cache may reclaim in (``iter``, not ``list(cache)``, which asks len()).
+_LOOKS: dict[str, Callable[[LoadingCache | EvictingCache], object]] = {
+    "in": lambda c: "a" in c,
+    "iteration": lambda c: list(iter(c)),
+}
+
+
+@core
+@rule("no-user-code-under-lock", "one-lock")
+@pytest.mark.parametrize("call", list(_LOOKS))
+def test_stage2_a_look_that_reclaims_hands_on_its_removals(call: str) -> None:
+    """A stage-1 TTL cache may reclaim expired entries while it looks (``in``,
+    iteration), reporting them EXPIRED. Wrapped, side by side with the bare one: by the
+    time the look returns, on_evict has heard what the bare cache reports for it."""
+    look = _LOOKS[call]
+    log, bare_log = Log(), Log()
+    clock, bare_clock = ManualClock(START), ManualClock(START)
+    cache = wrap(reclaiming_ttl(clock, log))
+    alone = reclaiming_ttl(bare_clock, bare_log)
+    for c in (cache, alone):
+        c.put("a", 1)
+        c.put("b", 2)
+    for t in (clock, bare_clock):
+        t.advance(TTL)  # both expired, neither reclaimed yet
+    log.take()
+    bare_log.take()
+    got, want = look(cache), look(alone)
+    check(
+        got == want and log.calls == bare_log.calls,
+        f"over a TTL cache whose in and iteration reclaim what has expired: 'a' and 'b' "
+        f"put, then both at their deadline; {call} must answer as the bare cache ({want!r}) "
+        f"and hand on what it removed before it returns, as the bare cache reports it: "
+        f"expected {bare_log.calls}, got {got!r} and {log.calls}",
     )
 
 

@@ -8,14 +8,16 @@ test_stage3_near.py.
 
 The map of this file:
 
-- ring, examples: preference lists, bad input, the empty ring, balance, adding and
-  removing a node, placement by the set of nodes, the same placement in every process;
+- ring, examples: preference lists, bad input (a name of the wrong type), the empty
+  ring, balance, adding and removing a node, placement by the set of nodes, the same
+  placement in every process;
 - ring, properties: the same bounds on drawn node names, counts and vnodes;
 - cache, examples: JSON round trips, delete's answer, exactly R replicas on its ring,
   TTLs (the PX sent, exactly), bad arguments and clients;
-- cache, faults: failover (a miss is none), writes needing one replica, epochs on rejoin
-  (the probe already under the new one) and their reclaiming (on a node full of other
-  keys too), restarts, the probe interval, timeouts, BUSY, errors that are no outage;
+- cache, faults: failover (a miss is none, nor a last replica down), writes needing one
+  replica, epochs on rejoin (the probe already under the new one) and their reclaiming
+  (on a node full of other keys too), restarts, the probe interval, timeouts, BUSY,
+  errors that are no outage;
 - the state machine (``_testing/shards.py``): one client's reads while nodes stop, start
   and restart — never an older value.
 
@@ -40,6 +42,7 @@ import os
 import threading
 from collections import Counter
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import pytest
@@ -54,6 +57,7 @@ from katas._harness.story import check, expect, not_refused
 from katas._harness.under_test import stage
 from katas._registry import impl
 from katas.kv_cache._testing import placement
+from katas.kv_cache._testing.refusals import refusal
 from katas.kv_cache._testing.rings import (
     KEYS,
     PROPERTY_KEYS,
@@ -141,6 +145,26 @@ def test_stage3_ring_rejects_bad_input() -> None:
     for n in (0, -2):
         with pytest.raises(ValueError, match="n"):
             empty.nodes_for("k", n)
+
+
+@core
+@rule("ring-bad-input")
+def test_stage3_a_node_name_that_is_not_a_str_is_a_type_error() -> None:
+    r = ring(["a", "b"])
+    placed = {key: r.nodes_for(key, 2) for key in KEYS[:50]}
+    got: dict[str, str] = {}
+    bad_names: tuple[Any, ...] = (1, None, b"c")
+    for bad in bad_names:
+        got[f"HashRing([{bad!r}])"] = refusal(partial(ring, [bad]))
+        got[f"ring.add({bad!r})"] = refusal(partial(r.add, bad))
+    moved = [key for key in placed if r.nodes_for(key, 2) != placed[key]]
+    check(
+        got == dict.fromkeys(got, "TypeError") and r.nodes == ["a", "b"] and not moved,
+        f"a node name that is not a str is a TypeError, as a key that is not a str is (a "
+        f"ValueError is for a str the ring cannot take), and a refused add changes nothing. "
+        f"Expected TypeError from each call and the ring ['a', 'b'] as placed; got {got}, "
+        f"nodes {r.nodes}, keys moved {moved[:5]}",
+    )
 
 
 @core
@@ -879,6 +903,40 @@ def test_stage3_a_miss_is_no_failover(redis_env: RedisEnv) -> None:
         f"later get: n0 answers under its new epoch without the key — a miss that falls "
         f"through to {second}, not a failover. Expected 'v' and n0 with errors 1, "
         f"failovers 1, misses 2, up; got {got!r}, {s}",
+    )
+
+
+@core
+@rule("failover")
+@pytest.mark.redis_faults
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_stage3_a_down_last_replica_is_no_failover(redis_env: RedisEnv, replicas: int) -> None:
+    cache, nodes, _ = make_cache(
+        redis_env, replicas=replicas, probe_interval_ns=NS_PER_S, clock=ManualClock()
+    )
+    last = next(k for k in KEYS if cache.replicas_for(k)[-1] == "n0")
+    first = next(k for k in KEYS if cache.replicas_for(k)[0] == "n0")
+    nodes["n0"].stop()
+    got = cache.get(last, MISS)  # never written: the replicas before n0 miss, n0 fails
+    s = node_stats(cache, "n0")
+    story = (
+        f"replicas={replicas}; stop n0; get({last!r}) (replicas {cache.replicas_for(last)}, "
+        f"never written): n0, its last replica, fails — the get has no later replica to go "
+        f"on to, so that is an error and no failover"
+    )
+    check(
+        got is MISS and (s.errors, s.down, s.failovers) == (1, True, 0),
+        f"{story}. Expected the default and n0 with errors 1, down, failovers 0; got "
+        f"{'MISS' if got is MISS else repr(got)}, {s}",
+    )
+    cache.get(first, MISS)  # n0 is down: skipped, the get goes on if a replica follows
+    went_on = int(replicas > 1)
+    s = node_stats(cache, "n0")
+    check(
+        s.failovers == went_on,
+        f"{story}; then get({first!r}) (replicas {cache.replicas_for(first)}): n0 is down "
+        f"and skipped, and the get goes on to a later replica only if there is one. "
+        f"Expected n0's failovers {went_on}; got {s}",
     )
 
 

@@ -4,8 +4,9 @@ LRU in front of a ``ShardedCache(channel=)``, kept coherent by invalidations.
 The map of this file:
 
 - writes publish: one script per replica that sets (or deletes) and publishes the key;
-- bad arguments; a local hit touches no Redis (a stored None or falsy value is a value,
-  kept near too); a weighted local cache weighs values only;
+- bad arguments, two racing start()s, a key the ring refuses (no miss); a local hit
+  touches no Redis (a stored None or falsy value is a value, kept near too); a weighted
+  local cache weighs values only;
 - read-your-writes without waiting for a message; another client's write arrives by
   message;
 - placeholders: an invalidation that overtakes a reply wins, a writer never caches what
@@ -34,6 +35,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator, Sized
+from functools import partial
 from typing import Any
 
 import pytest
@@ -62,6 +64,7 @@ from katas.kv_cache._testing.near import (
     reply_lands,
     unstarted,
 )
+from katas.kv_cache._testing.refusals import RETURNED, refusal, two_racing_starts
 from katas.kv_cache._testing.rings import fail_fast_on_stubs  # noqa: F401 (autouse)
 from katas.kv_cache._testing.shards import MISS, NODES, heavy, sharded
 from katas.kv_cache._testing.wire import HeldSubscribe, Holds
@@ -222,6 +225,42 @@ def test_stage3_near_starts_once_and_close_joins_its_listeners(fleet: NearFleet)
     near.close()
     alive = [t.name for t in listeners if t.is_alive()]
     check(not alive, f"close() stops the listeners and joins each: still running {alive}")
+
+
+@extended
+@rule("near-listener")
+def test_stage3_near_two_racing_starts_start_it_once(fleet: NearFleet) -> None:
+    clients = {n: node.client() for n, node in fleet.nodes.items()}
+    near = fleet.adopt(near_cache(fleet.sharded(clients), lru(10)))
+    before = set(threading.enumerate())
+    first, second = two_racing_starts(near)
+    listeners = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    check(
+        sorted([first, second]) == sorted([RETURNED, "RuntimeError"])
+        and len(listeners) == len(NODES),
+        f"near cache: two threads call start() at once, the first held at its first loop "
+        f"step (building its listeners) until the second's start() has ended. One start() "
+        f"runs one listener per node, the other raises RuntimeError (already started): the "
+        f"check and the claim are one step under the lock. Expected one {RETURNED} and one "
+        f"RuntimeError, {len(NODES)} listeners; got first: {first}, second: {second}, "
+        f"listeners {sorted(listeners)}",
+    )
+
+
+@extended
+@rule("near-bad-input", "near-local-hit")
+def test_stage3_near_a_key_the_ring_refuses_is_no_miss(fleet: NearFleet) -> None:
+    near = unstarted(fleet, set(NODES))
+    bad_keys: tuple[Any, ...] = (1, b"k")
+    got = {repr(key): refusal(partial(near.get, key)) for key in bad_keys}
+    s = near_stats(near)
+    check(
+        got == dict.fromkeys(got, "TypeError") and (s.hits, s.misses) == (0, 0),
+        f"near cache: get(1) and get(b'k') raise TypeError, as the ring refuses a key that "
+        f"is not a str — before any lookup is counted: misses counts the gets that went to "
+        f"Redis, and these went nowhere. Expected TypeError for each and hits 0, misses 0; "
+        f"got {got}, {s}",
+    )
 
 
 @extended

@@ -21,7 +21,8 @@ Design (see katas/kv_cache/README.md):
 - Both share one base, ``_Wrapper``, which holds everything but ``get_or_load``. Every
   call on the inner cache goes through ``_Wrapper._run``: it makes the call under the
   lock (for the async cache, a ``nullcontext``), takes the removals the call caused and
-  hands them to ``on_evict`` once the lock is released.
+  hands them to ``on_evict`` once the lock is released, even if the call raised. The one
+  exception is a sync leader: what its miss removed waits until its flight has landed.
 """
 
 from __future__ import annotations
@@ -85,16 +86,29 @@ class _Wrapper(Generic[_E]):
         """``call()`` under the lock; then the removals it caused go to ``on_evict``.
 
         Any call on the inner cache may remove entries (a put evicts, a TTL cache expires
-        on reads too), so each goes through here: the user's callback runs only after
-        the lock is released, and may use the cache.
+        on reads too, and may on ``in`` and iteration), so each goes through here: the
+        user's callback runs only after the lock is released, and may use the cache.
         """
+        removed: list[Removal] = []
+        try:
+            return self._locked(call, removed)
+        finally:  # even if the call raised: its removals are its own, not the next call's
+            self._hand_on(removed)
+
+    def _locked(self, call: Callable[[], _T], removed: list[Removal]) -> _T:
+        """``call()`` under the lock; the removals it caused join ``removed``, even if it
+        raised, for the caller to hand on once the lock is released."""
         with self._lock:
-            result = call()
-            removed, self._removed = self._removed, []
+            try:
+                return call()
+            finally:
+                removed += self._removed
+                self._removed = []
+
+    def _hand_on(self, removed: list[Removal]) -> None:
         if self._on_evict is not None:
             for key, value, cause in removed:
                 self._on_evict(key, value, cause)
-        return result
 
     def _weight(self, value: Any) -> int | None:
         """The value's weight, computed by the caller before any lock is taken."""
@@ -167,12 +181,10 @@ class _Wrapper(Generic[_E]):
         return self._run(lambda: len(self._inner))
 
     def __contains__(self, key: object) -> bool:
-        with self._lock:  # removes nothing
-            return key in self._inner
+        return self._run(lambda: key in self._inner)
 
     def __iter__(self) -> Iterator[Any]:
-        with self._lock:  # removes nothing
-            return iter(list(self._inner))
+        return iter(self._run(lambda: list(self._inner)))
 
 
 class ConcurrentCache(_Wrapper[threading.Event]):
@@ -183,11 +195,18 @@ class ConcurrentCache(_Wrapper[threading.Event]):
 
     def get_or_load(self, key: Hashable, loader: Callable[[], Any]) -> Any:
         """The cached value, or ``loader()``'s — run once for all concurrent misses."""
-        value, flight, leader = self._run(lambda: self._join(key))
-        if flight is None:
-            return value
-        if leader:
-            return self._lead(key, flight, loader)
+        removed: list[Removal] = []
+        try:
+            value, flight, leader = self._locked(lambda: self._join(key), removed)
+            if flight is None:
+                return value
+            if leader:
+                # What the miss removed (the key's own expiry, say) is handed on once the
+                # flight has landed or failed: a callback asking for the key then finds it
+                # cached, or free — not a load that cannot start until the callback returns.
+                return self._lead(key, flight, loader, removed)
+        finally:
+            self._hand_on(removed)
         flight.done.wait()  # the leader always sets it, whatever its loader does
         with self._lock:
             self._waiters -= 1
@@ -209,15 +228,23 @@ class ConcurrentCache(_Wrapper[threading.Event]):
         self._loads += 1
         return value, flight, True
 
-    def _lead(self, key: Any, flight: _Flight[threading.Event], loader: Callable[[], Any]) -> Any:
+    def _lead(
+        self,
+        key: Any,
+        flight: _Flight[threading.Event],
+        loader: Callable[[], Any],
+        removed: list[Removal],
+    ) -> Any:
+        """Runs the loader and lands (or fails) the flight; what that removes joins
+        ``removed``, which the caller hands on."""
         try:
             value = loader()
             weight = self._weight(value)
         except BaseException as error:
             flight.error = error
-            self._run(lambda: self._fail(key, flight))
+            self._locked(lambda: self._fail(key, flight), removed)
             raise
-        self._run(lambda: self._land(key, flight, value, weight))
+        self._locked(lambda: self._land(key, flight, value, weight), removed)
         return value
 
 

@@ -154,9 +154,8 @@ class HashRing:
         return node in self._nodes
 
     def add(self, node: str) -> None:
-        if not isinstance(node, str) or not node:
+        if not _name("a node name", node):
             raise ValueError(f"a node name must be a non-empty str, got {node!r}")
-        _name("a node name", node)
         if node in self._nodes:
             raise ValueError(f"node {node!r} is already on the ring")
         points = [(_point(f"{node}#{i}"), node) for i in range(self._vnodes)]  # before any change
@@ -350,12 +349,14 @@ class ShardedCache:
 
     # -- the cache -------------------------------------------------------------------
     def get(self, key: str, default: Any = None) -> Any:
-        for name in self.replicas_for(key):
+        replicas = self.replicas_for(key)
+        for i, name in enumerate(replicas, 1):
             node = self._nodes[name]
             raw = self._call(node, key, lambda c, k: c.get(k))
             if raw is _MISSING:
-                with self._lock:
-                    node.failovers += 1
+                if i < len(replicas):  # a failover goes on to a later replica
+                    with self._lock:
+                        node.failovers += 1
                 continue
             with self._lock:
                 if raw is None:
@@ -441,6 +442,7 @@ class NearCache:
         self._hits = self._misses = self._invalidations = self._flushes = self._discarded = 0
         self._stopping = threading.Event()
         self._listeners: list[threading.Thread] = []
+        self._started = False
 
     @property
     def remote(self) -> ShardedCache:
@@ -459,9 +461,10 @@ class NearCache:
             if found is not _MISSING and not isinstance(found, _Placeholder):
                 self._hits += 1
                 return found
+            replicas = self._remote.replicas_for(key)  # a key it refuses goes nowhere: no miss
             self._misses += 1
             mine = None
-            if self._subscribed.issuperset(self._remote.replicas_for(key)):
+            if self._subscribed.issuperset(replicas):
                 mine = _Placeholder()  # rule 1: claim the slot before asking Redis
                 self._local.put(key, mine, weight=0)  # a user's weigh never sees it
         value: Any = _MISSING
@@ -528,8 +531,10 @@ class NearCache:
 
     # -- the listeners ---------------------------------------------------------------
     def start(self) -> NearCache:
-        if self._listeners:
-            raise RuntimeError("this near cache is already started")
+        with self._lock:  # claimed before any thread exists: two racing starts, one wins
+            if self._started:
+                raise RuntimeError("this near cache is already started")
+            self._started = True
         for name, client in self._remote.clients.items():
             thread = threading.Thread(
                 target=self._listen, args=(name, client), name=f"near-{name}", daemon=True
