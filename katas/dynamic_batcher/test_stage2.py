@@ -32,6 +32,7 @@ import pytest
 from katas._harness.marks import core, extended, rule
 from katas._harness.story import Story, check
 from katas._runtime.clock import NS_PER_S
+from katas.dynamic_batcher._testing.edges import SleepOnlyClock
 from katas.dynamic_batcher._testing.engine import (
     STEP_NS,
     T0,
@@ -881,6 +882,57 @@ async def test_stage2_drain_refuses_new_requests_from_the_call_on_busy_or_idle(b
 
 
 @extended
+@rule("drain", "reader-leaves")
+async def test_stage2_drain_returns_when_the_last_reader_leaves_before_any_step() -> None:
+    """The only request's reader leaves at the instant the request was admitted, while
+    ``drain()`` waits: once the request is aborted nothing is left to finish, and
+    ``drain()`` returns — at that instant if no step had started, else when the step in
+    flight ends. The reader is woken before the request wakes the loop, so where the
+    event loop keeps the order of wake-ups (asyncio) it leaves before any step."""
+    rig = Rig()
+    story = Story("drain() while the only reader leaves", rig.clock.now_ns, T0)
+    go, watch = anyio.Event(), anyio.Event()
+    streams: list[TokenStream] = []
+    drained_at: list[int] = []
+    waiting = anyio.CancelScope()
+
+    async def leave() -> None:
+        await go.wait()
+        await streams[0].aclose()
+        story.add(f"a's reader left; {rig.engine.statistics().steps} steps taken")
+
+    async def watcher() -> None:  # ends a drain() that nothing can end any more
+        await watch.wait()
+        try:
+            await rig.time.run_until(
+                lambda: bool(drained_at), within_ns=WITHIN, what="drain() to return"
+            )
+        except AssertionError as stuck:
+            story.add(f"drain() still waits: {stuck}")
+            waiting.cancel()
+
+    async with rig.engine, anyio.create_task_group() as tg:
+        tg.start_soon(leave)
+        tg.start_soon(watcher)
+        await rig.time.settle()
+        go.set()
+        streams.append(rig.engine.generate(request("a", 3, 5)))
+        watch.set()
+        story.add("generate(a), its reader told to leave; drain() called")
+        with waiting:
+            await rig.engine.drain()
+            drained_at.append(rig.now)
+            story.add("drain() returned")
+        steps = rig.engine.statistics().steps
+        story.expect(
+            drained_at,
+            [T0 + steps * STEP_NS],
+            f"drain: the only request aborted ({steps} steps taken): drain() returns then",
+        )
+        story.expect(rig.holds("a"), False, "reader-leaves: the request is aborted at once")
+
+
+@extended
 @rule("aclose")
 async def test_stage2_aclose_aborts_everything_and_each_stream_ends_with_abort() -> None:
     rig = Rig()
@@ -1138,7 +1190,8 @@ async def test_stage2_the_engine_refuses_nonsense_naming_the_parameter(
 @pytest.mark.parametrize(
     "field, value",
     [("step_time_ns", None), ("step_time_ns", STEP_NS), ("step_time_ns", "1us"),
-     ("clock", None), ("clock", 5), pytest.param("clock", ReadOnlyClock(), id="read-only")],
+     ("clock", None), ("clock", 5), pytest.param("clock", ReadOnlyClock(), id="read-only"),
+     pytest.param("clock", SleepOnlyClock(), id="no-time")],
 )  # fmt: skip
 async def test_stage2_a_step_time_or_clock_the_engine_cannot_use_is_a_value_error(
     field: str, value: object

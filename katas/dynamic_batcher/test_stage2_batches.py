@@ -47,6 +47,7 @@ from katas.dynamic_batcher._testing.batches import (
     stats,
     submit,
 )
+from katas.dynamic_batcher._testing.edges import Handout
 from katas.dynamic_batcher._testing.engine import ReadOnlyClock
 from katas.dynamic_batcher.api import (
     BatchStatistics,
@@ -745,6 +746,52 @@ async def test_stage2_batches_a_caller_cancelled_as_its_batch_ends_gets_no_outco
             model.release(1)
             await outcomes(more, "the next batch")
             expect_results(more, "batch-cancel: the batcher keeps serving")
+
+
+@extended
+@rule("batch-cancel", "batch-routing")
+async def test_stage2_batches_a_caller_cancelled_once_its_result_is_handed_out_gets_none() -> None:
+    """The cancellation comes after the batch's outcome: ``fn`` returns, the batcher hands
+    the first caller its result and, while it hands out the last one, the first caller is
+    cancelled, before it has run again. It was cancelled after its batch was sent: its
+    ``submit`` ends with its cancellation, not with the result waiting for it."""
+    clock = ManualClock()
+    model = Model(clock)
+    callers: list[Caller] = []
+    handed: list[Handout[Any]] = []
+
+    async def fn(items: Sequence[Any]) -> Sequence[Any]:
+        results = Handout(await model(items), at=len(items) - 1, hook=lambda: callers[0].cancel())
+        handed.append(results)
+        return results
+
+    batcher: Any = stage().DynamicBatcher(
+        fn, max_batch_size=3, max_queue_delay_ns=DELAY, clock=clock
+    )
+    with bounded("a batch whose first caller is cancelled as the results are handed out"):
+        async with anyio.create_task_group() as tg, serving(batcher, model) as b:
+            story = Story("max_batch_size=3, fn returns at once", clock.now_ns)
+            for item in ("a", "b", "c"):  # one after the other: the batch is a, b, c
+                callers.append(await submit(tg, b, item))
+            await outcomes(callers, "a batch whose first caller was cancelled as it ended")
+            story.add("submit(a), submit(b), submit(c): the batch is sent, fn returns")
+            story.add("as the batcher reads the result for 'c', the caller of 'a' is cancelled")
+            for c in callers:
+                story.add(f"submit({c.item!r}) {c.outcome()}")
+            story.check(
+                len(handed) == 1 and handed[0].fired,
+                "batch-routing: the batch's results are read",
+                f"fn called {len(handed)} times, the result for 'c' read: "
+                f"{bool(handed) and handed[0].fired}",
+            )
+            story.expect(
+                callers[0].outcome(),
+                "was cancelled",
+                "batch-cancel: a caller cancelled after its batch was sent, its result "
+                "already handed out but before it ran again: its own submit ends with its "
+                "cancellation, not with the result",
+            )
+            expect_results(callers[1:], "batch-cancel: the other callers get their results")
 
 
 # -- batches overlap -------------------------------------------------------------------

@@ -270,6 +270,30 @@ def test_stage3_routes_the_imbalance_guard_needs_both_thresholds_strictly() -> N
         expect_route(rs.pick(p), want, loads)
 
 
+@extended
+@rule("route-balance")
+def test_stage3_routes_the_imbalance_guard_compares_the_ratio_exactly() -> None:
+    p = prompt_of(3)
+    big = 2**53  # past a float's exact integers
+    # (balance_rel, a's load, b's load, trips): a ratio of exactly balance_rel does not trip
+    cases = [
+        (1.4, 63, 45, False),  # 63 / 45 is 1.4 exactly (45 x 1.4 in floats: 62.999...)
+        (1.4, 64, 45, True),
+        (1.5, 3 * big + 3, 2 * big + 2, False),  # exactly 1.5, in ints no float holds
+        (1.5, 3 * big + 4, 2 * big + 2, True),
+    ]
+    for rel, a_load, b_load, trips in cases:
+        rs = replica_set(("a", "b"), balance_abs_tokens=0, balance_rel=rel)
+        rs.assign("a", "ra", prompt_of(1), a_load - 1)
+        rs.assign("b", "rb", prompt_of(1, seed=1), b_load - 1)
+        expect_route(
+            rs.pick(p),
+            Route("b", "balance" if trips else "least-loaded"),
+            f"loads a={a_load}, b={b_load}, balance_abs_tokens=0, balance_rel={rel}: the "
+            f"guard trips only when a > {rel} x b, compared exactly, {rel} as written",
+        )
+
+
 @core
 @rule("route-balance")
 def test_stage3_routes_the_imbalance_guard_overrides_affinity() -> None:
@@ -309,6 +333,25 @@ def test_stage3_routes_affinity_starts_at_the_threshold_of_full_blocks() -> None
             want,
             f"a's history holds the first {matched} of the prompt's 8 full blocks, "
             "affinity_threshold=0.5 (4 blocks needed); a carries 2 tokens, b none",
+        )
+
+
+@extended
+@rule("route-affinity")
+def test_stage3_routes_the_affinity_threshold_is_compared_exactly() -> None:
+    base = prompt_of(100 * BLOCK, seed=4)  # 100 full blocks
+    for matched, want_affinity in [(55, True), (54, False)]:
+        rs = replica_set(("a", "b"), affinity_threshold=0.55)
+        rs.assign("a", "seed", base[: matched * BLOCK], 1)
+        rs.release("seed")
+        rs.assign("a", "x", prompt_of(1), 1)  # a carries 2: least-loaded would be b
+        want = Route("a", "affinity", matched) if want_affinity else Route("b", "least-loaded")
+        expect_route(
+            rs.pick(base),
+            want,
+            f"a's history holds the first {matched} of the prompt's 100 full blocks, "
+            "affinity_threshold=0.55: 0.55 x 100 is exactly 55 blocks (55.000...01 in "
+            "floats), so 55 matched blocks reach it; a carries 2 tokens, b none",
         )
 
 

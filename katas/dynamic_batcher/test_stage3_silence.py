@@ -27,6 +27,7 @@ from katas.dynamic_batcher._testing.fleet import (
     WITHIN,
     Fleet,
     expect_whole,
+    serving,
 )
 from katas.dynamic_batcher._testing.routes import shared
 from katas.dynamic_batcher.api import Request
@@ -145,6 +146,40 @@ async def test_stage3_a_new_request_on_a_silent_replica_does_not_restart_its_sil
         )
         await clients.finish()
     expect_whole(clients.readers, want, "a stopped after r1's first token; r2 sent to it later")
+
+
+@extended
+@rule("router-stall", "failover-cap")
+@anyio_test
+async def test_stage3_replicas_silent_together_are_all_down_before_any_request_moves() -> None:
+    fleet = Fleet(names=("a", "b", "c"))
+    # x on a, y on b (the lighter of the two after the failover), z streaming on c
+    x, y, z = request("x", 3, 8), request("y", 3, 2), request("z", 3, 40 + STALL // STEP_NS)
+    want = fleet.expected([x, y, z])
+    fleet["a"].stop()
+    fleet["b"].stop()  # a and b silent from their attempts' start, both at +0
+    async with fleet.routing([x, y, z], stall_timeout_ns=STALL, max_failovers=1) as clients:
+        placed = {rid: clients.router.replicas.replica_of(rid) for rid in "xyz"}
+        assert placed == {"x": "a", "y": "b", "z": "c"}, f"setup: got {placed}"
+        await fleet.time.advance_to(T0 + STALL)
+        stats = clients.router.statistics()
+        expect(
+            (stats.down, sorted(r.rid for r in fleet["c"].seen), stats.routed, stats.failovers),
+            (("a", "b"), ["x#1", "y#1", "z"], {"a": 1, "b": 1, "c": 3}, 2),
+            f"x on a and y on b, both replicas stopped from the start; z streams on c. At "
+            f"+{STALL} ns (stall_timeout_ns) a and b are silent for the timeout at the same "
+            "instant: both are down before any request moves, so x and y each fail over "
+            "once, to c — x never moves onto b, silent as long. (down, the attempts c saw, "
+            "routed, failovers)",
+        )
+        fleet["a"].resume()
+        fleet["b"].resume()
+        await clients.finish()
+    expect_whole(
+        clients.readers,
+        want,
+        "a and b silent at one instant, max_failovers=1: x failed over once, to c",
+    )
 
 
 @extended
@@ -358,6 +393,29 @@ async def test_stage3_the_next_probe_round_is_an_interval_after_the_last_one_end
         f"probe_interval_ns={interval}, and each round lasts probe_timeout_ns="
         f"{PROBE_TIMEOUT} (b never answers): rounds start {interval} ns after the router "
         f"starts, then {interval} ns after each round ends. Expected {want}, got {rounds}"
+    )
+
+
+@extended
+@rule("probe")
+@anyio_test
+async def test_stage3_the_first_probe_round_is_an_interval_after_the_router_starts() -> None:
+    fleet = Fleet(names=("a",))
+    interval = 1_000 * STEP_NS
+    async with fleet.running(), serving(fleet.router(probe_interval_ns=interval)):
+        # The router started at +0; time moves before its own tasks first run.
+        fleet.clock.advance(interval // 2)
+        await fleet.time.advance_to(T0 + interval - 1)
+        before = [t - T0 for t in fleet["a"].probes]
+        await fleet.time.advance_to(T0 + interval)
+        at = [t - T0 for t in fleet["a"].probes]
+    expect(
+        (before, at),
+        ([], [interval]),
+        f"probe_interval_ns={interval}; the router entered at +0, and the clock moved to "
+        f"+{interval // 2} before anything else ran: the first round is due {interval} ns "
+        "after the router starts, not after its tasks first run. (the instants, ns from the "
+        f"start, of a's probes at +{interval - 1} and at +{interval})",
     )
 
 

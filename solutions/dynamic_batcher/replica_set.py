@@ -20,9 +20,11 @@ it all, so a replica that goes down is forgotten.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from katas._runtime.checks import positive_int
 from katas.dynamic_batcher.api import Route, block_hash
@@ -41,6 +43,15 @@ class _Charge:
     replica: str
     prompt: int  # charged until the first token
     budget: int  # tokens still to come
+
+
+def _ratio(x: float) -> tuple[int, int]:
+    """``x`` as written (1.4 is 7/5), as a numerator and a denominator, so that the routing
+    compares integers exactly; infinity as 1/0, which no finite ratio exceeds."""
+    if x == math.inf:
+        return 1, 0
+    exact = Fraction(str(x))  # a float's repr is the shortest decimal that reads back as it
+    return exact.numerator, exact.denominator
 
 
 def prefix_keys(prompt: Sequence[int], block_size: int) -> Iterator[int]:
@@ -93,8 +104,8 @@ class ReplicaSet:
             )
         self._block_size = positive_int("block_size", block_size)
         self._abs = balance_abs_tokens
-        self._rel = float(balance_rel)
-        self._threshold = float(affinity_threshold)
+        self._rel = _ratio(balance_rel)
+        self._threshold = _ratio(affinity_threshold)
         self._history_blocks = positive_int("history_blocks", history_blocks)
         self._replicas = {name: _Replica() for name in names}  # in the order given
         self._charges: dict[str, _Charge] = {}
@@ -146,13 +157,15 @@ class ReplicaSet:
         lightest = min(names, key=lambda n: (self.load(n), order[n]))
         heaviest = max(self.load(n) for n in names)
         low = self.load(lightest)
-        if heaviest - low > self._abs and heaviest > low * self._rel:
+        rel, rel_den = self._rel
+        if heaviest - low > self._abs and heaviest * rel_den > low * rel:
             return Route(lightest, "balance")
         full = len(prompt) // self._block_size
         if full:
             matched = {n: self.matched_blocks(n, prompt) for n in names}
             best = min(names, key=lambda n: (-matched[n], self.load(n), order[n]))
-            if matched[best] and matched[best] >= self._threshold * full:
+            share, share_den = self._threshold
+            if matched[best] and matched[best] * share_den >= share * full:
                 return Route(best, "affinity", matched[best])
         return Route(lightest, "least-loaded")
 

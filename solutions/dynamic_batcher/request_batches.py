@@ -23,6 +23,7 @@ from typing import Generic, TypeVar
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from katas._runtime.checks import positive_int
 from katas._runtime.clock import WaitingClock
@@ -126,6 +127,9 @@ class DynamicBatcher(Generic[T, R]):
         self._wake()
         try:
             await ticket.done.wait()
+            # Cancelled after its outcome was set, before it ran again: the cancellation
+            # still wins (the wait itself returns normally then).
+            await anyio.lowlevel.checkpoint_if_cancelled()
         finally:
             if ticket.queued:  # the caller left before its batch was sent
                 ticket.queued = False

@@ -135,7 +135,7 @@ class AsyncEngine:
         max_waiting: int,
         max_stall_ns: int,
     ) -> None:
-        if not callable(getattr(clock, "sleep_until_ns_async", None)):
+        if not isinstance(clock, WaitingClock):
             raise ValueError(f"clock must be a WaitingClock, got {clock!r}")
         if not callable(step_time_ns):
             raise ValueError(f"step_time_ns must be callable, got {step_time_ns!r}")
@@ -251,6 +251,10 @@ class AsyncEngine:
         batcher, clock = self._batcher, self._clock
         while True:
             if not batcher.has_unfinished():
+                # Idle: a drain() whose last request ended without a step (its reader
+                # left before the loop ran) returns too.
+                self._stepped.set()
+                self._stepped = anyio.Event()
                 self._work = anyio.Event()
                 await self._work.wait()
                 continue

@@ -171,6 +171,7 @@ class Router:
         self._tasks: anyio.abc.TaskGroup | None = None
         self._background = anyio.CancelScope()  # the watchdog and the prober
         self._state = "new"
+        self._started = 0  # the clock's reading when the router was entered
         self._attempt_started = anyio.Event()  # wakes an idle watchdog
         self._attempt_ended = anyio.Event()  # wakes drain()
         # Statistics.
@@ -181,6 +182,7 @@ class Router:
     async def __aenter__(self) -> Router:
         if self._state != "new":
             raise RuntimeError("a Router is entered once")
+        self._started = self._clock.now_ns()
         self._tasks = anyio.create_task_group()
         await self._tasks.__aenter__()
         self._tasks.start_soon(self._run_background)
@@ -406,21 +408,26 @@ class Router:
                 await self._attempt_started.wait()
                 continue
             now = self._clock.now_ns()
-            quietest = min(busy, key=self._heard.__getitem__)
-            since = self._heard[quietest]
+            since = min(self._heard[name] for name in busy)
             if now - since < self._stall:
                 await self._clock.sleep_until_ns_async(since + self._stall)
                 continue
-            self._replica_failed(
-                quietest,
-                f"replica {quietest!r} silent for {now - since} ns with requests in flight "
-                f"(stall_timeout_ns={self._stall})",
+            # Every replica silent this long is down at once, before any request moves.
+            self._replicas_failed(
+                {
+                    name: f"replica {name!r} silent for {now - self._heard[name]} ns with "
+                    f"requests in flight (stall_timeout_ns={self._stall})"
+                    for name in busy
+                    if now - self._heard[name] >= self._stall
+                }
             )
 
     async def _probe_forever(self) -> None:
+        due = self._started + self._probe_interval  # the first round: from the router's start
         while True:
-            await self._clock.sleep_until_ns_async(self._clock.now_ns() + self._probe_interval)
+            await self._clock.sleep_until_ns_async(due)
             await self.check_health()
+            due = self._clock.now_ns() + self._probe_interval
 
     async def check_health(self) -> None:
         """Probe every replica at once, each for at most ``probe_timeout_ns``: one that

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import hypothesis.stateful as stateful
 from hypothesis import strategies as st
@@ -111,12 +112,13 @@ class RoutesModel:
         loads = {n: self.load(n) for n in names}
         least = min(names, key=lambda n: (loads[n], names.index(n)))
         most = max(loads.values())
-        if most - loads[least] > self.balance_abs_tokens and most > self.balance_rel * loads[least]:
+        rel = Fraction(str(self.balance_rel))  # exactly, as written: 1.4 is 7/5
+        if most - loads[least] > self.balance_abs_tokens and most > rel * loads[least]:
             return Route(least, "balance")
         full = len(prompt) // self.block_size
         best = min(names, key=lambda n: (-self.matched(n, prompt), loads[n], names.index(n)))
         m = self.matched(best, prompt)
-        if full and m > 0 and m >= self.affinity_threshold * full:
+        if full and m > 0 and m >= Fraction(str(self.affinity_threshold)) * full:
             return Route(best, "affinity", m)
         return Route(least, "least-loaded")
 
