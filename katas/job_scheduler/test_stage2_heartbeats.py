@@ -464,6 +464,37 @@ FORGOTTEN_RULE = (
 )
 
 
+def _judge_forgotten(
+    story: Story,
+    seen: list[tuple[int, int | None, int]],
+    after_a: PoolStatistics,
+    refused: list[Exception],
+    stats: PoolStatistics,
+) -> None:
+    """Either pool, after a was forgotten in a stall and b after a second one: b kept its
+    lease by each heartbeat (``seen``: heartbeats, lease end, when), a was lost once its
+    handler returned with b still in flight, and shutdown(0) raised nothing (``refused``)
+    and counted b lost."""
+    for beat, (beats, ends, now) in enumerate(seen, start=1):
+        story.check(
+            (beats, ends) == (beat, now + LEASE),
+            FORGOTTEN_RULE,
+            f"expected b heartbeaten {beat} time(s), its lease to {rel(now + LEASE)}; its "
+            f"lease ends {rel(ends)}",
+        )
+    story.check(
+        (after_a.lost, after_a.succeeded, after_a.in_flight) == (1, 0, 1),
+        FORGOTTEN_RULE,
+        "expected a lost (its ack refused), nothing succeeded, b still in flight",
+    )
+    story.check(not refused, FORGOTTEN_RULE, f"shutdown(0) raised {refused[:1]!r}")
+    story.check(
+        (stats.lost, stats.released, stats.in_flight) == (2, 0, 0),
+        FORGOTTEN_RULE,
+        f"expected shutdown to count b lost (2 lost, none released, none in flight); {stats}",
+    )
+
+
 @marks.rule("heartbeat-lost", "shutdown-grace", "pool-statistics")
 @core
 def test_stage2_a_job_the_queue_forgot_in_a_stall_is_lost_and_the_pool_runs_on() -> None:
@@ -509,25 +540,7 @@ def test_stage2_a_job_the_queue_forgot_in_a_stall_is_lost_and_the_pool_runs_on()
             refused.append(exc)
         second.set()
         eventually(lambda: not stalls.busy, "b's handler returning")
-    for beat, (beats, ends, now) in enumerate(seen, start=1):
-        story.check(
-            (beats, ends) == (beat, now + LEASE),
-            FORGOTTEN_RULE,
-            f"expected b heartbeaten {beat} time(s), its lease to {rel(now + LEASE)}; its "
-            f"lease ends {rel(ends)}",
-        )
-    story.check(
-        (after_a.lost, after_a.succeeded, after_a.in_flight) == (1, 0, 1),
-        FORGOTTEN_RULE,
-        "expected a lost (its ack refused), nothing succeeded, b still in flight",
-    )
-    stats = pool.statistics()
-    story.check(not refused, FORGOTTEN_RULE, f"shutdown(0) raised {refused[:1]!r}")
-    story.check(
-        (stats.lost, stats.released, stats.in_flight) == (2, 0, 0),
-        FORGOTTEN_RULE,
-        f"expected shutdown to count b lost (2 lost, none released, none in flight); {stats}",
-    )
+    _judge_forgotten(story, seen, after_a, refused, pool.statistics())
 
 
 @marks.rule("heartbeat-lost", "async-shutdown-cancels", "pool-statistics", "async-pool")
@@ -577,21 +590,4 @@ async def test_stage2_async_a_job_the_queue_forgot_in_a_stall_is_lost_and_the_po
         raise
     except Exception as exc:
         story.check(False, FORGOTTEN_RULE, f"the pool raised {exc!r}")
-    for beat, (beats, ends, now) in enumerate(seen, start=1):
-        story.check(
-            (beats, ends) == (beat, now + LEASE),
-            FORGOTTEN_RULE,
-            f"expected b heartbeaten {beat} time(s), its lease to {rel(now + LEASE)}; its "
-            f"lease ends {rel(ends)}",
-        )
-    story.check(
-        (after_a[0].lost, after_a[0].succeeded, after_a[0].in_flight) == (1, 0, 1),
-        FORGOTTEN_RULE,
-        "expected a lost (its ack refused), nothing succeeded, b still in flight",
-    )
-    stats = pool.statistics()
-    story.check(
-        (stats.lost, stats.released, stats.in_flight) == (2, 0, 0),
-        FORGOTTEN_RULE,
-        f"expected shutdown to count b lost (2 lost, none released, none in flight); {stats}",
-    )
+    _judge_forgotten(story, seen, after_a[0], [], pool.statistics())
